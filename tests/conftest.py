@@ -1,0 +1,38 @@
+"""Shared builders: the real scheduler on a tiny config, no model."""
+import pytest
+
+from tracengine.config import Config
+from tracengine.events import ListSink
+from tracengine.sampling_params import SamplingParams
+from tracengine.scheduler import Scheduler
+from tracengine.sequence import Sequence
+
+EOS = 999
+
+
+def make_config(**overrides) -> Config:
+    values = dict(num_kvcache_blocks=64, kvcache_block_size=4, max_num_batched_tokens=64,
+                  max_num_seqs=16, max_model_len=1024, eos=EOS)
+    values.update(overrides)
+    return Config(**values)
+
+
+def make_scheduler(sink=None, **overrides) -> Scheduler:
+    config = make_config(**overrides)
+    return Scheduler(config, sink if sink is not None else ListSink())
+
+
+def make_seqs(lengths, block_size=4, max_tokens=8, ignore_eos=False, start_id=0, prefix=()):
+    """Sequences with distinct token ids (so no accidental prefix hits) after an optional shared prefix."""
+    seqs = []
+    for i, n in enumerate(lengths):
+        seq_id = start_id + i
+        body = [1000 + seq_id * 10000 + j for j in range(n - len(prefix))]
+        seqs.append(Sequence(seq_id, list(prefix) + body, block_size,
+                             SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)))
+    return seqs
+
+
+@pytest.fixture
+def sink():
+    return ListSink()

@@ -1,0 +1,82 @@
+"""Engine configuration: flat data, so a trace header carries every field
+and `replay --set` can override any of them."""
+from dataclasses import dataclass, fields
+
+from tracengine.errors import ConfigError
+
+
+@dataclass(slots=True)
+class Config:
+    model: str = ""                      # "" means the embedded tiny model
+    max_num_batched_tokens: int = 16384  # token budget of one prefill step
+    max_num_seqs: int = 512              # sequences in one step
+    max_model_len: int = 4096            # clipped to the model's max_position_embeddings
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False
+    eos: int = -1                        # set by the engine from the tokenizer
+    kvcache_block_size: int = 16
+    num_kvcache_blocks: int = -1         # -1: sized by the runner
+    device: str = "auto"                 # auto, cpu, cuda, cuda:N
+    dtype: str = "auto"                  # auto, float32, bfloat16, float16
+    seed: int = 0
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self):
+        def positive(name):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len",
+                     "tensor_parallel_size", "kvcache_block_size"):
+            positive(name)
+        if self.num_kvcache_blocks != -1:
+            positive("num_kvcache_blocks")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def replace(self, **changes) -> "Config":
+        unknown = sorted(set(changes) - set(field_names()))
+        if unknown:
+            raise ConfigError(f"unknown config field {unknown[0]!r}; known: {', '.join(field_names())}")
+        return Config(**{**self.to_dict(), **changes})
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "Config":
+        known = set(field_names())
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def field_names() -> list[str]:
+    return [f.name for f in fields(Config)]
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    """`name=value` from the command line, typed by the field's default."""
+    name, sep, raw = text.partition("=")
+    name = name.strip()
+    if not sep:
+        raise ConfigError(f"expected NAME=VALUE, got {text!r}")
+    defaults = Config.__dataclass_fields__
+    if name not in defaults:
+        raise ConfigError(f"unknown config field {name!r}; known: {', '.join(field_names())}")
+    kind = type(defaults[name].default)
+    raw = raw.strip()
+    try:
+        if kind is bool:
+            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(raw)
+            return name, raw.lower() in ("true", "1", "yes")
+        return name, kind(raw)
+    except ValueError:
+        raise ConfigError(f"{name} expects a {kind.__name__}, got {raw!r}") from None

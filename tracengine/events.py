@@ -1,0 +1,171 @@
+"""The event vocabulary: every decision of the scheduler, the block manager
+and the engine as a typed fact. One tagged union, small int tags, array-like
+structs. Tags are listed here and never reused; new fields are appended with
+defaults (anything else bumps FORMAT_VERSION in tracelog)."""
+from typing import Union
+
+import msgspec
+
+
+class Event(msgspec.Struct, frozen=True, gc=False, array_like=True, omit_defaults=True, tag_field="t"):
+    pass
+
+
+class ModelInfo(msgspec.Struct, frozen=True, gc=False, array_like=True):
+    name: str
+    dtype: str
+    architecture: str
+
+
+class TraceHeader(Event, tag=0):
+    format_version: int
+    tracengine_version: str
+    config: dict
+    model: ModelInfo
+    device: str
+    torch_version: str
+    seed: int
+    created_at: float = 0.0
+    tensor_parallel_size: int = 1
+
+
+class RequestAdded(Event, tag=1):
+    step: int
+    seq_id: int
+    prompt_token_ids: list[int]
+    max_tokens: int
+    temperature: float
+    ignore_eos: bool
+    created_at: float = 0.0
+
+
+class ScheduledSeq(msgspec.Struct, frozen=True, gc=False, array_like=True):
+    seq_id: int
+    num_tokens: int          # tokens computed for this sequence this step
+    num_cached_tokens: int   # tokens already in the KV cache before this step
+
+
+class ScheduleDecision(Event, tag=2):
+    step: int
+    phase: str               # "prefill" or "decode"
+    seqs: list[ScheduledSeq]
+    num_batched_tokens: int
+    stop_reason: str
+    # The waiting head when prefill stopped on it (no_free_blocks / chunk_gate), else -1.
+    blocked_seq_id: int = -1
+    num_blocks_needed: int = 0   # free blocks the blocked head needed
+    num_free_blocks: int = 0     # free blocks when the loop stopped
+    num_waiting: int = 0         # queue lengths after the decision
+    num_running: int = 0
+
+
+class BlockAllocate(Event, tag=3):
+    step: int
+    seq_id: int
+    block_ids: list[int]
+    num_cached_blocks: int   # leading blocks that were prefix-cache hits
+
+
+class BlockAppend(Event, tag=4):
+    step: int
+    seq_id: int
+    block_id: int
+
+
+class BlockHash(Event, tag=5):
+    step: int
+    seq_id: int
+    block_id: int
+    hash: int
+
+
+class BlockFree(Event, tag=6):
+    step: int
+    seq_id: int
+    block_ids: list[int]     # the sequence's block table, in release order (tail first)
+
+
+class Preempt(Event, tag=7):
+    step: int
+    seq_id: int
+    by_seq_id: int           # the sequence that needed a block (== seq_id for self-preemption)
+    freed_block_ids: list[int]
+    num_computed_tokens: int = 0   # tokens whose KV is thrown away and must be recomputed
+
+
+class TokenSample(Event, tag=8):
+    step: int
+    seq_id: int
+    token_id: int
+    kept: bool               # false for a middle chunk of a chunked prefill
+
+
+class SeqFinish(Event, tag=9):
+    step: int
+    seq_id: int
+    reason: str              # "eos" or "length"
+    num_prompt_tokens: int
+    num_completion_tokens: int
+
+
+class StepEnd(Event, tag=10):
+    step: int
+    num_free_blocks: int
+    schedule_ns: int
+    model_ns: int
+    postprocess_ns: int
+
+
+AnyEvent = Union[TraceHeader, RequestAdded, ScheduleDecision, BlockAllocate, BlockAppend, BlockHash,
+                 BlockFree, Preempt, TokenSample, SeqFinish, StepEnd]
+
+EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in AnyEvent.__args__}
+
+# Fields a replay does not compare: wall-clock readings.
+WALL_CLOCK_FIELDS = frozenset({"schedule_ns", "model_ns", "postprocess_ns", "created_at"})
+
+
+def to_builtins(event: Event) -> dict:
+    """The JSON view: "type" is the class name, then the struct's fields by name."""
+    out = {"type": type(event).__name__}
+    for name in event.__struct_fields__:
+        out[name] = _plain(getattr(event, name))
+    return out
+
+
+def _plain(value):
+    if isinstance(value, msgspec.Struct):
+        return {name: _plain(getattr(value, name)) for name in value.__struct_fields__}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def without_wall_clock(event: Event) -> tuple:
+    """What a replay compares: the type and every field but wall-clock ones."""
+    return (type(event).__name__,) + tuple(
+        getattr(event, name) for name in event.__struct_fields__ if name not in WALL_CLOCK_FIELDS)
+
+
+class NullSink:
+    """No sink attached: emitters check `enabled` and build nothing."""
+    enabled = False
+    step = 0
+
+    def emit(self, event: Event) -> None:
+        pass
+
+
+NULL_SINK = NullSink()
+
+
+class ListSink:
+    """Keeps events in memory: tests, replay and what-if."""
+    enabled = True
+
+    def __init__(self):
+        self.step = 0
+        self.events: list[Event] = []
+
+    def emit(self, event: Event) -> None:
+        self.events.append(event)

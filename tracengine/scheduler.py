@@ -1,0 +1,174 @@
+"""Which sequences run this step, and how many tokens each computes.
+
+Prefill first, FIFO, never mixed with decode. Each exit of the prefill and
+decode loops is named by the `stop_reason` it records."""
+from collections import deque
+
+from tracengine.block_manager import BlockManager
+from tracengine.config import Config
+from tracengine.errors import ConfigError, RequestError
+from tracengine.events import NULL_SINK, Preempt, ScheduledSeq, ScheduleDecision, SeqFinish, TokenSample
+from tracengine.sequence import Sequence, SequenceStatus
+
+
+class Scheduler:
+
+    def __init__(self, config: Config, sink=NULL_SINK):
+        if config.num_kvcache_blocks <= 0:
+            raise ConfigError(f"num_kvcache_blocks must be resolved to a positive count, got {config.num_kvcache_blocks}")
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_model_len = config.max_model_len
+        self.eos = config.eos
+        self.block_size = config.kvcache_block_size
+        self.block_manager = BlockManager(config.num_kvcache_blocks, config.kvcache_block_size, sink)
+        self.waiting: deque[Sequence] = deque()   # not fully prefilled: new, mid-chunk, preempted
+        self.running: deque[Sequence] = deque()   # prefilled, decoding
+        self.sink = sink
+
+    def is_finished(self) -> bool:
+        return not self.waiting and not self.running
+
+    def check_request(self, num_prompt_tokens: int, max_tokens: int):
+        """Refuse a request that could never be served, instead of stalling on it."""
+        if num_prompt_tokens == 0:
+            raise RequestError("empty prompt")
+        if num_prompt_tokens > self.max_model_len:
+            raise RequestError(f"prompt of {num_prompt_tokens} tokens is longer than max_model_len={self.max_model_len}")
+        longest = min(num_prompt_tokens + max_tokens, self.max_model_len)
+        num_blocks = (longest + self.block_size - 1) // self.block_size
+        num_total = len(self.block_manager.blocks)
+        if num_blocks > num_total:
+            raise RequestError(
+                f"request of {num_prompt_tokens} prompt + {max_tokens} max tokens needs {num_blocks} KV blocks "
+                f"of {self.block_size} tokens; the cache has {num_total}")
+
+    def add(self, seq: Sequence):
+        self.check_request(seq.num_prompt_tokens, seq.max_tokens)
+        self.waiting.append(seq)
+
+    def schedule(self) -> tuple[list[Sequence], bool]:
+        scheduled_seqs: list[Sequence] = []
+        num_batched_tokens = 0
+        stop_reason = "waiting_empty"
+        blocked_seq_id, num_blocks_needed = -1, 0
+
+        while True:
+            if not self.waiting:
+                stop_reason = "waiting_empty"
+                break
+            if len(scheduled_seqs) >= self.max_num_seqs:
+                stop_reason = "max_num_seqs"
+                break
+            seq = self.waiting[0]
+            remaining = self.max_num_batched_tokens - num_batched_tokens
+            if remaining == 0:
+                stop_reason = "budget_exhausted"
+                break
+            if not seq.block_table:    # first schedule, or after preemption
+                num_cached_blocks = self.block_manager.can_allocate(seq)
+                if num_cached_blocks is None:
+                    # head-of-line block: shorter requests behind it wait too
+                    stop_reason = "no_free_blocks"
+                    blocked_seq_id = seq.seq_id
+                    num_blocks_needed = self.block_manager.num_blocks_needed(seq)[1]
+                    break
+                num_tokens = seq.num_tokens - num_cached_blocks * self.block_size
+            else:                      # the rest of a chunked prefill; its blocks are allocated
+                num_tokens = seq.num_tokens - seq.num_cached_tokens
+            if remaining < num_tokens and scheduled_seqs:
+                # chunk gate: only allow chunked prefill for the first seq
+                stop_reason = "chunk_gate"
+                blocked_seq_id = seq.seq_id
+                break
+            if not seq.block_table:
+                self.block_manager.allocate(seq, num_cached_blocks)
+            seq.num_scheduled_tokens = min(num_tokens, remaining)
+            num_batched_tokens += seq.num_scheduled_tokens
+            if seq.num_cached_tokens + seq.num_scheduled_tokens == seq.num_tokens:
+                seq.status = SequenceStatus.RUNNING   # the whole prompt is computed this step
+                self.waiting.popleft()
+                self.running.append(seq)
+            scheduled_seqs.append(seq)
+
+        if scheduled_seqs:
+            self._emit_decision("prefill", scheduled_seqs, num_batched_tokens, stop_reason,
+                                blocked_seq_id, num_blocks_needed)
+            return scheduled_seqs, True
+
+        while True:
+            if not self.running:
+                stop_reason = "running_empty"
+                break
+            if len(scheduled_seqs) >= self.max_num_seqs:
+                stop_reason = "max_num_seqs"
+                break
+            seq = self.running.popleft()
+            while not self.block_manager.can_append(seq):
+                if self.running:
+                    self.preempt(self.running.pop(), by=seq)   # the running tail gives way
+                else:
+                    self.preempt(seq, by=seq)                  # nobody else left: itself
+                    break
+            else:
+                seq.num_scheduled_tokens = 1
+                seq.is_prefill = False
+                self.block_manager.may_append(seq)
+                scheduled_seqs.append(seq)
+        assert scheduled_seqs, "nothing schedulable: check_request should have refused a request"
+        self.running.extendleft(reversed(scheduled_seqs))
+        self._emit_decision("decode", scheduled_seqs, len(scheduled_seqs), stop_reason,
+                            blocked_seq_id, num_blocks_needed)
+        return scheduled_seqs, False
+
+    def _emit_decision(self, phase, seqs, num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed):
+        if not self.sink.enabled:
+            return
+        self.sink.emit(ScheduleDecision(
+            self.sink.step, phase,
+            [ScheduledSeq(s.seq_id, s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs],
+            num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,
+            self.block_manager.num_free_blocks, len(self.waiting), len(self.running)))
+
+    def preempt(self, seq: Sequence, by: Sequence):
+        """Recomputation: free the KV and go back to the head of waiting."""
+        if self.sink.enabled:
+            self.sink.emit(Preempt(self.sink.step, seq.seq_id, by.seq_id, seq.block_table[::-1],
+                                   seq.num_cached_tokens))
+        seq.status = SequenceStatus.WAITING
+        seq.is_prefill = True
+        seq.num_preemptions += 1
+        self.block_manager.deallocate(seq)
+        self.waiting.appendleft(seq)
+
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int], is_prefill: bool) -> list[Sequence]:
+        """Write the sampled tokens back; returns the sequences that finished."""
+        finished = []
+        emit = self.sink.enabled
+        for seq, token_id in zip(seqs, token_ids):
+            self.block_manager.hash_blocks(seq)
+            seq.num_cached_tokens += seq.num_scheduled_tokens
+            seq.num_scheduled_tokens = 0
+            if is_prefill and seq.num_cached_tokens < seq.num_tokens:
+                # a middle chunk: its sample is not at the end of the prompt
+                if emit:
+                    self.sink.emit(TokenSample(self.sink.step, seq.seq_id, token_id, False))
+                continue
+            seq.append_token(token_id)
+            if emit:
+                self.sink.emit(TokenSample(self.sink.step, seq.seq_id, token_id, True))
+            if not seq.ignore_eos and token_id == self.eos:
+                reason = "eos"
+            elif seq.num_completion_tokens == seq.max_tokens or seq.num_tokens >= self.max_model_len:
+                reason = "length"
+            else:
+                continue
+            seq.status = SequenceStatus.FINISHED
+            seq.finish_reason = reason
+            if emit:
+                self.sink.emit(SeqFinish(self.sink.step, seq.seq_id, reason, seq.num_prompt_tokens,
+                                         seq.num_completion_tokens))
+            self.block_manager.deallocate(seq)
+            self.running.remove(seq)
+            finished.append(seq)
+        return finished

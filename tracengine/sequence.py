@@ -1,0 +1,80 @@
+"""Per-request state. The engine numbers sequences and passes the block
+size in: no process-wide counters, so two engines and a replay agree."""
+from enum import Enum, auto
+
+from tracengine.sampling_params import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+class Sequence:
+    __slots__ = ("seq_id", "status", "token_ids", "last_token", "num_tokens", "num_prompt_tokens",
+                 "num_cached_tokens", "num_scheduled_tokens", "is_prefill", "block_table",
+                 "block_size", "temperature", "max_tokens", "ignore_eos", "num_preemptions", "finish_reason")
+
+    def __init__(self, seq_id: int, token_ids: list[int], block_size: int,
+                 sampling_params: SamplingParams | None = None):
+        sp = sampling_params if sampling_params is not None else SamplingParams()
+        self.seq_id = seq_id
+        self.status = SequenceStatus.WAITING
+        self.token_ids = list(token_ids)
+        self.last_token = self.token_ids[-1]
+        self.num_tokens = len(self.token_ids)
+        self.num_prompt_tokens = self.num_tokens
+        self.num_cached_tokens = 0       # tokens whose KV is in the cache
+        self.num_scheduled_tokens = 0    # tokens to compute this step
+        self.is_prefill = True
+        self.block_table: list[int] = []
+        self.block_size = block_size
+        self.temperature = sp.temperature
+        self.max_tokens = sp.max_tokens
+        self.ignore_eos = sp.ignore_eos
+        self.num_preemptions = 0
+        self.finish_reason = ""      # "eos" or "length" once finished
+
+    def __len__(self):
+        return self.num_tokens
+
+    def __getitem__(self, key):
+        return self.token_ids[key]
+
+    def __repr__(self):
+        return (f"Sequence(seq_id={self.seq_id}, status={self.status.name}, num_tokens={self.num_tokens}, "
+                f"num_cached_tokens={self.num_cached_tokens}, block_table={self.block_table})")
+
+    @property
+    def is_finished(self):
+        return self.status == SequenceStatus.FINISHED
+
+    @property
+    def num_completion_tokens(self):
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self):
+        return self.token_ids[:self.num_prompt_tokens]
+
+    @property
+    def completion_token_ids(self):
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_blocks(self):
+        return (self.num_tokens + self.block_size - 1) // self.block_size
+
+    @property
+    def last_block_num_tokens(self):
+        return self.num_tokens - (self.num_blocks - 1) * self.block_size
+
+    def block(self, i: int) -> list[int]:
+        assert 0 <= i < self.num_blocks
+        return self.token_ids[i * self.block_size:(i + 1) * self.block_size]
+
+    def append_token(self, token_id: int):
+        self.token_ids.append(token_id)
+        self.last_token = token_id
+        self.num_tokens += 1
