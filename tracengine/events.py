@@ -54,7 +54,7 @@ class ScheduleDecision(Event, tag=2):
     # The waiting head when prefill stopped on it (no_free_blocks / chunk_gate), else -1.
     blocked_seq_id: int = -1
     num_blocks_needed: int = 0   # free blocks the blocked head needed
-    num_free_blocks: int = 0     # free blocks when the loop stopped
+    num_free_blocks: int = 0     # free blocks when the prefill loop stopped
     num_waiting: int = 0         # queue lengths after the decision
     num_running: int = 0
 

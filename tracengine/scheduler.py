@@ -91,9 +91,10 @@ class Scheduler:
                 self.running.append(seq)
             scheduled_seqs.append(seq)
 
+        num_free_blocks = self.block_manager.num_free_blocks   # when the prefill loop stopped
         if scheduled_seqs:
             self._emit_decision("prefill", scheduled_seqs, num_batched_tokens, stop_reason,
-                                blocked_seq_id, num_blocks_needed)
+                                blocked_seq_id, num_blocks_needed, num_free_blocks)
             return scheduled_seqs, True
 
         while True:
@@ -118,17 +119,18 @@ class Scheduler:
         assert scheduled_seqs, "nothing schedulable: check_request should have refused a request"
         self.running.extendleft(reversed(scheduled_seqs))
         self._emit_decision("decode", scheduled_seqs, len(scheduled_seqs), stop_reason,
-                            blocked_seq_id, num_blocks_needed)
+                            blocked_seq_id, num_blocks_needed, num_free_blocks)
         return scheduled_seqs, False
 
-    def _emit_decision(self, phase, seqs, num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed):
+    def _emit_decision(self, phase, seqs, num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,
+                       num_free_blocks):
         if not self.sink.enabled:
             return
         self.sink.emit(ScheduleDecision(
             self.sink.step, phase,
             [ScheduledSeq(s.seq_id, s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs],
             num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,
-            self.block_manager.num_free_blocks, len(self.waiting), len(self.running)))
+            num_free_blocks, len(self.waiting), len(self.running)))
 
     def preempt(self, seq: Sequence, by: Sequence):
         """Recomputation: free the KV and go back to the head of waiting."""

@@ -1,0 +1,101 @@
+"""Block pool, ref counts and the prefix cache."""
+import xxhash
+
+from tracengine.block_manager import BlockManager, compute_hash
+from tracengine.events import BlockAllocate, BlockHash, ListSink
+from tracengine.sequence import Sequence
+
+
+def seq_of(seq_id, token_ids, block_size=4):
+    return Sequence(seq_id, token_ids, block_size)
+
+
+def fill(manager, seq):
+    """Allocate and compute the whole prompt, registering its full blocks."""
+    num_cached_blocks = manager.can_allocate(seq)
+    manager.allocate(seq, num_cached_blocks)
+    seq.num_scheduled_tokens = seq.num_tokens - seq.num_cached_tokens
+    manager.hash_blocks(seq)
+    seq.num_cached_tokens = seq.num_tokens
+    seq.num_scheduled_tokens = 0
+
+
+def test_hash_layout_is_chained_xxh64_over_little_endian_int64():
+    parent = compute_hash([1, 2, 3, 4])
+    expected = xxhash.xxh64(parent.to_bytes(8, "little") + b"".join(t.to_bytes(8, "little") for t in [5, 6, 7, 8]))
+    assert compute_hash([5, 6, 7, 8], parent) == expected.intdigest()
+    assert compute_hash([1, 2, 3, 4]) == xxhash.xxh64(b"".join(t.to_bytes(8, "little") for t in [1, 2, 3, 4])).intdigest()
+
+
+def test_shared_prefix_is_shared_with_ref_counts():
+    manager = BlockManager(8, 4)
+    a = seq_of(0, list(range(10)))              # blocks [0..3] [4..7] [8 9]
+    fill(manager, a)
+    b = seq_of(1, list(range(8)) + [50, 51])
+    assert manager.can_allocate(b) == 2         # two full leading blocks hit
+    manager.allocate(b, 2)
+    assert b.block_table[:2] == a.block_table[:2]
+    assert [manager.blocks[i].ref_count for i in a.block_table[:2]] == [2, 2]
+    assert b.num_cached_tokens == 8
+    manager.deallocate(a)
+    assert [manager.blocks[i].ref_count for i in b.block_table[:2]] == [1, 1]
+
+
+def test_last_block_is_never_matched_so_one_token_is_computed():
+    manager = BlockManager(8, 4)
+    a = seq_of(0, list(range(8)))
+    fill(manager, a)
+    same = seq_of(1, list(range(8)))
+    assert manager.can_allocate(same) == 1      # block 1 is full and hashed, but it is the last
+
+
+def test_freed_blocks_keep_their_hash_until_reused():
+    manager = BlockManager(4, 4)
+    a = seq_of(0, list(range(9)))
+    fill(manager, a)
+    manager.deallocate(a)
+    assert list(manager.free_block_ids) == [3, 2, 1, 0]   # tail first
+    again = seq_of(1, list(range(9)))
+    assert manager.can_allocate(again) == 2     # both full blocks still cached while free
+    manager.allocate(again, 2)
+    assert again.block_table == [0, 1, 3]
+    assert list(manager.free_block_ids) == [2]
+
+
+def test_reusing_a_block_drops_its_stale_hash():
+    manager = BlockManager(2, 4)
+    a = seq_of(0, [1, 2, 3, 4, 5])
+    fill(manager, a)
+    h = manager.blocks[a.block_table[0]].hash
+    manager.deallocate(a)
+    b = seq_of(1, [9, 9, 9, 9, 9, 9, 9, 9])
+    manager.allocate(b, manager.can_allocate(b))
+    assert h not in manager.hash_to_block_id
+
+
+def test_can_allocate_counts_free_cached_blocks_against_the_free_pool():
+    manager = BlockManager(3, 4)
+    a = seq_of(0, list(range(9)))
+    fill(manager, a)
+    manager.deallocate(a)
+    b = seq_of(1, list(range(8)) + [7, 7, 7, 7, 7])   # 4 blocks: more than the pool
+    assert manager.can_allocate(b) is None
+
+
+def test_may_append_takes_a_block_only_at_a_boundary_and_events():
+    sink = ListSink()
+    manager = BlockManager(4, 4, sink)
+    a = seq_of(0, [1, 2, 3, 4])
+    fill(manager, a)
+    a.append_token(5)                           # 5 tokens: the 5th starts block 1
+    assert manager.can_append(a)
+    manager.may_append(a)
+    assert len(a.block_table) == 2
+    a.append_token(6)
+    manager.may_append(a)
+    assert len(a.block_table) == 2
+    types = [type(e).__name__ for e in sink.events]
+    assert types == ["BlockAllocate", "BlockHash", "BlockAppend"]
+    allocate = sink.events[0]
+    assert isinstance(allocate, BlockAllocate) and allocate.block_ids == [0]
+    assert isinstance(sink.events[1], BlockHash) and sink.events[1].hash == compute_hash([1, 2, 3, 4])
