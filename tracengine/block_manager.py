@@ -49,6 +49,7 @@ class BlockManager:
         self.hash_to_block_id: dict[int, int] = {}
         self.free_block_ids: deque[int] = deque(range(num_blocks))
         self.used_block_ids: set[int] = set()
+        self.num_hit_blocks = 0   # prefix-cache hits, in blocks, over the manager's life
         self.sink = sink
 
     @property
@@ -118,6 +119,7 @@ class BlockManager:
         for _ in range(num_cached_blocks, seq.num_blocks):
             seq.block_table.append(self._allocate_block())
         seq.num_cached_tokens = num_cached_blocks * self.block_size
+        self.num_hit_blocks += num_cached_blocks
         if self.sink.enabled:
             self.sink.emit(BlockAllocate(self.sink.step, seq.seq_id, list(seq.block_table), num_cached_blocks))
 

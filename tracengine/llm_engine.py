@@ -29,6 +29,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config, sink)
         self.num_steps = 0
         self.next_seq_id = 0
+        self.num_batched_tokens = 0   # tokens computed in the last step
 
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
                     seq_id: int | None = None) -> Sequence:
@@ -50,6 +51,7 @@ class LLMEngine:
         t0 = perf_counter_ns()
         seqs, is_prefill = self.scheduler.schedule()
         t1 = perf_counter_ns()
+        self.num_batched_tokens = sum(seq.num_scheduled_tokens for seq in seqs)
         token_ids = self.runner.run(seqs, is_prefill)
         t2 = perf_counter_ns()
         finished = self.scheduler.postprocess(seqs, token_ids, is_prefill)

@@ -1,0 +1,104 @@
+"""`LLM`: the engine on a real model, in the spirit of vLLM and nano-vllm."""
+import time
+from pathlib import Path
+
+from tracengine import __version__
+from tracengine.errors import ModelError, TracengineError
+from tracengine.events import NULL_SINK, ModelInfo, TraceHeader
+from tracengine.llm_engine import LLMEngine, build_config
+from tracengine.sampling_params import SamplingParams
+
+
+class LLM(LLMEngine):
+
+    def __init__(self, model: str = "", record: str | None = None, **kwargs):
+        config = build_config(model, **kwargs)
+        from tracengine.model.loader import load_hf_config, resolve_model_dir
+        from tracengine.runner.model_runner import ModelRunner
+        self.model_dir = resolve_model_dir(config.model)
+        self.hf_config = load_hf_config(self.model_dir)
+        config.max_model_len = min(config.max_model_len, self.hf_config.max_position_embeddings)
+        tokenizer = load_tokenizer(self.model_dir)
+        if config.eos == -1 and tokenizer.eos_token_id is not None:
+            config.eos = tokenizer.eos_token_id
+        runner = ModelRunner(config, self.hf_config)
+        config.num_kvcache_blocks = runner.num_kvcache_blocks
+        config.validate()
+        super().__init__(config, runner, NULL_SINK, tokenizer)
+        self.writer = None
+        if record:
+            self.start_recording(record)
+
+    def trace_header(self) -> TraceHeader:
+        import torch
+        from tracengine.tracelog import FORMAT_VERSION
+        architectures = getattr(self.hf_config, "architectures", None) or ["Qwen3ForCausalLM"]
+        return TraceHeader(
+            FORMAT_VERSION, __version__, self.config.to_dict(),
+            ModelInfo(Path(self.model_dir).name, str(self.runner.dtype).removeprefix("torch."), architectures[0]),
+            str(self.runner.device), torch.__version__, self.config.seed, time.time(),
+            self.config.tensor_parallel_size)
+
+    def start_recording(self, path: str):
+        """Record from a clean start (empty prefix cache, step 0), so the trace replays on its own."""
+        if not self.is_finished():
+            raise TracengineError("cannot start recording while requests are in flight")
+        from tracengine.tracelog import TraceWriter
+        self.writer = TraceWriter(path, self.trace_header())
+        self.reset(self.writer)
+
+    def stop_recording(self):
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+            self.sink = self.scheduler.sink = self.scheduler.block_manager.sink = NULL_SINK
+
+    def generate(self, prompts: list[str] | list[list[int]],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 record: str | None = None, use_tqdm: bool = True) -> list[dict]:
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if not isinstance(sampling_params, list):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise TracengineError(f"{len(prompts)} prompts but {len(sampling_params)} sampling params")
+        if record:
+            self.start_recording(record)
+        try:
+            return self._generate(prompts, sampling_params, use_tqdm)
+        finally:
+            if record:
+                self.stop_recording()
+
+    def _generate(self, prompts, sampling_params, use_tqdm):
+        from tracengine.progress import GenerateProgress
+        seqs = [self.add_request(prompt, sp) for prompt, sp in zip(prompts, sampling_params)]
+        with GenerateProgress(len(seqs), enabled=use_tqdm) as progress:
+            while not self.is_finished():
+                t = time.perf_counter()
+                scheduled, finished, is_prefill = self.step()
+                progress.update(self.num_batched_tokens, is_prefill, time.perf_counter() - t, len(finished))
+        self.last_run = progress.summary()
+        self.last_run["num_prompt_tokens"] = sum(seq.num_prompt_tokens for seq in seqs)
+        self.last_run["num_preemptions"] = sum(seq.num_preemptions for seq in seqs)
+        self.last_run["num_cached_blocks"] = self.scheduler.block_manager.num_hit_blocks
+        return [{"text": self.tokenizer.decode(seq.completion_token_ids), "token_ids": seq.completion_token_ids,
+                 "finish_reason": seq.finish_reason} for seq in seqs]
+
+    def close(self):
+        self.stop_recording()
+        self.runner.exit()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def load_tokenizer(model_dir: str):
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load the tokenizer of {model_dir}: {str(exc).splitlines()[0]}") from None

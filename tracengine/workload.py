@@ -1,0 +1,168 @@
+"""Workloads for `tracengine generate`: given prompts, a prompts file, a
+synthetic benchmark mix, exact token lengths, or the built-in default."""
+import json
+import os
+import random
+import time
+
+from tracengine.errors import TracengineError
+from tracengine.sampling_params import SamplingParams
+
+CONFIG_FLAGS = ("max_num_seqs", "max_num_batched_tokens", "num_kvcache_blocks", "kvcache_block_size",
+                "max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "device", "dtype",
+                "enforce_eager")
+
+# The built-in run: a small KV cache and token budget, so that a minute on the
+# CPU shows chunked prefill, head-of-line blocking, preemption and prefix hits.
+DEFAULT_CONFIG = dict(kvcache_block_size=16, num_kvcache_blocks=48, max_num_batched_tokens=256, max_num_seqs=8)
+
+SYSTEM_PROMPT = ("You are a careful assistant for people who build inference engines. Answer briefly, "
+                 "name the trade-off, and say what you would measure before changing anything. ")
+QUESTIONS = [
+    "Why does a request wait in the queue even when the batch has room?",
+    "What does chunked prefill change for a long prompt?",
+    "When is preemption by recomputation cheaper than swapping?",
+    "How does a prefix cache decide that two prompts share a block?",
+    "What is head-of-line blocking in a first-come-first-served scheduler?",
+    "Why are prefill and decode steps kept apart in this engine?",
+    "What limits the number of sequences in one decode step?",
+    "How would you choose the size of a KV cache block?",
+    "What does time to first token measure, and what hides inside it?",
+    "Why should a trace of scheduling decisions replay deterministically?",
+    "What happens to the blocks of a sequence that finishes?",
+    "How does a token budget interact with long and short prompts?",
+]
+LONG_DOCUMENT = ("A scheduler decides, at every step, which sequences run and how many tokens each of them "
+                 "computes. The waiting queue holds new requests, chunks that are not finished and sequences "
+                 "that were preempted; the running queue holds those that decode one token at a time. ") * 8
+
+
+def parse_range(text: str, name: str) -> tuple[int, int]:
+    try:
+        low, _, high = text.partition(":")
+        low, high = int(low), int(high or low)
+    except ValueError:
+        raise TracengineError(f"{name} expects MIN:MAX, got {text!r}") from None
+    if not 0 < low <= high:
+        raise TracengineError(f"{name} expects 0 < MIN <= MAX, got {text!r}")
+    return low, high
+
+
+def read_prompts_file(path: str) -> list:
+    prompts = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line.strip():
+                continue
+            if line.lstrip().startswith("{"):
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise TracengineError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+                if "prompt" not in record:
+                    raise TracengineError(f"{path}:{number}: a JSONL line needs a 'prompt' field")
+                prompts.append(record["prompt"])
+            else:
+                prompts.append(line)
+    if not prompts:
+        raise TracengineError(f"{path}: no prompts")
+    return prompts
+
+
+def build_workload(args, vocab_size: int) -> tuple[list, list[SamplingParams]]:
+    """(prompts, sampling params) from the generate arguments."""
+    def params(max_tokens, default_ignore_eos=False):
+        return SamplingParams(temperature=1.0 if args.temperature is None else args.temperature,
+                              max_tokens=args.max_tokens or max_tokens,
+                              ignore_eos=default_ignore_eos if args.ignore_eos is None else args.ignore_eos)
+
+    rng = random.Random(args.seed)
+    sources = [bool(args.prompt), bool(args.prompts_file), args.num_prompts is not None, bool(args.prompt_lens)]
+    if sum(sources) > 1:
+        raise TracengineError("choose one of --prompt, --prompts-file, --num-prompts, --prompt-lens")
+    if args.prompt:
+        return args.prompt, [params(64)] * len(args.prompt)
+    if args.prompts_file:
+        prompts = read_prompts_file(args.prompts_file)
+        return prompts, [params(64)] * len(prompts)
+    if args.num_prompts is not None:
+        if args.num_prompts <= 0:
+            raise TracengineError(f"--num-prompts must be positive, got {args.num_prompts}")
+        in_low, in_high = parse_range(args.input_len, "--input-len")
+        out_low, out_high = parse_range(args.output_len, "--output-len")
+        prompts = [[rng.randrange(vocab_size) for _ in range(rng.randint(in_low, in_high))]
+                   for _ in range(args.num_prompts)]
+        return prompts, [params(rng.randint(out_low, out_high), True) for _ in prompts]
+    if args.prompt_lens:
+        try:
+            lengths = [int(n) for n in args.prompt_lens.split(",")]
+        except ValueError:
+            raise TracengineError(f"--prompt-lens expects comma-separated integers, got {args.prompt_lens!r}") from None
+        if any(n <= 0 for n in lengths):
+            raise TracengineError(f"--prompt-lens expects positive lengths, got {args.prompt_lens!r}")
+        prompts = [[rng.randrange(vocab_size) for _ in range(n)] for n in lengths]
+        return prompts, [params(16)] * len(prompts)
+    return default_workload(rng, params)
+
+
+def default_workload(rng, params):
+    prompts, sps = [], []
+    for i, question in enumerate(QUESTIONS):
+        prompts.append(SYSTEM_PROMPT + question)           # a shared prefix: cache hits
+        sps.append(params(rng.randint(24, 96)))
+        if i in (2, 7):                                     # long prompts: chunked prefill, blocking
+            prompts.append(LONG_DOCUMENT + question)
+            sps.append(params(rng.randint(24, 48)))
+    return prompts, sps
+
+
+def config_overrides(args) -> dict:
+    values = {name: getattr(args, name) for name in CONFIG_FLAGS if getattr(args, name, None) is not None}
+    builtin = not (args.prompt or args.prompts_file or args.num_prompts is not None or args.prompt_lens)
+    if builtin:
+        values = {**DEFAULT_CONFIG, **values}
+    values["seed"] = args.seed
+    return values
+
+
+def cmd_generate(args) -> int:
+    from tracengine.llm import LLM
+    if args.record and os.path.isdir(args.record):
+        raise TracengineError(f"--record {args.record!r} is a directory")
+    llm = LLM(args.model, **config_overrides(args))
+    try:
+        prompts, sps = build_workload(args, llm.hf_config.vocab_size)
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, sps, record=args.record, use_tqdm=not args.quiet)
+        elapsed = time.perf_counter() - start
+    finally:
+        llm.close()
+    print_summary(llm, outputs, elapsed, args.record)
+    return 0
+
+
+def print_summary(llm, outputs, elapsed: float, record: str | None):
+    run = llm.last_run
+    num_prompt = run["num_prefill_tokens"]
+    num_completion = sum(len(o["token_ids"]) for o in outputs)
+    config = llm.config
+    lines = [
+        f"model        {llm.model_dir if config.model else 'embedded tiny Qwen3'} on {llm.runner.device}"
+        f" ({str(llm.runner.dtype).removeprefix('torch.')})",
+        f"config       {config.num_kvcache_blocks} KV blocks x {config.kvcache_block_size} tokens, "
+        f"budget {config.max_num_batched_tokens} tokens, max {config.max_num_seqs} seqs",
+        f"requests     {len(outputs)} ({sum(o['finish_reason'] == 'eos' for o in outputs)} eos, "
+        f"{sum(o['finish_reason'] == 'length' for o in outputs)} length)",
+        f"tokens       {run['num_prompt_tokens']} prompt, {num_completion} generated, "
+        f"{num_prompt} computed in prefill",
+        f"steps        {run['num_prefill_steps'] + run['num_decode_steps']} "
+        f"({run['num_prefill_steps']} prefill, {run['num_decode_steps']} decode)",
+        f"throughput   prefill {run['prefill_throughput']:.0f} tok/s, decode {run['decode_throughput']:.0f} tok/s, "
+        f"{elapsed:.2f} s in all",
+        f"preemptions  {run['num_preemptions']}",
+        f"cache hits   {run['num_cached_blocks']} blocks ({run['num_cached_blocks'] * config.kvcache_block_size} tokens)",
+    ]
+    if record:
+        lines.append(f"trace        {record} ({os.path.getsize(record):,} bytes)")
+    print("\n".join(lines))
