@@ -1,0 +1,79 @@
+"""Norm, rotary embedding and activation. Reductions and rotations run in
+float32 whatever the model dtype, as Hugging Face's Qwen3 does, so a bfloat16
+model stays close to its reference."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tracengine.errors import ModelError
+
+
+class RMSNorm(nn.Module):
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Without `residual`, the norm of x. With it, the residual add comes
+        first and (norm, new residual) is returned: the decoder layers carry
+        the residual stream through this call."""
+        if residual is None:
+            return self._norm(x)
+        # Add in the model dtype, like the reference, so both round the stream alike.
+        residual = x + residual
+        return self._norm(residual), residual
+
+
+def rope_theta_of(hf_config) -> float:
+    """rope_theta from any Qwen3 config layout: transformers 5 nests it in
+    `rope_parameters`, older releases keep `rope_theta` (and maybe `rope_scaling`)."""
+    for name in ("rope_parameters", "rope_scaling"):
+        params = getattr(hf_config, name, None)
+        if isinstance(params, dict):
+            rope_type = params.get("rope_type", params.get("type", "default"))
+            if rope_type != "default":
+                raise ModelError(f"rope type {rope_type!r} is not supported; only default rotary embeddings")
+            if "rope_theta" in params:
+                return float(params["rope_theta"])
+    return float(getattr(hf_config, "rope_theta", 1e6))
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotate-half (NeoX) rotary embedding over the whole head, with cos and
+    sin precomputed in float32 for every position. One instance is shared by
+    all layers: the table is the same and can be large (positions x head_dim)."""
+
+    def __init__(self, head_size: int, max_position_embeddings: int, base: float):
+        super().__init__()
+        self.head_size = head_size
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_size, 2, dtype=torch.float32) / head_size))
+        t = torch.arange(max_position_embeddings, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq)
+        # Non-persistent: derived from the config, never in a checkpoint.
+        self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1), persistent=False)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """q, k: [num_tokens, num_heads, head_size]; positions: [num_tokens]."""
+        cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+
+class SiluAndMul(nn.Module):
+    """SwiGLU's gate: the input is [gate | up] along the last dimension."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up

@@ -1,0 +1,132 @@
+"""Hugging Face checkpoint directories: find, validate, configure, load.
+
+The weight loader is generic: the model's `packed_modules_mapping` routes
+checkpoint names to fused parameters and each parameter's `weight_loader`
+cuts its piece. Whatever a user can get wrong about a directory raises
+ModelError with a one-line message naming the directory."""
+import json
+import os
+from glob import glob
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from tracengine.errors import ModelError
+from tracengine.model import EMBEDDED_MODEL_DIR
+from tracengine.model.layers import rope_theta_of
+from tracengine.model.linear import default_weight_loader
+
+SUPPORTED_ARCHITECTURE = "Qwen3ForCausalLM"
+# Buffers that some checkpoints carry but the model derives from its config.
+IGNORED_WEIGHT_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def resolve_model_dir(model: str) -> str:
+    """Config.model as a directory: "" names the embedded tiny model."""
+    if not model:
+        return EMBEDDED_MODEL_DIR
+    return os.path.abspath(os.path.expanduser(model))
+
+
+def weight_files(path: str) -> list[str]:
+    return sorted(glob(os.path.join(path, "*.safetensors")))
+
+
+def load_hf_config(path: str):
+    """The transformers config of a Qwen3 checkpoint directory, checked first
+    so that a bad directory fails with one line rather than a traceback."""
+    if not os.path.isdir(path):
+        raise ModelError(f"model directory not found: {path}")
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        raise ModelError(f"no config.json in model directory {path}")
+    try:
+        with open(config_file, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelError(f"config.json in {path} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ModelError(f"config.json in {path} is not a JSON object")
+    architectures = raw.get("architectures") or []
+    if raw.get("model_type") != "qwen3" or (architectures and SUPPORTED_ARCHITECTURE not in architectures):
+        raise ModelError(f"unsupported model in {path}: model_type={raw.get('model_type')!r}, "
+                         f"architectures={architectures}; only {SUPPORTED_ARCHITECTURE} is supported")
+    if not weight_files(path):
+        raise ModelError(f"no *.safetensors weights in model directory {path}")
+
+    from transformers import AutoConfig
+    try:
+        hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"cannot read config.json in {path}: {first_line}") from None
+    if getattr(hf_config, "use_sliding_window", False):
+        raise ModelError(f"sliding-window attention (use_sliding_window in {path}) is not supported")
+    if getattr(hf_config, "hidden_act", "silu") != "silu":
+        raise ModelError(f"hidden_act {hf_config.hidden_act!r} in {path} is not supported; only silu")
+    rope_theta_of(hf_config)   # raises for rope types other than the default
+    return hf_config
+
+
+def checkpoint_dtype(hf_config) -> torch.dtype | None:
+    """The dtype the checkpoint was saved in, if the config says."""
+    dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
+def _target(name: str, mapping: dict) -> tuple[str, object]:
+    """Checkpoint name -> (parameter name, shard id or None). Matched on whole
+    name components, so "up_proj" never matches inside "gate_up_proj"."""
+    parts = name.split(".")
+    for checkpoint_name, (packed_name, shard_id) in mapping.items():
+        if checkpoint_name in parts:
+            parts[parts.index(checkpoint_name)] = packed_name
+            return ".".join(parts), shard_id
+    return name, None
+
+
+def _expected_shards(param_name: str, mapping: dict) -> set:
+    parts = param_name.split(".")
+    shards = {shard_id for packed_name, shard_id in mapping.values() if packed_name in parts}
+    return shards or {None}
+
+
+@torch.inference_mode()
+def load_model(model: nn.Module, path: str):
+    """Load every *.safetensors in `path` into `model`. Every parameter must
+    be filled and every checkpoint tensor must have a home."""
+    mapping = getattr(model, "packed_modules_mapping", {})
+    files = weight_files(path)
+    if not files:
+        raise ModelError(f"no *.safetensors weights in model directory {path}")
+    loaded: dict[int, set] = {}   # id(param) -> shard ids filled (None: the whole tensor)
+    for file in files:
+        with safe_open(file, "pt", "cpu") as f:
+            for name in f.keys():
+                if name.endswith(IGNORED_WEIGHT_SUFFIXES):
+                    continue
+                target, shard_id = _target(name, mapping)
+                try:
+                    param = model.get_parameter(target)
+                except AttributeError:
+                    raise ModelError(f"weight {name!r} in {file} matches no parameter of "
+                                     f"{type(model).__name__}") from None
+                weight_loader = getattr(param, "weight_loader", default_weight_loader)
+                try:
+                    if shard_id is None:
+                        weight_loader(param, f.get_tensor(name))
+                    else:
+                        weight_loader(param, f.get_tensor(name), shard_id)
+                except ModelError as e:
+                    raise ModelError(f"weight {name!r} in {file}: {e}") from None
+                loaded.setdefault(id(param), set()).add(shard_id)
+    # named_parameters() lists a tied lm_head once, under the embedding's name;
+    # a fused parameter is complete only when each of its shards was loaded.
+    missing = [name for name, param in model.named_parameters()
+               if not _expected_shards(name, mapping) <= loaded.get(id(param), set())]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise ModelError(f"checkpoint in {path} has no weight for {missing[0]}{more}")

@@ -1,0 +1,130 @@
+"""Qwen3ForCausalLM in plain torch, on packed tokens: inputs are flat
+[num_tokens] ids and positions of several sequences back to back, and the
+per-forward Context tells attention where each sequence starts and where its
+cache lives. Parameter names follow Hugging Face's checkpoints, except the
+fused projections named in `packed_modules_mapping`."""
+import torch
+from torch import nn
+
+from tracengine.model.layers import RMSNorm, RotaryEmbedding, SiluAndMul, rope_theta_of
+from tracengine.model.linear import (MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear,
+                                     RowParallelLinear, VocabParallelEmbedding, divide, get_tp_rank_size)
+from tracengine.runner.attention import Attention
+from tracengine.runner.context import get_context
+
+
+def head_dim_of(hf_config) -> int:
+    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+
+
+class Qwen3Attention(nn.Module):
+
+    def __init__(self, hf_config, rotary_emb: RotaryEmbedding):
+        super().__init__()
+        _, tp_size = get_tp_rank_size()
+        hidden_size = hf_config.hidden_size
+        self.head_dim = head_dim_of(hf_config)
+        self.num_heads = divide(hf_config.num_attention_heads, tp_size)
+        self.num_kv_heads = divide(hf_config.num_key_value_heads, tp_size)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        bias = getattr(hf_config, "attention_bias", False)
+        self.qkv_proj = QKVParallelLinear(hidden_size, self.head_dim, hf_config.num_attention_heads,
+                                          hf_config.num_key_value_heads, bias=bias)
+        self.o_proj = RowParallelLinear(hf_config.num_attention_heads * self.head_dim, hidden_size, bias=bias)
+        self.rotary_emb = rotary_emb
+        self.attn = Attention(self.num_heads, self.head_dim, self.head_dim ** -0.5, self.num_kv_heads)
+        # Qwen3's per-head norm of q and k, before the rotation.
+        self.q_norm = RMSNorm(self.head_dim, eps=hf_config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, eps=hf_config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.q_norm(q.view(-1, self.num_heads, self.head_dim))
+        k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v).flatten(1))
+
+
+class Qwen3MLP(nn.Module):
+
+    def __init__(self, hf_config):
+        super().__init__()
+        inter = hf_config.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(hf_config.hidden_size, [inter, inter])
+        self.down_proj = RowParallelLinear(inter, hf_config.hidden_size)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class Qwen3DecoderLayer(nn.Module):
+
+    def __init__(self, hf_config, rotary_emb: RotaryEmbedding):
+        super().__init__()
+        self.self_attn = Qwen3Attention(hf_config, rotary_emb)
+        self.mlp = Qwen3MLP(hf_config)
+        self.input_layernorm = RMSNorm(hf_config.hidden_size, eps=hf_config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, eps=hf_config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None):
+        # The residual stream is carried beside the hidden state and added
+        # inside the next norm, instead of after each block.
+        if residual is None:
+            hidden, residual = self.input_layernorm(hidden), hidden
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class Qwen3Model(nn.Module):
+
+    def __init__(self, hf_config):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(hf_config.vocab_size, hf_config.hidden_size)
+        rotary_emb = RotaryEmbedding(head_dim_of(hf_config), hf_config.max_position_embeddings,
+                                     rope_theta_of(hf_config))
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(hf_config, rotary_emb)
+                                    for _ in range(hf_config.num_hidden_layers))
+        self.norm = RMSNorm(hf_config.hidden_size, eps=hf_config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        return self.norm(hidden, residual)[0]
+
+
+class Qwen3ForCausalLM(nn.Module):
+    # checkpoint name -> (fused parameter name, shard id for its weight_loader)
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, hf_config):
+        super().__init__()
+        self.model = Qwen3Model(hf_config)
+        self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size)
+        if getattr(hf_config, "tie_word_embeddings", False):
+            # One Parameter under two names: a tied checkpoint stores only the embedding.
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Hidden states of every input token: [num_tokens, hidden_size]."""
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of the rows that are sampled: in a runner prefill, the last
+        token of each sequence; otherwise every row given."""
+        context = get_context()
+        if context is not None and context.is_prefill:
+            hidden = hidden[context.cu_seqlens_q[1:].long() - 1]
+        return self.lm_head(hidden)
