@@ -1,0 +1,396 @@
+"""The trace file: round trips, one frame per step, torn tails, corruption,
+versions, following a file being written, and a writer killed mid-run."""
+import collections
+import os
+import queue
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import EOS, make_config
+from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
+from tracengine.events import (EVENT_TYPES, BlockAllocate, BlockAppend, BlockFree, BlockHash, ListSink, ModelInfo,
+                               Preempt, RequestAdded, ScheduledSeq, ScheduleDecision, SeqFinish, StepEnd,
+                               TokenSample, TraceHeader)
+from tracengine.llm_engine import LLMEngine
+from tracengine.replay.scripted import SyntheticRunner
+from tracengine.sampling_params import SamplingParams
+from tracengine.tracelog import FORMAT_VERSION, FRAME_HEAD, PREAMBLE, TraceReader, TraceWriter, make_header, open_trace
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Tee:
+    """One sink feeding two: the trace writer and an in-memory list to compare with."""
+    enabled = True
+
+    def __init__(self, *sinks):
+        self.sinks = sinks
+        self.step = 0
+
+    def emit(self, event):
+        for sink in self.sinks:
+            sink.emit(event)
+
+
+def small_config():
+    # 10 blocks of 4 tokens and a budget of 16: chunked prefill, a prefix hit and a preemption
+    return make_config(num_kvcache_blocks=10, kvcache_block_size=4, max_num_batched_tokens=16,
+                       max_num_seqs=4, max_model_len=64)
+
+
+def run_workload(sink) -> LLMEngine:
+    """Every event type: seq 0 (20 tokens) is chunked 16 + 4, seq 1 hits its 8-token
+    prefix, seq 2 preempts itself, seq 3 stops on EOS, the others on length."""
+    engine = LLMEngine(small_config(), SyntheticRunner(eos=EOS, eos_at={3: 2}), sink)
+    prefix = list(range(500, 508))
+    engine.add_request(prefix + list(range(20, 32)), SamplingParams(max_tokens=8))
+    engine.step()
+    engine.step()
+    engine.add_request(prefix + list(range(40, 45)), SamplingParams(max_tokens=8))
+    engine.add_request(list(range(60, 66)), SamplingParams(max_tokens=10))
+    engine.add_request(list(range(70, 75)), SamplingParams(max_tokens=6))
+    while not engine.is_finished():
+        engine.step()
+    return engine
+
+
+def record(path) -> tuple[TraceHeader, list, LLMEngine]:
+    """Records the workload to `path`; returns the header, the events emitted, the engine."""
+    header = make_header(small_config())
+    events = ListSink()
+    with TraceWriter(path, header) as writer:
+        engine = run_workload(Tee(writer, events))
+    return header, events.events, engine
+
+
+@pytest.fixture
+def recorded(tmp_path):
+    path = tmp_path / "run.trace"
+    header, events, engine = record(path)
+    return path, header, events, engine
+
+
+SAMPLES = [
+    TraceHeader(FORMAT_VERSION, "0.1.0", {"kvcache_block_size": 4, "model": ""}, ModelInfo("m", "float32", "Qwen3"),
+                "cpu", "2.13", 7, 1.5, 2),
+    RequestAdded(0, 1, [5, 6, 7], 16, 0.7, True, 2.5),
+    ScheduleDecision(0, "prefill", [ScheduledSeq(1, 3, 0)], 3, "waiting_empty", -1, 0, 5, 0, 1),
+    BlockAllocate(0, 1, [0, 1], 1),
+    BlockAppend(3, 1, 2),
+    BlockHash(0, 1, 0, 2**64 - 1),
+    BlockFree(4, 1, [2, 1, 0]),
+    Preempt(5, 2, 1, [4, 3], 9),
+    TokenSample(0, 1, 42, False),
+    SeqFinish(6, 1, "eos", 3, 4),
+    StepEnd(0, 5, 10, 20, 30),
+]
+
+
+def test_samples_cover_every_event_type():
+    assert {type(e).__name__ for e in SAMPLES} == set(EVENT_TYPES)
+
+
+@pytest.mark.parametrize("event", SAMPLES[1:], ids=lambda e: type(e).__name__)
+def test_every_event_type_round_trips(tmp_path, event):
+    path = tmp_path / "one.trace"
+    with TraceWriter(path, SAMPLES[0]) as writer:
+        writer.emit(event)
+        writer.emit(StepEnd(9, 1, 2, 3, 4))
+    assert list(open_trace(path)) == [SAMPLES[0], event, StepEnd(9, 1, 2, 3, 4)]
+
+
+def test_recorded_run_reads_back_event_for_event(recorded):
+    path, header, events, engine = recorded
+    assert {type(e).__name__ for e in events} == set(EVENT_TYPES) - {"TraceHeader"}
+    assert list(open_trace(path)) == [header] + events
+    with TraceReader(path) as reader:
+        assert reader.header == header
+        assert reader.torn_tail is None and reader.corruption is None
+
+
+def test_one_frame_per_step_ending_with_its_step_end(recorded):
+    path, _, _, engine = recorded
+    with TraceReader(path) as reader:
+        frames = reader.frames()
+        assert len(frames) == 1 + engine.num_steps   # the header frame, then one per step
+        assert [f.step for f in frames] == [-1] + list(range(engine.num_steps))
+        assert frames[0].offset == PREAMBLE.size
+        for i, frame in enumerate(frames[1:], start=1):
+            events = reader.read_frame(i)
+            assert {e.step for e in events} == {frame.step}
+            assert type(events[-1]) is StepEnd
+            assert [type(e) for e in events].count(ScheduleDecision) == 1
+        end = frames[-1].offset + FRAME_HEAD.size + frames[-1].nbytes
+        assert end == os.path.getsize(path)
+
+
+def test_reading_from_a_step(recorded):
+    path, _, events, _ = recorded
+    with TraceReader(path) as reader:
+        i = reader.step_frame(5)
+        assert reader.frames()[i].step == 5
+        assert list(reader.events(start_frame=i)) == [e for e in events if e.step >= 5]
+        assert reader.step_frame(-3) == 1          # before the first step: the first step frame
+        assert reader.step_frame(10_000) == reader.num_frames
+
+
+def test_close_writes_the_events_of_an_unfinished_step(tmp_path):
+    path = tmp_path / "run.trace"
+    config = small_config()
+    with TraceWriter(path, make_header(config)) as writer:
+        engine = LLMEngine(config, SyntheticRunner(eos=EOS), writer)
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=2))
+        engine.step()
+        engine.add_request([4, 5, 6], SamplingParams(max_tokens=2))   # added, never stepped
+    with TraceReader(path) as reader:
+        assert [f.step for f in reader.frames()] == [-1, 0, 1]
+        assert [type(e) for e in reader.read_frame(2)] == [RequestAdded]
+
+
+def test_torn_tail_at_every_cut_point_keeps_every_complete_step(recorded, tmp_path):
+    path, header, events, _ = recorded
+    data = path.read_bytes()
+    with TraceReader(path) as reader:
+        frames = reader.frames()
+    cut_path = tmp_path / "cut.trace"
+    header_end = frames[1].offset
+    for cut in range(header_end, len(data) + 1):
+        cut_path.write_bytes(data[:cut])
+        complete = [f for f in frames if f.offset + FRAME_HEAD.size + f.nbytes <= cut]
+        with TraceReader(cut_path) as reader:
+            assert reader.frames() == complete
+            last = complete[-1]
+            torn_at = last.offset + FRAME_HEAD.size + last.nbytes
+            assert reader.torn_tail == (None if torn_at == cut else (torn_at, cut - torn_at))
+            assert reader.corruption is None
+            assert list(reader.events()) == [header] + [e for e in events if e.step <= last.step]
+
+
+def test_a_trace_cut_inside_its_header_frame_is_refused(recorded, tmp_path):
+    path = recorded[0]
+    cut_path = tmp_path / "cut.trace"
+    cut_path.write_bytes(path.read_bytes()[:PREAMBLE.size + 20])
+    with pytest.raises(TraceError, match="no complete header frame"):
+        TraceReader(cut_path)
+
+
+def flip_byte(path, offset):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def test_flipped_byte_is_corruption_at_its_frame_offset(recorded):
+    path, header, events, _ = recorded
+    with TraceReader(path) as reader:
+        bad = reader.frames()[6]                     # the frame of step 5
+    flip_byte(path, bad.offset + FRAME_HEAD.size + bad.nbytes // 2)
+    with TraceReader(path) as reader:
+        assert reader.corruption.offset == bad.offset
+        assert reader.corruption.step == 4           # the last good step
+        assert reader.num_frames == 6
+        assert reader.torn_tail is None
+        read = []
+        with pytest.raises(TraceCorruptError, match=f"checksum at offset {bad.offset} \\(after step 4\\)"):
+            for event in reader.events():
+                read.append(event)
+        assert read == [header] + [e for e in events if e.step < 5]
+
+
+def test_flipped_byte_in_the_header_frame_is_refused(recorded):
+    path = recorded[0]
+    flip_byte(path, PREAMBLE.size + FRAME_HEAD.size + 3)
+    with pytest.raises(TraceCorruptError, match=f"offset {PREAMBLE.size}"):
+        TraceReader(path)
+
+
+def test_absurd_frame_length_is_corruption_not_an_allocation(recorded):
+    path = recorded[0]
+    with TraceReader(path) as reader:
+        bad = reader.frames()[3]
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, bad.offset, 0xFFFF_FFF0)
+    path.write_bytes(bytes(data))
+    with TraceReader(path) as reader:
+        assert reader.corruption.offset == bad.offset
+        assert "over the limit" in str(reader.corruption)
+        assert reader.num_frames == 3
+        with pytest.raises(TraceCorruptError, match=f"offset {bad.offset}"):
+            list(reader.events())
+
+
+def test_wrong_magic(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"hello, this is not a trace at all")
+    with pytest.raises(TraceError, match="not a tracengine trace"):
+        TraceReader(path)
+    path.write_bytes(b"")
+    with pytest.raises(TraceError, match="not a tracengine trace"):
+        TraceReader(path)
+
+
+def test_other_format_version_names_both(recorded):
+    path = recorded[0]
+    data = bytearray(path.read_bytes())
+    PREAMBLE.pack_into(data, 0, b"TRCE", FORMAT_VERSION + 1)
+    path.write_bytes(bytes(data))
+    with pytest.raises(TraceVersionError, match=f"trace format version {FORMAT_VERSION + 1}, "
+                                                f"this tracengine reads version {FORMAT_VERSION}"):
+        list(open_trace(path))
+
+
+def test_refresh_picks_up_frames_and_waits_out_a_half_written_one(recorded, tmp_path):
+    path, header, events, engine = recorded
+    data = path.read_bytes()
+    with TraceReader(path) as full:
+        frames = full.frames()
+    growing = tmp_path / "growing.trace"
+    growing.write_bytes(data[:frames[3].offset])
+    with TraceReader(growing) as reader:
+        assert reader.num_frames == 3
+        half = frames[3].offset + FRAME_HEAD.size + frames[3].nbytes // 2
+        with open(growing, "ab") as f:
+            f.write(data[frames[3].offset:half])
+            f.flush()
+            assert reader.refresh() == 0
+            assert reader.torn_tail == (frames[3].offset, half - frames[3].offset)
+            f.write(data[half:])
+        assert reader.refresh() == len(frames) - 3
+        assert reader.torn_tail is None
+        assert list(reader.events()) == [header] + events
+
+
+def test_follow_yields_each_step_while_the_trace_is_written(tmp_path):
+    path = tmp_path / "live.trace"
+    config = small_config()
+    writer = TraceWriter(path, make_header(config))
+    engine = LLMEngine(config, SyntheticRunner(eos=EOS), writer)
+    for i in range(3):
+        engine.add_request(list(range(10 * i, 10 * i + 6)), SamplingParams(max_tokens=4))
+    seen = queue.Queue()
+    done = threading.Event()
+
+    def produce():
+        # the next step is written only once the reader has seen this one
+        try:
+            while not engine.is_finished():
+                engine.step()
+                assert seen.get(timeout=10) == engine.num_steps - 1
+        finally:
+            writer.close()
+            done.set()
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    followed = []
+    for event in open_trace(path, follow=True, poll_interval=0.002, stop=done.is_set):
+        followed.append(event)
+        if type(event) is StepEnd:
+            seen.put(event.step)
+    producer.join()
+    assert [e.step for e in followed if type(e) is StepEnd] == list(range(engine.num_steps))
+    assert followed == list(open_trace(path))
+
+
+def test_format_v1_trace_still_reads():
+    # traces/format-v1.trace is kept forever; made by scripts/make_format_trace.py
+    path = REPO / "traces" / "format-v1.trace"
+    with TraceReader(path) as reader:
+        assert reader.header.format_version == 1
+        assert reader.num_frames == 1 + 17
+        assert reader.torn_tail is None and reader.corruption is None
+    counts = collections.Counter(type(e).__name__ for e in open_trace(path))
+    assert counts == {"TraceHeader": 1, "RequestAdded": 4, "ScheduleDecision": 17, "BlockAllocate": 5,
+                      "BlockAppend": 4, "BlockHash": 15, "BlockFree": 5, "Preempt": 1, "TokenSample": 30,
+                      "SeqFinish": 4, "StepEnd": 17}
+
+
+CHILD = """
+import sys, time
+from tracengine.config import Config
+from tracengine.llm_engine import LLMEngine
+from tracengine.replay.scripted import SyntheticRunner
+from tracengine.sampling_params import SamplingParams
+from tracengine.tracelog import TraceWriter, make_header
+
+class SlowRunner(SyntheticRunner):
+    def run(self, seqs, is_prefill):
+        time.sleep(0.002)
+        return super().run(seqs, is_prefill)
+
+config = Config(num_kvcache_blocks=32, kvcache_block_size=4, max_num_batched_tokens=32, max_num_seqs=8,
+                max_model_len=128, eos=999)
+with TraceWriter(sys.argv[1], make_header(config)) as writer:
+    engine = LLMEngine(config, SlowRunner(eos=999), writer)
+    for i in range(300):
+        engine.add_request([i % 7 + j for j in range(12)], SamplingParams(max_tokens=24, ignore_eos=True))
+    while not engine.is_finished():
+        engine.step()
+"""
+
+
+def wait_for_frames(path, num_frames, child, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    reader = None
+    try:
+        while time.monotonic() < deadline and child.poll() is None:
+            if reader is None:
+                try:
+                    reader = TraceReader(path)
+                except (OSError, TraceError):   # not created, or its header not yet written
+                    pass
+            if reader is not None:
+                reader.refresh()
+                if reader.num_frames >= num_frames:
+                    return
+            time.sleep(0.005)
+    finally:
+        if reader is not None:
+            reader.close()
+
+
+def test_writer_killed_mid_run_leaves_every_finished_step(tmp_path, capsys):
+    path = tmp_path / "killed.trace"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        wait_for_frames(path, 10, child)
+        assert child.poll() is None, "the writer ended before it was killed"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
+    with TraceReader(path) as reader:
+        assert reader.corruption is None
+        frames = reader.frames()
+        assert len(frames) >= 10
+        assert [f.step for f in frames] == [-1] + list(range(len(frames) - 1))
+        for i in range(1, len(frames)):
+            assert type(reader.read_frame(i)[-1]) is StepEnd
+        torn = reader.torn_tail
+    last_step = len(frames) - 2
+    assert [e.step for e in open_trace(path) if type(e) is StepEnd] == list(range(last_step + 1))
+
+    from tracengine.cli import main
+    exit_code = main(["check", str(path)])
+    out = capsys.readouterr().out
+    if torn is None:    # killed between two frames
+        assert exit_code == 0 and f"steps: {last_step + 1} (0..{last_step})" in out
+    else:               # killed while writing a frame
+        assert exit_code == 1 and f"torn last frame: {torn.nbytes} bytes at offset {torn.offset}" in out
+    assert main(["events", str(path), "--type", "StepEnd"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [int(line.split()[0]) for line in listed] == list(range(last_step + 1))
+
+
+def test_importing_the_trace_modules_pulls_no_torch():
+    code = ("import sys, tracengine, tracengine.tracelog, tracengine.trace_commands; "
+            "assert tracengine.open_trace is tracengine.tracelog.open_trace; "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
