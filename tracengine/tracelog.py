@@ -111,7 +111,7 @@ class TraceReader:
     incomplete last frame, `corruption` (a TraceCorruptError) for a frame that
     fails its checksum; frames after a corrupt one are not indexed."""
 
-    def __init__(self, path):
+    def __init__(self, path, max_frames: int | None = None):
         self.path = os.fspath(path)
         self._decoder = msgspec.msgpack.Decoder(list[AnyEvent])
         self._raw_decoder = msgspec.msgpack.Decoder(list[msgspec.Raw])
@@ -123,7 +123,7 @@ class TraceReader:
             self._end = PREAMBLE.size
             self.torn_tail: TornTail | None = None
             self.corruption: TraceCorruptError | None = None
-            self.refresh()
+            self.refresh(max_frames)
             self.header = self._read_header()
         except BaseException:
             os.close(self._fd)
@@ -148,11 +148,15 @@ class TraceReader:
             raise TraceCorruptError(f"{self.path}: the first frame holds no TraceHeader", PREAMBLE.size)
         return events[0]
 
-    def refresh(self) -> int:
-        """Indexes frames appended since the last scan; returns how many."""
+    def refresh(self, max_frames: int | None = None) -> int:
+        """Indexes frames appended since the last scan, at most `max_frames` of
+        them (so a large trace can be indexed in slices); returns how many."""
         num_before = len(self._frames)
         file_size = os.fstat(self._fd).st_size
         while self.corruption is None:
+            if max_frames is not None and len(self._frames) - num_before >= max_frames:
+                self.torn_tail = None     # the end is not reached yet
+                return len(self._frames) - num_before
             offset = self._end
             if file_size - offset < FRAME_HEAD.size:
                 break
