@@ -1,0 +1,261 @@
+"""`tracengine stats`: figures checked against small traces computed by hand.
+
+Traces come from LLMEngine + SyntheticRunner with their StepEnd timings
+replaced by fixed ones: step s lasts (s + 1) ms, so step s starts at
+s(s+1)/2 ms and ends at (s+1)(s+2)/2 ms."""
+import json
+import subprocess
+import sys
+
+import msgspec
+import pytest
+
+from conftest import make_config
+from tracengine.cli import main
+from tracengine.events import ListSink, StepEnd
+from tracengine.llm_engine import LLMEngine
+from tracengine.replay.scripted import SyntheticRunner
+from tracengine.sampling_params import SamplingParams
+from tracengine.stats import percentile, stats, summarize
+from tracengine.tracelog import TraceWriter, make_header
+
+MS = 1_000_000
+
+
+def fixed_timing(event):
+    """Step s lasts 0.1 + (s + 0.8) + 0.1 = s + 1 ms."""
+    if type(event) is not StepEnd:
+        return event
+    return msgspec.structs.replace(event, schedule_ns=MS // 10, model_ns=event.step * MS + 8 * MS // 10,
+                                   postprocess_ns=MS // 10)
+
+
+def run_engine(prompt_lens, max_tokens, arrivals=None, **overrides) -> list:
+    """Header first, then the events of the run; prompts share no tokens."""
+    config = make_config(**overrides)
+    sink = ListSink()
+    engine = LLMEngine(config, SyntheticRunner(eos=config.eos), sink)
+    arrivals = arrivals or [0] * len(prompt_lens)
+    pending = list(zip(arrivals, prompt_lens))
+    while pending or not engine.is_finished():
+        while pending and (pending[0][0] <= engine.num_steps or engine.is_finished()):
+            _, n = pending.pop(0)
+            prompt = [1000 + engine.next_seq_id * 10000 + j for j in range(n)]
+            engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+        engine.step()
+    return [make_header(config)] + [fixed_timing(e) for e in sink.events]
+
+
+def worked_example():
+    # the seeds' example: budget 20, prompts 25, 8, 6; roomy cache
+    return run_engine([25, 8, 6], max_tokens=3, num_kvcache_blocks=64, max_num_batched_tokens=20)
+
+
+def preemption_case():
+    # same workload, 11 blocks of 4: step 1 takes all 7 + 2 + 2; step 2 seq 1 (9 tokens) needs a block,
+    # the running tail seq 2 gives way; seq 2 (7 tokens, 2 blocks) then waits for blocks until step 5
+    return run_engine([25, 8, 6], max_tokens=4, num_kvcache_blocks=11, max_num_batched_tokens=20)
+
+
+def per_request(s, key):
+    return [r[key] for r in s["per_request"]]
+
+
+def test_percentiles_on_a_known_list():
+    values = list(range(100, -1, -1))          # 0..100 unsorted: rank p lands on the value p
+    assert summarize(values) == {"count": 101, "mean": 50.0, "p50": 50.0, "p90": 90.0, "p99": 99.0}
+    assert percentile([0.0, 10.0], 50) == 5.0   # halfway between the two
+    assert percentile([0.0, 10.0], 90) == 9.0
+    assert percentile([7.0], 99) == 7.0
+    assert summarize([]) == {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None}
+
+
+def test_worked_example_figures():
+    s = stats(worked_example())
+    assert s["requests"] == {"num_requests": 3, "num_finished": 3, "num_unfinished": 0,
+                             "finish_reasons": {"length": 3}}
+    # step 0: 20 tokens of seq 0; step 1: its last 5 + 8 + 6 = 19; steps 2, 3: decode 3 each
+    assert s["tokens"] == {"num_prompt_tokens": 39, "num_completion_tokens": 9,
+                           "num_prefill_tokens": 39, "num_decode_tokens": 6}
+    assert s["steps"] == {"num_steps": 4, "num_prefill_steps": 2, "num_decode_steps": 2,
+                          "total_s": 0.010, "prefill_s": 0.003, "decode_s": 0.007}   # 1+2 | 3+4 ms
+    assert per_request(s, "first_scheduled_step") == [0, 1, 1]
+    assert per_request(s, "first_token_step") == [1, 1, 1]       # seq 0 after its second chunk
+    assert per_request(s, "queueing_steps") == [0, 1, 1]
+    assert per_request(s, "ttft_steps") == [2, 2, 2]             # steps 0 and 1
+    assert per_request(s, "e2e_steps") == [4, 4, 4]              # tokens at steps 1, 2, 3
+    assert per_request(s, "queueing_s") == [0.0, 0.001, 0.001]   # step 0 lasts 1 ms
+    assert per_request(s, "ttft_s") == [0.003, 0.003, 0.003]     # end of step 1: 1 + 2 ms
+    assert per_request(s, "e2e_s") == [0.010, 0.010, 0.010]      # end of step 3: 1 + 2 + 3 + 4 ms
+    lat = s["latency"]
+    assert lat["ttft"]["steps"] == {"count": 3, "mean": 2.0, "p50": 2.0, "p90": 2.0, "p99": 2.0}
+    assert lat["itl"]["steps"] == {"count": 6, "mean": 1.0, "p50": 1.0, "p90": 1.0, "p99": 1.0}
+    # ITL per request: end(2) - end(1) = 3 ms, end(3) - end(2) = 4 ms
+    assert lat["itl"]["seconds"]["p50"] == pytest.approx(0.0035)
+    assert lat["queueing"]["steps"]["mean"] == pytest.approx(2 / 3)
+    assert s["throughput"]["prefill_tokens_per_s"] == pytest.approx(39 / 0.003)
+    assert s["throughput"]["decode_tokens_per_s"] == pytest.approx(6 / 0.007)
+    assert s["preemption"] == {"num_preemptions": 0, "num_self_preemptions": 0, "num_preempted_requests": 0,
+                               "num_recomputed_tokens": 0}
+    # 7 + 2 + 2 blocks, no hits
+    assert s["prefix_cache"] == {"num_allocated_blocks": 11, "num_hit_blocks": 0, "block_hit_rate": 0.0,
+                                 "num_lookup_tokens": 39, "num_hit_tokens": 0, "token_hit_rate": 0.0}
+    # free after each step: 57, 53, 52, 64 of 64; used 7, 11, 12, 0
+    assert s["kv_blocks"] == {"num_blocks": 64, "utilization_mean": pytest.approx(30 / 64 / 4), "utilization_peak": 12 / 64,
+                              "peak_step": 2, "min_free_blocks": 52}
+    assert s["head_of_line"] == {"num_blocked_steps": 0, "num_blocked_prefill_steps": 0,
+                                 "num_blocked_decode_steps": 0, "num_blocked_requests": 0}
+
+
+def test_preemption_case_figures():
+    s = stats(preemption_case())
+    # steps: 0 P seq0 x20 | 1 P 0x5 1x8 2x6 | 2 D 0,1 (2 preempted by 1) | 3, 4 D 0,1 (2 blocked)
+    #        | 5 P seq 2: 7 tokens, 1 cached block, computes 3 | 6, 7 D seq 2
+    assert s["steps"]["num_steps"] == 8
+    assert (s["steps"]["num_prefill_steps"], s["steps"]["num_decode_steps"]) == (3, 5)
+    assert s["tokens"] == {"num_prompt_tokens": 39, "num_completion_tokens": 12,
+                           "num_prefill_tokens": 20 + 19 + 3, "num_decode_tokens": 2 + 2 + 2 + 1 + 1}
+    assert s["preemption"] == {"num_preemptions": 1, "num_self_preemptions": 0, "num_preempted_requests": 1,
+                               "num_recomputed_tokens": 6}     # seq 2's prompt was in the cache
+    assert per_request(s, "num_preemptions") == [0, 0, 1]
+    assert per_request(s, "first_token_step") == [1, 1, 1]
+    assert per_request(s, "finish_step") == [4, 4, 7]
+    assert per_request(s, "ttft_steps") == [2, 2, 2]
+    assert per_request(s, "e2e_steps") == [5, 5, 8]
+    assert per_request(s, "e2e_s") == [0.015, 0.015, 0.036]   # ends of steps 4 and 7: 15 and 36 ms
+    # ITL in steps: seqs 0 and 1 at 1, 2, 3, 4; seq 2 at 1, 5, 6, 7
+    itl = s["latency"]["itl"]
+    assert itl["steps"]["count"] == 9
+    assert itl["steps"]["mean"] == 12 / 9
+    assert itl["steps"]["p50"] == 1.0
+    assert itl["steps"]["p90"] == pytest.approx(1.6)       # rank 7.2 of [1]*8 + [4]
+    assert itl["steps"]["p99"] == pytest.approx(3.76)      # rank 7.92
+    # seq 2's long gap: end(5) - end(1) = 21 - 3 = 18 ms
+    assert itl["seconds"]["p99"] == pytest.approx(0.008 + (0.018 - 0.008) * 0.92)
+    # 7 + 2 + 2 + 2 blocks allocated, seq 2's first block a hit on re-prefill: 25 + 8 + 6 + 7 tokens looked up
+    assert s["prefix_cache"] == {"num_allocated_blocks": 13, "num_hit_blocks": 1, "block_hit_rate": 1 / 13,
+                                 "num_lookup_tokens": 46, "num_hit_tokens": 4, "token_hit_rate": 4 / 46}
+    # free after each step: 4, 0, 1, 1, 11, 9, 9, 11 of 11 -> used 7+11+10+10+0+2+2+0 = 42 blocks*steps
+    assert s["kv_blocks"] == {"num_blocks": 11, "utilization_mean": pytest.approx(42 / 11 / 8),
+                              "utilization_peak": 1.0, "peak_step": 1, "min_free_blocks": 0}
+    # steps 3 and 4 decode because the waiting head, seq 2, does not fit
+    assert s["head_of_line"] == {"num_blocked_steps": 2, "num_blocked_prefill_steps": 0,
+                                 "num_blocked_decode_steps": 2, "num_blocked_requests": 1}
+
+
+def test_head_of_line_counts_prefill_and_decode_steps():
+    # 6 blocks of 4. Step 0: seq 0 (12 tokens, 3 blocks) and seq 1 (9, 3) take all 6; the head seq 2
+    # (8 tokens, 2 blocks) does not fit: prefill stops on no_free_blocks. Step 1: the head still does not
+    # fit, so the step decodes (seq 0 preempts seq 1 for a block) with seq 2 as blocked_seq_id.
+    s = stats(run_engine([12, 9, 8], max_tokens=2, num_kvcache_blocks=6))
+    assert s["head_of_line"] == {"num_blocked_steps": 2, "num_blocked_prefill_steps": 1,
+                                 "num_blocked_decode_steps": 1, "num_blocked_requests": 1}
+    assert s["preemption"]["num_recomputed_tokens"] == 9   # seq 1's prompt
+
+
+JSON_KEYS = {
+    "stats_version": None,
+    "trace": {"torn_tail", "kvcache_block_size", "num_kvcache_blocks"},
+    "requests": {"num_requests", "num_finished", "num_unfinished", "finish_reasons"},
+    "tokens": {"num_prompt_tokens", "num_completion_tokens", "num_prefill_tokens", "num_decode_tokens"},
+    "steps": {"num_steps", "num_prefill_steps", "num_decode_steps", "total_s", "prefill_s", "decode_s"},
+    "throughput": {"prefill_tokens_per_s", "decode_tokens_per_s", "completion_tokens_per_s"},
+    "latency": {"queueing", "ttft", "itl", "e2e"},
+    "preemption": {"num_preemptions", "num_self_preemptions", "num_preempted_requests", "num_recomputed_tokens"},
+    "prefix_cache": {"num_allocated_blocks", "num_hit_blocks", "block_hit_rate", "num_lookup_tokens",
+                     "num_hit_tokens", "token_hit_rate"},
+    "kv_blocks": {"num_blocks", "utilization_mean", "utilization_peak", "peak_step", "min_free_blocks"},
+    "head_of_line": {"num_blocked_steps", "num_blocked_prefill_steps", "num_blocked_decode_steps",
+                     "num_blocked_requests"},
+    "per_request": None,
+}
+REQUEST_KEYS = {"seq_id", "added_step", "first_scheduled_step", "first_token_step", "finish_step", "finish_reason",
+                "num_prompt_tokens", "num_completion_tokens", "num_preemptions", "queueing_steps", "ttft_steps",
+                "e2e_steps", "queueing_s", "ttft_s", "e2e_s"}
+
+
+@pytest.fixture
+def trace_file(tmp_path):
+    path = tmp_path / "run.trace"
+    events = preemption_case()
+    with TraceWriter(path, events[0]) as writer:
+        for event in events[1:]:
+            writer.emit(event)
+    return path
+
+
+def test_json_keys_are_stable(trace_file, capsys):
+    assert main(["stats", str(trace_file), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert list(s) == list(JSON_KEYS)
+    assert s["stats_version"] == 1
+    for key, fields in JSON_KEYS.items():
+        if fields is not None:
+            assert set(s[key]) == fields, key
+    for name in ("queueing", "ttft", "itl", "e2e"):
+        for unit in ("steps", "seconds"):
+            assert set(s["latency"][name][unit]) == {"count", "mean", "p50", "p90", "p99"}
+    assert all(set(r) == REQUEST_KEYS for r in s["per_request"])
+
+
+def test_a_file_gives_the_figures_of_its_events(trace_file):
+    assert stats(trace_file) == stats(preemption_case())
+    assert stats(str(trace_file)) == stats(preemption_case())
+
+
+def test_text_form(trace_file, capsys):
+    assert main(["stats", str(trace_file)]) == 0
+    out = capsys.readouterr().out
+    assert "3 requests (3 finished), 39 prompt + 12 completion tokens" in out
+    assert "8 steps (3 prefill, 5 decode)" in out
+    assert "1 (0 self) of 1 requests, 6 tokens recomputed" in out
+    assert "1/13 blocks (7.7%)" in out
+
+
+def test_torn_trace_gives_every_complete_step(trace_file):
+    data = trace_file.read_bytes()
+    trace_file.write_bytes(data[:-5])     # the last step's frame is cut short, as by a kill mid-write
+    s = stats(trace_file)
+    assert s["steps"]["num_steps"] == 7
+    assert s["trace"]["torn_tail"].startswith("incomplete last frame at offset ")
+    assert s["requests"]["num_unfinished"] == 1     # seq 2 finishes in the lost step 7
+
+
+def test_stats_of_a_trace_being_written(tmp_path):
+    path = tmp_path / "live.trace"
+    events = worked_example()
+    with TraceWriter(path, events[0]) as writer:
+        for event in events[1:]:
+            writer.emit(event)
+            if type(event) is StepEnd and event.step == 1:
+                s = stats(path)     # the writer is still open
+                assert s["steps"]["num_steps"] == 2
+                assert per_request(s, "first_token_step") == [1, 1, 1]
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "No such file"),
+    (b"not a trace at all", "not a tracengine trace"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, content, message):
+    path = tmp_path / "bad.trace"
+    if content is not None:
+        path.write_bytes(content)
+    assert main(["stats", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tracengine: error: ") and message in err and err.count("\n") == 1
+
+
+def test_corrupt_trace_names_the_offset(trace_file, capsys):
+    data = bytearray(trace_file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    trace_file.write_bytes(bytes(data))
+    assert main(["stats", str(trace_file), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "checksum" in captured.err and "offset" in captured.err and captured.err.count("\n") == 1
+
+
+def test_no_torch_on_the_analysis_side():
+    code = "import sys, tracengine.stats, tracengine.export; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

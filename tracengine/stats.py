@@ -1,0 +1,218 @@
+"""Serving figures of a trace, from its events alone: `tracengine stats`.
+
+Latencies are given in engine steps and in seconds on the trace's time axis
+(tracengine/timeline.py: each step lasts schedule_ns + model_ns +
+postprocess_ns; a request arrives at the start of the step it was added
+before, a token appears at the end of the step that sampled it):
+
+- queueing:  arrival -> first scheduled.  steps = first_scheduled - added,
+  seconds = the durations of steps added .. first_scheduled - 1.
+- ttft:      arrival -> first kept token. steps = first_token - added + 1,
+  seconds = the durations of steps added .. first_token.
+- itl:       one value per pair of consecutive kept tokens of a request,
+  pooled over requests. steps = b - a, seconds = steps a+1 .. b.
+- e2e:       arrival -> last token, finished requests only.
+  steps = finish - added + 1, seconds = steps added .. finish.
+
+Percentiles interpolate linearly between closest ranks (numpy's default).
+The JSON keys are stable (`stats_version` changes if one is renamed or
+removed); docs/stats.md lists them."""
+import json
+import math
+
+from tracengine.timeline import Timeline, load
+
+STATS_VERSION = 1
+NS = 1e9
+
+
+def percentile(sorted_values: list[float], p: float) -> float:
+    """Linear interpolation between closest ranks; `sorted_values` is non-empty and sorted."""
+    rank = (len(sorted_values) - 1) * p / 100
+    lo, hi = math.floor(rank), math.ceil(rank)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (rank - lo)
+
+
+def summarize(values: list[float]) -> dict:
+    """count, mean, p50, p90, p99; None for each figure of an empty list."""
+    if not values:
+        return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None}
+    ordered = sorted(values)
+    return {"count": len(ordered), "mean": sum(ordered) / len(ordered),
+            **{f"p{p}": percentile(ordered, p) for p in (50, 90, 99)}}
+
+
+def _ratio(num, den):
+    return num / den if num is not None and den else None
+
+
+def request_figures(t: Timeline, req) -> dict:
+    added, first_sched = req.added_step, req.first_scheduled_step
+    first_token = req.token_steps[0] if req.token_steps else None
+    out = {"seq_id": req.seq_id, "added_step": added, "first_scheduled_step": first_sched,
+           "first_token_step": first_token, "finish_step": req.finish_step,
+           "finish_reason": req.finish_reason or None, "num_prompt_tokens": req.num_prompt_tokens,
+           "num_completion_tokens": len(req.token_steps), "num_preemptions": len(req.preempts),
+           "queueing_steps": None, "ttft_steps": None, "e2e_steps": None,
+           "queueing_s": None, "ttft_s": None, "e2e_s": None}
+    arrival = t.start_ns(added)
+    if first_sched is not None:
+        out["queueing_steps"] = first_sched - added
+        out["queueing_s"] = (t.start_ns(first_sched) - arrival) / NS
+    if first_token is not None:
+        out["ttft_steps"] = first_token - added + 1
+        out["ttft_s"] = (t.end_ns(first_token) - arrival) / NS
+    if req.finish_step is not None:
+        out["e2e_steps"] = req.finish_step - added + 1
+        out["e2e_s"] = (t.end_ns(req.finish_step) - arrival) / NS
+    return out
+
+
+def stats(path_or_events) -> dict:
+    """The figures of a trace (a path, read up to its last complete frame) or of
+    an iterable of events (a TraceHeader first, for the block figures)."""
+    t = path_or_events if isinstance(path_or_events, Timeline) else load(path_or_events)
+    per_request = [request_figures(t, req) for req in t.requests.values()]
+
+    def latency(name):
+        return {"steps": summarize([r[f"{name}_steps"] for r in per_request if r[f"{name}_steps"] is not None]),
+                "seconds": summarize([r[f"{name}_s"] for r in per_request if r[f"{name}_s"] is not None])}
+
+    itl_steps, itl_s = [], []
+    for req in t.requests.values():
+        for a, b in zip(req.token_steps, req.token_steps[1:]):
+            itl_steps.append(b - a)
+            itl_s.append((t.end_ns(b) - t.end_ns(a)) / NS)
+
+    phase_tokens = {"prefill": 0, "decode": 0}
+    phase_ns = {"prefill": 0, "decode": 0}
+    phase_steps = {"prefill": 0, "decode": 0}
+    hol_prefill, hol_decode, blocked = 0, 0, set()
+    for rec in t.steps:
+        d = rec.decision
+        phase_tokens[d.phase] += d.num_batched_tokens
+        phase_ns[d.phase] += rec.duration_ns
+        phase_steps[d.phase] += 1
+        if d.phase == "prefill" and d.stop_reason == "no_free_blocks":
+            hol_prefill += 1
+            blocked.add(d.blocked_seq_id)
+        elif d.phase == "decode" and d.blocked_seq_id != -1:
+            hol_decode += 1     # the waiting head did not fit, so the step decoded instead
+            blocked.add(d.blocked_seq_id)
+
+    preempts = [p for req in t.requests.values() for p in req.preempts]
+    reasons = {}
+    for req in t.requests.values():
+        if req.finish_step is not None:
+            reasons[req.finish_reason] = reasons.get(req.finish_reason, 0) + 1
+    num_finished = sum(reasons.values())
+    num_completion = sum(r["num_completion_tokens"] for r in per_request)
+
+    num_allocated = sum(len(a.block_ids) for a in t.allocations)
+    num_hit = sum(a.num_cached_blocks for a in t.allocations)
+    num_hit_tokens = num_hit * t.block_size if t.block_size else None
+
+    kv = {"num_blocks": t.num_kvcache_blocks, "utilization_mean": None, "utilization_peak": None,
+          "peak_step": None, "min_free_blocks": None}
+    if t.steps:
+        free = [rec.end.num_free_blocks for rec in t.steps]
+        kv["min_free_blocks"] = min(free)
+        kv["peak_step"] = free.index(min(free))
+        if t.num_kvcache_blocks:
+            used = [1 - f / t.num_kvcache_blocks for f in free]
+            kv["utilization_mean"] = sum(used) / len(used)
+            kv["utilization_peak"] = max(used)
+
+    return {
+        "stats_version": STATS_VERSION,
+        "trace": {"torn_tail": t.torn_tail, "kvcache_block_size": t.block_size,
+                  "num_kvcache_blocks": t.num_kvcache_blocks},
+        "requests": {"num_requests": len(t.requests), "num_finished": num_finished,
+                     "num_unfinished": len(t.requests) - num_finished, "finish_reasons": reasons},
+        "tokens": {"num_prompt_tokens": sum(r.num_prompt_tokens for r in t.requests.values()),
+                   "num_completion_tokens": num_completion,
+                   "num_prefill_tokens": phase_tokens["prefill"], "num_decode_tokens": phase_tokens["decode"]},
+        "steps": {"num_steps": t.num_steps, "num_prefill_steps": phase_steps["prefill"],
+                  "num_decode_steps": phase_steps["decode"], "total_s": t.total_ns / NS,
+                  "prefill_s": phase_ns["prefill"] / NS, "decode_s": phase_ns["decode"] / NS},
+        "throughput": {"prefill_tokens_per_s": _ratio(phase_tokens["prefill"], phase_ns["prefill"] / NS),
+                       "decode_tokens_per_s": _ratio(phase_tokens["decode"], phase_ns["decode"] / NS),
+                       "completion_tokens_per_s": _ratio(num_completion, t.total_ns / NS)},
+        "latency": {"queueing": latency("queueing"), "ttft": latency("ttft"),
+                    "itl": {"steps": summarize(itl_steps), "seconds": summarize(itl_s)},
+                    "e2e": latency("e2e")},
+        "preemption": {"num_preemptions": len(preempts),
+                       "num_self_preemptions": sum(p.seq_id == p.by_seq_id for p in preempts),
+                       "num_preempted_requests": len({p.seq_id for p in preempts}),
+                       "num_recomputed_tokens": sum(p.num_computed_tokens for p in preempts)},
+        "prefix_cache": {"num_allocated_blocks": num_allocated, "num_hit_blocks": num_hit,
+                         "block_hit_rate": _ratio(num_hit, num_allocated),
+                         "num_lookup_tokens": t.num_lookup_tokens, "num_hit_tokens": num_hit_tokens,
+                         "token_hit_rate": _ratio(num_hit_tokens, t.num_lookup_tokens)},
+        "kv_blocks": kv,
+        "head_of_line": {"num_blocked_steps": hol_prefill + hol_decode, "num_blocked_prefill_steps": hol_prefill,
+                         "num_blocked_decode_steps": hol_decode, "num_blocked_requests": len(blocked)},
+        "per_request": per_request,
+    }
+
+
+def _num(value, fmt="{:,.2f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def render(s: dict, title: str = ""):
+    """The text form: a heading, a latency table, a table of the other figures."""
+    from rich.console import Group
+    from rich.table import Table
+
+    r, tok, st, tp = s["requests"], s["tokens"], s["steps"], s["throughput"]
+    head = (f"{title + chr(10) if title else ''}{r['num_requests']} requests ({r['num_finished']} finished), "
+            f"{tok['num_prompt_tokens']:,} prompt + {tok['num_completion_tokens']:,} completion tokens\n"
+            f"{st['num_steps']:,} steps ({st['num_prefill_steps']:,} prefill, {st['num_decode_steps']:,} decode), "
+            f"{st['total_s'] * 1e3:,.3f} ms")
+    lat = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("latency", "unit", "n", "mean", "p50", "p90", "p99"):
+        lat.add_column(col, justify="left" if col in ("latency", "unit") else "right")
+    for name, label in (("queueing", "queueing"), ("ttft", "TTFT"), ("itl", "ITL"), ("e2e", "end-to-end")):
+        for unit, key, scale, fmt in (("steps", "steps", 1, "{:,.2f}"), ("ms", "seconds", 1e3, "{:,.3f}")):
+            f = s["latency"][name][key]
+            lat.add_row(label if unit == "steps" else "", unit, str(f["count"]),
+                        *(_num(None if f[k] is None else f[k] * scale, fmt) for k in ("mean", "p50", "p90", "p99")))
+
+    pre, pc, kv, hol = s["preemption"], s["prefix_cache"], s["kv_blocks"], s["head_of_line"]
+    other = Table(box=None, pad_edge=False, show_header=False)
+    other.add_column(style="bold")
+    other.add_column()
+    other.add_row("tokens/s", f"prefill {_num(tp['prefill_tokens_per_s'], '{:,.0f}')}, "
+                              f"decode {_num(tp['decode_tokens_per_s'], '{:,.0f}')}, "
+                              f"completion {_num(tp['completion_tokens_per_s'], '{:,.0f}')}")
+    other.add_row("preemptions", f"{pre['num_preemptions']} ({pre['num_self_preemptions']} self) of "
+                                 f"{pre['num_preempted_requests']} requests, "
+                                 f"{pre['num_recomputed_tokens']:,} tokens recomputed")
+    other.add_row("prefix cache", f"{pc['num_hit_blocks']}/{pc['num_allocated_blocks']} blocks "
+                                  f"({_pct(pc['block_hit_rate'])}), {_num(pc['num_hit_tokens'], '{:,}')}/"
+                                  f"{pc['num_lookup_tokens']:,} tokens ({_pct(pc['token_hit_rate'])})")
+    other.add_row("KV blocks", f"utilisation mean {_pct(kv['utilization_mean'])}, peak "
+                               f"{_pct(kv['utilization_peak'])} at step {_num(kv['peak_step'], '{}')} "
+                               f"of {_num(kv['num_blocks'], '{}')} blocks")
+    other.add_row("head-of-line", f"{hol['num_blocked_steps']} steps blocked ({hol['num_blocked_prefill_steps']} "
+                                  f"prefill, {hol['num_blocked_decode_steps']} decode), "
+                                  f"{hol['num_blocked_requests']} requests")
+    parts = [head, "", lat, "", other]
+    if s["trace"]["torn_tail"]:
+        parts += ["", f"note: {s['trace']['torn_tail']}"]
+    return Group(*parts)
+
+
+def cmd_stats(args) -> int:
+    s = stats(args.trace)
+    if args.json:
+        print(json.dumps(s, indent=2))
+    else:
+        from rich.console import Console
+        Console(highlight=False, soft_wrap=False).print(render(s, title=str(args.trace)))
+    return 0

@@ -1,0 +1,145 @@
+"""A trace folded into steps and request lifecycles, with a time axis: what
+`stats` and `export` read. Events only; no engine objects, no torch.
+
+Time axis: wall-clock per step is its StepEnd duration, schedule_ns +
+model_ns + postprocess_ns. Step s runs from start_ns(s), the sum of the
+durations of steps 0..s-1, to end_ns(s) = start_ns(s) + its duration. A
+request added before step s (RequestAdded.step == s) arrives at start_ns(s);
+a token sampled in step s appears at end_ns(s)."""
+import os
+from dataclasses import dataclass, field
+
+from tracengine.errors import TraceError
+from tracengine.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
+                               ScheduleDecision, SeqFinish, StepEnd, TokenSample, TraceHeader)
+
+# Block-level events that no figure needs (the free counts come from StepEnd).
+_NOT_FOLDED = frozenset({BlockHash, BlockAppend, BlockFree})
+
+
+@dataclass(slots=True)
+class StepRecord:
+    decision: ScheduleDecision
+    end: StepEnd
+
+    @property
+    def step(self) -> int:
+        return self.end.step
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end.schedule_ns + self.end.model_ns + self.end.postprocess_ns
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    seq_id: int
+    added_step: int
+    num_prompt_tokens: int
+    num_tokens: int                                   # prompt + kept tokens so far
+    scheduled: list[tuple[int, str, int]] = field(default_factory=list)   # (step, phase, num_tokens)
+    token_steps: list[int] = field(default_factory=list)                  # steps of kept TokenSamples
+    preempts: list[Preempt] = field(default_factory=list)
+    finish_step: int | None = None
+    finish_reason: str = ""
+
+    @property
+    def first_scheduled_step(self) -> int | None:
+        return self.scheduled[0][0] if self.scheduled else None
+
+
+class Timeline:
+    """The fold. `steps[i].step == i`; `requests` in arrival order."""
+
+    def __init__(self, header: TraceHeader | None = None):
+        self.header = header
+        config = header.config if header is not None else {}
+        self.block_size: int | None = config.get("kvcache_block_size")
+        num_blocks = config.get("num_kvcache_blocks", -1)
+        self.num_kvcache_blocks: int | None = num_blocks if num_blocks and num_blocks > 0 else None
+        self.steps: list[StepRecord] = []
+        self.requests: dict[int, RequestRecord] = {}
+        self.allocations: list[BlockAllocate] = []
+        self.num_lookup_tokens = 0      # tokens of the sequences at their (re)allocations
+        self.torn_tail: str | None = None   # what the reader reported about an incomplete last frame
+        self._decision: ScheduleDecision | None = None
+        self._starts: list[int] = [0]
+
+    def add(self, event) -> None:
+        if type(event) in _NOT_FOLDED:
+            return
+        match event:
+            case TraceHeader():
+                self.__init__(event)
+            case RequestAdded(step=step, seq_id=seq_id, prompt_token_ids=prompt):
+                self.requests[seq_id] = RequestRecord(seq_id, step, len(prompt), len(prompt))
+            case ScheduleDecision():
+                self._decision = event
+                for s in event.seqs:
+                    self._request(s.seq_id, event).scheduled.append((event.step, event.phase, s.num_tokens))
+            case BlockAllocate():
+                self.allocations.append(event)
+                self.num_lookup_tokens += self._request(event.seq_id, event).num_tokens
+            case Preempt():
+                self._request(event.seq_id, event).preempts.append(event)
+            case TokenSample(kept=True):
+                req = self._request(event.seq_id, event)
+                req.token_steps.append(event.step)
+                req.num_tokens += 1
+            case SeqFinish():
+                req = self._request(event.seq_id, event)
+                req.finish_step, req.finish_reason = event.step, event.reason
+            case StepEnd():
+                decision, self._decision = self._decision, None
+                if decision is None or decision.step != event.step or event.step != len(self.steps):
+                    raise TraceError(f"step {event.step} ends without its ScheduleDecision "
+                                     f"(expected step {len(self.steps)})")
+                record = StepRecord(decision, event)
+                self.steps.append(record)
+                self._starts.append(self._starts[-1] + record.duration_ns)
+
+    def _request(self, seq_id: int, event) -> RequestRecord:
+        req = self.requests.get(seq_id)
+        if req is None:
+            raise TraceError(f"{type(event).__name__} at step {event.step} names seq_id {seq_id}, "
+                             f"which no RequestAdded introduced")
+        return req
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def total_ns(self) -> int:
+        return self._starts[-1]
+
+    def start_ns(self, step: int) -> int:
+        """When step `step` begins; a step past the end begins when the trace ends."""
+        return self._starts[min(step, len(self.steps))]
+
+    def end_ns(self, step: int) -> int:
+        return self.start_ns(step + 1)
+
+
+def fold(events) -> Timeline:
+    timeline = Timeline()
+    for event in events:
+        timeline.add(event)
+    return timeline
+
+
+def load(path_or_events) -> Timeline:
+    """A Timeline from a trace path or from an iterable of events. A path is
+    read up to its last complete frame: a torn tail (a trace still being
+    written, or cut short) is noted in `torn_tail`, damage raises
+    TraceCorruptError naming the offset."""
+    if not isinstance(path_or_events, (str, os.PathLike)):
+        return fold(path_or_events)
+    from tracengine.tracelog import TraceReader
+    with TraceReader(path_or_events) as reader:
+        timeline = fold(reader.events())
+        if reader.torn_tail is not None:
+            timeline.torn_tail = (f"incomplete last frame at offset {reader.torn_tail.offset} "
+                                  f"({reader.torn_tail.nbytes} bytes) not read; "
+                                  f"figures cover steps 0..{timeline.num_steps - 1}")
+    return timeline
