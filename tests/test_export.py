@@ -1,0 +1,176 @@
+"""`tracengine export --perfetto`: the trace-event JSON is well formed and says
+what the trace says. Step s lasts (s + 1) ms (see test_stats.py), so step s
+starts at s(s+1)/2 ms: 0, 1000, 3000, 6000, 10000, 15000, 21000, 28000 us."""
+import json
+import random
+
+import pytest
+
+from test_stats import preemption_case, run_engine, worked_example
+from tracengine.cli import main
+from tracengine.events import Preempt, RequestAdded
+from tracengine.export import export_perfetto
+from tracengine.tracelog import TraceWriter
+
+PHASES = {"X", "i", "C", "M"}
+METADATA_NAMES = {"process_name", "thread_name", "process_sort_index", "thread_sort_index"}
+
+
+def start_us(step: int) -> int:
+    return step * (step + 1) // 2 * 1000
+
+
+def validate(doc: dict) -> None:
+    """The Trace Event Format as the viewers read it: object form; required keys per
+    phase; complete events with durations >= 0 (no B/E to balance); per track,
+    timestamps in order and slices that nest or follow each other."""
+    assert set(doc) == {"traceEvents", "displayTimeUnit", "metadata"}
+    assert doc["displayTimeUnit"] in ("ms", "ns")
+    last_ts, open_slices = {}, {}
+    for e in doc["traceEvents"]:
+        assert e["ph"] in PHASES, e
+        assert isinstance(e["pid"], int) and isinstance(e["name"], str) and isinstance(e.get("args", {}), dict)
+        if e["ph"] == "M":
+            assert e["name"] in METADATA_NAMES and isinstance(e["tid"], int)
+            assert ("name" in e["args"]) if e["name"].endswith("_name") else isinstance(e["args"]["sort_index"], int)
+            continue
+        assert isinstance(e["ts"], int) and e["ts"] >= 0, e
+        if e["ph"] == "C":
+            track = ("C", e["pid"], e["name"])
+            assert e["args"] and all(isinstance(v, (int, float)) for v in e["args"].values()), e
+        else:
+            track = (e["pid"], e["tid"])
+        assert e["ts"] >= last_ts.get(track, 0), f"timestamps go back on {track}: {e}"
+        last_ts[track] = e["ts"]
+        if e["ph"] == "i":
+            assert e["s"] in ("t", "p", "g")
+        if e["ph"] == "X":
+            assert isinstance(e["dur"], int) and e["dur"] >= 0, e
+            stack = open_slices.setdefault(track, [])
+            while stack and stack[-1] <= e["ts"]:
+                stack.pop()                                  # slices that ended before this one
+            assert not stack or e["ts"] + e["dur"] <= stack[-1], f"slices overlap on {track}: {e}"
+            stack.append(e["ts"] + e["dur"])
+
+
+def request_spans(doc: dict, seq_id: int) -> list[tuple]:
+    return [(e["name"], e["ts"], e["dur"]) for e in doc["traceEvents"]
+            if e["ph"] == "X" and e["pid"] == 2 and e["tid"] == seq_id + 1]
+
+
+def export(events, tmp_path) -> dict:
+    path = tmp_path / "out.json"
+    written = export_perfetto(events, path)
+    doc = json.loads(path.read_text())
+    assert doc == written
+    return doc
+
+
+def random_run():
+    rng = random.Random(7)
+    n = 14
+    return run_engine([rng.randint(3, 30) for _ in range(n)], max_tokens=6,
+                      arrivals=sorted(rng.randint(0, 12) for _ in range(n)),
+                      num_kvcache_blocks=14, max_num_batched_tokens=24, max_num_seqs=6)
+
+
+@pytest.mark.parametrize("make", [worked_example, preemption_case, random_run])
+def test_export_is_valid_trace_event_json(make, tmp_path):
+    events = make()
+    doc = export(events, tmp_path)
+    validate(doc)
+    kinds = {(e["ph"], e["name"]) for e in doc["traceEvents"]}
+    assert {("C", "free_kv_blocks"), ("C", "batch"), ("C", "tokens"), ("C", "queues")} <= kinds
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    added = {e.seq_id: e.step for e in events if type(e) is RequestAdded}
+    assert [names[(2, s + 1)] for s in added] == [f"seq {s}" for s in added]   # a track per request
+    for seq_id, step in added.items():
+        spans = request_spans(doc, seq_id)
+        assert spans[0][1] == start_us(step), seq_id       # from arrival
+        for (_, ts, dur), (_, next_ts, _) in zip(spans, spans[1:]):
+            assert ts + dur == next_ts    # back to back, from arrival to finish
+    preempts = [e for e in events if type(e) is Preempt]
+    instants = [e for e in doc["traceEvents"] if e["ph"] == "i"]
+    assert len(instants) == len(preempts)
+    if make is random_run:
+        assert preempts   # the random run is meant to preempt
+
+
+def test_engine_track_of_the_worked_example(tmp_path):
+    doc = export(worked_example(), tmp_path)
+    steps = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "step"]
+    assert [(e["name"], e["ts"], e["dur"]) for e in steps] == [
+        ("prefill", 0, 1000), ("prefill", 1000, 2000), ("decode", 3000, 3000), ("decode", 6000, 4000)]
+    assert {k: steps[1]["args"][k] for k in ("batch_size", "num_batched_tokens", "stop_reason", "seq_ids")} == {
+        "batch_size": 3, "num_batched_tokens": 19, "stop_reason": "waiting_empty", "seq_ids": [0, 1, 2]}
+    # step 1 (2000 us from 1000): schedule 100, model 1800, postprocess 100
+    phases = [(e["name"], e["ts"], e["dur"]) for e in doc["traceEvents"]
+              if e.get("cat") == "phase" and e["args"]["step"] == 1]
+    assert phases == [("schedule", 1000, 100), ("model", 1100, 1800), ("postprocess", 2900, 100)]
+    free = [(e["ts"], e["args"]["num_free_blocks"]) for e in doc["traceEvents"] if e["name"] == "free_kv_blocks"]
+    assert free == [(1000, 57), (3000, 53), (6000, 52), (10000, 64)]
+    tokens = [e["args"]["num_batched_tokens"] for e in doc["traceEvents"] if e["name"] == "tokens"]
+    assert tokens == [20, 19, 3, 3]
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
+    assert names == {"engine", "requests"}
+
+
+def test_request_tracks_of_the_preemption_case(tmp_path):
+    doc = export(preemption_case(), tmp_path)
+    # seq 0: chunks at steps 0 and 1, decode 2..4
+    assert request_spans(doc, 0) == [("prefill", 0, 1000), ("prefill", 1000, 2000), ("decode", 3000, 12000)]
+    # seq 1: waits through step 0, prefill at 1, decode 2..4
+    assert request_spans(doc, 1) == [("waiting", 0, 1000), ("prefill", 1000, 2000), ("decode", 3000, 12000)]
+    # seq 2: preempted at step 2 by seq 1, blocked at 3 and 4, re-prefilled at 5, decode 6..7
+    assert request_spans(doc, 2) == [("waiting", 0, 1000), ("prefill", 1000, 2000), ("preempted", 3000, 12000),
+                                     ("prefill", 15000, 6000), ("decode", 21000, 15000)]
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["tid"] == 3 and e["pid"] == 2]
+    assert spans[3]["args"] == {"seq_id": 2, "steps": [5, 5], "chunk": 0, "num_tokens": 3, "recompute": True}
+    assert spans[4]["args"]["num_tokens"] == 2
+    [instant] = [e for e in doc["traceEvents"] if e["ph"] == "i"]
+    assert (instant["pid"], instant["tid"], instant["ts"], instant["s"]) == (2, 3, 3000, "t")
+    assert instant["args"] == {"step": 2, "by_seq_id": 1, "num_computed_tokens": 6, "num_freed_blocks": 2}
+
+
+def test_running_request_left_out_of_a_prefill_step_is_paused(tmp_path):
+    # seq 0 (4 tokens) arrives at step 0, seq 1 (4 tokens) before step 2: step 2 prefills seq 1 only
+    doc = export(run_engine([4, 4], max_tokens=4, arrivals=[0, 2]), tmp_path)
+    assert [name for name, _, _ in request_spans(doc, 0)] == ["prefill", "decode", "paused", "decode"]
+    assert request_spans(doc, 0)[2] == ("paused", start_us(2), 3000)
+
+
+def write_trace(path, events):
+    with TraceWriter(path, events[0]) as writer:
+        for event in events[1:]:
+            writer.emit(event)
+
+
+def test_cli_export(tmp_path, capsys):
+    trace, out = tmp_path / "run.trace", tmp_path / "out.json"
+    write_trace(trace, preemption_case())
+    assert main(["export", str(trace), "--perfetto", str(out)]) == 0
+    assert "8 steps, 3 requests" in capsys.readouterr().out
+    validate(json.loads(out.read_text()))
+
+
+def test_export_of_a_torn_trace(tmp_path):
+    trace = tmp_path / "run.trace"
+    write_trace(trace, preemption_case())
+    trace.write_bytes(trace.read_bytes()[:-5])
+    doc = export(str(trace), tmp_path)
+    validate(doc)
+    assert doc["metadata"]["num_steps"] == 7 and doc["metadata"]["torn_tail"]
+
+
+@pytest.mark.parametrize("damage", ["missing", "flipped byte"])
+def test_cli_export_bad_input(tmp_path, capsys, damage):
+    trace, out = tmp_path / "run.trace", tmp_path / "out.json"
+    if damage == "flipped byte":
+        write_trace(trace, preemption_case())
+        data = bytearray(trace.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        trace.write_bytes(bytes(data))
+    assert main(["export", str(trace), "--perfetto", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tracengine: error: ") and err.count("\n") == 1
+    assert not out.exists()     # nothing half-written

@@ -1,0 +1,152 @@
+"""A trace as Chrome trace-event JSON (object form), which ui.perfetto.dev and
+chrome://tracing open: `tracengine export run.trace --perfetto out.json`.
+
+Layout:
+- process "engine" (pid 1): thread "steps" with one complete event ("X") per
+  step named prefill/decode, and inside it schedule/model/postprocess; counters
+  ("C") for free KV blocks, batch size, tokens per step and queue lengths.
+- process "requests" (pid 2): one thread per request (tid = seq_id + 1) with
+  its lifecycle as back-to-back "X" spans: waiting, prefill (one per chunk),
+  decode (merged over consecutive steps), paused (running but left out of a
+  step: prefill-first), preempted; an instant ("i") at each preemption.
+
+Timestamps are integer microseconds on the trace's time axis (each step lasts
+its StepEnd durations; tracengine/timeline.py), floored from the cumulative
+nanoseconds, so spans meet exactly and every track is monotonic."""
+import msgspec
+
+from tracengine import __version__
+from tracengine.timeline import Timeline, load
+
+ENGINE_PID, REQUESTS_PID, STEPS_TID = 1, 2, 1
+
+
+def _us(ns: int) -> int:
+    return ns // 1000
+
+
+def _meta(pid: int, tid: int, kind: str, name: str, sort_index: int | None = None) -> list[dict]:
+    out = [{"ph": "M", "pid": pid, "tid": tid, "ts": 0, "name": f"{kind}_name", "args": {"name": name}}]
+    if sort_index is not None:
+        out.append({"ph": "M", "pid": pid, "tid": tid, "ts": 0, "name": f"{kind}_sort_index",
+                    "args": {"sort_index": sort_index}})
+    return out
+
+
+def _span(pid: int, tid: int, name: str, cat: str, start_ns: int, end_ns: int, args: dict) -> dict:
+    ts = _us(start_ns)
+    return {"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": cat, "ts": ts, "dur": _us(end_ns) - ts,
+            "args": args}
+
+
+def _counter(name: str, ts_ns: int, values: dict) -> dict:
+    return {"ph": "C", "pid": ENGINE_PID, "tid": STEPS_TID, "name": name, "ts": _us(ts_ns), "args": values}
+
+
+def engine_events(t: Timeline) -> list[dict]:
+    events = []
+    for rec in t.steps:
+        d, end = rec.decision, rec.end
+        start = t.start_ns(rec.step)
+        events.append(_span(ENGINE_PID, STEPS_TID, d.phase, "step", start, t.end_ns(rec.step), {
+            "step": rec.step, "batch_size": len(d.seqs), "num_batched_tokens": d.num_batched_tokens,
+            "stop_reason": d.stop_reason, "blocked_seq_id": d.blocked_seq_id,
+            "num_free_blocks": end.num_free_blocks, "seq_ids": [s.seq_id for s in d.seqs]}))
+        t0 = start
+        for name, ns in (("schedule", end.schedule_ns), ("model", end.model_ns), ("postprocess", end.postprocess_ns)):
+            events.append(_span(ENGINE_PID, STEPS_TID, name, "phase", t0, t0 + ns, {"step": rec.step}))
+            t0 += ns
+        events.append(_counter("batch", start, {"num_seqs": len(d.seqs)}))
+        events.append(_counter("tokens", start, {"num_batched_tokens": d.num_batched_tokens}))
+        events.append(_counter("queues", start, {"num_waiting": d.num_waiting, "num_running": d.num_running}))
+        events.append(_counter("free_kv_blocks", t.end_ns(rec.step), {"num_free_blocks": end.num_free_blocks}))
+    return events
+
+
+def request_spans(t: Timeline, req) -> list[tuple[str, int, int, dict]]:
+    """The request's lifecycle as (name, first step, end step exclusive, args), back to back."""
+    spans: list[tuple[str, int, int, dict]] = []
+
+    def add(name, a, b, args):
+        if b <= a:
+            return
+        if name == "decode" and spans and spans[-1][0] == "decode" and spans[-1][2] == a:
+            prev = spans.pop()     # one decode span over consecutive decode steps
+            a, args = prev[1], {"num_tokens": prev[3]["num_tokens"] + 1}
+        spans.append((name, a, b, args))
+
+    last = t.num_steps if req.finish_step is None else req.finish_step + 1
+    kept = set(req.token_steps)
+    preempts = {p.step: p for p in req.preempts}
+    marks = sorted([(s, 1, phase, n) for s, phase, n in req.scheduled] + [(s, 0, "preempt", 0) for s in preempts])
+    cursor, gap = req.added_step, "waiting"
+    chunk = 0
+    for step, _, kind, num_tokens in marks:
+        add(gap, cursor, step, {})
+        if kind == "preempt":
+            gap, cursor, chunk = "preempted", step, 0
+            continue
+        if kind == "prefill":
+            add("prefill", step, step + 1, {"chunk": chunk, "num_tokens": num_tokens,
+                                            "recompute": step > min(preempts, default=step)})
+            chunk += 1
+            gap = "paused" if step in kept else "waiting"
+        else:
+            add("decode", step, step + 1, {"num_tokens": 1})
+            gap = "paused"
+        cursor = step + 1
+    add(gap, cursor, last, {})
+    return spans
+
+
+def request_events(t: Timeline, req) -> list[dict]:
+    tid = req.seq_id + 1
+    events = _meta(REQUESTS_PID, tid, "thread", f"seq {req.seq_id}", req.seq_id)
+    preempts = {p.step: p for p in req.preempts}
+    for name, a, b, args in request_spans(t, req):
+        if name == "preempted" and a in preempts:
+            p = preempts[a]
+            events.append({"ph": "i", "s": "t", "pid": REQUESTS_PID, "tid": tid, "name": "preempt",
+                           "cat": "preempt", "ts": _us(t.start_ns(a)),
+                           "args": {"step": a, "by_seq_id": p.by_seq_id, "num_computed_tokens": p.num_computed_tokens,
+                                    "num_freed_blocks": len(p.freed_block_ids)}})
+        events.append(_span(REQUESTS_PID, tid, name, "request", t.start_ns(a), t.start_ns(b),
+                            {"seq_id": req.seq_id, "steps": [a, b - 1], **args}))
+    return events
+
+
+def trace_events(t: Timeline) -> dict:
+    """The whole export as a JSON-ready dict."""
+    events = _meta(ENGINE_PID, 0, "process", "engine", 0) + _meta(REQUESTS_PID, 0, "process", "requests", 1)
+    events += _meta(ENGINE_PID, STEPS_TID, "thread", "steps", 0)
+    events += engine_events(t)
+    for req in t.requests.values():
+        events += request_events(t, req)
+    header = t.header
+    metadata = {"exporter": f"tracengine {__version__}", "num_steps": t.num_steps,
+                "time_axis": "cumulative StepEnd durations (schedule_ns + model_ns + postprocess_ns)",
+                "torn_tail": t.torn_tail}
+    if header is not None:
+        metadata.update(format_version=header.format_version, tracengine_version=header.tracengine_version,
+                        config=header.config, model=header.model.name, device=header.device, seed=header.seed)
+    return {"traceEvents": events, "displayTimeUnit": "ms", "metadata": metadata}
+
+
+def export_perfetto(events, out_path) -> dict:
+    """Write the Chrome trace-event JSON of `events` (a trace path, an iterable
+    of events or a Timeline) to `out_path`; returns what was written."""
+    t = events if isinstance(events, Timeline) else load(events)
+    doc = trace_events(t)
+    data = msgspec.json.encode(doc)
+    with open(out_path, "wb") as f:
+        f.write(data)
+    return doc
+
+
+def cmd_export(args) -> int:
+    doc = export_perfetto(args.trace, args.perfetto)
+    num_requests = sum(1 for e in doc["traceEvents"] if e["ph"] == "M" and e["pid"] == REQUESTS_PID
+                       and e["name"] == "thread_name")
+    print(f"wrote {args.perfetto}: {len(doc['traceEvents']):,} trace events, {doc['metadata']['num_steps']:,} "
+          f"steps, {num_requests:,} requests; open it in ui.perfetto.dev or chrome://tracing")
+    return 0
