@@ -1,0 +1,1 @@
+"""Model runner: paged KV cache, attention backends, CUDA graphs, sampler."""

@@ -1,0 +1,264 @@
+"""The model runner: turns scheduled sequences into tensors, runs the model
+over the paged KV cache, and samples one token per sequence. It computes
+what it is told and decides nothing; the scheduler owns the block tables.
+
+Contract with the engine:
+  prefill: computes tokens [num_cached_tokens, num_cached_tokens + num_scheduled_tokens)
+           of each sequence, reading the cached prefix through its block table;
+  decode:  computes each sequence's last token;
+  both return one sampled token id per sequence."""
+import math
+from contextlib import contextmanager
+
+import torch
+
+from tracengine.config import Config
+from tracengine.errors import ConfigError
+from tracengine.model.linear import get_tp_rank_size
+from tracengine.model.loader import checkpoint_dtype, load_hf_config, load_model, resolve_model_dir
+from tracengine.model.qwen3 import Qwen3ForCausalLM, head_dim_of
+from tracengine.runner.attention import Attention, flash_attn_usable
+from tracengine.runner.context import Context, forward_context
+from tracengine.runner.cuda_graph import MAX_GRAPH_BATCH_SIZE, CUDAGraphRunner
+from tracengine.runner.sampler import Sampler, sample_seed
+from tracengine.sequence import Sequence
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# CPU default cache: room for max_model_len tokens of this many sequences.
+CPU_CACHED_SEQS = 16
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {name!r} requested but CUDA is not available")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"device {name!r} requested but only {torch.cuda.device_count()} CUDA devices exist")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device, hf_config) -> torch.dtype:
+    if name != "auto":
+        return DTYPES[name]
+    if device.type == "cpu":
+        return torch.float32   # half-precision matmuls on the CPU are slow and no smaller in practice
+    return checkpoint_dtype(hf_config) or torch.bfloat16
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype):
+    # Parameters are created with torch.empty; this gives them the model dtype
+    # without a float32 copy first. Restored at once: no lasting global change.
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+class ModelRunner:
+
+    def __init__(self, config: Config, hf_config=None, use_cuda_graph: bool | None = None):
+        """`hf_config` defaults to the one in the model directory. CUDA graphs
+        are used on CUDA unless `config.enforce_eager`; `use_cuda_graph=True`
+        on the CPU runs the same bucketed decode path eagerly (for tests)."""
+        self.config = config
+        self.model_dir = resolve_model_dir(config.model)
+        self.hf_config = hf_config if hf_config is not None else load_hf_config(self.model_dir)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device, self.hf_config)
+        self.block_size = config.kvcache_block_size
+        self.max_model_len = min(config.max_model_len, self.hf_config.max_position_embeddings)
+        with _default_dtype(self.dtype), torch.device(self.device):
+            self.model = Qwen3ForCausalLM(self.hf_config)
+        load_model(self.model, self.model_dir)
+        self.sampler = Sampler(self.device)
+        self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.attention_backend = "flash" if flash_attn_usable(self.device, self.block_size) else "torch"
+        for layer in self.attention_layers:
+            layer.backend = self.attention_backend
+        if use_cuda_graph is None:
+            use_cuda_graph = self.device.type == "cuda" and not config.enforce_eager
+        self.kv_cache = None
+        self.scratch_slot = 0   # set by allocate_kv_cache; warmup forwards have no cache to store into
+
+        if config.num_kvcache_blocks != -1:
+            self.num_kvcache_blocks = config.num_kvcache_blocks
+        elif self.device.type == "cuda":
+            self.warmup_model(use_cuda_graph)
+            self.num_kvcache_blocks = self.num_blocks_from_free_memory()
+        else:
+            self.num_kvcache_blocks = math.ceil(self.max_model_len * max(1, min(config.max_num_seqs, CPU_CACHED_SEQS))
+                                                / self.block_size)
+        self.allocate_kv_cache()
+        self.graph_runner = None
+        if use_cuda_graph:
+            self.graph_runner = CUDAGraphRunner(self.model, config.max_num_seqs, self.max_num_blocks_per_seq,
+                                                self.hf_config.hidden_size, self.dtype, self.device,
+                                                self.scratch_slot)
+            self.graph_runner.capture()
+
+    # --- KV cache ---------------------------------------------------------
+
+    @property
+    def max_num_blocks_per_seq(self) -> int:
+        return math.ceil(self.max_model_len / self.block_size)
+
+    def _cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        _, tp_size = get_tp_rank_size()
+        num_kv_heads = self.hf_config.num_key_value_heads // tp_size
+        return (2, len(self.attention_layers), num_blocks, self.block_size, num_kv_heads, head_dim_of(self.hf_config))
+
+    @property
+    def block_bytes(self) -> int:
+        return math.prod(self._cache_shape(1)) * self.dtype.itemsize
+
+    def _assign_cache(self, kv_cache: torch.Tensor):
+        for i, layer in enumerate(self.attention_layers):
+            layer.k_cache, layer.v_cache = kv_cache[0, i], kv_cache[1, i]
+
+    def _release_cache(self):
+        for layer in self.attention_layers:
+            layer.k_cache = layer.v_cache = torch.tensor([], dtype=self.dtype, device=self.device)
+
+    def allocate_kv_cache(self):
+        # One scratch block past the usable ones takes the K/V writes of
+        # CUDA-graph padding rows. Zeroed: masked-out slots are still read,
+        # and uninitialised memory could hold NaNs that a mask cannot hide.
+        self.kv_cache = torch.zeros(self._cache_shape(self.num_kvcache_blocks + 1), dtype=self.dtype,
+                                    device=self.device)
+        self.scratch_slot = self.num_kvcache_blocks * self.block_size
+        self._assign_cache(self.kv_cache)
+
+    @torch.inference_mode()
+    def warmup_model(self, use_cuda_graph: bool):
+        """Run the largest forwards once so the peak activation memory is known
+        before the KV cache takes what is left (CUDA only)."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        cfg = self.config
+        seq_len = min(cfg.max_num_batched_tokens, self.max_model_len)
+        num_seqs = max(1, min(cfg.max_num_batched_tokens // seq_len, cfg.max_num_seqs))
+        self.run([self._dummy_seq(i, seq_len, []) for i in range(num_seqs)], True)
+        if use_cuda_graph and self.attention_backend == "torch":
+            # The torch decode gathers every sequence's keys up to the graph's
+            # block-table width; a graph pool keeps that memory, so count it.
+            self._assign_cache(torch.zeros(self._cache_shape(1), dtype=self.dtype, device=self.device))
+            max_bs = min(cfg.max_num_seqs, MAX_GRAPH_BATCH_SIZE)
+            width = self.max_num_blocks_per_seq
+            self.run([self._dummy_seq(i, self.max_model_len, [0] * width, decode=True) for i in range(max_bs)], False)
+            self._release_cache()
+        torch.cuda.empty_cache()
+
+    def _dummy_seq(self, seq_id: int, num_tokens: int, block_table: list[int], decode: bool = False) -> Sequence:
+        seq = Sequence(seq_id, [0] * num_tokens, self.block_size)
+        seq.block_table = block_table
+        seq.num_scheduled_tokens = 1 if decode else num_tokens
+        return seq
+
+    def num_blocks_from_free_memory(self) -> int:
+        cfg = self.config
+        free, total = torch.cuda.mem_get_info(self.device)
+        stats = torch.cuda.memory_stats(self.device)
+        # util * total, less memory torch does not hold, less the peak of the warmup.
+        budget = total * cfg.gpu_memory_utilization - (total - free) - stats["allocated_bytes.all.peak"] \
+            + stats["allocated_bytes.all.current"]
+        num_blocks = int(budget) // self.block_bytes - 1   # less the scratch block
+        if num_blocks <= 0:
+            raise ConfigError(f"no GPU memory left for the KV cache at gpu_memory_utilization="
+                              f"{cfg.gpu_memory_utilization} (budget {int(budget) >> 20} MiB, "
+                              f"{self.block_bytes >> 10} KiB per block)")
+        # Blocks past what max_num_seqs full-length sequences can hold are never used.
+        return min(num_blocks, cfg.max_num_seqs * self.max_num_blocks_per_seq)
+
+    # --- inputs -----------------------------------------------------------
+
+    def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
+        on_cuda = self.device.type == "cuda"
+        return torch.tensor(data, dtype=dtype, pin_memory=on_cuda).to(self.device, non_blocking=on_cuda)
+
+    def _slots(self, seq: Sequence, start: int, end: int) -> list[int]:
+        """Cache slots of positions [start, end), one block's range at a time."""
+        bs = self.block_size
+        if not seq.block_table:   # a profiling forward: nothing to keep
+            return [self.scratch_slot] * (end - start)
+        assert len(seq.block_table) * bs >= end, f"seq {seq.seq_id}: block table too short for {end} tokens"
+        slots = []
+        for i in range(start // bs, (end + bs - 1) // bs):
+            base = seq.block_table[i] * bs - i * bs
+            slots.extend(range(base + max(start, i * bs), base + min(end, (i + 1) * bs)))
+        return slots
+
+    def prepare_block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
+        # Pad with block 0: a valid index for the gather, masked out by length.
+        width = max(len(seq.block_table) for seq in seqs)
+        return self._tensor([seq.block_table + [0] * (width - len(seq.block_table)) for seq in seqs], torch.int32)
+
+    def prepare_prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, Context]:
+        input_ids, positions, slot_mapping = [], [], []
+        cu_seqlens_q, cu_seqlens_k = [0], [0]
+        max_seqlen_q = max_seqlen_k = 0
+        for seq in seqs:
+            assert seq.block_size == self.block_size, f"seq {seq.seq_id}: block size {seq.block_size}"
+            start, end = seq.num_cached_tokens, seq.num_cached_tokens + seq.num_scheduled_tokens
+            assert start < end <= seq.num_tokens, f"seq {seq.seq_id}: cannot compute tokens [{start}, {end})"
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            cu_seqlens_q.append(cu_seqlens_q[-1] + end - start)
+            cu_seqlens_k.append(cu_seqlens_k[-1] + end)
+            max_seqlen_q, max_seqlen_k = max(max_seqlen_q, end - start), max(max_seqlen_k, end)
+            slot_mapping.extend(self._slots(seq, start, end))
+        # With a cached prefix anywhere (prefix hit or earlier chunk), keys are read through block tables.
+        block_tables = self.prepare_block_tables(seqs) if cu_seqlens_k[-1] > cu_seqlens_q[-1] else None
+        context = Context(True, self._tensor(cu_seqlens_q, torch.int32), self._tensor(cu_seqlens_k, torch.int32),
+                          max_seqlen_q, max_seqlen_k, self._tensor(slot_mapping, torch.int64), None, block_tables)
+        return self._tensor(input_ids, torch.int64), self._tensor(positions, torch.int64), context
+
+    def prepare_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, Context]:
+        input_ids, positions, context_lens, slot_mapping = [], [], [], []
+        for seq in seqs:
+            position = seq.num_tokens - 1
+            input_ids.append(seq.last_token)
+            positions.append(position)
+            context_lens.append(seq.num_tokens)
+            slot_mapping.extend(self._slots(seq, position, position + 1))
+        context = Context(False, slot_mapping=self._tensor(slot_mapping, torch.int64),
+                          context_lens=self._tensor(context_lens, torch.int32),
+                          block_tables=self.prepare_block_tables(seqs))
+        return self._tensor(input_ids, torch.int64), self._tensor(positions, torch.int64), context
+
+    # --- forward ----------------------------------------------------------
+
+    def run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
+        graphs = self.graph_runner
+        if context.is_prefill or graphs is None or not graphs.can_run(input_ids.size(0),
+                                                                    context.block_tables.size(1)):
+            with forward_context(context):
+                return self.model.compute_logits(self.model(input_ids, positions))
+        return self.model.compute_logits(graphs.run(input_ids, positions, context))
+
+    @torch.inference_mode()
+    def compute_logits(self, seqs: list[Sequence], is_prefill: bool) -> torch.Tensor:
+        """Next-token logits [num_seqs, vocab] of one step, before sampling."""
+        input_ids, positions, context = (self.prepare_prefill if is_prefill else self.prepare_decode)(seqs)
+        return self.run_model(input_ids, positions, context)
+
+    @torch.inference_mode()
+    def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+        logits = self.compute_logits(seqs, is_prefill)
+        seeds = [sample_seed(self.config.seed, seq.seq_id, seq.num_tokens) for seq in seqs]
+        return self.sampler(logits, [seq.temperature for seq in seqs], seeds).tolist()
+
+    def exit(self):
+        if self.graph_runner is not None:
+            self.graph_runner.close()
+            self.graph_runner = None
+        self._release_cache()
+        self.kv_cache = None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
