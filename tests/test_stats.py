@@ -203,6 +203,12 @@ def test_a_file_gives_the_figures_of_its_events(trace_file):
     assert stats(str(trace_file)) == stats(preemption_case())
 
 
+def test_python_api(trace_file):
+    import tracengine
+    import tracengine.stats    # binds the module to tracengine.stats; calling it still works
+    assert tracengine.stats(trace_file) == stats(trace_file)
+
+
 def test_text_form(trace_file, capsys):
     assert main(["stats", str(trace_file)]) == 0
     out = capsys.readouterr().out
