@@ -19,6 +19,6 @@ def __getattr__(name):
         from tracengine.tracelog import open_trace
         return open_trace
     if name == "stats":
-        from tracengine.stats import stats
+        from tracengine.serving_stats import stats
         return stats
     raise AttributeError(f"module 'tracengine' has no attribute {name!r}")

@@ -71,7 +71,7 @@ def add_analysis_commands(sub):
     p = sub.add_parser("stats", help="serving figures of a trace")
     p.add_argument("trace")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(run="tracengine.stats:cmd_stats")
+    p.set_defaults(run="tracengine.serving_stats:cmd_stats")
 
     p = sub.add_parser("export", help="export a trace for other tools")
     p.add_argument("trace")

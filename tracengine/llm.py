@@ -36,7 +36,7 @@ class LLM(LLMEngine):
         return TraceHeader(
             FORMAT_VERSION, __version__, self.config.to_dict(),
             ModelInfo(Path(self.model_dir).name, str(self.runner.dtype).removeprefix("torch."), architectures[0]),
-            str(self.runner.device), torch.__version__, self.config.seed, time.time(),
+            str(self.runner.device), str(torch.__version__), self.config.seed, time.time(),
             self.config.tensor_parallel_size)
 
     def start_recording(self, path: str):

@@ -19,8 +19,6 @@ The JSON keys are stable (`stats_version` changes if one is renamed or
 removed); docs/stats.md lists them."""
 import json
 import math
-import sys
-import types
 
 from tracengine.timeline import Timeline, load
 
@@ -218,14 +216,3 @@ def cmd_stats(args) -> int:
         from rich.console import Console
         Console(highlight=False, soft_wrap=False).print(render(s, title=str(args.trace)))
     return 0
-
-
-class _CallableModule(types.ModuleType):
-    """`tracengine.stats(path)` is the function, yet importing this module makes
-    `tracengine.stats` the module: so the module, called, is the function."""
-
-    def __call__(self, path_or_events) -> dict:
-        return stats(path_or_events)
-
-
-sys.modules[__name__].__class__ = _CallableModule
