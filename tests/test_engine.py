@@ -1,0 +1,84 @@
+"""The engine on the embedded model: the same tokens however a request is scheduled."""
+import pytest
+
+from tracengine import LLM, SamplingParams
+from tracengine.errors import ConfigError, RequestError
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+PROMPTS = [
+    "The scheduler decides which sequences run at every step of the engine.",
+    "A prefix cache shares blocks between prompts that start the same way, so",
+    "Preemption frees the KV cache of the newest sequence and sends it back",
+    "Chunked prefill",
+]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Each prompt alone, with a roomy cache and budget."""
+    llm = LLM("", num_kvcache_blocks=256, kvcache_block_size=16, max_num_batched_tokens=4096)
+    outputs = [llm.generate([p], GREEDY, use_tqdm=False)[0]["token_ids"] for p in PROMPTS]
+    llm.close()
+    return outputs
+
+
+def run(prompts, sampling_params=GREEDY, **config):
+    llm = LLM("", **config)
+    try:
+        return [o["token_ids"] for o in llm.generate(prompts, sampling_params, use_tqdm=False)], llm
+    finally:
+        llm.close()
+
+
+def test_batched_equals_alone(reference):
+    outputs, _ = run(PROMPTS, num_kvcache_blocks=256, kvcache_block_size=16)
+    assert outputs == reference
+
+
+def test_chunked_prefill_gives_the_same_tokens(reference):
+    outputs, llm = run(PROMPTS, num_kvcache_blocks=256, kvcache_block_size=4, max_num_batched_tokens=7)
+    assert outputs == reference
+    assert llm.last_run["num_prefill_steps"] > len(PROMPTS)   # prompts were split
+
+
+def test_prefix_cache_hit_gives_the_same_tokens(reference):
+    llm = LLM("", num_kvcache_blocks=256, kvcache_block_size=4)
+    try:
+        first = llm.generate([PROMPTS[1]], GREEDY, use_tqdm=False)[0]["token_ids"]
+        again = llm.generate([PROMPTS[1]], GREEDY, use_tqdm=False)[0]["token_ids"]
+        assert llm.scheduler.block_manager.num_hit_blocks > 0
+    finally:
+        llm.close()
+    assert first == again == reference[1]
+
+
+def test_preemption_gives_the_same_tokens(reference):
+    # 20 blocks of 4 tokens: too few for all four to decode together
+    outputs, llm = run(PROMPTS, num_kvcache_blocks=20, kvcache_block_size=4)
+    assert llm.last_run["num_preemptions"] > 0
+    assert outputs == reference
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent():
+    sp = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    batched, _ = run(PROMPTS[:2], num_kvcache_blocks=128, seed=3, sampling_params=sp)
+    alone, _ = run(PROMPTS[:1], num_kvcache_blocks=128, seed=3, sampling_params=sp)
+    other_seed, _ = run(PROMPTS[:1], num_kvcache_blocks=128, seed=4, sampling_params=sp)
+    assert batched[0] == alone[0]
+    assert other_seed[0] != alone[0]
+
+
+def test_unknown_argument_and_bad_config_are_one_line_errors():
+    with pytest.raises(ConfigError, match="unknown engine argument 'num_blocks'"):
+        LLM("", num_blocks=4)
+    with pytest.raises(ConfigError, match="num_kvcache_blocks must be a positive integer, got 0"):
+        LLM("", num_kvcache_blocks=0)
+
+
+def test_prompt_longer_than_max_model_len_is_refused():
+    llm = LLM("", max_model_len=32, num_kvcache_blocks=16)
+    try:
+        with pytest.raises(RequestError, match="longer than max_model_len=32"):
+            llm.generate([list(range(40))], GREEDY, use_tqdm=False)
+    finally:
+        llm.close()
