@@ -34,7 +34,7 @@ QUESTIONS = [
 ]
 LONG_DOCUMENT = ("A scheduler decides, at every step, which sequences run and how many tokens each of them "
                  "computes. The waiting queue holds new requests, chunks that are not finished and sequences "
-                 "that were preempted; the running queue holds those that decode one token at a time. ") * 8
+                 "that were preempted; the running queue holds those that decode one token at a time. ") * 3
 
 
 def parse_range(text: str, name: str) -> tuple[int, int]:
@@ -110,10 +110,10 @@ def default_workload(rng, params):
     prompts, sps = [], []
     for i, question in enumerate(QUESTIONS):
         prompts.append(SYSTEM_PROMPT + question)           # a shared prefix: cache hits
-        sps.append(params(rng.randint(24, 96)))
+        sps.append(params(rng.randint(24, 96), True))
         if i in (2, 7):                                     # long prompts: chunked prefill, blocking
             prompts.append(LONG_DOCUMENT + question)
-            sps.append(params(rng.randint(24, 48)))
+            sps.append(params(rng.randint(24, 48), True))
     return prompts, sps
 
 
