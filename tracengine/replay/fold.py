@@ -1,0 +1,399 @@
+"""Event sourcing: the scheduler and block-manager state at any step, from
+the events alone.
+
+`Fold` applies each event to a mutable projection that mirrors what the
+scheduler and the block manager did (queues, block tables, ref counts,
+hashes, the free deque), and keeps a keyframe every `keyframe_interval`
+steps. `state_at(step)` starts from the nearest keyframe at or before the
+step and applies at most `keyframe_interval` steps of events. The states it
+returns are values: nothing changes them after they are returned."""
+from collections import deque
+from itertools import islice
+
+import msgspec
+
+from tracengine.errors import TraceError
+from tracengine.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
+                               ScheduleDecision, SeqFinish, StepEnd, TokenSample, TraceHeader)
+
+WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
+
+
+class SeqState(msgspec.Struct, gc=False):
+    seq_id: int
+    status: str
+    num_prompt_tokens: int
+    num_tokens: int
+    num_cached_tokens: int = 0
+    num_scheduled_tokens: int = 0   # tokens computed in this state's step, else 0
+    block_table: list[int] = []
+    num_preemptions: int = 0
+    arrival_step: int = -1
+    first_token_step: int = -1
+    finish_step: int = -1
+    finish_reason: str = ""
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
+
+    def _copy(self) -> "SeqState":
+        return msgspec.structs.replace(self, block_table=list(self.block_table))
+
+
+class BlockState(msgspec.Struct, frozen=True, gc=False):
+    block_id: int
+    ref_count: int
+    hash: int            # -1: none
+    owners: list[int]    # seq ids whose block table holds the block, ascending
+
+
+class FoldState:
+    """The state after `step` completed (step -1: before the first step)."""
+    __slots__ = ("step", "waiting", "running", "seqs", "ref_counts", "hashes", "free_block_ids",
+                 "hash_to_block_id", "decision", "block_size", "_blocks")
+
+    def __init__(self, step, waiting, running, seqs, ref_counts, hashes, free_block_ids, hash_to_block_id,
+                 decision, block_size):
+        self.step: int = step
+        self.waiting: list[int] = waiting
+        self.running: list[int] = running
+        self.seqs: dict[int, SeqState] = seqs
+        self.ref_counts: list[int] = ref_counts
+        self.hashes: list[int] = hashes
+        self.free_block_ids: list[int] = free_block_ids
+        self.hash_to_block_id: dict[int, int] = hash_to_block_id
+        self.decision: ScheduleDecision | None = decision
+        self.block_size: int = block_size
+        self._blocks = None
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.ref_counts)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_block_ids)
+
+    @property
+    def blocks(self) -> list[BlockState]:
+        if self._blocks is None:
+            owners: list[list[int]] = [[] for _ in self.ref_counts]
+            for seq_id in sorted(self.waiting + self.running):
+                for block_id in self.seqs[seq_id].block_table:
+                    owners[block_id].append(seq_id)
+            self._blocks = [BlockState(i, rc, h, o) for i, (rc, h, o)
+                            in enumerate(zip(self.ref_counts, self.hashes, owners))]
+        return self._blocks
+
+    def __repr__(self):
+        return (f"FoldState(step={self.step}, waiting={self.waiting}, running={self.running}, "
+                f"num_free_blocks={self.num_free_blocks})")
+
+
+class _Keyframe(msgspec.Struct, frozen=True, gc=False):
+    step: int                  # the state after this step
+    seqs: dict                 # seq_id -> SeqState, never mutated again
+    waiting: tuple
+    running: tuple
+    scheduled: tuple           # seq ids scheduled in `step`
+    ref_counts: list
+    hashes: list
+    free_block_ids: tuple
+    hash_to_block_id: dict
+    decision: object
+
+
+class _Projection:
+    """The mutable state that events are applied to."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.block_size = block_size
+        self.seqs: dict[int, SeqState] = {}
+        self.waiting: deque[int] = deque()
+        self.running: deque[int] = deque()
+        self.scheduled: list[SeqState] = []
+        self.ref_counts = [0] * num_blocks
+        self.hashes = [-1] * num_blocks
+        self.free: deque[int] = deque(range(num_blocks))
+        self.hash_to_block_id: dict[int, int] = {}
+        self.decision = None
+        self.handlers = {
+            RequestAdded: self.request_added, ScheduleDecision: self.schedule_decision,
+            BlockAllocate: self.block_allocate, BlockAppend: self.block_append, BlockHash: self.block_hash,
+            BlockFree: self.block_free, Preempt: self.preempt, TokenSample: self.token_sample,
+            SeqFinish: self.seq_finish, StepEnd: self.step_end,
+        }
+
+    # -- keyframes --------------------------------------------------------------------------
+
+    def keyframe(self, step: int) -> _Keyframe:
+        kf = _Keyframe(step, dict(self.seqs), tuple(self.waiting), tuple(self.running),
+                       tuple(s.seq_id for s in self.scheduled), list(self.ref_counts), list(self.hashes),
+                       tuple(self.free), dict(self.hash_to_block_id), self.decision)
+        self._own_live_seqs(kf)
+        return kf
+
+    @classmethod
+    def from_keyframe(cls, kf: _Keyframe, block_size: int) -> "_Projection":
+        p = cls(0, block_size)
+        p.seqs = dict(kf.seqs)
+        p.waiting, p.running = deque(kf.waiting), deque(kf.running)
+        p.ref_counts, p.hashes = list(kf.ref_counts), list(kf.hashes)
+        p.free, p.hash_to_block_id = deque(kf.free_block_ids), dict(kf.hash_to_block_id)
+        p.decision = kf.decision
+        p._own_live_seqs(kf)
+        return p
+
+    def _own_live_seqs(self, kf: _Keyframe):
+        """Copy the sequences later events can change, so the keyframe's stay as they are.
+        A finished sequence changes no more once the next step has cleared its count."""
+        seqs = self.seqs
+        for seq_id in (*kf.waiting, *kf.running, *kf.scheduled):
+            seqs[seq_id] = seqs[seq_id]._copy()
+        self.scheduled = [seqs[seq_id] for seq_id in kf.scheduled]
+
+    def state(self, step: int) -> FoldState:
+        """A value: the projection must not be used after this."""
+        return FoldState(step, list(self.waiting), list(self.running), self.seqs, self.ref_counts, self.hashes,
+                         list(self.free), self.hash_to_block_id, self.decision, self.block_size)
+
+    # -- events, as the scheduler and block manager produced them ------------------------------
+
+    def request_added(self, e: RequestAdded):
+        n = len(e.prompt_token_ids)
+        self.seqs[e.seq_id] = SeqState(e.seq_id, WAITING, n, n, arrival_step=e.step, block_table=[])
+        self.waiting.append(e.seq_id)
+
+    def schedule_decision(self, e: ScheduleDecision):
+        """The decision and, since they follow from it, its TokenSamples: each scheduled
+        sequence computes its tokens, and keeps a sample where it reaches its end."""
+        for s in self.scheduled:
+            s.num_scheduled_tokens = 0
+        seqs, step = self.seqs, e.step
+        scheduled = []
+        self.decision = e
+        if e.phase == "prefill":
+            waiting, running = self.waiting, self.running
+            for ss in e.seqs:
+                s = seqs[ss.seq_id]
+                s.num_scheduled_tokens = ss.num_tokens
+                s.num_cached_tokens = ss.num_cached_tokens + ss.num_tokens
+                if s.num_cached_tokens == s.num_tokens:    # the whole prompt is computed; else a middle chunk
+                    s.num_tokens += 1
+                    if s.first_token_step == -1:
+                        s.first_token_step = step
+                    if waiting[0] == s.seq_id:
+                        waiting.popleft()
+                    else:
+                        waiting.remove(s.seq_id)
+                    running.append(s.seq_id)
+                    s.status = RUNNING
+                scheduled.append(s)
+        else:
+            ids = []
+            for ss in e.seqs:
+                s = seqs[ss.seq_id]
+                s.num_scheduled_tokens = 1
+                s.num_cached_tokens = ss.num_cached_tokens + 1
+                s.num_tokens += 1
+                scheduled.append(s)
+                ids.append(ss.seq_id)
+            # decode takes running from the head; what it scheduled goes back to the head, in order
+            if list(islice(self.running, len(ids))) != ids:
+                chosen = set(ids)
+                self.running = deque(ids + [i for i in self.running if i not in chosen])
+        self.scheduled = scheduled
+
+    def _take_free_block(self, block_id: int):
+        if self.free[0] != block_id:
+            raise ValueError(f"block {block_id} is not the next free block {self.free[0]}")
+        self.free.popleft()
+        h = self.hashes[block_id]
+        if h != -1 and self.hash_to_block_id.get(h) == block_id:
+            del self.hash_to_block_id[h]      # the cached content is overwritten
+        self.hashes[block_id] = -1
+        self.ref_counts[block_id] = 1
+
+    def block_allocate(self, e: BlockAllocate):
+        ref_counts = self.ref_counts
+        for block_id in e.block_ids[:e.num_cached_blocks]:    # prefix-cache hits
+            if ref_counts[block_id] > 0:
+                ref_counts[block_id] += 1
+            else:
+                ref_counts[block_id] = 1
+                self.free.remove(block_id)
+        for block_id in e.block_ids[e.num_cached_blocks:]:
+            self._take_free_block(block_id)
+        s = self.seqs[e.seq_id]
+        s.block_table = list(e.block_ids)
+        s.num_cached_tokens = e.num_cached_blocks * self.block_size
+
+    def block_append(self, e: BlockAppend):
+        self._take_free_block(e.block_id)
+        self.seqs[e.seq_id].block_table.append(e.block_id)
+
+    def block_hash(self, e: BlockHash):
+        self.hashes[e.block_id] = e.hash
+        self.hash_to_block_id[e.hash] = e.block_id
+
+    def block_free(self, e: BlockFree):
+        ref_counts, free = self.ref_counts, self.free
+        for block_id in e.block_ids:
+            ref_counts[block_id] -= 1
+            if ref_counts[block_id] == 0:
+                free.append(block_id)
+            elif ref_counts[block_id] < 0:
+                raise ValueError(f"block {block_id} freed more often than allocated")
+        s = self.seqs[e.seq_id]
+        s.block_table = []
+        s.num_cached_tokens = 0
+
+    def preempt(self, e: Preempt):
+        running = self.running
+        if running and running[-1] == e.seq_id:    # the running tail, or itself when it is the last
+            running.pop()
+        else:
+            running.remove(e.seq_id)
+        self.waiting.appendleft(e.seq_id)
+        s = self.seqs[e.seq_id]
+        s.status = WAITING
+        s.num_preemptions += 1
+
+    def token_sample(self, e: TokenSample):
+        pass    # applied with its ScheduleDecision
+
+    def seq_finish(self, e: SeqFinish):
+        s = self.seqs[e.seq_id]
+        s.status = FINISHED
+        s.finish_step = e.step
+        s.finish_reason = e.reason
+        self.running.remove(e.seq_id)
+
+    def step_end(self, e: StepEnd):
+        if e.num_free_blocks != len(self.free):
+            raise ValueError(f"StepEnd says {e.num_free_blocks} free blocks, the events leave {len(self.free)}")
+
+
+def iter_steps(events):
+    """Events grouped by step: each group ends with its StepEnd, except an
+    unfinished last step (requests that arrived after the last step)."""
+    current = []
+    for event in events:
+        current.append(event)
+        if type(event) is StepEnd:
+            yield current
+            current = []
+    if current:
+        yield current
+
+
+class Fold:
+    """fold = Fold(events) (TraceHeader first); fold.append(more) as a trace grows;
+    fold.state_at(step) is the state after `step` (-1: before the first step)."""
+
+    def __init__(self, events=(), keyframe_interval: int = 256):
+        if keyframe_interval <= 0:
+            raise ValueError("keyframe_interval must be positive")
+        self.keyframe_interval = keyframe_interval
+        self.header: TraceHeader | None = None
+        self.num_steps = 0                     # completed steps
+        self._steps: list[list] = [[]]         # events per step; the last is the step in progress
+        self._decisions: list = []
+        self._keyframes: list[_Keyframe] = []
+        self._live: _Projection | None = None
+        self.append(events)
+
+    @classmethod
+    def from_trace(cls, path, keyframe_interval: int = 256) -> "Fold":
+        from tracengine.tracelog import TraceReader
+        return cls(TraceReader(path).events(), keyframe_interval)
+
+    @property
+    def block_size(self) -> int:
+        return self._live.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self._live.ref_counts)
+
+    def append(self, events):
+        it = iter(events)
+        if self.header is None:
+            first = next(it, None)
+            if first is None:
+                return
+            self._start(first)
+        live, current, K = self._live, self._steps[-1], self.keyframe_interval
+        handlers = live.handlers
+        for event in it:
+            t = type(event)
+            if t is not TokenSample:      # applied with the step's ScheduleDecision
+                try:
+                    handlers[t](event)
+                except (KeyError, IndexError, ValueError) as exc:
+                    raise TraceError(f"step {self.num_steps}: {t.__name__} does not follow from the events "
+                                     f"before it ({exc!r}): {event}") from None
+                if t is StepEnd:
+                    if event.step != self.num_steps:
+                        raise TraceError(f"StepEnd of step {event.step} where step {self.num_steps} was expected")
+                    current.append(event)
+                    self._decisions.append(live.decision)
+                    self.num_steps += 1
+                    current = []
+                    self._steps.append(current)
+                    if self.num_steps % K == 0:
+                        self._keyframes.append(live.keyframe(self.num_steps - 1))
+                    continue
+            current.append(event)
+
+    def _start(self, header):
+        if not isinstance(header, TraceHeader):
+            raise TraceError(f"a trace starts with a TraceHeader, not {type(header).__name__}")
+        config = header.config
+        num_blocks, block_size = config.get("num_kvcache_blocks", -1), config.get("kvcache_block_size", 0)
+        if not (isinstance(num_blocks, int) and num_blocks > 0 and isinstance(block_size, int) and block_size > 0):
+            raise TraceError(f"the trace header has no block pool: num_kvcache_blocks={num_blocks}, "
+                             f"kvcache_block_size={block_size}")
+        self.header = header
+        self._live = _Projection(num_blocks, block_size)
+        self._keyframes.append(self._live.keyframe(-1))
+
+    def events_at(self, step: int) -> list:
+        """That step's events (the step in progress too, as far as it has arrived)."""
+        if not 0 <= step < len(self._steps):
+            raise IndexError(f"step {step} is not in the trace (0..{self.num_steps - 1})")
+        return list(self._steps[step])
+
+    def state_at(self, step: int | None = None, *, before_step: int | None = None) -> FoldState:
+        """The state after `step` completed; `before_step=n` is the state after n - 1."""
+        if before_step is not None:
+            step = before_step - 1
+        if step is None or not -1 <= step < self.num_steps:
+            raise IndexError(f"step {step} is not in the trace (-1..{self.num_steps - 1})")
+        if self.header is None:
+            raise IndexError("the trace has no header yet")
+        kf = self._keyframes[(step + 1) // self.keyframe_interval]
+        p = _Projection.from_keyframe(kf, self.block_size)
+        handlers = p.handlers
+        for s in range(kf.step + 1, step + 1):
+            for event in self._steps[s]:
+                handlers[type(event)](event)
+        state = p.state(step)
+        state.decision = self._decisions[step] if step >= 0 else None
+        return state
+
+
+def live_state(scheduler, step: int) -> FoldState:
+    """A live scheduler's queues and block pool as a FoldState (its sequences
+    only: a scheduler forgets finished ones, and knows no arrival steps)."""
+    bm = scheduler.block_manager
+    status = {"WAITING": WAITING, "RUNNING": RUNNING, "FINISHED": FINISHED}
+    seqs = {}
+    for seq in (*scheduler.waiting, *scheduler.running):
+        seqs[seq.seq_id] = SeqState(seq.seq_id, status[seq.status.name], seq.num_prompt_tokens, seq.num_tokens,
+                                    seq.num_cached_tokens, seq.num_scheduled_tokens, list(seq.block_table),
+                                    seq.num_preemptions, finish_reason=seq.finish_reason)
+    return FoldState(step, [s.seq_id for s in scheduler.waiting], [s.seq_id for s in scheduler.running], seqs,
+                     [b.ref_count for b in bm.blocks], [b.hash for b in bm.blocks], list(bm.free_block_ids),
+                     dict(bm.hash_to_block_id), None, bm.block_size)
