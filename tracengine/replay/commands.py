@@ -1,0 +1,113 @@
+"""`tracengine replay` (re-execution, `--state`, what-if with `--set`) and
+`tracengine diff`. Exit 0 when a check holds, 1 when it does not; bad input
+raises a TracengineError (exit 2 in cli.py)."""
+import sys
+
+from tracengine.config import parse_override
+from tracengine.errors import TraceError
+from tracengine.replay.diff import SCHEDULING_TYPES, diff_traces
+from tracengine.replay.fold import Fold
+from tracengine.replay.metrics import side_by_side
+from tracengine.replay.reexec import replay
+from tracengine.replay.render import render_event, render_state, render_step
+from tracengine.tracelog import TraceReader, TraceWriter
+
+EXIT_OK, EXIT_FAILED_CHECK = 0, 1
+
+
+def _note_torn_tail(reader: TraceReader):
+    if reader.torn_tail is not None:
+        print(f"tracengine: note: {reader.path}: incomplete last frame at offset {reader.torn_tail.offset} "
+              f"({reader.torn_tail.nbytes} bytes) ignored", file=sys.stderr)
+
+
+def _indent(text: str) -> str:
+    return "".join("  " + line + "\n" for line in text.splitlines())
+
+
+def cmd_replay(args) -> int:
+    overrides = dict(parse_override(text) for text in args.set)
+    if args.state is not None:
+        if overrides or args.record:
+            raise TraceError("--state shows the recorded state; it does not combine with --set or --record")
+        return show_state(args.trace, args.state)
+    if overrides or args.record:
+        return run_whatif(args.trace, overrides, args.record)
+    return run_replay(args.trace)
+
+
+def show_state(path, step: int) -> int:
+    with TraceReader(path) as reader:
+        fold = Fold(reader.events())
+        _note_torn_tail(reader)
+    if not -1 <= step < fold.num_steps:
+        raise TraceError(f"{path}: no step {step}; the trace has steps 0..{fold.num_steps - 1} (-1: before the first)")
+    print(render_state(fold.state_at(step)), end="")
+    return EXIT_OK
+
+
+def run_replay(path) -> int:
+    with TraceReader(path) as reader:
+        result = replay(reader.events())
+        _note_torn_tail(reader)
+    if result.ok:
+        print(f"{path}: {result.num_steps} steps and {result.num_events} events reproduced exactly "
+              f"({result.seconds:.2f} s, {result.events_per_second:,.0f} events/s)")
+        if result.num_unfinished:
+            print(f"note: the trace ends with {result.num_unfinished} sequences unfinished")
+        return EXIT_OK
+    d = result.divergence
+    print(f"{path}: replay diverges at step {d.step} (event {d.index} of the step): {d.reason}")
+    print(f"  expected: {render_event(d.expected)}")
+    print(f"  actual:   {render_event(d.actual)}")
+    print(f"{result.num_steps} steps and {result.num_events} events reproduced before it")
+    with TraceReader(path) as reader:
+        fold = Fold(reader.events())
+    if d.step <= fold.num_steps:
+        print(f"recorded step {d.step}:")
+        print("  " + render_step(fold.events_at(d.step)))
+    print("recorded state before the step:")
+    print(_indent(render_state(fold.state_at(before_step=min(d.step, fold.num_steps)))), end="")
+    print("replayed state at the divergence:")
+    print(_indent(render_state(d.state)), end="")
+    return EXIT_FAILED_CHECK
+
+
+def run_whatif(path, overrides: dict, record) -> int:
+    from tracengine.replay.whatif import whatif
+    with TraceReader(path) as reader:
+        result = whatif(reader.events(), overrides)
+        _note_torn_tail(reader)
+    changes = ", ".join(f"{name} {old} -> {new}" for name, old, new in result.changes) or "no config change"
+    print(f"what-if on {path}: {changes}")
+    print(side_by_side(result.original, result.new, "recorded", "what-if"))
+    if result.num_past_output:
+        print(f"note: {result.num_past_output} sequences ran past their recorded output (filler tokens)")
+    if record:
+        with TraceWriter(record, result.events[0]) as writer:
+            for event in result.events[1:]:
+                writer.emit(event)
+        print(f"wrote {record}")
+    return EXIT_OK
+
+
+def cmd_diff(args) -> int:
+    with TraceReader(args.a) as reader_a, TraceReader(args.b) as reader_b:
+        d = diff_traces(reader_a.events(), reader_b.events())
+        _note_torn_tail(reader_a)
+        _note_torn_tail(reader_b)
+    if d.config_changes:
+        print("config: " + ", ".join(f"{name} {a} vs {b}" for name, a, b in d.config_changes))
+    if d.identical:
+        print(f"no scheduling difference in {d.a_metrics.num_steps} steps")
+        return EXIT_OK
+    print(f"first scheduling difference at step {d.step}:")
+    print(f"  a: {render_step(d.a_events) if d.a_events else '(the trace has ended)'}")
+    print(f"  b: {render_step(d.b_events) if d.b_events else '(the trace has ended)'}")
+    a_sched = [e for e in d.a_events if isinstance(e, SCHEDULING_TYPES)]
+    b_sched = [e for e in d.b_events if isinstance(e, SCHEDULING_TYPES)]
+    print(f"  first differing event (#{d.index} of the step's scheduling events):")
+    print(f"    a: {render_event(a_sched[d.index] if d.index < len(a_sched) else None)}")
+    print(f"    b: {render_event(b_sched[d.index] if d.index < len(b_sched) else None)}")
+    print(side_by_side(d.a_metrics, d.b_metrics, "a", "b"))
+    return EXIT_FAILED_CHECK

@@ -1,0 +1,61 @@
+"""The first step where two traces schedule differently. Scheduling is the
+ScheduleDecision, Preempt and Block* events, compared without wall-clock
+fields; token ids, arrivals and timings do not count."""
+from dataclasses import dataclass, field
+
+from tracengine.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, ScheduleDecision,
+                               TraceHeader, without_wall_clock)
+from tracengine.errors import TraceError
+from tracengine.replay.fold import iter_steps
+from tracengine.replay.metrics import RunMetrics
+
+SCHEDULING_TYPES = (ScheduleDecision, Preempt, BlockAllocate, BlockAppend, BlockHash, BlockFree)
+
+
+@dataclass
+class TraceDiff:
+    step: int | None                        # the first differing step; None when none differs
+    a_events: list = field(default_factory=list)   # that step's events on each side ([] past its end)
+    b_events: list = field(default_factory=list)
+    index: int = -1                         # of the first differing scheduling event within the step
+    a_metrics: RunMetrics = field(default_factory=RunMetrics)
+    b_metrics: RunMetrics = field(default_factory=RunMetrics)
+    config_changes: list = field(default_factory=list)   # (field, a, b)
+
+    @property
+    def identical(self) -> bool:
+        return self.step is None
+
+
+def scheduling_key(events) -> list[tuple]:
+    return [without_wall_clock(e) for e in events if isinstance(e, SCHEDULING_TYPES)]
+
+
+def diff_traces(a, b) -> TraceDiff:
+    """Compare two event streams (TraceHeader first), step by step."""
+    a, b = iter(a), iter(b)
+    header_a, header_b = next(a, None), next(b, None)
+    if not isinstance(header_a, TraceHeader) or not isinstance(header_b, TraceHeader):
+        raise TraceError("a trace starts with a TraceHeader")
+    result = TraceDiff(None)
+    result.config_changes = [(name, value, header_b.config.get(name)) for name, value in header_a.config.items()
+                             if header_b.config.get(name) != value]
+    steps_a, steps_b = iter_steps(a), iter_steps(b)
+    step = 0
+    while True:
+        group_a, group_b = next(steps_a, None), next(steps_b, None)
+        if group_a is None and group_b is None:
+            break
+        for e in group_a or ():
+            result.a_metrics.add(e)
+        for e in group_b or ():
+            result.b_metrics.add(e)
+        if result.step is None:
+            key_a, key_b = scheduling_key(group_a or ()), scheduling_key(group_b or ())
+            if key_a != key_b:
+                result.step = step
+                result.a_events, result.b_events = group_a or [], group_b or []
+                result.index = next((i for i, (x, y) in enumerate(zip(key_a, key_b)) if x != y),
+                                    min(len(key_a), len(key_b)))
+        step += 1
+    return result

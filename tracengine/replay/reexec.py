@@ -1,0 +1,117 @@
+"""Re-execution: run the engine's own step loop (the real Scheduler and
+BlockManager) over a trace's requests and sampled tokens, and check every
+event it emits against the recorded one, stopping at the first difference."""
+import functools
+import operator
+import time
+from dataclasses import dataclass
+
+from tracengine.config import Config
+from tracengine.errors import RequestError, TraceError
+from tracengine.events import WALL_CLOCK_FIELDS, Event, RequestAdded, StepEnd, TokenSample, TraceHeader
+from tracengine.llm_engine import LLMEngine
+from tracengine.replay.fold import FoldState, iter_steps, live_state
+from tracengine.replay.scripted import RecordedRunner
+from tracengine.sampling_params import SamplingParams
+
+
+@dataclass
+class Divergence:
+    step: int
+    index: int                 # of the event within the step
+    expected: Event | None     # None: the trace has no more events in this step
+    actual: Event | None       # None: the replay emitted nothing where the trace has `expected`
+    reason: str
+    state: FoldState           # the replaying scheduler at the moment it diverged
+
+
+@dataclass
+class ReplayResult:
+    num_steps: int             # steps reproduced in full
+    num_events: int            # events that matched the trace
+    seconds: float
+    divergence: Divergence | None = None
+    num_unfinished: int = 0    # sequences still in the queues when the trace ended
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None
+
+    @property
+    def events_per_second(self) -> float:
+        return self.num_events / self.seconds if self.seconds > 0 else float("inf")
+
+
+@functools.cache
+def _compared(cls):
+    """The fields of `cls` a replay compares, as one getter: `without_wall_clock` without its per-call work."""
+    return operator.attrgetter(*[name for name in cls.__struct_fields__ if name not in WALL_CLOCK_FIELDS])
+
+
+class _Diverged(Exception):
+    def __init__(self, expected, actual, reason):
+        super().__init__(reason)
+        self.expected, self.actual, self.reason = expected, actual, reason
+
+
+class ComparingSink:
+    """An event sink that checks each event against the next one of the
+    recorded step as it is emitted, and raises at the first difference."""
+    enabled = True
+
+    def __init__(self):
+        self.step = 0
+        self.expected: list[Event] = []
+        self.index = 0
+
+    def emit(self, event: Event) -> None:
+        expected, i = self.expected, self.index
+        if i >= len(expected):
+            raise _Diverged(None, event, "the replay emitted an event the trace does not have")
+        recorded = expected[i]
+        # Equal structs are equal; otherwise only the wall-clock fields may differ.
+        if recorded != event and (type(recorded) is not type(event)
+                                  or _compared(type(event))(recorded) != _compared(type(event))(event)):
+            raise _Diverged(recorded, event, "the replay emitted a different event")
+        self.index = i + 1
+
+
+def replay(events) -> ReplayResult:
+    """Re-execute `events` (TraceHeader first); stops at the first divergence."""
+    it = iter(events)
+    header = next(it, None)
+    if not isinstance(header, TraceHeader):
+        raise TraceError("a trace starts with a TraceHeader")
+    config = Config.from_dict(header.config)
+    runner, sink = RecordedRunner(), ComparingSink()
+    engine = LLMEngine(config, runner, sink)
+    num_events = 0
+    start = time.perf_counter()
+    for step_events in iter_steps(it):
+        sink.expected, sink.index, sink.step = step_events, 0, engine.num_steps
+        runner.tokens = tokens = {}
+        try:
+            for e in step_events:
+                t = type(e)
+                if t is TokenSample:
+                    tokens[e.seq_id] = e.token_id
+                elif t is RequestAdded:
+                    try:
+                        engine.add_request(e.prompt_token_ids, SamplingParams(e.temperature, e.max_tokens, e.ignore_eos),
+                                           seq_id=e.seq_id)
+                    except RequestError as exc:
+                        raise _Diverged(e, None, f"the replay refused the request: {exc}") from None
+            if type(step_events[-1]) is StepEnd:
+                if engine.is_finished():
+                    raise _Diverged(step_events[sink.index], None, "the replay has nothing left to schedule")
+                engine.step()
+            if sink.index < len(step_events):
+                raise _Diverged(step_events[sink.index], None, "the trace has an event the replay did not emit")
+        except _Diverged as d:
+            divergence = Divergence(sink.step, sink.index, d.expected, d.actual, d.reason,
+                                    live_state(engine.scheduler, sink.step))
+            return ReplayResult(sink.step, num_events + sink.index, time.perf_counter() - start, divergence)
+        num_events += len(step_events)
+    scheduler = engine.scheduler
+    return ReplayResult(engine.num_steps, num_events, time.perf_counter() - start,
+                        num_unfinished=len(scheduler.waiting) + len(scheduler.running))

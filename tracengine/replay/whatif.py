@@ -1,0 +1,82 @@
+"""What-if: a trace's workload (prompts, arrival steps, sampling parameters
+and each sequence's recorded output tokens) run again through the engine's
+step loop under another config, with no model. The outputs do not depend on
+the schedule, so only the scheduling changes."""
+import time
+from dataclasses import dataclass
+
+import msgspec
+
+from tracengine.config import Config
+from tracengine.errors import RequestError, TraceError
+from tracengine.events import RequestAdded, ScheduleDecision, TokenSample, TraceHeader
+from tracengine.replay.metrics import RunMetrics
+from tracengine.replay.scripted import OutputRunner, WorkloadRequest, run_workload
+from tracengine.scheduler import Scheduler
+
+
+@dataclass
+class Workload:
+    header: TraceHeader
+    requests: list[WorkloadRequest]
+    outputs: dict[int, list[int]]              # seq_id -> kept completion tokens, in order
+    middle: dict[tuple[int, int], int]         # (seq_id, position) -> sample of a middle chunk
+    metrics: RunMetrics                        # of the recorded run
+
+
+@dataclass
+class WhatIfResult:
+    original: RunMetrics
+    new: RunMetrics
+    changes: list[tuple[str, object, object]]  # (field, recorded value, new value)
+    events: list                                # the new run, TraceHeader first
+    num_past_output: int                        # sequences that ran past their recorded output
+
+
+def extract_workload(events) -> Workload:
+    it = iter(events)
+    header = next(it, None)
+    if not isinstance(header, TraceHeader):
+        raise TraceError("a trace starts with a TraceHeader")
+    requests, outputs, middle, positions = [], {}, {}, {}
+    metrics = RunMetrics()
+    for e in it:
+        metrics.add(e)
+        t = type(e)
+        if t is TokenSample:
+            if e.kept:
+                outputs[e.seq_id].append(e.token_id)
+            else:
+                middle[(e.seq_id, positions[e.seq_id])] = e.token_id
+        elif t is ScheduleDecision:
+            if e.phase == "prefill":
+                for s in e.seqs:
+                    positions[s.seq_id] = s.num_cached_tokens + s.num_tokens
+        elif t is RequestAdded:
+            requests.append(WorkloadRequest(list(e.prompt_token_ids), e.max_tokens, e.step, e.ignore_eos,
+                                            e.temperature, seq_id=e.seq_id))
+            outputs[e.seq_id] = []
+    return Workload(header, requests, outputs, middle, metrics)
+
+
+def whatif(events, overrides: dict, max_steps: int | None = None) -> WhatIfResult:
+    """Run the workload of `events` under the header's config with `overrides`."""
+    workload = extract_workload(events)
+    recorded = Config.from_dict(workload.header.config)
+    config = recorded.replace(**overrides)
+    check = Scheduler(config)
+    for r in workload.requests:
+        try:
+            check.check_request(len(r.prompt_token_ids), r.max_tokens)
+        except RequestError as exc:
+            raise RequestError(f"request s{r.seq_id} (arrived before step {r.arrival_step}) can never run "
+                               f"under the new config: {exc}") from None
+    runner = OutputRunner(workload.outputs, workload.middle, filler=0 if config.eos != 0 else 1)
+    if max_steps is None:
+        max_steps = 100 * max(workload.metrics.num_steps, 1) + 10_000
+    events = run_workload(config, workload.requests, runner, max_steps=max_steps)
+    header = msgspec.structs.replace(workload.header, config=config.to_dict(), created_at=time.time())
+    events[0] = header
+    changes = [(name, value, getattr(config, name)) for name, value in recorded.to_dict().items()
+               if getattr(config, name) != value]
+    return WhatIfResult(workload.metrics, RunMetrics.of(events), changes, events, len(runner.past_output_seq_ids))
