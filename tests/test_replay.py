@@ -1,0 +1,161 @@
+"""Re-execution: the engine's own scheduler and block manager, fed a trace's
+requests and tokens, emit the recorded events; any difference is reported at
+its step, and `tracengine replay` exits 1."""
+from pathlib import Path
+
+import msgspec
+import pytest
+from pytest_snapshot.plugin import Snapshot
+
+from tracengine.cli import main
+from tracengine.errors import TraceError
+from tracengine.events import BlockHash, Preempt, ScheduleDecision, SeqFinish, StepEnd, TokenSample
+from tracengine.replay.reexec import replay
+from tracengine.replay.render import render_steps
+from tracengine.replay.scripted import CANNED_WORKLOADS, canned_workload, run_workload
+from tracengine.scheduler import Scheduler
+from tracengine.tracelog import TraceWriter
+
+SNAPSHOT_DIR = Path(__file__).parent / "snapshots"
+
+
+def run(name):
+    config, requests, runner = canned_workload(name)
+    return run_workload(config, requests, runner)
+
+
+def write_trace(path, events):
+    with TraceWriter(path, events[0]) as writer:
+        for event in events[1:]:
+            writer.emit(event)
+    return str(path)
+
+
+def replace_first(events, cls, **changes):
+    i = next(i for i, e in enumerate(events) if type(e) is cls)
+    return events[:i] + [msgspec.structs.replace(events[i], **changes)] + events[i + 1:]
+
+
+def preempt_head_of_running(monkeypatch):
+    """A deliberate scheduler change: the head of running gives way instead of the tail."""
+    original = Scheduler.preempt
+
+    def preempt(self, seq, by):
+        if seq is not by and self.running:
+            self.running.append(seq)          # undo the scheduler's choice of the tail
+            seq = self.running.popleft()
+        original(self, seq, by)
+
+    monkeypatch.setattr(Scheduler, "preempt", preempt)
+
+
+@pytest.mark.parametrize("name", CANNED_WORKLOADS)
+def test_canned_workloads_reproduce(name):
+    events = run(name)
+    result = replay(events)
+    assert result.ok
+    assert result.num_steps == sum(type(e) is StepEnd for e in events)
+    assert result.num_events == len(events) - 1       # all but the header
+    assert result.num_unfinished == 0
+
+
+def test_replay_command_reproduces_a_trace_file(tmp_path, capsys):
+    path = write_trace(tmp_path / "run.trace", run("preemption_tail"))
+    assert main(["replay", path]) == 0
+    out = capsys.readouterr().out
+    assert "11 steps and" in out and "reproduced exactly" in out
+
+
+def test_a_changed_decision_is_reported_at_its_step():
+    events = replace_first(run("worked_example"), ScheduleDecision, stop_reason="chunk_gate")
+    d = replay(events).divergence
+    assert (d.step, d.index) == (0, 4)           # 3 RequestAdded, 1 BlockAllocate, then the decision
+    assert d.expected.stop_reason == "chunk_gate" and d.actual.stop_reason == "budget_exhausted"
+    assert d.reason == "the replay emitted a different event"
+    assert d.state.waiting == [0, 1, 2] and d.state.seqs[0].block_table == [0, 1, 2, 3, 4, 5, 6]
+
+
+def test_a_changed_token_shows_up_where_its_block_is_hashed():
+    events = run("worked_example")
+    # s2's kept token of step 1 is its 7th token, in its 2nd block (tokens 4-7), which step 3 hashes
+    i = next(i for i, e in enumerate(events) if type(e) is TokenSample and e.seq_id == 2)
+    events[i] = msgspec.structs.replace(events[i], token_id=events[i].token_id + 1)
+    d = replay(events).divergence
+    assert d.step == 3
+    assert type(d.expected) is BlockHash and type(d.actual) is BlockHash
+    assert (d.actual.seq_id, d.actual.block_id) == (2, 10) and d.actual.hash != d.expected.hash
+
+
+def test_a_dropped_middle_chunk_sample_changes_nothing():
+    events = run("worked_example")
+    i = next(i for i, e in enumerate(events) if type(e) is TokenSample and not e.kept)
+    events[i] = msgspec.structs.replace(events[i], token_id=events[i].token_id + 1)
+    assert replay(events).ok
+
+
+def test_wall_clock_fields_are_not_compared():
+    events = run("self_preemption")
+    events = [msgspec.structs.replace(e, schedule_ns=e.schedule_ns + 123) if type(e) is StepEnd else e
+              for e in events]
+    assert replay(events).ok
+
+
+def test_an_event_the_replay_does_not_emit():
+    events = run("max_tokens_one")
+    extra = Preempt(0, 0, 0, [], 0)
+    i = next(i for i, e in enumerate(events) if type(e) is StepEnd)
+    d = replay(events[:i] + [extra] + events[i:]).divergence
+    assert d.step == 0 and d.expected == extra and type(d.actual) is StepEnd
+
+
+def test_an_event_the_trace_does_not_have():
+    events = run("max_tokens_one")
+    i = next(i for i, e in enumerate(events) if type(e) is SeqFinish)
+    d = replay(events[:i] + events[i + 1:]).divergence
+    assert d.step == 0 and d.expected == events[i + 1] and d.actual == events[i]
+
+
+def test_a_trace_cut_short_reproduces_what_it_has():
+    events = run("head_of_line")
+    cut = next(i for i, e in enumerate(events) if type(e) is StepEnd and e.step == 4) + 1
+    result = replay(events[:cut])
+    assert result.ok and result.num_steps == 5 and result.num_unfinished == 3
+
+
+def test_events_without_a_header_are_refused():
+    with pytest.raises(TraceError, match="TraceHeader"):
+        replay(run("worked_example")[1:])
+
+
+def test_a_scheduler_change_makes_replay_exit_1_at_the_right_step(tmp_path, capsys, monkeypatch):
+    # recorded by the real scheduler: at step 1, s1 needs a block and the tail s3 gives way
+    path = write_trace(tmp_path / "run.trace", run("preemption_tail"))
+    preempt_head_of_running(monkeypatch)
+    assert main(["replay", path]) == 1
+    out = capsys.readouterr().out
+    assert "replay diverges at step 1" in out
+    assert "expected: Preempt(step=1, seq_id=3, by_seq_id=1" in out
+    assert "actual:   Preempt(step=1, seq_id=2, by_seq_id=1" in out
+    assert "recorded state before the step:" in out and "replayed state at the divergence:" in out
+    assert "running:" in out and "blocks [" in out
+
+
+def test_a_scheduler_change_fails_the_snapshot_with_a_readable_diff(monkeypatch):
+    preempt_head_of_running(monkeypatch)
+    text = render_steps(run("preemption_tail"))
+    snapshot = Snapshot(False, False, SNAPSHOT_DIR)      # compare only, even under --snapshot-update
+    with pytest.raises(AssertionError) as failure:
+        snapshot.assert_match(text, "preemption_tail.txt")
+    message = str(failure.value)
+    assert "value does not match the expected value in snapshot" in message
+    assert "preemption_tail.txt" in message
+    assert "preempt s2(by s1, recompute 8)" in message    # the patched run's line in the diff
+    assert "preempt s3(by s1, recompute 8)" in message    # the recorded one
+
+
+def test_a_file_that_is_not_a_trace_exits_2(tmp_path, capsys):
+    path = tmp_path / "not.trace"
+    path.write_bytes(b"hello")
+    assert main(["replay", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tracengine: error: ") and err.count("\n") == 1

@@ -1,0 +1,140 @@
+"""Invariants of the scheduler and the block manager on random workloads:
+after every step the block pool is consistent, the fold equals the live
+state, every request finishes, and the recorded run replays exactly."""
+import random
+
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
+
+from tracengine.block_manager import compute_hash
+from tracengine.config import Config
+from tracengine.events import BlockAllocate, ListSink, Preempt, SeqFinish
+from tracengine.replay.fold import Fold, live_state
+from tracengine.replay.reexec import replay
+from tracengine.replay.scripted import SyntheticRunner, WorkloadRequest, random_workload, run_workload
+from tracengine.tracelog import make_header
+
+EOS = 999
+
+
+def blocks_needed(request: WorkloadRequest, config: Config) -> int:
+    longest = min(len(request.prompt_token_ids) + request.max_tokens, config.max_model_len)
+    return -(-longest // config.kvcache_block_size)
+
+
+def check_block_invariants(scheduler):
+    bm = scheduler.block_manager
+    num_blocks = len(bm.blocks)
+    free = list(bm.free_block_ids)
+    # free and used partition the pool
+    assert len(free) == len(set(free))
+    assert set(free).isdisjoint(bm.used_block_ids)
+    assert set(free) | bm.used_block_ids == set(range(num_blocks))
+    # ref counts are >= 0 and count the block tables that hold the block
+    live = [*scheduler.waiting, *scheduler.running]
+    occurrences = [0] * num_blocks
+    for seq in live:
+        for block_id in seq.block_table:
+            occurrences[block_id] += 1
+    assert [b.ref_count for b in bm.blocks] == occurrences
+    assert all((b.ref_count > 0) == (b.block_id in bm.used_block_ids) for b in bm.blocks)
+    # every hash entry points at a block holding a full block of tokens under that hash
+    for h, block_id in bm.hash_to_block_id.items():
+        block = bm.blocks[block_id]
+        assert block.hash == h and len(block.token_ids) == bm.block_size
+    # and each computed full block of a live sequence holds its tokens, hashed as a chain
+    for seq in live:
+        parent = -1
+        for i in range(min(seq.num_cached_tokens, seq.num_tokens) // bm.block_size):
+            block = bm.blocks[seq.block_table[i]]
+            assert block.token_ids == seq.block(i)
+            assert block.hash == compute_hash(seq.block(i), parent)
+            parent = block.hash
+
+
+def check_fold_equals_live(fold, engine):
+    state = fold.state_at(engine.num_steps - 1)
+    live = live_state(engine.scheduler, engine.num_steps - 1)
+    assert (state.waiting, state.running) == (live.waiting, live.running)
+    assert state.ref_counts == live.ref_counts and state.hashes == live.hashes
+    assert state.free_block_ids == live.free_block_ids
+    assert state.hash_to_block_id == live.hash_to_block_id
+    for seq_id, seq in live.seqs.items():
+        folded = state.seqs[seq_id]
+        assert (folded.status, folded.num_tokens, folded.num_cached_tokens, folded.block_table,
+                folded.num_preemptions) == (seq.status, seq.num_tokens, seq.num_cached_tokens, seq.block_table,
+                                            seq.num_preemptions)
+
+
+def run_checked(config: Config, requests: list[WorkloadRequest], eos_at: dict[int, int], keyframe_interval: int):
+    """Run with every check after every step; returns the recorded events."""
+    sink = ListSink()
+    fold = Fold([make_header(config)], keyframe_interval=keyframe_interval)
+    num_folded = 0
+
+    def on_step(engine):
+        nonlocal num_folded
+        check_block_invariants(engine.scheduler)
+        fold.append(sink.events[num_folded:])      # follow mode: the step's events just arrived
+        num_folded = len(sink.events)
+        check_fold_equals_live(fold, engine)
+
+    max_steps = 50 * sum(len(r.prompt_token_ids) + r.max_tokens for r in requests) + 100
+    events = run_workload(config, requests, SyntheticRunner(eos=EOS, eos_at=eos_at), sink=sink,
+                          max_steps=max_steps, on_step=on_step)
+    assert sum(type(e) is SeqFinish for e in events) == len(requests)     # every request finished
+    return events
+
+
+@st.composite
+def workloads(draw):
+    # not 1: `can_append`/`may_append` test `len(seq) % block_size == 1`, which never holds for it
+    block_size = draw(st.sampled_from([2, 4, 8]))
+    vocab = draw(st.integers(2, 50))               # a small vocabulary makes prefixes collide often
+    prefix = draw(st.lists(st.integers(0, vocab), min_size=0, max_size=3 * block_size))
+    requests = []
+    for _ in range(draw(st.integers(1, 8))):
+        shared = prefix[:draw(st.integers(0, len(prefix)))]
+        own = draw(st.lists(st.integers(0, vocab), min_size=0 if shared else 1, max_size=24))
+        requests.append(WorkloadRequest(shared + own, draw(st.integers(1, 10)), draw(st.integers(0, 8)),
+                                        draw(st.booleans())))
+    eos_at = draw(st.dictionaries(st.integers(0, len(requests) - 1), st.integers(0, 9), max_size=3))
+    config = Config(kvcache_block_size=block_size, max_num_batched_tokens=draw(st.integers(1, 48)),
+                    max_num_seqs=draw(st.integers(1, 6)), max_model_len=draw(st.integers(24, 64)),
+                    num_kvcache_blocks=1, eos=EOS)
+    requests = [r for r in requests if len(r.prompt_token_ids) <= config.max_model_len]
+    # just enough blocks for the largest request, plus a few: preemption is common
+    most = max([blocks_needed(r, config) for r in requests], default=1)
+    config = config.replace(num_kvcache_blocks=most + draw(st.integers(0, 6)))
+    return config, requests, eos_at
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.integers(1, 6))
+def test_invariants_hold_after_every_step_and_the_run_replays(workload, keyframe_interval):
+    config, requests, eos_at = workload
+    assume(requests)
+    events = run_checked(config, requests, eos_at, keyframe_interval)
+    event("preempted" if any(type(e) is Preempt for e in events) else "no preemption")
+    event("prefix-cache hit" if any(type(e) is BlockAllocate and e.num_cached_blocks for e in events) else "no hit")
+    result = replay(events)
+    assert result.ok, result.divergence
+    assert result.num_events == len(events) - 1
+
+
+def test_a_hundred_seeded_random_workloads_replay():
+    num_preempted = 0
+    for seed in range(100):
+        rng = random.Random(seed)
+        config = Config(kvcache_block_size=rng.choice([2, 4, 8]), max_num_batched_tokens=rng.randint(4, 64),
+                        max_num_seqs=rng.randint(1, 8), max_model_len=128, num_kvcache_blocks=1, eos=EOS)
+        requests = random_workload(rng, rng.randint(1, 12), max_prompt_len=40, max_output_len=16,
+                                   block_size=config.kvcache_block_size)
+        most = max(blocks_needed(r, config) for r in requests)
+        config = config.replace(num_kvcache_blocks=most + rng.randint(0, 8))
+        events = run_workload(config, requests, SyntheticRunner(eos=EOS, eos_at={0: rng.randint(0, 4)}))
+        assert sum(type(e) is SeqFinish for e in events) == len(requests)
+        result = replay(events)
+        assert result.ok, (seed, result.divergence)
+        num_preempted += any(type(e) is Preempt for e in events)
+    assert num_preempted >= 20      # the block counts do force preemption
