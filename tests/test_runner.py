@@ -1,0 +1,270 @@
+"""The model runner on the embedded model, with sequences and block tables
+built by hand (no scheduler): every way of reaching a token — one prefill,
+chunks, a cached prefix, decode, a batch, the CUDA-graph buckets — must give
+the logits of a plain full forward, and sampling must not depend on the batch."""
+import os
+import py_compile
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tracengine.config import Config
+from tracengine.errors import ConfigError
+from tracengine.runner.context import get_context
+from tracengine.runner.cuda_graph import graph_batch_sizes
+from tracengine.runner.model_runner import ModelRunner
+from tracengine.runner.sampler import Sampler, sample_seed
+from tracengine.sampling_params import SamplingParams
+from tracengine.sequence import Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ATOL = 1e-4
+NUM_BLOCKS = 96
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    # The tiny model's matmuls are too small to split: with other processes on
+    # the same cores, a second OpenMP thread spin-waits and runs them 10x slower.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def make_runner(block_size: int, **overrides) -> ModelRunner:
+    values = dict(kvcache_block_size=block_size, num_kvcache_blocks=NUM_BLOCKS, max_model_len=256, max_num_seqs=8)
+    values.update(overrides)
+    use_cuda_graph = values.pop("use_cuda_graph", None)
+    return ModelRunner(Config(**values), use_cuda_graph=use_cuda_graph)
+
+
+@pytest.fixture(scope="module", params=[4, 16], ids=["block4", "block16"])
+def runner(request):
+    runner = make_runner(request.param)
+    yield runner
+    runner.exit()
+
+
+class Blocks:
+    """Hands out block ids in order; each test starts from block 0 (stale cache contents are never read)."""
+
+    def __init__(self, runner: ModelRunner):
+        self.block_size = runner.block_size
+        self.next_id = 0
+
+    def take(self, num_tokens: int) -> list[int]:
+        n = -(-num_tokens // self.block_size)
+        self.next_id += n
+        assert self.next_id <= NUM_BLOCKS
+        return list(range(self.next_id - n, self.next_id))
+
+
+def tokens(n: int, salt: int = 0) -> list[int]:
+    """Deterministic ids spread over the vocabulary (avoiding 0, the eos)."""
+    return [1 + (7 * i + 131 * salt) % 1000 for i in range(n)]
+
+
+def new_seq(runner, seq_id, token_ids, block_table, temperature=0.0) -> Sequence:
+    seq = Sequence(seq_id, token_ids, runner.block_size, SamplingParams(temperature=temperature))
+    seq.block_table = block_table
+    return seq
+
+
+def schedule(seq: Sequence, num_tokens: int | None = None) -> Sequence:
+    """Prefill the next `num_tokens` (default: all uncached) tokens of seq."""
+    seq.num_scheduled_tokens = num_tokens if num_tokens is not None else seq.num_tokens - seq.num_cached_tokens
+    return seq
+
+
+def computed(seqs):
+    for seq in seqs:
+        seq.num_cached_tokens += seq.num_scheduled_tokens
+
+
+@torch.inference_mode()
+def reference_logits(runner, token_ids) -> torch.Tensor:
+    """Next-token logits of a plain forward over the whole sequence: no cache, no context."""
+    model = runner.model
+    return model.compute_logits(model(torch.tensor(token_ids), torch.arange(len(token_ids))))[-1]
+
+
+def test_prefill_in_one_go(runner):
+    blocks = Blocks(runner)
+    ids = tokens(37)
+    seq = schedule(new_seq(runner, 0, ids, blocks.take(37)))
+    logits = runner.compute_logits([seq], True)
+    assert logits.shape == (1, runner.hf_config.vocab_size)
+    torch.testing.assert_close(logits[0], reference_logits(runner, ids), atol=ATOL, rtol=0)
+    assert get_context() is None   # the forward context does not outlive the forward
+
+
+@pytest.mark.parametrize("chunks", [[7, 5, 13, 12], [1, 36], [16, 16, 5]])
+def test_chunked_prefill_matches_full_forward(runner, chunks):
+    blocks = Blocks(runner)
+    ids = tokens(sum(chunks), salt=1)
+    seq = new_seq(runner, 0, ids, blocks.take(len(ids)))
+    for chunk in chunks:
+        end = seq.num_cached_tokens + chunk
+        logits = runner.compute_logits([schedule(seq, chunk)], True)
+        # Each chunk's last row is the next-token logits of the prefix so far.
+        torch.testing.assert_close(logits[0], reference_logits(runner, ids[:end]), atol=ATOL, rtol=0)
+        computed([seq])
+
+
+def test_prefix_cache_hit_matches_full_forward(runner):
+    blocks = Blocks(runner)
+    bs = runner.block_size
+    shared = tokens(2 * 16, salt=2)            # two full blocks of 16, eight of 4
+    first = new_seq(runner, 0, shared + tokens(9, salt=3), blocks.take(41))
+    runner.run([schedule(first)], True)
+    computed([first])
+    # The second sequence reuses the first's full prefix blocks and computes only its own tail,
+    # in one batch with a sequence that has no cached prefix.
+    num_shared_blocks = len(shared) // bs
+    second_ids = shared + tokens(11, salt=4)
+    second = new_seq(runner, 1, second_ids, first.block_table[:num_shared_blocks] + blocks.take(11))
+    second.num_cached_tokens = len(shared)
+    third_ids = tokens(20, salt=5)
+    third = new_seq(runner, 2, third_ids, blocks.take(20))
+    logits = runner.compute_logits([schedule(second), schedule(third)], True)
+    torch.testing.assert_close(logits[0], reference_logits(runner, second_ids), atol=ATOL, rtol=0)
+    torch.testing.assert_close(logits[1], reference_logits(runner, third_ids), atol=ATOL, rtol=0)
+
+
+def test_decode_matches_full_recompute(runner):
+    blocks = Blocks(runner)
+    lengths = [3, 17, 30]                      # decode steps cross block boundaries at both sizes
+    seqs = [new_seq(runner, i, tokens(n, salt=i), blocks.take(n + 12)) for i, n in enumerate(lengths)]
+    for seq, token_id in zip(seqs, runner.run([schedule(seq) for seq in seqs], True)):
+        seq.append_token(token_id)
+    computed(seqs)
+    for _ in range(10):
+        logits = runner.compute_logits(seqs, False)
+        for seq, row in zip(seqs, logits):
+            torch.testing.assert_close(row, reference_logits(runner, seq.token_ids), atol=ATOL, rtol=0)
+            seq.num_cached_tokens = seq.num_tokens
+            seq.append_token(int(row.argmax()))
+
+
+def generate(runner, blocks, prompts, num_tokens, temperature, seq_ids) -> list[list[int]]:
+    """Prefill then decode `num_tokens` steps, all prompts in one batch."""
+    seqs = [new_seq(runner, seq_id, ids, blocks.take(len(ids) + num_tokens), temperature)
+            for seq_id, ids in zip(seq_ids, prompts)]
+    is_prefill = True
+    for _ in range(num_tokens):
+        if is_prefill:
+            for seq in seqs:
+                schedule(seq)
+        token_ids = runner.run(seqs, is_prefill)
+        for seq, token_id in zip(seqs, token_ids):
+            seq.num_cached_tokens = seq.num_tokens
+            seq.append_token(token_id)
+        is_prefill = False
+    return [seq.completion_token_ids for seq in seqs]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_batched_equals_alone(runner, temperature):
+    prompts = [tokens(n, salt=10 + n) for n in (5, 22, 13)]
+    batched = generate(runner, Blocks(runner), prompts, 12, temperature, [0, 1, 2])
+    alone = [generate(runner, Blocks(runner), [p], 12, temperature, [i])[0] for i, p in enumerate(prompts)]
+    assert batched == alone
+    if temperature > 0:   # the same again: seeded, so reproducible
+        assert generate(runner, Blocks(runner), prompts, 12, temperature, [0, 1, 2]) == batched
+
+
+def test_cuda_graph_buckets_on_cpu_match_eager():
+    """use_cuda_graph on the CPU runs the padded, bucketed decode path eagerly:
+    5 seqs at most -> buckets 1, 2, 4, 5, so a batch of 3 runs padded to 4."""
+    graphed = make_runner(4, max_num_seqs=5, use_cuda_graph=True)
+    assert graphed.graph_runner.batch_sizes == [1, 2, 4, 5]
+    eager = make_runner(4)
+    results = []
+    for runner in (graphed, eager):
+        blocks = Blocks(runner)
+        prompts = [tokens(n, salt=n) for n in (6, 9, 14)]
+        results.append(generate(runner, blocks, prompts, 8, 0.0, [0, 1, 2]))
+    assert results[0] == results[1]
+    graphed.exit()
+    eager.exit()
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 3, 8, 12, 100, 512, 600])
+def test_graph_buckets_cover_every_batch_size(max_num_seqs):
+    sizes = graph_batch_sizes(min(max_num_seqs, 512))
+    assert sizes == sorted(set(sizes))
+    assert all(any(b >= n for b in sizes) for n in range(1, min(max_num_seqs, 512) + 1))
+
+
+def test_device_dtype_and_default_cache_size():
+    runner = make_runner(16, num_kvcache_blocks=-1, max_num_seqs=4)
+    assert runner.device == torch.device("cpu") and runner.dtype == torch.float32
+    assert runner.num_kvcache_blocks == 256 * 4 // 16   # max_model_len * min(max_num_seqs, 16) tokens
+    assert runner.kv_cache.shape[2] == runner.num_kvcache_blocks + 1   # and the scratch block
+    runner.exit()
+
+
+def test_bfloat16_on_request():
+    runner = make_runner(4, dtype="bfloat16")
+    assert runner.dtype == torch.bfloat16
+    seq = schedule(new_seq(runner, 0, tokens(10), list(range(4))))
+    assert len(runner.run([seq], True)) == 1
+    runner.exit()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given when CUDA is absent")
+def test_cuda_requested_without_cuda():
+    with pytest.raises(ConfigError, match="CUDA is not available"):
+        make_runner(4, device="cuda")
+
+
+# --- sampler -----------------------------------------------------------------
+
+def test_greedy_is_argmax():
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
+    assert Sampler(torch.device("cpu"))(logits, [0.0] * 6, list(range(6))).tolist() == logits.argmax(-1).tolist()
+
+
+def test_sampling_is_seeded_and_batch_independent():
+    sampler = Sampler(torch.device("cpu"))
+    logits = torch.randn(4, 200, generator=torch.Generator().manual_seed(1))
+    temps = [1.0, 0.0, 0.7, 1.5]
+    seeds = [sample_seed(0, seq_id, 10) for seq_id in range(4)]
+    batched = sampler(logits, temps, seeds).tolist()
+    assert sampler(logits, temps, seeds).tolist() == batched
+    assert [sampler(logits[i:i + 1], temps[i:i + 1], seeds[i:i + 1]).item() for i in range(4)] == batched
+    assert batched[1] == logits[1].argmax().item()   # a greedy row in a sampled batch stays greedy
+
+
+def test_sampling_follows_the_distribution():
+    sampler = Sampler(torch.device("cpu"))
+    logits = torch.log(torch.tensor([[0.25, 0.75]])).expand(2000, 2)
+    seeds = [sample_seed(0, seq_id, 1) for seq_id in range(2000)]
+    frequency = sum(sampler(logits, [1.0] * 2000, seeds).tolist()) / 2000
+    assert abs(frequency - 0.75) < 0.04   # 2000 draws: std of the mean about 0.01
+
+
+def test_sample_seed_depends_on_every_part():
+    base = sample_seed(0, 1, 2)
+    assert base == sample_seed(0, 1, 2)
+    assert len({base, sample_seed(1, 1, 2), sample_seed(0, 2, 2), sample_seed(0, 1, 3)}) == 4
+
+
+# --- benchmarks ----------------------------------------------------------------
+
+def test_benchmarks_compile():
+    for name in ("bench_vs_transformers.py", "gpu_check.py"):
+        py_compile.compile(os.path.join(ROOT, "benchmarks", name), doraise=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given when CUDA is absent")
+def test_gpu_check_without_cuda_says_so():
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_check.py")],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": ROOT})
+    assert result.returncode == 1
+    assert "CUDA is not available" in result.stderr
+    assert result.stderr.count("\n") == 1
