@@ -11,10 +11,10 @@ from tracengine.cli import main
 from tracengine.errors import TraceError
 from tracengine.events import BlockHash, Preempt, ScheduleDecision, SeqFinish, StepEnd, TokenSample
 from tracengine.replay.reexec import replay
-from tracengine.replay.render import render_steps
+from tracengine.replay.render import render_event, render_steps
 from tracengine.replay.scripted import CANNED_WORKLOADS, canned_workload, run_workload
 from tracengine.scheduler import Scheduler
-from tracengine.tracelog import TraceWriter
+from tracengine.tracelog import TraceReader, TraceWriter
 
 SNAPSHOT_DIR = Path(__file__).parent / "snapshots"
 
@@ -159,3 +159,43 @@ def test_a_file_that_is_not_a_trace_exits_2(tmp_path, capsys):
     assert main(["replay", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tracengine: error: ") and err.count("\n") == 1
+
+
+GOLDEN = ("worked_example", "preemption", "default_mix")
+TRACES = Path(__file__).parent.parent / "traces"
+
+
+def read_trace(name):
+    with TraceReader(TRACES / f"{name}.trace") as reader:
+        events = list(reader.events())
+        assert reader.torn_tail is None
+    return events
+
+
+@pytest.mark.parametrize("name", GOLDEN)
+def test_golden_traces_reproduce_and_keep_their_step_table(name, snapshot):
+    events = read_trace(name)
+    result = replay(events)
+    assert result.ok, render_event(result.divergence.expected)
+    assert result.num_events == len(events) - 1 and result.num_unfinished == 0
+    snapshot.snapshot_dir = SNAPSHOT_DIR
+    snapshot.assert_match(render_steps(events), f"golden_{name}.txt")
+
+
+def test_golden_worked_example_is_the_seeds_example():
+    decisions = [e for e in read_trace("worked_example") if type(e) is ScheduleDecision]
+    assert [(s.seq_id, s.num_tokens) for s in decisions[0].seqs] == [(0, 20)]
+    assert decisions[0].stop_reason == "budget_exhausted"
+    assert [(s.seq_id, s.num_tokens) for s in decisions[1].seqs] == [(0, 5), (1, 8), (2, 6)]
+    assert all(d.phase == "decode" for d in decisions[2:])
+
+
+def test_a_scheduler_change_makes_a_golden_trace_diverge(monkeypatch, capsys):
+    preempt_head_of_running(monkeypatch)
+    assert main(["replay", str(TRACES / "preemption.trace")]) == 1
+    out = capsys.readouterr().out
+    # step 3: s2 needs a block and only s3 is behind it, head and tail alike; step 19: s0 needs one,
+    # behind it s1 (head) and s2 (tail)
+    assert "replay diverges at step 19" in out
+    assert "expected: Preempt(step=19, seq_id=2, by_seq_id=0" in out
+    assert "actual:   Preempt(step=19, seq_id=1, by_seq_id=0" in out

@@ -96,7 +96,6 @@ class _Keyframe(msgspec.Struct, frozen=True, gc=False):
     seqs: dict                 # seq_id -> SeqState, never mutated again
     waiting: tuple
     running: tuple
-    scheduled: tuple           # seq ids scheduled in `step`
     ref_counts: list
     hashes: list
     free_block_ids: tuple
@@ -112,7 +111,6 @@ class _Projection:
         self.seqs: dict[int, SeqState] = {}
         self.waiting: deque[int] = deque()
         self.running: deque[int] = deque()
-        self.scheduled: list[SeqState] = []
         self.ref_counts = [0] * num_blocks
         self.hashes = [-1] * num_blocks
         self.free: deque[int] = deque(range(num_blocks))
@@ -128,9 +126,8 @@ class _Projection:
     # -- keyframes --------------------------------------------------------------------------
 
     def keyframe(self, step: int) -> _Keyframe:
-        kf = _Keyframe(step, dict(self.seqs), tuple(self.waiting), tuple(self.running),
-                       tuple(s.seq_id for s in self.scheduled), list(self.ref_counts), list(self.hashes),
-                       tuple(self.free), dict(self.hash_to_block_id), self.decision)
+        kf = _Keyframe(step, dict(self.seqs), tuple(self.waiting), tuple(self.running), list(self.ref_counts),
+                       list(self.hashes), tuple(self.free), dict(self.hash_to_block_id), self.decision)
         self._own_live_seqs(kf)
         return kf
 
@@ -147,16 +144,18 @@ class _Projection:
 
     def _own_live_seqs(self, kf: _Keyframe):
         """Copy the sequences later events can change, so the keyframe's stay as they are.
-        A finished sequence changes no more once the next step has cleared its count."""
+        A finished sequence changes no more."""
         seqs = self.seqs
-        for seq_id in (*kf.waiting, *kf.running, *kf.scheduled):
+        for seq_id in (*kf.waiting, *kf.running):
             seqs[seq_id] = seqs[seq_id]._copy()
-        self.scheduled = [seqs[seq_id] for seq_id in kf.scheduled]
 
-    def state(self, step: int) -> FoldState:
+    def state(self, step: int, decision: ScheduleDecision | None) -> FoldState:
         """A value: the projection must not be used after this."""
-        return FoldState(step, list(self.waiting), list(self.running), self.seqs, self.ref_counts, self.hashes,
-                         list(self.free), self.hash_to_block_id, self.decision, self.block_size)
+        seqs = self.seqs
+        for ss in decision.seqs if decision is not None else ():
+            seqs[ss.seq_id] = msgspec.structs.replace(seqs[ss.seq_id], num_scheduled_tokens=ss.num_tokens)
+        return FoldState(step, list(self.waiting), list(self.running), seqs, self.ref_counts, self.hashes,
+                         list(self.free), self.hash_to_block_id, decision, self.block_size)
 
     # -- events, as the scheduler and block manager produced them ------------------------------
 
@@ -167,17 +166,14 @@ class _Projection:
 
     def schedule_decision(self, e: ScheduleDecision):
         """The decision and, since they follow from it, its TokenSamples: each scheduled
-        sequence computes its tokens, and keeps a sample where it reaches its end."""
-        for s in self.scheduled:
-            s.num_scheduled_tokens = 0
-        seqs, step = self.seqs, e.step
-        scheduled = []
+        sequence computes its tokens, and keeps a sample where it reaches its end.
+        (`num_scheduled_tokens` is filled in by `state`, from the decision.)"""
+        seqs = self.seqs
         self.decision = e
         if e.phase == "prefill":
-            waiting, running = self.waiting, self.running
+            waiting, running, step = self.waiting, self.running, e.step
             for ss in e.seqs:
                 s = seqs[ss.seq_id]
-                s.num_scheduled_tokens = ss.num_tokens
                 s.num_cached_tokens = ss.num_cached_tokens + ss.num_tokens
                 if s.num_cached_tokens == s.num_tokens:    # the whole prompt is computed; else a middle chunk
                     s.num_tokens += 1
@@ -189,21 +185,16 @@ class _Projection:
                         waiting.remove(s.seq_id)
                     running.append(s.seq_id)
                     s.status = RUNNING
-                scheduled.append(s)
         else:
-            ids = []
             for ss in e.seqs:
                 s = seqs[ss.seq_id]
-                s.num_scheduled_tokens = 1
                 s.num_cached_tokens = ss.num_cached_tokens + 1
                 s.num_tokens += 1
-                scheduled.append(s)
-                ids.append(ss.seq_id)
             # decode takes running from the head; what it scheduled goes back to the head, in order
+            ids = [ss.seq_id for ss in e.seqs]
             if list(islice(self.running, len(ids))) != ids:
                 chosen = set(ids)
                 self.running = deque(ids + [i for i in self.running if i not in chosen])
-        self.scheduled = scheduled
 
     def _take_free_block(self, block_id: int):
         if self.free[0] != block_id:
@@ -379,9 +370,7 @@ class Fold:
         for s in range(kf.step + 1, step + 1):
             for event in self._steps[s]:
                 handlers[type(event)](event)
-        state = p.state(step)
-        state.decision = self._decisions[step] if step >= 0 else None
-        return state
+        return p.state(step, self._decisions[step] if step >= 0 else None)
 
 
 def live_state(scheduler, step: int) -> FoldState:
