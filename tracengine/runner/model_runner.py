@@ -8,6 +8,7 @@ Contract with the engine:
   decode:  computes each sequence's last token;
   both return one sampled token id per sequence."""
 import math
+import os
 from contextlib import contextmanager
 
 import torch
@@ -92,8 +93,7 @@ class ModelRunner:
             self.warmup_model(use_cuda_graph)
             self.num_kvcache_blocks = self.num_blocks_from_free_memory()
         else:
-            self.num_kvcache_blocks = math.ceil(self.max_model_len * max(1, min(config.max_num_seqs, CPU_CACHED_SEQS))
-                                                / self.block_size)
+            self.num_kvcache_blocks = self.cpu_default_num_blocks()
         self.allocate_kv_cache()
         self.graph_runner = None
         if use_cuda_graph:
@@ -159,6 +159,16 @@ class ModelRunner:
         seq.block_table = block_table
         seq.num_scheduled_tokens = 1 if decode else num_tokens
         return seq
+
+    def cpu_default_num_blocks(self) -> int:
+        num_tokens = self.max_model_len * max(1, min(self.config.max_num_seqs, CPU_CACHED_SEQS))
+        num_blocks = math.ceil(num_tokens / self.block_size)
+        try:
+            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (AttributeError, ValueError, OSError):   # no sysconf (Windows): trust the formula
+            return num_blocks
+        # A large model on a small machine: the cache takes at most a quarter of the memory.
+        return max(1, min(num_blocks, memory // 4 // self.block_bytes))
 
     def num_blocks_from_free_memory(self) -> int:
         cfg = self.config
