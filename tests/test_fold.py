@@ -8,7 +8,8 @@ import pytest
 from tracengine.cli import main
 from tracengine.errors import TraceError
 from tracengine.events import BlockAllocate, ListSink, StepEnd
-from tracengine.replay.fold import Fold, live_state
+from tracengine.replay.fold import Fold
+from tracengine.replay.state import live_state
 from tracengine.replay.render import render_state
 from tracengine.replay.scripted import CANNED_WORKLOADS, canned_workload, run_workload
 from tracengine.tracelog import TraceWriter

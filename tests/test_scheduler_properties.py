@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from tracengine.block_manager import compute_hash
 from tracengine.config import Config
 from tracengine.events import BlockAllocate, ListSink, Preempt, SeqFinish
-from tracengine.replay.fold import Fold, live_state
+from tracengine.replay.fold import Fold
+from tracengine.replay.state import live_state
 from tracengine.replay.reexec import replay
 from tracengine.replay.scripted import SyntheticRunner, WorkloadRequest, random_workload, run_workload
 from tracengine.tracelog import make_header

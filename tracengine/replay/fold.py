@@ -15,80 +15,10 @@ import msgspec
 from tracengine.errors import TraceError
 from tracengine.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
                                ScheduleDecision, SeqFinish, StepEnd, TokenSample, TraceHeader)
+from tracengine.replay.state import FINISHED, RUNNING, WAITING, BlockState, FoldState, SeqState, live_state
+from tracengine.tracelog import TraceReader
 
-WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
-
-
-class SeqState(msgspec.Struct, gc=False):
-    seq_id: int
-    status: str
-    num_prompt_tokens: int
-    num_tokens: int
-    num_cached_tokens: int = 0
-    num_scheduled_tokens: int = 0   # tokens computed in this state's step, else 0
-    block_table: list[int] = []
-    num_preemptions: int = 0
-    arrival_step: int = -1
-    first_token_step: int = -1
-    finish_step: int = -1
-    finish_reason: str = ""
-
-    @property
-    def num_completion_tokens(self) -> int:
-        return self.num_tokens - self.num_prompt_tokens
-
-    def _copy(self) -> "SeqState":
-        return msgspec.structs.replace(self, block_table=list(self.block_table))
-
-
-class BlockState(msgspec.Struct, frozen=True, gc=False):
-    block_id: int
-    ref_count: int
-    hash: int            # -1: none
-    owners: list[int]    # seq ids whose block table holds the block, ascending
-
-
-class FoldState:
-    """The state after `step` completed (step -1: before the first step)."""
-    __slots__ = ("step", "waiting", "running", "seqs", "ref_counts", "hashes", "free_block_ids",
-                 "hash_to_block_id", "decision", "block_size", "_blocks")
-
-    def __init__(self, step, waiting, running, seqs, ref_counts, hashes, free_block_ids, hash_to_block_id,
-                 decision, block_size):
-        self.step: int = step
-        self.waiting: list[int] = waiting
-        self.running: list[int] = running
-        self.seqs: dict[int, SeqState] = seqs
-        self.ref_counts: list[int] = ref_counts
-        self.hashes: list[int] = hashes
-        self.free_block_ids: list[int] = free_block_ids
-        self.hash_to_block_id: dict[int, int] = hash_to_block_id
-        self.decision: ScheduleDecision | None = decision
-        self.block_size: int = block_size
-        self._blocks = None
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self.ref_counts)
-
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self.free_block_ids)
-
-    @property
-    def blocks(self) -> list[BlockState]:
-        if self._blocks is None:
-            owners: list[list[int]] = [[] for _ in self.ref_counts]
-            for seq_id in sorted(self.waiting + self.running):
-                for block_id in self.seqs[seq_id].block_table:
-                    owners[block_id].append(seq_id)
-            self._blocks = [BlockState(i, rc, h, o) for i, (rc, h, o)
-                            in enumerate(zip(self.ref_counts, self.hashes, owners))]
-        return self._blocks
-
-    def __repr__(self):
-        return (f"FoldState(step={self.step}, waiting={self.waiting}, running={self.running}, "
-                f"num_free_blocks={self.num_free_blocks})")
+__all__ = ["Fold", "FoldState", "SeqState", "BlockState", "iter_steps", "live_state"]
 
 
 class _Keyframe(msgspec.Struct, frozen=True, gc=False):
@@ -297,8 +227,9 @@ class Fold:
 
     @classmethod
     def from_trace(cls, path, keyframe_interval: int = 256) -> "Fold":
-        from tracengine.tracelog import TraceReader
-        return cls(TraceReader(path).events(), keyframe_interval)
+        """Every complete step of the trace at `path` (a torn tail is left out)."""
+        with TraceReader(path) as reader:
+            return cls(reader.events(), keyframe_interval)
 
     @property
     def block_size(self) -> int:
@@ -372,17 +303,3 @@ class Fold:
                 handlers[type(event)](event)
         return p.state(step, self._decisions[step] if step >= 0 else None)
 
-
-def live_state(scheduler, step: int) -> FoldState:
-    """A live scheduler's queues and block pool as a FoldState (its sequences
-    only: a scheduler forgets finished ones, and knows no arrival steps)."""
-    bm = scheduler.block_manager
-    status = {"WAITING": WAITING, "RUNNING": RUNNING, "FINISHED": FINISHED}
-    seqs = {}
-    for seq in (*scheduler.waiting, *scheduler.running):
-        seqs[seq.seq_id] = SeqState(seq.seq_id, status[seq.status.name], seq.num_prompt_tokens, seq.num_tokens,
-                                    seq.num_cached_tokens, seq.num_scheduled_tokens, list(seq.block_table),
-                                    seq.num_preemptions, finish_reason=seq.finish_reason)
-    return FoldState(step, [s.seq_id for s in scheduler.waiting], [s.seq_id for s in scheduler.running], seqs,
-                     [b.ref_count for b in bm.blocks], [b.hash for b in bm.blocks], list(bm.free_block_ids),
-                     dict(bm.hash_to_block_id), None, bm.block_size)

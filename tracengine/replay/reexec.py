@@ -10,7 +10,8 @@ from tracengine.config import Config
 from tracengine.errors import RequestError, TraceError
 from tracengine.events import WALL_CLOCK_FIELDS, Event, RequestAdded, StepEnd, TokenSample, TraceHeader
 from tracengine.llm_engine import LLMEngine
-from tracengine.replay.fold import FoldState, iter_steps, live_state
+from tracengine.replay.fold import iter_steps
+from tracengine.replay.state import FoldState, live_state
 from tracengine.replay.scripted import RecordedRunner
 from tracengine.sampling_params import SamplingParams
 
