@@ -3,7 +3,7 @@ import time
 from pathlib import Path
 
 from tracengine import __version__
-from tracengine.errors import ModelError, TracengineError
+from tracengine.errors import ModelError, RequestError, TracengineError
 from tracengine.events import NULL_SINK, ModelInfo, TraceHeader
 from tracengine.llm_engine import LLMEngine, build_config
 from tracengine.sampling_params import SamplingParams
@@ -28,6 +28,14 @@ class LLM(LLMEngine):
         self.writer = None
         if record:
             self.start_recording(record)
+
+    def add_request(self, prompt, sampling_params=None, seq_id=None):
+        if not isinstance(prompt, str):
+            vocab_size = self.hf_config.vocab_size
+            bad = next((t for t in prompt if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
+            if bad is not None:
+                raise RequestError(f"token id {bad!r} is outside the model's vocabulary of {vocab_size}")
+        return super().add_request(prompt, sampling_params, seq_id)
 
     def trace_header(self) -> TraceHeader:
         import torch
