@@ -199,3 +199,14 @@ def test_a_scheduler_change_makes_a_golden_trace_diverge(monkeypatch, capsys):
     assert "replay diverges at step 19" in out
     assert "expected: Preempt(step=19, seq_id=2, by_seq_id=0" in out
     assert "actual:   Preempt(step=19, seq_id=1, by_seq_id=0" in out
+
+
+def test_a_torn_tail_is_noted_and_the_complete_steps_reproduce(tmp_path, capsys):
+    path = write_trace(tmp_path / "run.trace", run("head_of_line"))
+    with open(path, "r+b") as f:
+        f.truncate(f.seek(0, 2) - 5)          # the last frame loses its end, as if the writer was killed
+    assert main(["replay", path]) == 0
+    captured = capsys.readouterr()
+    assert "11 steps and" in captured.out and "reproduced exactly" in captured.out
+    assert "the trace ends before 1 of its sequences finished" in captured.out
+    assert "incomplete last frame" in captured.err

@@ -54,7 +54,7 @@ def run_replay(path) -> int:
         print(f"{path}: {result.num_steps} steps and {result.num_events} events reproduced exactly "
               f"({result.seconds:.2f} s, {result.events_per_second:,.0f} events/s)")
         if result.num_unfinished:
-            print(f"note: the trace ends with {result.num_unfinished} sequences unfinished")
+            print(f"note: the trace ends before {result.num_unfinished} of its sequences finished")
         return EXIT_OK
     d = result.divergence
     print(f"{path}: replay diverges at step {d.step} (event {d.index} of the step): {d.reason}")
