@@ -2,7 +2,13 @@
 style): column-parallel layers keep their output sharded, row-parallel layers
 all-reduce theirs, and the vocabulary is split across ranks. With one rank
 every collective is skipped. Each parameter carries a `weight_loader` that
-cuts its shard out of the full checkpoint tensor, so the loader stays generic."""
+cuts its shard out of the full checkpoint tensor, so the loader stays generic.
+
+A weight loader takes either a tensor or a safetensors slice (`get_slice`):
+with a slice, a rank reads only the rows or columns of its shard."""
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -10,12 +16,25 @@ from torch import nn
 
 from tracengine.errors import ModelError
 
+# (rank, size) of the layout a model is being built for; layers keep their own copy.
+_TP_LAYOUT: ContextVar[tuple[int, int]] = ContextVar("tracengine_tp_layout", default=(0, 1))
+
 
 def get_tp_rank_size() -> tuple[int, int]:
-    """(rank, world size) of the tensor-parallel group; (0, 1) without one."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    """(rank, size) of the tensor-parallel layout being built; (0, 1) outside `tp_layout`.
+    Not read from torch.distributed: a one-rank engine in a process that also
+    hosts a tensor-parallel one stays unsharded."""
+    return _TP_LAYOUT.get()
+
+
+@contextmanager
+def tp_layout(rank: int, size: int):
+    """Layers constructed inside hold the shard of `rank` out of `size`."""
+    token = _TP_LAYOUT.set((rank, size))
+    try:
+        yield
+    finally:
+        _TP_LAYOUT.reset(token)
 
 
 def divide(numerator: int, denominator: int) -> int:
@@ -23,14 +42,44 @@ def divide(numerator: int, denominator: int) -> int:
     return numerator // denominator
 
 
-def copy_weight(param: torch.Tensor, loaded: torch.Tensor):
+def local_num_kv_heads(total_num_kv_heads: int, tp_size: int) -> int:
+    """KV heads per rank. With fewer KV heads than ranks each rank holds one,
+    replicated over tp_size / total ranks (as vLLM does); the config check
+    refuses counts that divide neither way."""
+    if tp_size >= total_num_kv_heads:
+        divide(tp_size, total_num_kv_heads)
+        return 1
+    return divide(total_num_kv_heads, tp_size)
+
+
+def _shape(loaded) -> tuple[int, ...]:
+    return tuple(loaded.shape) if isinstance(loaded, torch.Tensor) else tuple(loaded.get_shape())
+
+
+def _narrow(loaded, dim: int, start: int, length: int):
+    """loaded[start:start + length] along dim 0 or 1; a safetensors slice reads only those."""
+    if isinstance(loaded, torch.Tensor):
+        return loaded.narrow(dim, start, length)
+    return loaded[start:start + length] if dim == 0 else loaded[:, start:start + length]
+
+
+def copy_weight(param: torch.Tensor, loaded):
     # A checkpoint of another shape is a user's mistake, not a bug: say which shapes.
-    if param.shape != loaded.shape:
-        raise ModelError(f"weight of shape {tuple(loaded.shape)} does not fit parameter of shape {tuple(param.shape)}")
-    param.copy_(loaded)
+    if tuple(param.shape) != _shape(loaded):
+        raise ModelError(f"weight of shape {_shape(loaded)} does not fit parameter of shape {tuple(param.shape)}")
+    param.copy_(loaded if isinstance(loaded, torch.Tensor) else loaded[:])
 
 
-def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor):
+def copy_shard(param: torch.Tensor, loaded, dim: int, start: int, full_size: int):
+    """Copy rows (dim 0) or columns (dim 1) [start, start + param.size(dim)) of
+    `loaded`, whose size along `dim` must be `full_size` (the unsharded layer's)."""
+    full_shape = tuple(full_size if d == dim else n for d, n in enumerate(param.shape))
+    if _shape(loaded) != full_shape:
+        raise ModelError(f"weight of shape {_shape(loaded)} does not fit parameter of shape {full_shape}")
+    param.copy_(_narrow(loaded, dim, start, param.size(dim)))
+
+
+def default_weight_loader(param: nn.Parameter, loaded):
     copy_weight(param.data, loaded)
 
 
@@ -77,9 +126,9 @@ class ColumnParallelLinear(LinearBase):
     def __init__(self, input_size: int, output_size: int, bias: bool = False, **tp):
         super().__init__(input_size, output_size, bias, tp_dim=0, **tp)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor):
+    def weight_loader(self, param: nn.Parameter, loaded):
         shard = param.size(0)
-        copy_weight(param.data, loaded.narrow(0, self.tp_rank * shard, shard))
+        copy_shard(param.data, loaded, 0, self.tp_rank * shard, shard * self.tp_size)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -90,32 +139,44 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.output_sizes = output_sizes
         super().__init__(input_size, sum(output_sizes), bias, **tp)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int):
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: int):
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         size = self.output_sizes[shard_id] // self.tp_size
-        copy_weight(param.data.narrow(0, offset, size), loaded.chunk(self.tp_size, 0)[self.tp_rank])
+        copy_shard(param.data.narrow(0, offset, size), loaded, 0, self.tp_rank * size, self.output_sizes[shard_id])
 
 
 class QKVParallelLinear(ColumnParallelLinear):
     """q, k and v projections in one matmul. Each rank holds whole heads, laid
-    out [q_local | k_local | v_local]; `shard_id` is "q", "k" or "v"."""
+    out [q_local | k_local | v_local]; `shard_id` is "q", "k" or "v". With
+    fewer KV heads than ranks, rank r holds KV head r * total_kv // tp_size:
+    the one its query heads attend with."""
 
     def __init__(self, hidden_size: int, head_size: int, total_num_heads: int,
-                 total_num_kv_heads: int | None = None, bias: bool = False, **tp):
+                 total_num_kv_heads: int | None = None, bias: bool = False, tp_rank: int | None = None,
+                 tp_size: int | None = None):
         total_num_kv_heads = total_num_kv_heads or total_num_heads
+        rank, size = get_tp_rank_size()
+        tp_rank, tp_size = rank if tp_rank is None else tp_rank, size if tp_size is None else tp_size
         self.head_size = head_size
         self.total_num_heads = total_num_heads
         self.total_num_kv_heads = total_num_kv_heads
-        output_size = (total_num_heads + 2 * total_num_kv_heads) * head_size
-        super().__init__(hidden_size, output_size, bias, **tp)
-        self.num_heads = divide(total_num_heads, self.tp_size)
-        self.num_kv_heads = divide(total_num_kv_heads, self.tp_size)
+        self.num_heads = divide(total_num_heads, tp_size)
+        self.num_kv_heads = local_num_kv_heads(total_num_kv_heads, tp_size)
+        self.kv_head_start = tp_rank * total_num_kv_heads // tp_size
+        # LinearBase splits the output by tp_size; replicated KV heads make the
+        # local rows more than a tp_size-th of the checkpoint's, so pass local * tp_size.
+        output_size = (self.num_heads + 2 * self.num_kv_heads) * head_size * tp_size
+        super().__init__(hidden_size, output_size, bias, tp_rank=tp_rank, tp_size=tp_size)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str):
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: str):
         q_size = self.num_heads * self.head_size
         kv_size = self.num_kv_heads * self.head_size
         offset, size = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}[shard_id]
-        copy_weight(param.data.narrow(0, offset, size), loaded.chunk(self.tp_size, 0)[self.tp_rank])
+        if shard_id == "q":
+            start, full_size = self.tp_rank * q_size, self.total_num_heads * self.head_size
+        else:
+            start, full_size = self.kv_head_start * self.head_size, self.total_num_kv_heads * self.head_size
+        copy_shard(param.data.narrow(0, offset, size), loaded, 0, start, full_size)
 
 
 class RowParallelLinear(LinearBase):
@@ -124,12 +185,12 @@ class RowParallelLinear(LinearBase):
     def __init__(self, input_size: int, output_size: int, bias: bool = False, **tp):
         super().__init__(input_size, output_size, bias, tp_dim=1, **tp)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor):
+    def weight_loader(self, param: nn.Parameter, loaded):
         if param.dim() == 1:
             copy_weight(param.data, loaded)  # the bias
             return
         shard = param.size(1)
-        copy_weight(param.data, loaded.narrow(1, self.tp_rank * shard, shard))
+        copy_shard(param.data, loaded, 1, self.tp_rank * shard, shard * self.tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
@@ -154,9 +215,9 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = _parameter(self.num_embeddings_per_partition, embedding_dim)
         self.weight.weight_loader = self.weight_loader
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor):
+    def weight_loader(self, param: nn.Parameter, loaded):
         shard = param.size(0)
-        copy_weight(param.data, loaded.narrow(0, self.tp_rank * shard, shard))
+        copy_shard(param.data, loaded, 0, self.tp_rank * shard, self.num_embeddings)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
@@ -170,12 +231,13 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    """The output projection onto the vocabulary, split like the embedding."""
+    """The output projection onto the vocabulary, split like the embedding.
+    Only rank 0 samples, so the logits are gathered there; other ranks get None."""
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
         logits = F.linear(hidden, self.weight)
         if self.tp_size > 1:
-            shards = [torch.empty_like(logits) for _ in range(self.tp_size)]
-            dist.all_gather(shards, logits)
-            logits = torch.cat(shards, -1)
+            shards = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
+            dist.gather(logits, shards, dst=0)
+            logits = torch.cat(shards, -1) if self.tp_rank == 0 else None
         return logits

@@ -2,7 +2,8 @@
 
 The weight loader is generic: the model's `packed_modules_mapping` routes
 checkpoint names to fused parameters and each parameter's `weight_loader`
-cuts its piece. Whatever a user can get wrong about a directory raises
+cuts its piece. Loaders get safetensors slices, not tensors, so a
+tensor-parallel rank reads only the rows or columns of its own shard. Whatever a user can get wrong about a directory raises
 ModelError with a one-line message naming the directory."""
 import json
 import os
@@ -97,7 +98,8 @@ def _expected_shards(param_name: str, mapping: dict) -> set:
 @torch.inference_mode()
 def load_model(model: nn.Module, path: str):
     """Load every *.safetensors in `path` into `model`. Every parameter must
-    be filled and every checkpoint tensor must have a home."""
+    be filled and every checkpoint tensor must have a home. A sharded model
+    (built under `tp_layout`) reads only its shards."""
     mapping = getattr(model, "packed_modules_mapping", {})
     files = weight_files(path)
     if not files:
@@ -117,9 +119,9 @@ def load_model(model: nn.Module, path: str):
                 weight_loader = getattr(param, "weight_loader", default_weight_loader)
                 try:
                     if shard_id is None:
-                        weight_loader(param, f.get_tensor(name))
+                        weight_loader(param, f.get_slice(name))
                     else:
-                        weight_loader(param, f.get_tensor(name), shard_id)
+                        weight_loader(param, f.get_slice(name), shard_id)
                 except ModelError as e:
                     raise ModelError(f"weight {name!r} in {file}: {e}") from None
                 loaded.setdefault(id(param), set()).add(shard_id)
