@@ -1,5 +1,6 @@
-"""The trace file: round trips, one frame per step, torn tails, corruption,
-versions, following a file being written, and a writer killed mid-run."""
+"""The trace file: round trips, one frame per step, deflated and stored
+frames, torn tails, corruption, versions, following a file being written, and
+a writer killed mid-run."""
 import collections
 import os
 import queue
@@ -9,9 +10,12 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 
+import msgspec
 import pytest
+import xxhash
 
 from conftest import EOS, make_config
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
@@ -21,7 +25,10 @@ from tracengine.events import (EVENT_TYPES, BlockAllocate, BlockAppend, BlockFre
 from tracengine.llm_engine import LLMEngine
 from tracengine.replay.scripted import SyntheticRunner
 from tracengine.sampling_params import SamplingParams
-from tracengine.tracelog import FORMAT_VERSION, FRAME_HEAD, PREAMBLE, TraceReader, TraceWriter, make_header, open_trace
+from tracengine import tracelog
+from tracengine.trace_dictionary import DICTIONARY, DICTIONARY_XXH64
+from tracengine.tracelog import (DEFLATED, FORMAT_VERSION, FRAME_HEAD, PREAMBLE, WINDOW_BITS, TraceReader, TraceWriter,
+                                 make_header, open_trace)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,6 +161,113 @@ def test_close_writes_the_events_of_an_unfinished_step(tmp_path):
         assert [type(e) for e in reader.read_frame(2)] == [RequestAdded]
 
 
+def frame_words(path) -> list[int]:
+    """The length word of every frame: bit 31 says deflated."""
+    data = Path(path).read_bytes()
+    with TraceReader(path) as reader:
+        return [FRAME_HEAD.unpack_from(data, f.offset)[0] for f in reader.frames()]
+
+
+def test_frames_are_deflated_when_that_makes_them_smaller(recorded, tmp_path):
+    path, header, events, _ = recorded
+    stored = tmp_path / "stored.trace"
+    with TraceWriter(stored, header, deflate=False) as writer:
+        for event in events:
+            writer.emit(event)
+    assert not any(word & DEFLATED for word in frame_words(stored))
+    assert all(word & DEFLATED for word in frame_words(path))   # every frame of this run gains
+    assert os.path.getsize(path) < 0.8 * os.path.getsize(stored)
+    assert list(open_trace(stored)) == list(open_trace(path)) == [header] + events
+
+
+def test_a_frame_that_deflate_would_grow_is_stored(tmp_path):
+    # 64 random token ids: deflate cannot shrink them, so the frame is kept as it is
+    tokens = list(xxhash.xxh64_intdigest(bytes([i])) & 0xFFFF_FFFF for i in range(64))
+    header = make_header(small_config())
+    path = tmp_path / "random.trace"
+    with TraceWriter(path, header) as writer:
+        writer.emit(RequestAdded(0, 0, tokens, 8, 1.0, False, 0.5))
+        writer.emit(StepEnd(0, 10, 1, 2, 3))
+    assert not frame_words(path)[1] & DEFLATED
+    assert list(open_trace(path))[1].prompt_token_ids == tokens
+
+
+def test_the_dictionary_is_pinned():
+    # part of format version 1: traces deflated with it read only with it
+    assert len(DICTIONARY) <= 8192 - 262            # within the deflate window, less its lookahead
+    assert xxhash.xxh64_intdigest(DICTIONARY) == DICTIONARY_XXH64 == 0x6e01051b4f90cd35
+
+
+def append_frame(path, payload: bytes, deflated: bool) -> int:
+    """Appends a frame with a valid checksum; returns its offset."""
+    offset = os.path.getsize(path)
+    word = len(payload) | (DEFLATED if deflated else 0)
+    with open(path, "ab") as f:
+        f.write(FRAME_HEAD.pack(word, xxhash.xxh64_intdigest(payload, int(deflated))) + payload)
+    return offset
+
+
+def deflate(payload: bytes) -> bytes:
+    deflater = zlib.compressobj(6, zlib.DEFLATED, -WINDOW_BITS, 8, zlib.Z_DEFAULT_STRATEGY, DICTIONARY)
+    return deflater.compress(payload) + deflater.flush()
+
+
+def test_stored_and_deflated_frames_mix_in_one_trace(tmp_path):
+    path = tmp_path / "mixed.trace"
+    with TraceWriter(path, make_header(small_config())):
+        pass
+    steps = [[TokenSample(i, 1, 40 + i, True), StepEnd(i, 9, 1, 2, 3)] for i in range(4)]
+    for i, events in enumerate(steps):
+        payload = msgspec.msgpack.encode(events)
+        append_frame(path, deflate(payload) if i % 2 else payload, deflated=bool(i % 2))
+    with TraceReader(path) as reader:
+        assert [f.step for f in reader.frames()] == [-1, 0, 1, 2, 3]
+        assert list(reader.events(1)) == [e for events in steps for e in events]
+
+
+def test_flipped_deflate_flag_is_caught_by_the_checksum(recorded):
+    path = recorded[0]
+    with TraceReader(path) as reader:
+        bad = reader.frames()[4]
+    flip_byte(path, bad.offset + 3, 0x80)              # bit 31 of the length word
+    with TraceReader(path) as reader:
+        assert reader.corruption.offset == bad.offset and "fails its checksum" in str(reader.corruption)
+        assert reader.num_frames == 4
+
+
+def test_a_frame_that_does_not_inflate_is_corruption_at_its_offset(recorded):
+    path = recorded[0]
+    offset = append_frame(path, b"\xff" * 40, deflated=True)    # a valid checksum over bytes that are no deflate stream
+    with TraceReader(path) as reader:
+        assert reader.corruption.offset == offset
+        assert "does not inflate" in str(reader.corruption)
+        with pytest.raises(TraceCorruptError, match=f"does not inflate .* at offset {offset}"):
+            list(reader.events())
+
+
+def test_a_cut_deflate_stream_is_corruption_when_read(recorded):
+    path, header, events, engine = recorded
+    step = engine.num_steps
+    payload = deflate(msgspec.msgpack.encode([TokenSample(step, 0, 5, True), StepEnd(step, 9, 1, 2, 3)]))
+    offset = append_frame(path, payload[:-2], deflated=True)
+    with TraceReader(path) as reader:
+        assert reader.frames()[-1].offset == offset     # its first event's step still inflates
+        read = []
+        with pytest.raises(TraceCorruptError, match=f"not one whole deflate stream at offset {offset}"):
+            for event in reader.events():
+                read.append(event)
+        assert read == [header] + events
+
+
+def test_a_frame_inflating_past_the_limit_is_corruption_not_an_allocation(recorded, monkeypatch):
+    path = recorded[0]
+    offset = append_frame(path, deflate(msgspec.msgpack.encode([StepEnd(99, 0, 0, 0, 0)] * 200)), deflated=True)
+    monkeypatch.setattr(tracelog, "MAX_FRAME_BYTES", 1000)    # the 200 events take more
+    with TraceReader(path) as reader:
+        with pytest.raises(TraceCorruptError, match=f"inflates past the limit of 1000 bytes at offset {offset}"):
+            list(reader.events())
+
+
 def test_torn_tail_at_every_cut_point_keeps_every_complete_step(recorded, tmp_path):
     path, header, events, _ = recorded
     data = path.read_bytes()
@@ -181,9 +295,9 @@ def test_a_trace_cut_inside_its_header_frame_is_refused(recorded, tmp_path):
         TraceReader(cut_path)
 
 
-def flip_byte(path, offset):
+def flip_byte(path, offset, mask=0x40):
     data = bytearray(path.read_bytes())
-    data[offset] ^= 0x40
+    data[offset] ^= mask
     path.write_bytes(bytes(data))
 
 
@@ -306,6 +420,7 @@ def test_format_v1_trace_still_reads():
         assert reader.header.format_version == 1
         assert reader.num_frames == 1 + 17
         assert reader.torn_tail is None and reader.corruption is None
+    assert all(word & DEFLATED for word in frame_words(path))
     counts = collections.Counter(type(e).__name__ for e in open_trace(path))
     assert counts == {"TraceHeader": 1, "RequestAdded": 4, "ScheduleDecision": 17, "BlockAllocate": 5,
                       "BlockAppend": 4, "BlockHash": 15, "BlockFree": 5, "Preempt": 1, "TokenSample": 30,

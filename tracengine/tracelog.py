@@ -1,18 +1,33 @@
 """The trace file: the only module that knows frames.
 
-    preamble  b"TRCE" + uint16 format version + 2 reserved bytes
-    frame     uint32 payload length + uint64 xxh64 of the payload (little-endian),
-              then the payload: a msgpack array of events
+Format version 1, the first (unreleased until a release names it): this
+layout, the events of events.py, and the dictionary of trace_dictionary.py.
 
-The first frame holds only the TraceHeader; each later frame holds one engine
-step's events and is written, and flushed, when that step's StepEnd arrives, so
-a killed process leaves every finished step readable. Decoding is typed msgspec
-only. A reader reports what it cannot read (a torn last frame, a checksum
-mismatch) and still gives every complete frame before it."""
+    preamble  b"TRCE" + uint16 format version + 2 reserved bytes
+    frame     uint32 length word + uint64 checksum (little-endian), then the stored payload
+      length word  bits 0-30: bytes of the stored payload (at most MAX_FRAME_BYTES);
+                   bit 31 (DEFLATED): the payload is deflated
+      checksum     xxh64 of the stored payload, seeded with 1 when it is deflated and
+                   0 when not (so the flag is covered too): damage is found before
+                   anything is inflated or decoded
+      payload      a msgpack array of events; deflated, it is raw deflate (RFC 1951,
+                   window of 2**13 bytes) primed with trace_dictionary.DICTIONARY,
+                   and inflates to at most MAX_FRAME_BYTES
+
+The writer deflates a frame when that makes it smaller, so each frame stays
+decodable on its own (random access, follow mode, a torn tail loses one
+frame): one primed compressor per writer is copied for each frame (priming
+it anew would cost more than deflating a frame). The first frame holds only the TraceHeader;
+each later frame holds one engine step's events and is written, and flushed,
+when that step's StepEnd arrives, so a killed process leaves every finished
+step readable. Decoding is typed msgspec only. A reader reports what it
+cannot read (a torn last frame, a checksum mismatch, a payload that does not
+inflate) and still gives every complete frame before it."""
 import bisect
 import os
 import struct
 import time
+import zlib
 from typing import Callable, Iterator, NamedTuple
 
 import msgspec
@@ -21,29 +36,30 @@ import xxhash
 from tracengine import __version__
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
 from tracengine.events import AnyEvent, Event, ModelInfo, StepEnd, TraceHeader
+from tracengine.trace_dictionary import DICTIONARY
 
 FORMAT_VERSION = 1
 MAGIC = b"TRCE"
 PREAMBLE = struct.Struct("<4sH2x")
-FRAME_HEAD = struct.Struct("<IQ")      # payload length, xxh64 of the payload
+FRAME_HEAD = struct.Struct("<IQ")      # length word, xxh64 of the stored payload (seed: the flag)
+DEFLATED = 1 << 31                     # length word flag: the payload is deflated
+LENGTH_MASK = DEFLATED - 1
 MAX_FRAME_BYTES = 64 << 20             # a longer frame is damage, not something to allocate
+WINDOW_BITS = 13                       # deflate window of 8 KiB; the dictionary fills it
+MIN_DEFLATE_BYTES = 32                 # smaller payloads are stored as they are
+SCAN_BYTES = 1 << 20                   # the index scan and events() read this much at a time
+_LEADING_BYTES = 32                    # enough payload to hold the first event's tag and step
 
 
 class FrameInfo(NamedTuple):
     offset: int   # of the frame head in the file
     step: int     # step of the frame's first event; -1 for the header frame
-    nbytes: int   # payload bytes
+    nbytes: int   # stored payload bytes (deflated or not)
 
 
 class TornTail(NamedTuple):
     offset: int   # where the incomplete last frame starts
     nbytes: int   # bytes of it present in the file
-
-
-class _FirstStep(msgspec.Struct, array_like=True):
-    """The leading tag and step of an array-like event; later fields are ignored."""
-    tag: int
-    step: int
 
 
 def make_header(config, model: ModelInfo | None = None, device: str = "cpu", torch_version: str = "",
@@ -55,15 +71,19 @@ def make_header(config, model: ModelInfo | None = None, device: str = "cpu", tor
 
 
 class TraceWriter:
-    """An event sink that writes one frame per step, at its StepEnd."""
+    """An event sink that writes one frame per step, at its StepEnd. With
+    `deflate=False` every payload is stored as it is (benchmarks, tests)."""
     enabled = True
 
-    def __init__(self, path, header: TraceHeader):
+    def __init__(self, path, header: TraceHeader, deflate: bool = True):
         self.step = 0
         self.header = header
+        self._min_deflate_bytes = MIN_DEFLATE_BYTES if deflate else MAX_FRAME_BYTES + 1
         self._encoder = msgspec.msgpack.Encoder()
         self._buffer = bytearray()
         self._pending: list[Event] = []
+        # primed once; each frame deflates with a copy (no dictionary to load per frame)
+        self._deflater = zlib.compressobj(6, zlib.DEFLATED, -WINDOW_BITS, 5, zlib.Z_DEFAULT_STRATEGY, DICTIONARY)
         self._file = open(path, "wb")
         self._file.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION))
         self._write_frame([header])
@@ -80,9 +100,19 @@ class TraceWriter:
         nbytes = len(buffer) - FRAME_HEAD.size
         if nbytes > MAX_FRAME_BYTES:
             raise TraceError(f"a frame of {nbytes} bytes exceeds the limit of {MAX_FRAME_BYTES}")
+        word = nbytes
+        if nbytes >= self._min_deflate_bytes:
+            deflater = self._deflater.copy()
+            with memoryview(buffer) as view:
+                deflated = deflater.compress(view[FRAME_HEAD.size:])
+            deflated += deflater.flush()
+            if len(deflated) < nbytes:
+                del buffer[FRAME_HEAD.size:]
+                buffer += deflated
+                word = len(deflated) | DEFLATED
         with memoryview(buffer) as view:
-            checksum = xxhash.xxh64_intdigest(view[FRAME_HEAD.size:])
-        FRAME_HEAD.pack_into(buffer, 0, nbytes, checksum)
+            checksum = xxhash.xxh64_intdigest(view[FRAME_HEAD.size:], word >> 31)
+        FRAME_HEAD.pack_into(buffer, 0, word, checksum)
         self._file.write(buffer)
         self._file.flush()
 
@@ -103,19 +133,19 @@ class TraceWriter:
 
 
 class TraceReader:
-    """Random access to a trace's frames. The index (offset, first step, bytes
-    of each frame) is built by one scan that checks every checksum; events are
-    decoded only when a frame is read. `refresh()` picks up appended frames.
+    """Random access to a trace's frames. The index (offset, first step, stored
+    bytes of each frame) is built by one scan that checks every checksum;
+    events are inflated and decoded only when a frame is read. `refresh()`
+    picks up appended frames.
 
     What could not be read is reported, not raised: `torn_tail` for an
     incomplete last frame, `corruption` (a TraceCorruptError) for a frame that
-    fails its checksum; frames after a corrupt one are not indexed."""
+    fails its checksum or does not inflate; frames after a corrupt one are not
+    indexed."""
 
     def __init__(self, path, max_frames: int | None = None):
         self.path = os.fspath(path)
         self._decoder = msgspec.msgpack.Decoder(list[AnyEvent])
-        self._raw_decoder = msgspec.msgpack.Decoder(list[msgspec.Raw])
-        self._step_decoder = msgspec.msgpack.Decoder(_FirstStep)
         self._fd = os.open(self.path, os.O_RDONLY)
         try:
             self._read_preamble()
@@ -153,6 +183,7 @@ class TraceReader:
         them (so a large trace can be indexed in slices); returns how many."""
         num_before = len(self._frames)
         file_size = os.fstat(self._fd).st_size
+        data, base = b"", self._end        # file bytes from offset `base`, read SCAN_BYTES at a time
         while self.corruption is None:
             if max_frames is not None and len(self._frames) - num_before >= max_frames:
                 self.torn_tail = None     # the end is not reached yet
@@ -160,33 +191,48 @@ class TraceReader:
             offset = self._end
             if file_size - offset < FRAME_HEAD.size:
                 break
-            nbytes, checksum = FRAME_HEAD.unpack(os.pread(self._fd, FRAME_HEAD.size, offset))
+            if offset + FRAME_HEAD.size > base + len(data):
+                data, base = os.pread(self._fd, min(SCAN_BYTES, file_size - offset), offset), offset
+            word, checksum = FRAME_HEAD.unpack_from(data, offset - base)
+            nbytes = word & LENGTH_MASK
             if nbytes > MAX_FRAME_BYTES:
                 self._corrupt(f"frame {len(self._frames)} claims {nbytes} bytes, over the limit of {MAX_FRAME_BYTES}",
                               offset)
                 break
-            if file_size - offset - FRAME_HEAD.size < nbytes:
+            end = offset + FRAME_HEAD.size + nbytes
+            if end > file_size:
                 break
-            payload = os.pread(self._fd, nbytes, offset + FRAME_HEAD.size)
-            if xxhash.xxh64_intdigest(payload) != checksum:
+            if end > base + len(data):
+                data, base = os.pread(self._fd, min(max(SCAN_BYTES, end - offset), file_size - offset), offset), offset
+            stored = data[offset - base + FRAME_HEAD.size:end - base]
+            if xxhash.xxh64_intdigest(stored, word >> 31) != checksum:
                 self._corrupt(f"frame {len(self._frames)} fails its checksum", offset)
                 break
-            step = self._first_step(payload, offset) if self._frames else -1
+            step = self._first_step(stored, word, offset) if self._frames else -1
             if step is None:
                 break
             self._frames.append(FrameInfo(offset, step, nbytes))
-            self._end = offset + FRAME_HEAD.size + nbytes
+            self._end = end
         tail = file_size - self._end
         self.torn_tail = TornTail(self._end, tail) if tail and self.corruption is None else None
         return len(self._frames) - num_before
 
-    def _first_step(self, payload: bytes, offset: int) -> int | None:
+    def _first_step(self, stored, word: int, offset: int) -> int | None:
+        """The step of the frame's first event, from its leading payload bytes
+        (the previous frame's step for a frame without events)."""
         try:
-            raws = self._raw_decoder.decode(payload)
-            return self._step_decoder.decode(raws[0]).step if raws else self._frames[-1].step
-        except msgspec.DecodeError as exc:
+            if word & DEFLATED:
+                leading = zlib.decompressobj(-WINDOW_BITS, DICTIONARY).decompress(stored, _LEADING_BYTES)
+            else:
+                leading = stored[:_LEADING_BYTES]
+            step = _leading_step(leading)
+        except zlib.error as exc:
+            self._corrupt(f"frame {len(self._frames)} does not inflate ({exc})", offset)
+            return None
+        except (ValueError, IndexError) as exc:
             self._corrupt(f"frame {len(self._frames)} does not decode ({exc})", offset)
             return None
+        return self._frames[-1].step if step is None else step
 
     def _corrupt(self, message: str, offset: int) -> None:
         last_step = self._frames[-1].step if len(self._frames) > 1 else None
@@ -199,23 +245,57 @@ class TraceReader:
     def read_frame(self, i: int) -> list[AnyEvent]:
         frame = self._frames[i]
         data = os.pread(self._fd, FRAME_HEAD.size + frame.nbytes, frame.offset)
-        payload = data[FRAME_HEAD.size:]
-        nbytes, checksum = FRAME_HEAD.unpack_from(data)
-        if len(payload) != frame.nbytes or nbytes != frame.nbytes or xxhash.xxh64_intdigest(payload) != checksum:
+        return self._decode_frame(i, data, 0)
+
+    def _decode_frame(self, i: int, data: bytes, pos: int) -> list[AnyEvent]:
+        """Frame i's events from `data`, which holds the frame at `pos`."""
+        frame = self._frames[i]
+        end = pos + FRAME_HEAD.size + frame.nbytes
+        if len(data) < end:
+            raise TraceCorruptError(f"{self.path}: frame {i} changed since it was indexed", frame.offset, frame.step)
+        word, checksum = FRAME_HEAD.unpack_from(data, pos)
+        stored = data[pos + FRAME_HEAD.size:end]
+        if word & LENGTH_MASK != frame.nbytes or xxhash.xxh64_intdigest(stored, word >> 31) != checksum:
             raise TraceCorruptError(f"{self.path}: frame {i} changed since it was indexed", frame.offset, frame.step)
         try:
-            return self._decoder.decode(payload)
+            return self._decoder.decode(self._inflate(stored, i) if word & DEFLATED else stored)
         except msgspec.DecodeError as exc:
-            raise TraceCorruptError(f"{self.path}: frame {i} does not decode ({exc})", frame.offset,
-                                    self._frames[i - 1].step if i > 1 else None) from None
+            raise self._damaged(i, f"does not decode ({exc})") from None
+
+    def _inflate(self, stored: bytes, i: int) -> bytes:
+        inflater = zlib.decompressobj(-WINDOW_BITS, DICTIONARY)   # primes as fast as a copy would
+        try:
+            payload = inflater.decompress(stored, MAX_FRAME_BYTES)
+        except zlib.error as exc:
+            raise self._damaged(i, f"does not inflate ({exc})") from None
+        if inflater.unconsumed_tail:
+            raise self._damaged(i, f"inflates past the limit of {MAX_FRAME_BYTES} bytes")
+        if not inflater.eof or inflater.unused_data:
+            raise self._damaged(i, "is not one whole deflate stream")
+        return payload
+
+    def _damaged(self, i: int, what: str) -> TraceCorruptError:
+        """Damage found in indexed frame i, after the step of the frame before it."""
+        return TraceCorruptError(f"{self.path}: frame {i} {what}", self._frames[i].offset,
+                                 self._frames[i - 1].step if i > 1 else None)
 
     def events(self, start_frame: int = 0) -> Iterator[AnyEvent]:
         """Events of the indexed frames from `start_frame`; then raises the
         corruption that ended the index, if any. A torn tail is not raised."""
         i = start_frame
         while i < len(self._frames):
-            yield from self.read_frame(i)
-            i += 1
+            # one read for the frames in the next SCAN_BYTES (at least one frame)
+            frames = self._frames
+            first = frames[i]
+            last = i + 1
+            limit = first.offset + SCAN_BYTES
+            while last < len(frames) and frames[last].offset + FRAME_HEAD.size + frames[last].nbytes <= limit:
+                last += 1
+            end = frames[last - 1].offset + FRAME_HEAD.size + frames[last - 1].nbytes
+            data = os.pread(self._fd, end - first.offset, first.offset)
+            for j in range(i, last):
+                yield from self._decode_frame(j, data, frames[j].offset - first.offset)
+            i = last
         if self.corruption is not None:
             raise self.corruption
 
@@ -256,3 +336,53 @@ def open_trace(path, follow: bool = False, poll_interval: float = 0.1,
             next_frame = reader.num_frames
             if stopping:
                 return
+
+
+def _leading_step(data) -> int | None:
+    """The step of the first event of a msgpack array of array-like events,
+    from its leading bytes: [array header][event header][tag][step]. None for
+    an empty array."""
+    if len(data) >= 5 and 0x91 <= data[0] <= 0x9F and 0x92 <= data[1] <= 0x9F and data[2] <= 0x7F:
+        b = data[3]    # the common case: a short array of short events, a small tag
+        if b <= 0x7F:
+            return b
+        if b == 0xCC:
+            return data[4]
+    count, pos = _array_header(data, 0)
+    if count == 0:
+        return None
+    if _array_header(data, pos)[0] < 2:
+        raise ValueError("an event without a step")
+    pos = _array_header(data, pos)[1]
+    pos = _int(data, pos)[1]               # the tag
+    return _int(data, pos)[0]
+
+
+def _array_header(data, pos: int) -> tuple[int, int]:
+    """(element count, position after the header)."""
+    b = data[pos]
+    if 0x90 <= b <= 0x9F:
+        return b & 0x0F, pos + 1
+    if b == 0xDC:
+        return int.from_bytes(data[pos + 1:pos + 3], "big"), pos + 3
+    if b == 0xDD:
+        return int.from_bytes(data[pos + 1:pos + 5], "big"), pos + 5
+    raise ValueError(f"expected a msgpack array, found byte {b:#04x}")
+
+
+_INT_WIDTHS = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8}
+
+
+def _int(data, pos: int) -> tuple[int, int]:
+    """(value, position after it) of a msgpack integer."""
+    b = data[pos]
+    if b <= 0x7F:
+        return b, pos + 1
+    if b >= 0xE0:
+        return b - 0x100, pos + 1
+    width = _INT_WIDTHS.get(b)
+    if width is None:
+        raise ValueError(f"expected a msgpack integer, found byte {b:#04x}")
+    if pos + 1 + width > len(data):
+        raise ValueError("too short")
+    return int.from_bytes(data[pos + 1:pos + 1 + width], "big", signed=b >= 0xD0), pos + 1 + width
