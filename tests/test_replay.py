@@ -199,6 +199,10 @@ def test_a_scheduler_change_makes_a_golden_trace_diverge(monkeypatch, capsys):
     assert "replay diverges at step 19" in out
     assert "expected: Preempt(step=19, seq_id=2, by_seq_id=0" in out
     assert "actual:   Preempt(step=19, seq_id=1, by_seq_id=0" in out
+    # caught inside the step: s0 (being scheduled) and s1 (being preempted) are in neither queue
+    in_flight = out[out.index("state in the middle of step 19"):]
+    assert "in flight (out of the queues in the middle of the step):\n    s0 " in in_flight
+    assert "\n    s1 " in in_flight
 
 
 def test_a_torn_tail_is_noted_and_the_complete_steps_reproduce(tmp_path, capsys):

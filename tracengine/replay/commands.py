@@ -69,7 +69,7 @@ def run_replay(path) -> int:
     print("recorded state before the step:")
     print(_indent(render_state(fold.state_at(before_step=min(d.step, fold.num_steps)))), end="")
     print("replayed state at the divergence:")
-    print(_indent(render_state(d.state)), end="")
+    print(_indent(render_state(d.state, when=f"in the middle of step {d.step}")), end="")
     return EXIT_FAILED_CHECK
 
 

@@ -86,6 +86,7 @@ def replay(events) -> ReplayResult:
     config = Config.from_dict(header.config)
     runner, sink = RecordedRunner(), ComparingSink()
     engine = LLMEngine(config, runner, sink)
+    seqs = []            # every sequence added, to show those caught mid-step
     num_events = 0
     start = time.perf_counter()
     for step_events in iter_steps(it):
@@ -98,8 +99,8 @@ def replay(events) -> ReplayResult:
                     tokens[e.seq_id] = e.token_id
                 elif t is RequestAdded:
                     try:
-                        engine.add_request(e.prompt_token_ids, SamplingParams(e.temperature, e.max_tokens, e.ignore_eos),
-                                           seq_id=e.seq_id)
+                        seqs.append(engine.add_request(e.prompt_token_ids, SamplingParams(
+                            e.temperature, e.max_tokens, e.ignore_eos), seq_id=e.seq_id))
                     except RequestError as exc:
                         raise _Diverged(e, None, f"the replay refused the request: {exc}") from None
             if type(step_events[-1]) is StepEnd:
@@ -110,7 +111,7 @@ def replay(events) -> ReplayResult:
                 raise _Diverged(step_events[sink.index], None, "the trace has an event the replay did not emit")
         except _Diverged as d:
             divergence = Divergence(sink.step, sink.index, d.expected, d.actual, d.reason,
-                                    live_state(engine.scheduler, sink.step))
+                                    live_state(engine.scheduler, sink.step, seqs))
             return ReplayResult(sink.step, num_events + sink.index, time.perf_counter() - start, divergence)
         num_events += len(step_events)
     scheduler = engine.scheduler

@@ -112,15 +112,20 @@ def render_steps(events) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_state(state) -> str:
-    """A folded (or live) state: queues with counters, block tables, the block pool."""
-    step = "before the first step" if state.step < 0 else f"after step {state.step}"
-    lines = [f"state {step}: {len(state.waiting)} waiting, {len(state.running)} running, "
+def render_state(state, when: str | None = None) -> str:
+    """A folded (or live) state: queues with counters, block tables, the block pool.
+    `when` replaces "after step N" (a live state caught in the middle of a step)."""
+    if when is None:
+        when = "before the first step" if state.step < 0 else f"after step {state.step}"
+    lines = [f"state {when}: {len(state.waiting)} waiting, {len(state.running)} running, "
              f"{state.num_free_blocks} of {state.num_blocks} blocks free (block size {state.block_size})"]
     if state.decision is not None:
         d = state.decision
         lines.append(f"decision: {d.phase}, {d.num_batched_tokens} tokens, stop {d.stop_reason}")
-    for name, ids in (("waiting", state.waiting), ("running", state.running)):
+    queues = [("waiting", state.waiting), ("running", state.running)]
+    if state.in_flight:
+        queues.append(("in flight (out of the queues in the middle of the step)", state.in_flight))
+    for name, ids in queues:
         lines.append(f"{name}:" + ("" if ids else " (empty)"))
         for seq_id in ids:
             s = state.seqs[seq_id]

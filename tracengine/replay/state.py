@@ -40,10 +40,10 @@ class BlockState(msgspec.Struct, frozen=True, gc=False):
 class FoldState:
     """The state after `step` completed (step -1: before the first step)."""
     __slots__ = ("step", "waiting", "running", "seqs", "ref_counts", "hashes", "free_block_ids",
-                 "hash_to_block_id", "decision", "block_size", "_blocks")
+                 "hash_to_block_id", "decision", "block_size", "in_flight", "_blocks")
 
     def __init__(self, step, waiting, running, seqs, ref_counts, hashes, free_block_ids, hash_to_block_id,
-                 decision, block_size):
+                 decision, block_size, in_flight=()):
         self.step: int = step
         self.waiting: list[int] = waiting
         self.running: list[int] = running
@@ -54,6 +54,9 @@ class FoldState:
         self.hash_to_block_id: dict[int, int] = hash_to_block_id
         self.decision: ScheduleDecision | None = decision
         self.block_size: int = block_size
+        # Mid-step only (a live scheduler stopped inside a step): unfinished sequences
+        # out of both queues, e.g. the one being scheduled, or a victim being preempted.
+        self.in_flight: list[int] = list(in_flight)
         self._blocks = None
 
     @property
@@ -68,7 +71,7 @@ class FoldState:
     def blocks(self) -> list[BlockState]:
         if self._blocks is None:
             owners: list[list[int]] = [[] for _ in self.ref_counts]
-            for seq_id in sorted(self.waiting + self.running):
+            for seq_id in sorted(self.waiting + self.running + self.in_flight):
                 for block_id in self.seqs[seq_id].block_table:
                     owners[block_id].append(seq_id)
             self._blocks = [BlockState(i, rc, h, o) for i, (rc, h, o)
@@ -80,16 +83,19 @@ class FoldState:
                 f"num_free_blocks={self.num_free_blocks})")
 
 
-def live_state(scheduler, step: int) -> FoldState:
-    """A live scheduler's queues and block pool as a FoldState (its sequences
-    only: a scheduler forgets finished ones, and knows no arrival steps)."""
+def live_state(scheduler, step: int, known_seqs=()) -> FoldState:
+    """A live scheduler's queues and block pool as a FoldState. Its sequences
+    only, since a scheduler forgets finished ones (and knows no arrival steps);
+    of `known_seqs`, those unfinished but in neither queue are `in_flight`."""
     bm = scheduler.block_manager
     status = {"WAITING": WAITING, "RUNNING": RUNNING, "FINISHED": FINISHED}
+    queued = {seq.seq_id for seq in (*scheduler.waiting, *scheduler.running)}
+    in_flight = [seq for seq in known_seqs if seq.seq_id not in queued and not seq.is_finished]
     seqs = {}
-    for seq in (*scheduler.waiting, *scheduler.running):
+    for seq in (*scheduler.waiting, *scheduler.running, *in_flight):
         seqs[seq.seq_id] = SeqState(seq.seq_id, status[seq.status.name], seq.num_prompt_tokens, seq.num_tokens,
                                     seq.num_cached_tokens, seq.num_scheduled_tokens, list(seq.block_table),
                                     seq.num_preemptions, finish_reason=seq.finish_reason)
     return FoldState(step, [s.seq_id for s in scheduler.waiting], [s.seq_id for s in scheduler.running], seqs,
                      [b.ref_count for b in bm.blocks], [b.hash for b in bm.blocks], list(bm.free_block_ids),
-                     dict(bm.hash_to_block_id), None, bm.block_size)
+                     dict(bm.hash_to_block_id), None, bm.block_size, sorted(s.seq_id for s in in_flight))
