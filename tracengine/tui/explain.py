@@ -1,0 +1,143 @@
+"""One sentence that says what the scheduler decided at a step and why, in
+the seeds' terms (head-of-line blocking, chunk gate, running tail). It reads
+the step's recorded events; it decides nothing."""
+from collections.abc import Mapping
+
+from tracengine.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
+                               ScheduleDecision, SeqFinish, StepEnd, TokenSample)
+
+
+def explain_step(events: list, seqs: Mapping, num_free_before: int,
+                 max_num_batched_tokens: int, max_num_seqs: int) -> str:
+    """`seqs` maps a seq id to its state after the step (a middle chunk keeps
+    its token count); `num_free_before` is the free block count when the step
+    began."""
+    decision = next((e for e in events if isinstance(e, ScheduleDecision)), None)
+    if decision is None:
+        return "no scheduling decision recorded at this step"
+    if decision.phase == "prefill":
+        text = _prefill(decision, events, seqs, max_num_batched_tokens, max_num_seqs)
+    else:
+        text = _decode(decision, events, num_free_before, max_num_seqs)
+    finished = [f"seq {e.seq_id} finished ({e.reason})" for e in events if isinstance(e, SeqFinish)]
+    return "; ".join([text] + finished)
+
+
+def _prefill(decision, events, seqs, budget, max_num_seqs) -> str:
+    allocated = {e.seq_id: e for e in events if isinstance(e, BlockAllocate)}
+    middle = {e.seq_id for e in events if isinstance(e, TokenSample) and not e.kept}
+    items = []
+    for s in decision.seqs:
+        if s.seq_id in middle:
+            total = seqs[s.seq_id].num_tokens
+            done = s.num_cached_tokens + s.num_tokens
+            if s.seq_id in allocated:
+                items.append(f"seq {s.seq_id} got {s.num_tokens} of {_tokens(total - s.num_cached_tokens)}")
+            else:
+                items.append(f"seq {s.seq_id} got {_tokens(s.num_tokens)} more, {done} of {total} done")
+        elif s.seq_id not in allocated:
+            # the rest of a chunked prefill: its blocks were allocated at its first chunk
+            items.append(f"seq {s.seq_id} got its last {s.num_tokens} of {_tokens(s.num_cached_tokens + s.num_tokens)}")
+        else:
+            cached = f", {s.num_cached_tokens} prefix-cached" if s.num_cached_tokens else ""
+            again = "recomputed after preemption: " if seqs[s.seq_id].num_preemptions else ""
+            items.append(f"seq {s.seq_id} ({again}{_tokens(s.num_tokens)}{cached})")
+    if len(decision.seqs) == 1 and decision.seqs[0].seq_id in middle:
+        text = "chunked prefill: " + items[0]
+    else:
+        text = "prefill " + ", ".join(items)
+        if len(items) > 1:
+            text += f", {_tokens(decision.num_batched_tokens)} in all"
+    return f"{text}; {_prefill_stop(decision, budget, max_num_seqs)}"
+
+
+def _prefill_stop(decision, budget, max_num_seqs) -> str:
+    match decision.stop_reason:
+        case "budget_exhausted":
+            return f"the token budget of {_tokens(budget)} is used up"
+        case "no_free_blocks":
+            return (f"then head seq {decision.blocked_seq_id} needs {_blocks(decision.num_blocks_needed)}, "
+                    f"{decision.num_free_blocks} free (head-of-line blocking)")
+        case "chunk_gate":
+            left = budget - decision.num_batched_tokens
+            return (f"stopped at seq {decision.blocked_seq_id}: {_tokens(left)} of budget left and only "
+                    f"the first seq of a step may be chunked (chunk gate)")
+        case "max_num_seqs":
+            return f"max_num_seqs={max_num_seqs} reached"
+        case "waiting_empty":
+            return "waiting queue empty"
+    return f"stopped: {decision.stop_reason}"
+
+
+def _blocked(seq_id, num_blocks_needed, num_free_blocks) -> str:
+    return (f"prefill stopped: head seq {seq_id} needs {_blocks(num_blocks_needed)}, "
+            f"{num_free_blocks} free (head-of-line blocking)")
+
+
+def _decode(decision, events, num_free_before, max_num_seqs) -> str:
+    parts = []
+    if decision.blocked_seq_id >= 0:
+        # nothing was allocated before the head blocked, so the step's starting count applies
+        parts.append(_blocked(decision.blocked_seq_id, decision.num_blocks_needed, num_free_before))
+    n = len(decision.seqs)
+    text = "decode: " + (f"seq {decision.seqs[0].seq_id}, 1 token" if n == 1 else f"{n} seqs, 1 token each")
+    if n == 0:
+        text = "decode: no sequence could run"
+    parts.append(text)
+    by_needer: dict[int, list[int]] = {}
+    for e in events:
+        if isinstance(e, Preempt):
+            by_needer.setdefault(e.by_seq_id, []).append(e.seq_id)
+    for needer, victims in by_needer.items():
+        others = [v for v in victims if v != needer]
+        if others:
+            names = "seq " + str(others[0]) if len(others) == 1 else "seqs " + ", ".join(map(str, others))
+            parts.append(f"seq {needer} needed a block; preempted {names} (running tail)")
+        if needer in victims:
+            parts.append(f"seq {needer} needed a block and no other seq was left to preempt: "
+                         f"it preempted itself (recompute)")
+    if decision.stop_reason == "max_num_seqs":
+        parts.append(f"max_num_seqs={max_num_seqs} reached")
+    return "; ".join(parts)
+
+
+def describe_event(e) -> str:
+    """One event as a line of the event list (its type is shown beside it)."""
+    match e:
+        case RequestAdded():
+            return f"seq {e.seq_id} arrives: {len(e.prompt_token_ids)} prompt tokens, max_tokens {e.max_tokens}"
+        case ScheduleDecision():
+            seqs = " ".join(f"{s.seq_id}:{s.num_tokens}" for s in e.seqs)
+            return f"{e.phase} {e.num_batched_tokens} tokens [{seqs}] stop={e.stop_reason}"
+        case BlockAllocate():
+            cached = f" ({e.num_cached_blocks} cached)" if e.num_cached_blocks else ""
+            return f"seq {e.seq_id} gets blocks {_ids(e.block_ids)}{cached}"
+        case BlockAppend():
+            return f"seq {e.seq_id} gets block {e.block_id}"
+        case BlockHash():
+            return f"seq {e.seq_id} fills block {e.block_id}, hash {e.hash & 0xFFFFFFFF:08x}"
+        case BlockFree():
+            return f"seq {e.seq_id} frees blocks {_ids(e.block_ids)}"
+        case Preempt():
+            who = "itself" if e.by_seq_id == e.seq_id else f"seq {e.by_seq_id}"
+            return (f"seq {e.seq_id} preempted for {who}: frees {_ids(e.freed_block_ids)}, "
+                    f"{e.num_computed_tokens} tokens to recompute")
+        case TokenSample():
+            return f"seq {e.seq_id} samples {e.token_id}" + ("" if e.kept else " (dropped: middle chunk)")
+        case SeqFinish():
+            return f"seq {e.seq_id} finishes ({e.reason}): {e.num_prompt_tokens} + {e.num_completion_tokens} tokens"
+        case StepEnd():
+            return f"{e.num_free_blocks} blocks free"
+    return " ".join(f"{name}={getattr(e, name)}" for name in e.__struct_fields__ if name != "step")
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token" if n == 1 else f"{n} tokens"
+
+
+def _blocks(n: int) -> str:
+    return f"{n} block" if n == 1 else f"{n} blocks"
+
+
+def _ids(block_ids: list[int]) -> str:
+    return "[" + " ".join(map(str, block_ids)) + "]"

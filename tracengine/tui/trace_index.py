@@ -1,0 +1,215 @@
+"""What the TUI reads, with no Textual in it: the trace reader (frames by
+offset), the fold (state at any step, from keyframes) and per-step summaries
+for the timeline and for jumps (tokens, phase, which event types a step has,
+where each step's events start in the list of all events).
+
+`index_more()` reads the next slice of frames; the app calls it from a thread
+worker, so a large trace opens at once and fills in. The worker only appends,
+and publishes `num_steps` after a slice is complete; the UI thread reads steps
+below `num_steps` only."""
+import bisect
+import os
+from array import array
+from dataclasses import dataclass, field
+
+from tracengine.errors import TraceError
+from tracengine.events import (AnyEvent, BlockAllocate, Preempt, RequestAdded, ScheduleDecision, SeqFinish,
+                               StepEnd, TokenSample)
+from tracengine.replay.fold import Fold, FoldState
+from tracengine.tracelog import TraceReader
+from tracengine.tui.explain import explain_step
+
+EVENT_TYPE_NAMES = [cls.__name__ for cls in AnyEvent.__args__ if cls.__name__ != "TraceHeader"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepView:
+    """Everything the panels show for one step; replaced, never mutated."""
+    step: int
+    num_steps: int
+    state: FoldState
+    events: list
+    explanation: str
+
+    @property
+    def phase(self) -> str:
+        return self.state.decision.phase if self.state.decision is not None else ""
+
+
+@dataclass(slots=True)
+class Milestone:
+    """A moment of one sequence's life, for the sequence view."""
+    step: int
+    kind: str          # arrive, prefill, preempt, finish
+    num_tokens: int = 0
+    num_cached_tokens: int = 0
+    other_seq_id: int = -1   # the seq that needed the block, for "preempt"
+    max_tokens: int = 0      # for "arrive"
+    is_first_chunk: bool = True
+    is_last_chunk: bool = True
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class _Summary:
+    num_tokens: array = field(default_factory=lambda: array("i"))        # tokens scheduled per step
+    is_prefill: bytearray = field(default_factory=bytearray)
+    num_free_blocks: array = field(default_factory=lambda: array("i"))   # after each step
+    event_starts: array = field(default_factory=lambda: array("q", [0]))  # first event line of each step
+    steps_with: dict = field(default_factory=lambda: {name: array("i") for name in EVENT_TYPE_NAMES})
+    max_tokens: int = 0
+
+
+class TraceIndex:
+
+    def __init__(self, path, first_slice: int = 64):
+        self.path = os.fspath(path)
+        if not os.path.exists(self.path):
+            raise TraceError(f"no such trace: {self.path}")
+        if os.path.isdir(self.path):
+            raise TraceError(f"{self.path} is a directory, not a trace")
+        # the header frame and the first steps only: the rest is read by index_more()
+        self.reader = TraceReader(self.path, max_frames=1 + first_slice)
+        self.header = self.reader.header
+        self.name = os.path.basename(self.path)
+        self.fold = Fold([self.header])
+        self.num_blocks = self.fold.num_blocks
+        self.num_steps = 0           # published: complete, folded and summarized
+        self._next_frame = 1
+        self._summary = _Summary()
+        self._milestones: dict[int, list[Milestone]] = {}
+        self._index_frames()         # what the first slice read, so step 0 shows at once
+
+    # -- indexing (worker thread) -------------------------------------------------------------
+
+    def index_more(self, max_frames: int = 2000) -> int:
+        """Reads up to `max_frames` more frames; returns how many steps were added."""
+        self.reader.refresh(max_frames)
+        return self._index_frames()
+
+    def _index_frames(self) -> int:
+        reader = self.reader
+        end = reader.num_frames
+        if end <= self._next_frame:
+            return 0
+        frames = [reader.read_frame(i) for i in range(self._next_frame, end)]
+        self._next_frame = end
+        self.fold.append(e for events in frames for e in events)
+        for events in frames:
+            self._summarize(events)
+        before, self.num_steps = self.num_steps, self.fold.num_steps
+        return self.num_steps - before
+
+    def _summarize(self, events: list) -> None:
+        s = self._summary
+        step = len(s.num_tokens)
+        if not events or type(events[-1]) is not StepEnd:
+            return          # an unfinished last step (a writer closed mid-step): not a step yet
+        names = set()
+        decision = None
+        for e in events:
+            names.add(type(e).__name__)
+            if type(e) is ScheduleDecision:
+                decision = e
+        for name in names:
+            s.steps_with[name].append(step)
+        num_tokens = decision.num_batched_tokens if decision is not None else 0
+        s.num_tokens.append(num_tokens)
+        s.max_tokens = max(s.max_tokens, num_tokens)
+        s.is_prefill.append(decision is not None and decision.phase == "prefill")
+        s.num_free_blocks.append(events[-1].num_free_blocks)
+        s.event_starts.append(s.event_starts[-1] + len(events))
+        if decision is not None and (decision.phase == "prefill" or "Preempt" in names
+                                     or "RequestAdded" in names or "SeqFinish" in names):
+            self._note_milestones(step, events, decision)
+
+    def _note_milestones(self, step, events, decision) -> None:
+        allocated = {e.seq_id for e in events if type(e) is BlockAllocate}
+        middle = {e.seq_id for e in events if type(e) is TokenSample and not e.kept}
+        for e in events:
+            if type(e) is RequestAdded:
+                self._milestones.setdefault(e.seq_id, []).append(
+                    Milestone(step, "arrive", len(e.prompt_token_ids), max_tokens=e.max_tokens))
+            elif type(e) is Preempt:
+                self._milestones[e.seq_id].append(Milestone(step, "preempt", e.num_computed_tokens, other_seq_id=e.by_seq_id))
+        if decision.phase == "prefill":
+            for ss in decision.seqs:
+                self._milestones[ss.seq_id].append(Milestone(
+                    step, "prefill", ss.num_tokens, ss.num_cached_tokens,
+                    is_first_chunk=ss.seq_id in allocated, is_last_chunk=ss.seq_id not in middle))
+        for e in events:
+            if type(e) is SeqFinish:
+                self._milestones[e.seq_id].append(Milestone(step, "finish", e.num_completion_tokens, reason=e.reason))
+
+    @property
+    def problem(self) -> str:
+        """What stopped the index short of the file's end, if anything."""
+        if self.reader.corruption is not None:
+            return str(self.reader.corruption)
+        return ""
+
+    @property
+    def torn_tail(self):
+        return self.reader.torn_tail
+
+    # -- reading (UI thread) --------------------------------------------------------------------
+
+    def events_at(self, step: int) -> list:
+        """A step's events, read by offset from the file."""
+        return self.reader.read_frame(self.reader.step_frame(step))
+
+    def state_at(self, step: int) -> FoldState:
+        return self.fold.state_at(step)
+
+    def view_at(self, step: int) -> StepView:
+        state = self.fold.state_at(step)
+        events = self.events_at(step)
+        free_before = self._summary.num_free_blocks[step - 1] if step > 0 else self.num_blocks
+        config = self.header.config
+        explanation = explain_step(events, state.seqs, free_before,
+                                   config.get("max_num_batched_tokens", 0), config.get("max_num_seqs", 0))
+        return StepView(step, self.num_steps, state, events, explanation)
+
+    @property
+    def num_event_lines(self) -> int:
+        return self._summary.event_starts[self.num_steps]
+
+    def event_start(self, step: int) -> int:
+        """The line of a step's first event in the list of all events."""
+        return self._summary.event_starts[step]
+
+    def step_of_line(self, line: int) -> int:
+        return bisect.bisect_right(self._summary.event_starts, line, 0, self.num_steps + 1) - 1
+
+    def steps_with(self, event_type: str) -> array:
+        """Steps (ascending) that hold at least one event of the type."""
+        return self._summary.steps_with[event_type]
+
+    def find_step(self, event_type: str, step: int, direction: int) -> int | None:
+        """The next (direction 1) or previous (-1) step after/before `step` with such an event."""
+        steps = self._summary.steps_with[event_type]
+        n = bisect.bisect_left(steps, self.num_steps)      # published steps only
+        if direction > 0:
+            i = bisect.bisect_right(steps, step, 0, n)
+            return steps[i] if i < n else None
+        i = bisect.bisect_left(steps, step, 0, n)
+        return steps[i - 1] if i > 0 else None
+
+    def column_summary(self, start: int, stop: int) -> tuple[int, bool, bool]:
+        """(most tokens, any prefill, any preemption) over steps [start, stop)."""
+        s = self._summary
+        tokens = max(s.num_tokens[start:stop], default=0)
+        is_prefill = any(s.is_prefill[start:stop])
+        preempts = s.steps_with["Preempt"]
+        i = bisect.bisect_left(preempts, start)
+        return tokens, is_prefill, i < len(preempts) and preempts[i] < stop
+
+    @property
+    def max_tokens(self) -> int:
+        return self._summary.max_tokens
+
+    def milestones(self, seq_id: int) -> list[Milestone]:
+        return [m for m in self._milestones.get(seq_id, []) if m.step < self.num_steps]
+
+    def close(self) -> None:
+        self.reader.close()

@@ -1,0 +1,149 @@
+"""The KV block pool at the current step: one cell per block, labelled and
+coloured by the sequence that holds it. A shared block (ref count above 1)
+is marked `+`, a free block that still holds a registered hash (a prefix-cache
+hit waiting to happen) is `░░`, a plain free block `··`. The selected
+sequence's blocks stand out."""
+from rich.segment import Segment
+from rich.style import Style
+from textual.geometry import Size
+from textual.message import Message
+from textual.reactive import reactive
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from tracengine.tui.trace_index import StepView
+
+NUM_OWNER_COLOURS = 8
+CELL_WIDTH = 3     # two label characters and a marker
+GUTTER = 6         # the first block id of the row, then a space
+
+
+def block_kind(block, state) -> str:
+    """owned, shared, cached (free, its hash still maps to it) or free."""
+    if block.owners:
+        return "shared" if block.ref_count > 1 else "owned"
+    return "cached" if block.hash != -1 and state.hash_to_block_id.get(block.hash) == block.block_id else "free"
+
+
+def cell_text(block, kind: str) -> str:
+    """What a block's cell shows (before styling): the owner's id (mod 100)."""
+    match kind:
+        case "owned" | "shared":
+            return f"{block.owners[0] % 100:02d}" + ("+" if kind == "shared" else " ")
+        case "cached":
+            return "░░ "
+    return "·· "
+
+
+class BlockMap(ScrollView, can_focus=True):
+    COMPONENT_CLASSES = {"block-map--free", "block-map--cached", "block-map--shared", "block-map--selected",
+                         "block-map--gutter", *(f"block-map--owner-{i}" for i in range(NUM_OWNER_COLOURS))}
+    DEFAULT_CSS = """
+    BlockMap > .block-map--free { color: $text-disabled; }
+    BlockMap > .block-map--cached { color: $success; }
+    BlockMap > .block-map--shared { text-style: bold; }
+    BlockMap > .block-map--selected { text-style: bold reverse; }
+    BlockMap > .block-map--gutter { color: $text-muted; }
+    BlockMap > .block-map--owner-0 { color: #000000; background: #e5c07b; }
+    BlockMap > .block-map--owner-1 { color: #000000; background: #61afef; }
+    BlockMap > .block-map--owner-2 { color: #000000; background: #98c379; }
+    BlockMap > .block-map--owner-3 { color: #000000; background: #c678dd; }
+    BlockMap > .block-map--owner-4 { color: #000000; background: #56b6c2; }
+    BlockMap > .block-map--owner-5 { color: #000000; background: #e06c75; }
+    BlockMap > .block-map--owner-6 { color: #000000; background: #d19a66; }
+    BlockMap > .block-map--owner-7 { color: #000000; background: #abb2bf; }
+    """
+
+    view: reactive[StepView | None] = reactive(None)
+    selected_seq_id = reactive(-1)
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._styles: dict[str, Style] = {}
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._styles.clear()
+
+    def _style(self, name: str) -> Style:
+        style = self._styles.get(name)
+        if style is None:
+            style = self._styles[name] = self.get_component_rich_style(f"block-map--{name}")
+        return style
+
+    class Selected(Message):
+        """The user clicked a block held by `seq_id`."""
+
+        def __init__(self, seq_id: int):
+            super().__init__()
+            self.seq_id = seq_id
+
+    @property
+    def cells_per_row(self) -> int:
+        return max(1, (self.scrollable_content_region.width - GUTTER) // CELL_WIDTH)
+
+    def _update_size(self) -> None:
+        num_blocks = self.view.state.num_blocks if self.view is not None else 0
+        self.virtual_size = Size(self.scrollable_content_region.width, -(-num_blocks // self.cells_per_row))
+
+    def watch_view(self, view: StepView | None) -> None:
+        self._update_size()
+        if view is not None:
+            state = view.state
+            cached = sum(1 for b in state.free_block_ids if state.hash_to_block_id.get(state.hashes[b]) == b)
+            self.border_title = (f"KV blocks: {state.num_blocks - state.num_free_blocks} used, "
+                                 f"{state.num_free_blocks} free, {cached} of them prefix-cached")
+            self.border_subtitle = "NN seq  + shared  ░░ free, cached  ·· free"
+        self.refresh()
+
+    def watch_selected_seq_id(self) -> None:
+        self.refresh()
+
+    def on_resize(self) -> None:
+        self._update_size()
+
+    def render_line(self, y: int) -> Strip:
+        width = self.scrollable_content_region.width
+        row = y + round(self.scroll_y)
+        if self.view is None or width <= 0:
+            return Strip.blank(width)
+        state = self.view.state
+        per_row = self.cells_per_row
+        first = row * per_row
+        if first >= state.num_blocks:
+            return Strip.blank(width)
+        blocks = state.blocks
+        style_of = self._style
+        segments = [Segment(f"{first:>{GUTTER - 1}} ", style_of("gutter"))]
+        for block in blocks[first:first + per_row]:
+            kind = block_kind(block, state)
+            text = cell_text(block, kind)
+            if block.owners:
+                style = style_of(f"owner-{block.owners[0] % NUM_OWNER_COLOURS}")
+                if self.selected_seq_id in block.owners:
+                    style += style_of("selected")
+                mark_style = style_of("shared") if kind == "shared" else Style()
+                segments += [Segment(text[:2], style), Segment(text[2], mark_style)]
+            else:
+                segments.append(Segment(text, style_of(kind)))
+        return Strip(segments).crop(0, width).extend_cell_length(width)
+
+    def block_at(self, x: int, y: int) -> int | None:
+        """The block under a content offset, if any."""
+        if x < GUTTER or self.view is None:
+            return None
+        column = (x - GUTTER) // CELL_WIDTH
+        if column >= self.cells_per_row:
+            return None
+        block_id = (y + round(self.scroll_y)) * self.cells_per_row + column
+        return block_id if block_id < self.view.state.num_blocks else None
+
+    def on_click(self, event) -> None:
+        offset = event.get_content_offset(self)
+        if offset is None:
+            return
+        block_id = self.block_at(offset.x, offset.y)
+        if block_id is not None:
+            owners = self.view.state.blocks[block_id].owners
+            if owners:
+                self.post_message(self.Selected(owners[0]))
