@@ -17,6 +17,10 @@ class ModelError(TracengineError):
     """A model directory that is missing or malformed."""
 
 
+class WorkerError(TracengineError):
+    """A tensor-parallel worker process failed or is gone; the engine cannot go on."""
+
+
 class TraceError(TracengineError):
     """A trace that cannot be read as asked."""
 
