@@ -15,12 +15,13 @@ import torch
 
 from tracengine.config import Config
 from tracengine.errors import ConfigError
-from tracengine.model.linear import get_tp_rank_size
+from tracengine.model.linear import local_num_kv_heads, tp_layout
 from tracengine.model.loader import checkpoint_dtype, load_hf_config, load_model, resolve_model_dir
 from tracengine.model.qwen3 import Qwen3ForCausalLM, head_dim_of
 from tracengine.runner.attention import Attention, flash_attn_usable
 from tracengine.runner.context import Context, forward_context
 from tracengine.runner.cuda_graph import MAX_GRAPH_BATCH_SIZE, CUDAGraphRunner
+from tracengine.runner.distributed import TensorParallelGroup, min_over_ranks, rank_device
 from tracengine.runner.sampler import Sampler, sample_seed
 from tracengine.sequence import Sequence
 
@@ -63,18 +64,37 @@ def _default_dtype(dtype: torch.dtype):
 
 class ModelRunner:
 
-    def __init__(self, config: Config, hf_config=None, use_cuda_graph: bool | None = None):
+    def __init__(self, config: Config, hf_config=None, use_cuda_graph: bool | None = None, rank: int = 0):
         """`hf_config` defaults to the one in the model directory. CUDA graphs
         are used on CUDA unless `config.enforce_eager`; `use_cuda_graph=True`
-        on the CPU runs the same bucketed decode path eagerly (for tests)."""
+        on the CPU runs the same bucketed decode path eagerly (for tests).
+        With `config.tensor_parallel_size` > 1, rank 0 (this constructor's
+        caller) starts the worker ranks (runner/distributed.py), which build
+        their runners with `rank` > 0, and sends them every forward."""
         self.config = config
         self.model_dir = resolve_model_dir(config.model)
         self.hf_config = hf_config if hf_config is not None else load_hf_config(self.model_dir)
-        self.device = resolve_device(config.device)
+        self.rank, self.tp_size = rank, config.tensor_parallel_size
+        self.device = rank_device(resolve_device(config.device), rank, self.tp_size)
+        self.tp = None   # rank 0's TensorParallelGroup, set once every rank is built
+        if rank > 0 or self.tp_size == 1:
+            self._build(use_cuda_graph)
+            return
+        tp = TensorParallelGroup(config, self.hf_config, self.device)   # validates, starts the workers
+        try:
+            with tp.guard("start-up"):
+                self._build(use_cuda_graph)   # in lockstep with the workers' own builds
+        except BaseException:
+            tp.close()
+            raise
+        self.tp = tp
+
+    def _build(self, use_cuda_graph: bool | None):
+        config = self.config
         self.dtype = resolve_dtype(config.dtype, self.device, self.hf_config)
         self.block_size = config.kvcache_block_size
         self.max_model_len = min(config.max_model_len, self.hf_config.max_position_embeddings)
-        with _default_dtype(self.dtype), torch.device(self.device):
+        with tp_layout(self.rank, self.tp_size), _default_dtype(self.dtype), torch.device(self.device):
             self.model = Qwen3ForCausalLM(self.hf_config)
         load_model(self.model, self.model_dir)
         self.sampler = Sampler(self.device)
@@ -94,6 +114,8 @@ class ModelRunner:
             self.num_kvcache_blocks = self.num_blocks_from_free_memory()
         else:
             self.num_kvcache_blocks = self.cpu_default_num_blocks()
+        if self.tp_size > 1:   # each rank sized its own cache; the scheduler's count must fit every rank
+            self.num_kvcache_blocks = min_over_ranks(self.num_kvcache_blocks, self.device)
         self.allocate_kv_cache()
         self.graph_runner = None
         if use_cuda_graph:
@@ -109,8 +131,7 @@ class ModelRunner:
         return math.ceil(self.max_model_len / self.block_size)
 
     def _cache_shape(self, num_blocks: int) -> tuple[int, ...]:
-        _, tp_size = get_tp_rank_size()
-        num_kv_heads = self.hf_config.num_key_value_heads // tp_size
+        num_kv_heads = local_num_kv_heads(self.hf_config.num_key_value_heads, self.tp_size)
         return (2, len(self.attention_layers), num_blocks, self.block_size, num_kv_heads, head_dim_of(self.hf_config))
 
     @property
@@ -143,14 +164,15 @@ class ModelRunner:
         cfg = self.config
         seq_len = min(cfg.max_num_batched_tokens, self.max_model_len)
         num_seqs = max(1, min(cfg.max_num_batched_tokens // seq_len, cfg.max_num_seqs))
-        self.run([self._dummy_seq(i, seq_len, []) for i in range(num_seqs)], True)
+        self.compute_logits([self._dummy_seq(i, seq_len, []) for i in range(num_seqs)], True)
         if use_cuda_graph and self.attention_backend == "torch":
             # The torch decode gathers every sequence's keys up to the graph's
             # block-table width; a graph pool keeps that memory, so count it.
             self._assign_cache(torch.zeros(self._cache_shape(1), dtype=self.dtype, device=self.device))
             max_bs = min(cfg.max_num_seqs, MAX_GRAPH_BATCH_SIZE)
             width = self.max_num_blocks_per_seq
-            self.run([self._dummy_seq(i, self.max_model_len, [0] * width, decode=True) for i in range(max_bs)], False)
+            self.compute_logits([self._dummy_seq(i, self.max_model_len, [0] * width, decode=True)
+                                 for i in range(max_bs)], False)
             self._release_cache()
         torch.cuda.empty_cache()
 
@@ -244,6 +266,8 @@ class ModelRunner:
     # --- forward ----------------------------------------------------------
 
     def run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
+        if self.tp is not None:   # rank 0 of a tensor-parallel group: the workers run this same forward
+            self.tp.send_step(input_ids, positions, context)
         graphs = self.graph_runner
         if context.is_prefill or graphs is None or not graphs.can_run(input_ids.size(0),
                                                                     context.block_tables.size(1)):
@@ -272,3 +296,6 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
+        if self.tp is not None:
+            self.tp.close()
+            self.tp = None
