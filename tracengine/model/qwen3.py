@@ -8,7 +8,8 @@ from torch import nn
 
 from tracengine.model.layers import RMSNorm, RotaryEmbedding, SiluAndMul, rope_theta_of
 from tracengine.model.linear import (MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear,
-                                     RowParallelLinear, VocabParallelEmbedding, divide, get_tp_rank_size)
+                                     RowParallelLinear, VocabParallelEmbedding, divide, get_tp_rank_size,
+                                     local_num_kv_heads)
 from tracengine.runner.attention import Attention
 from tracengine.runner.context import get_context
 
@@ -25,7 +26,7 @@ class Qwen3Attention(nn.Module):
         hidden_size = hf_config.hidden_size
         self.head_dim = head_dim_of(hf_config)
         self.num_heads = divide(hf_config.num_attention_heads, tp_size)
-        self.num_kv_heads = divide(hf_config.num_key_value_heads, tp_size)
+        self.num_kv_heads = local_num_kv_heads(hf_config.num_key_value_heads, tp_size)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         bias = getattr(hf_config, "attention_bias", False)
