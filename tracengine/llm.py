@@ -22,12 +22,16 @@ class LLM(LLMEngine):
         if config.eos == -1 and tokenizer.eos_token_id is not None:
             config.eos = tokenizer.eos_token_id
         runner = ModelRunner(config, self.hf_config)
-        config.num_kvcache_blocks = runner.num_kvcache_blocks
-        config.validate()
-        super().__init__(config, runner, NULL_SINK, tokenizer)
-        self.writer = None
-        if record:
-            self.start_recording(record)
+        try:
+            config.num_kvcache_blocks = runner.num_kvcache_blocks
+            config.validate()
+            super().__init__(config, runner, NULL_SINK, tokenizer)
+            self.writer = None
+            if record:
+                self.start_recording(record)
+        except BaseException:
+            runner.exit()   # tensor-parallel workers must not outlive a failed start
+            raise
 
     def add_request(self, prompt, sampling_params=None, seq_id=None):
         if not isinstance(prompt, str):
@@ -36,6 +40,14 @@ class LLM(LLMEngine):
             if bad is not None:
                 raise RequestError(f"token id {bad!r} is outside the model's vocabulary of {vocab_size}")
         return super().add_request(prompt, sampling_params, seq_id)
+
+    def step(self):
+        tp = self.runner.tp
+        if tp is None:
+            return super().step()
+        # A worker that dies mid-step breaks a collective: say which one, as a WorkerError.
+        with tp.guard(f"step {self.num_steps}"):
+            return super().step()
 
     def trace_header(self) -> TraceHeader:
         import torch
