@@ -5,7 +5,8 @@ right, so the least recently freed block is reused first and a freed block
 keeps its hash (a prefix-cache hit) until it is handed out again."""
 from collections import deque
 
-import numpy as np
+import struct
+
 import xxhash
 
 from tracengine.events import NULL_SINK, BlockAllocate, BlockAppend, BlockFree, BlockHash
@@ -18,7 +19,7 @@ def compute_hash(token_ids: list[int], prefix: int = -1) -> int:
     h = xxhash.xxh64()
     if prefix != -1:
         h.update(prefix.to_bytes(8, "little"))
-    h.update(np.asarray(token_ids, dtype="<i8").tobytes())
+    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
     return h.intdigest()
 
 
@@ -136,12 +137,16 @@ class BlockManager:
         if self.sink.enabled:
             self.sink.emit(BlockFree(self.sink.step, seq.seq_id, released))
 
+    def starts_block(self, seq: Sequence) -> bool:
+        # The newest token is not in the cache yet; it starts a block when it is the first of one.
+        # (nano-vllm writes `len % block_size == 1`, which never holds for a block size of 1.)
+        return (len(seq) - 1) % self.block_size == 0
+
     def can_append(self, seq: Sequence) -> bool:
-        # The newest token is not in the cache yet; a remainder of 1 means it starts a block.
-        return len(self.free_block_ids) >= (len(seq) % self.block_size == 1)
+        return len(self.free_block_ids) >= self.starts_block(seq)
 
     def may_append(self, seq: Sequence):
-        if len(seq) % self.block_size == 1:
+        if self.starts_block(seq):
             block_id = self._allocate_block()
             seq.block_table.append(block_id)
             if self.sink.enabled:

@@ -66,12 +66,13 @@ class Scheduler:
                 stop_reason = "budget_exhausted"
                 break
             if not seq.block_table:    # first schedule, or after preemption
-                num_cached_blocks = self.block_manager.can_allocate(seq)
-                if num_cached_blocks is None:
+                # can_allocate, keeping the count of blocks needed for the record
+                num_cached_blocks, num_new_blocks = self.block_manager.num_blocks_needed(seq)
+                if num_new_blocks > self.block_manager.num_free_blocks:
                     # head-of-line block: shorter requests behind it wait too
                     stop_reason = "no_free_blocks"
                     blocked_seq_id = seq.seq_id
-                    num_blocks_needed = self.block_manager.num_blocks_needed(seq)[1]
+                    num_blocks_needed = num_new_blocks
                     break
                 num_tokens = seq.num_tokens - num_cached_blocks * self.block_size
             else:                      # the rest of a chunked prefill; its blocks are allocated
