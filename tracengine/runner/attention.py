@@ -3,12 +3,16 @@
 torch (any device, any block size): new K/V are stored into their cache
 slots first; then queries attend through the block table, so a cached prefix
 (a prefix-cache hit or an earlier chunk) and the new tokens are read alike.
-Sequences are padded into one batch with a mask rather than looped over.
+Sequences are padded into one batch with a mask rather than looped over, and
+the indices and the mask are derived once per forward, by the first layer.
 flash-attn (CUDA only, imported lazily): used when installed and the block
 size is a multiple of 256, which its paged kernels require.
 
-Each layer's cache is [num_blocks, block_size, num_kv_heads, head_dim]; slot
-s lives at block s // block_size, offset s % block_size."""
+A slot s lives in block s // block_size at offset s % block_size. Each
+layer's cache is [num_blocks, block_size, num_kv_heads, head_dim] for
+flash-attn (its paged layout); the torch backend keeps each block head-major,
+[num_blocks, num_kv_heads, block_size, head_dim], so that gathering blocks
+by block table yields keys already in SDPA's [seq, head, key, dim] order."""
 from dataclasses import dataclass
 
 import torch
@@ -28,46 +32,88 @@ def flash_attn_usable(device: torch.device, block_size: int) -> bool:
     return True
 
 
+def kv_cache_shape(backend: str, num_blocks: int, block_size: int, num_kv_heads: int,
+                   head_dim: int) -> tuple[int, int, int, int]:
+    """The shape of one layer's K (or V) cache for `backend`."""
+    if backend == "flash":
+        return (num_blocks, block_size, num_kv_heads, head_dim)
+    return (num_blocks, num_kv_heads, block_size, head_dim)
+
+
 def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   slot_mapping: torch.Tensor):
-    """key, value: [num_tokens, num_kv_heads, head_dim]. Rows that must not
-    land anywhere (CUDA-graph padding) point at the runner's scratch block,
-    so the copy needs no mask and no host sync."""
+    """flash-attn layout. key, value: [num_tokens, num_kv_heads, head_dim].
+    Rows that must not land anywhere (CUDA-graph padding) point at the
+    runner's scratch block, so the copy needs no mask and no host sync."""
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key)
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value)
 
 
 @dataclass(slots=True)
-class PrefillPadding:
+class TorchMetadata:
+    """What the torch backend derives from a Context once per forward."""
+    store_rows: torch.Tensor              # [num_tokens * Hkv] cache row ([-1, head_dim] view) of each new K/V head
+    block_rows: torch.Tensor | None       # [B * Hkv * W] cache row ([-1, block_size * head_dim] view) of each
+                                          # sequence's blocks, per KV head; None when keys are the new tokens
+    mask: torch.Tensor                    # additive, [B, 1, rows, keys]: 0 where a query may see a key, else -inf
+    q_index: torch.Tensor | None = None   # prefill: [B * Qmax] packed row of each grid query (pads repeat the last)
+    k_index: torch.Tensor | None = None   # prefill without block tables: [B * Kmax] packed row of each key
+    out_index: torch.Tensor | None = None  # prefill: [num_tokens] grid row of each packed token
+
+
+def _store_rows(slot_mapping: torch.Tensor, block_size: int, num_kv_heads: int) -> torch.Tensor:
+    block = torch.div(slot_mapping, block_size, rounding_mode="floor")
+    offset = slot_mapping - block * block_size
+    heads = torch.arange(num_kv_heads, device=slot_mapping.device)
+    return ((block[:, None] * num_kv_heads + heads) * block_size + offset[:, None]).flatten()
+
+
+def _block_rows(block_tables: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    heads = torch.arange(num_kv_heads, device=block_tables.device)
+    return (block_tables.long()[:, None, :] * num_kv_heads + heads[None, :, None]).flatten()
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+
+
+def _decode_metadata(context: Context, block_size: int, num_kv_heads: int, dtype: torch.dtype) -> TorchMetadata:
+    block_tables = context.block_tables
+    num_keys = block_tables.size(1) * block_size
+    # Padding rows of a CUDA graph have length 0; letting them see one key
+    # keeps softmax finite (their output is discarded).
+    lens = context.context_lens.clamp_min(1)
+    allowed = torch.arange(num_keys, device=lens.device)[None, :] < lens[:, None]
+    return TorchMetadata(_store_rows(context.slot_mapping, block_size, num_kv_heads),
+                         _block_rows(block_tables, num_kv_heads), _additive(allowed, dtype)[:, None, None])
+
+
+def _prefill_metadata(context: Context, num_tokens: int, block_size: int, num_kv_heads: int, group: int,
+                      dtype: torch.dtype) -> TorchMetadata:
     """How the packed tokens of a prefill map onto a [num_seqs, max_seqlen_q] grid."""
-    q_index: torch.Tensor          # [B, Qmax] packed row of each grid query; pads repeat the last real one
-    k_index: torch.Tensor | None   # [B, Kmax] packed row of each key, when keys come from the new tokens
-    mask: torch.Tensor             # [B, 1, group * Qmax, Kmax] True where a query may see a key
-    out_index: torch.Tensor        # [num_tokens] grid row of each packed token
-
-
-def _prefill_padding(context: Context, num_tokens: int, block_size: int, group: int) -> PrefillPadding:
     cu_q, cu_k = context.cu_seqlens_q.long(), context.cu_seqlens_k.long()
     device = cu_q.device
     seqlen_q, seqlen_k = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
     num_seqs, max_q = seqlen_q.numel(), context.max_seqlen_q
     qi = torch.minimum(torch.arange(max_q, device=device)[None, :], seqlen_q[:, None] - 1)
-    q_index = cu_q[:-1, None] + qi
+    q_index = (cu_q[:-1, None] + qi).flatten()
     # Queries are the last seqlen_q of seqlen_k tokens: a query at position p
     # sees keys 0..p (causal, aligned bottom-right over the cached prefix).
     q_pos = (seqlen_k - seqlen_q)[:, None] + qi
     if context.block_tables is None:
         max_k = context.max_seqlen_k
         kj = torch.minimum(torch.arange(max_k, device=device)[None, :], seqlen_k[:, None] - 1)
-        k_index = cu_k[:-1, None] + kj
+        k_index, block_rows = (cu_k[:-1, None] + kj).flatten(), None
     else:
         max_k = context.block_tables.size(1) * block_size
-        k_index = None
-    mask = torch.arange(max_k, device=device)[None, None, :] <= q_pos[:, :, None]
-    mask = mask[:, None, None].expand(num_seqs, 1, group, max_q, max_k).reshape(num_seqs, 1, group * max_q, max_k)
+        k_index, block_rows = None, _block_rows(context.block_tables, num_kv_heads)
+    allowed = torch.arange(max_k, device=device)[None, None, :] <= q_pos[:, :, None]
+    # Query rows are grouped (see _group_queries): row g * max_q + i is query i of group member g.
+    mask = _additive(allowed, dtype)[:, None, None].expand(num_seqs, 1, group, max_q, max_k)
     out_index = torch.arange(num_tokens, device=device) + torch.repeat_interleave(
         torch.arange(num_seqs, device=device) * max_q - cu_q[:-1], seqlen_q, output_size=num_tokens)
-    return PrefillPadding(q_index, k_index, mask, out_index)
+    return TorchMetadata(_store_rows(context.slot_mapping, block_size, num_kv_heads), block_rows,
+                         mask.reshape(num_seqs, 1, group * max_q, max_k), q_index, k_index, out_index)
 
 
 def _group_queries(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -85,40 +131,43 @@ def _ungroup_output(o: torch.Tensor, num_heads: int, length: int) -> torch.Tenso
         b, length, num_heads, d)
 
 
-def _gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """[num_blocks, bs, Hkv, D] by [B, W] -> [B, Hkv, W * bs, D], each sequence's keys in order."""
-    return cache[block_tables].flatten(1, 2).transpose(1, 2)
+def _gather_blocks(cache: torch.Tensor, block_rows: torch.Tensor, num_seqs: int) -> torch.Tensor:
+    """Head-major cache [num_blocks, Hkv, bs, D] -> [B, Hkv, W * bs, D], each sequence's keys in order."""
+    _, num_kv_heads, block_size, head_dim = cache.shape
+    return cache.view(-1, block_size * head_dim).index_select(0, block_rows).view(num_seqs, num_kv_heads, -1, head_dim)
 
 
-def torch_prefill_attention(q, k, v, k_cache, v_cache, context: Context, scale: float) -> torch.Tensor:
-    num_tokens, num_heads, _ = q.shape
+def _store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor):
+    head_dim = k.size(-1)
+    k_cache.view(-1, head_dim).index_copy_(0, rows, k.reshape(-1, head_dim))
+    v_cache.view(-1, head_dim).index_copy_(0, rows, v.reshape(-1, head_dim))
+
+
+def torch_prefill_attention(q, k, v, k_cache, v_cache, meta: TorchMetadata, scale: float) -> torch.Tensor:
+    num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.size(1)
-    if context.attn_metadata is None:
-        block_size = k_cache.size(1) if context.block_tables is not None else 0
-        context.attn_metadata = _prefill_padding(context, num_tokens, block_size, num_heads // num_kv_heads)
-    pad: PrefillPadding = context.attn_metadata
-    num_seqs, max_q = pad.q_index.shape
-    query = _group_queries(q[pad.q_index], num_kv_heads)
-    if context.block_tables is None:   # no cached prefix anywhere: keys are the new tokens
-        key, value = k[pad.k_index].transpose(1, 2), v[pad.k_index].transpose(1, 2)
+    num_seqs = meta.mask.size(0)
+    query = _group_queries(q.index_select(0, meta.q_index).view(num_seqs, -1, num_heads, head_dim), num_kv_heads)
+    if meta.block_rows is None:   # no cached prefix anywhere: keys are the new tokens
+        key = k.index_select(0, meta.k_index).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+        value = v.index_select(0, meta.k_index).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     else:
-        key, value = _gather_blocks(k_cache, context.block_tables), _gather_blocks(v_cache, context.block_tables)
-    o = F.scaled_dot_product_attention(query, key, value, attn_mask=pad.mask, scale=scale)
-    return _ungroup_output(o, num_heads, max_q).flatten(0, 1)[pad.out_index]
+        key = _gather_blocks(k_cache, meta.block_rows, num_seqs)
+        value = _gather_blocks(v_cache, meta.block_rows, num_seqs)
+    o = F.scaled_dot_product_attention(query, key, value, attn_mask=meta.mask, scale=scale)
+    o = _ungroup_output(o, num_heads, query.size(2) * num_kv_heads // num_heads)
+    return o.reshape(-1, num_heads, head_dim).index_select(0, meta.out_index)
 
 
-def torch_decode_attention(q, k_cache, v_cache, context: Context, scale: float) -> torch.Tensor:
-    num_seqs, num_heads, _ = q.shape
-    num_kv_heads = k_cache.size(2)
-    key, value = _gather_blocks(k_cache, context.block_tables), _gather_blocks(v_cache, context.block_tables)
-    if context.attn_metadata is None:
-        # Padding rows of a CUDA graph have length 0; letting them see one key
-        # keeps softmax finite (their output is discarded).
-        lens = context.context_lens.clamp_min(1)
-        context.attn_metadata = (torch.arange(key.size(2), device=q.device)[None, :] < lens[:, None])[:, None, None]
-    o = F.scaled_dot_product_attention(_group_queries(q.unsqueeze(1), num_kv_heads), key, value,
-                                       attn_mask=context.attn_metadata, scale=scale)
-    return _ungroup_output(o, num_heads, 1).squeeze(1)
+def torch_decode_attention(q, k_cache, v_cache, meta: TorchMetadata, scale: float) -> torch.Tensor:
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.size(1)
+    key = _gather_blocks(k_cache, meta.block_rows, num_seqs)
+    value = _gather_blocks(v_cache, meta.block_rows, num_seqs)
+    # One query per sequence: the heads sharing a KV head are its query rows (GQA), a view of q.
+    query = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    o = F.scaled_dot_product_attention(query, key, value, attn_mask=meta.mask, scale=scale)
+    return o.reshape(num_seqs, num_heads, head_dim)
 
 
 def flash_prefill_attention(q, k, v, k_cache, v_cache, context: Context, scale: float) -> torch.Tensor:
@@ -147,7 +196,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 class Attention(nn.Module):
     """q: [N, num_heads, head_dim], k/v: [N, num_kv_heads, head_dim] -> [N, num_heads, head_dim].
     The runner assigns `k_cache`, `v_cache` (this layer's slices of the paged
-    cache) and `backend` ("torch" or "flash")."""
+    cache, shaped by kv_cache_shape) and `backend` ("torch" or "flash")."""
 
     def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int):
         super().__init__()
@@ -163,12 +212,22 @@ class Attention(nn.Module):
         if context is None:
             return causal_attention(q, k, v, self.scale)
         k_cache, v_cache = self.k_cache, self.v_cache
-        if k_cache.numel():   # empty during the memory-profiling warmup
-            store_kvcache(k, v, k_cache, v_cache, context.slot_mapping)
         if self.backend == "flash":
+            if k_cache.numel():   # empty during the memory-profiling warmup
+                store_kvcache(k, v, k_cache, v_cache, context.slot_mapping)
             if context.is_prefill:
                 return flash_prefill_attention(q, k, v, k_cache, v_cache, context, self.scale)
             return flash_decode_attention(q, k_cache, v_cache, context, self.scale)
+        meta = context.attn_metadata
+        if meta is None:
+            # The warmup's empty cache has no block size; its forwards have no block tables to read.
+            block_size = k_cache.size(2) if k_cache.dim() == 4 else 1
+            meta = context.attn_metadata = (
+                _prefill_metadata(context, q.size(0), block_size, self.num_kv_heads,
+                                  self.num_heads // self.num_kv_heads, q.dtype)
+                if context.is_prefill else _decode_metadata(context, block_size, self.num_kv_heads, q.dtype))
+        if k_cache.numel():
+            _store(k, v, k_cache, v_cache, meta.store_rows)
         if context.is_prefill:
-            return torch_prefill_attention(q, k, v, k_cache, v_cache, context, self.scale)
-        return torch_decode_attention(q, k_cache, v_cache, context, self.scale)
+            return torch_prefill_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+        return torch_decode_attention(q, k_cache, v_cache, meta, self.scale)

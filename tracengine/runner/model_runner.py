@@ -18,7 +18,7 @@ from tracengine.errors import ConfigError
 from tracengine.model.linear import local_num_kv_heads, tp_layout
 from tracengine.model.loader import checkpoint_dtype, load_hf_config, load_model, resolve_model_dir
 from tracengine.model.qwen3 import Qwen3ForCausalLM, head_dim_of
-from tracengine.runner.attention import Attention, flash_attn_usable
+from tracengine.runner.attention import Attention, flash_attn_usable, kv_cache_shape
 from tracengine.runner.context import Context, forward_context
 from tracengine.runner.cuda_graph import MAX_GRAPH_BATCH_SIZE, CUDAGraphRunner
 from tracengine.runner.distributed import TensorParallelGroup, min_over_ranks, rank_device
@@ -132,7 +132,8 @@ class ModelRunner:
 
     def _cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         num_kv_heads = local_num_kv_heads(self.hf_config.num_key_value_heads, self.tp_size)
-        return (2, len(self.attention_layers), num_blocks, self.block_size, num_kv_heads, head_dim_of(self.hf_config))
+        return (2, len(self.attention_layers)) + kv_cache_shape(self.attention_backend, num_blocks, self.block_size,
+                                                                num_kv_heads, head_dim_of(self.hf_config))
 
     @property
     def block_bytes(self) -> int:
