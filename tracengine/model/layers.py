@@ -8,6 +8,13 @@ from torch import nn
 from tracengine.errors import ModelError
 
 
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) over the last dimension, computed in float32, in x's dtype."""
+    dtype = x.dtype
+    x = x.float()
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))).to(dtype)
+
+
 class RMSNorm(nn.Module):
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):
@@ -16,10 +23,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return rms_normalize(x, self.eps).mul_(self.weight)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """Without `residual`, the norm of x. With it, the residual add comes
@@ -60,15 +64,25 @@ class RotaryEmbedding(nn.Module):
         # Non-persistent: derived from the config, never in a checkpoint.
         self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1), persistent=False)
 
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x.float().chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token factors for apply_rotary, [num_tokens, 1, head_size] each:
+        cos over both halves, and sin negated over the first half. Computed
+        once per forward and shared by every layer."""
+        cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
+        return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q, k: [num_tokens, num_heads, head_size]; positions: [num_tokens]."""
-        cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        cos, sin = self.cos_sin(positions)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half: [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin], in float32.
+    x: [num_tokens, num_heads, head_size]; cos, sin from RotaryEmbedding.cos_sin."""
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    return (xf * cos).add_(torch.cat((x2, x1), dim=-1).mul_(sin)).to(x.dtype)
 
 
 class SiluAndMul(nn.Module):
@@ -76,4 +90,4 @@ class SiluAndMul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return F.silu(gate).mul_(up)

@@ -6,7 +6,8 @@ fused projections named in `packed_modules_mapping`."""
 import torch
 from torch import nn
 
-from tracengine.model.layers import RMSNorm, RotaryEmbedding, SiluAndMul, rope_theta_of
+from tracengine.model.layers import (RMSNorm, RotaryEmbedding, SiluAndMul, apply_rotary, rms_normalize,
+                                     rope_theta_of)
 from tracengine.model.linear import (MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear,
                                      RowParallelLinear, VocabParallelEmbedding, divide, get_tp_rank_size,
                                      local_num_kv_heads)
@@ -20,7 +21,7 @@ def head_dim_of(hf_config) -> int:
 
 class Qwen3Attention(nn.Module):
 
-    def __init__(self, hf_config, rotary_emb: RotaryEmbedding):
+    def __init__(self, hf_config):
         super().__init__()
         _, tp_size = get_tp_rank_size()
         hidden_size = hf_config.hidden_size
@@ -33,18 +34,23 @@ class Qwen3Attention(nn.Module):
         self.qkv_proj = QKVParallelLinear(hidden_size, self.head_dim, hf_config.num_attention_heads,
                                           hf_config.num_key_value_heads, bias=bias)
         self.o_proj = RowParallelLinear(hf_config.num_attention_heads * self.head_dim, hidden_size, bias=bias)
-        self.rotary_emb = rotary_emb
         self.attn = Attention(self.num_heads, self.head_dim, self.head_dim ** -0.5, self.num_kv_heads)
         # Qwen3's per-head norm of q and k, before the rotation.
         self.q_norm = RMSNorm(self.head_dim, eps=hf_config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, eps=hf_config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = self.q_norm(q.view(-1, self.num_heads, self.head_dim))
-        k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary_emb(positions, q, k)
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor) -> torch.Tensor:
+        """`rope`: the forward's RotaryEmbedding.cos_sin(positions)."""
+        qkv = self.qkv_proj(hidden)
+        num_tokens, qk_size = qkv.size(0), self.q_size + self.kv_size
+        # q and k heads side by side: one normalisation and one rotation for both,
+        # each head still normalised over its own head_dim with its own weight.
+        qk = rms_normalize(qkv[:, :qk_size].view(num_tokens, -1, self.head_dim), self.q_norm.eps)
+        qk[:, :self.num_heads].mul_(self.q_norm.weight)
+        qk[:, self.num_heads:].mul_(self.k_norm.weight)
+        qk = apply_rotary(qk, *rope)
+        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
+        v = qkv[:, qk_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
         return self.o_proj(self.attn(q, k, v).flatten(1))
 
 
@@ -63,21 +69,22 @@ class Qwen3MLP(nn.Module):
 
 class Qwen3DecoderLayer(nn.Module):
 
-    def __init__(self, hf_config, rotary_emb: RotaryEmbedding):
+    def __init__(self, hf_config):
         super().__init__()
-        self.self_attn = Qwen3Attention(hf_config, rotary_emb)
+        self.self_attn = Qwen3Attention(hf_config)
         self.mlp = Qwen3MLP(hf_config)
         self.input_layernorm = RMSNorm(hf_config.hidden_size, eps=hf_config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, eps=hf_config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None):
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor,
+                residual: torch.Tensor | None):
         # The residual stream is carried beside the hidden state and added
         # inside the next norm, instead of after each block.
         if residual is None:
             hidden, residual = self.input_layernorm(hidden), hidden
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden)
+        hidden = self.self_attn(rope, hidden)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -87,16 +94,17 @@ class Qwen3Model(nn.Module):
     def __init__(self, hf_config):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(hf_config.vocab_size, hf_config.hidden_size)
-        rotary_emb = RotaryEmbedding(head_dim_of(hf_config), hf_config.max_position_embeddings,
-                                     rope_theta_of(hf_config))
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(hf_config, rotary_emb)
+        self.rotary_emb = RotaryEmbedding(head_dim_of(hf_config), hf_config.max_position_embeddings,
+                                          rope_theta_of(hf_config))
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(hf_config)
                                     for _ in range(hf_config.num_hidden_layers))
         self.norm = RMSNorm(hf_config.hidden_size, eps=hf_config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
+        rope = self.rotary_emb.cos_sin(positions)   # the same for every layer
         for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual)
+            hidden, residual = layer(rope, hidden, residual)
         return self.norm(hidden, residual)[0]
 
 
