@@ -1,6 +1,7 @@
 """The TUI: open a recorded trace, move through it with keys and mouse, and
 check what the panels show against the fold's state at that step."""
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from tracengine.replay.fold import Fold
 from tracengine.replay.scripted import SyntheticRunner
 from tracengine.sampling_params import SamplingParams
 from tracengine.tracelog import TraceReader, TraceWriter, make_header
-from tracengine.tui.app import TraceApp
+from tracengine.tui.app import TraceApp, open_index
 from tracengine.tui.screens import HelpScreen, NumberPrompt
 from tracengine.tui.seq_view import SeqScreen
 from tracengine.tui.trace_index import TraceIndex
@@ -233,6 +234,11 @@ async def test_select_a_sequence_highlights_it_and_opens_its_life(trace, fold):
         assert app.selected_seq_id == preempt.seq_id
         block_map = app.query_one(BlockMap)
         selected_style = block_map.get_component_rich_style("block-map--selected")
+        other = next(b for b in state.blocks if b.owners and preempt.seq_id not in b.owners)
+        y, x = divmod(other.block_id, block_map.cells_per_row)
+        await pilot.click("#blocks", offset=(1 + GUTTER + 3 * x, 1 + y))      # a cell selects its holder
+        assert app.selected_seq_id == other.owners[0]
+        await pilot.click("#running", offset=(3, 2 + row))
         assert selected_style.reverse
         for block in state.blocks:
             y, x = divmod(block.block_id, block_map.cells_per_row)
@@ -293,11 +299,14 @@ async def test_screenshots(trace, fold, snapshot, moment):
 
 
 async def test_small_terminal_still_works(trace, fold):
-    app, running = opened(trace, size=(40, 12))
+    app, running = opened(trace, size=(30, 12))
     async with running as pilot:
         await pilot.press("right", "p", "question_mark", "escape", "end")
         assert app.step == fold.num_steps - 1
-        assert "tracengine" in app.export_screenshot()
+        assert "run.trace" in app.export_screenshot()
+        # 36 steps in 30 columns (no border on a short screen): two steps per column
+        await pilot.click("#timeline", offset=(5, 1))
+        assert app.step == 10
 
 
 async def until(pilot, condition):
@@ -400,3 +409,13 @@ def test_unreadable_trace_is_a_one_line_error_before_the_app_starts(tmp_path, ca
     assert main(["tui", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tracengine: error: ") and message in err and err.count("\n") == 1
+
+
+def test_following_waits_for_the_recording_to_start(tmp_path, trace):
+    path = tmp_path / "starting.trace"
+    timer = threading.Timer(0.2, lambda: path.write_bytes(trace.read_bytes()))
+    timer.start()
+    index = open_index(str(path), follow=True)
+    timer.join()
+    assert index.num_steps > 0
+    index.close()

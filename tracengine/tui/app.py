@@ -6,6 +6,8 @@ renders it. Panels send messages up; the app sets attributes down. A thread
 worker indexes the trace in slices (and, with --follow, keeps tailing it),
 posting `Indexed` messages that replace each other."""
 import gc
+import os
+import sys
 import threading
 import time
 
@@ -316,13 +318,25 @@ class TraceApp(App):
         self.notify(message.message, title="trace damaged", severity="error", timeout=10)
 
 
+def open_index(path: str, follow: bool, wait_s: float = 10.0) -> TraceIndex:
+    """The trace's index; a missing or unreadable trace fails here, before the app
+    starts. Following, a recording that has not written its header yet is waited for."""
+    deadline = time.monotonic() + wait_s
+    if follow and not (os.path.exists(path) and os.path.getsize(path)):
+        print(f"tracengine: waiting for {path} to be written", file=sys.stderr)
+        while time.monotonic() < deadline and not (os.path.exists(path) and os.path.getsize(path)):
+            time.sleep(0.1)
+    return TraceIndex(path)
+
+
 def cmd_tui(args) -> int:
-    index = TraceIndex(args.trace)      # a missing or unreadable trace fails here, before the app starts
+    index = open_index(args.trace, args.follow)
     try:
         if index.num_steps == 0 and not args.follow:
             detail = f": {index.problem}" if index.problem else ""
             raise TraceError(f"{args.trace}: no complete step to show{detail}")
-        TraceApp(index, follow=args.follow).run()
+        app = TraceApp(index, follow=args.follow)
+        app.run()
     finally:
         index.close()
-    return 0
+    return app.return_code or 0      # Textual has printed a crash's traceback; the exit code says so

@@ -3,8 +3,10 @@ coloured by the sequence that holds it. A shared block (ref count above 1)
 is marked `+`, a free block that still holds a registered hash (a prefix-cache
 hit waiting to happen) is `░░`, a plain free block `··`. The selected
 sequence's blocks stand out."""
+from itertools import groupby
+from operator import itemgetter
+
 from rich.segment import Segment
-from rich.style import Style
 from textual.geometry import Size
 from textual.message import Message
 from textual.reactive import reactive
@@ -12,6 +14,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from tracengine.tui.trace_index import StepView
+from tracengine.tui.widgets.styles import ComponentStyles
 
 NUM_OWNER_COLOURS = 8
 CELL_WIDTH = 3     # two label characters and a marker
@@ -35,7 +38,7 @@ def cell_text(block, kind: str) -> str:
     return "·· "
 
 
-class BlockMap(ScrollView, can_focus=True):
+class BlockMap(ComponentStyles, ScrollView, can_focus=True):
     COMPONENT_CLASSES = {"block-map--free", "block-map--cached", "block-map--shared", "block-map--selected",
                          "block-map--gutter", *(f"block-map--owner-{i}" for i in range(NUM_OWNER_COLOURS))}
     DEFAULT_CSS = """
@@ -56,20 +59,6 @@ class BlockMap(ScrollView, can_focus=True):
 
     view: reactive[StepView | None] = reactive(None)
     selected_seq_id = reactive(-1)
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self._styles: dict[str, Style] = {}
-
-    def notify_style_update(self) -> None:
-        super().notify_style_update()
-        self._styles.clear()
-
-    def _style(self, name: str) -> Style:
-        style = self._styles.get(name)
-        if style is None:
-            style = self._styles[name] = self.get_component_rich_style(f"block-map--{name}")
-        return style
 
     class Selected(Message):
         """The user clicked a block held by `seq_id`."""
@@ -105,27 +94,32 @@ class BlockMap(ScrollView, can_focus=True):
     def render_line(self, y: int) -> Strip:
         width = self.scrollable_content_region.width
         row = y + round(self.scroll_y)
-        if self.view is None or width <= 0:
+        view = self.view
+        if view is None or width <= 0:
             return Strip.blank(width)
-        state = self.view.state
+        state = view.state
         per_row = self.cells_per_row
         first = row * per_row
         if first >= state.num_blocks:
             return Strip.blank(width)
-        blocks = state.blocks
-        style_of = self._style
-        segments = [Segment(f"{first:>{GUTTER - 1}} ", style_of("gutter"))]
-        for block in blocks[first:first + per_row]:
+        style_of, selected = self.component_style, self.selected_seq_id
+        cells = []      # (text, style); neighbours with one style become one segment
+        for block in state.blocks[first:first + per_row]:
             kind = block_kind(block, state)
             text = cell_text(block, kind)
             if block.owners:
-                style = style_of(f"owner-{block.owners[0] % NUM_OWNER_COLOURS}")
-                if self.selected_seq_id in block.owners:
-                    style += style_of("selected")
-                mark_style = style_of("shared") if kind == "shared" else Style()
-                segments += [Segment(text[:2], style), Segment(text[2], mark_style)]
+                style = style_of(f"block-map--owner-{block.owners[0] % NUM_OWNER_COLOURS}")
+                if selected in block.owners:
+                    style += style_of("block-map--selected")
+                if kind == "shared":
+                    cells += [(text[:2], style), (text[2], style + style_of("block-map--shared"))]
+                else:
+                    cells.append((text, style))
             else:
-                segments.append(Segment(text, style_of(kind)))
+                cells.append((text, style_of(f"block-map--{kind}")))
+        segments = [Segment(f"{first:>{GUTTER - 1}} ", style_of("block-map--gutter"))]
+        for style, run in groupby(cells, key=itemgetter(1)):
+            segments.append(Segment("".join(text for text, _ in run), style))
         return Strip(segments).crop(0, width).extend_cell_length(width)
 
     def block_at(self, x: int, y: int) -> int | None:

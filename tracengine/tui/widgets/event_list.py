@@ -13,9 +13,10 @@ from textual.strip import Strip
 
 from tracengine.tui.explain import describe_event
 from tracengine.tui.trace_index import TraceIndex
+from tracengine.tui.widgets.styles import ComponentStyles
 
 
-class EventList(ScrollView, can_focus=True):
+class EventList(ComponentStyles, ScrollView, can_focus=True):
     COMPONENT_CLASSES = {"event-list--current", "event-list--match", "event-list--step"}
     DEFAULT_CSS = """
     EventList > .event-list--current { background: $primary 20%; }
@@ -70,18 +71,19 @@ class EventList(ScrollView, can_focus=True):
     def render_line(self, y: int) -> Strip:
         width = self.scrollable_content_region.width
         line = y + round(self.scroll_y)
-        if width <= 0 or line >= self.index.event_start(self.num_steps):
+        index = self.index
+        if width <= 0 or line >= index.event_start(self.num_steps):
             return Strip.blank(width)
-        step = self.index.step_of_line(line)
-        event = self.events_of(step)[line - self.index.event_start(step)]
+        step = index.step_of_line(line)
+        event = self.events_of(step)[line - index.event_start(step)]
         name = type(event).__name__
         is_current, is_match = step == self.step, name == self.event_type
         key = (line, width, is_current, is_match)
         strip = self._strips.get(key)
         if strip is None:
-            base = self.get_component_rich_style("event-list--current") if is_current else Style()
-            step_style = base + self.get_component_rich_style("event-list--step")
-            name_style = base + self.get_component_rich_style("event-list--match") if is_match else base
+            base = self.component_style("event-list--current") if is_current else Style()
+            step_style = base + self.component_style("event-list--step")
+            name_style = base + self.component_style("event-list--match") if is_match else base
             strip = Strip([Segment(f"{step:>7} ", step_style), Segment(f"{name:<17}", name_style),
                            Segment(describe_event(event), base)])
             strip = strip.crop(0, width).extend_cell_length(width, base)

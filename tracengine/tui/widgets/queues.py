@@ -1,16 +1,18 @@
 """A scheduler queue (waiting or running) at the current step, in queue
 order, one line per sequence with its counters. Line API: only the visible
-rows are rendered, whatever the queue's length."""
+rows are rendered, whatever the queue's length. The table scrolls itself
+(the cursor, the wheel) instead of sizing a virtual canvas, so a queue that
+grows or shrinks as the cursor moves never makes the screen lay out again."""
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
-from textual.geometry import Size
 from textual.message import Message
 from textual.reactive import reactive
-from textual.scroll_view import ScrollView
 from textual.strip import Strip
+from textual.widget import Widget
 
 from tracengine.tui.trace_index import StepView
+from tracengine.tui.widgets.styles import ComponentStyles
 
 HEADER = f"{'seq':>6}{'prompt':>7}{'out':>5}{'cached':>7}{'sched':>6}{'blocks':>7}{'pre':>4}"
 
@@ -23,7 +25,7 @@ def format_row(seq) -> str:
             f"{seq.num_cached_tokens:>7}{seq.num_scheduled_tokens or '-':>6}{len(seq.block_table):>7}{preempted:>4}")
 
 
-class SeqTable(ScrollView, can_focus=True):
+class SeqTable(ComponentStyles, Widget, can_focus=True):
     COMPONENT_CLASSES = {"seq-table--header", "seq-table--cursor", "seq-table--selected", "seq-table--scheduled"}
     DEFAULT_CSS = """
     SeqTable > .seq-table--header { text-style: bold; color: $text-muted; }
@@ -34,12 +36,15 @@ class SeqTable(ScrollView, can_focus=True):
     BINDINGS = [
         Binding("up", "move_cursor(-1)", "Up", show=False),
         Binding("down", "move_cursor(1)", "Down", show=False),
+        Binding("pageup", "page(-1)", "Page up", show=False),
+        Binding("pagedown", "page(1)", "Page down", show=False),
         Binding("enter", "open", "Open sequence", show=False),
     ]
 
     view: reactive[StepView | None] = reactive(None)
     selected_seq_id = reactive(-1)
     cursor = reactive(0)
+    top = reactive(0)          # the queue position of the first row shown
 
     class Selected(Message):
         """The user picked a sequence in a queue."""
@@ -61,67 +66,66 @@ class SeqTable(ScrollView, can_focus=True):
         self.seq_ids: list[int] = []
         self.border_title = queue.capitalize()
 
+    @property
+    def num_rows(self) -> int:
+        """Sequences that fit below the column header."""
+        return max(1, self.size.height - 1)
+
     def watch_view(self, view: StepView | None) -> None:
         if view is None:
             self.seq_ids = []
         else:
             self.seq_ids = view.state.waiting if self.queue == "waiting" else view.state.running
         self.border_title = f"{self.queue.capitalize()} ({len(self.seq_ids)})"
-        self._update_size()
         self._follow_selection()
+        self._clamp()
         self.refresh()
-
-    def _update_size(self) -> None:
-        # whole pages, so a queue that grows or shrinks by a few does not redo the screen's layout
-        page = max(1, self.scrollable_content_region.height)
-        height = -(-(len(self.seq_ids) + 1) // page) * page
-        self.virtual_size = Size(len(HEADER), height)
-
-    def on_resize(self) -> None:
-        self._update_size()
 
     def watch_selected_seq_id(self) -> None:
         self._follow_selection()
         self.refresh()
 
-    def watch_cursor(self) -> None:
-        self.refresh()
+    def watch_top(self) -> None:
+        n, rows = len(self.seq_ids), self.num_rows
+        self.border_subtitle = f"{self.top + 1}–{min(n, self.top + rows)} of {n}" if n > rows else ""
+
+    def on_resize(self) -> None:
+        self._clamp()
+
+    def _clamp(self) -> None:
+        self.top = max(0, min(self.top, len(self.seq_ids) - self.num_rows))
+        self.watch_top()
 
     def _follow_selection(self) -> None:
         if self.selected_seq_id in self.seq_ids:
             self.cursor = self.seq_ids.index(self.selected_seq_id)
-            self._scroll_to_cursor()
+            self._show_cursor()
         else:
             self.cursor = min(self.cursor, max(0, len(self.seq_ids) - 1))
 
-    def _scroll_to_cursor(self) -> None:
-        rows = max(1, self.scrollable_content_region.height - 1)
-        top = round(self.scroll_y)
-        if self.cursor < top:
-            self.scroll_to(y=self.cursor, animate=False)
-        elif self.cursor >= top + rows:
-            self.scroll_to(y=self.cursor - rows + 1, animate=False)
+    def _show_cursor(self) -> None:
+        if self.cursor < self.top:
+            self.top = self.cursor
+        elif self.cursor >= self.top + self.num_rows:
+            self.top = self.cursor - self.num_rows + 1
 
     def render_line(self, y: int) -> Strip:
-        scroll_x, scroll_y = self.scroll_offset
-        width = self.scrollable_content_region.width
+        width = self.size.width
         if y == 0:
-            text, style = HEADER, self.get_component_rich_style("seq-table--header")
-        else:
-            row = y - 1 + scroll_y
-            if self.view is None or row >= len(self.seq_ids):
-                return Strip.blank(width)
-            seq = self.view.state.seqs[self.seq_ids[row]]
-            text = format_row(seq)
-            style = Style()
-            if seq.num_scheduled_tokens:
-                style += self.get_component_rich_style("seq-table--scheduled")
-            if seq.seq_id == self.selected_seq_id:
-                style += self.get_component_rich_style("seq-table--selected")
-            if row == self.cursor and self.has_focus:
-                style += self.get_component_rich_style("seq-table--cursor")
-        text = text.ljust(max(width + scroll_x, len(HEADER)))
-        return Strip([Segment(text, style)]).crop(scroll_x, scroll_x + width)
+            return Strip([Segment(HEADER.ljust(width), self.component_style("seq-table--header"))]).crop(0, width)
+        row = self.top + y - 1
+        view, seq_ids = self.view, self.seq_ids
+        if view is None or row >= len(seq_ids):
+            return Strip.blank(width)
+        seq = view.state.seqs[seq_ids[row]]
+        style = Style()
+        if seq.num_scheduled_tokens:
+            style += self.component_style("seq-table--scheduled")
+        if seq.seq_id == self.selected_seq_id:
+            style += self.component_style("seq-table--selected")
+        if row == self.cursor and self.has_focus:
+            style += self.component_style("seq-table--cursor")
+        return Strip([Segment(format_row(seq).ljust(width), style)]).crop(0, width)
 
     def row_texts(self) -> list[str]:
         """The rows as shown (all of them, not only the visible ones)."""
@@ -139,18 +143,29 @@ class SeqTable(ScrollView, can_focus=True):
         if not self.seq_ids:
             return
         self.cursor = max(0, min(len(self.seq_ids) - 1, self.cursor + delta))
-        self._scroll_to_cursor()
+        self._show_cursor()
         self.post_message(self.Selected(self.seq_ids[self.cursor]))
+
+    def action_page(self, direction: int) -> None:
+        self.action_move_cursor(direction * self.num_rows)
 
     def action_open(self) -> None:
         if self.seq_ids:
             self.post_message(self.Opened(self.seq_ids[self.cursor]))
 
+    def on_mouse_scroll_down(self, event) -> None:
+        event.stop()
+        self.top = min(self.top + 1, max(0, len(self.seq_ids) - self.num_rows))
+
+    def on_mouse_scroll_up(self, event) -> None:
+        event.stop()
+        self.top = max(0, self.top - 1)
+
     def on_click(self, event) -> None:
         offset = event.get_content_offset(self)
         if offset is None or offset.y == 0:
             return
-        row = offset.y - 1 + round(self.scroll_y)
+        row = self.top + offset.y - 1
         if row < len(self.seq_ids):
             self.cursor = row
             self.post_message(self.Selected(self.seq_ids[row]))

@@ -3,27 +3,28 @@ there are more steps than columns. Height is the tokens scheduled, colour the
 phase; a mark above a column says a preemption happened there."""
 from rich.segment import Segment
 from rich.style import Style
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widget import Widget
 
 from tracengine.tui.trace_index import TraceIndex
+from tracengine.tui.widgets.styles import ComponentStyles
 
 BARS = " ▁▂▃▄▅▆▇█"
 
 
-class Timeline(Widget):
+class Timeline(ComponentStyles, Widget):
     COMPONENT_CLASSES = {"timeline--prefill", "timeline--decode", "timeline--preempt", "timeline--cursor"}
     DEFAULT_CSS = """
     Timeline > .timeline--prefill { color: $warning; }
     Timeline > .timeline--decode { color: $primary; }
     Timeline > .timeline--preempt { color: $error; text-style: bold; }
-    Timeline > .timeline--cursor { background: $foreground 25%; }
+    Timeline > .timeline--cursor { color: $accent; text-style: bold; }
     """
 
-    step = reactive(0)
+    step = reactive(0, repaint=False)     # only the cursor row is redrawn when it moves
     num_steps = reactive(0)
 
     class Selected(Message):
@@ -36,8 +37,8 @@ class Timeline(Widget):
     def __init__(self, index: TraceIndex, **kwargs):
         super().__init__(**kwargs)
         self.index = index
-        self._columns: list[tuple[int, bool, bool]] = []
-        self._columns_key = None
+        self._row_strips: list[Strip] = []
+        self._row_strips_key = None
 
     @property
     def steps_per_column(self) -> int:
@@ -47,59 +48,61 @@ class Timeline(Widget):
     def column_of(self, step: int) -> int:
         return step // self.steps_per_column
 
+    def on_mount(self) -> None:
+        self.border_title = "Timeline: tokens scheduled per step, coloured by phase (prefill / decode), ▼ preemption"
+
     def watch_num_steps(self) -> None:
-        self._update_titles()
+        self._update_subtitle()
 
     def watch_step(self) -> None:
-        self._update_titles()
+        self.refresh(Region(0, self.size.height - 1, self.size.width, 1))
 
     def on_resize(self) -> None:
-        self._update_titles()
+        self._update_subtitle()
 
-    def _update_titles(self) -> None:
+    def _update_subtitle(self) -> None:
         group = self.steps_per_column
         per = "1 step" if group == 1 else f"{group} steps"
-        last = max(0, self.num_steps - 1)
-        self.border_title = "Timeline: tokens scheduled per step, coloured by phase (prefill / decode), ▼ preemption"
-        self.border_subtitle = f"steps 0–{last}, {per} per column"
+        self.border_subtitle = f"steps 0–{max(0, self.num_steps - 1)}, {per} per column"
 
-    def _summaries(self) -> list[tuple[int, bool, bool]]:
-        key = (self.num_steps, self.size.width)
-        if key != self._columns_key:
-            group, n = self.steps_per_column, self.num_steps
-            self._columns = [self.index.column_summary(start, min(n, start + group)) for start in range(0, n, group)]
-            self._columns_key = key
-        return self._columns
-
-    def render_line(self, y: int) -> Strip:
+    def _rows(self) -> list[Strip]:
+        """The mark row and the bar rows: they change with the trace and the size, not the cursor."""
         width, height = self.size
-        columns = self._summaries()
-        if width <= 0 or not columns:
-            return Strip.blank(width)
-        cursor = self.column_of(self.step)
-        cursor_style = self.get_component_rich_style("timeline--cursor")
+        key = (self.num_steps, width, height)
+        if key != self._row_strips_key:
+            group, n = self.steps_per_column, self.num_steps
+            columns = [self.index.column_summary(start, min(n, start + group)) for start in range(0, n, group)]
+            self._row_strips = [self._row(y, columns, width, height) for y in range(max(0, height - 1))]
+            self._row_strips_key = key
+        return self._row_strips
+
+    def _row(self, y: int, columns, width: int, height: int) -> Strip:
         if y == 0:
-            mark = self.get_component_rich_style("timeline--preempt")
-            cells = [("▼" if preempted else " ", mark if preempted else Style()) for _, _, preempted in columns]
-        elif y == height - 1:
-            cells = [(" ", Style())] * len(columns)
-            cells[cursor] = ("▲", Style(bold=True))
+            mark = self.component_style("timeline--preempt")
+            cells = [("▼", mark) if preempted else (" ", Style()) for _, _, preempted in columns]
         else:
             num_rows = max(1, height - 2)
             level = num_rows - y + 1    # 1 at the bottom row
             scale = max(1, self.index.max_tokens)
-            prefill = self.get_component_rich_style("timeline--prefill")
-            decode = self.get_component_rich_style("timeline--decode")
+            prefill = self.component_style("timeline--prefill")
+            decode = self.component_style("timeline--decode")
             cells = []
             for tokens, is_prefill, _ in columns:
                 eighths = max(1 if tokens else 0, round(tokens * num_rows * 8 / scale))
                 fill = min(8, max(0, eighths - (level - 1) * 8))
                 cells.append((BARS[fill], prefill if is_prefill else decode))
-        if 0 <= cursor < len(cells):
-            char, style = cells[cursor]
-            cells[cursor] = (char, style + cursor_style)
         segments = [Segment(char, style) for char, style in cells[:width]]
         return Strip(segments).simplify().extend_cell_length(width)
+
+    def render_line(self, y: int) -> Strip:
+        width, height = self.size
+        if width <= 0 or not self.num_steps:
+            return Strip.blank(width)
+        if y < height - 1:
+            return self._rows()[y]
+        cursor = min(self.column_of(self.step), width - 1)      # the cursor row
+        return Strip([Segment(" " * cursor), Segment("▲", self.component_style("timeline--cursor"))]
+                     ).extend_cell_length(width)
 
     def get_content_width(self, container: Size, viewport: Size) -> int:
         return container.width
