@@ -1,7 +1,10 @@
 """Linear and embedding layers laid out for tensor parallelism (Megatron
 style): column-parallel layers keep their output sharded, row-parallel layers
 all-reduce theirs, and the vocabulary is split across ranks. With one rank
-every collective is skipped. Each parameter carries a `weight_loader` that
+every collective is skipped. Collectives go through the layout's
+communicator (runner/distributed.py: `all_reduce(t)` in place, `gather(t)`
+to rank 0), this engine's own process group, never torch.distributed's
+default group: one process can hold several engines. Each parameter carries a `weight_loader` that
 cuts its shard out of the full checkpoint tensor, so the loader stays generic.
 
 A weight loader takes either a tensor or a safetensors slice (`get_slice`):
@@ -10,31 +13,34 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from tracengine.errors import ModelError
 
-# (rank, size) of the layout a model is being built for; layers keep their own copy.
-_TP_LAYOUT: ContextVar[tuple[int, int]] = ContextVar("tracengine_tp_layout", default=(0, 1))
+# (rank, size, communicator) of the layout a model is being built for; layers keep their own copy.
+_TP_LAYOUT: ContextVar[tuple[int, int, object]] = ContextVar("tracengine_tp_layout", default=(0, 1, None))
 
 
 def get_tp_rank_size() -> tuple[int, int]:
-    """(rank, size) of the tensor-parallel layout being built; (0, 1) outside `tp_layout`.
-    Not read from torch.distributed: a one-rank engine in a process that also
-    hosts a tensor-parallel one stays unsharded."""
-    return _TP_LAYOUT.get()
+    """(rank, size) of the tensor-parallel layout being built; (0, 1) outside `tp_layout`."""
+    return _TP_LAYOUT.get()[:2]
 
 
 @contextmanager
-def tp_layout(rank: int, size: int):
-    """Layers constructed inside hold the shard of `rank` out of `size`."""
-    token = _TP_LAYOUT.set((rank, size))
+def tp_layout(rank: int, size: int, comm=None):
+    """Layers constructed inside hold the shard of `rank` out of `size` and
+    run their collectives on `comm` (required when size > 1)."""
+    token = _TP_LAYOUT.set((rank, size, comm))
     try:
         yield
     finally:
         _TP_LAYOUT.reset(token)
+
+
+def _layout(tp_rank: int | None, tp_size: int | None) -> tuple[int, int, object]:
+    rank, size, comm = _TP_LAYOUT.get()
+    return rank if tp_rank is None else tp_rank, size if tp_size is None else tp_size, comm
 
 
 def divide(numerator: int, denominator: int) -> int:
@@ -96,9 +102,7 @@ class LinearBase(nn.Module):
     def __init__(self, input_size: int, output_size: int, bias: bool = False, tp_dim: int | None = None,
                  tp_rank: int | None = None, tp_size: int | None = None):
         super().__init__()
-        rank, size = get_tp_rank_size()
-        self.tp_rank = rank if tp_rank is None else tp_rank
-        self.tp_size = size if tp_size is None else tp_size
+        self.tp_rank, self.tp_size, self.comm = _layout(tp_rank, tp_size)
         self.tp_dim = tp_dim
         if tp_dim == 0:
             output_size = divide(output_size, self.tp_size)
@@ -155,8 +159,7 @@ class QKVParallelLinear(ColumnParallelLinear):
                  total_num_kv_heads: int | None = None, bias: bool = False, tp_rank: int | None = None,
                  tp_size: int | None = None):
         total_num_kv_heads = total_num_kv_heads or total_num_heads
-        rank, size = get_tp_rank_size()
-        tp_rank, tp_size = rank if tp_rank is None else tp_rank, size if tp_size is None else tp_size
+        tp_rank, tp_size, _ = _layout(tp_rank, tp_size)
         self.head_size = head_size
         self.total_num_heads = total_num_heads
         self.total_num_kv_heads = total_num_kv_heads
@@ -195,7 +198,7 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
         if self.tp_size > 1:
-            dist.all_reduce(y)
+            self.comm.all_reduce(y)
         return y
 
 
@@ -205,9 +208,7 @@ class VocabParallelEmbedding(nn.Module):
     def __init__(self, num_embeddings: int, embedding_dim: int, tp_rank: int | None = None,
                  tp_size: int | None = None):
         super().__init__()
-        rank, size = get_tp_rank_size()
-        self.tp_rank = rank if tp_rank is None else tp_rank
-        self.tp_size = size if tp_size is None else tp_size
+        self.tp_rank, self.tp_size, self.comm = _layout(tp_rank, tp_size)
         self.num_embeddings = num_embeddings
         self.num_embeddings_per_partition = divide(num_embeddings, self.tp_size)
         self.vocab_start_idx = self.num_embeddings_per_partition * self.tp_rank
@@ -226,7 +227,7 @@ class VocabParallelEmbedding(nn.Module):
         owned = (input_ids >= self.vocab_start_idx) & (input_ids < self.vocab_end_idx)
         y = F.embedding((input_ids - self.vocab_start_idx) * owned, self.weight)
         y = y * owned.unsqueeze(1).to(y.dtype)
-        dist.all_reduce(y)
+        self.comm.all_reduce(y)
         return y
 
 
@@ -237,7 +238,6 @@ class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
         logits = F.linear(hidden, self.weight)
         if self.tp_size > 1:
-            shards = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
-            dist.gather(logits, shards, dst=0)
-            logits = torch.cat(shards, -1) if self.tp_rank == 0 else None
+            shards = self.comm.gather(logits)   # rank 0: every rank's slice of the vocabulary, in rank order
+            logits = torch.cat(shards, -1) if shards is not None else None
         return logits
