@@ -9,6 +9,10 @@ inputs (token ids, positions, cache slots, block tables) as one int64
 tensor. The workers run the same forward; row-parallel layers all-reduce,
 and the LM head gathers the logits to rank 0.
 
+Each engine has its own process group object (`Communicator`), not
+torch.distributed's process-wide default group: one process can hold several
+engines, and a script's own torch.distributed setup is left alone.
+
 The pipes are also the control and ack channel: a worker says hello once
 it is up, and reports its exception before it exits. A worker waits for the
 next step on its pipe, not inside a collective, so an idle engine times
@@ -19,12 +23,14 @@ Backend: gloo on the CPU, NCCL on CUDA."""
 import atexit
 import os
 import signal
+import sys
 import time
 import traceback
 from array import array
 from contextlib import contextmanager
 from dataclasses import fields
 from datetime import timedelta
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -78,10 +84,6 @@ def check_tensor_parallel(config: Config, hf_config, device: torch.device):
         raise ConfigError(f"{name} runs on the CPU or CUDA, not {device}")
     elif not dist.is_gloo_available():
         raise ConfigError(f"{name} on the CPU needs gloo, which this torch build lacks")
-    if dist.is_initialized():
-        raise ConfigError(f"{name}: torch.distributed is already initialized in this process "
-                          f"(another tensor-parallel engine is open, or the script set up its own group); "
-                          f"close it first")
 
 
 def rank_device(device: torch.device, rank: int, size: int) -> torch.device:
@@ -91,11 +93,68 @@ def rank_device(device: torch.device, rank: int, size: int) -> torch.device:
     return torch.device("cuda", (device.index or 0) + rank)
 
 
-def min_over_ranks(value: int, device: torch.device) -> int:
-    """Each rank sizes its own KV cache; every rank keeps the smallest count."""
-    t = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return int(t.item())
+class CollectiveError(RuntimeError):
+    """A collective failed: a peer died, or one hung past the timeout."""
+
+
+class Communicator:
+    """This rank's collectives on the engine's own process group: gloo on
+    the CPU, NCCL on CUDA. Rank 0 is the root of broadcast and gather."""
+
+    def __init__(self, store, rank: int, size: int, device: torch.device):
+        self.rank, self.size, self.device = rank, size, device
+        self.forward_open = False   # rank 0: a step was sent and its logits not yet gathered
+        timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+        if device.type == "cuda":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.pg = dist.ProcessGroupNCCL(store, rank, size, options)
+        else:
+            self.pg = dist.ProcessGroupGloo(store, rank, size, timeout)
+
+    def _wait(self, work):
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            raise CollectiveError(str(exc)) from exc
+
+    def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM):
+        options = dist.AllreduceOptions()
+        options.reduceOp = op
+        self._wait(self.pg.allreduce([t], options))
+
+    def broadcast(self, t: torch.Tensor):
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        self._wait(self.pg.broadcast([t], options))
+
+    def gather(self, t: torch.Tensor) -> list[torch.Tensor] | None:
+        """Every rank's `t`, in rank order, on rank 0; None elsewhere."""
+        options = dist.GatherOptions()
+        options.rootRank = 0
+        outputs = [[torch.empty_like(t) for _ in range(self.size)]] if self.rank == 0 else []
+        self._wait(self.pg.gather(outputs, [t], options))
+        self.forward_open = False   # the LM head's gather ends every forward
+        return outputs[0] if outputs else None
+
+    def min(self, value: int) -> int:
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        self.all_reduce(t, dist.ReduceOp.MIN)
+        return int(t.item())
+
+    def close(self):
+        try:
+            self.pg.shutdown()
+        except RuntimeError:   # a group whose peer is already gone
+            pass
+        self.pg = None
+
+
+def _store(port: int, size: int, is_master: bool) -> dist.TCPStore:
+    # Port 0 on rank 0: the OS picks a free port, and the store listens on it
+    # before any worker exists, so there is no race for it.
+    return dist.TCPStore("127.0.0.1", port, size, is_master=is_master, wait_for_workers=False,
+                         timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
 
 
 # --- the step, as a header and one int64 tensor ---------------------------
@@ -117,13 +176,13 @@ def encode_step(input_ids: torch.Tensor, positions: torch.Tensor, context: Conte
     return header.tobytes(), torch.cat(tensors)
 
 
-def decode_step(header: bytes, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, Context]:
+def decode_step(header: bytes, comm: Communicator) -> tuple[torch.Tensor, torch.Tensor, Context]:
     """Receive the broadcast that follows `header` and rebuild the forward's inputs."""
     items = array("q", header)[1:]
     specs = [tuple(items[i:i + 5]) for i in range(0, len(items), 5)]
     numels = [d0 * d1 for kind, _, _, d0, d1 in specs if kind == KIND_TENSOR]
-    payload = torch.empty(sum(numels), dtype=torch.int64, device=device)
-    dist.broadcast(payload, src=0)
+    payload = torch.empty(sum(numels), dtype=torch.int64, device=comm.device)
+    comm.broadcast(payload)
     chunks = iter(payload.split(numels))
     values = []
     for kind, a, ndim, d0, d1 in specs:
@@ -149,8 +208,9 @@ class TensorParallelGroup:
         self.device = device
         self.procs, self.conns = [], []
         self.failure: str | None = None   # set once a worker failed: the engine cannot go on
+        self.activity = "start-up"        # what rank 0 is doing, for the failure message
         self.closed = False
-        self._owns_group = False
+        self.comm: Communicator | None = None
         atexit.register(self.close)
         try:
             self._start(config, hf_config)
@@ -159,24 +219,19 @@ class TensorParallelGroup:
             raise
 
     def _start(self, config: Config, hf_config):
-        # Port 0: the OS picks a free port and the store listens on it before
-        # any worker exists, so there is no race for it.
-        self.store = dist.TCPStore("127.0.0.1", 0, self.size, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+        self.store = _store(0, self.size, is_master=True)
         ctx = mp.get_context("spawn")
         for rank in range(1, self.size):
             parent_conn, child_conn = ctx.Pipe()
             proc = ctx.Process(target=worker_main, name=f"tracengine-tp-rank{rank}", daemon=True,
-                               args=(config, hf_config, rank, self.store.port, child_conn, os.getpid()))
+                               args=(config, _plain_config(hf_config), rank, self.store.port, child_conn,
+                                     os.getpid()))
             proc.start()
             child_conn.close()
             self.procs.append(proc)
             self.conns.append(parent_conn)
         self._wait_for_hello()
-        dist.init_process_group(backend_of(self.device), store=self.store, rank=0, world_size=self.size,
-                                timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
-                                device_id=self.device if self.device.type == "cuda" else None)
-        self._owns_group = True
+        self.comm = Communicator(self.store, 0, self.size, self.device)
 
     def _wait_for_hello(self):
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -189,8 +244,8 @@ class TensorParallelGroup:
                         waiting.discard(i)
             failures = self._failures()
             if failures:
-                raise WorkerError(f"{failures} during start-up (a script that starts a tensor-parallel "
-                                  f"engine needs `if __name__ == \"__main__\":`)")
+                raise WorkerError(f"{failures} during start-up (a script that starts the engine must do "
+                                  f"so under `if __name__ == \"__main__\":`, as the workers import it)")
             if time.monotonic() > deadline:
                 raise WorkerError(f"tensor-parallel workers {sorted(i + 1 for i in waiting)} did not start "
                                   f"within {STARTUP_TIMEOUT_S} s")
@@ -230,10 +285,10 @@ class TensorParallelGroup:
                 return "; ".join(found)
             time.sleep(0.05)
 
-    def _fail(self, failure: str) -> WorkerError:
-        self.failure = failure
+    def _fail(self, failures: str) -> WorkerError:
+        self.failure = f"{failures} during {self.activity}; the engine must be closed"
         self._stop_workers(graceful=False)
-        return WorkerError(failure)
+        return WorkerError(self.failure)
 
     def send_step(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context):
         """Rank 0, before each forward: the workers run the same one."""
@@ -241,15 +296,15 @@ class TensorParallelGroup:
             raise WorkerError(self.failure)
         failures = self._failures()
         if failures:   # a worker gone while the engine was idle: never enter a collective without it
-            raise self._fail(f"{failures}; the engine must be closed")
+            raise self._fail(failures)
         header, payload = encode_step(input_ids, positions, context)
         try:
             for conn in self.conns:
                 conn.send_bytes(header)
         except OSError:
-            raise self._fail(f"{self._failures(wait_s=2.0) or 'a tensor-parallel worker closed its pipe'}; "
-                             f"the engine must be closed") from None
-        dist.broadcast(payload, src=0)
+            raise self._fail(self._failures(wait_s=2.0) or "a tensor-parallel worker closed its pipe") from None
+        self.comm.forward_open = True
+        self.comm.broadcast(payload)
 
     @contextmanager
     def guard(self, what: str):
@@ -257,20 +312,26 @@ class TensorParallelGroup:
         the timeout) into one WorkerError naming the worker and `what`."""
         if self.failure:
             raise WorkerError(self.failure)
+        self.activity = what
         try:
             yield
         except WorkerError:
             raise
-        except Exception as exc:
-            in_collective = _raised_in_torch_distributed(exc)
+        except BaseException as exc:
+            in_collective = isinstance(exc, CollectiveError)
             failures = self._failures(wait_s=2.0 if in_collective else 0.0)
             if failures:
-                raise self._fail(f"{failures} during {what}; the engine must be closed") from exc
+                raise self._fail(failures) from exc
             if in_collective:
                 first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-                raise self._fail(f"a collective failed during {what} with every tensor-parallel worker "
-                                 f"alive (hung past {COLLECTIVE_TIMEOUT_S} s?): {first_line}") from exc
+                raise self._fail(f"a collective failed with every tensor-parallel worker alive "
+                                 f"(one hung past {COLLECTIVE_TIMEOUT_S} s?): {first_line}") from exc
+            if self.comm is not None and self.comm.forward_open:
+                # The workers wait in a collective rank 0 will never join: this group is done.
+                self._fail(f"rank 0 stopped mid-forward ({type(exc).__name__})")
             raise
+        finally:
+            self.activity = "a forward outside a step"
 
     def _stop_workers(self, graceful: bool):
         if graceful:
@@ -295,13 +356,17 @@ class TensorParallelGroup:
         self._stop_workers(graceful=self.failure is None)
         for conn in self.conns:
             conn.close()
-        if self._owns_group and dist.is_initialized():
-            dist.destroy_process_group()
+        if self.comm is not None:
+            self.comm.close()
         self.store = None
 
 
-def backend_of(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
+def _plain_config(hf_config):
+    """The model config as plain attributes, which is all the model reads:
+    unpickling a transformers config would import transformers in every
+    worker, seconds of start-up."""
+    to_dict = getattr(hf_config, "to_dict", None)
+    return SimpleNamespace(**to_dict()) if to_dict is not None else hf_config
 
 
 def _describe_exit(exitcode: int) -> str:
@@ -313,18 +378,12 @@ def _describe_exit(exitcode: int) -> str:
     return f"exited with code {exitcode}"
 
 
-def _raised_in_torch_distributed(exc: BaseException) -> bool:
-    frames = traceback.extract_tb(exc.__traceback__)
-    return bool(frames) and f"torch{os.sep}distributed" in frames[-1].filename
-
-
 # --- ranks 1..N-1 ---------------------------------------------------------
 
 def worker_main(config: Config, hf_config, rank: int, port: int, conn, parent_pid: int):
     """A worker process: join the group, build this rank's shard, then run
     each forward rank 0 sends until told to exit or rank 0 is gone."""
     conn.send(("hello",))
-    runner = None
     try:
         from tracengine.runner.model_runner import ModelRunner, resolve_device
         size = config.tensor_parallel_size
@@ -333,13 +392,9 @@ def worker_main(config: Config, hf_config, rank: int, port: int, conn, parent_pi
             torch.cuda.set_device(device)
         else:   # ranks share the cores
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
-        store = dist.TCPStore("127.0.0.1", port, size, is_master=False,
-                              timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-        dist.init_process_group(backend_of(device), store=store, rank=rank, world_size=size,
-                                timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
-                                device_id=device if device.type == "cuda" else None)
-        runner = ModelRunner(config, hf_config, rank=rank)
-        _serve(runner, conn, parent_pid)
+        comm = Communicator(_store(port, size, is_master=False), rank, size, device)
+        runner = ModelRunner(config, hf_config, rank=rank, comm=comm)
+        _serve(runner, comm, conn, parent_pid)
     except (EOFError, BrokenPipeError):   # rank 0 is gone: nobody to tell
         os._exit(0)
     except BaseException as exc:
@@ -350,13 +405,18 @@ def worker_main(config: Config, hf_config, rank: int, port: int, conn, parent_pi
         except OSError:
             pass
         # No clean-up that could wait on a peer: the process exit closes every socket.
+        sys.stderr.flush()
         os._exit(1)
     runner.exit()
-    dist.destroy_process_group()
+    comm.close()
     conn.close()
+    # Interpreter teardown of torch takes seconds and has nothing left to do.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
-def _serve(runner, conn, parent_pid: int):
+def _serve(runner, comm: Communicator, conn, parent_pid: int):
     while True:
         if not conn.poll(POLL_S):
             if os.getppid() != parent_pid:   # re-parented: rank 0 died without closing the pipe
@@ -365,6 +425,6 @@ def _serve(runner, conn, parent_pid: int):
         header = conn.recv_bytes()
         if array("q", header[:8])[0] == OP_EXIT:
             return
-        input_ids, positions, context = decode_step(header, runner.device)
+        input_ids, positions, context = decode_step(header, comm)
         with torch.inference_mode():
             runner.run_model(input_ids, positions, context)
