@@ -21,7 +21,7 @@ from tracengine.model.qwen3 import Qwen3ForCausalLM, head_dim_of
 from tracengine.runner.attention import Attention, flash_attn_usable, kv_cache_shape
 from tracengine.runner.context import Context, forward_context
 from tracengine.runner.cuda_graph import MAX_GRAPH_BATCH_SIZE, CUDAGraphRunner
-from tracengine.runner.distributed import TensorParallelGroup, min_over_ranks, rank_device
+from tracengine.runner.distributed import TensorParallelGroup, rank_device
 from tracengine.runner.sampler import Sampler, sample_seed
 from tracengine.sequence import Sequence
 
@@ -64,23 +64,26 @@ def _default_dtype(dtype: torch.dtype):
 
 class ModelRunner:
 
-    def __init__(self, config: Config, hf_config=None, use_cuda_graph: bool | None = None, rank: int = 0):
+    def __init__(self, config: Config, hf_config=None, use_cuda_graph: bool | None = None, rank: int = 0,
+                 comm=None):
         """`hf_config` defaults to the one in the model directory. CUDA graphs
         are used on CUDA unless `config.enforce_eager`; `use_cuda_graph=True`
         on the CPU runs the same bucketed decode path eagerly (for tests).
         With `config.tensor_parallel_size` > 1, rank 0 (this constructor's
         caller) starts the worker ranks (runner/distributed.py), which build
-        their runners with `rank` > 0, and sends them every forward."""
+        their runners with `rank` > 0 and their `comm`, and sends them every forward."""
         self.config = config
         self.model_dir = resolve_model_dir(config.model)
         self.hf_config = hf_config if hf_config is not None else load_hf_config(self.model_dir)
         self.rank, self.tp_size = rank, config.tensor_parallel_size
         self.device = rank_device(resolve_device(config.device), rank, self.tp_size)
-        self.tp = None   # rank 0's TensorParallelGroup, set once every rank is built
+        self.comm = comm   # this rank's collectives (runner/distributed.py Communicator) when tp_size > 1
+        self.tp = None     # rank 0's TensorParallelGroup, set once every rank is built
         if rank > 0 or self.tp_size == 1:
             self._build(use_cuda_graph)
             return
         tp = TensorParallelGroup(config, self.hf_config, self.device)   # validates, starts the workers
+        self.comm = tp.comm
         try:
             with tp.guard("start-up"):
                 self._build(use_cuda_graph)   # in lockstep with the workers' own builds
@@ -94,7 +97,7 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype, self.device, self.hf_config)
         self.block_size = config.kvcache_block_size
         self.max_model_len = min(config.max_model_len, self.hf_config.max_position_embeddings)
-        with tp_layout(self.rank, self.tp_size), _default_dtype(self.dtype), torch.device(self.device):
+        with tp_layout(self.rank, self.tp_size, self.comm), _default_dtype(self.dtype), torch.device(self.device):
             self.model = Qwen3ForCausalLM(self.hf_config)
         load_model(self.model, self.model_dir)
         self.sampler = Sampler(self.device)
@@ -115,7 +118,7 @@ class ModelRunner:
         else:
             self.num_kvcache_blocks = self.cpu_default_num_blocks()
         if self.tp_size > 1:   # each rank sized its own cache; the scheduler's count must fit every rank
-            self.num_kvcache_blocks = min_over_ranks(self.num_kvcache_blocks, self.device)
+            self.num_kvcache_blocks = self.comm.min(self.num_kvcache_blocks)
         self.allocate_kv_cache()
         self.graph_runner = None
         if use_cuda_graph:
@@ -299,4 +302,4 @@ class ModelRunner:
             torch.cuda.empty_cache()
         if self.tp is not None:
             self.tp.close()
-            self.tp = None
+            self.tp = self.comm = None
