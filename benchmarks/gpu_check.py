@@ -2,10 +2,13 @@
 tiny model and on a random-weight model of Qwen3-0.6B's shape (written to a
 temporary directory), with a throughput table and two agreement checks
 (CUDA graphs vs eager; tracengine vs transformers on the tiny model).
-Runs in a few minutes on one H200; exits 1 with a message without CUDA.
+With more than one GPU, a tensor-parallel case runs the same workloads on
+2 ranks (NCCL) and compares tokens and logits with 1 rank; with one GPU it
+is skipped with a note. Runs in a few minutes on one H200; exits 1 with a
+message without CUDA.
 
     python benchmarks/gpu_check.py            # on a CUDA machine
-    python benchmarks/gpu_check.py --smoke    # the same code paths on the CPU, small shapes
+    python benchmarks/gpu_check.py --smoke    # the same code paths on the CPU, small shapes (TP over gloo)
 """
 import argparse
 import os
@@ -77,6 +80,42 @@ def run_case(model: str, eager: bool, workload: SimpleNamespace, prompts, temper
     return row, [out["token_ids"] for out in outputs]
 
 
+def prefill_logits(model: str, engine_args: dict, prompts, tensor_parallel_size: int) -> torch.Tensor:
+    """Rank 0's next-token logits of one prefill over `prompts`, each in its own blocks."""
+    from tracengine.llm import LLM
+    from tracengine.sequence import Sequence
+    llm = LLM(model, enforce_eager=True, tensor_parallel_size=tensor_parallel_size, **engine_args)
+    block_size, next_block, seqs = llm.config.kvcache_block_size, 0, []
+    for seq_id, prompt in enumerate(prompts):
+        seq = Sequence(seq_id, prompt, block_size)
+        num_blocks = -(-len(prompt) // block_size)
+        seq.block_table = list(range(next_block, next_block + num_blocks))
+        seq.num_scheduled_tokens = len(prompt)
+        next_block += num_blocks
+        seqs.append(seq)
+    logits = llm.runner.compute_logits(seqs, True).float().cpu()
+    llm.close()
+    return logits
+
+
+def tensor_parallel_case(label: str, model: str, workload, prompts, engine_args: dict, one_rank: dict,
+                         rows: list, agreements: list):
+    """Two ranks against one: greedy tokens (eager and CUDA graphs) and prefill logits.
+    `one_rank` holds the one-rank greedy outputs by eager flag."""
+    size = 2
+    for eager in (True, False):
+        row, outputs = run_case(model, eager, workload, prompts, 0.0, dict(engine_args, tensor_parallel_size=size))
+        rows.append(dict(model=label, **{**row, "mode": f"tp{size} {row['mode']}"}))
+        print(_format(rows[-1]), flush=True)
+        same = sum(a == b for a, b in zip(outputs, one_rank[eager]))
+        agreements.append(f"{label}: greedy outputs identical with {size} ranks and 1 ({rows[-1]['mode']}): "
+                          f"{same}/{len(prompts)}")
+    sample = prompts[:8]
+    diff = (prefill_logits(model, engine_args, sample, size) - prefill_logits(model, engine_args, sample, 1)).abs()
+    agreements.append(f"{label}: prefill logits, {size} ranks vs 1, max abs diff {diff.max().item():.2e} "
+                      f"(mean {diff.mean().item():.2e}) over {len(sample)} prompts")
+
+
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -107,6 +146,8 @@ def main():
     if args.smoke:
         tiny = SimpleNamespace(num_prompts=6, min_len=8, max_len=24, output_len=8)
         big = SimpleNamespace(num_prompts=4, min_len=8, max_len=24, output_len=6)
+    # The CPU smoke runs the tensor-parallel case over gloo; CUDA needs two devices.
+    run_tp = args.smoke or torch.cuda.device_count() > 1
     tmp = tempfile.mkdtemp(prefix="tracengine-gpu-check-")
     try:
         t = time.perf_counter()
@@ -128,6 +169,9 @@ def main():
             same = sum(a == b for a, b in zip(outputs[True, 0.0], outputs[False, 0.0]))
             agreements.append(f"{label}: greedy outputs identical with and without CUDA graphs: "
                               f"{same}/{len(prompts)}")
+            if run_tp:
+                one_rank = {eager: outputs[eager, 0.0] for eager in (True, False)}
+                tensor_parallel_case(label, model, workload, prompts, engine_args, one_rank, rows, agreements)
             if model == "":
                 theirs, _ = run_transformers(SimpleNamespace(model="", output_len=workload.output_len), prompts,
                                              torch.device(device), torch.float32, 0)
@@ -144,6 +188,9 @@ def main():
     print()
     for line in agreements:
         print(line)
+    if not run_tp:
+        print(f"tensor parallel: skipped, it needs more than one CUDA device and this machine has "
+              f"{torch.cuda.device_count()}")
 
 
 def _format(row: dict) -> str:
