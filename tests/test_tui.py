@@ -8,7 +8,7 @@ import pytest
 
 from tracengine.cli import main
 from tracengine.config import Config
-from tracengine.events import Preempt, ScheduleDecision, SeqFinish
+from tracengine.events import Preempt, SeqFinish
 from tracengine.llm_engine import LLMEngine
 from tracengine.replay.fold import Fold
 from tracengine.replay.scripted import SyntheticRunner
@@ -17,8 +17,10 @@ from tracengine.tracelog import TraceReader, TraceWriter, make_header
 from tracengine.tui.app import TraceApp, open_index
 from tracengine.tui.screens import HelpScreen, NumberPrompt
 from tracengine.tui.seq_view import SeqScreen
+from tracengine.tui.explain import describe_event
 from tracengine.tui.trace_index import TraceIndex
 from tracengine.tui.widgets.block_map import GUTTER, BlockMap
+from tracengine.tui.widgets.event_list import EventList
 from tracengine.tui.widgets.header import Explanation, TraceHeaderBar
 from tracengine.tui.widgets.queues import SeqTable, format_row
 
@@ -89,6 +91,7 @@ def assert_panels_match(app, fold, step):
     assert f"step {step} of {app.num_steps}" in header
     assert state.decision.phase.upper() in header
     assert_block_cells(app, state)
+    assert_event_lines(app, fold, step)
 
 
 def assert_block_cells(app, state):
@@ -107,6 +110,17 @@ def assert_block_cells(app, state):
             assert cell == "░░ "
         else:
             assert cell == "·· "
+
+
+def assert_event_lines(app, fold, step):
+    """The step's events are listed (at the top unless the list ends first), one line each."""
+    events = app.query_one(EventList)
+    first = app.index.event_start(step) - round(events.scroll_y)
+    assert 0 <= first < events.scrollable_content_region.height
+    for y, event in enumerate(fold.events_at(step), start=first):
+        if y < events.scrollable_content_region.height:
+            shown = events.render_line(y).text.rstrip()
+            assert shown == f"{step:>7} {type(event).__name__:<17}{describe_event(event)}"[:len(shown)]
 
 
 def style_at(strip, x):

@@ -26,9 +26,7 @@ EVENT_TYPE_NAMES = [cls.__name__ for cls in AnyEvent.__args__ if cls.__name__ !=
 class StepView:
     """Everything the panels show for one step; replaced, never mutated."""
     step: int
-    num_steps: int
-    state: FoldState
-    events: list
+    state: FoldState       # after the step
     explanation: str
 
     @property
@@ -70,15 +68,19 @@ class TraceIndex:
             raise TraceError(f"{self.path} is a directory, not a trace")
         # the header frame and the first steps only: the rest is read by index_more()
         self.reader = TraceReader(self.path, max_frames=1 + first_slice)
-        self.header = self.reader.header
-        self.name = os.path.basename(self.path)
-        self.fold = Fold([self.header])
-        self.num_blocks = self.fold.num_blocks
-        self.num_steps = 0           # published: complete, folded and summarized
-        self._next_frame = 1
-        self._summary = _Summary()
-        self._milestones: dict[int, list[Milestone]] = {}
-        self._index_frames()         # what the first slice read, so step 0 shows at once
+        try:
+            self.header = self.reader.header
+            self.name = os.path.basename(self.path)
+            self.fold = Fold([self.header])
+            self.num_blocks = self.fold.num_blocks
+            self.num_steps = 0           # published: complete, folded and summarized
+            self._next_frame = 1
+            self._summary = _Summary()
+            self._milestones: dict[int, list[Milestone]] = {}
+            self._index_frames()         # what the first slice read, so step 0 shows at once
+        except BaseException:
+            self.reader.close()
+            raise
 
     # -- indexing (worker thread) -------------------------------------------------------------
 
@@ -131,15 +133,17 @@ class TraceIndex:
                 self._milestones.setdefault(e.seq_id, []).append(
                     Milestone(step, "arrive", len(e.prompt_token_ids), max_tokens=e.max_tokens))
             elif type(e) is Preempt:
-                self._milestones[e.seq_id].append(Milestone(step, "preempt", e.num_computed_tokens, other_seq_id=e.by_seq_id))
+                self._milestones.setdefault(e.seq_id, []).append(
+                    Milestone(step, "preempt", e.num_computed_tokens, other_seq_id=e.by_seq_id))
         if decision.phase == "prefill":
             for ss in decision.seqs:
-                self._milestones[ss.seq_id].append(Milestone(
+                self._milestones.setdefault(ss.seq_id, []).append(Milestone(
                     step, "prefill", ss.num_tokens, ss.num_cached_tokens,
                     is_first_chunk=ss.seq_id in allocated, is_last_chunk=ss.seq_id not in middle))
         for e in events:
             if type(e) is SeqFinish:
-                self._milestones[e.seq_id].append(Milestone(step, "finish", e.num_completion_tokens, reason=e.reason))
+                self._milestones.setdefault(e.seq_id, []).append(
+                    Milestone(step, "finish", e.num_completion_tokens, reason=e.reason))
 
     @property
     def problem(self) -> str:
@@ -163,16 +167,11 @@ class TraceIndex:
 
     def view_at(self, step: int) -> StepView:
         state = self.fold.state_at(step)
-        events = self.events_at(step)
         free_before = self._summary.num_free_blocks[step - 1] if step > 0 else self.num_blocks
         config = self.header.config
-        explanation = explain_step(events, state.seqs, free_before,
+        explanation = explain_step(self.events_at(step), state.seqs, free_before,
                                    config.get("max_num_batched_tokens", 0), config.get("max_num_seqs", 0))
-        return StepView(step, self.num_steps, state, events, explanation)
-
-    @property
-    def num_event_lines(self) -> int:
-        return self._summary.event_starts[self.num_steps]
+        return StepView(step, state, explanation)
 
     def event_start(self, step: int) -> int:
         """The line of a step's first event in the list of all events."""
@@ -180,10 +179,6 @@ class TraceIndex:
 
     def step_of_line(self, line: int) -> int:
         return bisect.bisect_right(self._summary.event_starts, line, 0, self.num_steps + 1) - 1
-
-    def steps_with(self, event_type: str) -> array:
-        """Steps (ascending) that hold at least one event of the type."""
-        return self._summary.steps_with[event_type]
 
     def find_step(self, event_type: str, step: int, direction: int) -> int | None:
         """The next (direction 1) or previous (-1) step after/before `step` with such an event."""

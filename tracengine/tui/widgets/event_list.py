@@ -40,16 +40,28 @@ class EventList(ComponentStyles, ScrollView, can_focus=True):
         self.index = index
         self._frames: LRUCache[int, list] = LRUCache(256)
         self._strips: LRUCache[tuple, Strip] = LRUCache(2048)
+        self._scroll_pending = False
 
     def watch_num_steps(self, num_steps: int) -> None:
         self.virtual_size = Size(self.scrollable_content_region.width, self.index.event_start(num_steps))
+        if self._scroll_pending:
+            self._scroll_to_step()
         self._update_titles()
 
-    def watch_step(self, step: int) -> None:
-        if step < self.num_steps:
-            self.scroll_to(y=self.index.event_start(step), animate=False, immediate=True)
+    def watch_step(self) -> None:
+        self._scroll_to_step()
         self._update_titles()
         self.refresh()
+
+    def _scroll_to_step(self) -> None:
+        """The step's first event at the top; until the list is long enough for
+        that (a step just arrived, or one near the end), again as it grows."""
+        if self.step >= self.num_steps:
+            self._scroll_pending = True
+            return
+        y = self.index.event_start(self.step)
+        self.scroll_to(y=y, animate=False, immediate=True)
+        self._scroll_pending = y > self.max_scroll_y
 
     def watch_event_type(self) -> None:
         self._update_titles()
@@ -89,10 +101,6 @@ class EventList(ComponentStyles, ScrollView, can_focus=True):
             strip = strip.crop(0, width).extend_cell_length(width, base)
             self._strips.set(key, strip)
         return strip
-
-    def lines_of_step(self, step: int) -> list[str]:
-        """The step's lines as shown (type and description)."""
-        return [f"{type(e).__name__:<17}{describe_event(e)}" for e in self.events_of(step)]
 
     def on_resize(self) -> None:
         self._strips.clear()
