@@ -3,8 +3,9 @@
 The weight loader is generic: the model's `packed_modules_mapping` routes
 checkpoint names to fused parameters and each parameter's `weight_loader`
 cuts its piece. Loaders get safetensors slices, not tensors, so a
-tensor-parallel rank reads only the rows or columns of its own shard. Whatever a user can get wrong about a directory raises
-ModelError with a one-line message naming the directory."""
+tensor-parallel rank reads only the rows or columns of its own shard.
+Whatever a user can get wrong about a directory raises ModelError with a
+one-line message naming the directory."""
 import json
 import os
 from glob import glob

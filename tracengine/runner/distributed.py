@@ -166,7 +166,8 @@ def encode_step(input_ids: torch.Tensor, positions: torch.Tensor, context: Conte
         if value is None:
             header.extend((KIND_NONE, 0, 0, 0, 0))
         elif isinstance(value, torch.Tensor):
-            assert value.dtype in DTYPE_CODES and value.dim() <= MAX_NDIM, f"cannot send {value.dtype}{tuple(value.shape)}"
+            assert value.dtype in DTYPE_CODES and value.dim() <= MAX_NDIM, \
+                f"cannot send {value.dtype}{tuple(value.shape)}"
             shape = list(value.shape) + [1] * (MAX_NDIM - value.dim())
             header.extend((KIND_TENSOR, DTYPE_CODES[value.dtype], value.dim(), *shape))
             tensors.append(value.reshape(-1).to(torch.int64))
@@ -269,6 +270,7 @@ class TensorParallelGroup:
         while True:
             found = []
             for i, (proc, conn) in enumerate(zip(self.procs, self.conns)):
+                worker = f"tensor-parallel worker rank {i + 1} (pid {proc.pid})"
                 message = None
                 while not conn.closed and conn.poll():
                     received = self._receive(i)
@@ -276,9 +278,9 @@ class TensorParallelGroup:
                         break
                     message = received
                 if message and message[0] == "error":
-                    found.append(f"tensor-parallel worker rank {i + 1} (pid {proc.pid}) failed: {message[1]}")
+                    found.append(f"{worker} failed: {message[1]}")
                 elif proc.exitcode is not None:
-                    found.append(f"tensor-parallel worker rank {i + 1} (pid {proc.pid}) {_describe_exit(proc.exitcode)}")
+                    found.append(f"{worker} {_describe_exit(proc.exitcode)}")
             if found or time.monotonic() >= deadline:
                 # A worker killed outright is the cause; the others' errors are its echo.
                 found.sort(key=lambda line: "failed:" in line)
@@ -398,6 +400,8 @@ def worker_main(config: Config, hf_config, rank: int, port: int, conn, parent_pi
     except (EOFError, BrokenPipeError):   # rank 0 is gone: nobody to tell
         os._exit(0)
     except BaseException as exc:
+        if os.getppid() != parent_pid:   # rank 0 died first: this is only the echo
+            os._exit(0)
         traceback.print_exc()
         first_line = (str(exc).strip().splitlines() or [""])[0][:300]
         try:
