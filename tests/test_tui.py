@@ -8,7 +8,7 @@ import pytest
 
 from tracengine.cli import main
 from tracengine.config import Config
-from tracengine.events import Preempt, SeqFinish
+from tracengine.events import BlockAllocate, Preempt, SeqFinish
 from tracengine.llm_engine import LLMEngine
 from tracengine.replay.fold import Fold
 from tracengine.replay.scripted import SyntheticRunner
@@ -191,6 +191,36 @@ async def test_explains_chunked_prefill_blocking_and_preemption(trace, fold):
                     kinds.add("running tail")
                     assert f"seq {p.by_seq_id} needed a block; preempted seq {p.seq_id} (running tail)" in explanation(app)
         assert kinds == {"itself", "running tail"}
+
+
+GOLDEN = Path(__file__).parent.parent / "traces"
+
+
+async def test_the_seeds_worked_example_is_explained_step_by_step():
+    """Budget 20; prompts 25, 8, 6 (traces/worked_example.trace, recorded from the real engine)."""
+    app, running = opened(GOLDEN / "worked_example.trace")
+    async with running as pilot:
+        assert explanation(app) == "chunked prefill: seq 0 got 20 of 25 tokens; the token budget of 20 tokens is used up"
+        await pilot.press("right")
+        # 5 + 8 + 6 = 19 tokens, and nothing is left waiting
+        assert explanation(app) == ("prefill seq 0 got its last 5 of 25 tokens, seq 1 (8 tokens), seq 2 (6 tokens), "
+                                    "19 tokens in all; waiting queue empty")
+        await pilot.press("right")
+        assert explanation(app) == "decode: 3 seqs, 1 token each"
+
+
+@pytest.mark.parametrize("name", ["worked_example", "preemption", "default_mix"])
+async def test_golden_traces_show_what_the_fold_says(name):
+    path = GOLDEN / f"{name}.trace"
+    fold = Fold.from_trace(path)
+    steps = sorted({0, fold.num_steps - 1, *steps_with(fold, Preempt)[:4], *steps_with(fold, BlockAllocate)[:4]})
+    app, running = opened(path)
+    async with running as pilot:
+        await app.workers.wait_for_complete()
+        for step in steps:
+            app.go(step)
+            await pilot.pause()
+            assert_panels_match(app, fold, step)
 
 
 async def test_next_and_previous_preemption_and_event_type(trace, fold):
