@@ -156,6 +156,17 @@ def test_a_killed_worker_raises_worker_error():
     assert worker.exitcode == -signal.SIGKILL
 
 
+def test_a_worker_that_raises_reports_its_exception(capfd):
+    llm = LLM("", tensor_parallel_size=2, **ENGINE)
+    [worker] = llm.runner.tp.procs
+    llm.runner.tp.conns[0].send_bytes(b"garbage")   # a header the worker cannot decode: it raises
+    with pytest.raises(WorkerError, match=r"rank 1 \(pid \d+\) failed: ValueError: .* during step 0"):
+        llm.generate(["hello"], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
+    llm.close()
+    assert worker.exitcode == 1
+    assert "ValueError" in capfd.readouterr().err   # the worker's traceback, on the shared stderr
+
+
 # The engine's process starts two ranks and is killed; a plain-attribute
 # model config spares it the transformers import (seconds).
 WORKER_PIDS_THEN_DIE = """
