@@ -441,13 +441,21 @@ async def test_damage_after_the_start_is_notified_and_earlier_steps_shown(tmp_pa
         assert "frame 21 fails its checksum" in app.note
 
 
+def header_only(path):
+    TraceWriter(path, make_header(Config(num_kvcache_blocks=8, kvcache_block_size=4))).close()
+    return path.read_bytes()
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "no such trace"),
     (b"not a trace at all", "not a tracengine trace"),
     (b"TRCE\x01\x00\x00\x00", "no complete header frame"),
+    (header_only, "no complete step to show"),
 ])
 def test_unreadable_trace_is_a_one_line_error_before_the_app_starts(tmp_path, capsys, content, message):
     path = tmp_path / "bad.trace"
+    if callable(content):
+        content = content(tmp_path / "header.trace")
     if content is not None:
         path.write_bytes(content)
     assert main(["tui", str(path)]) == 2
