@@ -102,6 +102,10 @@ class EventList(ComponentStyles, ScrollView, can_focus=True):
             self._strips.set(key, strip)
         return strip
 
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._strips.clear()         # drawn in the old theme
+
     def on_resize(self) -> None:
         self._strips.clear()
         self.virtual_size = Size(self.scrollable_content_region.width, self.index.event_start(self.num_steps))

@@ -57,6 +57,10 @@ class Timeline(ComponentStyles, Widget):
     def watch_step(self) -> None:
         self.refresh(Region(0, self.size.height - 1, self.size.width, 1))
 
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._row_strips_key = None     # drawn in the old theme
+
     def on_resize(self) -> None:
         self._update_subtitle()
 
