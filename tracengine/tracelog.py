@@ -14,15 +14,18 @@ layout, the events of events.py, and the dictionary of trace_dictionary.py.
                    window of 2**13 bytes) primed with trace_dictionary.DICTIONARY,
                    and inflates to at most MAX_FRAME_BYTES
 
-The writer deflates a frame when that makes it smaller, so each frame stays
+The writer deflates a frame when that makes it smaller; each frame stays
 decodable on its own (random access, follow mode, a torn tail loses one
-frame): one primed compressor per writer is copied for each frame (priming
-it anew would cost more than deflating a frame). The first frame holds only the TraceHeader;
-each later frame holds one engine step's events and is written, and flushed,
-when that step's StepEnd arrives, so a killed process leaves every finished
-step readable. Decoding is typed msgspec only. A reader reports what it
-cannot read (a torn last frame, a checksum mismatch, a payload that does not
-inflate) and still gives every complete frame before it."""
+frame). One primed compressor per writer is copied for each frame: priming
+it anew would cost more than deflating the frame. A trace whose frames are
+all stored (as traces written before deflate was added) is a v1 trace too.
+
+The first frame holds only the TraceHeader; each later frame holds one engine
+step's events and is written, and flushed, when that step's StepEnd arrives,
+so a killed process leaves every finished step readable. Decoding is typed
+msgspec only. A reader reports what it cannot read (a torn last frame, a
+checksum mismatch, a payload that does not inflate) and still gives every
+complete frame before it."""
 import bisect
 import os
 import struct
@@ -348,12 +351,12 @@ def _leading_step(data) -> int | None:
             return b
         if b == 0xCC:
             return data[4]
-    count, pos = _array_header(data, 0)
-    if count == 0:
+    num_events, pos = _array_header(data, 0)
+    if num_events == 0:
         return None
-    if _array_header(data, pos)[0] < 2:
+    num_fields, pos = _array_header(data, pos)
+    if num_fields < 2:
         raise ValueError("an event without a step")
-    pos = _array_header(data, pos)[1]
     pos = _int(data, pos)[1]               # the tag
     return _int(data, pos)[0]
 
@@ -363,11 +366,12 @@ def _array_header(data, pos: int) -> tuple[int, int]:
     b = data[pos]
     if 0x90 <= b <= 0x9F:
         return b & 0x0F, pos + 1
-    if b == 0xDC:
-        return int.from_bytes(data[pos + 1:pos + 3], "big"), pos + 3
-    if b == 0xDD:
-        return int.from_bytes(data[pos + 1:pos + 5], "big"), pos + 5
-    raise ValueError(f"expected a msgpack array, found byte {b:#04x}")
+    width = {0xDC: 2, 0xDD: 4}.get(b)
+    if width is None:
+        raise ValueError(f"expected a msgpack array, found byte {b:#04x}")
+    if pos + 1 + width > len(data):
+        raise ValueError("too short")
+    return int.from_bytes(data[pos + 1:pos + 1 + width], "big"), pos + 1 + width
 
 
 _INT_WIDTHS = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8}
