@@ -1,9 +1,12 @@
 """Trace size: bytes per event in the trace file against the same events as
 JSON Lines (`msgspec.json.encode(to_builtins(e))`, one per line, as
-`tracengine events --json` prints them), and how fast events are written and
-read. Workloads of 200 requests through LLMEngine + SyntheticRunner, no model.
+`tracengine events --json` prints them), with frames stored as they are and
+deflated with the preset dictionary, side by side; and how fast events are
+written and read either way. Workloads of 200 requests through LLMEngine +
+SyntheticRunner, no model; traces given on the command line (a recorded
+`tracengine generate --record run.trace`) are rewritten both ways too.
 
-    python benchmarks/bench_trace_size.py
+    python benchmarks/bench_trace_size.py [TRACE ...]
 """
 import collections
 import os
@@ -11,6 +14,7 @@ import random
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -22,10 +26,12 @@ from tracengine.events import EVENT_TYPES, ListSink, StepEnd, to_builtins  # noq
 from tracengine.llm_engine import LLMEngine  # noqa: E402
 from tracengine.replay.scripted import SyntheticRunner  # noqa: E402
 from tracengine.sampling_params import SamplingParams  # noqa: E402
-from tracengine.tracelog import TraceWriter, make_header, open_trace  # noqa: E402
+from tracengine.trace_dictionary import DICTIONARY  # noqa: E402
+from tracengine.tracelog import WINDOW_BITS, TraceReader, TraceWriter, make_header, open_trace  # noqa: E402
 
 EOS = 0
 NUM_REQUESTS = 200
+REPEATS = 5
 CONFIG = Config(kvcache_block_size=16, num_kvcache_blocks=160, max_num_batched_tokens=512, max_num_seqs=32,
                 max_model_len=1024, eos=EOS)
 
@@ -49,48 +55,71 @@ def run_workload(prompt_lens, output_lens, vocab_size, shared, seed=0) -> list:
         engine.add_request(prompt, SamplingParams(temperature=1.0, max_tokens=rng.randint(*output_lens)))
     while not engine.is_finished():
         engine.step()
-    return sink.events
+    return [make_header(CONFIG), *sink.events]
 
 
-def best_of(repeats, fn) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+def read_trace(path) -> list:
+    with TraceReader(path) as reader:
+        return list(reader.events())
 
 
-def measure(events: list, path: str) -> dict:
-    header = make_header(CONFIG)
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
-    def write():
-        with TraceWriter(path, header) as writer:
-            for event in events:
+
+def measure(events: list, tmp: str) -> dict:
+    """Sizes and throughputs of both ways of storing frames; repetitions of
+    the two alternate so that the machine's noise hits both alike."""
+    header, body = events[0], events[1:]
+    num_events = len(events)
+    paths = {deflate: os.path.join(tmp, f"deflate-{deflate}.trace") for deflate in (False, True)}
+
+    def write(deflate):
+        with TraceWriter(paths[deflate], header, deflate=deflate) as writer:
+            for event in body:
                 writer.emit(event)
 
+    best = collections.defaultdict(lambda: float("inf"))
+    for _ in range(REPEATS):
+        for deflate in (False, True):
+            best["write", deflate] = min(best["write", deflate], timed(lambda: write(deflate)))
+            best["read", deflate] = min(best["read", deflate],
+                                        timed(lambda: sum(1 for _ in open_trace(paths[deflate]))))
+
     encoder = msgspec.msgpack.Encoder()
-    frames, frame = [], []
-    for event in events:
+    steps, frame = [], []
+    for event in body:
         frame.append(event)
         if type(event) is StepEnd:
-            frames.append(frame)
+            steps.append(frame)
             frame = []
-    buffer = bytearray()
+    frames = [encoder.encode(f) for f in steps]
+    deflater = zlib.compressobj(6, zlib.DEFLATED, -WINDOW_BITS, 5, zlib.Z_DEFAULT_STRATEGY, DICTIONARY)
+    inflater = zlib.decompressobj(-WINDOW_BITS, DICTIONARY)
 
-    def encode_only():
+    def deflate_all():
+        out = []
         for f in frames:
-            encoder.encode_into(f, buffer, 12)
+            d = deflater.copy()
+            out.append(d.compress(f) + d.flush())
+        return out
 
-    write_s = best_of(5, write)
-    encode_s = best_of(5, encode_only)
-    read_s = best_of(3, lambda: sum(1 for _ in open_trace(path)))
+    deflated = deflate_all()
+    buffer = bytearray()
+    for _ in range(REPEATS):
+        best["encode"] = min(best["encode"], timed(lambda: [encoder.encode_into(f, buffer, 12) for f in steps]))
+        best["deflate"] = min(best["deflate"], timed(deflate_all))
+        best["inflate"] = min(best["inflate"], timed(lambda: [inflater.copy().decompress(d) for d in deflated]))
     json_encode = msgspec.json.Encoder().encode
-    num_events = len(events) + 1
-    return dict(events=num_events, trace_bytes=os.path.getsize(path),
-                jsonl_bytes=sum(len(json_encode(to_builtins(e))) + 1 for e in [header] + events),
-                steps=len(frames), write_eps=num_events / write_s, encode_eps=len(events) / encode_s,
-                read_eps=num_events / read_s)
+    return dict(events=num_events, steps=len(frames),
+                jsonl_bytes=sum(len(json_encode(to_builtins(e))) + 1 for e in events),
+                stored_bytes=os.path.getsize(paths[False]), deflated_bytes=os.path.getsize(paths[True]),
+                write_stored=num_events / best["write", False], write_deflated=num_events / best["write", True],
+                read_stored=num_events / best["read", False], read_deflated=num_events / best["read", True],
+                encode_us=1e6 * best["encode"] / len(frames), deflate_us=1e6 * best["deflate"] / len(frames),
+                inflate_us=1e6 * best["inflate"] / len(frames))
 
 
 def by_type(events: list) -> dict[str, tuple[int, int, int]]:
@@ -104,24 +133,36 @@ def by_type(events: list) -> dict[str, tuple[int, int, int]]:
     return {name: (count[name], packed[name], jsonl[name]) for name in EVENT_TYPES if count[name]}
 
 
-def main():
+def main(traces: list[str]):
     print(f"{NUM_REQUESTS} requests per workload; {CONFIG.num_kvcache_blocks} KV blocks x {CONFIG.kvcache_block_size}, "
-          f"budget {CONFIG.max_num_batched_tokens}, max {CONFIG.max_num_seqs} seqs\n")
-    print(f"{'workload':<10} {'steps':>6} {'events':>7} {'trace B':>9} {'B/event':>8} {'JSONL B':>10} "
-          f"{'B/event':>8} {'ratio':>6}  {'write ev/s':>10} {'encode ev/s':>11} {'read ev/s':>10}")
-    first_events = None
+          f"budget {CONFIG.max_num_batched_tokens}, max {CONFIG.max_num_seqs} seqs; best of {REPEATS}\n")
+    sources = {name: (lambda w=workload: run_workload(*w)) for name, workload in WORKLOADS.items()}
+    sources.update({Path(t).name: (lambda t=t: read_trace(t)) for t in traces})
+    results, first_events = {}, None
     with tempfile.TemporaryDirectory() as tmp:
-        for name, workload in WORKLOADS.items():
-            events = run_workload(*workload)
+        for name, load in sources.items():
+            events = load()
             first_events = first_events or events
-            m = measure(events, os.path.join(tmp, f"{name}.trace"))
-            print(f"{name:<10} {m['steps']:>6} {m['events']:>7} {m['trace_bytes']:>9,} "
-                  f"{m['trace_bytes'] / m['events']:>8.1f} {m['jsonl_bytes']:>10,} {m['jsonl_bytes'] / m['events']:>8.1f} "
-                  f"{m['jsonl_bytes'] / m['trace_bytes']:>5.1f}x  {m['write_eps']:>10,.0f} {m['encode_eps']:>11,.0f} "
-                  f"{m['read_eps']:>10,.0f}")
-    print(f"\nby event type ({next(iter(WORKLOADS))}; msgpack without framing):")
+            results[name] = measure(events, tmp)
+
+    print(f"{'trace':<14} {'steps':>6} {'events':>7} {'JSONL B/ev':>10} {'stored B/ev':>11} {'ratio':>6} "
+          f"{'deflated B/ev':>13} {'ratio':>6}")
+    for name, m in results.items():
+        n = m["events"]
+        print(f"{name:<14} {m['steps']:>6} {n:>7} {m['jsonl_bytes'] / n:>10.1f} {m['stored_bytes'] / n:>11.1f} "
+              f"{m['jsonl_bytes'] / m['stored_bytes']:>5.1f}x {m['deflated_bytes'] / n:>13.1f} "
+              f"{m['jsonl_bytes'] / m['deflated_bytes']:>5.1f}x")
+
+    print(f"\n{'trace':<14} {'write ev/s stored':>17} {'deflated':>9} {'read ev/s stored':>16} {'deflated':>9}   "
+          f"{'per frame: encode':>17} {'deflate':>8} {'inflate':>8}")
+    for name, m in results.items():
+        print(f"{name:<14} {m['write_stored']:>17,.0f} {m['write_deflated']:>9,.0f} {m['read_stored']:>16,.0f} "
+              f"{m['read_deflated']:>9,.0f}   {m['encode_us']:>15.1f}us {m['deflate_us']:>6.1f}us "
+              f"{m['inflate_us']:>6.1f}us")
+
+    print(f"\nby event type ({next(iter(sources))}; msgpack without framing or deflate):")
     print(f"{'type':<18} {'events':>7} {'B/event':>8} {'JSONL B/event':>14} {'ratio':>6} {'share of trace':>15}")
-    rows = by_type(first_events)
+    rows = by_type(first_events[1:])
     total = sum(packed for _, packed, _ in rows.values())
     for name, (count, packed, jsonl) in rows.items():
         print(f"{name:<18} {count:>7} {packed / count:>8.1f} {jsonl / count:>14.1f} {jsonl / packed:>5.1f}x "
@@ -129,4 +170,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
