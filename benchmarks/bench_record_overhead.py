@@ -1,0 +1,174 @@
+"""Recording overhead: the same workload through the real engine (the embedded
+tiny Qwen3 on the CPU) with and without `record=`, side by side in one run.
+Repetitions alternate (plain, recorded, recorded, plain, ...) so that the
+machine's drift hits both alike; medians are compared, of wall-clock seconds
+and of this process's CPU seconds (which other load on a shared machine
+disturbs less), and so is each adjacent pair. Torch runs on one thread by
+default, for the same reason. Inside the recorded runs the writer's own time
+per frame (encode, deflate, checksum, write and flush) is clocked. Then the
+sink's cost per step without a model: the same schedule through LLMEngine +
+SyntheticRunner with no sink, with events built into a list, and written
+stored and deflated.
+
+    python benchmarks/bench_record_overhead.py [--repeats 7] [--requests 16] [--threads 1]
+"""
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tracengine.config import Config  # noqa: E402
+from tracengine.events import NULL_SINK, ListSink  # noqa: E402
+from tracengine.llm_engine import LLMEngine  # noqa: E402
+from tracengine.replay.scripted import SyntheticRunner  # noqa: E402
+from tracengine.sampling_params import SamplingParams  # noqa: E402
+from tracengine.tracelog import TraceWriter, make_header  # noqa: E402
+
+# A small cache and budget, so the run chunks, blocks, preempts and hits the prefix cache;
+# 4 sequences at a time with 64 tokens each: about 300 steps for 16 requests.
+CONFIG = dict(kvcache_block_size=16, num_kvcache_blocks=32, max_num_batched_tokens=128, max_num_seqs=4, seed=0)
+MAX_TOKENS = 64
+
+
+def build_workload(num_requests: int, vocab_size: int, seed: int = 0) -> tuple[list, SamplingParams]:
+    """Prompts of 24-160 token ids, half after a shared 32-token prefix; greedy,
+    a fixed length, so every run schedules the same steps."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(1, vocab_size) for _ in range(32)]
+    prompts = []
+    for _ in range(num_requests):
+        prompt = [rng.randrange(1, vocab_size) for _ in range(rng.randint(24, 128))]
+        prompts.append(prefix + prompt if rng.random() < 0.5 else prompt)
+    return prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+class FrameClock:
+    """Clocks TraceWriter._write_frame while installed."""
+
+    def __init__(self):
+        self.ns = 0
+        self.num_frames = 0
+        self._original = TraceWriter._write_frame
+
+    def __enter__(self):
+        original = self._original
+
+        def write_frame(writer, events):
+            start = time.perf_counter_ns()
+            original(writer, events)
+            self.ns += time.perf_counter_ns() - start
+            self.num_frames += 1
+
+        TraceWriter._write_frame = write_frame
+        return self
+
+    def __exit__(self, *exc):
+        TraceWriter._write_frame = self._original
+
+
+def model_run(llm, prompts, sp, path) -> tuple[float, float, int]:
+    """Wall and CPU seconds and steps of one generate; from a fresh scheduler either way."""
+    if path is None:
+        llm.reset()       # recording resets too: both start with an empty prefix cache
+    wall, cpu = time.perf_counter(), time.process_time()
+    llm.generate(prompts, sp, record=path, use_tqdm=False)
+    return time.perf_counter() - wall, time.process_time() - cpu, llm.num_steps
+
+
+def synthetic_steps(config: Config, prompts, sp, sink) -> tuple[float, int]:
+    engine = LLMEngine(config, SyntheticRunner(vocab_size=1024, eos=config.eos), sink)
+    for prompt in prompts:
+        engine.add_request(prompt, sp)
+    start = time.perf_counter()
+    while not engine.is_finished():
+        engine.step()
+    elapsed = time.perf_counter() - start
+    if isinstance(sink, TraceWriter):
+        sink.close()
+    return elapsed, engine.num_steps
+
+
+def sink_costs(config: Config, prompts, sp, tmp: str, repeats: int = 7) -> dict[str, float]:
+    """Microseconds per step of the step loop without a model, best of `repeats`, for each sink."""
+    path = os.path.join(tmp, "synthetic.trace")
+    sinks = {
+        "no sink": lambda: NULL_SINK,
+        "events built (ListSink)": ListSink,
+        "written, stored": lambda: TraceWriter(path, make_header(config), deflate=False),
+        "written, deflated": lambda: TraceWriter(path, make_header(config)),
+    }
+    best = {name: float("inf") for name in sinks}
+    synthetic_steps(config, prompts, sp, NULL_SINK)     # warm-up
+    for _ in range(repeats):
+        for name, make in sinks.items():
+            elapsed, num_steps = synthetic_steps(config, prompts, sp, make())
+            best[name] = min(best[name], 1e6 * elapsed / num_steps)
+    return best
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7, help="runs of each kind (default 7)")
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    args = parser.parse_args(argv)
+
+    import torch
+    torch.set_num_threads(args.threads)
+    from tracengine.llm import LLM
+    llm = LLM("", **CONFIG)
+    prompts, sp = build_workload(args.requests, llm.hf_config.vocab_size)
+    runs = {False: [], True: []}     # (wall s, cpu s) per run
+    frame_us = []                    # the writer's microseconds per frame, per recorded run
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "run.trace")
+        _, _, num_steps = model_run(llm, prompts, sp, None)          # warm-up, not counted
+        print(f"embedded tiny Qwen3 on {llm.runner.device}, {torch.get_num_threads()} torch thread(s), "
+              f"{args.requests} requests, {num_steps} steps per run, {args.repeats} runs each, alternating\n")
+        for r in range(args.repeats):
+            for record in ((False, True) if r % 2 == 0 else (True, False)):
+                with FrameClock() as clock:
+                    wall, cpu, steps = model_run(llm, prompts, sp, path if record else None)
+                if record:
+                    frame_us.append(clock.ns / 1000 / clock.num_frames)
+                assert steps == num_steps, f"a run took {steps} steps, not {num_steps}"
+                runs[record].append((wall, cpu))
+                print(f"  run {r}  {'recorded' if record else 'plain   '}  {wall:7.3f} s wall  {cpu:7.3f} s cpu")
+        trace_bytes = os.path.getsize(path)
+        config = llm.config
+        llm.close()
+
+        median = {(record, k): statistics.median(run[k] for run in runs[record]) for record in runs for k in (0, 1)}
+        print(f"\n{'':<10} {'wall s':>8} {'steps/s':>8} {'min':>8} {'max':>8}   {'cpu s':>8} {'steps/s':>8}")
+        for name, record in (("plain", False), ("recorded", True)):
+            walls = [run[0] for run in runs[record]]
+            print(f"{name:<10} {median[record, 0]:>8.3f} {num_steps / median[record, 0]:>8.2f} {min(walls):>8.3f} "
+                  f"{max(walls):>8.3f}   {median[record, 1]:>8.3f} {num_steps / median[record, 1]:>8.2f}")
+        print(f"recording costs {100 * (median[True, 0] / median[False, 0] - 1):+.2f}% wall, "
+              f"{100 * (median[True, 1] / median[False, 1] - 1):+.2f}% cpu (medians); trace {trace_bytes:,} bytes")
+        pairs = [[recorded[k] / plain[k] - 1 for plain, recorded in zip(runs[False], runs[True])] for k in (0, 1)]
+        print(f"median of the {args.repeats} adjacent pairs: {100 * statistics.median(pairs[0]):+.2f}% wall, "
+              f"{100 * statistics.median(pairs[1]):+.2f}% cpu")
+        step_us = 1e6 * median[False, 0] / num_steps
+        writer_us = statistics.median(frame_us)
+        print(f"the writer inside the recorded runs: {writer_us:.1f} us per frame (median), "
+              f"{100 * writer_us / step_us:.2f}% of a {step_us / 1000:.1f} ms step")
+
+        costs = sink_costs(config, prompts, sp, tmp)
+    print(f"\nthe sink per step, without a model ({num_steps} steps, best of 7):")
+    base = costs["no sink"]
+    for name, us in costs.items():
+        extra = "" if name == "no sink" else f"+{us - base:6.1f} us  {100 * (us - base) / step_us:6.3f}% of a model step"
+        print(f"  {name:<26} {us:8.1f} us/step  {extra}")
+    print(f"(a model step here takes {step_us / 1000:.1f} ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
