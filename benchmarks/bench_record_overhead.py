@@ -164,7 +164,8 @@ def main(argv=None) -> int:
     print(f"\nthe sink per step, without a model ({num_steps} steps, best of 7):")
     base = costs["no sink"]
     for name, us in costs.items():
-        extra = "" if name == "no sink" else f"+{us - base:6.1f} us  {100 * (us - base) / step_us:6.3f}% of a model step"
+        share = 100 * (us - base) / step_us
+        extra = "" if name == "no sink" else f"+{us - base:6.1f} us  {share:6.3f}% of a model step"
         print(f"  {name:<26} {us:8.1f} us/step  {extra}")
     print(f"(a model step here takes {step_us / 1000:.1f} ms)")
     return 0
