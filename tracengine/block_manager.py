@@ -72,23 +72,29 @@ class BlockManager:
         self.used_block_ids.remove(block_id)
         self.free_block_ids.append(block_id)
 
-    def _cached_block_id(self, seq: Sequence, i: int, prefix: int) -> tuple[int, int | None]:
-        """The chained hash of block i and the block holding it, if any."""
-        token_ids = seq.block(i)
-        h = compute_hash(token_ids, prefix)
-        block_id = self.hash_to_block_id.get(h)
-        if block_id is None or self.blocks[block_id].token_ids != token_ids:  # collision guard
-            return h, None
-        return h, block_id
+    def block_hash(self, seq: Sequence, i: int) -> int:
+        """The chained hash of full block i, computed once per sequence: a blocked
+        waiting head is asked about every step."""
+        hashes = seq.block_hashes
+        while len(hashes) <= i:
+            j = len(hashes)
+            hashes.append(compute_hash(seq.block(j), hashes[j - 1] if j else -1))
+        return hashes[i]
+
+    def _cached_block_id(self, seq: Sequence, i: int) -> int | None:
+        """The block holding full block i of seq, if the prefix cache has it."""
+        block_id = self.hash_to_block_id.get(self.block_hash(seq, i))
+        if block_id is None or self.blocks[block_id].token_ids != seq.block(i):  # collision guard
+            return None
+        return block_id
 
     def num_blocks_needed(self, seq: Sequence) -> tuple[int, int]:
         """(cached leading blocks, free blocks needed) for a first allocation.
         The last block is never matched, so at least one token is computed."""
-        h = -1
         num_cached_blocks = 0
         num_new_blocks = seq.num_blocks
         for i in range(seq.num_blocks - 1):
-            h, block_id = self._cached_block_id(seq, i, h)
+            block_id = self._cached_block_id(seq, i)
             if block_id is None:
                 break
             num_cached_blocks += 1
@@ -105,9 +111,8 @@ class BlockManager:
 
     def allocate(self, seq: Sequence, num_cached_blocks: int):
         assert not seq.block_table
-        h = -1
         for i in range(num_cached_blocks):
-            h, block_id = self._cached_block_id(seq, i, h)
+            block_id = self._cached_block_id(seq, i)
             assert block_id is not None
             block = self.blocks[block_id]
             if block_id in self.used_block_ids:
@@ -158,12 +163,10 @@ class BlockManager:
         end = (seq.num_cached_tokens + seq.num_scheduled_tokens) // self.block_size
         if start == end:
             return
-        h = self.blocks[seq.block_table[start - 1]].hash if start > 0 else -1
         for i in range(start, end):
-            token_ids = seq.block(i)
-            h = compute_hash(token_ids, h)
+            h = self.block_hash(seq, i)
             block_id = seq.block_table[i]
-            self.blocks[block_id].update(h, token_ids)
+            self.blocks[block_id].update(h, seq.block(i))
             self.hash_to_block_id[h] = block_id
             if self.sink.enabled:
                 self.sink.emit(BlockHash(self.sink.step, seq.seq_id, block_id, h))

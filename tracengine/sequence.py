@@ -14,7 +14,8 @@ class SequenceStatus(Enum):
 class Sequence:
     __slots__ = ("seq_id", "status", "token_ids", "last_token", "num_tokens", "num_prompt_tokens",
                  "num_cached_tokens", "num_scheduled_tokens", "is_prefill", "block_table",
-                 "block_size", "temperature", "max_tokens", "ignore_eos", "num_preemptions", "finish_reason")
+                 "block_size", "temperature", "max_tokens", "ignore_eos", "num_preemptions", "finish_reason",
+                 "block_hashes")
 
     def __init__(self, seq_id: int, token_ids: list[int], block_size: int,
                  sampling_params: SamplingParams | None = None):
@@ -35,6 +36,7 @@ class Sequence:
         self.ignore_eos = sp.ignore_eos
         self.num_preemptions = 0
         self.finish_reason = ""      # "eos" or "length" once finished
+        self.block_hashes: list[int] = []   # chained hashes of full blocks: tokens only ever append
 
     def __len__(self):
         return self.num_tokens
