@@ -8,11 +8,13 @@ from torch import nn
 from tracengine.errors import ModelError
 
 
-def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / rms(x) over the last dimension, computed in float32, in x's dtype."""
-    dtype = x.dtype
-    x = x.float()
-    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))).to(dtype)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """weight * x / rms(x) over the last dimension, the rms in float32 and
+    the result rounded to x's dtype before the weight, as the reference does."""
+    if x.dtype == torch.float32:   # one call: the same float32 operations, bit for bit
+        return F.rms_norm(x, (x.size(-1),), weight, eps)
+    y = F.rms_norm(x.float(), (x.size(-1),), None, eps).to(x.dtype)
+    return y if weight is None else y.mul_(weight)
 
 
 class RMSNorm(nn.Module):
@@ -22,18 +24,15 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
 
-    def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_normalize(x, self.eps).mul_(self.weight)
-
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """Without `residual`, the norm of x. With it, the residual add comes
         first and (norm, new residual) is returned: the decoder layers carry
         the residual stream through this call."""
         if residual is None:
-            return self._norm(x)
+            return rms_norm(x, self.weight, self.eps)
         # Add in the model dtype, like the reference, so both round the stream alike.
         residual = x + residual
-        return self._norm(residual), residual
+        return rms_norm(residual, self.weight, self.eps), residual
 
 
 def rope_theta_of(hf_config) -> float:
@@ -80,9 +79,10 @@ class RotaryEmbedding(nn.Module):
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half: [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin], in float32.
     x: [num_tokens, num_heads, head_size]; cos, sin from RotaryEmbedding.cos_sin."""
-    xf = x.float()
-    x1, x2 = xf.chunk(2, dim=-1)
-    return (xf * cos).add_(torch.cat((x2, x1), dim=-1).mul_(sin)).to(x.dtype)
+    if x.dtype != torch.float32:
+        return apply_rotary(x.float(), cos, sin).to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return (x * cos).add_(torch.cat((x2, x1), dim=-1).mul_(sin))
 
 
 class SiluAndMul(nn.Module):

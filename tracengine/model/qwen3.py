@@ -6,8 +6,7 @@ fused projections named in `packed_modules_mapping`."""
 import torch
 from torch import nn
 
-from tracengine.model.layers import (RMSNorm, RotaryEmbedding, SiluAndMul, apply_rotary, rms_normalize,
-                                     rope_theta_of)
+from tracengine.model.layers import RMSNorm, RotaryEmbedding, SiluAndMul, apply_rotary, rms_norm, rope_theta_of
 from tracengine.model.linear import (MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear,
                                      RowParallelLinear, VocabParallelEmbedding, divide, get_tp_rank_size,
                                      local_num_kv_heads)
@@ -45,7 +44,7 @@ class Qwen3Attention(nn.Module):
         num_tokens, qk_size = qkv.size(0), self.q_size + self.kv_size
         # q and k heads side by side: one normalisation and one rotation for both,
         # each head still normalised over its own head_dim with its own weight.
-        qk = rms_normalize(qkv[:, :qk_size].view(num_tokens, -1, self.head_dim), self.q_norm.eps)
+        qk = rms_norm(qkv[:, :qk_size].view(num_tokens, -1, self.head_dim), None, self.q_norm.eps)
         qk[:, :self.num_heads].mul_(self.q_norm.weight)
         qk[:, self.num_heads:].mul_(self.k_norm.weight)
         qk = apply_rotary(qk, *rope)

@@ -52,7 +52,7 @@ def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
 @dataclass(slots=True)
 class TorchMetadata:
     """What the torch backend derives from a Context once per forward."""
-    store_rows: torch.Tensor              # [num_tokens * Hkv] cache row ([-1, head_dim] view) of each new K/V head
+    store_rows: torch.Tensor              # [num_tokens, Hkv] cache row ([-1, head_dim] view) of each new K/V head
     block_rows: torch.Tensor | None       # [B * Hkv * W] cache row ([-1, block_size * head_dim] view) of each
                                           # sequence's blocks, per KV head; None when keys are the new tokens
     mask: torch.Tensor                    # additive, [B, 1, rows, keys]: 0 where a query may see a key, else -inf
@@ -65,7 +65,7 @@ def _store_rows(slot_mapping: torch.Tensor, block_size: int, num_kv_heads: int) 
     block = torch.div(slot_mapping, block_size, rounding_mode="floor")
     offset = slot_mapping - block * block_size
     heads = torch.arange(num_kv_heads, device=slot_mapping.device)
-    return ((block[:, None] * num_kv_heads + heads) * block_size + offset[:, None]).flatten()
+    return (block[:, None] * num_kv_heads + heads) * block_size + offset[:, None]
 
 
 def _block_rows(block_tables: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -131,19 +131,21 @@ def _ungroup_output(o: torch.Tensor, num_heads: int, length: int) -> torch.Tenso
         b, length, num_heads, d)
 
 
-def _gather_blocks(cache: torch.Tensor, block_rows: torch.Tensor, num_seqs: int) -> torch.Tensor:
-    """Head-major cache [num_blocks, Hkv, bs, D] -> [B, Hkv, W * bs, D], each sequence's keys in order."""
-    _, num_kv_heads, block_size, head_dim = cache.shape
-    return cache.view(-1, block_size * head_dim).index_select(0, block_rows).view(num_seqs, num_kv_heads, -1, head_dim)
+def _flat_views(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[num_blocks, Hkv, bs, D] as [-1, D] (a row per slot and head) and as
+    [num_blocks * Hkv, bs * D] (a row per block and head); an empty cache as is."""
+    if cache.dim() != 4:
+        return cache, cache
+    return cache.view(-1, cache.size(-1)), cache.view(cache.size(0) * cache.size(1), -1)
 
 
-def _store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor):
-    head_dim = k.size(-1)
-    k_cache.view(-1, head_dim).index_copy_(0, rows, k.reshape(-1, head_dim))
-    v_cache.view(-1, head_dim).index_copy_(0, rows, v.reshape(-1, head_dim))
+def _gather_blocks(blocks: torch.Tensor, block_rows: torch.Tensor, num_seqs: int, num_kv_heads: int,
+                   head_dim: int) -> torch.Tensor:
+    """Head-major cache as [num_blocks * Hkv, bs * D] rows -> [B, Hkv, W * bs, D], each sequence's keys in order."""
+    return blocks.index_select(0, block_rows).view(num_seqs, num_kv_heads, -1, head_dim)
 
 
-def torch_prefill_attention(q, k, v, k_cache, v_cache, meta: TorchMetadata, scale: float) -> torch.Tensor:
+def torch_prefill_attention(q, k, v, layer: "Attention", meta: TorchMetadata, scale: float) -> torch.Tensor:
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.size(1)
     num_seqs = meta.mask.size(0)
@@ -152,22 +154,21 @@ def torch_prefill_attention(q, k, v, k_cache, v_cache, meta: TorchMetadata, scal
         key = k.index_select(0, meta.k_index).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
         value = v.index_select(0, meta.k_index).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     else:
-        key = _gather_blocks(k_cache, meta.block_rows, num_seqs)
-        value = _gather_blocks(v_cache, meta.block_rows, num_seqs)
+        key = _gather_blocks(layer.k_blocks, meta.block_rows, num_seqs, num_kv_heads, head_dim)
+        value = _gather_blocks(layer.v_blocks, meta.block_rows, num_seqs, num_kv_heads, head_dim)
     o = F.scaled_dot_product_attention(query, key, value, attn_mask=meta.mask, scale=scale)
     o = _ungroup_output(o, num_heads, query.size(2) * num_kv_heads // num_heads)
     return o.reshape(-1, num_heads, head_dim).index_select(0, meta.out_index)
 
 
-def torch_decode_attention(q, k_cache, v_cache, meta: TorchMetadata, scale: float) -> torch.Tensor:
+def torch_decode_attention(q, layer: "Attention", meta: TorchMetadata, scale: float) -> torch.Tensor:
     num_seqs, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.size(1)
-    key = _gather_blocks(k_cache, meta.block_rows, num_seqs)
-    value = _gather_blocks(v_cache, meta.block_rows, num_seqs)
+    num_kv_heads = layer.num_kv_heads
+    key = _gather_blocks(layer.k_blocks, meta.block_rows, num_seqs, num_kv_heads, head_dim)
+    value = _gather_blocks(layer.v_blocks, meta.block_rows, num_seqs, num_kv_heads, head_dim)
     # One query per sequence: the heads sharing a KV head are its query rows (GQA), a view of q.
     query = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    o = F.scaled_dot_product_attention(query, key, value, attn_mask=meta.mask, scale=scale)
-    return o.reshape(num_seqs, num_heads, head_dim)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=meta.mask, scale=scale).view(q.shape)
 
 
 def flash_prefill_attention(q, k, v, k_cache, v_cache, context: Context, scale: float) -> torch.Tensor:
@@ -207,27 +208,52 @@ class Attention(nn.Module):
         self.k_cache = self.v_cache = torch.tensor([])
         self.backend = "torch"
 
+    # Beside each cache, the flat views the torch backend indexes: one row per
+    # slot and head (stores) and one row per block and head (gathers).
+    @property
+    def k_cache(self) -> torch.Tensor:
+        return self._k_cache
+
+    @k_cache.setter
+    def k_cache(self, cache: torch.Tensor):
+        self._k_cache, self.k_rows, self.k_blocks = cache, *_flat_views(cache)
+
+    @property
+    def v_cache(self) -> torch.Tensor:
+        return self._v_cache
+
+    @v_cache.setter
+    def v_cache(self, cache: torch.Tensor):
+        self._v_cache, self.v_rows, self.v_blocks = cache, *_flat_views(cache)
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         context = get_context()
         if context is None:
             return causal_attention(q, k, v, self.scale)
-        k_cache, v_cache = self.k_cache, self.v_cache
         if self.backend == "flash":
-            if k_cache.numel():   # empty during the memory-profiling warmup
-                store_kvcache(k, v, k_cache, v_cache, context.slot_mapping)
-            if context.is_prefill:
-                return flash_prefill_attention(q, k, v, k_cache, v_cache, context, self.scale)
-            return flash_decode_attention(q, k_cache, v_cache, context, self.scale)
+            return self._flash(q, k, v, context)
         meta = context.attn_metadata
         if meta is None:
-            # The warmup's empty cache has no block size; its forwards have no block tables to read.
-            block_size = k_cache.size(2) if k_cache.dim() == 4 else 1
-            meta = context.attn_metadata = (
-                _prefill_metadata(context, q.size(0), block_size, self.num_kv_heads,
-                                  self.num_heads // self.num_kv_heads, q.dtype)
-                if context.is_prefill else _decode_metadata(context, block_size, self.num_kv_heads, q.dtype))
-        if k_cache.numel():
-            _store(k, v, k_cache, v_cache, meta.store_rows)
+            meta = context.attn_metadata = self._metadata(context, q)
+        if self.k_rows.numel():   # empty during the memory-profiling warmup
+            self.k_rows.index_put_((meta.store_rows,), k)
+            self.v_rows.index_put_((meta.store_rows,), v)
         if context.is_prefill:
-            return torch_prefill_attention(q, k, v, k_cache, v_cache, meta, self.scale)
-        return torch_decode_attention(q, k_cache, v_cache, meta, self.scale)
+            return torch_prefill_attention(q, k, v, self, meta, self.scale)
+        return torch_decode_attention(q, self, meta, self.scale)
+
+    def _metadata(self, context: Context, q: torch.Tensor) -> TorchMetadata:
+        # The warmup's empty cache has no block size; its forwards have no block tables to read.
+        block_size = self.k_cache.size(2) if self.k_cache.dim() == 4 else 1
+        if context.is_prefill:
+            return _prefill_metadata(context, q.size(0), block_size, self.num_kv_heads,
+                                     self.num_heads // self.num_kv_heads, q.dtype)
+        return _decode_metadata(context, block_size, self.num_kv_heads, q.dtype)
+
+    def _flash(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: Context) -> torch.Tensor:
+        k_cache, v_cache = self.k_cache, self.v_cache
+        if k_cache.numel():   # empty during the memory-profiling warmup
+            store_kvcache(k, v, k_cache, v_cache, context.slot_mapping)
+        if context.is_prefill:
+            return flash_prefill_attention(q, k, v, k_cache, v_cache, context, self.scale)
+        return flash_decode_attention(q, k_cache, v_cache, context, self.scale)
