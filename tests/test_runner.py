@@ -149,6 +149,23 @@ def test_decode_matches_full_recompute(runner):
             seq.append_token(int(row.argmax()))
 
 
+def test_decode_across_batch_changes_matches_full_recompute(runner):
+    """On the CPU, decode keeps dense copies of the batch's keys while the batch
+    stays the same; a sequence sitting out, a new order or a return refills them."""
+    blocks = Blocks(runner)
+    seqs = [new_seq(runner, i, tokens(n, salt=20 + i), blocks.take(n + 16)) for i, n in enumerate([5, 18, 11])]
+    for seq, token_id in zip(seqs, runner.run([schedule(seq) for seq in seqs], True)):
+        seq.append_token(token_id)
+    computed(seqs)
+    a, b, c = seqs
+    for batch in ([a, b, c], [a, b, c], [a, c], [a, c], [c, a], [c, a], [a, b, c], [a, b, c], [a, b, c]):
+        logits = runner.compute_logits(batch, False)
+        for seq, row in zip(batch, logits):
+            torch.testing.assert_close(row, reference_logits(runner, seq.token_ids), atol=ATOL, rtol=0)
+            seq.num_cached_tokens = seq.num_tokens
+            seq.append_token(int(row.argmax()))
+
+
 def generate(runner, blocks, prompts, num_tokens, temperature, seq_ids) -> list[list[int]]:
     """Prefill then decode `num_tokens` steps, all prompts in one batch."""
     seqs = [new_seq(runner, seq_id, ids, blocks.take(len(ids) + num_tokens), temperature)

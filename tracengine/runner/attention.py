@@ -59,6 +59,8 @@ class TorchMetadata:
     q_index: torch.Tensor | None = None   # prefill: [B * Qmax] packed row of each grid query (pads repeat the last)
     k_index: torch.Tensor | None = None   # prefill without block tables: [B * Kmax] packed row of each key
     out_index: torch.Tensor | None = None  # prefill: [num_tokens] grid row of each packed token
+    copy_rows: torch.Tensor | None = None  # decode, kv_copy_reuse: [B, Hkv] row ([-1, head_dim] view) of the
+                                           # dense copies that takes each sequence's new K/V head
 
 
 def _store_rows(slot_mapping: torch.Tensor, block_size: int, num_kv_heads: int) -> torch.Tensor:
@@ -78,14 +80,24 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _decode_metadata(context: Context, block_size: int, num_kv_heads: int, dtype: torch.dtype) -> TorchMetadata:
-    block_tables = context.block_tables
-    num_keys = block_tables.size(1) * block_size
-    # Padding rows of a CUDA graph have length 0; letting them see one key
-    # keeps softmax finite (their output is discarded).
-    lens = context.context_lens.clamp_min(1)
+    lens = context.context_lens.long()
+    if context.kv_copy_len:
+        num_keys = context.max_seqlen_k
+    else:
+        num_keys = context.block_tables.size(1) * block_size
+        # Padding rows of a CUDA graph have length 0; letting them see one key
+        # keeps softmax finite (their output is discarded).
+        lens = lens.clamp_min(1)
     allowed = torch.arange(num_keys, device=lens.device)[None, :] < lens[:, None]
-    return TorchMetadata(_store_rows(context.slot_mapping, block_size, num_kv_heads),
-                         _block_rows(block_tables, num_kv_heads), _additive(allowed, dtype)[:, None, None])
+    meta = TorchMetadata(_store_rows(context.slot_mapping, block_size, num_kv_heads), None,
+                         _additive(allowed, dtype)[:, None, None])
+    if context.kv_copy_reuse:
+        heads = torch.arange(num_kv_heads, device=lens.device)
+        seqs = torch.arange(lens.numel(), device=lens.device)
+        meta.copy_rows = (seqs[:, None] * num_kv_heads + heads) * context.kv_copy_len + (lens[:, None] - 1)
+    else:
+        meta.block_rows = _block_rows(context.block_tables, num_kv_heads)
+    return meta
 
 
 def _prefill_metadata(context: Context, num_tokens: int, block_size: int, num_kv_heads: int, group: int,
@@ -161,11 +173,22 @@ def torch_prefill_attention(q, k, v, layer: "Attention", meta: TorchMetadata, sc
     return o.reshape(-1, num_heads, head_dim).index_select(0, meta.out_index)
 
 
-def torch_decode_attention(q, layer: "Attention", meta: TorchMetadata, scale: float) -> torch.Tensor:
+def torch_decode_attention(q, k, v, layer: "Attention", context: Context, meta: TorchMetadata,
+                           scale: float) -> torch.Tensor:
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = layer.num_kv_heads
-    key = _gather_blocks(layer.k_blocks, meta.block_rows, num_seqs, num_kv_heads, head_dim)
-    value = _gather_blocks(layer.v_blocks, meta.block_rows, num_seqs, num_kv_heads, head_dim)
+    if not context.kv_copy_len:
+        key = _gather_blocks(layer.k_blocks, meta.block_rows, num_seqs, num_kv_heads, head_dim)
+        value = _gather_blocks(layer.v_blocks, meta.block_rows, num_seqs, num_kv_heads, head_dim)
+    else:
+        k_copy, v_copy = layer.kv_copies(num_seqs, context.kv_copy_len, context.kv_copy_reuse)
+        if meta.copy_rows is not None:   # the previous step's copies, plus this step's token
+            k_copy.view(-1, head_dim).index_put_((meta.copy_rows,), k)
+            v_copy.view(-1, head_dim).index_put_((meta.copy_rows,), v)
+        else:   # refill from the cache: the gather lands in the copies
+            torch.index_select(layer.k_blocks, 0, meta.block_rows, out=k_copy.view(-1, layer.k_blocks.size(1)))
+            torch.index_select(layer.v_blocks, 0, meta.block_rows, out=v_copy.view(-1, layer.v_blocks.size(1)))
+        key, value = k_copy[:, :, :context.max_seqlen_k], v_copy[:, :, :context.max_seqlen_k]
     # One query per sequence: the heads sharing a KV head are its query rows (GQA), a view of q.
     query = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
     return F.scaled_dot_product_attention(query, key, value, attn_mask=meta.mask, scale=scale).view(q.shape)
@@ -205,7 +228,7 @@ class Attention(nn.Module):
         self.head_dim = head_dim
         self.scale = scale
         self.num_kv_heads = num_kv_heads
-        self.k_cache = self.v_cache = torch.tensor([])
+        self.k_cache = self.v_cache = torch.tensor([])   # also clears k_copy, v_copy: dense decode copies
         self.backend = "torch"
 
     # Beside each cache, the flat views the torch backend indexes: one row per
@@ -217,6 +240,7 @@ class Attention(nn.Module):
     @k_cache.setter
     def k_cache(self, cache: torch.Tensor):
         self._k_cache, self.k_rows, self.k_blocks = cache, *_flat_views(cache)
+        self.k_copy = self.v_copy = None   # copies of the old cache's keys
 
     @property
     def v_cache(self) -> torch.Tensor:
@@ -225,6 +249,7 @@ class Attention(nn.Module):
     @v_cache.setter
     def v_cache(self, cache: torch.Tensor):
         self._v_cache, self.v_rows, self.v_blocks = cache, *_flat_views(cache)
+        self.k_copy = self.v_copy = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         context = get_context()
@@ -240,7 +265,19 @@ class Attention(nn.Module):
             self.v_rows.index_put_((meta.store_rows,), v)
         if context.is_prefill:
             return torch_prefill_attention(q, k, v, self, meta, self.scale)
-        return torch_decode_attention(q, self, meta, self.scale)
+        return torch_decode_attention(q, k, v, self, context, meta, self.scale)
+
+    def kv_copies(self, num_seqs: int, num_keys: int, reuse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's dense decode copies, [num_seqs, Hkv, num_keys, D] each;
+        when not reused, reallocated if the batch or its width changed."""
+        shape = (num_seqs, self.num_kv_heads, num_keys, self.head_dim)
+        if reuse:
+            assert self.k_copy is not None and self.k_copy.shape == shape, "no K/V copies of this batch to reuse"
+        elif self.k_copy is None or self.k_copy.shape != shape:
+            self.k_copy = self.v_copy = None   # free the old pair first
+            self.k_copy = torch.empty(shape, dtype=self.k_cache.dtype, device=self.k_cache.device)
+            self.v_copy = torch.empty_like(self.k_copy)
+        return self.k_copy, self.v_copy
 
     def _metadata(self, context: Context, q: torch.Tensor) -> TorchMetadata:
         # The warmup's empty cache has no block size; its forwards have no block tables to read.

@@ -15,10 +15,16 @@ class Context:
     cu_seqlens_q: torch.Tensor | None = None   # int32 [num_seqs + 1], prefill
     cu_seqlens_k: torch.Tensor | None = None   # int32 [num_seqs + 1], cached prefix + new tokens
     max_seqlen_q: int = 0
-    max_seqlen_k: int = 0
+    max_seqlen_k: int = 0                      # decode: the longest context
     slot_mapping: torch.Tensor | None = None   # int64 [num_tokens]: cache slot of each new token
     context_lens: torch.Tensor | None = None   # int32 [num_seqs], decode
     block_tables: torch.Tensor | None = None   # int32 [num_seqs, max_blocks]; prefill: only with a cached prefix
+    # Decode on the CPU: attention keeps dense copies of the batch's K/V, [num_seqs, heads, kv_copy_len, dim]
+    # per layer. kv_copy_reuse: the same batch as the previous decode, one token longer each, so the copies
+    # hold every earlier key and this step appends; otherwise they are refilled from the cache through
+    # block_tables (kv_copy_len = its width in slots). 0: no copies, gather through block_tables each step.
+    kv_copy_len: int = 0
+    kv_copy_reuse: bool = False
     # Derived once per forward by the first attention layer and reused by the
     # others (padding indices, masks). A fresh Context starts empty, which is
     # what a CUDA graph capture needs: the derivation is then recorded too.

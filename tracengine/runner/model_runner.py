@@ -28,6 +28,10 @@ from tracengine.sequence import Sequence
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # CPU default cache: room for max_model_len tokens of this many sequences.
 CPU_CACHED_SEQS = 16
+# Dense decode K/V copies on the CPU (Context.kv_copy_len): blocks of room past the batch's widest
+# block table, and the memory they may take however small the KV cache.
+KV_COPY_SPARE_BLOCKS = 2
+KV_COPY_MIN_BUDGET = 256 << 20
 
 
 def resolve_device(name: str) -> torch.device:
@@ -229,12 +233,13 @@ class ModelRunner:
             slots.extend(range(base + max(start, i * bs), base + min(end, (i + 1) * bs)))
         return slots
 
-    def prepare_block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
+    def prepare_block_tables(self, seqs: list[Sequence], width: int = 0) -> torch.Tensor:
         # Pad with block 0: a valid index for the gather, masked out by length.
-        width = max(len(seq.block_table) for seq in seqs)
+        width = max(width, max(len(seq.block_table) for seq in seqs))
         return self._tensor([seq.block_table + [0] * (width - len(seq.block_table)) for seq in seqs], torch.int32)
 
     def prepare_prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, Context]:
+        self._kv_copy_batch = None
         input_ids, positions, slot_mapping = [], [], []
         cu_seqlens_q, cu_seqlens_k = [0], [0]
         max_seqlen_q = max_seqlen_k = 0
@@ -255,17 +260,45 @@ class ModelRunner:
         return self._tensor(input_ids, torch.int64), self._tensor(positions, torch.int64), context
 
     def prepare_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, Context]:
-        input_ids, positions, context_lens, slot_mapping = [], [], [], []
-        for seq in seqs:
-            position = seq.num_tokens - 1
-            input_ids.append(seq.last_token)
-            positions.append(position)
-            context_lens.append(seq.num_tokens)
-            slot_mapping.extend(self._slots(seq, position, position + 1))
-        context = Context(False, slot_mapping=self._tensor(slot_mapping, torch.int64),
+        bs = self.block_size
+        context_lens = [seq.num_tokens for seq in seqs]
+        # Each sequence computes its last token, at position num_tokens - 1, into that position's slot.
+        slot_mapping = [seq.block_table[(n - 1) // bs] * bs + (n - 1) % bs for seq, n in zip(seqs, context_lens)]
+        width = max(len(seq.block_table) for seq in seqs)
+        kv_copy_len, kv_copy_reuse = self._plan_kv_copies(seqs, context_lens, width)
+        context = Context(False, max_seqlen_k=max(context_lens), slot_mapping=self._tensor(slot_mapping, torch.int64),
                           context_lens=self._tensor(context_lens, torch.int32),
-                          block_tables=self.prepare_block_tables(seqs))
-        return self._tensor(input_ids, torch.int64), self._tensor(positions, torch.int64), context
+                          block_tables=self.prepare_block_tables(seqs, kv_copy_len // bs),
+                          kv_copy_len=kv_copy_len, kv_copy_reuse=kv_copy_reuse)
+        return (self._tensor([seq.last_token for seq in seqs], torch.int64),
+                self._tensor([n - 1 for n in context_lens], torch.int64), context)
+
+    # The last decode batch whose K/V attention keeps dense copies of: ([(id, seq_id)], context_lens,
+    # kv_copy_len); None after a prefill or when the copies were not used.
+    _kv_copy_batch = None
+
+    def _plan_kv_copies(self, seqs: list[Sequence], context_lens: list[int], width: int) -> tuple[int, bool]:
+        """Context.kv_copy_len and kv_copy_reuse of a decode batch. Only on the
+        CPU (eager, torch backend), where gathering every sequence's keys anew
+        is a large share of a decode step; and only while the copies take no
+        more memory than the KV cache (or KV_COPY_MIN_BUDGET)."""
+        if self.device.type != "cpu" or self.attention_backend != "torch" or self.graph_runner is not None:
+            return 0, False
+        batch, last = [(id(seq), seq.seq_id) for seq in seqs], self._kv_copy_batch
+        if (last is not None and last[0] == batch and max(context_lens) <= last[2]
+                and all(n == m + 1 for n, m in zip(context_lens, last[1]))):
+            self._kv_copy_batch = (batch, context_lens, last[2])
+            return last[2], True
+        # Refilled with room to grow, so a steady batch refills once every KV_COPY_SPARE_BLOCKS blocks.
+        num_keys = max(width, min(width + KV_COPY_SPARE_BLOCKS, self.max_num_blocks_per_seq)) * self.block_size
+        layer = self.attention_layers[0]
+        nbytes = 2 * len(self.attention_layers) * len(seqs) * layer.num_kv_heads * num_keys * layer.head_dim \
+            * self.dtype.itemsize
+        if nbytes > max(self.kv_cache.nbytes, KV_COPY_MIN_BUDGET):
+            self._kv_copy_batch = None
+            return 0, False
+        self._kv_copy_batch = (batch, context_lens, num_keys)
+        return num_keys, False
 
     # --- forward ----------------------------------------------------------
 
