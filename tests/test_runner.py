@@ -15,7 +15,7 @@ from tracengine.errors import ConfigError
 from tracengine.runner.context import get_context
 from tracengine.runner.cuda_graph import graph_batch_sizes
 from tracengine.runner.model_runner import ModelRunner
-from tracengine.runner.sampler import Sampler, sample_seed
+from tracengine.runner.sampler import CDF_CHUNK, Sampler, inverse_cdf, sample_seed
 from tracengine.sampling_params import SamplingParams
 from tracengine.sequence import Sequence
 
@@ -24,14 +24,7 @@ ATOL = 1e-4
 NUM_BLOCKS = 96
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    # The tiny model's matmuls are too small to split: with other processes on
-    # the same cores, a second OpenMP thread spin-waits and runs them 10x slower.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_runner(block_size: int, **overrides) -> ModelRunner:
@@ -262,6 +255,21 @@ def test_sampling_follows_the_distribution():
     seeds = [sample_seed(0, seq_id, 1) for seq_id in range(2000)]
     frequency = sum(sampler(logits, [1.0] * 2000, seeds).tolist()) / 2000
     assert abs(frequency - 0.75) < 0.04   # 2000 draws: std of the mean about 0.01
+
+
+@pytest.mark.parametrize("vocab", [5, CDF_CHUNK, CDF_CHUNK + 1, 3 * CDF_CHUNK - 7])
+def test_inverse_cdf_matches_a_full_running_sum(vocab):
+    """The two-level search (chunk sums, then one chunk) picks what one running
+    sum over the whole vocabulary picks, and never a token of weight 0."""
+    generator = torch.Generator().manual_seed(vocab)
+    weights = torch.rand(64, vocab, generator=generator) ** 4
+    weights[:, ::7] = 0
+    u = torch.rand(64, generator=generator, dtype=torch.float64)
+    cdf = weights.double().cumsum(1)
+    expected = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
+    drawn = inverse_cdf(weights, u)
+    assert drawn.tolist() == expected.tolist()
+    assert bool((weights.gather(1, drawn[:, None]) > 0).all())
 
 
 def test_sample_seed_depends_on_every_part():

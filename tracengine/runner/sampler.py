@@ -1,23 +1,56 @@
-"""Token sampling: greedy at temperature 0, otherwise Gumbel-max.
+"""Token sampling: greedy at temperature 0, otherwise by inverse CDF.
 
-The noise of a row comes from a generator seeded by (engine seed, seq_id,
-num_tokens) alone, so a sequence at a given length samples the same token
-whether it runs alone or in any batch, and again after a preemption."""
+A sampled row draws one uniform number, taken from the bits of its seed,
+which comes from (engine seed, seq_id, num_tokens) alone: a sequence at a
+given length samples the same token whether it runs alone or in any batch,
+and again after a preemption. One number per row instead of noise over the
+vocabulary: no generator per row, and a few batch-wide operations."""
 import struct
 
 import torch
 import xxhash
 
+# The CDF is searched in two levels: sums of chunks of this many tokens, then
+# the tokens of the chosen chunk; no running sum over the whole vocabulary.
+CDF_CHUNK = 1024
+
 
 def sample_seed(seed: int, seq_id: int, num_tokens: int) -> int:
-    """A 63-bit generator seed from a fixed byte layout (same on every machine)."""
+    """A 63-bit row seed from a fixed byte layout (same on every machine)."""
     return xxhash.xxh64_intdigest(struct.pack("<qqq", seed, seq_id, num_tokens)) & ((1 << 63) - 1)
+
+
+def seed_uniform(seed: int) -> float:
+    """A number in [0, 1) from a row seed's top 52 bits: exact in float64."""
+    return (seed >> 11) * 2.0 ** -52
+
+
+def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """weights: [num_seqs, vocab], >= 0, not normalised; u: [num_seqs] float64
+    in [0, 1). The first index per row whose running sum of weights passes
+    u * total: index i with probability weights[i] / total. Sums in float64."""
+    num_seqs, vocab = weights.shape
+    num_full, tail = divmod(vocab, CDF_CHUNK)
+    sums = [weights[:, :num_full * CDF_CHUNK].view(num_seqs, num_full, CDF_CHUNK).sum(-1, dtype=torch.float64)]
+    if tail:
+        sums.append(weights[:, num_full * CDF_CHUNK:].sum(-1, keepdim=True, dtype=torch.float64))
+    cum = torch.cat(sums, dim=1).cumsum_(dim=1)                                  # [num_seqs, num_chunks]
+    target = (u * cum[:, -1])[:, None]
+    chunk = torch.searchsorted(cum, target, right=True).clamp_max_(cum.size(1) - 1)
+    before = torch.where(chunk > 0, cum.gather(1, (chunk - 1).clamp_min(0)), 0.0)
+    cols = chunk * CDF_CHUNK + torch.arange(CDF_CHUNK, device=weights.device)     # [num_seqs, CDF_CHUNK]
+    inner = weights.gather(1, cols.clamp_max(vocab - 1)).masked_fill_(cols >= vocab, 0.0)
+    inner = inner.cumsum(dim=1, dtype=torch.float64)
+    # Rounding can leave the target past the chunk's own sum: then its last token.
+    last = (vocab - 1 - chunk * CDF_CHUNK).clamp_max_(CDF_CHUNK - 1)
+    offset = torch.minimum(torch.searchsorted(inner, target - before, right=True), last)
+    return (chunk * CDF_CHUNK + offset).squeeze(1)
 
 
 class Sampler:
 
     def __init__(self, device: torch.device):
-        self.generator = torch.Generator(device=device)
+        self.device = device
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, temperatures: list[float], seeds: list[int]) -> torch.Tensor:
@@ -25,13 +58,14 @@ class Sampler:
         logits = logits.float()
         if not any(t > 0 for t in temperatures):
             return logits.argmax(dim=-1)
-        # argmax(logits / T + Gumbel) samples softmax(logits / T) exactly; the
-        # Gumbel noise is -log(E) with E ~ Exponential(1). Greedy rows get
-        # E = 1 and T = 1, which leaves their argmax alone.
-        exp_noise = torch.ones_like(logits)
-        for i, (temperature, seed) in enumerate(zip(temperatures, seeds)):
-            if temperature > 0:
-                exp_noise[i].exponential_(generator=self.generator.manual_seed(seed))
-        temps = torch.tensor([t if t > 0 else 1.0 for t in temperatures], dtype=torch.float32)
-        scaled = logits / temps.to(logits.device, non_blocking=True)[:, None]
-        return (scaled - exp_noise.clamp_min_(1e-10).log_()).argmax(dim=-1)
+        device = logits.device
+        temps = torch.tensor([t if t > 0 else 1.0 for t in temperatures], dtype=torch.float32, device=device)
+        u = torch.tensor([seed_uniform(s) for s in seeds], dtype=torch.float64, device=device)
+        # softmax(logits / T) up to its normaliser, which inverse_cdf divides out.
+        scaled = logits / temps[:, None]
+        weights = scaled.sub_(scaled.amax(dim=-1, keepdim=True)).exp_()
+        drawn = inverse_cdf(weights, u)
+        if all(t > 0 for t in temperatures):
+            return drawn
+        greedy = torch.tensor([t <= 0 for t in temperatures], device=device)
+        return torch.where(greedy, logits.argmax(dim=-1), drawn)
