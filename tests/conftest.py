@@ -33,6 +33,40 @@ def make_seqs(lengths, block_size=4, max_tokens=8, ignore_eos=False, start_id=0,
     return seqs
 
 
+def step_scheduler(scheduler, token=7):
+    """One step with a fabricated token for every scheduled sequence."""
+    seqs, is_prefill = scheduler.schedule()
+    scheduler.postprocess(seqs, [token] * len(seqs), is_prefill)
+    return seqs, is_prefill
+
+
+def run_canned(name):
+    """The events of a canned workload (tracengine.replay.scripted) run through the engine."""
+    from tracengine.replay.scripted import canned_workload, run_workload
+    config, requests, runner = canned_workload(name)
+    return run_workload(config, requests, runner)
+
+
+def write_trace(path, events):
+    """Events (TraceHeader first) written as a trace file; returns its path."""
+    from tracengine.tracelog import TraceWriter
+    with TraceWriter(path, events[0]) as writer:
+        for event in events[1:]:
+            writer.emit(event)
+    return str(path)
+
+
 @pytest.fixture
 def sink():
     return ListSink()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    # The tiny model's matmuls are too small to split: with other processes on
+    # the same cores, a second OpenMP thread spin-waits and runs them 10x slower.
+    import torch
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -26,14 +26,7 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    # The tiny model's matmuls are too small to split: with other processes on
-    # the same cores, a second OpenMP thread spin-waits and runs them 10x slower.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def load_ours(path: str) -> Qwen3ForCausalLM:

@@ -1,13 +1,8 @@
 """Decode preemption by recomputation: the running tail, then itself."""
 from tracengine.events import BlockFree, Preempt
 
-from conftest import make_scheduler, make_seqs
+from conftest import make_scheduler, make_seqs, step_scheduler as run_step
 
-
-def run_step(scheduler, token=7):
-    seqs, is_prefill = scheduler.schedule()
-    scheduler.postprocess(seqs, [token] * len(seqs), is_prefill)
-    return seqs, is_prefill
 
 
 def test_running_tail_is_preempted_and_goes_to_head_of_waiting(sink):

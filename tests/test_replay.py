@@ -12,23 +12,13 @@ from tracengine.errors import TraceError
 from tracengine.events import BlockHash, Preempt, ScheduleDecision, SeqFinish, StepEnd, TokenSample
 from tracengine.replay.reexec import replay
 from tracengine.replay.render import render_event, render_steps
-from tracengine.replay.scripted import CANNED_WORKLOADS, canned_workload, run_workload
+from tracengine.replay.scripted import CANNED_WORKLOADS
 from tracengine.scheduler import Scheduler
-from tracengine.tracelog import TraceReader, TraceWriter
+from tracengine.tracelog import TraceReader
+
+from conftest import run_canned, write_trace
 
 SNAPSHOT_DIR = Path(__file__).parent / "snapshots"
-
-
-def run(name):
-    config, requests, runner = canned_workload(name)
-    return run_workload(config, requests, runner)
-
-
-def write_trace(path, events):
-    with TraceWriter(path, events[0]) as writer:
-        for event in events[1:]:
-            writer.emit(event)
-    return str(path)
 
 
 def replace_first(events, cls, **changes):
@@ -51,7 +41,7 @@ def preempt_head_of_running(monkeypatch):
 
 @pytest.mark.parametrize("name", CANNED_WORKLOADS)
 def test_canned_workloads_reproduce(name):
-    events = run(name)
+    events = run_canned(name)
     result = replay(events)
     assert result.ok
     assert result.num_steps == sum(type(e) is StepEnd for e in events)
@@ -60,14 +50,14 @@ def test_canned_workloads_reproduce(name):
 
 
 def test_replay_command_reproduces_a_trace_file(tmp_path, capsys):
-    path = write_trace(tmp_path / "run.trace", run("preemption_tail"))
+    path = write_trace(tmp_path / "run.trace", run_canned("preemption_tail"))
     assert main(["replay", path]) == 0
     out = capsys.readouterr().out
     assert "11 steps and" in out and "reproduced exactly" in out
 
 
 def test_a_changed_decision_is_reported_at_its_step():
-    events = replace_first(run("worked_example"), ScheduleDecision, stop_reason="chunk_gate")
+    events = replace_first(run_canned("worked_example"), ScheduleDecision, stop_reason="chunk_gate")
     d = replay(events).divergence
     assert (d.step, d.index) == (0, 4)           # 3 RequestAdded, 1 BlockAllocate, then the decision
     assert d.expected.stop_reason == "chunk_gate" and d.actual.stop_reason == "budget_exhausted"
@@ -76,7 +66,7 @@ def test_a_changed_decision_is_reported_at_its_step():
 
 
 def test_a_changed_token_shows_up_where_its_block_is_hashed():
-    events = run("worked_example")
+    events = run_canned("worked_example")
     # s2's kept token of step 1 is its 7th token, in its 2nd block (tokens 4-7), which step 3 hashes
     i = next(i for i, e in enumerate(events) if type(e) is TokenSample and e.seq_id == 2)
     events[i] = msgspec.structs.replace(events[i], token_id=events[i].token_id + 1)
@@ -87,21 +77,21 @@ def test_a_changed_token_shows_up_where_its_block_is_hashed():
 
 
 def test_a_dropped_middle_chunk_sample_changes_nothing():
-    events = run("worked_example")
+    events = run_canned("worked_example")
     i = next(i for i, e in enumerate(events) if type(e) is TokenSample and not e.kept)
     events[i] = msgspec.structs.replace(events[i], token_id=events[i].token_id + 1)
     assert replay(events).ok
 
 
 def test_wall_clock_fields_are_not_compared():
-    events = run("self_preemption")
+    events = run_canned("self_preemption")
     events = [msgspec.structs.replace(e, schedule_ns=e.schedule_ns + 123) if type(e) is StepEnd else e
               for e in events]
     assert replay(events).ok
 
 
 def test_an_event_the_replay_does_not_emit():
-    events = run("max_tokens_one")
+    events = run_canned("max_tokens_one")
     extra = Preempt(0, 0, 0, [], 0)
     i = next(i for i, e in enumerate(events) if type(e) is StepEnd)
     d = replay(events[:i] + [extra] + events[i:]).divergence
@@ -109,14 +99,14 @@ def test_an_event_the_replay_does_not_emit():
 
 
 def test_an_event_the_trace_does_not_have():
-    events = run("max_tokens_one")
+    events = run_canned("max_tokens_one")
     i = next(i for i, e in enumerate(events) if type(e) is SeqFinish)
     d = replay(events[:i] + events[i + 1:]).divergence
     assert d.step == 0 and d.expected == events[i + 1] and d.actual == events[i]
 
 
 def test_a_trace_cut_short_reproduces_what_it_has():
-    events = run("head_of_line")
+    events = run_canned("head_of_line")
     cut = next(i for i, e in enumerate(events) if type(e) is StepEnd and e.step == 4) + 1
     result = replay(events[:cut])
     assert result.ok and result.num_steps == 5 and result.num_unfinished == 3
@@ -124,12 +114,12 @@ def test_a_trace_cut_short_reproduces_what_it_has():
 
 def test_events_without_a_header_are_refused():
     with pytest.raises(TraceError, match="TraceHeader"):
-        replay(run("worked_example")[1:])
+        replay(run_canned("worked_example")[1:])
 
 
 def test_a_scheduler_change_makes_replay_exit_1_at_the_right_step(tmp_path, capsys, monkeypatch):
     # recorded by the real scheduler: at step 1, s1 needs a block and the tail s3 gives way
-    path = write_trace(tmp_path / "run.trace", run("preemption_tail"))
+    path = write_trace(tmp_path / "run.trace", run_canned("preemption_tail"))
     preempt_head_of_running(monkeypatch)
     assert main(["replay", path]) == 1
     out = capsys.readouterr().out
@@ -142,7 +132,7 @@ def test_a_scheduler_change_makes_replay_exit_1_at_the_right_step(tmp_path, caps
 
 def test_a_scheduler_change_fails_the_snapshot_with_a_readable_diff(monkeypatch):
     preempt_head_of_running(monkeypatch)
-    text = render_steps(run("preemption_tail"))
+    text = render_steps(run_canned("preemption_tail"))
     snapshot = Snapshot(False, False, SNAPSHOT_DIR)      # compare only, even under --snapshot-update
     with pytest.raises(AssertionError) as failure:
         snapshot.assert_match(text, "preemption_tail.txt")
@@ -206,7 +196,7 @@ def test_a_scheduler_change_makes_a_golden_trace_diverge(monkeypatch, capsys):
 
 
 def test_a_torn_tail_is_noted_and_the_complete_steps_reproduce(tmp_path, capsys):
-    path = write_trace(tmp_path / "run.trace", run("head_of_line"))
+    path = write_trace(tmp_path / "run.trace", run_canned("head_of_line"))
     with open(path, "r+b") as f:
         f.truncate(f.seek(0, 2) - 5)          # the last frame loses its end, as if the writer was killed
     assert main(["replay", path]) == 0

@@ -5,17 +5,12 @@ from tracengine.errors import ConfigError, RequestError
 from tracengine.events import ScheduleDecision, SeqFinish, TokenSample
 from tracengine.sequence import SequenceStatus
 
-from conftest import EOS, make_scheduler, make_seqs
+from conftest import EOS, make_scheduler, make_seqs, step_scheduler as step
 
 
 def decisions(sink):
     return [e for e in sink.events if isinstance(e, ScheduleDecision)]
 
-
-def step(scheduler, token=7):
-    seqs, is_prefill = scheduler.schedule()
-    scheduler.postprocess(seqs, [token] * len(seqs), is_prefill)
-    return seqs, is_prefill
 
 
 def test_seed_worked_example(sink):

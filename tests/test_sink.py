@@ -1,5 +1,4 @@
 """A disabled sink builds no events; an enabled one sees every step in order."""
-import pytest
 
 import tracengine.block_manager
 import tracengine.llm_engine

@@ -7,22 +7,12 @@ from tracengine.events import Preempt, StepEnd, TokenSample
 from tracengine.replay.diff import diff_traces
 from tracengine.replay.metrics import RunMetrics, percentile
 from tracengine.replay.reexec import replay
-from tracengine.replay.scripted import CANNED_WORKLOADS, canned_workload, run_workload
+from tracengine.replay.scripted import CANNED_WORKLOADS
 from tracengine.replay.whatif import extract_workload, whatif
 from tracengine.scheduler import Scheduler
-from tracengine.tracelog import TraceReader, TraceWriter
+from tracengine.tracelog import TraceReader
 
-
-def run(name):
-    config, requests, runner = canned_workload(name)
-    return run_workload(config, requests, runner)
-
-
-def write_trace(path, events):
-    with TraceWriter(path, events[0]) as writer:
-        for event in events[1:]:
-            writer.emit(event)
-    return str(path)
+from conftest import run_canned, write_trace
 
 
 def kept_tokens(events):
@@ -35,7 +25,7 @@ def kept_tokens(events):
 
 @pytest.mark.parametrize("name", CANNED_WORKLOADS)
 def test_the_same_config_schedules_the_same(name):
-    events = run(name)
+    events = run_canned(name)
     result = whatif(events, {})
     assert result.changes == []
     assert diff_traces(events, result.events).identical
@@ -43,7 +33,7 @@ def test_the_same_config_schedules_the_same(name):
 
 
 def test_fewer_blocks_preempt_more_and_keep_every_output():
-    events = run("head_of_line")
+    events = run_canned("head_of_line")
     result = whatif(events, {"num_kvcache_blocks": 7})
     assert result.changes == [("num_kvcache_blocks", 10, 7)]
     assert result.original.num_preemptions == 0 and result.new.num_preemptions > 0
@@ -55,31 +45,31 @@ def test_fewer_blocks_preempt_more_and_keep_every_output():
 
 
 def test_more_blocks_remove_the_preemptions():
-    result = whatif(run("preemption_tail"), {"num_kvcache_blocks": 32})
+    result = whatif(run_canned("preemption_tail"), {"num_kvcache_blocks": 32})
     assert (result.original.num_preemptions, result.new.num_preemptions) == (2, 0)
     assert result.new.num_steps < result.original.num_steps
     assert result.original.num_recomputed_tokens == 8 + 12
 
 
 def test_a_smaller_budget_chunks_more():
-    result = whatif(run("worked_example"), {"max_num_batched_tokens": 8})
+    result = whatif(run_canned("worked_example"), {"max_num_batched_tokens": 8})
     # s0's 25 = 8 + 8 + 8 + 1; the chunk gate keeps s1 (8 > 8 - 1) out of that last step; then s1, then s2
     assert (result.original.num_prefill_steps, result.new.num_prefill_steps) == (2, 4 + 1 + 1)
 
 
 def test_a_request_that_can_never_fit_is_refused():
     with pytest.raises(RequestError, match=r"request s0 .* can never run under the new config"):
-        whatif(run("worked_example"), {"num_kvcache_blocks": 4})
+        whatif(run_canned("worked_example"), {"num_kvcache_blocks": 4})
 
 
 def test_an_unknown_field_is_refused():
     with pytest.raises(ConfigError, match="unknown config field 'blocks'"):
-        whatif(run("worked_example"), {"blocks": 4})
+        whatif(run_canned("worked_example"), {"blocks": 4})
 
 
 def test_running_past_the_recorded_output_is_counted():
     # under max_model_len=27, s0 (25 prompt tokens) stops at 2 of its 3 max_tokens
-    short = whatif(run("worked_example"), {"max_model_len": 27})
+    short = whatif(run_canned("worked_example"), {"max_model_len": 27})
     assert short.new.finish_reasons == {"length": 3} and len(kept_tokens(short.events)[0]) == 2
     # lifting the limit again, s0 needs a 3rd token the trace does not have: a filler, counted
     longer = whatif(short.events, {"max_model_len": 1024})
@@ -88,7 +78,7 @@ def test_running_past_the_recorded_output_is_counted():
 
 
 def test_extract_workload():
-    events = run("worked_example")
+    events = run_canned("worked_example")
     workload = extract_workload(events)
     assert [(r.seq_id, len(r.prompt_token_ids), r.max_tokens, r.arrival_step) for r in workload.requests] == [
         (0, 25, 3, 0), (1, 8, 3, 0), (2, 6, 3, 0)]
@@ -98,12 +88,12 @@ def test_extract_workload():
 
 
 def test_metrics_in_steps():
-    metrics = RunMetrics.of(run("worked_example"))
+    metrics = RunMetrics.of(run_canned("worked_example"))
     assert (metrics.num_steps, metrics.num_prefill_steps, metrics.num_decode_steps) == (4, 2, 2)
     assert metrics.ttft_steps == [2, 2, 2]     # arrived before step 0, first token in step 1: 2 steps
     assert metrics.e2e_steps == [4, 4, 4]      # finished in step 3
     assert metrics.finish_reasons == {"length": 3}
-    assert RunMetrics.of(run("shared_prefix")).num_cache_hit_blocks == 4
+    assert RunMetrics.of(run_canned("shared_prefix")).num_cache_hit_blocks == 4
 
 
 def test_percentile():
@@ -115,7 +105,7 @@ def test_percentile():
 
 
 def test_whatif_command_prints_side_by_side_and_records(tmp_path, capsys):
-    path = write_trace(tmp_path / "run.trace", run("preemption_tail"))
+    path = write_trace(tmp_path / "run.trace", run_canned("preemption_tail"))
     new = tmp_path / "new.trace"
     assert main(["replay", path, "--set", "num_kvcache_blocks=32", "--record", str(new)]) == 0
     out = capsys.readouterr().out
@@ -128,7 +118,7 @@ def test_whatif_command_prints_side_by_side_and_records(tmp_path, capsys):
 
 
 def test_whatif_command_errors_exit_2(tmp_path, capsys):
-    path = write_trace(tmp_path / "run.trace", run("worked_example"))
+    path = write_trace(tmp_path / "run.trace", run_canned("worked_example"))
     assert main(["replay", path, "--set", "num_kvcache_blocks=4"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tracengine: error: request s0") and err.count("\n") == 1
@@ -138,14 +128,14 @@ def test_whatif_command_errors_exit_2(tmp_path, capsys):
 
 
 def test_diff_of_identical_traces(tmp_path, capsys):
-    a = write_trace(tmp_path / "a.trace", run("preemption_tail"))
-    b = write_trace(tmp_path / "b.trace", run("preemption_tail"))
+    a = write_trace(tmp_path / "a.trace", run_canned("preemption_tail"))
+    b = write_trace(tmp_path / "b.trace", run_canned("preemption_tail"))
     assert main(["diff", a, b]) == 0
     assert "no scheduling difference in 11 steps" in capsys.readouterr().out
 
 
 def test_diff_of_another_config_differs_from_step_0(tmp_path, capsys):
-    events = run("preemption_tail")
+    events = run_canned("preemption_tail")
     a = write_trace(tmp_path / "a.trace", events)
     b = write_trace(tmp_path / "b.trace", whatif(events, {"num_kvcache_blocks": 10}).events)
     assert main(["diff", a, b]) == 1
@@ -157,7 +147,7 @@ def test_diff_of_another_config_differs_from_step_0(tmp_path, capsys):
 
 
 def test_diff_finds_a_changed_preemption_victim(tmp_path, capsys, monkeypatch):
-    a = write_trace(tmp_path / "a.trace", run("preemption_tail"))
+    a = write_trace(tmp_path / "a.trace", run_canned("preemption_tail"))
     original = Scheduler.preempt
 
     def preempt_head(self, seq, by):
@@ -167,7 +157,7 @@ def test_diff_finds_a_changed_preemption_victim(tmp_path, capsys, monkeypatch):
         original(self, seq, by)
 
     monkeypatch.setattr(Scheduler, "preempt", preempt_head)
-    b = write_trace(tmp_path / "b.trace", run("preemption_tail"))
+    b = write_trace(tmp_path / "b.trace", run_canned("preemption_tail"))
     assert main(["diff", a, b]) == 1
     out = capsys.readouterr().out
     assert "config:" not in out
@@ -180,7 +170,7 @@ def test_diff_finds_a_changed_preemption_victim(tmp_path, capsys, monkeypatch):
 
 
 def test_diff_of_a_trace_and_its_beginning():
-    events = run("head_of_line")
+    events = run_canned("head_of_line")
     cut = next(i for i, e in enumerate(events) if type(e) is StepEnd and e.step == 4) + 1
     d = diff_traces(events, events[:cut])
     assert d.step == 5 and d.b_events == [] and d.a_events[-1].step == 5
