@@ -5,6 +5,9 @@ slots first; then queries attend through the block table, so a cached prefix
 (a prefix-cache hit or an earlier chunk) and the new tokens are read alike.
 Sequences are padded into one batch with a mask rather than looped over, and
 the indices and the mask are derived once per forward, by the first layer.
+On the CPU, decode also keeps dense copies of the batch's K/V per layer while
+the batch stays the same (Context.kv_copy_len): each step appends its token
+there instead of gathering every sequence's blocks again.
 flash-attn (CUDA only, imported lazily): used when installed and the block
 size is a multiple of 256, which its paged kernels require.
 
