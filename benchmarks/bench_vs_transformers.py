@@ -239,7 +239,8 @@ def main():
           f"of {args.block_size}")
     for side in sides:
         wall, cpu = median[side.name]
-        print(f"{side.name:22s} {num_output / wall:10.1f} tok/s  ({wall:.3f} s wall, {cpu:.3f} s CPU)")
+        walls = " ".join(f"{w:.2f}" for w, _ in rounds[side.name])
+        print(f"{side.name:22s} {num_output / wall:10.1f} tok/s  ({wall:.3f} s wall, {cpu:.3f} s CPU; rounds {walls})")
     (ours_wall, ours_cpu), (theirs_wall, theirs_cpu) = median[ours.name], median[theirs.name]
     print(f"ratio: {theirs_wall / ours_wall:.2f}x wall, {theirs_cpu / ours_cpu:.2f}x CPU   "
           f"identical outputs: {agree}/{args.num_prompts}")
