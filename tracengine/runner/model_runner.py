@@ -268,7 +268,7 @@ class ModelRunner:
         kv_copy_len, kv_copy_reuse = self._plan_kv_copies(seqs, context_lens, width)
         context = Context(False, max_seqlen_k=max(context_lens), slot_mapping=self._tensor(slot_mapping, torch.int64),
                           context_lens=self._tensor(context_lens, torch.int32),
-                          block_tables=self.prepare_block_tables(seqs, kv_copy_len // bs),
+                          block_tables=self.prepare_block_tables(seqs, 0 if kv_copy_reuse else kv_copy_len // bs),
                           kv_copy_len=kv_copy_len, kv_copy_reuse=kv_copy_reuse)
         return (self._tensor([seq.last_token for seq in seqs], torch.int64),
                 self._tensor([n - 1 for n in context_lens], torch.int64), context)
