@@ -79,4 +79,5 @@ def parse_override(text: str) -> tuple[str, object]:
             return name, raw.lower() in ("true", "1", "yes")
         return name, kind(raw)
     except ValueError:
-        raise ConfigError(f"{name} expects a {kind.__name__}, got {raw!r}") from None
+        article = "an" if kind.__name__[0] in "aeiou" else "a"
+        raise ConfigError(f"{name} expects {article} {kind.__name__}, got {raw!r}") from None
