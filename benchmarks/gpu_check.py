@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 import torch
 
+from bench_vs_transformers import TransformersSide, make_workload  # a sibling script: python puts its folder on the path
 from tracengine.model import EMBEDDED_MODEL_DIR
 
 QWEN3_06B_SHAPE = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
@@ -129,7 +130,6 @@ def main():
         print("gpu_check: CUDA is not available; run it on a machine with an NVIDIA GPU (or --smoke on the CPU)",
               file=sys.stderr)
         sys.exit(1)
-    from bench_vs_transformers import make_workload, run_transformers
     device = "cpu" if args.smoke else "cuda"
     flash = False
     if not args.smoke:
@@ -173,8 +173,10 @@ def main():
                 one_rank = {eager: outputs[eager, 0.0] for eager in (True, False)}
                 tensor_parallel_case(label, model, workload, prompts, engine_args, one_rank, rows, agreements)
             if model == "":
-                theirs, _ = run_transformers(SimpleNamespace(model="", output_len=workload.output_len), prompts,
-                                             torch.device(device), torch.float32, 0)
+                side = TransformersSide(SimpleNamespace(model="", output_len=workload.output_len), prompts,
+                                        torch.device(device), torch.float32, pad_id=0)
+                theirs = side.generate()
+                side.close()
                 same = sum(a == b for a, b in zip(outputs[False, 0.0], theirs))
                 agreements.append(f"{label}: greedy outputs identical to transformers generate: "
                                   f"{same}/{len(prompts)}")

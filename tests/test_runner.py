@@ -286,6 +286,13 @@ def test_benchmarks_compile():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given when CUDA is absent")
+def test_gpu_check_imports_what_it_uses():
+    # The script runs only where a GPU is lent: a broken import must show up here first.
+    code = "import sys; sys.argv = ['gpu_check.py']; import runpy; runpy.run_path('gpu_check.py', run_name='check')"
+    subprocess.run([sys.executable, "-c", code], cwd=os.path.join(ROOT, "benchmarks"), check=True,
+                   env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "benchmarks")})
+
+
 def test_gpu_check_without_cuda_says_so():
     result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_check.py")],
                             capture_output=True, text=True, timeout=120, cwd=ROOT,
