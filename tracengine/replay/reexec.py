@@ -1,14 +1,13 @@
 """Re-execution: run the engine's own step loop (the real Scheduler and
 BlockManager) over a trace's requests and sampled tokens, and check every
 event it emits against the recorded one, stopping at the first difference."""
-import functools
 import operator
 import time
 from dataclasses import dataclass
 
 from tracengine.config import Config
 from tracengine.errors import RequestError, TraceError
-from tracengine.events import WALL_CLOCK_FIELDS, Event, RequestAdded, StepEnd, TokenSample, TraceHeader
+from tracengine.events import WALL_CLOCK_FIELDS, AnyEvent, Event, RequestAdded, StepEnd, TokenSample, TraceHeader
 from tracengine.llm_engine import LLMEngine
 from tracengine.replay.fold import iter_steps
 from tracengine.replay.state import FoldState, live_state
@@ -43,10 +42,12 @@ class ReplayResult:
         return self.num_events / self.seconds if self.seconds > 0 else float("inf")
 
 
-@functools.cache
 def _compared(cls):
     """The fields of `cls` a replay compares, as one getter: `without_wall_clock` without its per-call work."""
     return operator.attrgetter(*[name for name in cls.__struct_fields__ if name not in WALL_CLOCK_FIELDS])
+
+
+_COMPARED = {cls: _compared(cls) for cls in AnyEvent.__args__}
 
 
 class _Diverged(Exception):
@@ -66,13 +67,14 @@ class ComparingSink:
         self.index = 0
 
     def emit(self, event: Event) -> None:
-        expected, i = self.expected, self.index
-        if i >= len(expected):
-            raise _Diverged(None, event, "the replay emitted an event the trace does not have")
-        recorded = expected[i]
+        i = self.index
+        try:
+            recorded = self.expected[i]
+        except IndexError:
+            raise _Diverged(None, event, "the replay emitted an event the trace does not have") from None
         # Equal structs are equal; otherwise only the wall-clock fields may differ.
         if recorded != event and (type(recorded) is not type(event)
-                                  or _compared(type(event))(recorded) != _compared(type(event))(event)):
+                                  or _COMPARED[type(event)](recorded) != _COMPARED[type(event)](event)):
             raise _Diverged(recorded, event, "the replay emitted a different event")
         self.index = i + 1
 
