@@ -57,8 +57,9 @@ class BlockMap(ComponentStyles, ScrollView, can_focus=True):
     BlockMap > .block-map--owner-7 { color: #000000; background: #abb2bf; }
     """
 
-    view: reactive[StepView | None] = reactive(None)
-    selected_seq_id = reactive(-1)
+    # the watchers repaint the rows that changed
+    view: reactive[StepView | None] = reactive(None, repaint=False)
+    selected_seq_id = reactive(-1, repaint=False)
 
     class Selected(Message):
         """The user clicked a block held by `seq_id`."""
@@ -67,11 +68,16 @@ class BlockMap(ComponentStyles, ScrollView, can_focus=True):
             super().__init__()
             self.seq_id = seq_id
 
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._cells: dict[int, tuple] = {}     # row -> cells, for the view and size shown
+
     @property
     def cells_per_row(self) -> int:
         return max(1, (self.scrollable_content_region.width - GUTTER) // CELL_WIDTH)
 
     def _update_size(self) -> None:
+        self._cells.clear()
         num_blocks = self.view.state.num_blocks if self.view is not None else 0
         self.virtual_size = Size(self.scrollable_content_region.width, -(-num_blocks // self.cells_per_row))
 
@@ -80,30 +86,43 @@ class BlockMap(ComponentStyles, ScrollView, can_focus=True):
         if view is not None:
             state = view.state
             cached = sum(1 for b in state.free_block_ids if state.hash_to_block_id.get(state.hashes[b]) == b)
-            self.border_title = (f"KV blocks: {state.num_blocks - state.num_free_blocks} used, "
-                                 f"{state.num_free_blocks} free, {cached} of them prefix-cached")
-            self.border_subtitle = "NN seq  + shared  ░░ free, cached  ·· free"
-        self.refresh()
+            self.set_titles(f"KV blocks: {state.num_blocks - state.num_free_blocks} used, "
+                            f"{state.num_free_blocks} free, {cached} of them prefix-cached",
+                            "NN seq  + shared  ░░ free, cached  ·· free")
+        self._refresh_rows()
 
     def watch_selected_seq_id(self) -> None:
-        self.refresh()
+        self._refresh_rows()
 
     def on_resize(self) -> None:
         self._update_size()
 
-    def render_line(self, y: int) -> Strip:
-        width = self.scrollable_content_region.width
-        row = y + round(self.scroll_y)
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._cells.clear()          # styled in the old theme
+
+    def _refresh_rows(self) -> None:
+        """Repaint the rows whose cells changed: a step changes a few blocks."""
+        self._cells.clear()
+        top = round(self.scroll_y)
+        keys = tuple(self._row_cells(top + y) for y in range(self.scrollable_content_region.height))
+        self.refresh_rows(keys, (self.scrollable_content_region.size, top))
+
+    def _row_cells(self, row: int) -> tuple:
+        """(text, style) of each cell of a row; neighbours with one style become one segment."""
+        cells = self._cells.get(row)
+        if cells is not None:
+            return cells
         view = self.view
-        if view is None or width <= 0:
-            return Strip.blank(width)
+        if view is None:
+            return ()
         state = view.state
         per_row = self.cells_per_row
         first = row * per_row
         if first >= state.num_blocks:
-            return Strip.blank(width)
+            return ()
         style_of, selected = self.component_style, self.selected_seq_id
-        cells = []      # (text, style); neighbours with one style become one segment
+        cells = []
         for block in state.blocks[first:first + per_row]:
             kind = block_kind(block, state)
             text = cell_text(block, kind)
@@ -117,7 +136,17 @@ class BlockMap(ComponentStyles, ScrollView, can_focus=True):
                     cells.append((text, style))
             else:
                 cells.append((text, style_of(f"block-map--{kind}")))
-        segments = [Segment(f"{first:>{GUTTER - 1}} ", style_of("block-map--gutter"))]
+        self._cells[row] = cells = tuple(cells)
+        return cells
+
+    def render_line(self, y: int) -> Strip:
+        width = self.scrollable_content_region.width
+        row = y + round(self.scroll_y)
+        cells = self._row_cells(row) if width > 0 else ()
+        if not cells:
+            return Strip.blank(width)
+        style_of = self.component_style
+        segments = [Segment(f"{row * self.cells_per_row:>{GUTTER - 1}} ", style_of("block-map--gutter"))]
         for style, run in groupby(cells, key=itemgetter(1)):
             segments.append(Segment("".join(text for text, _ in run), style))
         return Strip(segments).crop(0, width).extend_cell_length(width)

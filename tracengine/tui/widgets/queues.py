@@ -41,8 +41,9 @@ class SeqTable(ComponentStyles, Widget, can_focus=True):
         Binding("enter", "open", "Open sequence", show=False),
     ]
 
-    view: reactive[StepView | None] = reactive(None)
-    selected_seq_id = reactive(-1)
+    # the watchers repaint the rows that changed
+    view: reactive[StepView | None] = reactive(None, repaint=False)
+    selected_seq_id = reactive(-1, repaint=False)
     cursor = reactive(0)
     top = reactive(0)          # the queue position of the first row shown
 
@@ -64,7 +65,7 @@ class SeqTable(ComponentStyles, Widget, can_focus=True):
         super().__init__(**kwargs)
         self.queue = queue            # "waiting" or "running"
         self.seq_ids: list[int] = []
-        self.border_title = queue.capitalize()
+        self.set_titles(queue.capitalize(), None)
 
     @property
     def num_rows(self) -> int:
@@ -76,25 +77,42 @@ class SeqTable(ComponentStyles, Widget, can_focus=True):
             self.seq_ids = []
         else:
             self.seq_ids = view.state.waiting if self.queue == "waiting" else view.state.running
-        self.border_title = f"{self.queue.capitalize()} ({len(self.seq_ids)})"
         self._follow_selection()
         self._clamp()
-        self.refresh()
+        self._refresh_rows()
 
     def watch_selected_seq_id(self) -> None:
         self._follow_selection()
-        self.refresh()
+        self._refresh_rows()
 
     def watch_top(self) -> None:
+        self._update_titles()
+
+    def _update_titles(self) -> None:
         n, rows = len(self.seq_ids), self.num_rows
-        self.border_subtitle = f"{self.top + 1}–{min(n, self.top + rows)} of {n}" if n > rows else ""
+        self.set_titles(f"{self.queue.capitalize()} ({n})",
+                        f"{self.top + 1}–{min(n, self.top + rows)} of {n}" if n > rows else "")
+
+    def _row_key(self, row: int) -> tuple:
+        """What a row shows: its text and which of the row styles it has."""
+        seq = self.view.state.seqs[self.seq_ids[row]]
+        return (format_row(seq), bool(seq.num_scheduled_tokens), seq.seq_id == self.selected_seq_id,
+                row == self.cursor and self.has_focus)
+
+    def _refresh_rows(self) -> None:
+        """Repaint the rows that show something else now (stepping changes few of the waiting ones)."""
+        rows = range(self.top, min(len(self.seq_ids), self.top + self.num_rows)) if self.view is not None else ()
+        self.refresh_rows(((HEADER,), *(self._row_key(row) for row in rows)), (self.size, self.top))
 
     def on_resize(self) -> None:
         self._clamp()
 
+    def watch_cursor(self) -> None:
+        self.forget_rows()       # the reactive repaints them all
+
     def _clamp(self) -> None:
         self.top = max(0, min(self.top, len(self.seq_ids) - self.num_rows))
-        self.watch_top()
+        self._update_titles()
 
     def _follow_selection(self) -> None:
         if self.selected_seq_id in self.seq_ids:
@@ -134,9 +152,11 @@ class SeqTable(ComponentStyles, Widget, can_focus=True):
         return [format_row(self.view.state.seqs[seq_id]) for seq_id in self.seq_ids]
 
     def on_focus(self) -> None:
+        self.forget_rows()
         self.refresh()
 
     def on_blur(self) -> None:
+        self.forget_rows()
         self.refresh()
 
     def action_move_cursor(self, delta: int) -> None:
