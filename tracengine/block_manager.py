@@ -142,16 +142,13 @@ class BlockManager:
         if self.sink.enabled:
             self.sink.emit(BlockFree(self.sink.step, seq.seq_id, released))
 
-    def starts_block(self, seq: Sequence) -> bool:
-        # The newest token is not in the cache yet; it starts a block when it is the first of one.
-        # (nano-vllm writes `len % block_size == 1`, which never holds for a block size of 1.)
-        return (len(seq) - 1) % self.block_size == 0
-
+    # The newest token is not in the cache yet; it needs a block when it is the first of one.
+    # (nano-vllm writes `len % block_size == 1`, which never holds for a block size of 1.)
     def can_append(self, seq: Sequence) -> bool:
-        return len(self.free_block_ids) >= self.starts_block(seq)
+        return bool(self.free_block_ids) or (seq.num_tokens - 1) % self.block_size != 0
 
     def may_append(self, seq: Sequence):
-        if self.starts_block(seq):
+        if (seq.num_tokens - 1) % self.block_size == 0:
             block_id = self._allocate_block()
             seq.block_table.append(block_id)
             if self.sink.enabled:
