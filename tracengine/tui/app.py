@@ -302,6 +302,9 @@ class TraceApp(App):
         # The folded trace lives as long as the app: keep it out of the cycle collector's
         # full passes, which would otherwise pause the screen for most of a second.
         gc.freeze()
+        # What the UI makes while moving (strips, states) is short-lived: collect it young,
+        # and leave the full passes that stall a seek for tens of ms to rare occasions.
+        gc.set_threshold(10_000, 50, 1_000)
         self.num_steps = message.num_steps
         if message.done:
             self.indexed_all = True
