@@ -17,13 +17,13 @@ import msgspec
 import pytest
 import xxhash
 
-from conftest import EOS, make_config
+from conftest import EOS
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
 from tracengine.events import (EVENT_TYPES, BlockAllocate, BlockAppend, BlockFree, BlockHash, ListSink, ModelInfo,
                                Preempt, RequestAdded, ScheduledSeq, ScheduleDecision, SeqFinish, StepEnd,
                                TokenSample, TraceHeader)
 from tracengine.llm_engine import LLMEngine
-from tracengine.replay.scripted import SyntheticRunner
+from tracengine.replay.scripted import SyntheticRunner, every_event_type, every_event_type_config
 from tracengine.sampling_params import SamplingParams
 from tracengine import tracelog
 from tracengine.trace_dictionary import DICTIONARY, DICTIONARY_XXH64
@@ -47,25 +47,7 @@ class Tee:
 
 
 def small_config():
-    # 10 blocks of 4 tokens and a budget of 16: chunked prefill, a prefix hit and a preemption
-    return make_config(num_kvcache_blocks=10, kvcache_block_size=4, max_num_batched_tokens=16,
-                       max_num_seqs=4, max_model_len=64)
-
-
-def run_workload(sink) -> LLMEngine:
-    """Every event type: seq 0 (20 tokens) is chunked 16 + 4, seq 1 hits its 8-token
-    prefix, seq 2 preempts itself, seq 3 stops on EOS, the others on length."""
-    engine = LLMEngine(small_config(), SyntheticRunner(eos=EOS, eos_at={3: 2}), sink)
-    prefix = list(range(500, 508))
-    engine.add_request(prefix + list(range(20, 32)), SamplingParams(max_tokens=8))
-    engine.step()
-    engine.step()
-    engine.add_request(prefix + list(range(40, 45)), SamplingParams(max_tokens=8))
-    engine.add_request(list(range(60, 66)), SamplingParams(max_tokens=10))
-    engine.add_request(list(range(70, 75)), SamplingParams(max_tokens=6))
-    while not engine.is_finished():
-        engine.step()
-    return engine
+    return every_event_type_config()
 
 
 def record(path) -> tuple[TraceHeader, list, LLMEngine]:
@@ -73,7 +55,7 @@ def record(path) -> tuple[TraceHeader, list, LLMEngine]:
     header = make_header(small_config())
     events = ListSink()
     with TraceWriter(path, header) as writer:
-        engine = run_workload(Tee(writer, events))
+        engine = every_event_type(Tee(writer, events))
     return header, events.events, engine
 
 
@@ -431,7 +413,7 @@ CHILD = """
 import sys, time
 from tracengine.config import Config
 from tracengine.llm_engine import LLMEngine
-from tracengine.replay.scripted import SyntheticRunner
+from tracengine.replay.scripted import SyntheticRunner, every_event_type, every_event_type_config
 from tracengine.sampling_params import SamplingParams
 from tracengine.tracelog import TraceWriter, make_header
 

@@ -194,5 +194,29 @@ def canned_workload(name: str) -> tuple[Config, list[WorkloadRequest], Synthetic
     return cfg, requests, SyntheticRunner(eos=eos, eos_at=eos_at)
 
 
+def every_event_type_config() -> Config:
+    # 10 blocks of 4 tokens and a budget of 16: chunked prefill, a prefix hit and a preemption
+    return Config(num_kvcache_blocks=10, kvcache_block_size=4, max_num_batched_tokens=16, max_num_seqs=4,
+                  max_model_len=64, eos=999)
+
+
+def every_event_type(sink) -> LLMEngine:
+    """A run that emits every event type: seq 0 (20 tokens) is chunked 16 + 4, seq 1 hits
+    its 8-token prefix, seq 2 preempts itself, seq 3 stops on EOS, the others on length.
+    `traces/format-v1.trace` pins it, so it never changes."""
+    config = every_event_type_config()
+    engine = LLMEngine(config, SyntheticRunner(eos=config.eos, eos_at={3: 2}), sink)
+    prefix = list(range(500, 508))
+    engine.add_request(prefix + list(range(20, 32)), SamplingParams(max_tokens=8))
+    engine.step()
+    engine.step()
+    engine.add_request(prefix + list(range(40, 45)), SamplingParams(max_tokens=8))
+    engine.add_request(list(range(60, 66)), SamplingParams(max_tokens=10))
+    engine.add_request(list(range(70, 75)), SamplingParams(max_tokens=6))
+    while not engine.is_finished():
+        engine.step()
+    return engine
+
+
 CANNED_WORKLOADS = ("worked_example", "head_of_line", "preemption_tail", "self_preemption", "recompute_prefix_hit",
                     "shared_prefix", "max_tokens_one", "eos_vs_length")
