@@ -321,8 +321,11 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         logits = self.compute_logits(seqs, is_prefill)
-        seeds = [sample_seed(self.config.seed, seq.seq_id, seq.num_tokens) for seq in seqs]
-        return self.sampler(logits, [seq.temperature for seq in seqs], seeds).tolist()
+        temperatures = [seq.temperature for seq in seqs]
+        # Row seeds are hashed only when something is sampled: a greedy batch takes the argmax.
+        seeds = ([sample_seed(self.config.seed, seq.seq_id, seq.num_tokens) for seq in seqs]
+                 if any(t > 0 for t in temperatures) else [])
+        return self.sampler(logits, temperatures, seeds).tolist()
 
     def exit(self):
         if self.graph_runner is not None:
