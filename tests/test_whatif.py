@@ -5,7 +5,8 @@ from tracengine.cli import main
 from tracengine.errors import ConfigError, RequestError
 from tracengine.events import Preempt, StepEnd, TokenSample
 from tracengine.replay.diff import diff_traces
-from tracengine.replay.metrics import RunMetrics, percentile
+from tracengine.replay.metrics import RunMetrics
+from tracengine.serving_stats import summarize
 from tracengine.replay.reexec import replay
 from tracengine.replay.scripted import CANNED_WORKLOADS
 from tracengine.replay.whatif import extract_workload, whatif
@@ -96,12 +97,15 @@ def test_metrics_in_steps():
     assert RunMetrics.of(run_canned("shared_prefix")).num_cache_hit_blocks == 4
 
 
-def test_percentile():
-    assert percentile([], 50) == 0
-    assert percentile([5], 99) == 5
-    assert percentile(list(range(1, 101)), 50) == 50
-    assert percentile(list(range(1, 101)), 99) == 99
-    assert percentile([3, 1, 2], 100) == 3
+def test_what_if_percentiles_are_the_stats_percentiles():
+    # one definition for `replay --set` and `tracengine stats`: linear interpolation
+    metrics = RunMetrics()
+    metrics.ttft_steps = list(range(1, 101))
+    assert dict(metrics.rows())["TTFT steps mean/p50/p99"] == "50.5 / 50.5 / 99.0"   # p99: rank 98.01, 99.01
+    assert summarize([5])["p99"] == 5
+    assert summarize(list(range(1, 101)))["p50"] == 50.5
+    assert summarize([3, 1, 2])["p99"] == 2.98      # 2 + (3 - 2) * 0.98
+    assert summarize([])["p50"] is None
 
 
 def test_whatif_command_prints_side_by_side_and_records(tmp_path, capsys):

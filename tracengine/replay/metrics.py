@@ -1,18 +1,9 @@
 """Scheduling figures of a run, from its events: what `replay --set` and
 `diff` put side by side. Latencies are in engine steps, counting the step
 that produced the token: a request that arrives before step 3 and gets its
-first token in step 3 has a TTFT of 1 step."""
-import math
-
+first token in step 3 has a TTFT of 1 step. Percentiles are `tracengine stats`' own."""
+from tracengine.serving_stats import summarize
 from tracengine.events import BlockAllocate, Preempt, RequestAdded, ScheduleDecision, SeqFinish, TokenSample
-
-
-def percentile(values: list[int], p: float) -> float:
-    """Nearest-rank percentile; 0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return float(ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)])
 
 
 class RunMetrics:
@@ -71,8 +62,10 @@ class RunMetrics:
     def rows(self) -> list[tuple[str, str]]:
         """(label, value) pairs, in the order they are printed."""
         def dist(values):
-            mean = sum(values) / len(values) if values else 0.0
-            return f"{mean:.1f} / {percentile(values, 50):.0f} / {percentile(values, 99):.0f}"
+            figures = summarize(values)
+            if not figures["count"]:
+                return "-"
+            return f"{figures['mean']:.1f} / {figures['p50']:.1f} / {figures['p99']:.1f}"
         finishes = ", ".join(f"{n} {reason}" for reason, n in sorted(self.finish_reasons.items())) or "0"
         return [
             ("steps", str(self.num_steps)),
