@@ -159,6 +159,56 @@ def test_decode_across_batch_changes_matches_full_recompute(runner):
             seq.append_token(int(row.argmax()))
 
 
+def test_decode_copies_keep_rows_of_finished_sequences_and_attend_by_length_range():
+    """40 sequences of different lengths: the copies are filled once in order of
+    length and attended in several ranges; as sequences finish, their rows stay
+    (dead) until a quarter of the rows are, and every row still matches."""
+    runner = make_runner(16, num_kvcache_blocks=256, max_num_seqs=48)
+    try:
+        blocks = Blocks(runner)
+        lengths = [3 + (17 * i) % 50 for i in range(40)]
+        seqs = []
+        for i, n in enumerate(lengths):
+            table = list(range(blocks.next_id, blocks.next_id + -(-(n + 12) // 16)))
+            blocks.next_id += len(table)
+            seqs.append(new_seq(runner, i, tokens(n, salt=40 + i), table))
+        for seq, token_id in zip(seqs, runner.run([schedule(seq) for seq in seqs], True)):
+            seq.append_token(token_id)
+        computed(seqs)
+        plans, batch = [], list(seqs)
+        for step in range(12):
+            logits = runner.compute_logits(batch, False)
+            plans.append(runner._kv_copies)
+            for seq, row in zip(batch, logits):
+                torch.testing.assert_close(row, reference_logits(runner, seq.token_ids), atol=ATOL, rtol=0)
+                seq.num_cached_tokens = seq.num_tokens
+                seq.append_token(int(row.argmax()))
+            batch = [seq for j, seq in enumerate(batch) if j != (7 * step) % len(batch)]   # one finishes
+        assert not plans[0].reuse and len(plans[0].buckets) == 2
+        assert [plan.lens.count(0) for plan in plans[:11]] == list(range(11))   # rows kept, dead
+        assert all(plan.reuse for plan in plans[1:11]) and not plans[11].reuse   # 11 of 40 dead: refilled
+        assert plans[11].lens.count(0) == 0 and len(plans[11].keys) == 29
+    finally:
+        runner.exit()
+
+
+def test_kv_copies_bookkeeping():
+    from tracengine.runner.model_runner import KVCopies
+    keys = [("a", 0), ("b", 1), ("c", 2)]
+    copies = KVCopies.refill(keys, [30, 10, 20], 48)
+    assert copies.keys == [("b", 1), ("c", 2), ("a", 0)] and copies.row_of_seq == [2, 0, 1]
+    assert copies.seq_of_row == [1, 2, 0] and copies.buckets == ((0, 3, 30),)
+    step = copies.advance(keys, [31, 11, 21])
+    assert step.reuse and step.row_of_seq == [2, 0, 1] and step.lens == [11, 21, 31]
+    assert copies.advance(keys, [31, 12, 21]) is None        # not one token longer
+    assert copies.advance(keys, [49, 11, 21]) is None        # past the copies' width
+    assert copies.advance([("d", 3)], [5]) is None           # a sequence the copies do not hold
+    assert copies.advance(keys[:2], [31, 11]) is None        # a third of the rows dead: refill
+    many = KVCopies.refill([(i, i) for i in range(8)], list(range(10, 18)), 32)
+    fewer = many.advance([(i, i) for i in range(1, 8)], list(range(12, 19)))
+    assert fewer.lens[0] == 0 and fewer.keys[0] is None and fewer.row_of_seq == list(range(1, 8))
+
+
 def generate(runner, blocks, prompts, num_tokens, temperature, seq_ids) -> list[list[int]]:
     """Prefill then decode `num_tokens` steps, all prompts in one batch."""
     seqs = [new_seq(runner, seq_id, ids, blocks.take(len(ids) + num_tokens), temperature)

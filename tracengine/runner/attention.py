@@ -3,11 +3,13 @@
 torch (any device, any block size): new K/V are stored into their cache
 slots first; then queries attend through the block table, so a cached prefix
 (a prefix-cache hit or an earlier chunk) and the new tokens are read alike.
-Sequences are padded into one batch with a mask rather than looped over, and
-the indices and the mask are derived once per forward, by the first layer.
+Sequences are padded into one batch rather than looped over, and the
+indices and the mask are derived once per forward, by the first layer; a
+prefill with no cached prefix needs no mask (plain causal attention).
 On the CPU, decode also keeps dense copies of the batch's K/V per layer while
-the batch stays the same (Context.kv_copy_len): each step appends its token
-there instead of gathering every sequence's blocks again.
+the batch stays the same or loses sequences (Context.kv_copy_len): each step
+appends its token there instead of gathering every sequence's blocks again,
+and attends row range by row range, each as wide as its longest sequence.
 flash-attn (CUDA only, imported lazily): used when installed and the block
 size is a multiple of 256, which its paged kernels require.
 
@@ -58,10 +60,13 @@ class TorchMetadata:
     store_rows: torch.Tensor              # [num_tokens, Hkv] cache row ([-1, head_dim] view) of each new K/V head
     block_rows: torch.Tensor | None       # [B * Hkv * W] cache row ([-1, block_size * head_dim] view) of each
                                           # sequence's blocks, per KV head; None when keys are the new tokens
-    mask: torch.Tensor                    # additive, [B, 1, rows, keys]: 0 where a query may see a key, else -inf
+    mask: torch.Tensor | None             # additive, [B, 1, rows, keys]: 0 where a query may see a key, else -inf;
+                                          # None in a prefill without cached prefix, which is plain causal
     q_index: torch.Tensor | None = None   # prefill: [B * Qmax] packed row of each grid query (pads repeat the last)
     k_index: torch.Tensor | None = None   # prefill without block tables: [B * Kmax] packed row of each key
     out_index: torch.Tensor | None = None  # prefill: [num_tokens] grid row of each packed token
+    num_seqs: int = 0                      # prefill: rows of the grid
+    buckets: tuple = ()                    # decode with copies: Context.kv_copy_buckets as ints
     copy_rows: torch.Tensor | None = None  # decode, kv_copy_reuse: [B, Hkv] row ([-1, head_dim] view) of the
                                            # dense copies that takes each sequence's new K/V head
 
@@ -83,27 +88,31 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _decode_metadata(context: Context, block_size: int, num_kv_heads: int, dtype: torch.dtype) -> TorchMetadata:
-    lens = context.context_lens.long()
-    if context.kv_copy_len:
-        num_keys = context.max_seqlen_k
-    else:
+    store_rows = _store_rows(context.slot_mapping, block_size, num_kv_heads)
+    if not context.kv_copy_len:
         num_keys = context.block_tables.size(1) * block_size
         # Padding rows of a CUDA graph have length 0; letting them see one key
         # keeps softmax finite (their output is discarded).
-        lens = lens.clamp_min(1)
-    allowed = torch.arange(num_keys, device=lens.device)[None, :] < lens[:, None]
-    meta = TorchMetadata(_store_rows(context.slot_mapping, block_size, num_kv_heads), None,
-                         _additive(allowed, dtype)[:, None, None])
+        lens = context.context_lens.long().clamp_min(1)
+        allowed = torch.arange(num_keys, device=lens.device)[None, :] < lens[:, None]
+        return TorchMetadata(store_rows, _block_rows(context.block_tables, num_kv_heads),
+                             _additive(allowed, dtype)[:, None, None])
+    # Dense copies: one mask row per copy row, as wide as the widest range attends.
+    row_lens = context.kv_copy_lens.long()
+    buckets = tuple(tuple(bucket) for bucket in context.kv_copy_buckets.tolist())
+    num_keys = max(keys for _, _, keys in buckets)
+    allowed = torch.arange(num_keys, device=row_lens.device)[None, :] < row_lens[:, None]
+    meta = TorchMetadata(store_rows, None, _additive(allowed, dtype)[:, None, None], buckets=buckets)
     if context.kv_copy_reuse:
-        heads = torch.arange(num_kv_heads, device=lens.device)
-        seqs = torch.arange(lens.numel(), device=lens.device)
-        meta.copy_rows = (seqs[:, None] * num_kv_heads + heads) * context.kv_copy_len + (lens[:, None] - 1)
+        heads = torch.arange(num_kv_heads, device=row_lens.device)
+        rows, lens = context.kv_copy_rows, context.context_lens.long()
+        meta.copy_rows = (rows[:, None] * num_kv_heads + heads) * context.kv_copy_len + (lens[:, None] - 1)
     else:
         meta.block_rows = _block_rows(context.block_tables, num_kv_heads)
     return meta
 
 
-def _prefill_metadata(context: Context, num_tokens: int, block_size: int, num_kv_heads: int, group: int,
+def _prefill_metadata(context: Context, num_tokens: int, block_size: int, num_kv_heads: int,
                       dtype: torch.dtype) -> TorchMetadata:
     """How the packed tokens of a prefill map onto a [num_seqs, max_seqlen_q] grid."""
     cu_q, cu_k = context.cu_seqlens_q.long(), context.cu_seqlens_k.long()
@@ -112,38 +121,35 @@ def _prefill_metadata(context: Context, num_tokens: int, block_size: int, num_kv
     num_seqs, max_q = seqlen_q.numel(), context.max_seqlen_q
     qi = torch.minimum(torch.arange(max_q, device=device)[None, :], seqlen_q[:, None] - 1)
     q_index = (cu_q[:-1, None] + qi).flatten()
+    out_index = torch.arange(num_tokens, device=device) + torch.repeat_interleave(
+        torch.arange(num_seqs, device=device) * max_q - cu_q[:-1], seqlen_q, output_size=num_tokens)
+    store_rows = _store_rows(context.slot_mapping, block_size, num_kv_heads)
+    if context.block_tables is None:
+        # No cached prefix anywhere: keys are the queries' own tokens, both from
+        # column 0, so plain causal attention is exact. A padding key (column
+        # >= the sequence's length) lies after every real query of its row.
+        return TorchMetadata(store_rows, None, None, q_index, q_index, out_index, num_seqs)
     # Queries are the last seqlen_q of seqlen_k tokens: a query at position p
     # sees keys 0..p (causal, aligned bottom-right over the cached prefix).
     q_pos = (seqlen_k - seqlen_q)[:, None] + qi
-    if context.block_tables is None:
-        max_k = context.max_seqlen_k
-        kj = torch.minimum(torch.arange(max_k, device=device)[None, :], seqlen_k[:, None] - 1)
-        k_index, block_rows = (cu_k[:-1, None] + kj).flatten(), None
-    else:
-        max_k = context.block_tables.size(1) * block_size
-        k_index, block_rows = None, _block_rows(context.block_tables, num_kv_heads)
+    max_k = context.block_tables.size(1) * block_size
     allowed = torch.arange(max_k, device=device)[None, None, :] <= q_pos[:, :, None]
-    # Query rows are grouped (see _group_queries): row g * max_q + i is query i of group member g.
-    mask = _additive(allowed, dtype)[:, None, None].expand(num_seqs, 1, group, max_q, max_k)
-    out_index = torch.arange(num_tokens, device=device) + torch.repeat_interleave(
-        torch.arange(num_seqs, device=device) * max_q - cu_q[:-1], seqlen_q, output_size=num_tokens)
-    return TorchMetadata(_store_rows(context.slot_mapping, block_size, num_kv_heads), block_rows,
-                         mask.reshape(num_seqs, 1, group * max_q, max_k), q_index, k_index, out_index)
+    return TorchMetadata(store_rows, _block_rows(context.block_tables, num_kv_heads), _additive(allowed, dtype)[:, None],
+                         q_index, None, out_index, num_seqs)
 
 
-def _group_queries(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
-    """[B, L, H, D] -> [B, Hkv, group * L, D]: the query heads that share a KV
-    head become extra query rows of it, so SDPA reads K/V unrepeated (GQA)."""
-    b, length, h, d = q.shape
-    group = h // num_kv_heads
-    return q.view(b, length, num_kv_heads, group, d).permute(0, 2, 3, 1, 4).reshape(b, num_kv_heads, group * length, d)
+# Grouped-query attention inside SDPA (torch >= 2.5) reads each KV head once
+# for the query heads that share it; older releases get repeated K/V.
+_SDPA_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
-def _ungroup_output(o: torch.Tensor, num_heads: int, length: int) -> torch.Tensor:
-    """Inverse of _group_queries: [B, Hkv, group * L, D] -> [B, L, H, D]."""
-    b, num_kv_heads, _, d = o.shape
-    return o.view(b, num_kv_heads, num_heads // num_kv_heads, length, d).permute(0, 3, 1, 2, 4).reshape(
-        b, length, num_heads, d)
+def _sdpa_gqa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **kwargs) -> torch.Tensor:
+    """SDPA over [B, H, L, D] queries and [B, Hkv, K, D] keys and values."""
+    if _SDPA_GQA:
+        return F.scaled_dot_product_attention(query, key, value, enable_gqa=True, **kwargs)
+    group = query.size(1) // key.size(1)
+    return F.scaled_dot_product_attention(query, key.repeat_interleave(group, 1), value.repeat_interleave(group, 1),
+                                          **kwargs)
 
 
 def _flat_views(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,41 +166,55 @@ def _gather_blocks(blocks: torch.Tensor, block_rows: torch.Tensor, num_seqs: int
     return blocks.index_select(0, block_rows).view(num_seqs, num_kv_heads, -1, head_dim)
 
 
+def _grid(x: torch.Tensor, index: torch.Tensor, num_seqs: int) -> torch.Tensor:
+    """Packed [num_tokens, heads, D] -> [num_seqs, heads, width, D], rows picked by `index`.
+    Contiguous: the CPU attention kernel is 2x slower on strided inputs."""
+    return x.index_select(0, index).view(num_seqs, -1, *x.shape[1:]).transpose(1, 2).contiguous()
+
+
 def torch_prefill_attention(q, k, v, layer: "Attention", meta: TorchMetadata, scale: float) -> torch.Tensor:
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.size(1)
-    num_seqs = meta.mask.size(0)
-    query = _group_queries(q.index_select(0, meta.q_index).view(num_seqs, -1, num_heads, head_dim), num_kv_heads)
+    num_seqs = meta.num_seqs
+    query = _grid(q, meta.q_index, num_seqs)
     if meta.block_rows is None:   # no cached prefix anywhere: keys are the new tokens
-        key = k.index_select(0, meta.k_index).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
-        value = v.index_select(0, meta.k_index).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+        o = _sdpa_gqa(query, _grid(k, meta.k_index, num_seqs), _grid(v, meta.k_index, num_seqs),
+                      is_causal=True, scale=scale)
     else:
         key = _gather_blocks(layer.k_blocks, meta.block_rows, num_seqs, num_kv_heads, head_dim)
         value = _gather_blocks(layer.v_blocks, meta.block_rows, num_seqs, num_kv_heads, head_dim)
-    o = F.scaled_dot_product_attention(query, key, value, attn_mask=meta.mask, scale=scale)
-    o = _ungroup_output(o, num_heads, query.size(2) * num_kv_heads // num_heads)
-    return o.reshape(-1, num_heads, head_dim).index_select(0, meta.out_index)
+        o = _sdpa_gqa(query, key, value, attn_mask=meta.mask, scale=scale)
+    return o.transpose(1, 2).reshape(-1, num_heads, head_dim).index_select(0, meta.out_index)
 
 
 def torch_decode_attention(q, k, v, layer: "Attention", context: Context, meta: TorchMetadata,
                            scale: float) -> torch.Tensor:
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = layer.num_kv_heads
+    group = num_heads // num_kv_heads
     if not context.kv_copy_len:
         key = _gather_blocks(layer.k_blocks, meta.block_rows, num_seqs, num_kv_heads, head_dim)
         value = _gather_blocks(layer.v_blocks, meta.block_rows, num_seqs, num_kv_heads, head_dim)
-    else:
-        k_copy, v_copy = layer.kv_copies(num_seqs, context.kv_copy_len, context.kv_copy_reuse)
-        if meta.copy_rows is not None:   # the previous step's copies, plus this step's token
-            k_copy.view(-1, head_dim).index_put_((meta.copy_rows,), k)
-            v_copy.view(-1, head_dim).index_put_((meta.copy_rows,), v)
-        else:   # refill from the cache: the gather lands in the copies
-            torch.index_select(layer.k_blocks, 0, meta.block_rows, out=k_copy.view(-1, layer.k_blocks.size(1)))
-            torch.index_select(layer.v_blocks, 0, meta.block_rows, out=v_copy.view(-1, layer.v_blocks.size(1)))
-        key, value = k_copy[:, :, :context.max_seqlen_k], v_copy[:, :, :context.max_seqlen_k]
-    # One query per sequence: the heads sharing a KV head are its query rows (GQA), a view of q.
-    query = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=meta.mask, scale=scale).view(q.shape)
+        # One query per sequence: the heads sharing a KV head are its query rows (GQA), a view of q.
+        query = q.view(num_seqs, num_kv_heads, group, head_dim)
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=meta.mask, scale=scale).view(q.shape)
+    num_rows = meta.mask.size(0)
+    k_copy, v_copy = layer.kv_copies(num_rows, context.kv_copy_len, context.kv_copy_reuse)
+    if meta.copy_rows is not None:   # the previous step's copies, plus this step's token
+        k_copy.view(-1, head_dim).index_put_((meta.copy_rows,), k)
+        v_copy.view(-1, head_dim).index_put_((meta.copy_rows,), v)
+    else:   # refill from the cache: the gather lands in the copies
+        torch.index_select(layer.k_blocks, 0, meta.block_rows, out=k_copy.view(-1, layer.k_blocks.size(1)))
+        torch.index_select(layer.v_blocks, 0, meta.block_rows, out=v_copy.view(-1, layer.v_blocks.size(1)))
+    # Queries in row order; a row no sequence uses gets a zero query (its output is dropped).
+    query = q.new_zeros(num_rows, num_kv_heads, group, head_dim)
+    query.view(num_rows, num_heads, head_dim).index_copy_(0, context.kv_copy_rows, q)
+    out = torch.empty_like(query)
+    for start, end, num_keys in meta.buckets:
+        out[start:end] = F.scaled_dot_product_attention(
+            query[start:end], k_copy[start:end, :, :num_keys], v_copy[start:end, :, :num_keys],
+            attn_mask=meta.mask[start:end, ..., :num_keys], scale=scale)
+    return out.view(num_rows, num_heads, head_dim).index_select(0, context.kv_copy_rows)
 
 
 def flash_prefill_attention(q, k, v, k_cache, v_cache, context: Context, scale: float) -> torch.Tensor:
@@ -214,10 +234,8 @@ def flash_decode_attention(q, k_cache, v_cache, context: Context, scale: float) 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """One sequence, no cache: the model called outside the runner."""
-    group = q.size(1) // k.size(1)
-    o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1).repeat_interleave(group, 0),
-                                       v.transpose(0, 1).repeat_interleave(group, 0), is_causal=True, scale=scale)
-    return o.transpose(0, 1)
+    return _sdpa_gqa(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], is_causal=True,
+                     scale=scale)[0].transpose(0, 1)
 
 
 class Attention(nn.Module):
@@ -286,8 +304,7 @@ class Attention(nn.Module):
         # The warmup's empty cache has no block size; its forwards have no block tables to read.
         block_size = self.k_cache.size(2) if self.k_cache.dim() == 4 else 1
         if context.is_prefill:
-            return _prefill_metadata(context, q.size(0), block_size, self.num_kv_heads,
-                                     self.num_heads // self.num_kv_heads, q.dtype)
+            return _prefill_metadata(context, q.size(0), block_size, self.num_kv_heads, q.dtype)
         return _decode_metadata(context, block_size, self.num_kv_heads, q.dtype)
 
     def _flash(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: Context) -> torch.Tensor:

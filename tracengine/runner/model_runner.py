@@ -10,6 +10,7 @@ Contract with the engine:
 import math
 import os
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -32,6 +33,64 @@ CPU_CACHED_SEQS = 16
 # block table, and the memory they may take however small the KV cache.
 KV_COPY_SPARE_BLOCKS = 2
 KV_COPY_MIN_BUDGET = 256 << 20
+# Rows of the copies whose sequence left the batch are still computed (masked) until a refill;
+# past this share of the rows, the next decode refills instead.
+KV_COPY_MAX_DEAD = 0.25
+# Decode attention over the copies runs on row ranges of similar length, each only as wide as
+# its longest sequence: at most this many ranges, of at least KV_COPY_BUCKET_ROWS rows each.
+KV_COPY_BUCKETS = 4
+KV_COPY_BUCKET_ROWS = 16
+
+
+@dataclass(slots=True)
+class KVCopies:
+    """Where each sequence of a CPU decode batch sits in the dense K/V copies.
+    Rows are in order of context length when refilled; every sequence grows
+    one token a step, so the order holds while the copies are kept."""
+    keys: list                 # per row: (id(seq), seq_id), or None once that sequence left the batch
+    lens: list[int]            # per row: context length this step; 0 for a dead row
+    num_keys: int              # the copies' width in tokens
+    row_of_seq: list[int]      # per sequence of the batch: its row
+    seq_of_row: list[int]      # per live row: its index in the batch (only read at a refill)
+    reuse: bool
+    buckets: tuple = ()        # ((first row, end row, keys to attend), ...)
+
+    @classmethod
+    def refill(cls, keys: list, context_lens: list[int], num_keys: int) -> "KVCopies":
+        order = sorted(range(len(keys)), key=context_lens.__getitem__)
+        row_of_seq = [0] * len(keys)
+        for row, i in enumerate(order):
+            row_of_seq[i] = row
+        copies = cls([keys[i] for i in order], [context_lens[i] for i in order], num_keys, row_of_seq, order, False)
+        copies.buckets = copies._buckets()
+        return copies
+
+    def advance(self, keys: list, context_lens: list[int]) -> "KVCopies | None":
+        """The copies for the next step of (a subset of) the same batch, or None if they must be refilled."""
+        if max(context_lens) > self.num_keys:
+            return None
+        row_by_key = {key: row for row, key in enumerate(self.keys) if key is not None}
+        lens = [0] * len(self.keys)
+        row_of_seq = []
+        for key, n in zip(keys, context_lens):
+            row = row_by_key.get(key)
+            if row is None or n != self.lens[row] + 1:
+                return None
+            lens[row] = n
+            row_of_seq.append(row)
+        if (len(self.keys) - len(keys)) > KV_COPY_MAX_DEAD * len(self.keys):
+            return None
+        live = [key if n else None for key, n in zip(self.keys, lens)]
+        copies = KVCopies(live, lens, self.num_keys, row_of_seq, [], True)
+        copies.buckets = copies._buckets()
+        return copies
+
+    def _buckets(self) -> tuple:
+        num_rows = len(self.keys)
+        num_buckets = max(1, min(KV_COPY_BUCKETS, num_rows // KV_COPY_BUCKET_ROWS))
+        bounds = [num_rows * b // num_buckets for b in range(num_buckets + 1)]
+        return tuple((start, end, max(self.lens[start:end])) for start, end in zip(bounds, bounds[1:])
+                     if max(self.lens[start:end]) > 0)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -239,7 +298,7 @@ class ModelRunner:
         return self._tensor([seq.block_table + [0] * (width - len(seq.block_table)) for seq in seqs], torch.int32)
 
     def prepare_prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, Context]:
-        self._kv_copy_batch = None
+        self._kv_copies = None
         input_ids, positions, slot_mapping = [], [], []
         cu_seqlens_q, cu_seqlens_k = [0], [0]
         max_seqlen_q = max_seqlen_k = 0
@@ -264,41 +323,54 @@ class ModelRunner:
         context_lens = [seq.num_tokens for seq in seqs]
         # Each sequence computes its last token, at position num_tokens - 1, into that position's slot.
         slot_mapping = [seq.block_table[(n - 1) // bs] * bs + (n - 1) % bs for seq, n in zip(seqs, context_lens)]
-        width = max(len(seq.block_table) for seq in seqs)
-        kv_copy_len, kv_copy_reuse = self._plan_kv_copies(seqs, context_lens, width)
         context = Context(False, max_seqlen_k=max(context_lens), slot_mapping=self._tensor(slot_mapping, torch.int64),
-                          context_lens=self._tensor(context_lens, torch.int32),
-                          block_tables=self.prepare_block_tables(seqs, 0 if kv_copy_reuse else kv_copy_len // bs),
-                          kv_copy_len=kv_copy_len, kv_copy_reuse=kv_copy_reuse)
+                          context_lens=self._tensor(context_lens, torch.int32))
+        copies = self._plan_kv_copies(seqs, context_lens)
+        if copies is None:
+            context.block_tables = self.prepare_block_tables(seqs)
+        else:
+            context.kv_copy_len, context.kv_copy_reuse = copies.num_keys, copies.reuse
+            context.kv_copy_rows = self._tensor(copies.row_of_seq, torch.int64)
+            context.kv_copy_lens = self._tensor([max(n, 1) for n in copies.lens], torch.int32)
+            context.kv_copy_buckets = self._tensor(copies.buckets, torch.int64)
+            if not copies.reuse:   # refilled in the copies' row order
+                context.block_tables = self.prepare_block_tables([seqs[i] for i in copies.seq_of_row],
+                                                                 copies.num_keys // bs)
         return (self._tensor([seq.last_token for seq in seqs], torch.int64),
                 self._tensor([n - 1 for n in context_lens], torch.int64), context)
 
-    # The last decode batch whose K/V attention keeps dense copies of: ([(id, seq_id)], context_lens,
-    # kv_copy_len); None after a prefill or when the copies were not used.
-    _kv_copy_batch = None
+    # The dense K/V copies that decode attention keeps on the CPU (KVCopies); None after a prefill
+    # or while they are not used.
+    _kv_copies = None
 
-    def _plan_kv_copies(self, seqs: list[Sequence], context_lens: list[int], width: int) -> tuple[int, bool]:
-        """Context.kv_copy_len and kv_copy_reuse of a decode batch. Only on the
-        CPU (eager, torch backend), where gathering every sequence's keys anew
-        is a large share of a decode step; and only while the copies take no
-        more memory than the KV cache (or KV_COPY_MIN_BUDGET)."""
+    def _plan_kv_copies(self, seqs: list[Sequence], context_lens: list[int]) -> "KVCopies | None":
+        """How this decode batch uses the dense K/V copies (Context.kv_copy_len),
+        or None for no copies. Only on the CPU (eager, torch backend), where
+        gathering every sequence's keys anew is a large share of a decode step;
+        and only while the copies take no more memory than the KV cache (or
+        KV_COPY_MIN_BUDGET). The copies are kept while the batch is the last
+        one, one token longer, less sequences that left it (their rows stay,
+        dead, until KV_COPY_MAX_DEAD of the rows are); otherwise refilled."""
         if self.device.type != "cpu" or self.attention_backend != "torch" or self.graph_runner is not None:
-            return 0, False
-        batch, last = [(id(seq), seq.seq_id) for seq in seqs], self._kv_copy_batch
-        if (last is not None and last[0] == batch and max(context_lens) <= last[2]
-                and all(n == m + 1 for n, m in zip(context_lens, last[1]))):
-            self._kv_copy_batch = (batch, context_lens, last[2])
-            return last[2], True
+            return None
+        keys = [(id(seq), seq.seq_id) for seq in seqs]
+        last = self._kv_copies
+        if last is not None:
+            reused = last.advance(keys, context_lens)
+            if reused is not None:
+                self._kv_copies = reused
+                return reused
         # Refilled with room to grow, so a steady batch refills once every KV_COPY_SPARE_BLOCKS blocks.
+        width = max(len(seq.block_table) for seq in seqs)
         num_keys = max(width, min(width + KV_COPY_SPARE_BLOCKS, self.max_num_blocks_per_seq)) * self.block_size
         layer = self.attention_layers[0]
         nbytes = 2 * len(self.attention_layers) * len(seqs) * layer.num_kv_heads * num_keys * layer.head_dim \
             * self.dtype.itemsize
         if nbytes > max(self.kv_cache.nbytes, KV_COPY_MIN_BUDGET):
-            self._kv_copy_batch = None
-            return 0, False
-        self._kv_copy_batch = (batch, context_lens, num_keys)
-        return num_keys, False
+            self._kv_copies = None
+            return None
+        self._kv_copies = KVCopies.refill(keys, context_lens, num_keys)
+        return self._kv_copies
 
     # --- forward ----------------------------------------------------------
 
