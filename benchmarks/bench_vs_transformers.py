@@ -1,20 +1,28 @@
 """Throughput of tracengine against Hugging Face transformers' batched generate.
 
-The same synthetic workload (random token prompts, fixed output length, eos
-ignored, greedy) runs through tracengine and through transformers' padded
+The workload is nano-vllm's benchmark (256 prompts of 100-1024 random
+tokens, 100-1024 output tokens each) at half scale by default: 128
+random-token prompts of random lengths (--input-len MIN:MAX), each request
+with its own random number of output tokens (--output-len MIN:MAX), eos
+ignored, greedy. It runs through tracengine and through transformers' padded
 `generate` on the same model, in one process, on the same device, with the
-same torch thread count. Both are built and warmed up first; then the two
-alternate for --repeats rounds, and each side's median is reported: output
-tokens/s (wall clock), CPU seconds of the process, and the ratio.
+same torch thread count. transformers runs the prompts as left-padded
+batches (--hf-batch-size, default all of them, as tracengine's
+max_num_seqs); a batch decodes until its longest request has its tokens, and
+each request's output is cut to its own length. Throughput counts the tokens
+the requests asked for, on both sides. Both are built and warmed up first;
+then the two alternate for --repeats rounds, and each side's median is
+reported: output tokens/s (wall clock), CPU seconds of the process, and the
+ratio. One output length (`--output-len 64`) takes the padding of outputs
+out of the comparison and leaves only prefill padding and the cost of a step.
 
-    python benchmarks/bench_vs_transformers.py [--num-prompts 32] [--engine auto|llm|runner]
+    python benchmarks/bench_vs_transformers.py [--num-prompts 128] [--input-len 64:512] [--output-len 64:512]
 
---engine llm drives tracengine.llm.LLM (scheduler, block manager, runner),
-with a fresh scheduler each round so no round hits the previous round's
-prefix cache; --engine runner drives the ModelRunner directly with a minimal
-static-batch loop (no scheduler); auto picks llm when it can be imported.
-Either way the KV cache holds the whole workload (`--num-kvcache-blocks`,
-default: what the prompts and outputs need), as transformers' cache does.
+tracengine runs through tracengine.llm.LLM (scheduler, block manager,
+runner), with a fresh scheduler each round so no round hits the previous
+round's prefix cache. Its KV cache holds the whole workload
+(`--num-kvcache-blocks`, default: what the prompts and outputs need), as
+transformers' cache does.
 """
 import argparse
 import copy
@@ -26,7 +34,9 @@ import time
 import torch
 
 from tracengine.config import Config
+from tracengine.errors import TracengineError
 from tracengine.model.loader import load_hf_config, resolve_model_dir
+from tracengine.workload import parse_range
 
 
 def make_workload(num_prompts: int, min_len: int, max_len: int, vocab_size: int, seed: int) -> list[list[int]]:
@@ -35,130 +45,95 @@ def make_workload(num_prompts: int, min_len: int, max_len: int, vocab_size: int,
     return [[rng.randint(1, vocab_size - 1) for _ in range(rng.randint(min_len, max_len))] for _ in range(num_prompts)]
 
 
-def workload_blocks(prompts: list[list[int]], output_len: int, block_size: int) -> int:
-    return sum(math.ceil((len(p) + output_len) / block_size) for p in prompts)
+def make_output_lens(num_prompts: int, min_len: int, max_len: int, seed: int) -> list[int]:
+    rng = random.Random(seed + 1)   # not the prompts' stream: a fixed length leaves the prompts as they were
+    return [rng.randint(min_len, max_len) for _ in range(num_prompts)]
+
+
+def workload_blocks(prompts: list[list[int]], output_lens: list[int], block_size: int) -> int:
+    return sum(math.ceil((len(p) + n) / block_size) for p, n in zip(prompts, output_lens))
 
 
 class LLMSide:
-    name = "tracengine (llm)"
+    name = "tracengine"
 
-    def __init__(self, args, prompts: list[list[int]]):
+    def __init__(self, args, prompts: list[list[int]], output_lens: list[int]):
         from tracengine.llm import LLM
         from tracengine.sampling_params import SamplingParams
         self.llm = LLM(args.model, device=args.device, kvcache_block_size=args.block_size,
-                       enforce_eager=args.enforce_eager, max_model_len=args.max_len + args.output_len,
-                       max_num_seqs=max(args.num_prompts, 1), num_kvcache_blocks=args.num_kvcache_blocks)
+                       enforce_eager=args.enforce_eager,
+                       max_model_len=max(len(p) + n for p, n in zip(prompts, output_lens)),
+                       max_num_seqs=len(prompts), num_kvcache_blocks=args.num_kvcache_blocks)
         self.device = self.llm.runner.device
         self.prompts = prompts
-        self.sp = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
-        self.warmup_sp = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+        self.params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in output_lens]
+        self.warmup_params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
     def warmup(self):
-        self.llm.generate(self.prompts[:2], self.warmup_sp, use_tqdm=False)
+        self.llm.generate(self.prompts[:2], self.warmup_params, use_tqdm=False)
 
     def generate(self) -> list[list[int]]:
         self.llm.reset()   # empty prefix cache: every round computes every prompt token
-        return [out["token_ids"] for out in self.llm.generate(self.prompts, self.sp, use_tqdm=False)]
+        return [out["token_ids"] for out in self.llm.generate(self.prompts, self.params, use_tqdm=False)]
 
     def close(self):
         self.llm.close()
 
 
-def generate_with_runner(runner, prompts: list[list[int]], output_len: int, max_num_batched_tokens: int,
-                         max_num_seqs: int) -> list[list[int]]:
-    """Static batching: prefill everything under the token budget, then
-    decode all sequences together. Blocks are handed out in order."""
-    from tracengine.sampling_params import SamplingParams
-    from tracengine.sequence import Sequence
-    bs, next_block, seqs = runner.block_size, 0, []
-    for seq_id, prompt in enumerate(prompts):
-        seq = Sequence(seq_id, prompt, bs, SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True))
-        num_blocks = math.ceil((len(prompt) + output_len) / bs)
-        seq.block_table, next_block = list(range(next_block, next_block + num_blocks)), next_block + num_blocks
-        seqs.append(seq)
-    assert next_block <= runner.num_kvcache_blocks, "KV cache too small for the workload"
-
-    def step(batch, is_prefill):
-        for seq in batch:
-            seq.num_scheduled_tokens = seq.num_tokens - seq.num_cached_tokens if is_prefill else 1
-        for seq, token_id in zip(batch, runner.run(batch, is_prefill)):
-            seq.num_cached_tokens = seq.num_tokens
-            seq.append_token(token_id)
-
-    batch, num_batched = [], 0
-    for seq in seqs:
-        if batch and (num_batched + seq.num_tokens > max_num_batched_tokens or len(batch) == max_num_seqs):
-            step(batch, True)
-            batch, num_batched = [], 0
-        batch.append(seq)
-        num_batched += seq.num_tokens
-    step(batch, True)
-    for _ in range(output_len - 1):
-        for i in range(0, len(seqs), max_num_seqs):
-            step(seqs[i:i + max_num_seqs], False)
-    return [seq.completion_token_ids for seq in seqs]
-
-
-class RunnerSide:
-    name = "tracengine (runner)"
-
-    def __init__(self, args, prompts: list[list[int]]):
-        from tracengine.runner.model_runner import ModelRunner
-        max_model_len = args.max_len + args.output_len
-        self.config = Config(model=args.model, device=args.device, kvcache_block_size=args.block_size,
-                             num_kvcache_blocks=args.num_kvcache_blocks, max_model_len=max_model_len,
-                             enforce_eager=args.enforce_eager, max_num_seqs=max(args.num_prompts, 1),
-                             max_num_batched_tokens=max(8192, max_model_len))
-        self.runner = ModelRunner(self.config)
-        self.device = self.runner.device
-        self.prompts, self.output_len = prompts, args.output_len
-
-    def _generate(self, prompts, output_len):
-        return generate_with_runner(self.runner, prompts, output_len, self.config.max_num_batched_tokens,
-                                    self.config.max_num_seqs)
-
-    def warmup(self):
-        self._generate(self.prompts[:2], 4)
-
-    def generate(self) -> list[list[int]]:
-        return self._generate(self.prompts, self.output_len)
-
-    def close(self):
-        self.runner.exit()
-
-
 class TransformersSide:
+    """Left-padded batches of `batch_size` prompts (0: all in one); each batch
+    generates as many tokens as its longest request asks for."""
     name = "transformers generate"
 
-    def __init__(self, args, prompts: list[list[int]], device: torch.device, dtype: torch.dtype, pad_id: int):
+    def __init__(self, model: str, prompts: list[list[int]], output_lens: list[int], device: torch.device,
+                 dtype: torch.dtype, pad_id: int, batch_size: int = 0):
         import transformers
-        self.model = transformers.Qwen3ForCausalLM.from_pretrained(resolve_model_dir(args.model), dtype=dtype)
+        self.model = transformers.Qwen3ForCausalLM.from_pretrained(resolve_model_dir(model), dtype=dtype)
         self.model = self.model.to(device).eval()
-        self.width = max(len(p) for p in prompts)
-        # Left padding: every prompt ends at the same column, where generation starts.
-        self.input_ids = torch.tensor([[pad_id] * (self.width - len(p)) + p for p in prompts], device=device)
-        self.attention_mask = torch.tensor([[0] * (self.width - len(p)) + [1] * len(p) for p in prompts],
-                                           device=device)
+        batch_size = batch_size or len(prompts)
+        self.batches = [self._pad(prompts[i:i + batch_size], output_lens[i:i + batch_size], pad_id, device)
+                        for i in range(0, len(prompts), batch_size)]
         # Like ignore_eos: the real eos stays an ordinary token and generation runs
         # to max_new_tokens. Masking eos (min_new_tokens) would change the argmax,
         # and eos_token_id=None falls back to the model config's; an id past the
         # vocabulary is never generated.
         self.generation_config = copy.deepcopy(self.model.generation_config)
         self.generation_config.update(eos_token_id=self.model.config.vocab_size, pad_token_id=pad_id,
-                                      do_sample=False, max_new_tokens=args.output_len)
-        self.warmup_config = copy.deepcopy(self.generation_config)
-        self.warmup_config.update(max_new_tokens=4)
+                                      do_sample=False)
+
+    @staticmethod
+    def _pad(prompts: list[list[int]], output_lens: list[int], pad_id: int, device: torch.device) -> dict:
+        # Left padding: every prompt ends at the same column, where generation starts.
+        width = max(len(p) for p in prompts)
+        return dict(input_ids=torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device),
+                    attention_mask=torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
+                                                device=device),
+                    width=width, output_lens=output_lens)
+
+    def _config(self, max_new_tokens: int):
+        config = copy.deepcopy(self.generation_config)
+        config.update(max_new_tokens=max_new_tokens)
+        return config
+
+    @property
+    def num_generated(self) -> int:
+        """Tokens computed per round, past each request's own length included."""
+        return sum(len(b["output_lens"]) * max(b["output_lens"]) for b in self.batches)
 
     @torch.inference_mode()
     def warmup(self):
-        self.model.generate(self.input_ids[:2], attention_mask=self.attention_mask[:2],
-                            generation_config=self.warmup_config)
+        batch = self.batches[0]
+        self.model.generate(batch["input_ids"][:2], attention_mask=batch["attention_mask"][:2],
+                            generation_config=self._config(4))
 
     @torch.inference_mode()
     def generate(self) -> list[list[int]]:
-        out = self.model.generate(self.input_ids, attention_mask=self.attention_mask,
-                                  generation_config=self.generation_config)
-        return out[:, self.width:].tolist()
+        outputs = []
+        for batch in self.batches:
+            out = self.model.generate(batch["input_ids"], attention_mask=batch["attention_mask"],
+                                      generation_config=self._config(max(batch["output_lens"])))
+            outputs += [row[:n] for row, n in zip(out[:, batch["width"]:].tolist(), batch["output_lens"])]
+        return outputs
 
     def close(self):
         pass
@@ -181,40 +156,40 @@ def timed(side, device: torch.device) -> tuple[list[list[int]], float, float]:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="", help="model directory (default: the embedded tiny model)")
-    parser.add_argument("--num-prompts", type=int, default=32)
-    parser.add_argument("--min-len", type=int, default=32)
-    parser.add_argument("--max-len", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--num-prompts", type=int, default=128)
+    parser.add_argument("--input-len", default="64:512", help="prompt tokens, MIN:MAX or one length")
+    parser.add_argument("--output-len", default="64:512", help="output tokens per request, MIN:MAX or one length")
+    parser.add_argument("--hf-batch-size", type=int, default=0,
+                        help="prompts per transformers batch (default: all, like tracengine's max_num_seqs)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--num-kvcache-blocks", type=int, default=0,
                         help="tracengine's KV cache (default: the blocks the whole workload needs)")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--engine", choices=["auto", "llm", "runner"], default="auto")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=5, help="alternating timed rounds of each side")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating timed rounds of each side")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     args = parser.parse_args()
+    try:
+        in_low, in_high = parse_range(args.input_len, "--input-len")
+        out_low, out_high = parse_range(args.output_len, "--output-len")
+    except TracengineError as e:
+        parser.error(str(e))
     if args.threads:
         torch.set_num_threads(args.threads)
 
     hf_config = load_hf_config(resolve_model_dir(args.model))
-    prompts = make_workload(args.num_prompts, args.min_len, args.max_len, hf_config.vocab_size, args.seed)
+    prompts = make_workload(args.num_prompts, in_low, in_high, hf_config.vocab_size, args.seed)
+    output_lens = make_output_lens(args.num_prompts, out_low, out_high, args.seed)
     if not args.num_kvcache_blocks:
-        args.num_kvcache_blocks = workload_blocks(prompts, args.output_len, args.block_size)
-    engine = args.engine
-    if engine == "auto":
-        try:
-            import tracengine.llm  # noqa: F401
-            engine = "llm"
-        except ImportError:
-            engine = "runner"
+        args.num_kvcache_blocks = workload_blocks(prompts, output_lens, args.block_size)
 
     from tracengine.runner.model_runner import resolve_device, resolve_dtype
     device = resolve_device(args.device)
     pad_id = hf_config.pad_token_id if hf_config.pad_token_id is not None else 0
-    ours = (LLMSide if engine == "llm" else RunnerSide)(args, prompts)
-    theirs = TransformersSide(args, prompts, device, resolve_dtype("auto", device, hf_config), pad_id)
+    ours = LLMSide(args, prompts, output_lens)
+    theirs = TransformersSide(args.model, prompts, output_lens, device, resolve_dtype("auto", device, hf_config),
+                              pad_id, args.hf_batch_size)
     sides = [ours, theirs]
     for side in sides:
         side.warmup()
@@ -227,16 +202,17 @@ def main():
     for side in sides:
         side.close()
 
-    num_output = args.num_prompts * args.output_len
+    num_output = sum(output_lens)
     ours_out, theirs_out = outputs[ours.name], outputs[theirs.name]
-    assert all(len(o) == args.output_len for o in ours_out) and all(len(o) == args.output_len for o in theirs_out)
+    for name, outs in outputs.items():
+        assert [len(o) for o in outs] == output_lens, f"{name} gave the wrong number of tokens"
     agree = sum(a == b for a, b in zip(ours_out, theirs_out))
     median = {name: (statistics.median(w for w, _ in r), statistics.median(c for _, c in r))
               for name, r in rounds.items()}
-    print(f"workload: {args.num_prompts} prompts of {args.min_len}-{args.max_len} tokens, "
-          f"{args.output_len} output tokens each, greedy, device {device}, torch threads {torch.get_num_threads()}, "
-          f"{args.repeats} alternating rounds (median); tracengine KV cache {args.num_kvcache_blocks} blocks "
-          f"of {args.block_size}")
+    print(f"workload: {args.num_prompts} prompts of {args.input_len} tokens, {args.output_len} output tokens each "
+          f"({num_output} in all; transformers computes {theirs.num_generated} in {len(theirs.batches)} "
+          f"batch(es)), greedy, device {device}, torch threads {torch.get_num_threads()}, {args.repeats} "
+          f"alternating rounds (median); tracengine KV cache {args.num_kvcache_blocks} blocks of {args.block_size}")
     for side in sides:
         wall, cpu = median[side.name]
         walls = " ".join(f"{w:.2f}" for w, _ in rounds[side.name])

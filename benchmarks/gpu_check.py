@@ -173,8 +173,8 @@ def main():
                 one_rank = {eager: outputs[eager, 0.0] for eager in (True, False)}
                 tensor_parallel_case(label, model, workload, prompts, engine_args, one_rank, rows, agreements)
             if model == "":
-                side = TransformersSide(SimpleNamespace(model="", output_len=workload.output_len), prompts,
-                                        torch.device(device), torch.float32, pad_id=0)
+                side = TransformersSide("", prompts, [workload.output_len] * len(prompts), torch.device(device),
+                                        torch.float32, pad_id=0)
                 theirs = side.generate()
                 side.close()
                 same = sum(a == b for a, b in zip(outputs[False, 0.0], theirs))
