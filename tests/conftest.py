@@ -1,4 +1,6 @@
 """Shared builders: the real scheduler on a tiny config, no model."""
+from pathlib import Path
+
 import pytest
 
 from tracengine.config import Config
@@ -54,6 +56,17 @@ def write_trace(path, events):
         for event in events[1:]:
             writer.emit(event)
     return str(path)
+
+
+def cut_like_a_kill(path, nbytes: int) -> bytes:
+    """Rewrites a closed trace as a writer killed mid-frame leaves it: no end
+    frame, and the last step's frame short by `nbytes`. Returns the new bytes."""
+    from tracengine.tracelog import END_PAYLOAD, FRAME_HEAD
+    path = Path(path)
+    data = path.read_bytes()
+    data = data[:len(data) - FRAME_HEAD.size - len(END_PAYLOAD) - nbytes]
+    path.write_bytes(data)
+    return data
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from conftest import cut_like_a_kill
 from test_stats import preemption_case, run_engine, worked_example
 from tracengine.cli import main
 from tracengine.events import Preempt, RequestAdded
@@ -156,7 +157,7 @@ def test_cli_export(tmp_path, capsys):
 def test_export_of_a_torn_trace(tmp_path):
     trace = tmp_path / "run.trace"
     write_trace(trace, preemption_case())
-    trace.write_bytes(trace.read_bytes()[:-5])
+    cut_like_a_kill(trace, 5)
     doc = export(str(trace), tmp_path)
     validate(doc)
     assert doc["metadata"]["num_steps"] == 7 and doc["metadata"]["torn_tail"]

@@ -16,7 +16,7 @@ from tracengine.replay.scripted import CANNED_WORKLOADS
 from tracengine.scheduler import Scheduler
 from tracengine.tracelog import TraceReader
 
-from conftest import run_canned, write_trace
+from conftest import cut_like_a_kill, run_canned, write_trace
 
 SNAPSHOT_DIR = Path(__file__).parent / "snapshots"
 
@@ -197,8 +197,7 @@ def test_a_scheduler_change_makes_a_golden_trace_diverge(monkeypatch, capsys):
 
 def test_a_torn_tail_is_noted_and_the_complete_steps_reproduce(tmp_path, capsys):
     path = write_trace(tmp_path / "run.trace", run_canned("head_of_line"))
-    with open(path, "r+b") as f:
-        f.truncate(f.seek(0, 2) - 5)          # the last frame loses its end, as if the writer was killed
+    cut_like_a_kill(path, 5)
     assert main(["replay", path]) == 0
     captured = capsys.readouterr()
     assert "11 steps and" in captured.out and "reproduced exactly" in captured.out

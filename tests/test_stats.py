@@ -10,7 +10,7 @@ import sys
 import msgspec
 import pytest
 
-from conftest import make_config
+from conftest import cut_like_a_kill, make_config
 from tracengine.cli import main
 from tracengine.events import ListSink, StepEnd
 from tracengine.llm_engine import LLMEngine
@@ -219,8 +219,7 @@ def test_text_form(trace_file, capsys):
 
 
 def test_torn_trace_gives_every_complete_step(trace_file):
-    data = trace_file.read_bytes()
-    trace_file.write_bytes(data[:-5])     # the last step's frame is cut short, as by a kill mid-write
+    cut_like_a_kill(trace_file, 5)
     s = stats(trace_file)
     assert s["steps"]["num_steps"] == 7
     assert s["trace"]["torn_tail"].startswith("incomplete last frame at offset ")

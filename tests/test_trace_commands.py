@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from conftest import cut_like_a_kill
 from test_tracelog import flip_byte, record
 from tracengine.cli import main
 from tracengine.events import EVENT_TYPES
@@ -88,19 +89,21 @@ def test_check_whole_trace(trace, capsys):
     assert f"events: {len(events)}" in out
     assert "TokenSample" in out and "per event" in out
     assert out.splitlines()[-1].endswith(": whole")
+    assert "end frame: yes, the writer closed the trace" in out
 
 
 def test_check_torn_trace_exits_1_and_still_counts(trace, capsys, tmp_path):
     path, _, engine = trace
-    data = path.read_bytes()
     torn = tmp_path / "torn.trace"
-    torn.write_bytes(data[:-7])                        # the last step's frame loses 7 bytes
+    torn.write_bytes(path.read_bytes())
+    cut_like_a_kill(torn, 7)                           # the last step's frame loses 7 bytes
     with TraceReader(path) as reader:
         last = reader.frames()[-1]
     exit_code, out, _ = run(capsys, "check", torn)
     assert exit_code == 1
     assert f"torn last frame: {last.nbytes + 12 - 7} bytes at offset {last.offset}" in out
     assert f"steps: {engine.num_steps - 1}" in out
+    assert "end frame: none, the trace is still being written or its writer was killed" in out
     assert out.splitlines()[-1].endswith(": damaged")
     exit_code, out, err = run(capsys, "events", torn, "--type", "StepEnd")
     assert exit_code == 0 and len(out.splitlines()) == engine.num_steps - 1

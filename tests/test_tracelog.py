@@ -27,7 +27,7 @@ from tracengine.replay.scripted import SyntheticRunner, every_event_type, every_
 from tracengine.sampling_params import SamplingParams
 from tracengine import tracelog
 from tracengine.trace_dictionary import DICTIONARY, DICTIONARY_XXH64
-from tracengine.tracelog import (DEFLATED, FORMAT_VERSION, FRAME_HEAD, PREAMBLE, WINDOW_BITS, TraceReader, TraceWriter,
+from tracengine.tracelog import (DEFLATED, END_PAYLOAD, FORMAT_VERSION, FRAME_HEAD, PREAMBLE, WINDOW_BITS, TraceReader, TraceWriter,
                                  make_header, open_trace)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,8 +116,30 @@ def test_one_frame_per_step_ending_with_its_step_end(recorded):
             assert {e.step for e in events} == {frame.step}
             assert type(events[-1]) is StepEnd
             assert [type(e) for e in events].count(ScheduleDecision) == 1
+        # then the end frame: an empty array, stored
         end = frames[-1].offset + FRAME_HEAD.size + frames[-1].nbytes
-        assert end == os.path.getsize(path)
+        assert end + FRAME_HEAD.size + len(END_PAYLOAD) == os.path.getsize(path)
+        assert path.read_bytes()[end + FRAME_HEAD.size:] == END_PAYLOAD == b"\x90"
+        assert reader.ended
+
+
+def test_end_frame_ends_following_and_bytes_after_it_are_corruption(recorded, tmp_path):
+    path, header, events, _ = recorded
+    assert list(open_trace(path, follow=True, stop=lambda: False)) == [header] + events   # returns: ended
+    with TraceWriter(tmp_path / "open.trace", header) as writer:
+        writer.emit(StepEnd(0, 1, 2, 3, 4))
+        with TraceReader(tmp_path / "open.trace") as reader:
+            assert not reader.ended and reader.num_frames == 2
+        writer.emit(StepEnd(1, 1, 2, 3, 4))
+    with TraceReader(tmp_path / "open.trace") as reader:
+        assert reader.ended and reader.num_frames == 3 and reader.torn_tail is None
+    size = os.path.getsize(path)
+    with open(path, "ab") as f:
+        f.write(b"\0" * 5)
+    with TraceReader(path) as reader:
+        assert reader.ended and reader.corruption.offset == size
+        with pytest.raises(TraceCorruptError, match=f"5 bytes follow the end frame at offset {size}"):
+            list(reader.events())
 
 
 def test_reading_from_a_step(recorded):
@@ -181,10 +203,16 @@ def test_the_dictionary_is_pinned():
 
 
 def append_frame(path, payload: bytes, deflated: bool) -> int:
-    """Appends a frame with a valid checksum; returns its offset."""
+    """Appends a frame with a valid checksum, in place of the end frame of a
+    closed trace (the recording goes on); returns its offset."""
     offset = os.path.getsize(path)
+    end_frame = FRAME_HEAD.pack(len(END_PAYLOAD), xxhash.xxh64_intdigest(END_PAYLOAD, 0)) + END_PAYLOAD
+    if path.read_bytes().endswith(end_frame):
+        offset -= len(end_frame)
     word = len(payload) | (DEFLATED if deflated else 0)
-    with open(path, "ab") as f:
+    with open(path, "r+b") as f:
+        f.truncate(offset)
+        f.seek(offset)
         f.write(FRAME_HEAD.pack(word, xxhash.xxh64_intdigest(payload, int(deflated))) + payload)
     return offset
 
@@ -262,9 +290,11 @@ def test_torn_tail_at_every_cut_point_keeps_every_complete_step(recorded, tmp_pa
         complete = [f for f in frames if f.offset + FRAME_HEAD.size + f.nbytes <= cut]
         with TraceReader(cut_path) as reader:
             assert reader.frames() == complete
+            assert reader.ended == (cut == len(data))   # the end frame, whole
             last = complete[-1]
             torn_at = last.offset + FRAME_HEAD.size + last.nbytes
-            assert reader.torn_tail == (None if torn_at == cut else (torn_at, cut - torn_at))
+            whole = torn_at == cut or reader.ended
+            assert reader.torn_tail == (None if whole else (torn_at, cut - torn_at))
             assert reader.corruption is None
             assert list(reader.events()) == [header] + [e for e in events if e.step <= last.step]
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import cut_like_a_kill
 from tracengine.cli import main
 from tracengine.config import Config
 from tracengine.events import BlockAllocate, Preempt, SeqFinish
@@ -384,6 +385,10 @@ async def test_follow_shows_new_steps_as_another_writer_appends(tmp_path, fold):
             pass
         await until(pilot, lambda: app.num_steps == fold.num_steps)
         assert_panels_match(app, fold, fold.num_steps - 1)
+        # The writer closed the trace: its end frame turns LIVE off.
+        await until(pilot, lambda: not app.live)
+        header = str(app.query_one(TraceHeaderBar).render())
+        assert "LIVE" not in header and "recording ended" in header and app.indexed_all
 
 
 async def test_follow_waits_out_a_torn_frame(tmp_path, fold, trace):
@@ -414,9 +419,9 @@ async def test_follow_waits_out_a_torn_frame(tmp_path, fold, trace):
 
 
 async def test_a_torn_tail_is_reported_and_every_complete_step_shown(tmp_path, fold, trace):
-    data = trace.read_bytes()
     torn = tmp_path / "torn.trace"
-    torn.write_bytes(data[:-5])
+    torn.write_bytes(trace.read_bytes())
+    cut_like_a_kill(torn, 5)
     app, running = opened(torn)
     async with running as pilot:
         await app.workers.wait_for_complete()

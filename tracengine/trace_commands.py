@@ -144,3 +144,5 @@ def print_summary(reader: TraceReader, counts, steps) -> None:
         if counts[name]:
             print(f"  {name:<18}{counts[name]:>10}")
     print(f"bytes: {file_size}" + (f", {file_size / num_events:.1f} per event" if num_events else ""))
+    print("end frame: yes, the writer closed the trace" if reader.ended
+          else "end frame: none, the trace is still being written or its writer was killed")

@@ -22,7 +22,10 @@ all stored (as traces written before deflate was added) is a v1 trace too.
 
 The first frame holds only the TraceHeader; each later frame holds one engine
 step's events and is written, and flushed, when that step's StepEnd arrives,
-so a killed process leaves every finished step readable. Decoding is typed
+so a killed process leaves every finished step readable. Closing the writer
+appends the end frame, an empty array (stored, one byte of payload): a
+reader following the file knows the recording is over, and a trace without
+it is still being written or was left by a killed writer. Decoding is typed
 msgspec only. A reader reports what it cannot read (a torn last frame, a
 checksum mismatch, a payload that does not inflate) and still gives every
 complete frame before it."""
@@ -52,6 +55,7 @@ WINDOW_BITS = 13                       # deflate window of 8 KiB; the dictionary
 MIN_DEFLATE_BYTES = 32                 # smaller payloads are stored as they are
 SCAN_BYTES = 1 << 20                   # the index scan and events() read this much at a time
 _LEADING_BYTES = 32                    # enough payload to hold the first event's tag and step
+END_PAYLOAD = msgspec.msgpack.encode([])   # the end frame's payload: no events
 
 
 class FrameInfo(NamedTuple):
@@ -120,12 +124,13 @@ class TraceWriter:
         self._file.flush()
 
     def close(self) -> None:
-        """Writes events of an unfinished step as a last frame, then closes."""
+        """Writes events of an unfinished step as a frame, then the end frame, and closes."""
         if self._file.closed:
             return
         if self._pending:
             self._write_frame(self._pending)
             self._pending.clear()
+        self._write_frame([])
         self._file.close()
 
     def __enter__(self) -> "TraceWriter":
@@ -139,7 +144,8 @@ class TraceReader:
     """Random access to a trace's frames. The index (offset, first step, stored
     bytes of each frame) is built by one scan that checks every checksum;
     events are inflated and decoded only when a frame is read. `refresh()`
-    picks up appended frames.
+    picks up appended frames; `ended` turns true at the writer's end frame,
+    which is not indexed (bytes after it are corruption).
 
     What could not be read is reported, not raised: `torn_tail` for an
     incomplete last frame, `corruption` (a TraceCorruptError) for a frame that
@@ -156,6 +162,7 @@ class TraceReader:
             self._end = PREAMBLE.size
             self.torn_tail: TornTail | None = None
             self.corruption: TraceCorruptError | None = None
+            self.ended = False   # the end frame was read: nothing more will be written
             self.refresh(max_frames)
             self.header = self._read_header()
         except BaseException:
@@ -187,7 +194,7 @@ class TraceReader:
         num_before = len(self._frames)
         file_size = os.fstat(self._fd).st_size
         data, base = b"", self._end        # file bytes from offset `base`, read SCAN_BYTES at a time
-        while self.corruption is None:
+        while self.corruption is None and not self.ended:
             if max_frames is not None and len(self._frames) - num_before >= max_frames:
                 self.torn_tail = None     # the end is not reached yet
                 return len(self._frames) - num_before
@@ -210,6 +217,11 @@ class TraceReader:
             stored = data[offset - base + FRAME_HEAD.size:end - base]
             if xxhash.xxh64_intdigest(stored, word >> 31) != checksum:
                 self._corrupt(f"frame {len(self._frames)} fails its checksum", offset)
+                break
+            if stored == END_PAYLOAD and not word & DEFLATED and self._frames:
+                self.ended, self._end = True, end
+                if file_size > end:
+                    self._corrupt(f"{file_size - end} bytes follow the end frame", end)
                 break
             step = self._first_step(stored, word, offset) if self._frames else -1
             if step is None:
@@ -326,11 +338,11 @@ def open_trace(path, follow: bool = False, poll_interval: float = 0.1,
                stop: Callable[[], bool] | None = None) -> Iterator[AnyEvent]:
     """Typed events of a trace, TraceHeader first. With `follow`, keeps
     yielding events as complete frames are appended (a torn last frame is one
-    still being written) until `stop()` returns true."""
+    still being written) until the end frame or until `stop()` returns true."""
     with TraceReader(path) as reader:
         yield from reader.events()
         next_frame = reader.num_frames
-        while follow:
+        while follow and not reader.ended:
             stopping = stop is not None and stop()
             if not stopping:
                 time.sleep(poll_interval)

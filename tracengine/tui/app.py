@@ -81,7 +81,7 @@ class TraceApp(App):
     playing = var(False)
     speed = var(10)
     note = var("")
-    indexed_all = var(False)   # the worker has read the whole file (never, while following)
+    indexed_all = var(False)   # the worker has read the whole file (following: up to its end frame)
 
     class Indexed(Message):
         """The worker has folded the trace up to `num_steps`."""
@@ -308,6 +308,10 @@ class TraceApp(App):
         self.num_steps = message.num_steps
         if message.done:
             self.indexed_all = True
+            if self.live:   # the writer closed the trace: nothing more will come
+                self.live = self.at_tail = False
+                self.note = "recording ended"
+                return
             tail = self.index.torn_tail
             self.note = f"torn last frame ignored ({tail.nbytes} bytes at offset {tail.offset})" if tail else ""
             if tail:

@@ -24,7 +24,8 @@ def read_in_background(index: TraceIndex, follow: bool, stop: threading.Event, l
     """Reads `index` to the end of its file, then, when following, keeps
     reading what is appended until `stop` is set. `report(num_steps, done)`
     at most once per report interval, and once with done=True at the end of a
-    file that is not followed; `fail(message)` on damage, which ends reading.
+    file that is not followed or whose writer closed it (its end frame);
+    `fail(message)` on damage, which ends reading.
     A torn last frame is a frame still being written: it is read once whole."""
     reported, reported_at = index.num_steps, time.monotonic()
     while not stop.is_set():
@@ -47,7 +48,7 @@ def read_in_background(index: TraceIndex, follow: bool, stop: threading.Event, l
         if index.problem:
             fail(index.problem)
             return
-        if not follow:
+        if not follow or index.ended:
             report(index.num_steps, True)
             return
         stop.wait(pacing.poll_interval)

@@ -156,6 +156,11 @@ class TraceIndex:
     def torn_tail(self):
         return self.reader.torn_tail
 
+    @property
+    def ended(self) -> bool:
+        """The writer closed the trace: nothing more will be appended."""
+        return self.reader.ended
+
     # -- reading (UI thread) --------------------------------------------------------------------
 
     def events_at(self, step: int) -> list:
