@@ -156,6 +156,22 @@ def test_a_killed_worker_raises_worker_error():
     assert worker.exitcode == -signal.SIGKILL
 
 
+def test_a_worker_dying_before_the_group_forms_is_an_error_at_once(monkeypatch):
+    from tracengine.runner.distributed import TensorParallelGroup
+    wait_for_hello = TensorParallelGroup._wait_for_hello
+
+    def hello_then_kill(self):
+        wait_for_hello(self)
+        os.kill(self.procs[0].pid, signal.SIGKILL)   # said hello, will never join
+
+    monkeypatch.setattr(TensorParallelGroup, "_wait_for_hello", hello_then_kill)
+    start = time.monotonic()
+    # Usually while rank 0 waits in the rendezvous; a worker quick enough to join first is found just after.
+    with pytest.raises(WorkerError, match=r"rank 1 \(pid \d+\) was killed by SIGKILL (while the ranks formed|during)"):
+        LLM("", tensor_parallel_size=2, **ENGINE)
+    assert time.monotonic() - start < 60   # not the collective timeout (120 s)
+
+
 def test_a_worker_that_raises_reports_its_exception(capfd):
     llm = LLM("", tensor_parallel_size=2, **ENGINE)
     [worker] = llm.runner.tp.procs

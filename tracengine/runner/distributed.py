@@ -24,6 +24,7 @@ import atexit
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from array import array
@@ -232,7 +233,7 @@ class TensorParallelGroup:
             self.procs.append(proc)
             self.conns.append(parent_conn)
         self._wait_for_hello()
-        self.comm = Communicator(self.store, 0, self.size, self.device)
+        self.comm = self._join_group()
 
     def _wait_for_hello(self):
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -251,6 +252,32 @@ class TensorParallelGroup:
                 raise WorkerError(f"tensor-parallel workers {sorted(i + 1 for i in waiting)} did not start "
                                   f"within {STARTUP_TIMEOUT_S} s")
             time.sleep(0.02)
+
+    def _join_group(self) -> "Communicator":
+        """Rank 0's side of the process group's rendezvous. It blocks until
+        every rank has joined, so it runs in a thread while this one watches
+        the workers: a worker that dies before joining is a WorkerError at
+        once, not a wait of COLLECTIVE_TIMEOUT_S."""
+        built: dict = {}
+
+        def build():
+            try:
+                built["comm"] = Communicator(self.store, 0, self.size, self.device)
+            except Exception as exc:   # reported below, in the caller's thread
+                built["error"] = exc
+
+        thread = threading.Thread(target=build, name="tracengine-tp-rendezvous", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.05)
+            failures = self._failures()
+            if failures:
+                raise WorkerError(f"{failures} while the ranks formed their process group")
+        if "error" in built:
+            error = built["error"]
+            first_line = (str(error).strip().splitlines() or [""])[0][:300]
+            raise WorkerError(f"the ranks could not form their process group: {type(error).__name__}: {first_line}")
+        return built["comm"]
 
     @property
     def pids(self) -> list[int]:
