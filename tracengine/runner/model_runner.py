@@ -38,8 +38,8 @@ KV_COPY_MIN_BUDGET = 256 << 20
 KV_COPY_MAX_DEAD = 0.25
 # Decode attention over the copies runs on row ranges of similar length, each only as wide as
 # its longest sequence: at most this many ranges, of at least KV_COPY_BUCKET_ROWS rows each.
-KV_COPY_BUCKETS = 4
-KV_COPY_BUCKET_ROWS = 16
+KV_COPY_BUCKETS = 8
+KV_COPY_BUCKET_ROWS = 8
 
 
 @dataclass(slots=True)
