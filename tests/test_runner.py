@@ -159,6 +159,42 @@ def test_decode_across_batch_changes_matches_full_recompute(runner):
             seq.append_token(int(row.argmax()))
 
 
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_prefill_in_length_groups_matches_full_forward(block_size):
+    """12 sequences of 5-150 tokens: on the CPU they attend in grids of similar
+    length, with and without a cached prefix (an earlier chunk of each)."""
+    runner = make_runner(block_size, num_kvcache_blocks=700 // block_size * 4, max_num_seqs=16)
+    try:
+        lengths = [5, 150, 33, 90, 12, 71, 128, 48, 7, 101, 64, 19]
+        seqs, next_block = [], 0
+        for i, n in enumerate(lengths):
+            num_blocks = -(-n // block_size)
+            seqs.append(new_seq(runner, i, tokens(n, salt=60 + i), list(range(next_block, next_block + num_blocks))))
+            next_block += num_blocks
+        first_chunks = [max(1, n // 3) for n in lengths]
+        for with_prefix in (False, True):
+            for seq, chunk in zip(seqs, first_chunks):
+                seq.num_cached_tokens = chunk if with_prefix else 0
+            batch = [schedule(seq) for seq in seqs]
+            cu_q, cu_k = [0], [0]
+            for seq in batch:
+                cu_q.append(cu_q[-1] + seq.num_scheduled_tokens)
+                cu_k.append(cu_k[-1] + seq.num_tokens)
+            order, groups = runner._plan_prefill_groups(cu_q, cu_k)
+            assert len(groups) == 3 and sorted(order) == list(range(12))
+            if with_prefix:   # the chunks before: fill the cache with each sequence's first tokens
+                for seq, chunk in zip(seqs, first_chunks):
+                    seq.num_cached_tokens = 0
+                runner.run([schedule(seq, chunk) for seq, chunk in zip(seqs, first_chunks)], True)
+                computed(seqs)
+                batch = [schedule(seq) for seq in seqs]
+            logits = runner.compute_logits(batch, True)
+            for seq, row in zip(seqs, logits):
+                torch.testing.assert_close(row, reference_logits(runner, seq.token_ids), atol=ATOL, rtol=0)
+    finally:
+        runner.exit()
+
+
 def test_decode_copies_keep_rows_of_finished_sequences_and_attend_by_length_range():
     """40 sequences of different lengths: the copies are filled once in order of
     length and attended in several ranges; as sequences finish, their rows stay

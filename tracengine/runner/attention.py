@@ -64,8 +64,10 @@ class TorchMetadata:
                                           # None in a prefill without cached prefix, which is plain causal
     q_index: torch.Tensor | None = None   # prefill: [B * Qmax] packed row of each grid query (pads repeat the last)
     k_index: torch.Tensor | None = None   # prefill without block tables: [B * Kmax] packed row of each key
-    out_index: torch.Tensor | None = None  # prefill: [num_tokens] grid row of each packed token
+    out_index: torch.Tensor | None = None  # prefill: [num_tokens] grid row of each packed token (of the group)
     num_seqs: int = 0                      # prefill: rows of the grid
+    positions: torch.Tensor | None = None  # prefill group: packed row of each of its tokens, in its order
+    groups: list | None = None             # prefill in groups (Context.prefill_groups): a TorchMetadata each
     buckets: tuple = ()                    # decode with copies: Context.kv_copy_buckets as ints
     copy_rows: torch.Tensor | None = None  # decode, kv_copy_reuse: [B, Hkv] row ([-1, head_dim] view) of the
                                            # dense copies that takes each sequence's new K/V head
@@ -114,27 +116,53 @@ def _decode_metadata(context: Context, block_size: int, num_kv_heads: int, dtype
 
 def _prefill_metadata(context: Context, num_tokens: int, block_size: int, num_kv_heads: int,
                       dtype: torch.dtype) -> TorchMetadata:
-    """How the packed tokens of a prefill map onto a [num_seqs, max_seqlen_q] grid."""
     cu_q, cu_k = context.cu_seqlens_q.long(), context.cu_seqlens_k.long()
-    device = cu_q.device
     seqlen_q, seqlen_k = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
-    num_seqs, max_q = seqlen_q.numel(), context.max_seqlen_q
-    qi = torch.minimum(torch.arange(max_q, device=device)[None, :], seqlen_q[:, None] - 1)
-    q_index = (cu_q[:-1, None] + qi).flatten()
-    out_index = torch.arange(num_tokens, device=device) + torch.repeat_interleave(
-        torch.arange(num_seqs, device=device) * max_q - cu_q[:-1], seqlen_q, output_size=num_tokens)
     store_rows = _store_rows(context.slot_mapping, block_size, num_kv_heads)
-    if context.block_tables is None:
+    if context.prefill_groups is None:
+        meta = _grid_metadata(cu_q[:-1], seqlen_q, seqlen_k, context.max_seqlen_q, num_tokens,
+                              context.block_tables, block_size, num_kv_heads, dtype)
+        meta.store_rows = store_rows
+        return meta
+    groups = []
+    order = context.prefill_order
+    for start, end, max_q, max_k, group_tokens in context.prefill_groups.tolist():
+        members = order[start:end]
+        block_tables = None
+        if context.block_tables is not None:
+            block_tables = context.block_tables.index_select(0, members)[:, :-(-max_k // block_size)]
+        group = _grid_metadata(cu_q[:-1][members], seqlen_q[members], seqlen_k[members], max_q, group_tokens,
+                               block_tables, block_size, num_kv_heads, dtype)
+        group_cu = torch.cumsum(seqlen_q[members], 0) - seqlen_q[members]
+        group.positions = torch.arange(group_tokens, device=cu_q.device) + torch.repeat_interleave(
+            cu_q[:-1][members] - group_cu, seqlen_q[members], output_size=group_tokens)
+        groups.append(group)
+    return TorchMetadata(store_rows, None, None, groups=groups)
+
+
+def _grid_metadata(q_start: torch.Tensor, seqlen_q: torch.Tensor, seqlen_k: torch.Tensor, max_q: int,
+                   num_tokens: int, block_tables: torch.Tensor | None, block_size: int, num_kv_heads: int,
+                   dtype: torch.dtype) -> TorchMetadata:
+    """How the packed tokens of some sequences (the i-th starting at packed row
+    q_start[i], num_tokens in all) map onto a [num_seqs, max_q] grid."""
+    device = q_start.device
+    num_seqs = seqlen_q.numel()
+    qi = torch.minimum(torch.arange(max_q, device=device)[None, :], seqlen_q[:, None] - 1)
+    q_index = (q_start[:, None] + qi).flatten()
+    group_cu = torch.cumsum(seqlen_q, 0) - seqlen_q
+    out_index = torch.arange(num_tokens, device=device) + torch.repeat_interleave(
+        torch.arange(num_seqs, device=device) * max_q - group_cu, seqlen_q, output_size=num_tokens)
+    if block_tables is None:
         # No cached prefix anywhere: keys are the queries' own tokens, both from
         # column 0, so plain causal attention is exact. A padding key (column
         # >= the sequence's length) lies after every real query of its row.
-        return TorchMetadata(store_rows, None, None, q_index, q_index, out_index, num_seqs)
+        return TorchMetadata(None, None, None, q_index, q_index, out_index, num_seqs)
     # Queries are the last seqlen_q of seqlen_k tokens: a query at position p
     # sees keys 0..p (causal, aligned bottom-right over the cached prefix).
     q_pos = (seqlen_k - seqlen_q)[:, None] + qi
-    max_k = context.block_tables.size(1) * block_size
+    max_k = block_tables.size(1) * block_size
     allowed = torch.arange(max_k, device=device)[None, None, :] <= q_pos[:, :, None]
-    return TorchMetadata(store_rows, _block_rows(context.block_tables, num_kv_heads), _additive(allowed, dtype)[:, None],
+    return TorchMetadata(None, _block_rows(block_tables, num_kv_heads), _additive(allowed, dtype)[:, None],
                          q_index, None, out_index, num_seqs)
 
 
@@ -173,7 +201,17 @@ def _grid(x: torch.Tensor, index: torch.Tensor, num_seqs: int) -> torch.Tensor:
 
 
 def torch_prefill_attention(q, k, v, layer: "Attention", meta: TorchMetadata, scale: float) -> torch.Tensor:
-    num_tokens, num_heads, head_dim = q.shape
+    if meta.groups is None:
+        return _grid_attention(q, k, v, layer, meta, scale)
+    out = torch.empty_like(q)
+    for group in meta.groups:
+        out.index_copy_(0, group.positions, _grid_attention(q, k, v, layer, group, scale))
+    return out
+
+
+def _grid_attention(q, k, v, layer: "Attention", meta: TorchMetadata, scale: float) -> torch.Tensor:
+    """Attention of one grid's sequences: their tokens' outputs, in packed order."""
+    _, num_heads, head_dim = q.shape
     num_kv_heads = k.size(1)
     num_seqs = meta.num_seqs
     query = _grid(q, meta.q_index, num_seqs)

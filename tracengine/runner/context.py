@@ -30,6 +30,12 @@ class Context:
     kv_copy_lens: torch.Tensor | None = None   # int32 [rows]: keys of each row (1 for a row no sequence uses)
     kv_copy_buckets: torch.Tensor | None = None   # int64 [ranges, 3]: (first row, end row, keys) of each row
                                                  # range that attention takes in one call
+    # Prefill on the CPU: sequences of similar length attend in the same padded grid, a grid per group
+    # (runner's prefill_groups). prefill_order: int64 [num_seqs], sequence indices by length;
+    # prefill_groups: int64 [groups, 5], (first, end) in prefill_order, the longest query and key
+    # lengths, and the tokens of each group. None: one grid for the batch.
+    prefill_order: torch.Tensor | None = None
+    prefill_groups: torch.Tensor | None = None
     # Derived once per forward by the first attention layer and reused by the
     # others (padding indices, masks). A fresh Context starts empty, which is
     # what a CUDA graph capture needs: the derivation is then recorded too.

@@ -40,6 +40,11 @@ KV_COPY_MAX_DEAD = 0.25
 # its longest sequence: at most this many ranges, of at least KV_COPY_BUCKET_ROWS rows each.
 KV_COPY_BUCKETS = 8
 KV_COPY_BUCKET_ROWS = 8
+# Prefill attention on the CPU: at most this many grids of sequences of similar length, of at least
+# PREFILL_GROUP_SEQS sequences each, once the longest sequence has PREFILL_GROUP_MIN_LEN tokens.
+PREFILL_GROUPS = 8
+PREFILL_GROUP_SEQS = 4
+PREFILL_GROUP_MIN_LEN = 64
 
 
 @dataclass(slots=True)
@@ -316,7 +321,32 @@ class ModelRunner:
         block_tables = self.prepare_block_tables(seqs) if cu_seqlens_k[-1] > cu_seqlens_q[-1] else None
         context = Context(True, self._tensor(cu_seqlens_q, torch.int32), self._tensor(cu_seqlens_k, torch.int32),
                           max_seqlen_q, max_seqlen_k, self._tensor(slot_mapping, torch.int64), None, block_tables)
+        groups = self._plan_prefill_groups(cu_seqlens_q, cu_seqlens_k)
+        if groups is not None:
+            context.prefill_order = self._tensor(groups[0], torch.int64)
+            context.prefill_groups = self._tensor(groups[1], torch.int64)
         return self._tensor(input_ids, torch.int64), self._tensor(positions, torch.int64), context
+
+    def _plan_prefill_groups(self, cu_seqlens_q: list[int], cu_seqlens_k: list[int]) -> tuple | None:
+        """Context.prefill_order and prefill_groups, or None for one grid. Only
+        on the CPU (torch backend), where a causal grid costs the square of its
+        longest sequence for every row: sequences sorted by length share grids
+        in groups of PREFILL_GROUP_SEQS or more, at most PREFILL_GROUPS of them."""
+        num_seqs = len(cu_seqlens_q) - 1
+        num_groups = min(PREFILL_GROUPS, num_seqs // PREFILL_GROUP_SEQS)
+        seqlen_q = [b - a for a, b in zip(cu_seqlens_q, cu_seqlens_q[1:])]
+        seqlen_k = [b - a for a, b in zip(cu_seqlens_k, cu_seqlens_k[1:])]
+        if (self.device.type != "cpu" or self.attention_backend != "torch" or num_groups < 2
+                or max(seqlen_k) < PREFILL_GROUP_MIN_LEN):
+            return None
+        order = sorted(range(num_seqs), key=seqlen_k.__getitem__)
+        bounds = [num_seqs * g // num_groups for g in range(num_groups + 1)]
+        groups = []
+        for start, end in zip(bounds, bounds[1:]):
+            members = order[start:end]
+            groups.append((start, end, max(seqlen_q[i] for i in members), max(seqlen_k[i] for i in members),
+                           sum(seqlen_q[i] for i in members)))
+        return order, groups
 
     def prepare_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, Context]:
         bs = self.block_size
