@@ -57,7 +57,8 @@ def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
 @dataclass(slots=True)
 class TorchMetadata:
     """What the torch backend derives from a Context once per forward."""
-    store_rows: torch.Tensor              # [num_tokens, Hkv] cache row ([-1, head_dim] view) of each new K/V head
+    store_rows: torch.Tensor | None       # [num_tokens, Hkv] cache row ([-1, head_dim] view) of each new K/V head
+                                          # (None in a prefill group's own metadata)
     block_rows: torch.Tensor | None       # [B * Hkv * W] cache row ([-1, block_size * head_dim] view) of each
                                           # sequence's blocks, per KV head; None when keys are the new tokens
     mask: torch.Tensor | None             # additive, [B, 1, rows, keys]: 0 where a query may see a key, else -inf;
@@ -125,45 +126,45 @@ def _prefill_metadata(context: Context, num_tokens: int, block_size: int, num_kv
         meta.store_rows = store_rows
         return meta
     groups = []
-    order = context.prefill_order
     for start, end, max_q, max_k, group_tokens in context.prefill_groups.tolist():
-        members = order[start:end]
+        members = context.prefill_order[start:end]
         block_tables = None
         if context.block_tables is not None:
             block_tables = context.block_tables.index_select(0, members)[:, :-(-max_k // block_size)]
-        group = _grid_metadata(cu_q[:-1][members], seqlen_q[members], seqlen_k[members], max_q, group_tokens,
-                               block_tables, block_size, num_kv_heads, dtype)
-        group_cu = torch.cumsum(seqlen_q[members], 0) - seqlen_q[members]
-        group.positions = torch.arange(group_tokens, device=cu_q.device) + torch.repeat_interleave(
-            cu_q[:-1][members] - group_cu, seqlen_q[members], output_size=group_tokens)
-        groups.append(group)
+        groups.append(_grid_metadata(cu_q[:-1][members], seqlen_q[members], seqlen_k[members], max_q, group_tokens,
+                                     block_tables, block_size, num_kv_heads, dtype, grouped=True))
     return TorchMetadata(store_rows, None, None, groups=groups)
 
 
 def _grid_metadata(q_start: torch.Tensor, seqlen_q: torch.Tensor, seqlen_k: torch.Tensor, max_q: int,
                    num_tokens: int, block_tables: torch.Tensor | None, block_size: int, num_kv_heads: int,
-                   dtype: torch.dtype) -> TorchMetadata:
+                   dtype: torch.dtype, grouped: bool = False) -> TorchMetadata:
     """How the packed tokens of some sequences (the i-th starting at packed row
-    q_start[i], num_tokens in all) map onto a [num_seqs, max_q] grid."""
+    q_start[i], num_tokens in all) map onto a [num_seqs, max_q] grid. `grouped`:
+    they are some of the batch's, so their packed rows (positions) are kept too."""
     device = q_start.device
     num_seqs = seqlen_q.numel()
     qi = torch.minimum(torch.arange(max_q, device=device)[None, :], seqlen_q[:, None] - 1)
     q_index = (q_start[:, None] + qi).flatten()
-    group_cu = torch.cumsum(seqlen_q, 0) - seqlen_q
-    out_index = torch.arange(num_tokens, device=device) + torch.repeat_interleave(
-        torch.arange(num_seqs, device=device) * max_q - group_cu, seqlen_q, output_size=num_tokens)
+    tokens = torch.arange(num_tokens, device=device)
+    token_start = torch.cumsum(seqlen_q, 0) - seqlen_q   # of each sequence, among these tokens
+    out_index = tokens + torch.repeat_interleave(torch.arange(num_seqs, device=device) * max_q - token_start,
+                                                 seqlen_q, output_size=num_tokens)
+    positions = None
+    if grouped:
+        positions = tokens + torch.repeat_interleave(q_start - token_start, seqlen_q, output_size=num_tokens)
     if block_tables is None:
         # No cached prefix anywhere: keys are the queries' own tokens, both from
         # column 0, so plain causal attention is exact. A padding key (column
         # >= the sequence's length) lies after every real query of its row.
-        return TorchMetadata(None, None, None, q_index, q_index, out_index, num_seqs)
+        return TorchMetadata(None, None, None, q_index, q_index, out_index, num_seqs, positions)
     # Queries are the last seqlen_q of seqlen_k tokens: a query at position p
     # sees keys 0..p (causal, aligned bottom-right over the cached prefix).
     q_pos = (seqlen_k - seqlen_q)[:, None] + qi
     max_k = block_tables.size(1) * block_size
     allowed = torch.arange(max_k, device=device)[None, None, :] <= q_pos[:, :, None]
     return TorchMetadata(None, _block_rows(block_tables, num_kv_heads), _additive(allowed, dtype)[:, None],
-                         q_index, None, out_index, num_seqs)
+                         q_index, None, out_index, num_seqs, positions)
 
 
 # Grouped-query attention inside SDPA (torch >= 2.5) reads each KV head once

@@ -47,6 +47,12 @@ PREFILL_GROUP_SEQS = 4
 PREFILL_GROUP_MIN_LEN = 64
 
 
+def even_ranges(n: int, num_ranges: int) -> list[tuple[int, int]]:
+    """[0, n) cut into num_ranges (start, end) ranges of near-equal size."""
+    bounds = [n * i // num_ranges for i in range(num_ranges + 1)]
+    return list(zip(bounds, bounds[1:]))
+
+
 @dataclass(slots=True)
 class KVCopies:
     """Where each sequence of a CPU decode batch sits in the dense K/V copies.
@@ -92,10 +98,8 @@ class KVCopies:
 
     def _buckets(self) -> tuple:
         num_rows = len(self.keys)
-        num_buckets = max(1, min(KV_COPY_BUCKETS, num_rows // KV_COPY_BUCKET_ROWS))
-        bounds = [num_rows * b // num_buckets for b in range(num_buckets + 1)]
-        return tuple((start, end, max(self.lens[start:end])) for start, end in zip(bounds, bounds[1:])
-                     if max(self.lens[start:end]) > 0)
+        ranges = even_ranges(num_rows, max(1, min(KV_COPY_BUCKETS, num_rows // KV_COPY_BUCKET_ROWS)))
+        return tuple((start, end, max(self.lens[start:end])) for start, end in ranges if max(self.lens[start:end]) > 0)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -340,9 +344,8 @@ class ModelRunner:
                 or max(seqlen_k) < PREFILL_GROUP_MIN_LEN):
             return None
         order = sorted(range(num_seqs), key=seqlen_k.__getitem__)
-        bounds = [num_seqs * g // num_groups for g in range(num_groups + 1)]
         groups = []
-        for start, end in zip(bounds, bounds[1:]):
+        for start, end in even_ranges(num_seqs, num_groups):
             members = order[start:end]
             groups.append((start, end, max(seqlen_q[i] for i in members), max(seqlen_k[i] for i in members),
                            sum(seqlen_q[i] for i in members)))
