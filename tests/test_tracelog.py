@@ -432,6 +432,7 @@ def test_format_v1_trace_still_reads():
         assert reader.header.format_version == 1
         assert reader.num_frames == 1 + 17
         assert reader.torn_tail is None and reader.corruption is None
+        assert not reader.ended   # written before writers closed traces with an end frame
     assert all(word & DEFLATED for word in frame_words(path))
     counts = collections.Counter(type(e).__name__ for e in open_trace(path))
     assert counts == {"TraceHeader": 1, "RequestAdded": 4, "ScheduleDecision": 17, "BlockAllocate": 5,
