@@ -59,6 +59,26 @@ def test_preemption_gives_the_same_tokens(reference):
     assert outputs == reference
 
 
+def test_many_requests_of_mixed_lengths_give_their_tokens_alone():
+    """24 token prompts of 3-150 tokens, each with its own max_tokens: on the
+    CPU this takes prefill in length groups, decode copies attended by row
+    range, finished sequences' rows left dead, refills and chunked prefill."""
+    prompts = [[1 + (31 * i + 7 * j) % 1000 for j in range(3 + (47 * i) % 148)] for i in range(24)]
+    params = [SamplingParams(temperature=0.0, max_tokens=4 + (5 * i) % 21, ignore_eos=True) for i in range(24)]
+    config = dict(num_kvcache_blocks=512, kvcache_block_size=16, max_num_batched_tokens=1024, max_num_seqs=32)
+    llm = LLM("", **config)
+    try:
+        batched = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert llm.last_run["num_prefill_steps"] > 1   # the budget split the prompts
+        alone = []
+        for prompt, sp in zip(prompts, params):
+            llm.reset()
+            alone.append(llm.generate([prompt], sp, use_tqdm=False)[0]["token_ids"])
+    finally:
+        llm.close()
+    assert batched == alone
+
+
 def test_seeded_sampling_is_reproducible_and_batch_independent():
     sp = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
     batched, _ = run(PROMPTS[:2], num_kvcache_blocks=128, seed=3, sampling_params=sp)
