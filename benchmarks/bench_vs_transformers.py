@@ -33,7 +33,6 @@ import time
 
 import torch
 
-from tracengine.config import Config
 from tracengine.errors import TracengineError
 from tracengine.model.loader import load_hf_config, resolve_model_dir
 from tracengine.workload import parse_range
