@@ -18,7 +18,7 @@ from tracengine.errors import ConfigError, WorkerError
 from tracengine.events import TraceHeader, without_wall_clock
 from tracengine.model.linear import QKVParallelLinear
 from tracengine.model.loader import load_hf_config, resolve_model_dir
-from tracengine.runner.distributed import check_tensor_parallel
+from tracengine.runner.distributed import check_tensor_parallel, cpu_threads_per_rank
 from tracengine.runner.model_runner import ModelRunner
 from tracengine.sequence import Sequence
 from tracengine.tracelog import open_trace
@@ -34,10 +34,18 @@ def embedded_hf_config():
 
 @pytest.fixture(scope="module")
 def two_ranks():
-    llm = LLM("", tensor_parallel_size=2, **ENGINE)
-    procs = list(llm.runner.tp.procs)
-    yield llm
-    llm.close()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        llm = LLM("", tensor_parallel_size=2, **ENGINE)
+        # On the CPU rank 0 takes its share of the cores while the group lives, as the worker does.
+        assert torch.get_num_threads() == cpu_threads_per_rank(2)
+        procs = list(llm.runner.tp.procs)
+        yield llm
+        llm.close()
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(threads)
     # Closing the engine ends its workers and its process group.
     assert all(proc.exitcode == 0 for proc in procs)
 

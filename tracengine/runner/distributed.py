@@ -151,6 +151,10 @@ class Communicator:
         self.pg = None
 
 
+def cpu_threads_per_rank(size: int) -> int:
+    return max(1, (os.cpu_count() or 1) // size)
+
+
 def _store(port: int, size: int, is_master: bool) -> dist.TCPStore:
     # Port 0 on rank 0: the OS picks a free port, and the store listens on it
     # before any worker exists, so there is no race for it.
@@ -213,6 +217,11 @@ class TensorParallelGroup:
         self.activity = "start-up"        # what rank 0 is doing, for the failure message
         self.closed = False
         self.comm: Communicator | None = None
+        # On the CPU the ranks share the cores: rank 0 takes its share, as each worker does, while
+        # the group lives (all of them would leave its threads spinning against the workers').
+        self.threads_before = torch.get_num_threads()
+        if device.type == "cpu":
+            torch.set_num_threads(cpu_threads_per_rank(self.size))
         atexit.register(self.close)
         try:
             self._start(config, hf_config)
@@ -388,6 +397,8 @@ class TensorParallelGroup:
         if self.comm is not None:
             self.comm.close()
         self.store = None
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.threads_before)
 
 
 def _plain_config(hf_config):
@@ -420,7 +431,7 @@ def worker_main(config: Config, hf_config, rank: int, port: int, conn, parent_pi
         if device.type == "cuda":
             torch.cuda.set_device(device)
         else:   # ranks share the cores
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+            torch.set_num_threads(cpu_threads_per_rank(size))
         comm = Communicator(_store(port, size, is_master=False), rank, size, device)
         runner = ModelRunner(config, hf_config, rank=rank, comm=comm)
         _serve(runner, comm, conn, parent_pid)
