@@ -164,6 +164,26 @@ def test_a_killed_worker_raises_worker_error():
     assert worker.exitcode == -signal.SIGKILL
 
 
+def test_a_hello_read_while_checking_for_failures_is_not_lost():
+    """The pipes have one reader: a hello that arrives while rank 0 checks the
+    workers for failures still counts, so start-up does not wait for it forever."""
+    import multiprocessing
+    import types
+    from tracengine.runner.distributed import TensorParallelGroup
+    group = TensorParallelGroup.__new__(TensorParallelGroup)
+    parent, child = multiprocessing.Pipe()
+    group.procs, group.conns, group.said_hello = [types.SimpleNamespace(pid=1, exitcode=None)], [parent], set()
+    child.send(("hello",))
+    assert group._failures() == "" and group.said_hello == {0}
+    start = time.monotonic()
+    group._wait_for_hello()
+    assert time.monotonic() - start < 1
+    child.send(("error", "ValueError: bad"))
+    assert group._failures() == "tensor-parallel worker rank 1 (pid 1) failed: ValueError: bad"
+    parent.close()
+    child.close()
+
+
 def test_a_worker_dying_before_the_group_forms_is_an_error_at_once(monkeypatch):
     from tracengine.runner.distributed import TensorParallelGroup
     wait_for_hello = TensorParallelGroup._wait_for_hello

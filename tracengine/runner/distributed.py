@@ -217,6 +217,7 @@ class TensorParallelGroup:
         self.activity = "start-up"        # what rank 0 is doing, for the failure message
         self.closed = False
         self.comm: Communicator | None = None
+        self.said_hello: set[int] = set()   # workers (index into procs) whose hello has arrived
         # On the CPU the ranks share the cores: rank 0 takes its share, as each worker does, while
         # the group lives (all of them would leave its threads spinning against the workers').
         self.threads_before = torch.get_num_threads()
@@ -246,20 +247,14 @@ class TensorParallelGroup:
 
     def _wait_for_hello(self):
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        waiting = set(range(len(self.procs)))
-        while waiting:
-            for i in sorted(waiting):
-                if self.conns[i].poll():
-                    message = self._receive(i)
-                    if message and message[0] == "hello":
-                        waiting.discard(i)
-            failures = self._failures()
+        while len(self.said_hello) < len(self.procs):
+            failures = self._failures()   # reads the pipes: hellos are noted there
             if failures:
                 raise WorkerError(f"{failures} during start-up (a script that starts the engine must do "
                                   f"so under `if __name__ == \"__main__\":`, as the workers import it)")
             if time.monotonic() > deadline:
-                raise WorkerError(f"tensor-parallel workers {sorted(i + 1 for i in waiting)} did not start "
-                                  f"within {STARTUP_TIMEOUT_S} s")
+                waiting = sorted(i + 1 for i in range(len(self.procs)) if i not in self.said_hello)
+                raise WorkerError(f"tensor-parallel workers {waiting} did not start within {STARTUP_TIMEOUT_S} s")
             time.sleep(0.02)
 
     def _join_group(self) -> "Communicator":
@@ -301,7 +296,8 @@ class TensorParallelGroup:
 
     def _failures(self, wait_s: float = 0.0) -> str:
         """What went wrong with the workers, as one line; "" when all are well
-        after `wait_s` (a dying worker takes a moment to be reaped)."""
+        after `wait_s` (a dying worker takes a moment to be reaped). The one
+        reader of the workers' pipes: a hello read here is noted in said_hello."""
         deadline = time.monotonic() + wait_s
         while True:
             found = []
@@ -312,7 +308,10 @@ class TensorParallelGroup:
                     received = self._receive(i)
                     if received is None:   # the pipe's end: the process exited
                         break
-                    message = received
+                    if received[0] == "hello":
+                        self.said_hello.add(i)
+                    else:
+                        message = received
                 if message and message[0] == "error":
                     found.append(f"{worker} failed: {message[1]}")
                 elif proc.exitcode is not None:
