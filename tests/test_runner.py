@@ -223,7 +223,7 @@ def test_decode_copies_keep_rows_of_finished_sequences_and_attend_by_length_rang
         assert not plans[0].reuse and len(plans[0].buckets) == min(KV_COPY_BUCKETS, 40 // KV_COPY_BUCKET_ROWS) > 1
         assert [plan.lens.count(0) for plan in plans[:11]] == list(range(11))   # rows kept, dead
         assert all(plan.reuse for plan in plans[1:11]) and not plans[11].reuse   # 11 of 40 dead: refilled
-        assert plans[11].lens.count(0) == 0 and len(plans[11].keys) == 29
+        assert plans[11].lens.count(0) == 0 and len(plans[11].lens) == 29
     finally:
         runner.exit()
 
@@ -232,17 +232,19 @@ def test_kv_copies_bookkeeping():
     from tracengine.runner.model_runner import KVCopies
     keys = [("a", 0), ("b", 1), ("c", 2)]
     copies = KVCopies.refill(keys, [30, 10, 20], 48)
-    assert copies.keys == [("b", 1), ("c", 2), ("a", 0)] and copies.row_of_seq == [2, 0, 1]
+    assert copies.row_by_key == {("b", 1): 0, ("c", 2): 1, ("a", 0): 2} and copies.row_of_seq == [2, 0, 1]
     assert copies.seq_of_row == [1, 2, 0] and copies.buckets == ((0, 3, 30),)
     step = copies.advance(keys, [31, 11, 21])
     assert step.reuse and step.row_of_seq == [2, 0, 1] and step.lens == [11, 21, 31]
     assert copies.advance(keys, [31, 12, 21]) is None        # not one token longer
     assert copies.advance(keys, [49, 11, 21]) is None        # past the copies' width
-    assert copies.advance([("d", 3)], [5]) is None           # a sequence the copies do not hold
+    assert copies.advance(keys[:2] + [("d", 3)], [31, 11, 5]) is None   # a sequence the copies do not hold
     assert copies.advance(keys[:2], [31, 11]) is None        # a third of the rows dead: refill
     many = KVCopies.refill([(i, i) for i in range(8)], list(range(10, 18)), 32)
     fewer = many.advance([(i, i) for i in range(1, 8)], list(range(12, 19)))
-    assert fewer.lens[0] == 0 and fewer.keys[0] is None and fewer.row_of_seq == list(range(1, 8))
+    assert fewer.lens[0] == 0 and fewer.row_of_seq == list(range(1, 8))
+    assert fewer.advance([(i, i) for i in range(8)], list(range(12, 20))) is None   # a dead row does not come back
+    assert fewer.advance([(i, i) for i in range(1, 8)], list(range(13, 20))).lens[0] == 0
 
 
 def generate(runner, blocks, prompts, num_tokens, temperature, seq_ids) -> list[list[int]]:

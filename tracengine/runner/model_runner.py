@@ -58,11 +58,11 @@ class KVCopies:
     """Where each sequence of a CPU decode batch sits in the dense K/V copies.
     Rows are in order of context length when refilled; every sequence grows
     one token a step, so the order holds while the copies are kept."""
-    keys: list                 # per row: (id(seq), seq_id), or None once that sequence left the batch
-    lens: list[int]            # per row: context length this step; 0 for a dead row
+    row_by_key: dict           # (id(seq), seq_id) -> row, fixed at the refill and shared by later steps
+    lens: list[int]            # per row: context length this step; 0 for a dead row (its sequence left)
     num_keys: int              # the copies' width in tokens
     row_of_seq: list[int]      # per sequence of the batch: its row
-    seq_of_row: list[int]      # per live row: its index in the batch (only read at a refill)
+    seq_of_row: list[int]      # per row: its index in the batch (read only at a refill)
     reuse: bool
     buckets: tuple = ()        # ((first row, end row, keys to attend), ...)
 
@@ -72,34 +72,31 @@ class KVCopies:
         row_of_seq = [0] * len(keys)
         for row, i in enumerate(order):
             row_of_seq[i] = row
-        copies = cls([keys[i] for i in order], [context_lens[i] for i in order], num_keys, row_of_seq, order, False)
-        copies.buckets = copies._buckets()
-        return copies
+        return cls({keys[i]: row for row, i in enumerate(order)}, [context_lens[i] for i in order], num_keys,
+                   row_of_seq, order, False)._with_buckets()
 
     def advance(self, keys: list, context_lens: list[int]) -> "KVCopies | None":
         """The copies for the next step of (a subset of) the same batch, or None if they must be refilled."""
-        if max(context_lens) > self.num_keys:
+        num_rows = len(self.lens)
+        if max(context_lens) > self.num_keys or num_rows - len(keys) > KV_COPY_MAX_DEAD * num_rows:
             return None
-        row_by_key = {key: row for row, key in enumerate(self.keys) if key is not None}
-        lens = [0] * len(self.keys)
+        lens = [0] * num_rows
         row_of_seq = []
         for key, n in zip(keys, context_lens):
-            row = row_by_key.get(key)
+            row = self.row_by_key.get(key)
+            # A dead row has length 0: its sequence cannot come back one token longer.
             if row is None or n != self.lens[row] + 1:
                 return None
             lens[row] = n
             row_of_seq.append(row)
-        if (len(self.keys) - len(keys)) > KV_COPY_MAX_DEAD * len(self.keys):
-            return None
-        live = [key if n else None for key, n in zip(self.keys, lens)]
-        copies = KVCopies(live, lens, self.num_keys, row_of_seq, [], True)
-        copies.buckets = copies._buckets()
-        return copies
+        return KVCopies(self.row_by_key, lens, self.num_keys, row_of_seq, [], True)._with_buckets()
 
-    def _buckets(self) -> tuple:
-        num_rows = len(self.keys)
+    def _with_buckets(self) -> "KVCopies":
+        num_rows = len(self.lens)
         ranges = even_ranges(num_rows, max(1, min(KV_COPY_BUCKETS, num_rows // KV_COPY_BUCKET_ROWS)))
-        return tuple((start, end, max(self.lens[start:end])) for start, end in ranges if max(self.lens[start:end]) > 0)
+        widths = [max(self.lens[start:end]) for start, end in ranges]
+        self.buckets = tuple((start, end, width) for (start, end), width in zip(ranges, widths) if width)
+        return self
 
 
 def resolve_device(name: str) -> torch.device:
