@@ -61,10 +61,11 @@ def write_trace(path, events):
 def cut_like_a_kill(path, nbytes: int) -> bytes:
     """Rewrites a closed trace as a writer killed mid-frame leaves it: no end
     frame, and the last step's frame short by `nbytes`. Returns the new bytes."""
-    from tracengine.tracelog import END_PAYLOAD, FRAME_HEAD
+    from tracengine.tracelog import END_FRAME
     path = Path(path)
     data = path.read_bytes()
-    data = data[:len(data) - FRAME_HEAD.size - len(END_PAYLOAD) - nbytes]
+    assert data.endswith(END_FRAME)
+    data = data[:len(data) - len(END_FRAME) - nbytes]
     path.write_bytes(data)
     return data
 

@@ -27,8 +27,8 @@ from tracengine.replay.scripted import SyntheticRunner, every_event_type, every_
 from tracengine.sampling_params import SamplingParams
 from tracengine import tracelog
 from tracengine.trace_dictionary import DICTIONARY, DICTIONARY_XXH64
-from tracengine.tracelog import (DEFLATED, END_PAYLOAD, FORMAT_VERSION, FRAME_HEAD, PREAMBLE, WINDOW_BITS, TraceReader, TraceWriter,
-                                 make_header, open_trace)
+from tracengine.tracelog import (DEFLATED, END_FRAME, END_PAYLOAD, FORMAT_VERSION, FRAME_HEAD, PREAMBLE, WINDOW_BITS,
+                                 TraceReader, TraceWriter, make_header, open_trace)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -206,9 +206,8 @@ def append_frame(path, payload: bytes, deflated: bool) -> int:
     """Appends a frame with a valid checksum, in place of the end frame of a
     closed trace (the recording goes on); returns its offset."""
     offset = os.path.getsize(path)
-    end_frame = FRAME_HEAD.pack(len(END_PAYLOAD), xxhash.xxh64_intdigest(END_PAYLOAD, 0)) + END_PAYLOAD
-    if path.read_bytes().endswith(end_frame):
-        offset -= len(end_frame)
+    if path.read_bytes().endswith(END_FRAME):
+        offset -= len(END_FRAME)
     word = len(payload) | (DEFLATED if deflated else 0)
     with open(path, "r+b") as f:
         f.truncate(offset)

@@ -56,6 +56,7 @@ MIN_DEFLATE_BYTES = 32                 # smaller payloads are stored as they are
 SCAN_BYTES = 1 << 20                   # the index scan and events() read this much at a time
 _LEADING_BYTES = 32                    # enough payload to hold the first event's tag and step
 END_PAYLOAD = msgspec.msgpack.encode([])   # the end frame's payload: no events
+END_FRAME = FRAME_HEAD.pack(len(END_PAYLOAD), xxhash.xxh64_intdigest(END_PAYLOAD, 0)) + END_PAYLOAD   # stored
 
 
 class FrameInfo(NamedTuple):
@@ -130,7 +131,7 @@ class TraceWriter:
         if self._pending:
             self._write_frame(self._pending)
             self._pending.clear()
-        self._write_frame([])
+        self._file.write(END_FRAME)
         self._file.close()
 
     def __enter__(self) -> "TraceWriter":
