@@ -167,7 +167,8 @@ def main():
                 rows.append(dict(model=label, **row))
                 print(_format(rows[-1]), flush=True)
             same = sum(a == b for a, b in zip(outputs[True, 0.0], outputs[False, 0.0]))
-            agreements.append(f"{label}: greedy outputs identical with and without CUDA graphs: "
+            # The modes the two runs really had: on the CPU (--smoke) both are eager.
+            agreements.append(f"{label}: greedy outputs identical, {rows[-3]['mode']} and {rows[-2]['mode']}: "
                               f"{same}/{len(prompts)}")
             if run_tp:
                 one_rank = {eager: outputs[eager, 0.0] for eager in (True, False)}
