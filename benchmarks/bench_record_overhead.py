@@ -23,12 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tracengine.config import Config  # noqa: E402
-from tracengine.events import NULL_SINK, ListSink  # noqa: E402
-from tracengine.llm_engine import LLMEngine  # noqa: E402
-from tracengine.replay.scripted import SyntheticRunner  # noqa: E402
-from tracengine.sampling_params import SamplingParams  # noqa: E402
-from tracengine.tracelog import TraceWriter, make_header  # noqa: E402
+from tracengine.engine.config import Config  # noqa: E402
+from tracengine.trace.events import NULL_SINK, ListSink  # noqa: E402
+from tracengine.engine.llm_engine import LLMEngine  # noqa: E402
+from tracengine.replay.runners import SyntheticRunner  # noqa: E402
+from tracengine.engine.sampling_params import SamplingParams  # noqa: E402
+from tracengine.trace.tracelog import TraceWriter, make_header  # noqa: E402
 
 # A small cache and budget, so the run chunks, blocks, preempts and hits the prefix cache;
 # 4 sequences at a time with 64 tokens each: about 300 steps for 16 requests.
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
 
     import torch
     torch.set_num_threads(args.threads)
-    from tracengine.llm import LLM
+    from tracengine.engine.llm import LLM
     llm = LLM("", **CONFIG)
     prompts, sp = build_workload(args.requests, llm.hf_config.vocab_size)
     runs = {False: [], True: []}     # (wall s, cpu s) per run

@@ -16,14 +16,14 @@ import sys
 import tempfile
 import time
 
-from tracengine.config import Config
-from tracengine.events import NULL_SINK, RequestAdded, StepEnd, TokenSample
-from tracengine.llm_engine import LLMEngine
+from tracengine.engine.config import Config
+from tracengine.trace.events import NULL_SINK, RequestAdded, StepEnd, TokenSample
+from tracengine.engine.llm_engine import LLMEngine
 from tracengine.replay.fold import Fold, iter_steps
 from tracengine.replay.reexec import replay
-from tracengine.replay.scripted import RecordedRunner, SyntheticRunner
-from tracengine.sampling_params import SamplingParams
-from tracengine.tracelog import TraceReader, TraceWriter, make_header
+from tracengine.replay.runners import RecordedRunner, SyntheticRunner
+from tracengine.engine.sampling_params import SamplingParams
+from tracengine.trace.tracelog import TraceReader, TraceWriter, make_header
 
 # CPU time of this process: on a small shared machine, other processes change
 # the wall clock of a run by 2x from one run to the next, but hardly its CPU time.

@@ -13,8 +13,8 @@ from bench_vs_transformers import make_workload
 
 
 def run(args, size: int, prompts) -> dict:
-    from tracengine.llm import LLM
-    from tracengine.sampling_params import SamplingParams
+    from tracengine.engine.llm import LLM
+    from tracengine.engine.sampling_params import SamplingParams
     t = time.perf_counter()
     llm = LLM(args.model, device=args.device, tensor_parallel_size=size, kvcache_block_size=16,
               max_model_len=args.max_len + args.output_len, max_num_seqs=args.num_prompts)

@@ -21,13 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import msgspec  # noqa: E402
 
-from tracengine.config import Config  # noqa: E402
-from tracengine.events import EVENT_TYPES, ListSink, StepEnd, to_builtins  # noqa: E402
-from tracengine.llm_engine import LLMEngine  # noqa: E402
-from tracengine.replay.scripted import SyntheticRunner  # noqa: E402
-from tracengine.sampling_params import SamplingParams  # noqa: E402
-from tracengine.trace_dictionary import DICTIONARY  # noqa: E402
-from tracengine.tracelog import WINDOW_BITS, TraceReader, TraceWriter, make_header, open_trace  # noqa: E402
+from tracengine.engine.config import Config  # noqa: E402
+from tracengine.trace.events import EVENT_TYPES, ListSink, StepEnd, to_builtins  # noqa: E402
+from tracengine.engine.llm_engine import LLMEngine  # noqa: E402
+from tracengine.replay.runners import SyntheticRunner  # noqa: E402
+from tracengine.engine.sampling_params import SamplingParams  # noqa: E402
+from tracengine.trace.dictionary import DICTIONARY  # noqa: E402
+from tracengine.trace.tracelog import WINDOW_BITS, TraceReader, TraceWriter, make_header, open_trace  # noqa: E402
 
 EOS = 0
 NUM_REQUESTS = 200

@@ -24,11 +24,11 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tracengine.config import Config  # noqa: E402
-from tracengine.llm_engine import LLMEngine  # noqa: E402
-from tracengine.replay.scripted import SyntheticRunner  # noqa: E402
-from tracengine.sampling_params import SamplingParams  # noqa: E402
-from tracengine.tracelog import TraceWriter, make_header  # noqa: E402
+from tracengine.engine.config import Config  # noqa: E402
+from tracengine.engine.llm_engine import LLMEngine  # noqa: E402
+from tracengine.replay.runners import SyntheticRunner  # noqa: E402
+from tracengine.engine.sampling_params import SamplingParams  # noqa: E402
+from tracengine.trace.tracelog import TraceWriter, make_header  # noqa: E402
 from tracengine.tui.app import TraceApp  # noqa: E402
 from tracengine.tui.trace_index import TraceIndex  # noqa: E402
 

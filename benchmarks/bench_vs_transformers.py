@@ -35,7 +35,7 @@ import torch
 
 from tracengine.errors import TracengineError
 from tracengine.model.loader import load_hf_config, resolve_model_dir
-from tracengine.workload import parse_range
+from tracengine.workload.sources import parse_range
 
 
 def make_workload(num_prompts: int, min_len: int, max_len: int, vocab_size: int, seed: int) -> list[list[int]]:
@@ -57,8 +57,8 @@ class LLMSide:
     name = "tracengine"
 
     def __init__(self, args, prompts: list[list[int]], output_lens: list[int]):
-        from tracengine.llm import LLM
-        from tracengine.sampling_params import SamplingParams
+        from tracengine.engine.llm import LLM
+        from tracengine.engine.sampling_params import SamplingParams
         self.llm = LLM(args.model, device=args.device, kvcache_block_size=args.block_size,
                        enforce_eager=args.enforce_eager,
                        max_model_len=max(len(p) + n for p, n in zip(prompts, output_lens)),

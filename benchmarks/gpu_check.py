@@ -57,8 +57,8 @@ def write_random_checkpoint(path: str, shape: dict, device: str):
 
 
 def run_case(model: str, eager: bool, workload: SimpleNamespace, prompts, temperature: float, engine_args: dict):
-    from tracengine.llm import LLM
-    from tracengine.sampling_params import SamplingParams
+    from tracengine.engine.llm import LLM
+    from tracengine.engine.sampling_params import SamplingParams
     t0 = time.perf_counter()
     llm = LLM(model, enforce_eager=eager, **engine_args)
     init_s = time.perf_counter() - t0
@@ -83,8 +83,8 @@ def run_case(model: str, eager: bool, workload: SimpleNamespace, prompts, temper
 
 def prefill_logits(model: str, engine_args: dict, prompts, tensor_parallel_size: int) -> torch.Tensor:
     """Rank 0's next-token logits of one prefill over `prompts`, each in its own blocks."""
-    from tracengine.llm import LLM
-    from tracengine.sequence import Sequence
+    from tracengine.engine.llm import LLM
+    from tracengine.engine.sequence import Sequence
     llm = LLM(model, enforce_eager=True, tensor_parallel_size=tensor_parallel_size, **engine_args)
     block_size, next_block, seqs = llm.config.kvcache_block_size, 0, []
     for seq_id, prompt in enumerate(prompts):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tracengine.replay.scripted import every_event_type, every_event_type_config  # noqa: E402
-from tracengine.tracelog import FORMAT_VERSION, TraceReader, TraceWriter, make_header  # noqa: E402
+from tracengine.testing import every_event_type, every_event_type_config  # noqa: E402
+from tracengine.trace.tracelog import FORMAT_VERSION, TraceReader, TraceWriter, make_header  # noqa: E402
 
 
 def main(out: Path) -> None:

@@ -1,5 +1,5 @@
-"""Writes tracengine/trace_dictionary.py: the preset dictionary that deflated
-trace frames are primed with (see tracengine/tracelog.py).
+"""Writes tracengine/trace/dictionary.py: the preset dictionary that deflated
+trace frames are primed with (see tracengine/trace/tracelog.py).
 
 The dictionary is the byte strings that recur across frames: the msgpack
 shape of each event type, the phase and stop-reason strings, the StepEnd and
@@ -29,11 +29,11 @@ import msgspec  # noqa: E402
 import xxhash  # noqa: E402
 
 from tracengine import __version__  # noqa: E402
-from tracengine.config import Config  # noqa: E402
-from tracengine.events import ModelInfo, RequestAdded, StepEnd, TraceHeader  # noqa: E402
-from tracengine.llm_engine import LLMEngine  # noqa: E402
-from tracengine.replay.scripted import SyntheticRunner  # noqa: E402
-from tracengine.sampling_params import SamplingParams  # noqa: E402
+from tracengine.engine.config import Config  # noqa: E402
+from tracengine.trace.events import ModelInfo, RequestAdded, StepEnd, TraceHeader  # noqa: E402
+from tracengine.engine.llm_engine import LLMEngine  # noqa: E402
+from tracengine.replay.runners import SyntheticRunner  # noqa: E402
+from tracengine.engine.sampling_params import SamplingParams  # noqa: E402
 
 SEED = 20240601
 DICTIONARY_BYTES = 7680   # under the 8 KiB deflate window, less its 262-byte lookahead
@@ -165,4 +165,4 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / "tracengine"
-         / "trace_dictionary.py")
+         / "trace" / "dictionary.py")

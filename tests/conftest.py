@@ -3,11 +3,11 @@ from pathlib import Path
 
 import pytest
 
-from tracengine.config import Config
-from tracengine.events import ListSink
-from tracengine.sampling_params import SamplingParams
-from tracengine.scheduler import Scheduler
-from tracengine.sequence import Sequence
+from tracengine.engine.config import Config
+from tracengine.trace.events import ListSink
+from tracengine.engine.sampling_params import SamplingParams
+from tracengine.engine.scheduler import Scheduler
+from tracengine.engine.sequence import Sequence
 
 EOS = 999
 
@@ -43,15 +43,16 @@ def step_scheduler(scheduler, token=7):
 
 
 def run_canned(name):
-    """The events of a canned workload (tracengine.replay.scripted) run through the engine."""
-    from tracengine.replay.scripted import canned_workload, run_workload
+    """The events of a canned workload (tracengine.replay.runners) run through the engine."""
+    from tracengine.replay.runners import run_workload
+    from tracengine.testing import canned_workload
     config, requests, runner = canned_workload(name)
     return run_workload(config, requests, runner)
 
 
 def write_trace(path, events):
     """Events (TraceHeader first) written as a trace file; returns its path."""
-    from tracengine.tracelog import TraceWriter
+    from tracengine.trace.tracelog import TraceWriter
     with TraceWriter(path, events[0]) as writer:
         for event in events[1:]:
             writer.emit(event)
@@ -61,7 +62,7 @@ def write_trace(path, events):
 def cut_like_a_kill(path, nbytes: int) -> bytes:
     """Rewrites a closed trace as a writer killed mid-frame leaves it: no end
     frame, and the last step's frame short by `nbytes`. Returns the new bytes."""
-    from tracengine.tracelog import END_FRAME
+    from tracengine.trace.tracelog import END_FRAME
     path = Path(path)
     data = path.read_bytes()
     assert data.endswith(END_FRAME)

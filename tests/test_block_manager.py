@@ -1,9 +1,9 @@
 """Block pool, ref counts and the prefix cache."""
 import xxhash
 
-from tracengine.block_manager import BlockManager, compute_hash
-from tracengine.events import BlockAllocate, BlockHash, ListSink
-from tracengine.sequence import Sequence
+from tracengine.engine.block_manager import BlockManager, compute_hash
+from tracengine.trace.events import BlockAllocate, BlockHash, ListSink
+from tracengine.engine.sequence import Sequence
 
 
 def seq_of(seq_id, token_ids, block_size=4):

@@ -9,9 +9,9 @@ import pytest
 from conftest import cut_like_a_kill
 from test_stats import preemption_case, run_engine, worked_example
 from tracengine.cli import main
-from tracengine.events import Preempt, RequestAdded
-from tracengine.export import export_perfetto
-from tracengine.tracelog import TraceWriter
+from tracengine.trace.events import Preempt, RequestAdded
+from tracengine.analysis.export import export_perfetto
+from tracengine.trace.tracelog import TraceWriter
 
 PHASES = {"X", "i", "C", "M"}
 METADATA_NAMES = {"process_name", "thread_name", "process_sort_index", "thread_sort_index"}

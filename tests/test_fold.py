@@ -7,12 +7,13 @@ import pytest
 
 from tracengine.cli import main
 from tracengine.errors import TraceError
-from tracengine.events import BlockAllocate, ListSink, StepEnd
+from tracengine.trace.events import BlockAllocate, ListSink, StepEnd
 from tracengine.replay.fold import Fold
 from tracengine.replay.state import live_state
 from tracengine.replay.render import render_state
-from tracengine.replay.scripted import CANNED_WORKLOADS, canned_workload, run_workload
-from tracengine.tracelog import TraceWriter
+from tracengine.replay.runners import run_workload
+from tracengine.testing import CANNED_WORKLOADS, canned_workload
+from tracengine.trace.tracelog import TraceWriter
 
 SNAPSHOT_DIR = Path(__file__).parent / "snapshots"
 SEQ_FIELDS = ("status", "num_prompt_tokens", "num_tokens", "num_cached_tokens", "block_table", "num_preemptions")

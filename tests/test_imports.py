@@ -5,8 +5,8 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("module", ["tracengine", "tracengine.scheduler", "tracengine.llm_engine",
-                                    "tracengine.cli", "tracengine.workload"])
+@pytest.mark.parametrize("module", ["tracengine", "tracengine.engine.scheduler", "tracengine.engine.llm_engine",
+                                    "tracengine.cli", "tracengine.workload.sources"])
 def test_no_torch(module):
     code = f"import sys, {module}; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -8,15 +8,15 @@ import torch
 import transformers
 from transformers import AutoTokenizer
 
-from tracengine.config import Config
+from tracengine.engine.config import Config
 from tracengine.errors import ModelError
 from tracengine.model import EMBEDDED_MODEL_DIR
 from tracengine.model.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from tracengine.model.loader import load_hf_config, load_model, resolve_model_dir
 from tracengine.model.qwen3 import Qwen3ForCausalLM
 from tracengine.runner.model_runner import ModelRunner
-from tracengine.sampling_params import SamplingParams
-from tracengine.sequence import Sequence
+from tracengine.engine.sampling_params import SamplingParams
+from tracengine.engine.sequence import Sequence
 
 PROMPTS = [
     "The morning started grey and cold.",

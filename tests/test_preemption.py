@@ -1,5 +1,5 @@
 """Decode preemption by recomputation: the running tail, then itself."""
-from tracengine.events import BlockFree, Preempt
+from tracengine.trace.events import BlockFree, Preempt
 
 from conftest import make_scheduler, make_seqs, step_scheduler as run_step
 

@@ -14,10 +14,10 @@ import pytest
 from test_tracelog import wait_for_frames
 from tracengine import LLM, SamplingParams
 from tracengine.cli import main
-from tracengine.events import (EVENT_TYPES, BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
+from tracengine.trace.events import (EVENT_TYPES, BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
                                ScheduleDecision, SeqFinish, StepEnd, TokenSample, TraceHeader)
 from tracengine.replay.fold import Fold
-from tracengine.tracelog import TraceReader, open_trace
+from tracengine.trace.tracelog import TraceReader, open_trace
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK_SIZE = 4

@@ -9,12 +9,12 @@ from pytest_snapshot.plugin import Snapshot
 
 from tracengine.cli import main
 from tracengine.errors import TraceError
-from tracengine.events import BlockHash, Preempt, ScheduleDecision, SeqFinish, StepEnd, TokenSample
+from tracengine.trace.events import BlockHash, Preempt, ScheduleDecision, SeqFinish, StepEnd, TokenSample
 from tracengine.replay.reexec import replay
 from tracengine.replay.render import render_event, render_steps
-from tracengine.replay.scripted import CANNED_WORKLOADS
-from tracengine.scheduler import Scheduler
-from tracengine.tracelog import TraceReader
+from tracengine.testing import CANNED_WORKLOADS
+from tracengine.engine.scheduler import Scheduler
+from tracengine.trace.tracelog import TraceReader
 
 from conftest import cut_like_a_kill, run_canned, write_trace
 

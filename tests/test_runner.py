@@ -10,14 +10,14 @@ import sys
 import pytest
 import torch
 
-from tracengine.config import Config
+from tracengine.engine.config import Config
 from tracengine.errors import ConfigError
 from tracengine.runner.context import get_context
 from tracengine.runner.cuda_graph import graph_batch_sizes
 from tracengine.runner.model_runner import KV_COPY_BUCKET_ROWS, KV_COPY_BUCKETS, ModelRunner
 from tracengine.runner.sampler import CDF_CHUNK, Sampler, inverse_cdf, sample_seed
-from tracengine.sampling_params import SamplingParams
-from tracengine.sequence import Sequence
+from tracengine.engine.sampling_params import SamplingParams
+from tracengine.engine.sequence import Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ATOL = 1e-4

@@ -2,8 +2,8 @@
 import pytest
 
 from tracengine.errors import ConfigError, RequestError
-from tracengine.events import ScheduleDecision, SeqFinish, TokenSample
-from tracengine.sequence import SequenceStatus
+from tracengine.trace.events import ScheduleDecision, SeqFinish, TokenSample
+from tracengine.engine.sequence import SequenceStatus
 
 from conftest import EOS, make_scheduler, make_seqs, step_scheduler as step
 
@@ -138,8 +138,8 @@ def test_max_model_len_ends_generation_with_length():
 ])
 def test_requests_that_can_never_run_are_refused(length, max_tokens, match):
     scheduler = make_scheduler()
-    from tracengine.sequence import Sequence
-    from tracengine.sampling_params import SamplingParams
+    from tracengine.engine.sequence import Sequence
+    from tracengine.engine.sampling_params import SamplingParams
     if length == 0:
         with pytest.raises((RequestError, IndexError)):
             scheduler.add(Sequence(0, [], 4, SamplingParams(max_tokens=max_tokens)))

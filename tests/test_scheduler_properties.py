@@ -6,14 +6,15 @@ import random
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from tracengine.block_manager import compute_hash
-from tracengine.config import Config
-from tracengine.events import BlockAllocate, ListSink, Preempt, SeqFinish
+from tracengine.engine.block_manager import compute_hash
+from tracengine.engine.config import Config
+from tracengine.trace.events import BlockAllocate, ListSink, Preempt, SeqFinish
 from tracengine.replay.fold import Fold
 from tracengine.replay.state import live_state
 from tracengine.replay.reexec import replay
-from tracengine.replay.scripted import SyntheticRunner, WorkloadRequest, random_workload, run_workload
-from tracengine.tracelog import make_header
+from tracengine.replay.runners import SyntheticRunner, WorkloadRequest, run_workload
+from tracengine.testing import random_workload
+from tracengine.trace.tracelog import make_header
 
 EOS = 999
 

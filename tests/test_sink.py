@@ -1,12 +1,12 @@
 """A disabled sink builds no events; an enabled one sees every step in order."""
 
-import tracengine.block_manager
-import tracengine.llm_engine
-import tracengine.scheduler
-from tracengine.events import NULL_SINK, ListSink, ScheduleDecision, StepEnd
-from tracengine.llm_engine import LLMEngine
-from tracengine.replay.scripted import SyntheticRunner
-from tracengine.sampling_params import SamplingParams
+import tracengine.engine.block_manager
+import tracengine.engine.llm_engine
+import tracengine.engine.scheduler
+from tracengine.trace.events import NULL_SINK, ListSink, ScheduleDecision, StepEnd
+from tracengine.engine.llm_engine import LLMEngine
+from tracengine.replay.runners import SyntheticRunner
+from tracengine.engine.sampling_params import SamplingParams
 
 from conftest import make_config
 
@@ -25,7 +25,7 @@ def test_disabled_sink_builds_no_event(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("an event was built with no sink attached")
 
-    for module in (tracengine.scheduler, tracengine.block_manager, tracengine.llm_engine):
+    for module in (tracengine.engine.scheduler, tracengine.engine.block_manager, tracengine.engine.llm_engine):
         for name in dir(module):
             if name in ("ScheduleDecision", "ScheduledSeq", "Preempt", "TokenSample", "SeqFinish", "BlockAllocate",
                         "BlockAppend", "BlockHash", "BlockFree", "StepEnd", "RequestAdded"):

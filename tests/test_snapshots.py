@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tracengine.events import BlockAllocate, Preempt, ScheduleDecision, SeqFinish, TokenSample
+from tracengine.trace.events import BlockAllocate, Preempt, ScheduleDecision, SeqFinish, TokenSample
 from tracengine.replay.render import render_steps
-from tracengine.replay.scripted import CANNED_WORKLOADS, canned_workload, run_workload
+from tracengine.replay.runners import run_workload
+
+from tracengine.testing import CANNED_WORKLOADS, canned_workload
 
 SNAPSHOT_DIR = Path(__file__).parent / "snapshots"
 

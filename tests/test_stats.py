@@ -12,12 +12,12 @@ import pytest
 
 from conftest import cut_like_a_kill, make_config
 from tracengine.cli import main
-from tracengine.events import ListSink, StepEnd
-from tracengine.llm_engine import LLMEngine
-from tracengine.replay.scripted import SyntheticRunner
-from tracengine.sampling_params import SamplingParams
-from tracengine.serving_stats import percentile, stats, summarize
-from tracengine.tracelog import TraceWriter, make_header
+from tracengine.trace.events import ListSink, StepEnd
+from tracengine.engine.llm_engine import LLMEngine
+from tracengine.replay.runners import SyntheticRunner
+from tracengine.engine.sampling_params import SamplingParams
+from tracengine.analysis.stats import percentile, stats, summarize
+from tracengine.trace.tracelog import TraceWriter, make_header
 
 MS = 1_000_000
 
@@ -205,7 +205,7 @@ def test_a_file_gives_the_figures_of_its_events(trace_file):
 
 def test_python_api(trace_file):
     import tracengine
-    import tracengine.serving_stats  # noqa: F401  importing the module leaves tracengine.stats the function
+    import tracengine.analysis.stats  # noqa: F401  importing the module leaves tracengine.stats the function
     assert tracengine.stats(trace_file) == stats(trace_file)
 
 
@@ -262,5 +262,5 @@ def test_corrupt_trace_names_the_offset(trace_file, capsys):
 
 
 def test_no_torch_on_the_analysis_side():
-    code = "import sys, tracengine.serving_stats, tracengine.export; sys.exit('torch' in sys.modules)"
+    code = "import sys, tracengine.analysis.stats, tracengine.analysis.export; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -13,15 +13,15 @@ import torch
 
 from tracengine import LLM, SamplingParams
 from tracengine.cli import main
-from tracengine.config import Config
+from tracengine.engine.config import Config
 from tracengine.errors import ConfigError, WorkerError
-from tracengine.events import TraceHeader, without_wall_clock
+from tracengine.trace.events import TraceHeader, without_wall_clock
 from tracengine.model.linear import QKVParallelLinear
 from tracengine.model.loader import load_hf_config, resolve_model_dir
 from tracengine.runner.distributed import check_tensor_parallel, cpu_threads_per_rank
 from tracengine.runner.model_runner import ModelRunner
-from tracengine.sequence import Sequence
-from tracengine.tracelog import open_trace
+from tracengine.engine.sequence import Sequence
+from tracengine.trace.tracelog import open_trace
 
 ENGINE = dict(kvcache_block_size=4, num_kvcache_blocks=64, max_num_batched_tokens=32)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -215,7 +215,7 @@ def test_a_worker_that_raises_reports_its_exception(capfd):
 # model config spares it the transformers import (seconds).
 WORKER_PIDS_THEN_DIE = """
 import json, os, signal, sys, types
-from tracengine.config import Config
+from tracengine.engine.config import Config
 from tracengine.model.loader import resolve_model_dir
 from tracengine.runner.model_runner import ModelRunner
 if __name__ == "__main__":

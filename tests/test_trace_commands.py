@@ -6,8 +6,8 @@ import pytest
 from conftest import cut_like_a_kill
 from test_tracelog import flip_byte, record
 from tracengine.cli import main
-from tracengine.events import EVENT_TYPES
-from tracengine.tracelog import FORMAT_VERSION, PREAMBLE, TraceReader
+from tracengine.trace.events import EVENT_TYPES
+from tracengine.trace.tracelog import FORMAT_VERSION, PREAMBLE, TraceReader
 
 
 @pytest.fixture

@@ -19,15 +19,16 @@ import xxhash
 
 from conftest import EOS
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
-from tracengine.events import (EVENT_TYPES, BlockAllocate, BlockAppend, BlockFree, BlockHash, ListSink, ModelInfo,
+from tracengine.trace.events import (EVENT_TYPES, BlockAllocate, BlockAppend, BlockFree, BlockHash, ListSink, ModelInfo,
                                Preempt, RequestAdded, ScheduledSeq, ScheduleDecision, SeqFinish, StepEnd,
                                TokenSample, TraceHeader)
-from tracengine.llm_engine import LLMEngine
-from tracengine.replay.scripted import SyntheticRunner, every_event_type, every_event_type_config
-from tracengine.sampling_params import SamplingParams
-from tracengine import tracelog
-from tracengine.trace_dictionary import DICTIONARY, DICTIONARY_XXH64
-from tracengine.tracelog import (DEFLATED, END_FRAME, END_PAYLOAD, FORMAT_VERSION, FRAME_HEAD, PREAMBLE, WINDOW_BITS,
+from tracengine.engine.llm_engine import LLMEngine
+from tracengine.replay.runners import SyntheticRunner
+from tracengine.testing import every_event_type, every_event_type_config
+from tracengine.engine.sampling_params import SamplingParams
+from tracengine.trace import tracelog
+from tracengine.trace.dictionary import DICTIONARY, DICTIONARY_XXH64
+from tracengine.trace.tracelog import (DEFLATED, END_FRAME, END_PAYLOAD, FORMAT_VERSION, FRAME_HEAD, PREAMBLE, WINDOW_BITS,
                                  TraceReader, TraceWriter, make_header, open_trace)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -441,11 +442,12 @@ def test_format_v1_trace_still_reads():
 
 CHILD = """
 import sys, time
-from tracengine.config import Config
-from tracengine.llm_engine import LLMEngine
-from tracengine.replay.scripted import SyntheticRunner, every_event_type, every_event_type_config
-from tracengine.sampling_params import SamplingParams
-from tracengine.tracelog import TraceWriter, make_header
+from tracengine.engine.config import Config
+from tracengine.engine.llm_engine import LLMEngine
+from tracengine.replay.runners import SyntheticRunner
+from tracengine.testing import every_event_type, every_event_type_config
+from tracengine.engine.sampling_params import SamplingParams
+from tracengine.trace.tracelog import TraceWriter, make_header
 
 class SlowRunner(SyntheticRunner):
     def run(self, seqs, is_prefill):
@@ -517,7 +519,7 @@ def test_writer_killed_mid_run_leaves_every_finished_step(tmp_path, capsys):
 
 
 def test_importing_the_trace_modules_pulls_no_torch():
-    code = ("import sys, tracengine, tracengine.tracelog, tracengine.trace_commands; "
-            "assert tracengine.open_trace is tracengine.tracelog.open_trace; "
+    code = ("import sys, tracengine, tracengine.trace.tracelog, tracengine.cli.trace; "
+            "assert tracengine.open_trace is tracengine.trace.tracelog.open_trace; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=str(REPO)))

@@ -8,14 +8,15 @@ import pytest
 
 from conftest import cut_like_a_kill
 from tracengine.cli import main
-from tracengine.config import Config
-from tracengine.events import BlockAllocate, Preempt, SeqFinish
-from tracengine.llm_engine import LLMEngine
+from tracengine.engine.config import Config
+from tracengine.trace.events import BlockAllocate, Preempt, SeqFinish
+from tracengine.engine.llm_engine import LLMEngine
 from tracengine.replay.fold import Fold
-from tracengine.replay.scripted import SyntheticRunner
-from tracengine.sampling_params import SamplingParams
-from tracengine.tracelog import TraceReader, TraceWriter, make_header
-from tracengine.tui.app import TraceApp, open_index
+from tracengine.replay.runners import SyntheticRunner
+from tracengine.engine.sampling_params import SamplingParams
+from tracengine.trace.tracelog import TraceReader, TraceWriter, make_header
+from tracengine.cli.analysis import open_index
+from tracengine.tui.app import TraceApp
 from tracengine.tui.screens import HelpScreen, NumberPrompt
 from tracengine.tui.seq_view import SeqScreen
 from tracengine.tui.explain import describe_event

@@ -3,15 +3,15 @@ import pytest
 
 from tracengine.cli import main
 from tracengine.errors import ConfigError, RequestError
-from tracengine.events import Preempt, StepEnd, TokenSample
+from tracengine.trace.events import Preempt, StepEnd, TokenSample
 from tracengine.replay.diff import diff_traces
 from tracengine.replay.metrics import RunMetrics
-from tracengine.serving_stats import summarize
+from tracengine.analysis.stats import summarize
 from tracengine.replay.reexec import replay
-from tracengine.replay.scripted import CANNED_WORKLOADS
+from tracengine.testing import CANNED_WORKLOADS
 from tracengine.replay.whatif import extract_workload, whatif
-from tracengine.scheduler import Scheduler
-from tracengine.tracelog import TraceReader
+from tracengine.engine.scheduler import Scheduler
+from tracengine.trace.tracelog import TraceReader
 
 from conftest import run_canned, write_trace
 

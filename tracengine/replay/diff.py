@@ -3,7 +3,7 @@ ScheduleDecision, Preempt and Block* events, compared without wall-clock
 fields; token ids, arrivals and timings do not count."""
 from dataclasses import dataclass, field
 
-from tracengine.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, ScheduleDecision,
+from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, ScheduleDecision,
                                TraceHeader, without_wall_clock)
 from tracengine.errors import TraceError
 from tracengine.replay.fold import iter_steps

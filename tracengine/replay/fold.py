@@ -13,10 +13,10 @@ from itertools import islice
 import msgspec
 
 from tracengine.errors import TraceError
-from tracengine.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
+from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
                                ScheduleDecision, SeqFinish, StepEnd, TokenSample, TraceHeader)
 from tracengine.replay.state import FINISHED, RUNNING, WAITING, BlockState, FoldState, SeqState, live_state
-from tracengine.tracelog import TraceReader
+from tracengine.trace.tracelog import TraceReader
 
 __all__ = ["Fold", "FoldState", "SeqState", "BlockState", "iter_steps", "live_state"]
 

@@ -2,8 +2,8 @@
 `diff` put side by side. Latencies are in engine steps, counting the step
 that produced the token: a request that arrives before step 3 and gets its
 first token in step 3 has a TTFT of 1 step. Percentiles are `tracengine stats`' own."""
-from tracengine.serving_stats import summarize
-from tracengine.events import BlockAllocate, Preempt, RequestAdded, ScheduleDecision, SeqFinish, TokenSample
+from tracengine.analysis.stats import summarize
+from tracengine.trace.events import BlockAllocate, Preempt, RequestAdded, ScheduleDecision, SeqFinish, TokenSample
 
 
 class RunMetrics:

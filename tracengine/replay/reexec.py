@@ -5,14 +5,14 @@ import operator
 import time
 from dataclasses import dataclass
 
-from tracengine.config import Config
+from tracengine.engine.config import Config
 from tracengine.errors import RequestError, TraceError
-from tracengine.events import WALL_CLOCK_FIELDS, AnyEvent, Event, RequestAdded, StepEnd, TokenSample, TraceHeader
-from tracengine.llm_engine import LLMEngine
+from tracengine.trace.events import WALL_CLOCK_FIELDS, AnyEvent, Event, RequestAdded, StepEnd, TokenSample, TraceHeader
+from tracengine.engine.llm_engine import LLMEngine
 from tracengine.replay.fold import iter_steps
 from tracengine.replay.state import FoldState, live_state
-from tracengine.replay.scripted import RecordedRunner
-from tracengine.sampling_params import SamplingParams
+from tracengine.replay.runners import RecordedRunner
+from tracengine.engine.sampling_params import SamplingParams
 
 
 @dataclass

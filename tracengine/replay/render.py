@@ -1,6 +1,6 @@
 """Readable text for events, steps and folded states: the step table that
 snapshot tests pin, the divergence report of `replay`, and `replay --state`."""
-from tracengine.events import (WALL_CLOCK_FIELDS, BlockAllocate, BlockAppend, BlockHash, Preempt, RequestAdded,
+from tracengine.trace.events import (WALL_CLOCK_FIELDS, BlockAllocate, BlockAppend, BlockHash, Preempt, RequestAdded,
                                ScheduleDecision, ScheduledSeq, SeqFinish, StepEnd, TraceHeader)
 from tracengine.replay.fold import iter_steps
 

@@ -3,7 +3,7 @@ what `Fold.state_at` returns, what the TUI draws, and what a live scheduler
 looks like in the same terms (`live_state`), so the two can be compared."""
 import msgspec
 
-from tracengine.events import ScheduleDecision
+from tracengine.trace.events import ScheduleDecision
 
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
 

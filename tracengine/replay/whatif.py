@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 import msgspec
 
-from tracengine.config import Config
+from tracengine.engine.config import Config
 from tracengine.errors import RequestError, TraceError
-from tracengine.events import RequestAdded, ScheduleDecision, TokenSample, TraceHeader
+from tracengine.trace.events import RequestAdded, ScheduleDecision, TokenSample, TraceHeader
 from tracengine.replay.metrics import RunMetrics
-from tracengine.replay.scripted import OutputRunner, WorkloadRequest, run_workload
-from tracengine.scheduler import Scheduler
+from tracengine.replay.runners import OutputRunner, WorkloadRequest, run_workload
+from tracengine.engine.scheduler import Scheduler
 
 
 @dataclass

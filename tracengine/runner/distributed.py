@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tracengine.config import Config
+from tracengine.engine.config import Config
 from tracengine.errors import ConfigError, WorkerError
 from tracengine.runner.context import Context
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tracengine.config import Config
+from tracengine.engine.config import Config
 from tracengine.errors import ConfigError
 from tracengine.model.linear import local_num_kv_heads, tp_layout
 from tracengine.model.loader import checkpoint_dtype, load_hf_config, load_model, resolve_model_dir
@@ -24,7 +24,7 @@ from tracengine.runner.context import Context, forward_context
 from tracengine.runner.cuda_graph import MAX_GRAPH_BATCH_SIZE, CUDAGraphRunner
 from tracengine.runner.distributed import TensorParallelGroup, rank_device
 from tracengine.runner.sampler import Sampler, sample_seed
-from tracengine.sequence import Sequence
+from tracengine.engine.sequence import Sequence
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # CPU default cache: room for max_model_len tokens of this many sequences.

@@ -6,8 +6,6 @@ renders it. Panels send messages up; the app sets attributes down. A thread
 worker indexes the trace in slices (and, with --follow, keeps tailing it),
 posting `Indexed` messages that replace each other."""
 import gc
-import os
-import sys
 import threading
 import time
 
@@ -19,7 +17,6 @@ from textual.message import Message
 from textual.reactive import var
 from textual.widgets import Footer
 
-from tracengine.errors import TraceError
 from tracengine.tui.indexer import Pacing, read_in_background
 from tracengine.tui.screens import EventTypePicker, HelpScreen, NumberPrompt
 from tracengine.tui.seq_view import SeqScreen, life_lines, life_summary
@@ -323,27 +320,3 @@ class TraceApp(App):
         self.indexed_all = True
         self.note = message.message
         self.notify(message.message, title="trace damaged", severity="error", timeout=10)
-
-
-def open_index(path: str, follow: bool, wait_s: float = 10.0) -> TraceIndex:
-    """The trace's index; a missing or unreadable trace fails here, before the app
-    starts. Following, a recording that has not written its header yet is waited for."""
-    deadline = time.monotonic() + wait_s
-    if follow and not (os.path.exists(path) and os.path.getsize(path)):
-        print(f"tracengine: waiting for {path} to be written", file=sys.stderr)
-        while time.monotonic() < deadline and not (os.path.exists(path) and os.path.getsize(path)):
-            time.sleep(0.1)
-    return TraceIndex(path)
-
-
-def cmd_tui(args) -> int:
-    index = open_index(args.trace, args.follow)
-    try:
-        if index.num_steps == 0 and not args.follow:
-            detail = f": {index.problem}" if index.problem else ""
-            raise TraceError(f"{args.trace}: no complete step to show{detail}")
-        app = TraceApp(index, follow=args.follow)
-        app.run()
-    finally:
-        index.close()
-    return app.return_code or 0      # Textual has printed a crash's traceback; the exit code says so

@@ -3,7 +3,7 @@ the seeds' terms (head-of-line blocking, chunk gate, running tail). It reads
 the step's recorded events; it decides nothing."""
 from collections.abc import Mapping
 
-from tracengine.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
+from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
                                ScheduleDecision, SeqFinish, StepEnd, TokenSample)
 
 

@@ -13,10 +13,10 @@ from array import array
 from dataclasses import dataclass, field
 
 from tracengine.errors import TraceError
-from tracengine.events import (AnyEvent, BlockAllocate, Preempt, RequestAdded, ScheduleDecision, SeqFinish,
+from tracengine.trace.events import (AnyEvent, BlockAllocate, Preempt, RequestAdded, ScheduleDecision, SeqFinish,
                                StepEnd, TokenSample)
 from tracengine.replay.fold import Fold, FoldState
-from tracengine.tracelog import TraceReader
+from tracengine.trace.tracelog import TraceReader
 from tracengine.tui.explain import explain_step
 
 EVENT_TYPE_NAMES = [cls.__name__ for cls in AnyEvent.__args__ if cls.__name__ != "TraceHeader"]

@@ -5,7 +5,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from tracengine.events import TraceHeader
+from tracengine.trace.events import TraceHeader
 from tracengine.tui.trace_index import StepView
 
 

@@ -7,12 +7,12 @@ there."""
 import time
 from time import perf_counter_ns
 
-from tracengine.config import Config
+from tracengine.engine.config import Config
 from tracengine.errors import ConfigError
-from tracengine.events import NULL_SINK, RequestAdded, StepEnd
-from tracengine.sampling_params import SamplingParams
-from tracengine.scheduler import Scheduler
-from tracengine.sequence import Sequence
+from tracengine.trace.events import NULL_SINK, RequestAdded, StepEnd
+from tracengine.engine.sampling_params import SamplingParams
+from tracengine.engine.scheduler import Scheduler
+from tracengine.engine.sequence import Sequence
 
 
 class LLMEngine:

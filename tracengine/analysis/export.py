@@ -11,12 +11,12 @@ Layout:
   step: prefill-first), preempted; an instant ("i") at each preemption.
 
 Timestamps are integer microseconds on the trace's time axis (each step lasts
-its StepEnd durations; tracengine/timeline.py), floored from the cumulative
+its StepEnd durations; tracengine/analysis/timeline.py), floored from the cumulative
 nanoseconds, so spans meet exactly and every track is monotonic."""
 import msgspec
 
 from tracengine import __version__
-from tracengine.timeline import Timeline, load
+from tracengine.analysis.timeline import Timeline, load
 
 ENGINE_PID, REQUESTS_PID, STEPS_TID = 1, 2, 1
 
@@ -141,12 +141,3 @@ def export_perfetto(events, out_path) -> dict:
     with open(out_path, "wb") as f:
         f.write(data)
     return doc
-
-
-def cmd_export(args) -> int:
-    doc = export_perfetto(args.trace, args.perfetto)
-    num_requests = sum(1 for e in doc["traceEvents"] if e["ph"] == "M" and e["pid"] == REQUESTS_PID
-                       and e["name"] == "thread_name")
-    print(f"wrote {args.perfetto}: {len(doc['traceEvents']):,} trace events, {doc['metadata']['num_steps']:,} "
-          f"steps, {num_requests:,} requests; open it in ui.perfetto.dev or chrome://tracing")
-    return 0

@@ -6,8 +6,8 @@ import sys
 import msgspec
 
 from tracengine.errors import TraceCorruptError, TracengineError
-from tracengine.events import EVENT_TYPES, ScheduledSeq, StepEnd, TraceHeader, to_builtins
-from tracengine.tracelog import TraceReader
+from tracengine.trace.events import EVENT_TYPES, ScheduledSeq, StepEnd, TraceHeader, to_builtins
+from tracengine.trace.tracelog import TraceReader
 
 EXIT_OK, EXIT_DAMAGED = 0, 1
 MAX_LIST_ITEMS = 12   # longer lists are shortened in the readable listing (--json prints all)

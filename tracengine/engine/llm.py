@@ -4,9 +4,9 @@ from pathlib import Path
 
 from tracengine import __version__
 from tracengine.errors import ModelError, RequestError, TracengineError
-from tracengine.events import NULL_SINK, ModelInfo, TraceHeader
-from tracengine.llm_engine import LLMEngine, build_config
-from tracengine.sampling_params import SamplingParams
+from tracengine.trace.events import NULL_SINK, ModelInfo, TraceHeader
+from tracengine.engine.llm_engine import LLMEngine, build_config
+from tracengine.engine.sampling_params import SamplingParams
 
 
 class LLM(LLMEngine):
@@ -51,7 +51,7 @@ class LLM(LLMEngine):
 
     def trace_header(self) -> TraceHeader:
         import torch
-        from tracengine.tracelog import FORMAT_VERSION
+        from tracengine.trace.tracelog import FORMAT_VERSION
         architectures = getattr(self.hf_config, "architectures", None) or ["Qwen3ForCausalLM"]
         return TraceHeader(
             FORMAT_VERSION, __version__, self.config.to_dict(),
@@ -63,7 +63,7 @@ class LLM(LLMEngine):
         """Record from a clean start (empty prefix cache, step 0), so the trace replays on its own."""
         if not self.is_finished():
             raise TracengineError("cannot start recording while requests are in flight")
-        from tracengine.tracelog import TraceWriter
+        from tracengine.trace.tracelog import TraceWriter
         self.writer = TraceWriter(path, self.trace_header())
         self.reset(self.writer)
 
@@ -91,7 +91,7 @@ class LLM(LLMEngine):
                 self.stop_recording()
 
     def _generate(self, prompts, sampling_params, use_tqdm):
-        from tracengine.progress import GenerateProgress
+        from tracengine.engine.progress import GenerateProgress
         seqs = [self.add_request(prompt, sp) for prompt, sp in zip(prompts, sampling_params)]
         with GenerateProgress(len(seqs), enabled=use_tqdm) as progress:
             while not self.is_finished():

@@ -2,7 +2,7 @@
 size in: no process-wide counters, so two engines and a replay agree."""
 from enum import Enum, auto
 
-from tracengine.sampling_params import SamplingParams
+from tracengine.engine.sampling_params import SamplingParams
 
 
 class SequenceStatus(Enum):

@@ -9,8 +9,8 @@ import struct
 
 import xxhash
 
-from tracengine.events import NULL_SINK, BlockAllocate, BlockAppend, BlockFree, BlockHash
-from tracengine.sequence import Sequence
+from tracengine.trace.events import NULL_SINK, BlockAllocate, BlockAppend, BlockFree, BlockHash
+from tracengine.engine.sequence import Sequence
 
 
 def compute_hash(token_ids: list[int], prefix: int = -1) -> int:

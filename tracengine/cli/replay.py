@@ -3,14 +3,14 @@
 raises a TracengineError (exit 2 in cli.py)."""
 import sys
 
-from tracengine.config import parse_override
+from tracengine.engine.config import parse_override
 from tracengine.errors import TraceError
 from tracengine.replay.diff import SCHEDULING_TYPES, diff_traces
 from tracengine.replay.fold import Fold
 from tracengine.replay.metrics import side_by_side
 from tracengine.replay.reexec import replay
 from tracengine.replay.render import render_event, render_state, render_step
-from tracengine.tracelog import TraceReader, TraceWriter
+from tracengine.trace.tracelog import TraceReader, TraceWriter
 
 EXIT_OK, EXIT_FAILED_CHECK = 0, 1
 

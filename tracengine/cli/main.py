@@ -1,8 +1,15 @@
-"""`tracengine` command line. Each command's work lives in its own module,
-imported only when that command runs."""
+"""The `tracengine` command line: the parser, and each command's function.
+
+The command modules import nothing heavy at the top (the model, torch and
+Textual load inside the command that needs them), so `tracengine events`
+starts without a framework."""
 import argparse
 import sys
 
+from tracengine.cli.analysis import cmd_export, cmd_stats, cmd_tui
+from tracengine.cli.generate import cmd_generate
+from tracengine.cli.replay import cmd_diff, cmd_replay
+from tracengine.cli.trace import cmd_check, cmd_events
 from tracengine.errors import TracengineError
 
 EXIT_OK, EXIT_FAILED_CHECK, EXIT_BAD_INPUT = 0, 1, 2
@@ -36,7 +43,7 @@ def add_generate(sub):
     smp.add_argument("--temperature", type=float, help="0 is greedy (default 1.0)")
     smp.add_argument("--ignore-eos", action="store_true", default=None)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(run="tracengine.workload:cmd_generate")
+    p.set_defaults(run=cmd_generate)
 
 
 def add_trace_commands(sub):
@@ -46,11 +53,11 @@ def add_trace_commands(sub):
     p.add_argument("--step", help="a step or a range A:B (B exclusive)")
     p.add_argument("--seq", type=int, help="only events of this sequence")
     p.add_argument("--type", action="append", help="only events of this type (repeatable)")
-    p.set_defaults(run="tracengine.trace_commands:cmd_events")
+    p.set_defaults(run=cmd_events)
 
     p = sub.add_parser("check", help="integrity of a trace: frames, checksums, torn tail")
     p.add_argument("trace")
-    p.set_defaults(run="tracengine.trace_commands:cmd_check")
+    p.set_defaults(run=cmd_check)
 
 
 def add_replay_commands(sub):
@@ -59,33 +66,33 @@ def add_replay_commands(sub):
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="what-if: override a config field")
     p.add_argument("--record", metavar="PATH", help="what-if: write the new run's trace")
     p.add_argument("--state", type=int, metavar="STEP", help="print the folded state after STEP")
-    p.set_defaults(run="tracengine.replay.commands:cmd_replay")
+    p.set_defaults(run=cmd_replay)
 
     p = sub.add_parser("diff", help="first scheduling divergence between two traces")
     p.add_argument("a")
     p.add_argument("b")
-    p.set_defaults(run="tracengine.replay.commands:cmd_diff")
+    p.set_defaults(run=cmd_diff)
 
 
 def add_analysis_commands(sub):
     p = sub.add_parser("stats", help="serving figures of a trace")
     p.add_argument("trace")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(run="tracengine.serving_stats:cmd_stats")
+    p.set_defaults(run=cmd_stats)
 
     p = sub.add_parser("export", help="export a trace for other tools")
     p.add_argument("trace")
     p.add_argument("--perfetto", metavar="OUT", required=True, help="Chrome/Perfetto trace-event JSON")
-    p.set_defaults(run="tracengine.export:cmd_export")
+    p.set_defaults(run=cmd_export)
 
     p = sub.add_parser("tui", help="step through a trace in the terminal")
     p.add_argument("trace")
     p.add_argument("--follow", action="store_true", help="follow a trace that is still being recorded")
-    p.set_defaults(run="tracengine.tui.app:cmd_tui")
+    p.set_defaults(run=cmd_tui)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tracengine", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="tracengine", description="tracengine: record, replay and study the scheduling of an LLM inference engine.")
     from tracengine import __version__
     parser.add_argument("--version", action="version", version=f"tracengine {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -98,11 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    module_name, func_name = args.run.split(":")
     try:
-        import importlib
-        func = getattr(importlib.import_module(module_name), func_name)
-        return func(args) or EXIT_OK
+        return args.run(args) or EXIT_OK
     except (TracengineError, OSError) as exc:
         print(f"tracengine: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

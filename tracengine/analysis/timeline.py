@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 
 from tracengine.errors import TraceError
-from tracengine.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
+from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
                                ScheduleDecision, SeqFinish, StepEnd, TokenSample, TraceHeader)
 
 # Block-level events that no figure needs (the free counts come from StepEnd).
@@ -135,7 +135,7 @@ def load(path_or_events) -> Timeline:
     TraceCorruptError naming the offset."""
     if not isinstance(path_or_events, (str, os.PathLike)):
         return fold(path_or_events)
-    from tracengine.tracelog import TraceReader
+    from tracengine.trace.tracelog import TraceReader
     with TraceReader(path_or_events) as reader:
         timeline = fold(reader.events())
         if reader.torn_tail is not None:

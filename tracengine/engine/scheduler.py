@@ -4,11 +4,11 @@ Prefill first, FIFO, never mixed with decode. Each exit of the prefill and
 decode loops is named by the `stop_reason` it records."""
 from collections import deque
 
-from tracengine.block_manager import BlockManager
-from tracengine.config import Config
+from tracengine.engine.block_manager import BlockManager
+from tracengine.engine.config import Config
 from tracengine.errors import ConfigError, RequestError
-from tracengine.events import NULL_SINK, Preempt, ScheduledSeq, ScheduleDecision, SeqFinish, TokenSample
-from tracengine.sequence import Sequence, SequenceStatus
+from tracengine.trace.events import NULL_SINK, Preempt, ScheduledSeq, ScheduleDecision, SeqFinish, TokenSample
+from tracengine.engine.sequence import Sequence, SequenceStatus
 
 
 class Scheduler:

@@ -41,8 +41,8 @@ import xxhash
 
 from tracengine import __version__
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
-from tracengine.events import AnyEvent, Event, ModelInfo, StepEnd, TraceHeader
-from tracengine.trace_dictionary import DICTIONARY
+from tracengine.trace.events import AnyEvent, Event, ModelInfo, StepEnd, TraceHeader
+from tracengine.trace.dictionary import DICTIONARY
 
 FORMAT_VERSION = 1
 MAGIC = b"TRCE"

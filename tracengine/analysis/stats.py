@@ -1,7 +1,7 @@
 """Serving figures of a trace, from its events alone: `tracengine stats`.
 
 Latencies are given in engine steps and in seconds on the trace's time axis
-(tracengine/timeline.py: each step lasts schedule_ns + model_ns +
+(tracengine/analysis/timeline.py: each step lasts schedule_ns + model_ns +
 postprocess_ns; a request arrives at the start of the step it was added
 before, a token appears at the end of the step that sampled it):
 
@@ -17,10 +17,9 @@ before, a token appears at the end of the step that sampled it):
 Percentiles interpolate linearly between closest ranks (numpy's default).
 The JSON keys are stable (`stats_version` changes if one is renamed or
 removed); docs/stats.md lists them."""
-import json
 import math
 
-from tracengine.timeline import Timeline, load
+from tracengine.analysis.timeline import Timeline, load
 
 STATS_VERSION = 1
 NS = 1e9
@@ -206,13 +205,3 @@ def render(s: dict, title: str = ""):
     if s["trace"]["torn_tail"]:
         parts += ["", f"note: {s['trace']['torn_tail']}"]
     return Group(*parts)
-
-
-def cmd_stats(args) -> int:
-    s = stats(args.trace)
-    if args.json:
-        print(json.dumps(s, indent=2))
-    else:
-        from rich.console import Console
-        Console(highlight=False, soft_wrap=False).print(render(s, title=str(args.trace)))
-    return 0

@@ -1,0 +1,5 @@
+import sys
+
+from tracengine.cli.main import main
+
+sys.exit(main())

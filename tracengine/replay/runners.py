@@ -1,0 +1,130 @@
+"""Runners without a model, for replay, what-if and simulation. They answer
+`run(seqs, is_prefill)` like the model runner, from a script instead of
+logits; `run_workload` drives the engine's step loop with one of them."""
+from dataclasses import dataclass
+
+import xxhash
+
+from tracengine.engine.config import Config
+from tracengine.errors import TracengineError
+from tracengine.trace.events import ListSink
+from tracengine.engine.llm_engine import LLMEngine
+from tracengine.engine.sampling_params import SamplingParams
+from tracengine.trace.tracelog import make_header
+
+
+class SyntheticRunner:
+    """A stand-in model: each token is a hash of (seed, seq_id, position), so
+    like the real model it does not depend on batching, chunking or preemption.
+    `eos_at` maps a seq_id to the completion index at which it emits `eos`."""
+
+    def __init__(self, vocab_size: int = 1000, seed: int = 0, eos: int = -1, eos_at: dict[int, int] | None = None):
+        self.vocab_size = vocab_size
+        self.seed = seed
+        self.eos = eos
+        self.eos_at = eos_at or {}
+
+    def token_for(self, seq) -> int:
+        position = seq.num_cached_tokens + seq.num_scheduled_tokens
+        if position == seq.num_tokens and self.eos_at.get(seq.seq_id) == seq.num_completion_tokens:
+            return self.eos
+        h = xxhash.xxh64_intdigest(f"{self.seed}:{seq.seq_id}:{position}".encode())
+        token = h % self.vocab_size
+        return token if token != self.eos else (token + 1) % self.vocab_size
+
+    def run(self, seqs, is_prefill: bool) -> list[int]:
+        return [self.token_for(seq) for seq in seqs]
+
+    def exit(self):
+        pass
+
+
+class RecordedRunner:
+    """Re-execution: the tokens a trace recorded for the current step, by seq_id.
+    `tokens` is replaced before each step; a sequence the trace did not sample
+    this step (the replay has already diverged) gets `filler`."""
+
+    def __init__(self, filler: int = 0):
+        self.tokens: dict[int, int] = {}
+        self.filler = filler
+
+    def run(self, seqs, is_prefill: bool) -> list[int]:
+        tokens, filler = self.tokens, self.filler
+        return [tokens.get(seq.seq_id, filler) for seq in seqs]
+
+    def exit(self):
+        pass
+
+
+class OutputRunner:
+    """What-if: each sequence gets its recorded completion token by completion
+    index, wherever the new schedule puts it. A middle chunk gets the sample
+    recorded at the same position if there is one, else `filler` (either way
+    the sample is dropped); a sequence that runs past its recorded output gets
+    `filler` and is noted in `past_output_seq_ids`."""
+
+    def __init__(self, outputs: dict[int, list[int]], middle: dict[tuple[int, int], int] | None = None,
+                 filler: int = 0):
+        self.outputs = outputs
+        self.middle = middle or {}
+        self.filler = filler
+        self.past_output_seq_ids: set[int] = set()
+
+    def run(self, seqs, is_prefill: bool) -> list[int]:
+        tokens = []
+        for seq in seqs:
+            position = seq.num_cached_tokens + seq.num_scheduled_tokens
+            if position < seq.num_tokens:          # a middle chunk
+                tokens.append(self.middle.get((seq.seq_id, position), self.filler))
+                continue
+            output = self.outputs.get(seq.seq_id, ())
+            index = seq.num_completion_tokens
+            if index < len(output):
+                tokens.append(output[index])
+            else:
+                self.past_output_seq_ids.add(seq.seq_id)
+                tokens.append(self.filler)
+        return tokens
+
+    def exit(self):
+        pass
+
+
+@dataclass(slots=True)
+class WorkloadRequest:
+    """One request of a scripted workload, added before step `arrival_step`."""
+    prompt_token_ids: list[int]
+    max_tokens: int = 8
+    arrival_step: int = 0
+    ignore_eos: bool = False
+    temperature: float = 1.0
+    seq_id: int | None = None     # None: its index in the workload
+
+
+def run_workload(config: Config, requests: list[WorkloadRequest], runner=None, sink: ListSink | None = None,
+                 max_steps: int = 1_000_000, on_step=None) -> list:
+    """Drive `LLMEngine` over a scripted workload; returns the events, header
+    first. Each request enters before its arrival step; when the engine goes
+    idle before the next arrival, that arrival is brought forward. `on_step(engine)`
+    is called after every step (property tests check invariants there)."""
+    sink = sink if sink is not None else ListSink()
+    runner = runner if runner is not None else SyntheticRunner(eos=config.eos, seed=config.seed)
+    engine = LLMEngine(config, runner, sink)
+    pending = sorted(range(len(requests)), key=lambda i: requests[i].arrival_step)
+    next_request = 0
+    while next_request < len(pending) or not engine.is_finished():
+        now = engine.num_steps
+        if engine.is_finished():      # idle: the next arrivals come now
+            now = max(now, requests[pending[next_request]].arrival_step)
+        while next_request < len(pending) and requests[pending[next_request]].arrival_step <= now:
+            i = pending[next_request]
+            r = requests[i]
+            engine.add_request(r.prompt_token_ids, SamplingParams(r.temperature, r.max_tokens, r.ignore_eos),
+                               seq_id=i if r.seq_id is None else r.seq_id)
+            next_request += 1
+        engine.step()
+        if on_step is not None:
+            on_step(engine)
+        if engine.num_steps >= max_steps:
+            raise TracengineError(f"the workload did not finish in {max_steps} steps")
+    return [make_header(config), *sink.events]

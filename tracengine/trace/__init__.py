@@ -1,0 +1,1 @@
+"""The trace: the event vocabulary (events.py), the file format (tracelog.py) and its deflate dictionary."""

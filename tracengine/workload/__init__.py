@@ -1,0 +1,1 @@
+"""Workloads: where the requests of a run come from (prompts, files, synthetic mixes)."""
