@@ -146,4 +146,4 @@ def test_missing_file_not_a_trace_and_other_version_exit_2(tmp_path, capsys, com
     exit_code, _, err = run(capsys, command, newer)
     assert exit_code == 2
     assert err == (f"tracengine: error: {newer}: trace format version {FORMAT_VERSION + 1}, "
-                   f"this tracengine reads version {FORMAT_VERSION}\n")
+                   f"this tracengine reads versions 1 to {FORMAT_VERSION}\n")

@@ -368,7 +368,7 @@ def test_other_format_version_names_both(recorded):
     PREAMBLE.pack_into(data, 0, b"TRCE", FORMAT_VERSION + 1)
     path.write_bytes(bytes(data))
     with pytest.raises(TraceVersionError, match=f"trace format version {FORMAT_VERSION + 1}, "
-                                                f"this tracengine reads version {FORMAT_VERSION}"):
+                                                f"this tracengine reads versions 1 to {FORMAT_VERSION}"):
         list(open_trace(path))
 
 

@@ -33,13 +33,13 @@ class LLM(LLMEngine):
             runner.exit()   # tensor-parallel workers must not outlive a failed start
             raise
 
-    def add_request(self, prompt, sampling_params=None, seq_id=None):
+    def add_request(self, prompt, sampling_params=None, seq_id=None, arrival_time=None):
         if not isinstance(prompt, str):
             vocab_size = self.hf_config.vocab_size
             bad = next((t for t in prompt if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
             if bad is not None:
                 raise RequestError(f"token id {bad!r} is outside the model's vocabulary of {vocab_size}")
-        return super().add_request(prompt, sampling_params, seq_id)
+        return super().add_request(prompt, sampling_params, seq_id, arrival_time)
 
     def step(self):
         tp = self.runner.tp

@@ -4,7 +4,6 @@
 is_prefill) -> token ids`, so the replayer drives this same loop with the
 recorded tokens. `LLM` builds the real model runner; torch is imported only
 there."""
-import time
 from time import perf_counter_ns
 
 from tracengine.engine.config import Config
@@ -30,9 +29,12 @@ class LLMEngine:
         self.num_steps = 0
         self.next_seq_id = 0
         self.num_batched_tokens = 0   # tokens computed in the last step
+        self.start_ns = perf_counter_ns()   # the run's time origin: arrivals and step starts count from it
+        self.last_step_end_ns = self.start_ns
 
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
-                    seq_id: int | None = None) -> Sequence:
+                    seq_id: int | None = None, arrival_time: float | None = None) -> Sequence:
+        """`arrival_time`: seconds from the start of the run (default: now)."""
         sp = sampling_params if sampling_params is not None else SamplingParams()
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         seq = Sequence(self.next_seq_id if seq_id is None else seq_id, token_ids,
@@ -40,9 +42,10 @@ class LLMEngine:
         self.scheduler.add(seq)
         self.next_seq_id = max(self.next_seq_id, seq.seq_id + 1)
         if self.sink.enabled:
+            arrival_ns = perf_counter_ns() - self.start_ns if arrival_time is None else round(arrival_time * 1e9)
             self.sink.step = self.num_steps
             self.sink.emit(RequestAdded(self.num_steps, seq.seq_id, token_ids, sp.max_tokens,
-                                        sp.temperature, sp.ignore_eos, time.time()))
+                                        sp.temperature, sp.ignore_eos, 0.0, arrival_ns))
         return seq
 
     def step(self) -> tuple[list[Sequence], list[Sequence], bool]:
@@ -58,7 +61,8 @@ class LLMEngine:
         t3 = perf_counter_ns()
         if self.sink.enabled:
             self.sink.emit(StepEnd(self.num_steps, self.scheduler.block_manager.num_free_blocks,
-                                   t1 - t0, t2 - t1, t3 - t2))
+                                   t1 - t0, t2 - t1, t3 - t2, t0 - self.last_step_end_ns))
+        self.last_step_end_ns = t3
         self.num_steps += 1
         return seqs, finished, is_prefill
 

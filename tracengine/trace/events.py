@@ -36,7 +36,12 @@ class RequestAdded(Event, tag=1):
     max_tokens: int
     temperature: float
     ignore_eos: bool
-    created_at: float = 0.0
+    created_at: float = 0.0   # version 1: wall-clock seconds; version 2 writes 0 (the header's created_at + arrival_ns)
+    # Format version 2:
+    arrival_ns: int = -1      # when the request arrived, in ns from the start of the run; -1: not known
+    top_k: int = -1           # -1: all tokens
+    top_p: float = 1.0
+    seed: int = -1            # the request's own sampling seed; -1: none
 
 
 class ScheduledSeq(msgspec.Struct, frozen=True, gc=False, array_like=True):
@@ -114,6 +119,11 @@ class StepEnd(Event, tag=10):
     schedule_ns: int
     model_ns: int
     postprocess_ns: int
+    # Format version 2:
+    # ns from the end of the previous step (for step 0, the start of the run) to the start of
+    # this one: idle time waiting for arrivals and the loop's own work. Step s starts at the
+    # sum of gap_ns and durations before it; a v1 trace reads as gaps of 0.
+    gap_ns: int = 0
 
 
 AnyEvent = Union[TraceHeader, RequestAdded, ScheduleDecision, BlockAllocate, BlockAppend, BlockHash,
@@ -122,7 +132,7 @@ AnyEvent = Union[TraceHeader, RequestAdded, ScheduleDecision, BlockAllocate, Blo
 EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in AnyEvent.__args__}
 
 # Fields a replay does not compare: wall-clock readings.
-WALL_CLOCK_FIELDS = frozenset({"schedule_ns", "model_ns", "postprocess_ns", "created_at"})
+WALL_CLOCK_FIELDS = frozenset({"schedule_ns", "model_ns", "postprocess_ns", "created_at", "arrival_ns", "gap_ns"})
 
 
 def to_builtins(event: Event) -> dict:

@@ -1,7 +1,8 @@
 """The trace file: the only module that knows frames.
 
-Format version 1, the first (unreleased until a release names it): this
-layout, the events of events.py, and the dictionary of trace_dictionary.py.
+Format version 2: this layout, the events of events.py, and the dictionary of
+dictionary.py. Version 1 had the same layout and the events without the
+fields appended since; it reads as version 2 with their defaults.
 
     preamble  b"TRCE" + uint16 format version + 2 reserved bytes
     frame     uint32 length word + uint64 checksum (little-endian), then the stored payload
@@ -44,7 +45,8 @@ from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
 from tracengine.trace.events import AnyEvent, Event, ModelInfo, StepEnd, TraceHeader
 from tracengine.trace.dictionary import DICTIONARY
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)             # 2 appended arrival_ns, top_k, top_p, seed to RequestAdded and gap_ns to StepEnd
 MAGIC = b"TRCE"
 PREAMBLE = struct.Struct("<4sH2x")
 FRAME_HEAD = struct.Struct("<IQ")      # length word, xxh64 of the stored payload (seed: the flag)
@@ -175,9 +177,9 @@ class TraceReader:
         if len(data) < PREAMBLE.size or data[:4] != MAGIC:
             raise TraceError(f"{self.path}: not a tracengine trace (it does not start with {MAGIC!r})")
         version = PREAMBLE.unpack(data)[1]
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise TraceVersionError(f"{self.path}: trace format version {version}, "
-                                    f"this tracengine reads version {FORMAT_VERSION}")
+                                    f"this tracengine reads versions {READABLE_VERSIONS[0]} to {READABLE_VERSIONS[-1]}")
 
     def _read_header(self) -> TraceHeader:
         if not self._frames:
