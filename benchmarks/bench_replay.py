@@ -60,7 +60,6 @@ def generate(path: str, num_steps: int, num_blocks: int, seed: int = 0) -> tuple
 class DiscardingSink:
     """Builds every event, keeps none: what recording costs the engine, without the file."""
     enabled = True
-    step = 0
 
     def emit(self, event):
         pass

@@ -63,7 +63,6 @@ class CannedClock:
     enabled = True
 
     def __init__(self, rng: random.Random):
-        self.step = 0
         self.rng = rng
         self.frames: list[list] = [[]]
 

@@ -12,7 +12,7 @@ def seq_of(seq_id, token_ids, block_size=4):
 
 def fill(manager, seq):
     """Allocate and compute the whole prompt, registering its full blocks."""
-    num_cached_blocks = manager.can_allocate(seq)
+    num_cached_blocks, _ = manager.num_blocks_needed(seq)
     manager.allocate(seq, num_cached_blocks)
     seq.num_scheduled_tokens = seq.num_tokens - seq.num_cached_tokens
     manager.hash_blocks(seq)
@@ -32,7 +32,7 @@ def test_shared_prefix_is_shared_with_ref_counts():
     a = seq_of(0, list(range(10)))              # blocks [0..3] [4..7] [8 9]
     fill(manager, a)
     b = seq_of(1, list(range(8)) + [50, 51])
-    assert manager.can_allocate(b) == 2         # two full leading blocks hit
+    assert manager.num_blocks_needed(b) == (2, 1)   # two full leading blocks hit
     manager.allocate(b, 2)
     assert b.block_table[:2] == a.block_table[:2]
     assert [manager.blocks[i].ref_count for i in a.block_table[:2]] == [2, 2]
@@ -46,7 +46,7 @@ def test_last_block_is_never_matched_so_one_token_is_computed():
     a = seq_of(0, list(range(8)))
     fill(manager, a)
     same = seq_of(1, list(range(8)))
-    assert manager.can_allocate(same) == 1      # block 1 is full and hashed, but it is the last
+    assert manager.num_blocks_needed(same)[0] == 1   # block 1 is full and hashed, but it is the last
 
 
 def test_freed_blocks_keep_their_hash_until_reused():
@@ -56,7 +56,7 @@ def test_freed_blocks_keep_their_hash_until_reused():
     manager.deallocate(a)
     assert list(manager.free_block_ids) == [3, 2, 1, 0]   # tail first
     again = seq_of(1, list(range(9)))
-    assert manager.can_allocate(again) == 2     # both full blocks still cached while free
+    assert manager.num_blocks_needed(again) == (2, 3)   # both full blocks still cached while free
     manager.allocate(again, 2)
     assert again.block_table == [0, 1, 3]
     assert list(manager.free_block_ids) == [2]
@@ -69,17 +69,18 @@ def test_reusing_a_block_drops_its_stale_hash():
     h = manager.blocks[a.block_table[0]].hash
     manager.deallocate(a)
     b = seq_of(1, [9, 9, 9, 9, 9, 9, 9, 9])
-    manager.allocate(b, manager.can_allocate(b))
+    manager.allocate(b, manager.num_blocks_needed(b)[0])
     assert h not in manager.hash_to_block_id
 
 
-def test_can_allocate_counts_free_cached_blocks_against_the_free_pool():
+def test_free_cached_blocks_count_against_the_free_pool():
     manager = BlockManager(3, 4)
     a = seq_of(0, list(range(9)))
     fill(manager, a)
     manager.deallocate(a)
     b = seq_of(1, list(range(8)) + [7, 7, 7, 7, 7])   # 4 blocks: more than the pool
-    assert manager.can_allocate(b) is None
+    num_cached_blocks, num_new_blocks = manager.num_blocks_needed(b)
+    assert num_cached_blocks == 2 and num_new_blocks == 4 > manager.num_free_blocks
 
 
 def test_may_append_takes_a_block_only_at_a_boundary_and_events():

@@ -1,8 +1,9 @@
 """The prefill loop's exits, chunked prefill and postprocess, from the seeds."""
+import msgspec
 import pytest
 
 from tracengine.errors import ConfigError, RequestError
-from tracengine.trace.events import ScheduleDecision, SeqFinish, TokenSample
+from tracengine.trace.events import AnyEvent, ScheduledSeq, ScheduleDecision, SeqFinish, TokenSample
 from tracengine.engine.sequence import SequenceStatus
 
 from conftest import EOS, make_scheduler, make_seqs, step_scheduler as step
@@ -165,3 +166,12 @@ def test_status_moves_waiting_running_finished():
     assert seq.status == SequenceStatus.RUNNING
     step(scheduler)
     assert seq.status == SequenceStatus.FINISHED
+
+
+def test_a_misspelt_phase_or_stop_reason_does_not_decode():
+    good = ScheduleDecision(0, "prefill", [ScheduledSeq(0, 3, 0)], 3, "waiting_empty")
+    encoded = msgspec.msgpack.encode(good)
+    assert msgspec.msgpack.decode(encoded, type=AnyEvent) == good
+    for typo in (msgspec.structs.replace(good, phase="prefil"), msgspec.structs.replace(good, stop_reason="budget")):
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.msgpack.decode(msgspec.msgpack.encode(typo), type=AnyEvent)

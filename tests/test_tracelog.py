@@ -40,7 +40,6 @@ class Tee:
 
     def __init__(self, *sinks):
         self.sinks = sinks
-        self.step = 0
 
     def emit(self, event):
         for sink in self.sinks:

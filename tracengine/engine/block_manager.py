@@ -9,7 +9,7 @@ import struct
 
 import xxhash
 
-from tracengine.trace.events import NULL_SINK, BlockAllocate, BlockAppend, BlockFree, BlockHash
+from tracengine.trace.events import NULL_SINK, EventSink, BlockAllocate, BlockAppend, BlockFree, BlockHash
 from tracengine.engine.sequence import Sequence
 
 
@@ -44,7 +44,7 @@ class Block:
 
 class BlockManager:
 
-    def __init__(self, num_blocks: int, block_size: int, sink=NULL_SINK):
+    def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK):
         self.block_size = block_size
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.hash_to_block_id: dict[int, int] = {}
@@ -52,6 +52,7 @@ class BlockManager:
         self.used_block_ids: set[int] = set()
         self.num_hit_blocks = 0   # prefix-cache hits, in blocks, over the manager's life
         self.sink = sink
+        self.step = 0   # stamped on events; the scheduler sets it each step
 
     @property
     def num_free_blocks(self) -> int:
@@ -102,13 +103,6 @@ class BlockManager:
                 num_new_blocks -= 1     # shared with a live sequence: no free block needed
         return num_cached_blocks, num_new_blocks
 
-    def can_allocate(self, seq: Sequence) -> int | None:
-        """The number of cached leading blocks, or None when the free blocks do not suffice."""
-        num_cached_blocks, num_new_blocks = self.num_blocks_needed(seq)
-        if len(self.free_block_ids) < num_new_blocks:
-            return None
-        return num_cached_blocks
-
     def allocate(self, seq: Sequence, num_cached_blocks: int):
         assert not seq.block_table
         for i in range(num_cached_blocks):
@@ -127,7 +121,7 @@ class BlockManager:
         seq.num_cached_tokens = num_cached_blocks * self.block_size
         self.num_hit_blocks += num_cached_blocks
         if self.sink.enabled:
-            self.sink.emit(BlockAllocate(self.sink.step, seq.seq_id, list(seq.block_table), num_cached_blocks))
+            self.sink.emit(BlockAllocate(self.step, seq.seq_id, list(seq.block_table), num_cached_blocks))
 
     def deallocate(self, seq: Sequence):
         released = seq.block_table[::-1]   # tail first, so prefix blocks stay cached longer
@@ -140,7 +134,7 @@ class BlockManager:
         seq.num_cached_tokens = 0
         seq.block_table.clear()
         if self.sink.enabled:
-            self.sink.emit(BlockFree(self.sink.step, seq.seq_id, released))
+            self.sink.emit(BlockFree(self.step, seq.seq_id, released))
 
     # The newest token is not in the cache yet; it needs a block when it is the first of one.
     # (nano-vllm writes `len % block_size == 1`, which never holds for a block size of 1.)
@@ -152,7 +146,7 @@ class BlockManager:
             block_id = self._allocate_block()
             seq.block_table.append(block_id)
             if self.sink.enabled:
-                self.sink.emit(BlockAppend(self.sink.step, seq.seq_id, block_id))
+                self.sink.emit(BlockAppend(self.step, seq.seq_id, block_id))
 
     def hash_blocks(self, seq: Sequence):
         """Register the blocks this step has just filled."""
@@ -166,4 +160,4 @@ class BlockManager:
             self.blocks[block_id].update(h, seq.block(i))
             self.hash_to_block_id[h] = block_id
             if self.sink.enabled:
-                self.sink.emit(BlockHash(self.sink.step, seq.seq_id, block_id, h))
+                self.sink.emit(BlockHash(self.step, seq.seq_id, block_id, h))

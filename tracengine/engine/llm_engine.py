@@ -43,14 +43,13 @@ class LLMEngine:
         self.next_seq_id = max(self.next_seq_id, seq.seq_id + 1)
         if self.sink.enabled:
             arrival_ns = perf_counter_ns() - self.start_ns if arrival_time is None else round(arrival_time * 1e9)
-            self.sink.step = self.num_steps
             self.sink.emit(RequestAdded(self.num_steps, seq.seq_id, token_ids, sp.max_tokens,
                                         sp.temperature, sp.ignore_eos, 0.0, arrival_ns))
         return seq
 
     def step(self) -> tuple[list[Sequence], list[Sequence], bool]:
         """One engine step; returns (scheduled, finished, is_prefill)."""
-        self.sink.step = self.num_steps
+        self.scheduler.begin_step(self.num_steps)
         t0 = perf_counter_ns()
         seqs, is_prefill = self.scheduler.schedule()
         t1 = perf_counter_ns()

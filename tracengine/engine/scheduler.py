@@ -7,13 +7,14 @@ from collections import deque
 from tracengine.engine.block_manager import BlockManager
 from tracengine.engine.config import Config
 from tracengine.errors import ConfigError, RequestError
-from tracengine.trace.events import NULL_SINK, Preempt, ScheduledSeq, ScheduleDecision, SeqFinish, TokenSample
+from tracengine.trace.events import (NULL_SINK, EventSink, FinishReason, Preempt, ScheduledSeq, ScheduleDecision,
+                                     SeqFinish, StopReason, TokenSample)
 from tracengine.engine.sequence import Sequence, SequenceStatus
 
 
 class Scheduler:
 
-    def __init__(self, config: Config, sink=NULL_SINK):
+    def __init__(self, config: Config, sink: EventSink = NULL_SINK):
         if config.num_kvcache_blocks <= 0:
             raise ConfigError(f"num_kvcache_blocks must be resolved to a positive count, got {config.num_kvcache_blocks}")
         self.max_num_seqs = config.max_num_seqs
@@ -25,6 +26,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()   # not fully prefilled: new, mid-chunk, preempted
         self.running: deque[Sequence] = deque()   # prefilled, decoding
         self.sink = sink
+        self.step = 0   # the engine's step, stamped on events: set by `begin_step`
+
+    def begin_step(self, step: int):
+        self.step = self.block_manager.step = step
 
     def is_finished(self) -> bool:
         return not self.waiting and not self.running
@@ -50,16 +55,10 @@ class Scheduler:
     def schedule(self) -> tuple[list[Sequence], bool]:
         scheduled_seqs: list[Sequence] = []
         num_batched_tokens = 0
-        stop_reason = "waiting_empty"
+        stop_reason: StopReason
         blocked_seq_id, num_blocks_needed = -1, 0
 
-        while True:
-            if not self.waiting:
-                stop_reason = "waiting_empty"
-                break
-            if len(scheduled_seqs) >= self.max_num_seqs:
-                stop_reason = "max_num_seqs"
-                break
+        while self.waiting and len(scheduled_seqs) < self.max_num_seqs:
             seq = self.waiting[0]
             remaining = self.max_num_batched_tokens - num_batched_tokens
             if remaining == 0:
@@ -70,17 +69,13 @@ class Scheduler:
                 num_cached_blocks, num_new_blocks = self.block_manager.num_blocks_needed(seq)
                 if num_new_blocks > self.block_manager.num_free_blocks:
                     # head-of-line block: shorter requests behind it wait too
-                    stop_reason = "no_free_blocks"
-                    blocked_seq_id = seq.seq_id
-                    num_blocks_needed = num_new_blocks
+                    stop_reason, blocked_seq_id, num_blocks_needed = "no_free_blocks", seq.seq_id, num_new_blocks
                     break
                 num_tokens = seq.num_tokens - num_cached_blocks * self.block_size
             else:                      # the rest of a chunked prefill; its blocks are allocated
                 num_tokens = seq.num_tokens - seq.num_cached_tokens
-            if remaining < num_tokens and scheduled_seqs:
-                # chunk gate: only allow chunked prefill for the first seq
-                stop_reason = "chunk_gate"
-                blocked_seq_id = seq.seq_id
+            if remaining < num_tokens and scheduled_seqs:  # only allow chunked prefill for the first seq
+                stop_reason, blocked_seq_id = "chunk_gate", seq.seq_id
                 break
             if not seq.block_table:
                 self.block_manager.allocate(seq, num_cached_blocks)
@@ -91,6 +86,8 @@ class Scheduler:
                 self.waiting.popleft()
                 self.running.append(seq)
             scheduled_seqs.append(seq)
+        else:
+            stop_reason = "max_num_seqs" if self.waiting else "waiting_empty"
 
         num_free_blocks = self.block_manager.num_free_blocks   # when the prefill loop stopped
         if scheduled_seqs:
@@ -98,13 +95,7 @@ class Scheduler:
                                 blocked_seq_id, num_blocks_needed, num_free_blocks)
             return scheduled_seqs, True
 
-        while True:
-            if not self.running:
-                stop_reason = "running_empty"
-                break
-            if len(scheduled_seqs) >= self.max_num_seqs:
-                stop_reason = "max_num_seqs"
-                break
+        while self.running and len(scheduled_seqs) < self.max_num_seqs:
             seq = self.running.popleft()
             while not self.block_manager.can_append(seq):
                 if self.running:
@@ -117,6 +108,7 @@ class Scheduler:
                 seq.is_prefill = False
                 self.block_manager.may_append(seq)
                 scheduled_seqs.append(seq)
+        stop_reason = "max_num_seqs" if self.running else "running_empty"
         assert scheduled_seqs, "nothing schedulable: check_request should have refused a request"
         self.running.extendleft(reversed(scheduled_seqs))
         self._emit_decision("decode", scheduled_seqs, len(scheduled_seqs), stop_reason,
@@ -128,7 +120,7 @@ class Scheduler:
         if not self.sink.enabled:
             return
         self.sink.emit(ScheduleDecision(
-            self.sink.step, phase,
+            self.step, phase,
             [ScheduledSeq(s.seq_id, s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs],
             num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,
             num_free_blocks, len(self.waiting), len(self.running)))
@@ -136,7 +128,7 @@ class Scheduler:
     def preempt(self, seq: Sequence, by: Sequence):
         """Recomputation: free the KV and go back to the head of waiting."""
         if self.sink.enabled:
-            self.sink.emit(Preempt(self.sink.step, seq.seq_id, by.seq_id, seq.block_table[::-1],
+            self.sink.emit(Preempt(self.step, seq.seq_id, by.seq_id, seq.block_table[::-1],
                                    seq.num_cached_tokens))
         seq.status = SequenceStatus.WAITING
         seq.is_prefill = True
@@ -155,11 +147,12 @@ class Scheduler:
             if is_prefill and seq.num_cached_tokens < seq.num_tokens:
                 # a middle chunk: its sample is not at the end of the prompt
                 if emit:
-                    self.sink.emit(TokenSample(self.sink.step, seq.seq_id, token_id, False))
+                    self.sink.emit(TokenSample(self.step, seq.seq_id, token_id, False))
                 continue
             seq.append_token(token_id)
             if emit:
-                self.sink.emit(TokenSample(self.sink.step, seq.seq_id, token_id, True))
+                self.sink.emit(TokenSample(self.step, seq.seq_id, token_id, True))
+            reason: FinishReason
             if not seq.ignore_eos and token_id == self.eos:
                 reason = "eos"
             elif seq.num_completion_tokens == seq.max_tokens or seq.num_tokens >= self.max_model_len:
@@ -169,7 +162,7 @@ class Scheduler:
             seq.status = SequenceStatus.FINISHED
             seq.finish_reason = reason
             if emit:
-                self.sink.emit(SeqFinish(self.sink.step, seq.seq_id, reason, seq.num_prompt_tokens,
+                self.sink.emit(SeqFinish(self.step, seq.seq_id, reason, seq.num_prompt_tokens,
                                          seq.num_completion_tokens))
             self.block_manager.deallocate(seq)
             self.running.remove(seq)

@@ -68,10 +68,6 @@ class Sequence:
     def num_blocks(self):
         return (self.num_tokens + self.block_size - 1) // self.block_size
 
-    @property
-    def last_block_num_tokens(self):
-        return self.num_tokens - (self.num_blocks - 1) * self.block_size
-
     def block(self, i: int) -> list[int]:
         assert 0 <= i < self.num_blocks
         return self.token_ids[i * self.block_size:(i + 1) * self.block_size]

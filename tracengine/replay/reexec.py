@@ -62,7 +62,6 @@ class ComparingSink:
     enabled = True
 
     def __init__(self):
-        self.step = 0
         self.expected: list[Event] = []
         self.index = 0
 
@@ -92,7 +91,8 @@ def replay(events) -> ReplayResult:
     num_events = 0
     start = time.perf_counter()
     for step_events in iter_steps(it):
-        sink.expected, sink.index, sink.step = step_events, 0, engine.num_steps
+        step = engine.num_steps
+        sink.expected, sink.index = step_events, 0
         runner.tokens = tokens = {}
         try:
             for e in step_events:
@@ -112,9 +112,9 @@ def replay(events) -> ReplayResult:
             if sink.index < len(step_events):
                 raise _Diverged(step_events[sink.index], None, "the trace has an event the replay did not emit")
         except _Diverged as d:
-            divergence = Divergence(sink.step, sink.index, d.expected, d.actual, d.reason,
-                                    live_state(engine.scheduler, sink.step, seqs))
-            return ReplayResult(sink.step, num_events + sink.index, time.perf_counter() - start, divergence)
+            divergence = Divergence(step, sink.index, d.expected, d.actual, d.reason,
+                                    live_state(engine.scheduler, step, seqs))
+            return ReplayResult(step, num_events + sink.index, time.perf_counter() - start, divergence)
         num_events += len(step_events)
     scheduler = engine.scheduler
     return ReplayResult(engine.num_steps, num_events, time.perf_counter() - start,

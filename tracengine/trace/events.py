@@ -2,9 +2,16 @@
 and the engine as a typed fact. One tagged union, small int tags, array-like
 structs. Tags are listed here and never reused; new fields are appended with
 defaults (anything else bumps FORMAT_VERSION in tracelog)."""
-from typing import Union
+from typing import Literal, Protocol, Union
 
 import msgspec
+
+# Closed vocabularies: a decoder rejects a value outside them.
+Phase = Literal["prefill", "decode"]
+# Why a scheduling loop stopped: its exits, named.
+StopReason = Literal["waiting_empty", "max_num_seqs", "budget_exhausted", "no_free_blocks", "chunk_gate",
+                     "running_empty"]
+FinishReason = Literal["eos", "length"]
 
 
 class Event(msgspec.Struct, frozen=True, gc=False, array_like=True, omit_defaults=True, tag_field="t"):
@@ -52,10 +59,10 @@ class ScheduledSeq(msgspec.Struct, frozen=True, gc=False, array_like=True):
 
 class ScheduleDecision(Event, tag=2):
     step: int
-    phase: str               # "prefill" or "decode"
+    phase: Phase
     seqs: list[ScheduledSeq]
     num_batched_tokens: int
-    stop_reason: str
+    stop_reason: StopReason
     # The waiting head when prefill stopped on it (no_free_blocks / chunk_gate), else -1.
     blocked_seq_id: int = -1
     num_blocks_needed: int = 0   # free blocks the blocked head needed
@@ -108,7 +115,7 @@ class TokenSample(Event, tag=8):
 class SeqFinish(Event, tag=9):
     step: int
     seq_id: int
-    reason: str              # "eos" or "length"
+    reason: FinishReason
     num_prompt_tokens: int
     num_completion_tokens: int
 
@@ -157,10 +164,17 @@ def without_wall_clock(event: Event) -> tuple:
         getattr(event, name) for name in event.__struct_fields__ if name not in WALL_CLOCK_FIELDS)
 
 
+class EventSink(Protocol):
+    """Where emitters send events. Emitters test `enabled` before building an
+    event, so a disabled sink costs a branch; each event carries its own step."""
+    enabled: bool
+
+    def emit(self, event: Event) -> None: ...
+
+
 class NullSink:
     """No sink attached: emitters check `enabled` and build nothing."""
     enabled = False
-    step = 0
 
     def emit(self, event: Event) -> None:
         pass
@@ -174,7 +188,6 @@ class ListSink:
     enabled = True
 
     def __init__(self):
-        self.step = 0
         self.events: list[Event] = []
 
     def emit(self, event: Event) -> None:

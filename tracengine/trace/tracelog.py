@@ -86,7 +86,6 @@ class TraceWriter:
     enabled = True
 
     def __init__(self, path, header: TraceHeader, deflate: bool = True):
-        self.step = 0
         self.header = header
         self._min_deflate_bytes = MIN_DEFLATE_BYTES if deflate else MAX_FRAME_BYTES + 1
         self._encoder = msgspec.msgpack.Encoder()
