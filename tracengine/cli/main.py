@@ -12,90 +12,145 @@ from tracengine.cli.replay import cmd_diff, cmd_replay
 from tracengine.cli.trace import cmd_check, cmd_events
 from tracengine.errors import TracengineError
 
-EXIT_OK, EXIT_FAILED_CHECK, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAILED_CHECK, EXIT_BAD_INPUT, EXIT_NOT_ENDED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+DESCRIPTION = """\
+tracengine runs an LLM inference engine (Qwen3, paged KV cache, prefix caching,
+continuous batching, chunked prefill, preemption by recomputation) and records
+every scheduling decision, block allocation, preemption and sampled token as a
+typed event in a compact trace. A trace replays exactly, runs again under
+another config (what-if), and can be listed, checked, compared, summarised,
+exported and stepped through."""
+
+EXIT_CODES = """\
+exit status:
+  0    success (a check holds: the trace is whole, replays exactly, no difference)
+  1    a failed check: replay diverges, diff finds a difference, check finds damage
+  2    bad input: a missing or corrupt file, an impossible config or request,
+       an output file that exists (give --force to overwrite it)
+  3    check only: the trace is intact but has no end frame (still being written,
+       or its writer was killed)
+  130  interrupted (Ctrl-C); a trace being recorded ends at the last finished step"""
+
+ENGINE_DEFAULTS = "built-in mix: 16-token blocks, 48 blocks, 256-token budget, 8 seqs"
+
+
+def add_parser(sub, name: str, summary: str, description: str, **kwargs):
+    """A subcommand whose --help has a description and the exit codes."""
+    return sub.add_parser(name, help=summary, description=description, epilog=EXIT_CODES,
+                          formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
 
 
 def add_generate(sub):
-    p = sub.add_parser("generate", help="run the engine on a workload, optionally recording a trace")
-    p.add_argument("--model", default="", help="Hugging Face Qwen3 checkpoint directory (default: the embedded tiny model)")
+    p = add_parser(sub, "generate", "run the engine on a workload, optionally recording a trace",
+                   "Run the engine on a workload (given prompts, a prompts file, a synthetic mix, exact\n"
+                   "prompt lengths, or a built-in mix that shows chunked prefill, head-of-line blocking,\n"
+                   "preemption and prefix-cache hits) and print a summary; --record writes the trace.")
+    p.add_argument("--model", default="", help="a Hugging Face Qwen3 checkpoint directory "
+                   "(default: the embedded tiny model)")
     p.add_argument("--record", metavar="PATH", help="write the trace of the run to PATH")
     src = p.add_argument_group("workload (default: a built-in mix that shows chunking, blocking, preemption and cache hits)")
     src.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     src.add_argument("--prompts-file", help="one prompt per line, or JSONL with a 'prompt' field")
     src.add_argument("--num-prompts", type=int, help="synthetic workload: number of requests")
-    src.add_argument("--input-len", default="64:256", help="synthetic prompt lengths MIN:MAX (default 64:256)")
-    src.add_argument("--output-len", default="32:128", help="synthetic output lengths MIN:MAX (default 32:128)")
+    src.add_argument("--input-len", help="synthetic prompt lengths MIN:MAX, with --num-prompts (default 64:256)")
+    src.add_argument("--output-len", help="synthetic output lengths MIN:MAX, with --num-prompts (default 32:128)")
     src.add_argument("--prompt-lens", help="exact prompt token lengths, e.g. 25,8,6 (random token ids)")
-    src.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload and of sampling")
-    cfg = p.add_argument_group("engine config")
-    cfg.add_argument("--max-num-seqs", type=int)
-    cfg.add_argument("--max-num-batched-tokens", type=int)
-    cfg.add_argument("--num-kvcache-blocks", type=int)
-    cfg.add_argument("--block-size", type=int, dest="kvcache_block_size")
-    cfg.add_argument("--max-model-len", type=int)
-    cfg.add_argument("--gpu-memory-utilization", type=float)
-    cfg.add_argument("--tensor-parallel-size", type=int)
-    cfg.add_argument("--device")
-    cfg.add_argument("--dtype")
-    cfg.add_argument("--enforce-eager", action="store_true", default=None)
+    src.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload and of sampling (default 0)")
+    cfg = p.add_argument_group(f"engine config (defaults are the engine's; {ENGINE_DEFAULTS})")
+    cfg.add_argument("--max-num-seqs", type=int, metavar="N", help="sequences in one step (default 512)")
+    cfg.add_argument("--max-num-batched-tokens", type=int, metavar="N",
+                     help="token budget of one prefill step (default 16384)")
+    cfg.add_argument("--num-kvcache-blocks", type=int, metavar="N",
+                     help="KV cache blocks (default: as many as --gpu-memory-utilization allows)")
+    cfg.add_argument("--block-size", type=int, dest="kvcache_block_size", metavar="N",
+                     help="tokens per KV cache block, kvcache_block_size in replay --set (default 16)")
+    cfg.add_argument("--max-model-len", type=int, metavar="N",
+                     help="longest prompt plus completion (default 4096, at most the model's own)")
+    cfg.add_argument("--gpu-memory-utilization", type=float, metavar="F",
+                     help="share of device memory for weights and KV cache, in (0, 1] (default 0.9)")
+    cfg.add_argument("--tensor-parallel-size", type=int, metavar="N", help="ranks to shard the model over (default 1)")
+    cfg.add_argument("--device", help="auto, cpu, cuda or cuda:N (default auto: cuda if there is one)")
+    cfg.add_argument("--dtype", help="auto, float32, bfloat16 or float16 (default auto: the checkpoint's on cuda, "
+                     "float32 on cpu)")
+    cfg.add_argument("--enforce-eager", action="store_true", default=None,
+                     help="no CUDA graphs for decode (default: graphs on cuda)")
     smp = p.add_argument_group("sampling")
-    smp.add_argument("--max-tokens", type=int, help="maximum completion tokens per request")
+    smp.add_argument("--max-tokens", type=int, help="maximum completion tokens per request "
+                     "(default 64 for prompts, 16 for --prompt-lens, --output-len for --num-prompts)")
     smp.add_argument("--temperature", type=float, help="0 is greedy (default 1.0)")
-    smp.add_argument("--ignore-eos", action="store_true", default=None)
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    smp.add_argument("--ignore-eos", action="store_true", default=None,
+                     help="generate max-tokens even past EOS (default: stop at EOS; on for synthetic and built-in)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (it goes to stderr)")
     p.set_defaults(run=cmd_generate)
 
 
 def add_trace_commands(sub):
-    p = sub.add_parser("events", help="list a trace's events")
-    p.add_argument("trace")
-    p.add_argument("--json", action="store_true", help="one JSON object per line")
-    p.add_argument("--step", help="a step or a range A:B (B exclusive)")
+    p = add_parser(sub, "events", "list a trace's events",
+                   "List a trace's events, one per line (the TraceHeader first), filtered by step,\n"
+                   "sequence or type; --json prints one JSON object per event.")
+    p.add_argument("trace", help="the trace file")
+    p.add_argument("--json", action="store_true", help="one JSON object per line: \"type\" and the event's fields")
+    p.add_argument("--step", help="a step or a range A:B (B exclusive; either side may be empty)")
     p.add_argument("--seq", type=int, help="only events of this sequence")
     p.add_argument("--type", action="append", help="only events of this type (repeatable)")
     p.set_defaults(run=cmd_events)
 
-    p = sub.add_parser("check", help="integrity of a trace: frames, checksums, torn tail")
-    p.add_argument("trace")
+    p = add_parser(sub, "check", "integrity of a trace: frames, checksums, torn tail, events that follow",
+                   "Check a trace: every frame's length and checksum, a torn last frame, the end frame,\n"
+                   "and that each event follows from the ones before it (folded as replay would).\n"
+                   "Exit 0 for a whole trace, 1 for damage, 3 for an intact trace without end frame.")
+    p.add_argument("trace", help="the trace file")
     p.set_defaults(run=cmd_check)
 
 
 def add_replay_commands(sub):
-    p = sub.add_parser("replay", help="re-execute a trace and prove it reproduces; --set for what-if")
-    p.add_argument("trace")
-    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="what-if: override a config field")
+    p = add_parser(sub, "replay", "re-execute a trace and prove it reproduces; --set for what-if",
+                   "Re-execute a trace with the real scheduler and block manager, feeding the recorded\n"
+                   "tokens, and compare every event (exit 1 at the first divergence). With --set, run the\n"
+                   "recorded workload under another config (what-if) and compare the two side by side.")
+    p.add_argument("trace", help="the trace file")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="what-if: override a config field (repeatable), e.g. num_kvcache_blocks=64")
     p.add_argument("--record", metavar="PATH", help="what-if: write the new run's trace")
     p.add_argument("--state", type=int, metavar="STEP", help="print the folded state after STEP")
     p.set_defaults(run=cmd_replay)
 
-    p = sub.add_parser("diff", help="first scheduling divergence between two traces")
-    p.add_argument("a")
-    p.add_argument("b")
+    p = add_parser(sub, "diff", "first scheduling divergence between two traces",
+                   "Compare two traces' scheduling events step by step: print the first difference and\n"
+                   "the two runs side by side (exit 1 when they differ).")
+    p.add_argument("a", help="the first trace")
+    p.add_argument("b", help="the second trace")
     p.set_defaults(run=cmd_diff)
 
 
 def add_analysis_commands(sub):
-    p = sub.add_parser("stats", help="serving figures of a trace")
-    p.add_argument("trace")
-    p.add_argument("--json", action="store_true")
+    p = add_parser(sub, "stats", "serving figures of a trace",
+                   "Serving figures of a trace: TTFT, ITL and TPOT in steps and ms, throughput,\n"
+                   "preemptions and prefix-cache hits.")
+    p.add_argument("trace", help="the trace file")
+    p.add_argument("--json", action="store_true", help="the figures as one JSON object")
     p.set_defaults(run=cmd_stats)
 
-    p = sub.add_parser("export", help="export a trace for other tools")
-    p.add_argument("trace")
-    p.add_argument("--perfetto", metavar="OUT", required=True, help="Chrome/Perfetto trace-event JSON")
+    p = add_parser(sub, "export", "export a trace for other tools",
+                   "Export a trace as Chrome/Perfetto trace-event JSON (open it in ui.perfetto.dev).")
+    p.add_argument("trace", help="the trace file")
+    p.add_argument("--perfetto", metavar="OUT", required=True, help="write Chrome/Perfetto trace-event JSON to OUT")
     p.set_defaults(run=cmd_export)
 
-    p = sub.add_parser("tui", help="step through a trace in the terminal")
-    p.add_argument("trace")
+    p = add_parser(sub, "tui", "step through a trace in the terminal",
+                   "Step through a trace in the terminal: queues, block map and events at each step.")
+    p.add_argument("trace", help="the trace file")
     p.add_argument("--follow", action="store_true", help="follow a trace that is still being recorded")
     p.set_defaults(run=cmd_tui)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tracengine", description="tracengine: record, replay and study the scheduling of an LLM inference engine.")
+    parser = argparse.ArgumentParser(prog="tracengine", description=DESCRIPTION, epilog=EXIT_CODES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     from tracengine import __version__
     parser.add_argument("--version", action="version", version=f"tracengine {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_generate(sub)
     add_trace_commands(sub)
     add_replay_commands(sub)
@@ -112,7 +167,7 @@ def main(argv=None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("tracengine: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

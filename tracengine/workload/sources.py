@@ -72,13 +72,17 @@ def build_workload(args, vocab_size: int) -> tuple[list, list[SamplingParams]]:
     """(prompts, sampling params) from the generate arguments."""
     def params(max_tokens, default_ignore_eos=False):
         return SamplingParams(temperature=1.0 if args.temperature is None else args.temperature,
-                              max_tokens=args.max_tokens or max_tokens,
+                              max_tokens=max_tokens if args.max_tokens is None else args.max_tokens,
                               ignore_eos=default_ignore_eos if args.ignore_eos is None else args.ignore_eos)
 
     rng = random.Random(args.seed)
     sources = [bool(args.prompt), bool(args.prompts_file), args.num_prompts is not None, bool(args.prompt_lens)]
     if sum(sources) > 1:
         raise TracengineError("choose one of --prompt, --prompts-file, --num-prompts, --prompt-lens")
+    if args.num_prompts is None:
+        for flag, value in (("--input-len", args.input_len), ("--output-len", args.output_len)):
+            if value is not None:
+                raise TracengineError(f"{flag} shapes the synthetic workload; give --num-prompts with it")
     if args.prompt:
         return args.prompt, [params(64)] * len(args.prompt)
     if args.prompts_file:
@@ -87,8 +91,8 @@ def build_workload(args, vocab_size: int) -> tuple[list, list[SamplingParams]]:
     if args.num_prompts is not None:
         if args.num_prompts <= 0:
             raise TracengineError(f"--num-prompts must be positive, got {args.num_prompts}")
-        in_low, in_high = parse_range(args.input_len, "--input-len")
-        out_low, out_high = parse_range(args.output_len, "--output-len")
+        in_low, in_high = parse_range(args.input_len or "64:256", "--input-len")
+        out_low, out_high = parse_range(args.output_len or "32:128", "--output-len")
         prompts = [[rng.randrange(vocab_size) for _ in range(rng.randint(in_low, in_high))]
                    for _ in range(args.num_prompts)]
         return prompts, [params(rng.randint(out_low, out_high), True) for _ in prompts]
