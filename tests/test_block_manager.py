@@ -1,7 +1,11 @@
 """Block pool, ref counts and the prefix cache."""
+import random
+from collections import deque
+
+import pytest
 import xxhash
 
-from tracengine.engine.block_manager import BlockManager, compute_hash
+from tracengine.engine.block_manager import BlockManager, FreeBlockQueue, compute_hash, compute_hashes
 from tracengine.trace.events import BlockAllocate, BlockHash, ListSink
 from tracengine.engine.sequence import Sequence
 
@@ -25,6 +29,54 @@ def test_hash_layout_is_chained_xxh64_over_little_endian_int64():
     expected = xxhash.xxh64(parent.to_bytes(8, "little") + b"".join(t.to_bytes(8, "little") for t in [5, 6, 7, 8]))
     assert compute_hash([5, 6, 7, 8], parent) == expected.intdigest()
     assert compute_hash([1, 2, 3, 4]) == xxhash.xxh64(b"".join(t.to_bytes(8, "little") for t in [1, 2, 3, 4])).intdigest()
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_compute_hashes_equals_the_chain_of_compute_hash(block_size):
+    rng = random.Random(block_size)
+    token_ids = [rng.randrange(-2**40, 2**40) for _ in range(6 * block_size - 1)]   # 5 full blocks and a partial one
+    chain, parent = [], -1
+    for i in range(5):
+        parent = compute_hash(token_ids[i * block_size:(i + 1) * block_size], parent)
+        chain.append(parent)
+    assert compute_hashes(token_ids, block_size) == chain
+    assert compute_hashes(token_ids, block_size, chain[1], start=2 * block_size) == chain[2:]   # resumed mid-chain
+    assert compute_hashes(token_ids[:block_size - 1], block_size) == []
+
+
+def test_free_block_queue_keeps_the_order_of_a_deque():
+    """Random popleft/append/remove against collections.deque: same order, same length."""
+    rng = random.Random(0)
+    queue, reference, taken = FreeBlockQueue(50), deque(range(50)), []
+    for _ in range(2000):
+        op = rng.randrange(3)
+        if op == 0 and reference:
+            assert queue.head() == reference[0]
+            taken.append(queue.popleft())
+            assert taken[-1] == reference.popleft()
+        elif op == 1 and taken:
+            block_id = taken.pop(rng.randrange(len(taken)))
+            queue.append(block_id)
+            reference.append(block_id)
+        elif op == 2 and reference:
+            block_id = rng.choice(reference)
+            queue.remove(block_id)
+            reference.remove(block_id)
+        assert len(queue) == len(reference) and list(queue) == list(reference)
+    assert list(queue.copy()) == list(reference)
+    with pytest.raises(ValueError, match="not free"):
+        queue.remove(taken[0] if taken else 50)
+    with pytest.raises(ValueError, match="not free"):
+        queue.remove(-1)
+
+
+def test_empty_free_block_queue():
+    queue = FreeBlockQueue(0)
+    assert not queue and list(queue) == []
+    with pytest.raises(IndexError):
+        queue.popleft()
+    queue = FreeBlockQueue(3, [2, 0])
+    assert list(queue) == [2, 0] and 1 not in queue and 2 in queue
 
 
 def test_shared_prefix_is_shared_with_ref_counts():

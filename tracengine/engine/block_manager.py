@@ -1,10 +1,11 @@
 """The KV block pool and the prefix-cache map.
 
-Blocks are handed out from the left of a free deque and returned to its
-right, so the least recently freed block is reused first and a freed block
-keeps its hash (a prefix-cache hit) until it is handed out again."""
-from collections import deque
-
+Blocks are handed out from the head of a free queue and returned to its
+tail, so the least recently freed block is reused first and a freed block
+keeps its hash (a prefix-cache hit) until it is handed out again. A hit on a
+free block takes it out of the middle of the queue, so the queue is doubly
+linked (as vLLM's FreeKVCacheBlockQueue): every operation is O(1), and a
+step costs the same with 1,000 blocks as with 100,000."""
 import struct
 
 import xxhash
@@ -21,6 +22,109 @@ def compute_hash(token_ids: list[int], prefix: int = -1) -> int:
         h.update(prefix.to_bytes(8, "little"))
     h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
     return h.intdigest()
+
+
+def compute_hashes(token_ids: list[int], block_size: int, prefix: int = -1, start: int = 0) -> list[int]:
+    """The chained hashes of the full blocks of `token_ids[start:]`, each equal to
+    `compute_hash(block, parent)`: the tokens are packed once, not per block."""
+    num_tokens = (len(token_ids) - start) // block_size * block_size
+    if num_tokens <= 0:
+        return []
+    num_bytes = num_tokens * 8
+    data = struct.pack(f"<{num_tokens}q", *token_ids[start:start + num_tokens])
+    digest, to_bytes, stride = xxhash.xxh64_intdigest, int.to_bytes, block_size * 8
+    hashes = []
+    h = prefix
+    for start in range(0, num_bytes, stride):
+        chunk = data[start:start + stride]
+        h = digest(chunk if h == -1 else to_bytes(h, 8, "little") + chunk)
+        hashes.append(h)
+    return hashes
+
+
+class FreeBlockQueue:
+    """Free block ids in order, doubly linked through two lists indexed by
+    block id (slot `num_blocks` is the sentinel that closes the ring), so that
+    `popleft`, `append` and `remove` of any free block are O(1). A block not
+    in the queue has `prev` -1."""
+    __slots__ = ("prev", "next", "num_free", "sentinel")
+
+    def __init__(self, num_blocks: int, block_ids=None):
+        sentinel = self.sentinel = num_blocks
+        self.prev = [-1] * (num_blocks + 1)
+        self.next = [-1] * (num_blocks + 1)
+        self.prev[sentinel] = self.next[sentinel] = sentinel
+        self.num_free = 0
+        if block_ids is None:   # all blocks, in id order
+            if num_blocks:
+                self.next[:num_blocks] = range(1, num_blocks + 1)    # the last links to the sentinel
+                self.prev[1:num_blocks + 1] = range(num_blocks)      # the sentinel's prev is the last
+                self.prev[0], self.next[sentinel] = sentinel, 0
+            self.num_free = num_blocks
+        else:
+            for block_id in block_ids:
+                self.append(block_id)
+
+    def copy(self) -> "FreeBlockQueue":
+        other = FreeBlockQueue.__new__(FreeBlockQueue)
+        other.prev, other.next = list(self.prev), list(self.next)
+        other.num_free, other.sentinel = self.num_free, self.sentinel
+        return other
+
+    def __len__(self) -> int:
+        return self.num_free
+
+    def __bool__(self) -> bool:
+        return self.num_free > 0
+
+    def __iter__(self):
+        nxt, sentinel = self.next, self.sentinel
+        block_id = nxt[sentinel]
+        while block_id != sentinel:
+            yield block_id
+            block_id = nxt[block_id]
+
+    def __contains__(self, block_id: int) -> bool:
+        return self.prev[block_id] != -1
+
+    def head(self) -> int:
+        if not self.num_free:
+            raise IndexError("no free block")
+        return self.next[self.sentinel]
+
+    def popleft(self) -> int:
+        if not self.num_free:
+            raise IndexError("no free block")
+        prev, nxt, sentinel = self.prev, self.next, self.sentinel
+        block_id = nxt[sentinel]
+        after = nxt[block_id]
+        nxt[sentinel] = after
+        prev[after] = sentinel
+        prev[block_id] = -1
+        self.num_free -= 1
+        return block_id
+
+    def append(self, block_id: int):
+        prev, nxt, sentinel = self.prev, self.next, self.sentinel
+        if prev[block_id] != -1:
+            raise ValueError(f"block {block_id} is already free")
+        last = prev[sentinel]
+        nxt[last] = block_id
+        prev[block_id] = last
+        nxt[block_id] = sentinel
+        prev[sentinel] = block_id
+        self.num_free += 1
+
+    def remove(self, block_id: int):
+        prev, nxt = self.prev, self.next
+        if not 0 <= block_id < self.sentinel or prev[block_id] == -1:
+            raise ValueError(f"block {block_id} is not free")
+        before = prev[block_id]
+        after = nxt[block_id]
+        nxt[before] = after
+        prev[after] = before
+        prev[block_id] = -1
+        self.num_free -= 1
 
 
 class Block:
@@ -48,7 +152,7 @@ class BlockManager:
         self.block_size = block_size
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.hash_to_block_id: dict[int, int] = {}
-        self.free_block_ids: deque[int] = deque(range(num_blocks))
+        self.free_block_ids = FreeBlockQueue(num_blocks)
         self.used_block_ids: set[int] = set()
         self.num_hit_blocks = 0   # prefix-cache hits, in blocks, over the manager's life
         self.sink = sink
@@ -56,7 +160,7 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_block_ids)
+        return self.free_block_ids.num_free
 
     def _allocate_block(self) -> int:
         block_id = self.free_block_ids.popleft()
@@ -77,9 +181,9 @@ class BlockManager:
         """The chained hash of full block i, computed once per sequence: a blocked
         waiting head is asked about every step."""
         hashes = seq.block_hashes
-        while len(hashes) <= i:
-            j = len(hashes)
-            hashes.append(compute_hash(seq.block(j), hashes[j - 1] if j else -1))
+        if len(hashes) <= i:   # every full block at once: packing the tokens is the cost
+            hashes += compute_hashes(seq.token_ids, self.block_size, hashes[-1] if hashes else -1,
+                                     len(hashes) * self.block_size)
         return hashes[i]
 
     def _cached_block_id(self, seq: Sequence, i: int) -> int | None:
@@ -139,7 +243,7 @@ class BlockManager:
     # The newest token is not in the cache yet; it needs a block when it is the first of one.
     # (nano-vllm writes `len % block_size == 1`, which never holds for a block size of 1.)
     def can_append(self, seq: Sequence) -> bool:
-        return bool(self.free_block_ids) or (seq.num_tokens - 1) % self.block_size != 0
+        return self.free_block_ids.num_free > 0 or (seq.num_tokens - 1) % self.block_size != 0
 
     def may_append(self, seq: Sequence):
         if (seq.num_tokens - 1) % self.block_size == 0:

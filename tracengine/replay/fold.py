@@ -3,7 +3,7 @@ the events alone.
 
 `Fold` applies each event to a mutable projection that mirrors what the
 scheduler and the block manager did (queues, block tables, ref counts,
-hashes, the free deque), and keeps a keyframe every `keyframe_interval`
+hashes, the free queue), and keeps a keyframe every `keyframe_interval`
 steps. `state_at(step)` starts from the nearest keyframe at or before the
 step and applies at most `keyframe_interval` steps of events. The states it
 returns are values: nothing changes them after they are returned."""
@@ -12,6 +12,7 @@ from itertools import islice
 
 import msgspec
 
+from tracengine.engine.block_manager import FreeBlockQueue
 from tracengine.errors import TraceError
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
                                ScheduleDecision, SeqFinish, StepEnd, TokenSample, TraceHeader)
@@ -28,7 +29,7 @@ class _Keyframe(msgspec.Struct, frozen=True, gc=False):
     running: tuple
     ref_counts: list
     hashes: list
-    free_block_ids: tuple
+    free: FreeBlockQueue       # a copy, never mutated again
     hash_to_block_id: dict
     decision: object
 
@@ -43,7 +44,7 @@ class _Projection:
         self.running: deque[int] = deque()
         self.ref_counts = [0] * num_blocks
         self.hashes = [-1] * num_blocks
-        self.free: deque[int] = deque(range(num_blocks))
+        self.free = FreeBlockQueue(num_blocks)
         self.hash_to_block_id: dict[int, int] = {}
         self.decision = None
         self.handlers = {
@@ -57,7 +58,7 @@ class _Projection:
 
     def keyframe(self, step: int) -> _Keyframe:
         kf = _Keyframe(step, dict(self.seqs), tuple(self.waiting), tuple(self.running), list(self.ref_counts),
-                       list(self.hashes), tuple(self.free), dict(self.hash_to_block_id), self.decision)
+                       list(self.hashes), self.free.copy(), dict(self.hash_to_block_id), self.decision)
         self._own_live_seqs(kf)
         return kf
 
@@ -67,7 +68,7 @@ class _Projection:
         p.seqs = dict(kf.seqs)
         p.waiting, p.running = deque(kf.waiting), deque(kf.running)
         p.ref_counts, p.hashes = list(kf.ref_counts), list(kf.hashes)
-        p.free, p.hash_to_block_id = deque(kf.free_block_ids), dict(kf.hash_to_block_id)
+        p.free, p.hash_to_block_id = kf.free.copy(), dict(kf.hash_to_block_id)
         p.decision = kf.decision
         p._own_live_seqs(kf)
         return p
@@ -127,8 +128,8 @@ class _Projection:
                 self.running = deque(ids + [i for i in self.running if i not in chosen])
 
     def _take_free_block(self, block_id: int):
-        if self.free[0] != block_id:
-            raise ValueError(f"block {block_id} is not the next free block {self.free[0]}")
+        if self.free.head() != block_id:
+            raise ValueError(f"block {block_id} is not the next free block {self.free.head()}")
         self.free.popleft()
         h = self.hashes[block_id]
         if h != -1 and self.hash_to_block_id.get(h) == block_id:
