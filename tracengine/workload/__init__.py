@@ -1,1 +1,9 @@
-"""Workloads: where the requests of a run come from (prompts, files, synthetic mixes)."""
+"""Workloads: where the requests of a run come from (prompts, files, synthetic mixes) and when they arrive.
+
+The public, model-free API: `read_workload(path, ...)` -> list of `Request`,
+`arrival_times(n, request_rate, burstiness, seed)`, and for a command line
+`add_workload_arguments(parser)` + `workload_requests(args, vocab_size)`."""
+from tracengine.workload.arrivals import arrival_times
+from tracengine.workload.formats import FORMATS, Request, detect_format, read_workload
+
+__all__ = ["FORMATS", "Request", "arrival_times", "detect_format", "read_workload"]

@@ -1,10 +1,15 @@
-"""Workloads for `tracengine generate`: given prompts, a prompts file, a
-synthetic benchmark mix, exact token lengths, or the built-in default."""
+"""Workloads for `tracengine generate` (and the other commands that take one):
+given prompts, a prompts file, a synthetic benchmark mix, exact token lengths,
+a workload file with arrival times, or the built-in default; arrivals at a
+request rate for any of them."""
 import json
+import math
 import random
 
 from tracengine.errors import TracengineError
 from tracengine.engine.sampling_params import SamplingParams
+from tracengine.workload.arrivals import arrival_times, parse_rate
+from tracengine.workload.formats import FORMATS, Request, read_workload
 
 CONFIG_FLAGS = ("max_num_seqs", "max_num_batched_tokens", "num_kvcache_blocks", "kvcache_block_size",
                 "max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "device", "dtype",
@@ -76,9 +81,8 @@ def build_workload(args, vocab_size: int) -> tuple[list, list[SamplingParams]]:
                               ignore_eos=default_ignore_eos if args.ignore_eos is None else args.ignore_eos)
 
     rng = random.Random(args.seed)
-    sources = [bool(args.prompt), bool(args.prompts_file), args.num_prompts is not None, bool(args.prompt_lens)]
-    if sum(sources) > 1:
-        raise TracengineError("choose one of --prompt, --prompts-file, --num-prompts, --prompt-lens")
+    if num_sources(args) > 1:
+        raise TracengineError("choose one of --prompt, --prompts-file, --num-prompts, --prompt-lens, --workload")
     if args.num_prompts is None:
         for flag, value in (("--input-len", args.input_len), ("--output-len", args.output_len)):
             if value is not None:
@@ -119,9 +123,84 @@ def default_workload(rng, params):
     return prompts, sps
 
 
+def num_sources(args) -> int:
+    given = [getattr(args, name, None) for name in ("prompt", "prompts_file", "num_prompts", "prompt_lens", "workload")]
+    return sum(value is not None and value != [] and value != "" for value in given)
+
+
+def add_workload_arguments(group):
+    """The flags of a workload file and of arrivals (generate and the other commands that run one)."""
+    group.add_argument("--workload", metavar="FILE", help="requests with arrival times: Mooncake JSONL, Azure CSV "
+                       "or tracengine JSONL (docs/workloads.md)")
+    group.add_argument("--workload-format", choices=FORMATS, help="the --workload format (default: detected)")
+    group.add_argument("--max-requests", type=int, metavar="N", help="only the first N requests of the workload")
+    group.add_argument("--time-scale", type=float, default=1.0, metavar="X",
+                       help="a workload file's arrivals X times faster (default 1)")
+    group.add_argument("--length-scale", type=float, default=1.0, metavar="X",
+                       help="a workload file's prompt and output lengths times X, at least 1 token (default 1)")
+    group.add_argument("--request-rate", type=parse_rate, default=math.inf, metavar="R",
+                       help="requests arrive at R per second (gamma gaps, as vLLM's serving benchmark); "
+                       "default inf: all at the start")
+    group.add_argument("--burstiness", type=float, default=1.0, metavar="B",
+                       help="gamma shape of the gaps between arrivals: 1 is Poisson, below 1 burstier")
+
+
+def workload_requests(args, vocab_size: int, max_model_len: int | None = None) -> list[Request]:
+    """The requests of a run, with their arrival times, from the workload arguments."""
+    workload = getattr(args, "workload", None)
+    time_scale, length_scale = getattr(args, "time_scale", 1.0), getattr(args, "length_scale", 1.0)
+    rate, burstiness = getattr(args, "request_rate", math.inf), getattr(args, "burstiness", 1.0)
+    max_requests = getattr(args, "max_requests", None)
+    if max_requests is not None and max_requests <= 0:
+        raise TracengineError(f"--max-requests must be positive, got {max_requests}")
+    if burstiness != 1.0 and math.isinf(rate):
+        raise TracengineError("--burstiness shapes the gaps of --request-rate; give a rate")
+    if workload:
+        if num_sources(args) > 1:
+            raise TracengineError("choose one of --prompt, --prompts-file, --num-prompts, --prompt-lens, --workload")
+        if time_scale != 1.0 and not math.isinf(rate):
+            raise TracengineError("--time-scale scales the file's arrival times; with --request-rate they come "
+                                  "from the rate")
+        requests = read_workload(workload, getattr(args, "workload_format", None), vocab_size=vocab_size,
+                                 max_requests=max_requests, time_scale=time_scale, length_scale=length_scale,
+                                 max_model_len=max_model_len, seed=getattr(args, "seed", 0))
+        max_tokens, temperature = getattr(args, "max_tokens", None), getattr(args, "temperature", None)
+        ignore_eos = getattr(args, "ignore_eos", None)
+        for r in requests:       # flags given on the command line win over the file
+            if max_tokens is not None:
+                r.max_tokens = max_tokens
+            if temperature is not None:
+                r.temperature = temperature
+            if ignore_eos is not None:
+                r.ignore_eos = ignore_eos
+    else:
+        if time_scale != 1.0 or length_scale != 1.0:
+            raise TracengineError("--time-scale and --length-scale apply to a --workload file")
+        prompts, sps = build_workload(args, vocab_size)
+        requests = [Request(p, sp.max_tokens, 0.0, sp.temperature, sp.ignore_eos) for p, sp in zip(prompts, sps)]
+        requests = requests[:max_requests]
+    if not math.isinf(rate):
+        for r, t in zip(requests, arrival_times(len(requests), rate, burstiness, getattr(args, "seed", 0))):
+            r.arrival_s = t
+    return requests
+
+
+def sampling_params(request: Request) -> SamplingParams:
+    """The engine's sampling parameters of a workload request."""
+    known = SamplingParams.__dataclass_fields__
+    values = dict(temperature=request.temperature, max_tokens=request.max_tokens, ignore_eos=request.ignore_eos)
+    for name, unset in (("top_k", -1), ("top_p", 1.0), ("seed", -1)):
+        value = getattr(request, name)
+        if name in known:
+            values[name] = value
+        elif value != unset:
+            raise TracengineError(f"{request.source or 'a request'}: {name} is not supported by the engine's sampler")
+    return SamplingParams(**values)
+
+
 def config_overrides(args) -> dict:
     values = {name: getattr(args, name) for name in CONFIG_FLAGS if getattr(args, name, None) is not None}
-    builtin = not (args.prompt or args.prompts_file or args.num_prompts is not None or args.prompt_lens)
+    builtin = num_sources(args) == 0
     if builtin:
         values = {**DEFAULT_CONFIG, **values}
     values["seed"] = args.seed

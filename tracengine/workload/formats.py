@@ -1,0 +1,266 @@
+"""Workload files: requests with arrival times, from a Mooncake JSONL trace, an
+Azure LLM inference trace (CSV) or tracengine's own JSONL (docs/workloads.md).
+
+Model-free and torch-free: `read_workload` returns `Request`s (prompt text or
+token ids, max_tokens, sampling fields, arrival in seconds from the start of
+the run) for the engine, the simulator and the serving benchmark alike. Every
+malformed line is a one-line `TracengineError` naming FILE:LINE."""
+import csv
+import json
+import math
+import random
+import struct
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+
+from tracengine.errors import TracengineError
+
+FORMATS = ("mooncake", "azure", "tracengine")
+MOONCAKE_BLOCK_TOKENS = 512          # each Mooncake hash id names a block of 512 prompt tokens
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+TRACENGINE_FIELDS = frozenset({"arrival_s", "prompt", "prompt_token_ids", "max_tokens", "temperature",
+                               "ignore_eos", "top_k", "top_p", "seed"})
+DEFAULT_MAX_TOKENS = 64
+
+
+@dataclass(slots=True)
+class Request:
+    """One request of a workload. `prompt` is text (tokenized by the engine) or token ids."""
+    prompt: str | list[int]
+    max_tokens: int
+    arrival_s: float = 0.0     # seconds from the start of the run
+    temperature: float = 1.0
+    ignore_eos: bool = False
+    top_k: int = -1            # -1: all tokens
+    top_p: float = 1.0
+    seed: int = -1             # -1: none of its own
+    source: str = ""           # FILE:LINE it was read from, for messages
+
+
+def read_workload(path: str, format: str | None = None, *, vocab_size: int, max_requests: int | None = None,
+                  time_scale: float = 1.0, length_scale: float = 1.0, max_model_len: int | None = None,
+                  seed: int = 0) -> list[Request]:
+    """The requests of a workload file, in arrival order.
+
+    `format`: one of FORMATS, or None to detect it. `vocab_size` bounds the token ids
+    (made up for the length-only formats, checked for given ones). `max_requests`: the
+    first N. `time_scale` X: arrivals X times faster. `length_scale` X: prompt and
+    output lengths times X, at least 1 token. `max_model_len`: a prompt longer than it
+    can never run and is an error naming its line. Mooncake and Azure times count from
+    the first request; tracengine's `arrival_s` is taken as written."""
+    if format is None:
+        format = detect_format(path)
+    if format not in FORMATS:
+        raise TracengineError(f"unknown workload format {format!r}; known: {', '.join(FORMATS)}")
+    for name, value in (("time scale", time_scale), ("length scale", length_scale)):
+        if not (value > 0 and math.isfinite(value)):
+            raise TracengineError(f"{name} must be a positive number, got {value!r}")
+    if max_requests is not None and max_requests <= 0:
+        raise TracengineError(f"max requests must be positive, got {max_requests}")
+    if vocab_size <= 0:
+        raise TracengineError(f"vocab size must be positive, got {vocab_size}")
+    parse = {"mooncake": _mooncake, "azure": _azure, "tracengine": _tracengine}[format]
+    requests = []
+    with open(path, encoding="utf-8", newline="") as f:
+        for request in parse(f, path, vocab_size, length_scale, seed):
+            if requests and request.arrival_s < requests[-1].arrival_s:
+                raise TracengineError(f"{request.source}: arrival time goes back ({request.arrival_s:g} s after "
+                                      f"{requests[-1].arrival_s:g} s on the line before): timestamps must not decrease")
+            if max_model_len is not None and not isinstance(request.prompt, str) \
+                    and len(request.prompt) > max_model_len:
+                raise TracengineError(f"{request.source}: a prompt of {len(request.prompt)} tokens can never fit "
+                                      f"max_model_len={max_model_len} (--length-scale shortens prompts)")
+            requests.append(request)
+            if len(requests) == max_requests:
+                break
+    if not requests:
+        raise TracengineError(f"{path}: no requests")
+    origin = requests[0].arrival_s if format in ("mooncake", "azure") else 0.0
+    for request in requests:
+        request.arrival_s = (request.arrival_s - origin) / time_scale
+    return requests
+
+
+def detect_format(path: str) -> str:
+    """The format of a workload file, from its first non-blank line."""
+    with open(path, encoding="utf-8", newline="") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                break
+        else:
+            raise TracengineError(f"{path}: no requests")
+    line = line.strip()
+    if line.startswith("{"):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if isinstance(record, dict):
+            if "hash_ids" in record or "input_length" in record:
+                return "mooncake"
+            if {"arrival_s", "prompt", "prompt_token_ids"} & record.keys():
+                return "tracengine"
+    elif "TIMESTAMP" in line.split(","):
+        return "azure"
+    raise TracengineError(f"{path}:{number}: unknown workload format (not Mooncake JSONL, an Azure CSV or "
+                          f"tracengine JSONL); name it with --workload-format {{{','.join(FORMATS)}}}")
+
+
+def scale_length(n: int, length_scale: float) -> int:
+    return n if length_scale == 1.0 else max(1, round(n * length_scale))
+
+
+def _json_lines(f, path: str):
+    for number, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TracengineError(f"{where}: not valid JSON ({exc.msg})") from None
+        if not isinstance(record, dict):
+            raise TracengineError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        yield where, record
+
+
+def _require(record: dict, name: str, where: str):
+    if name not in record:
+        raise TracengineError(f"{where}: missing field {name!r}")
+    return record[name]
+
+
+def _integer(value, name: str, where: str, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TracengineError(f"{where}: {name} must be an integer, got {value!r}")
+    if value < minimum:
+        kind = "negative" if value < 0 else f"below {minimum}"
+        raise TracengineError(f"{where}: {name} is {kind} ({value}); it must be at least {minimum}")
+    return value
+
+
+def _number(value, name: str, where: str) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise TracengineError(f"{where}: {name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+@lru_cache(maxsize=4096)
+def block_token_ids(block_id: int, num_tokens: int, vocab_size: int) -> tuple[int, ...]:
+    """The made-up tokens of a named block: the same id gives the same tokens in every
+    request and every run, so prompts that share ids share prefixes."""
+    raw = random.Random(block_id).randbytes(4 * num_tokens)
+    return tuple(v % vocab_size for v in struct.unpack(f"<{num_tokens}I", raw))
+
+
+def _mooncake(f, path, vocab_size, length_scale, seed):
+    # A scaled block keeps ceil(512 * X) tokens, so the scaled prompt still fits in its
+    # hash ids and requests that share ids still share prefixes.
+    block_len = max(1, math.ceil(MOONCAKE_BLOCK_TOKENS * length_scale))
+    for where, record in _json_lines(f, path):
+        timestamp = _number(_require(record, "timestamp", where), "timestamp", where)
+        input_length = _integer(_require(record, "input_length", where), "input_length", where, 1)
+        output_length = _integer(_require(record, "output_length", where), "output_length", where, 0)
+        hash_ids = _require(record, "hash_ids", where)
+        if not isinstance(hash_ids, list):
+            raise TracengineError(f"{where}: hash_ids must be a list of integers, got {hash_ids!r}")
+        needed = -(-input_length // MOONCAKE_BLOCK_TOKENS)
+        if len(hash_ids) < needed:
+            raise TracengineError(f"{where}: input_length {input_length} needs {needed} hash_ids of "
+                                  f"{MOONCAKE_BLOCK_TOKENS} tokens, got {len(hash_ids)}")
+        num_tokens = scale_length(input_length, length_scale)
+        prompt = []
+        for hash_id in hash_ids[:-(-num_tokens // block_len)]:
+            prompt.extend(block_token_ids(_integer(hash_id, "a hash id", where, 0), block_len, vocab_size))
+        del prompt[num_tokens:]
+        # An output length of 0 still samples the first token, as every engine does.
+        yield Request(prompt, scale_length(max(output_length, 1), length_scale), timestamp / 1000.0,
+                      ignore_eos=True, source=where)
+
+
+def _azure(f, path, vocab_size, length_scale, seed):
+    reader = csv.reader(f)
+    header = next(reader, None)
+    if header is None:
+        return
+    header = [name.strip() for name in header]
+    for name in AZURE_COLUMNS:
+        if name not in header:
+            raise TracengineError(f"{path}:{reader.line_num}: missing column {name!r} (an Azure trace has "
+                                  f"{', '.join(AZURE_COLUMNS)})")
+    i_time, i_context, i_generated = (header.index(name) for name in AZURE_COLUMNS)
+    first = None
+    for row in reader:
+        where = f"{path}:{reader.line_num}"
+        if not row or not "".join(row).strip():
+            continue
+        if len(row) < len(header):
+            raise TracengineError(f"{where}: {len(row)} columns, the header has {len(header)}")
+        try:
+            when = datetime.fromisoformat(row[i_time].strip())
+        except ValueError:
+            raise TracengineError(f"{where}: TIMESTAMP is not a date and time: {row[i_time]!r}") from None
+        lengths = []
+        for i, name, minimum in ((i_context, "ContextTokens", 1), (i_generated, "GeneratedTokens", 0)):
+            try:
+                value = int(row[i].strip())
+            except ValueError:
+                raise TracengineError(f"{where}: {name} must be an integer, got {row[i]!r}") from None
+            lengths.append(_integer(value, name, where, minimum))
+        first = when if first is None else first
+        try:
+            arrival_s = (when - first).total_seconds()
+        except TypeError:
+            raise TracengineError(f"{where}: TIMESTAMP {row[i_time]!r} mixes a time zone with the first "
+                                  f"line's") from None
+        # The trace has lengths only: each request gets tokens of its own (no shared prefixes).
+        num_tokens = scale_length(lengths[0], length_scale)
+        raw = random.Random(f"azure:{seed}:{reader.line_num}").randbytes(4 * num_tokens)
+        prompt = [v % vocab_size for v in struct.unpack(f"<{num_tokens}I", raw)]
+        yield Request(prompt, scale_length(max(lengths[1], 1), length_scale), arrival_s, ignore_eos=True,
+                      source=where)
+
+
+def _tracengine(f, path, vocab_size, length_scale, seed):
+    for where, record in _json_lines(f, path):
+        unknown = sorted(record.keys() - TRACENGINE_FIELDS)
+        if unknown:
+            raise TracengineError(f"{where}: unknown field {unknown[0]!r}; known: {', '.join(sorted(TRACENGINE_FIELDS))}")
+        arrival_s = _number(_require(record, "arrival_s", where), "arrival_s", where)
+        if arrival_s < 0:
+            raise TracengineError(f"{where}: arrival_s is negative ({arrival_s:g})")
+        if ("prompt" in record) == ("prompt_token_ids" in record):
+            raise TracengineError(f"{where}: give one of 'prompt' or 'prompt_token_ids'")
+        if "prompt" in record:
+            prompt = record["prompt"]
+            if not isinstance(prompt, str) or not prompt:
+                raise TracengineError(f"{where}: prompt must be a non-empty string")
+            if length_scale != 1.0:
+                raise TracengineError(f"{where}: a text prompt cannot be scaled by --length-scale "
+                                      f"(give prompt_token_ids)")
+        else:
+            prompt = record["prompt_token_ids"]
+            if not isinstance(prompt, list) or not prompt:
+                raise TracengineError(f"{where}: prompt_token_ids must be a non-empty list of token ids")
+            for token in prompt:
+                if not (isinstance(token, int) and not isinstance(token, bool) and 0 <= token < vocab_size):
+                    raise TracengineError(f"{where}: token id {token!r} is outside the vocabulary of {vocab_size}")
+            if length_scale > 1.0:
+                raise TracengineError(f"{where}: --length-scale above 1 cannot lengthen given token ids")
+            prompt = prompt[:scale_length(len(prompt), length_scale)]
+        max_tokens = _integer(record.get("max_tokens", DEFAULT_MAX_TOKENS), "max_tokens", where, 1)
+        temperature = _number(record.get("temperature", 1.0), "temperature", where)
+        if temperature < 0:
+            raise TracengineError(f"{where}: temperature is negative ({temperature:g})")
+        top_k = _integer(record.get("top_k", -1), "top_k", where, -1)
+        if top_k == 0:
+            raise TracengineError(f"{where}: top_k must be -1 (all tokens) or positive, got 0")
+        top_p = _number(record.get("top_p", 1.0), "top_p", where)
+        if not 0 < top_p <= 1:
+            raise TracengineError(f"{where}: top_p must be in (0, 1], got {top_p:g}")
+        ignore_eos = record.get("ignore_eos", False)
+        if not isinstance(ignore_eos, bool):
+            raise TracengineError(f"{where}: ignore_eos must be true or false, got {ignore_eos!r}")
+        yield Request(prompt, scale_length(max_tokens, length_scale), arrival_s, temperature, ignore_eos, top_k,
+                      top_p, _integer(record.get("seed", -1), "seed", where, -1), where)
