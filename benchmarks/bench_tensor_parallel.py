@@ -31,11 +31,11 @@ def run(args, size: int, prompts) -> dict:
             send["n"], send["s"] = send["n"] + 1, send["s"] + time.perf_counter() - t0
         tp.send_step = timed_send
     llm.reset()
-    outputs = llm.generate(prompts, sp, use_tqdm=False)
-    run_ = llm.last_run
+    outputs = llm.generate(prompts, sp, use_tqdm=False, summary=True)
+    throughput = llm.last_run["throughput"]
     llm.close()
-    return dict(size=size, init_s=init_s, prefill_tps=run_["prefill_throughput"],
-                decode_tps=run_["decode_throughput"], send_us=send["s"] / max(send["n"], 1) * 1e6,
+    return dict(size=size, init_s=init_s, prefill_tps=throughput["prefill_tokens_per_s"],
+                decode_tps=throughput["decode_tokens_per_s"], send_us=send["s"] / max(send["n"], 1) * 1e6,
                 tokens=[o["token_ids"] for o in outputs])
 
 

@@ -25,7 +25,7 @@ def reference():
 def run(prompts, sampling_params=GREEDY, **config):
     llm = LLM("", **config)
     try:
-        return [o["token_ids"] for o in llm.generate(prompts, sampling_params, use_tqdm=False)], llm
+        return [o["token_ids"] for o in llm.generate(prompts, sampling_params, use_tqdm=False, summary=True)], llm
     finally:
         llm.close()
 
@@ -38,7 +38,7 @@ def test_batched_equals_alone(reference):
 def test_chunked_prefill_gives_the_same_tokens(reference):
     outputs, llm = run(PROMPTS, num_kvcache_blocks=256, kvcache_block_size=4, max_num_batched_tokens=7)
     assert outputs == reference
-    assert llm.last_run["num_prefill_steps"] > len(PROMPTS)   # prompts were split
+    assert llm.last_run["steps"]["num_prefill_steps"] > len(PROMPTS)   # prompts were split
 
 
 def test_prefix_cache_hit_gives_the_same_tokens(reference):
@@ -55,7 +55,7 @@ def test_prefix_cache_hit_gives_the_same_tokens(reference):
 def test_preemption_gives_the_same_tokens(reference):
     # 20 blocks of 4 tokens: too few for all four to decode together
     outputs, llm = run(PROMPTS, num_kvcache_blocks=20, kvcache_block_size=4)
-    assert llm.last_run["num_preemptions"] > 0
+    assert llm.last_run["preemption"]["num_preemptions"] > 0
     assert outputs == reference
 
 
@@ -68,8 +68,8 @@ def test_many_requests_of_mixed_lengths_give_their_tokens_alone():
     config = dict(num_kvcache_blocks=512, kvcache_block_size=16, max_num_batched_tokens=1024, max_num_seqs=32)
     llm = LLM("", **config)
     try:
-        batched = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
-        assert llm.last_run["num_prefill_steps"] > 1   # the budget split the prompts
+        batched = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False, summary=True)]
+        assert llm.last_run["steps"]["num_prefill_steps"] > 1   # the budget split the prompts
         alone = []
         for prompt, sp in zip(prompts, params):
             llm.reset()
@@ -102,3 +102,20 @@ def test_prompt_longer_than_max_model_len_is_refused():
             llm.generate([list(range(40))], GREEDY, use_tqdm=False)
     finally:
         llm.close()
+
+
+def test_the_summary_is_the_stats_of_the_run(tmp_path):
+    # one set of run figures: generate's summary is `tracengine stats` of the trace the run recorded
+    from tracengine import stats
+    path = str(tmp_path / "run.trace")
+    llm = LLM("", num_kvcache_blocks=20, kvcache_block_size=4)
+    try:
+        llm.generate(PROMPTS, GREEDY, use_tqdm=False, record=path, summary=True)
+        recorded = llm.last_run
+        llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
+        assert llm.last_run is None and llm.sink.enabled is False   # not asked for: no events built
+    finally:
+        llm.close()
+    assert recorded == stats(path)
+    assert recorded["preemption"]["num_preemptions"] > 0
+    assert recorded["tokens"]["num_completion_tokens"] == len(PROMPTS) * GREEDY.max_tokens

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import cut_like_a_kill
+from tracengine.analysis.stats import stats
 from tracengine.cli import main
 from tracengine.engine.config import Config
 from tracengine.trace.events import BlockAllocate, Preempt, SeqFinish
@@ -17,7 +18,7 @@ from tracengine.engine.sampling_params import SamplingParams
 from tracengine.trace.tracelog import TraceReader, TraceWriter, make_header
 from tracengine.cli.analysis import open_index
 from tracengine.tui.app import TraceApp
-from tracengine.tui.screens import HelpScreen, NumberPrompt
+from tracengine.tui.screens import HelpScreen, NumberPrompt, RunFiguresScreen
 from tracengine.tui.seq_view import SeqScreen
 from tracengine.tui.explain import describe_event
 from tracengine.tui.trace_index import TraceIndex
@@ -314,6 +315,20 @@ async def test_select_a_sequence_by_number_and_help(trace, fold):
         assert app.step == 0
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_run_figures_are_the_stats_of_the_trace(trace, fold):
+    # one set of run figures: the TUI's are `tracengine stats`' own
+    app, running = opened(trace)
+    async with running as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.press("i")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert isinstance(app.screen, RunFiguresScreen)
+        assert app.screen.figures == stats(trace)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, RunFiguresScreen)
 
 
 async def test_play_advances_and_stops_at_the_end(trace, fold):

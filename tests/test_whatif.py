@@ -1,12 +1,14 @@
-"""What-if (`replay --set`), the metrics it compares, and `tracengine diff`."""
+"""What-if (`replay --set`), the figures it compares, and `tracengine diff`."""
+import json
+
 import pytest
 
 from tracengine.cli import main
 from tracengine.errors import ConfigError, RequestError
 from tracengine.trace.events import Preempt, StepEnd, TokenSample
 from tracengine.replay.diff import diff_traces
-from tracengine.replay.metrics import RunMetrics
-from tracengine.analysis.stats import summarize
+from tracengine.replay.metrics import rows, side_by_side
+from tracengine.analysis.stats import stats, summarize
 from tracengine.replay.reexec import replay
 from tracengine.testing import CANNED_WORKLOADS
 from tracengine.replay.whatif import extract_workload, whatif
@@ -14,6 +16,10 @@ from tracengine.engine.scheduler import Scheduler
 from tracengine.trace.tracelog import TraceReader
 
 from conftest import run_canned, write_trace
+
+
+def preemptions(figures: dict) -> int:
+    return figures["preemption"]["num_preemptions"]
 
 
 def kept_tokens(events):
@@ -37,25 +43,25 @@ def test_fewer_blocks_preempt_more_and_keep_every_output():
     events = run_canned("head_of_line")
     result = whatif(events, {"num_kvcache_blocks": 7})
     assert result.changes == [("num_kvcache_blocks", 10, 7)]
-    assert result.original.num_preemptions == 0 and result.new.num_preemptions > 0
-    assert result.new.num_recomputed_tokens == sum(e.num_computed_tokens for e in result.events
+    assert preemptions(result.original) == 0 and preemptions(result.new) > 0
+    assert result.new["preemption"]["num_recomputed_tokens"] == sum(e.num_computed_tokens for e in result.events
                                                    if type(e) is Preempt)
     assert kept_tokens(result.events) == kept_tokens(events)
-    assert result.new.num_finished == result.original.num_finished == 3
+    assert result.new["requests"]["num_finished"] == result.original["requests"]["num_finished"] == 3
     assert replay(result.events).ok      # the new run is itself a trace that reproduces
 
 
 def test_more_blocks_remove_the_preemptions():
     result = whatif(run_canned("preemption_tail"), {"num_kvcache_blocks": 32})
-    assert (result.original.num_preemptions, result.new.num_preemptions) == (2, 0)
-    assert result.new.num_steps < result.original.num_steps
-    assert result.original.num_recomputed_tokens == 8 + 12
+    assert (preemptions(result.original), preemptions(result.new)) == (2, 0)
+    assert result.new["steps"]["num_steps"] < result.original["steps"]["num_steps"]
+    assert result.original["preemption"]["num_recomputed_tokens"] == 8 + 12
 
 
 def test_a_smaller_budget_chunks_more():
     result = whatif(run_canned("worked_example"), {"max_num_batched_tokens": 8})
     # s0's 25 = 8 + 8 + 8 + 1; the chunk gate keeps s1 (8 > 8 - 1) out of that last step; then s1, then s2
-    assert (result.original.num_prefill_steps, result.new.num_prefill_steps) == (2, 4 + 1 + 1)
+    assert (result.original["steps"]["num_prefill_steps"], result.new["steps"]["num_prefill_steps"]) == (2, 4 + 1 + 1)
 
 
 def test_a_request_that_can_never_fit_is_refused():
@@ -71,7 +77,7 @@ def test_an_unknown_field_is_refused():
 def test_running_past_the_recorded_output_is_counted():
     # under max_model_len=27, s0 (25 prompt tokens) stops at 2 of its 3 max_tokens
     short = whatif(run_canned("worked_example"), {"max_model_len": 27})
-    assert short.new.finish_reasons == {"length": 3} and len(kept_tokens(short.events)[0]) == 2
+    assert short.new["requests"]["finish_reasons"] == {"length": 3} and len(kept_tokens(short.events)[0]) == 2
     # lifting the limit again, s0 needs a 3rd token the trace does not have: a filler, counted
     longer = whatif(short.events, {"max_model_len": 1024})
     assert longer.num_past_output == 1
@@ -89,19 +95,20 @@ def test_extract_workload():
 
 
 def test_metrics_in_steps():
-    metrics = RunMetrics.of(run_canned("worked_example"))
-    assert (metrics.num_steps, metrics.num_prefill_steps, metrics.num_decode_steps) == (4, 2, 2)
-    assert metrics.ttft_steps == [2, 2, 2]     # arrived before step 0, first token in step 1: 2 steps
-    assert metrics.e2e_steps == [4, 4, 4]      # finished in step 3
-    assert metrics.finish_reasons == {"length": 3}
-    assert RunMetrics.of(run_canned("shared_prefix")).num_cache_hit_blocks == 4
+    s = stats(run_canned("worked_example"))
+    steps = s["steps"]
+    assert (steps["num_steps"], steps["num_prefill_steps"], steps["num_decode_steps"]) == (4, 2, 2)
+    assert [r["ttft_steps"] for r in s["per_request"]] == [2, 2, 2]   # arrived before step 0, first token in step 1
+    assert [r["e2e_steps"] for r in s["per_request"]] == [4, 4, 4]    # finished in step 3
+    assert s["requests"]["finish_reasons"] == {"length": 3}
+    assert stats(run_canned("shared_prefix"))["prefix_cache"]["num_hit_blocks"] == 4
 
 
 def test_what_if_percentiles_are_the_stats_percentiles():
     # one definition for `replay --set` and `tracengine stats`: linear interpolation
-    metrics = RunMetrics()
-    metrics.ttft_steps = list(range(1, 101))
-    assert dict(metrics.rows())["TTFT steps mean/p50/p99"] == "50.5 / 50.5 / 99.0"   # p99: rank 98.01, 99.01
+    s = stats(run_canned("worked_example"))
+    s["latency"]["ttft"]["steps"] = summarize(list(range(1, 101)))
+    assert dict(rows(s))["TTFT steps mean/p50/p99"] == "50.5 / 50.5 / 99.0"   # p99: rank 98.01, 99.01
     assert summarize([5])["p99"] == 5
     assert summarize(list(range(1, 101)))["p50"] == 50.5
     assert summarize([3, 1, 2])["p99"] == 2.98      # 2 + (3 - 2) * 0.98
@@ -119,6 +126,20 @@ def test_whatif_command_prints_side_by_side_and_records(tmp_path, capsys):
     with TraceReader(new) as reader:
         assert reader.header.config["num_kvcache_blocks"] == 32
     assert main(["replay", str(new)]) == 0
+
+
+@pytest.mark.parametrize("name, overrides", [("preemption_tail", ["num_kvcache_blocks=32"]),
+                                             ("head_of_line", ["num_kvcache_blocks=7"]),
+                                             ("worked_example", ["max_num_batched_tokens=8"])])
+def test_whatif_table_is_the_stats_of_both_traces(tmp_path, capsys, name, overrides):
+    # one set of run figures: the table is `tracengine stats` of the recorded and of the what-if trace
+    path = write_trace(tmp_path / "run.trace", run_canned(name))
+    new = str(tmp_path / "new.trace")
+    assert main(["replay", path, *(a for o in overrides for a in ("--set", o)), "--record", new]) == 0
+    out = capsys.readouterr().out
+    assert side_by_side(stats(path), stats(new), "recorded", "what-if") in out
+    assert main(["stats", new, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(stats(new)))
 
 
 def test_whatif_command_errors_exit_2(tmp_path, capsys):
@@ -171,6 +192,7 @@ def test_diff_finds_a_changed_preemption_victim(tmp_path, capsys, monkeypatch):
     assert "    a: BlockAppend(step=1, seq_id=1, block_id=7)" not in out       # the first difference is the victim
     assert "    a: Preempt(step=1, seq_id=3" in out and "    b: Preempt(step=1, seq_id=2" in out
     assert any(line.startswith("preemptions") for line in out.splitlines())
+    assert side_by_side(stats(a), stats(b), "a", "b") in out     # the figures of `tracengine stats`
 
 
 def test_diff_of_a_trace_and_its_beginning():
@@ -178,4 +200,4 @@ def test_diff_of_a_trace_and_its_beginning():
     cut = next(i for i, e in enumerate(events) if type(e) is StepEnd and e.step == 4) + 1
     d = diff_traces(events, events[:cut])
     assert d.step == 5 and d.b_events == [] and d.a_events[-1].step == 5
-    assert (d.a_metrics.num_steps, d.b_metrics.num_steps) == (12, 5)
+    assert (d.a_stats["steps"]["num_steps"], d.b_stats["steps"]["num_steps"]) == (12, 5)

@@ -143,3 +143,21 @@ def load(path_or_events) -> Timeline:
                                   f"({reader.torn_tail.nbytes} bytes) not read; "
                                   f"figures cover steps 0..{timeline.num_steps - 1}")
     return timeline
+
+
+class TimelineSink:
+    """An event sink that folds what it is given into a Timeline as it comes,
+    and passes it on to `inner` (a trace writer) if there is one: the run
+    figures of a run with no trace file to read them from (generate's summary)."""
+    enabled = True
+
+    def __init__(self, header: TraceHeader, inner=None):
+        self.step = 0
+        self.timeline = Timeline(header)
+        self.inner = inner if inner is not None and inner.enabled else None
+
+    def emit(self, event) -> None:
+        if self.inner is not None:
+            self.inner.step = self.step
+            self.inner.emit(event)
+        self.timeline.add(event)

@@ -14,7 +14,7 @@ def cmd_generate(args) -> int:
     try:
         prompts, sps = build_workload(args, llm.hf_config.vocab_size)
         start = time.perf_counter()
-        outputs = llm.generate(prompts, sps, record=args.record, use_tqdm=not args.quiet)
+        outputs = llm.generate(prompts, sps, record=args.record, use_tqdm=not args.quiet, summary=True)
         elapsed = time.perf_counter() - start
     finally:
         llm.close()
@@ -23,25 +23,24 @@ def cmd_generate(args) -> int:
 
 
 def print_summary(llm, outputs, elapsed: float, record: str | None):
-    run = llm.last_run
-    num_prompt = run["num_prefill_tokens"]
-    num_completion = sum(len(o["token_ids"]) for o in outputs)
+    """The run's figures are `tracengine stats`' (llm.last_run is its dict)."""
+    s = llm.last_run
+    tok, st, tp, pc = s["tokens"], s["steps"], s["throughput"], s["prefix_cache"]
+    reasons = s["requests"]["finish_reasons"]
     config = llm.config
     lines = [
         f"model        {llm.model_dir if config.model else 'embedded tiny Qwen3'} on {llm.runner.device}"
         f" ({str(llm.runner.dtype).removeprefix('torch.')})",
         f"config       {config.num_kvcache_blocks} KV blocks x {config.kvcache_block_size} tokens, "
         f"budget {config.max_num_batched_tokens} tokens, max {config.max_num_seqs} seqs",
-        f"requests     {len(outputs)} ({sum(o['finish_reason'] == 'eos' for o in outputs)} eos, "
-        f"{sum(o['finish_reason'] == 'length' for o in outputs)} length)",
-        f"tokens       {run['num_prompt_tokens']} prompt, {num_completion} generated, "
-        f"{num_prompt} computed in prefill",
-        f"steps        {run['num_prefill_steps'] + run['num_decode_steps']} "
-        f"({run['num_prefill_steps']} prefill, {run['num_decode_steps']} decode)",
-        f"throughput   prefill {run['prefill_throughput']:.0f} tok/s, decode {run['decode_throughput']:.0f} tok/s, "
-        f"{elapsed:.2f} s in all",
-        f"preemptions  {run['num_preemptions']}",
-        f"cache hits   {run['num_cached_blocks']} blocks ({run['num_cached_blocks'] * config.kvcache_block_size} tokens)",
+        f"requests     {s['requests']['num_requests']} ({reasons.get('eos', 0)} eos, {reasons.get('length', 0)} length)",
+        f"tokens       {tok['num_prompt_tokens']} prompt, {tok['num_completion_tokens']} generated, "
+        f"{tok['num_prefill_tokens']} computed in prefill",
+        f"steps        {st['num_steps']} ({st['num_prefill_steps']} prefill, {st['num_decode_steps']} decode)",
+        f"throughput   prefill {tp['prefill_tokens_per_s'] or 0:.0f} tok/s, decode {tp['decode_tokens_per_s'] or 0:.0f} "
+        f"tok/s, {elapsed:.2f} s in all",
+        f"preemptions  {s['preemption']['num_preemptions']}",
+        f"cache hits   {pc['num_hit_blocks']} blocks ({pc['num_hit_tokens']} tokens)",
     ]
     if record:
         lines.append(f"trace        {record} ({os.path.getsize(record):,} bytes)")

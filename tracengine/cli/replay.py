@@ -99,7 +99,7 @@ def cmd_diff(args) -> int:
     if d.config_changes:
         print("config: " + ", ".join(f"{name} {a} vs {b}" for name, a, b in d.config_changes))
     if d.identical:
-        print(f"no scheduling difference in {d.a_metrics.num_steps} steps")
+        print(f"no scheduling difference in {d.a_stats['steps']['num_steps']} steps")
         return EXIT_OK
     print(f"first scheduling difference at step {d.step}:")
     print(f"  a: {render_step(d.a_events) if d.a_events else '(the trace has ended)'}")
@@ -109,5 +109,5 @@ def cmd_diff(args) -> int:
     print(f"  first differing event (#{d.index} of the step's scheduling events):")
     print(f"    a: {render_event(a_sched[d.index] if d.index < len(a_sched) else None)}")
     print(f"    b: {render_event(b_sched[d.index] if d.index < len(b_sched) else None)}")
-    print(side_by_side(d.a_metrics, d.b_metrics, "a", "b"))
+    print(side_by_side(d.a_stats, d.b_stats, "a", "b"))
     return EXIT_FAILED_CHECK

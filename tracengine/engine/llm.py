@@ -27,6 +27,7 @@ class LLM(LLMEngine):
             config.validate()
             super().__init__(config, runner, NULL_SINK, tokenizer)
             self.writer = None
+            self.last_run: dict | None = None   # the figures of the last generate(summary=True)
             if record:
                 self.start_recording(record)
         except BaseException:
@@ -71,24 +72,44 @@ class LLM(LLMEngine):
         if self.writer is not None:
             self.writer.close()
             self.writer = None
-            self.sink = self.scheduler.sink = self.scheduler.block_manager.sink = NULL_SINK
+            self.set_sink(NULL_SINK)
+
+    def set_sink(self, sink):
+        """Where the engine, the scheduler and the block manager emit from now on (no reset)."""
+        self.sink = self.scheduler.sink = self.scheduler.block_manager.sink = sink
 
     def generate(self, prompts: list[str] | list[list[int]],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 record: str | None = None, use_tqdm: bool = True) -> list[dict]:
+                 record: str | None = None, use_tqdm: bool = True, summary: bool = False) -> list[dict]:
+        """`summary`: fold this run's events as they come and leave its figures,
+        `tracengine stats`' dict (analysis/stats.py), in `last_run`; otherwise
+        `last_run` is None. The events are built only when asked for (or when
+        recording), so an unasked-for summary costs the step loop nothing."""
         if sampling_params is None:
             sampling_params = SamplingParams()
         if not isinstance(sampling_params, list):
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise TracengineError(f"{len(prompts)} prompts but {len(sampling_params)} sampling params")
+        self.last_run = None
         if record:
             self.start_recording(record)
+        folding = None
+        if summary:
+            from tracengine.analysis.timeline import TimelineSink
+            folding = TimelineSink(self.trace_header(), inner=self.sink)
+            self.set_sink(folding)
         try:
-            return self._generate(prompts, sampling_params, use_tqdm)
+            outputs = self._generate(prompts, sampling_params, use_tqdm)
         finally:
+            if folding is not None:
+                self.set_sink(folding.inner if folding.inner is not None else NULL_SINK)
             if record:
                 self.stop_recording()
+        if folding is not None:
+            from tracengine.analysis.stats import stats
+            self.last_run = stats(folding.timeline)
+        return outputs
 
     def _generate(self, prompts, sampling_params, use_tqdm):
         from tracengine.engine.progress import GenerateProgress
@@ -98,10 +119,6 @@ class LLM(LLMEngine):
                 t = time.perf_counter()
                 scheduled, finished, is_prefill = self.step()
                 progress.update(self.num_batched_tokens, is_prefill, time.perf_counter() - t, len(finished))
-        self.last_run = progress.summary()
-        self.last_run["num_prompt_tokens"] = sum(seq.num_prompt_tokens for seq in seqs)
-        self.last_run["num_preemptions"] = sum(seq.num_preemptions for seq in seqs)
-        self.last_run["num_cached_blocks"] = self.scheduler.block_manager.num_hit_blocks
         return [{"text": self.tokenizer.decode(seq.completion_token_ids), "token_ids": seq.completion_token_ids,
                  "finish_reason": seq.finish_reason} for seq in seqs]
 

@@ -1,4 +1,6 @@
-"""The generate progress bar: finished requests, prefill and decode throughput."""
+"""The generate progress bar: finished requests, prefill and decode throughput.
+Its counters are for the live display only; the run's figures are
+`tracengine stats`' (`LLM.generate(summary=True)` leaves them in `last_run`)."""
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
@@ -41,9 +43,3 @@ class GenerateProgress:
     @property
     def decode_throughput(self) -> float:
         return self.num_decode_tokens / self.decode_s if self.decode_s else 0.0
-
-    def summary(self) -> dict:
-        return {"num_prefill_steps": self.num_prefill_steps, "num_decode_steps": self.num_decode_steps,
-                "num_prefill_tokens": self.num_prefill_tokens, "num_decode_tokens": self.num_decode_tokens,
-                "prefill_s": self.prefill_s, "decode_s": self.decode_s,
-                "prefill_throughput": self.prefill_throughput, "decode_throughput": self.decode_throughput}

@@ -3,11 +3,13 @@ ScheduleDecision, Preempt and Block* events, compared without wall-clock
 fields; token ids, arrivals and timings do not count."""
 from dataclasses import dataclass, field
 
+from tracengine.analysis.stats import stats
+from tracengine.analysis.timeline import Timeline
+
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, ScheduleDecision,
                                TraceHeader, without_wall_clock)
 from tracengine.errors import TraceError
 from tracengine.replay.fold import iter_steps
-from tracengine.replay.metrics import RunMetrics
 
 SCHEDULING_TYPES = (ScheduleDecision, Preempt, BlockAllocate, BlockAppend, BlockHash, BlockFree)
 
@@ -18,8 +20,8 @@ class TraceDiff:
     a_events: list = field(default_factory=list)   # that step's events on each side ([] past its end)
     b_events: list = field(default_factory=list)
     index: int = -1                         # of the first differing scheduling event within the step
-    a_metrics: RunMetrics = field(default_factory=RunMetrics)
-    b_metrics: RunMetrics = field(default_factory=RunMetrics)
+    a_stats: dict = field(default_factory=dict)    # stats() of each side: `tracengine stats` of each trace
+    b_stats: dict = field(default_factory=dict)
     config_changes: list = field(default_factory=list)   # (field, a, b)
 
     @property
@@ -40,6 +42,7 @@ def diff_traces(a, b) -> TraceDiff:
     result = TraceDiff(None)
     result.config_changes = [(name, value, header_b.config.get(name)) for name, value in header_a.config.items()
                              if header_b.config.get(name) != value]
+    timeline_a, timeline_b = Timeline(header_a), Timeline(header_b)
     steps_a, steps_b = iter_steps(a), iter_steps(b)
     step = 0
     while True:
@@ -47,9 +50,9 @@ def diff_traces(a, b) -> TraceDiff:
         if group_a is None and group_b is None:
             break
         for e in group_a or ():
-            result.a_metrics.add(e)
+            timeline_a.add(e)
         for e in group_b or ():
-            result.b_metrics.add(e)
+            timeline_b.add(e)
         if result.step is None:
             key_a, key_b = scheduling_key(group_a or ()), scheduling_key(group_b or ())
             if key_a != key_b:
@@ -58,4 +61,5 @@ def diff_traces(a, b) -> TraceDiff:
                 result.index = next((i for i, (x, y) in enumerate(zip(key_a, key_b)) if x != y),
                                     min(len(key_a), len(key_b)))
         step += 1
+    result.a_stats, result.b_stats = stats(timeline_a), stats(timeline_b)
     return result

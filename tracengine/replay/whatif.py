@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 import msgspec
 
+from tracengine.analysis.stats import stats
+from tracengine.analysis.timeline import Timeline
 from tracengine.engine.config import Config
 from tracengine.errors import RequestError, TraceError
 from tracengine.trace.events import RequestAdded, ScheduleDecision, TokenSample, TraceHeader
-from tracengine.replay.metrics import RunMetrics
 from tracengine.replay.runners import OutputRunner, WorkloadRequest, run_workload
 from tracengine.engine.scheduler import Scheduler
 
@@ -21,13 +22,13 @@ class Workload:
     requests: list[WorkloadRequest]
     outputs: dict[int, list[int]]              # seq_id -> kept completion tokens, in order
     middle: dict[tuple[int, int], int]         # (seq_id, position) -> sample of a middle chunk
-    metrics: RunMetrics                        # of the recorded run
+    timeline: Timeline                         # the recorded run, folded: its figures are stats(timeline)
 
 
 @dataclass
 class WhatIfResult:
-    original: RunMetrics
-    new: RunMetrics
+    original: dict                              # stats() of the recorded run
+    new: dict                                   # stats() of the new run: `tracengine stats` of its trace
     changes: list[tuple[str, object, object]]  # (field, recorded value, new value)
     events: list                                # the new run, TraceHeader first
     num_past_output: int                        # sequences that ran past their recorded output
@@ -39,9 +40,9 @@ def extract_workload(events) -> Workload:
     if not isinstance(header, TraceHeader):
         raise TraceError("a trace starts with a TraceHeader")
     requests, outputs, middle, positions = [], {}, {}, {}
-    metrics = RunMetrics()
+    timeline = Timeline(header)
     for e in it:
-        metrics.add(e)
+        timeline.add(e)
         t = type(e)
         if t is TokenSample:
             if e.kept:
@@ -56,7 +57,7 @@ def extract_workload(events) -> Workload:
             requests.append(WorkloadRequest(list(e.prompt_token_ids), e.max_tokens, e.step, e.ignore_eos,
                                             e.temperature, seq_id=e.seq_id))
             outputs[e.seq_id] = []
-    return Workload(header, requests, outputs, middle, metrics)
+    return Workload(header, requests, outputs, middle, timeline)
 
 
 def whatif(events, overrides: dict, max_steps: int | None = None) -> WhatIfResult:
@@ -73,10 +74,10 @@ def whatif(events, overrides: dict, max_steps: int | None = None) -> WhatIfResul
                                f"under the new config: {exc}") from None
     runner = OutputRunner(workload.outputs, workload.middle, filler=0 if config.eos != 0 else 1)
     if max_steps is None:
-        max_steps = 100 * max(workload.metrics.num_steps, 1) + 10_000
+        max_steps = 100 * max(workload.timeline.num_steps, 1) + 10_000
     events = run_workload(config, workload.requests, runner, max_steps=max_steps)
     header = msgspec.structs.replace(workload.header, config=config.to_dict(), created_at=time.time())
     events[0] = header
     changes = [(name, value, getattr(config, name)) for name, value in recorded.to_dict().items()
                if getattr(config, name) != value]
-    return WhatIfResult(workload.metrics, RunMetrics.of(events), changes, events, len(runner.past_output_seq_ids))
+    return WhatIfResult(stats(workload.timeline), stats(events), changes, events, len(runner.past_output_seq_ids))

@@ -18,7 +18,7 @@ from textual.reactive import var
 from textual.widgets import Footer
 
 from tracengine.tui.indexer import Pacing, read_in_background
-from tracengine.tui.screens import EventTypePicker, HelpScreen, NumberPrompt
+from tracengine.tui.screens import EventTypePicker, HelpScreen, NumberPrompt, RunFiguresScreen
 from tracengine.tui.seq_view import SeqScreen, life_lines, life_summary
 from tracengine.tui.trace_index import EVENT_TYPE_NAMES, StepView, TraceIndex
 from tracengine.tui.widgets.block_map import BlockMap
@@ -59,13 +59,14 @@ class TraceApp(App):
         Binding("space", "play", "Play/pause"),
         Binding("greater_than_sign", "speed(1)", "Play faster", key_display=">", show=False),
         Binding("less_than_sign", "speed(-1)", "Play slower", key_display="<", show=False),
+        Binding("i", "run_figures", "Run figures (tracengine stats) of the steps read so far", show=False),
         Binding("question_mark,f1", "help", "Help", key_display="?"),
         Binding("q", "quit", "Quit"),
         *(Binding(str(d), f"goto('{d}')", "Type a step number", show=False) for d in range(10)),
     ]
     # actions that move the cursor or open a dialog: not while a dialog is open
     MAIN_ONLY = {"step", "first", "last", "goto", "preemption", "choose_type", "event", "select_seq",
-                 "milestone", "open_seq", "play", "speed", "help"}
+                 "milestone", "open_seq", "play", "speed", "help", "run_figures"}
 
     # `var`: the app itself draws nothing, the panels bound to these repaint themselves
     step = var(0)
@@ -269,6 +270,13 @@ class TraceApp(App):
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
+
+    @work(thread=True, exclusive=True, group="figures")
+    def action_run_figures(self) -> None:
+        num_steps = self.index.num_steps
+        figures = self.index.run_figures()
+        title = f"{self.index.name}: steps 0–{num_steps - 1}" if num_steps else f"{self.index.name}: no step yet"
+        self.call_from_thread(self.push_screen, RunFiguresScreen(figures, title))
 
     # -- messages from the panels -------------------------------------------------------------------
 

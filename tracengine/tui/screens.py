@@ -1,5 +1,5 @@
-"""Modal screens: the help, a number prompt (go to step, select sequence) and
-the event-type picker. Each returns its answer with `dismiss`."""
+"""Modal screens: the help, the run figures, a number prompt (go to step,
+select sequence) and the event-type picker. Each returns its answer with `dismiss`."""
 from rich.table import Table
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -35,6 +35,22 @@ class HelpScreen(ModalScreen[None]):
         with Vertical(id="help"):
             yield Label("Keys and mouse (Esc closes)", id="help-title")
             yield Static(table)
+
+
+class RunFiguresScreen(ModalScreen[None]):
+    """`tracengine stats` of the steps read so far, rendered as the command does."""
+    BINDINGS = [Binding("escape,q,i", "dismiss", "Close")]
+
+    def __init__(self, figures: dict, title: str):
+        super().__init__()
+        self.figures = figures
+        self.title_text = title
+
+    def compose(self) -> ComposeResult:
+        from tracengine.analysis.stats import render
+        with Vertical(id="help"):
+            yield Label(f"{self.title_text} (Esc closes)", id="help-title")
+            yield Static(render(self.figures))
 
 
 def key_help(bindings) -> list[tuple[str, str]]:

@@ -12,6 +12,7 @@ import os
 from array import array
 from dataclasses import dataclass, field
 
+from tracengine.analysis.stats import stats
 from tracengine.errors import TraceError
 from tracengine.trace.events import (AnyEvent, BlockAllocate, Preempt, RequestAdded, ScheduleDecision, SeqFinish,
                                StepEnd, TokenSample)
@@ -49,7 +50,10 @@ class Milestone:
 
 
 @dataclass(slots=True)
-class _Summary:
+class _StepIndex:
+    """Per-step values the strip and the jumps read, copied from the events as
+    they are indexed (no figure is computed here: the run's figures are
+    `tracengine stats`', see TraceIndex.run_figures)."""
     num_tokens: array = field(default_factory=lambda: array("i"))        # tokens scheduled per step
     is_prefill: bytearray = field(default_factory=bytearray)
     num_free_blocks: array = field(default_factory=lambda: array("i"))   # after each step
@@ -75,7 +79,7 @@ class TraceIndex:
             self.num_blocks = self.fold.num_blocks
             self.num_steps = 0           # published: complete, folded and summarized
             self._next_frame = 1
-            self._summary = _Summary()
+            self._summary = _StepIndex()
             self._milestones: dict[int, list[Milestone]] = {}
             self._index_frames()         # what the first slice read, so step 0 shows at once
         except BaseException:
@@ -194,6 +198,12 @@ class TraceIndex:
             return steps[i] if i < n else None
         i = bisect.bisect_left(steps, step, 0, n)
         return steps[i - 1] if i > 0 else None
+
+    def run_figures(self) -> dict:
+        """`tracengine stats` of the steps indexed so far: the same code, so the
+        numbers are the command's. Reads those frames again, by offset."""
+        reader, end = self.reader, self.reader.step_frame(self.num_steps)
+        return stats(e for i in range(end) for e in reader.read_frame(i))
 
     def column_summary(self, start: int, stop: int) -> tuple[int, bool, bool]:
         """(most tokens, any prefill, any preemption) over steps [start, stop)."""
