@@ -73,7 +73,7 @@ def test_percentiles_on_a_known_list():
 def test_worked_example_figures():
     s = stats(worked_example())
     assert s["requests"] == {"num_requests": 3, "num_finished": 3, "num_unfinished": 0,
-                             "finish_reasons": {"length": 3}}
+                             "finish_reasons": {"length": 3}, "num_aborted": 0}
     # step 0: 20 tokens of seq 0; step 1: its last 5 + 8 + 6 = 19; steps 2, 3: decode 3 each
     assert s["tokens"] == {"num_prompt_tokens": 39, "num_completion_tokens": 9,
                            "num_prefill_tokens": 39, "num_decode_tokens": 6}
@@ -156,7 +156,7 @@ def test_head_of_line_counts_prefill_and_decode_steps():
 JSON_KEYS = {
     "stats_version": None,
     "trace": {"torn_tail", "kvcache_block_size", "num_kvcache_blocks"},
-    "requests": {"num_requests", "num_finished", "num_unfinished", "finish_reasons"},
+    "requests": {"num_requests", "num_finished", "num_unfinished", "finish_reasons", "num_aborted"},
     "tokens": {"num_prompt_tokens", "num_completion_tokens", "num_prefill_tokens", "num_decode_tokens"},
     "steps": {"num_steps", "num_prefill_steps", "num_decode_steps", "total_s", "prefill_s", "decode_s"},
     "throughput": {"prefill_tokens_per_s", "decode_tokens_per_s", "completion_tokens_per_s"},

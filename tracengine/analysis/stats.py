@@ -105,6 +105,7 @@ def stats(path_or_events) -> dict:
         if req.finish_step is not None:
             reasons[req.finish_reason] = reasons.get(req.finish_reason, 0) + 1
     num_finished = sum(reasons.values())
+    num_aborted = sum(req.abort is not None for req in t.requests.values())
     num_completion = sum(r["num_completion_tokens"] for r in per_request)
 
     num_allocated = sum(len(a.block_ids) for a in t.allocations)
@@ -127,7 +128,8 @@ def stats(path_or_events) -> dict:
         "trace": {"torn_tail": t.torn_tail, "kvcache_block_size": t.block_size,
                   "num_kvcache_blocks": t.num_kvcache_blocks},
         "requests": {"num_requests": len(t.requests), "num_finished": num_finished,
-                     "num_unfinished": len(t.requests) - num_finished, "finish_reasons": reasons},
+                     "num_unfinished": len(t.requests) - num_finished - num_aborted, "finish_reasons": reasons,
+                     "num_aborted": num_aborted},
         "tokens": {"num_prompt_tokens": sum(r.num_prompt_tokens for r in t.requests.values()),
                    "num_completion_tokens": num_completion,
                    "num_prefill_tokens": phase_tokens["prefill"], "num_decode_tokens": phase_tokens["decode"]},
@@ -169,7 +171,8 @@ def render(s: dict, title: str = ""):
     from rich.table import Table
 
     r, tok, st, tp = s["requests"], s["tokens"], s["steps"], s["throughput"]
-    head = (f"{title + chr(10) if title else ''}{r['num_requests']} requests ({r['num_finished']} finished), "
+    aborted = f", {r['num_aborted']} aborted" if r["num_aborted"] else ""
+    head = (f"{title + chr(10) if title else ''}{r['num_requests']} requests ({r['num_finished']} finished{aborted}), "
             f"{tok['num_prompt_tokens']:,} prompt + {tok['num_completion_tokens']:,} completion tokens\n"
             f"{st['num_steps']:,} steps ({st['num_prefill_steps']:,} prefill, {st['num_decode_steps']:,} decode), "
             f"{st['total_s'] * 1e3:,.3f} ms")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from tracengine.errors import TraceError
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
-                               ScheduleDecision, SeqFinish, StepEnd, TokenSample, TraceHeader)
+                               ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader)
 
 # Block-level events that no figure needs (the free counts come from StepEnd).
 _NOT_FOLDED = frozenset({BlockHash, BlockAppend, BlockFree})
@@ -42,6 +42,7 @@ class RequestRecord:
     preempts: list[Preempt] = field(default_factory=list)
     finish_step: int | None = None
     finish_reason: str = ""
+    abort: SeqAbort | None = None                     # taken out before it finished (a server's client left)
 
     @property
     def first_scheduled_step(self) -> int | None:
@@ -89,6 +90,8 @@ class Timeline:
             case SeqFinish():
                 req = self._request(event.seq_id, event)
                 req.finish_step, req.finish_reason = event.step, event.reason
+            case SeqAbort():
+                self._request(event.seq_id, event).abort = event
             case StepEnd():
                 decision, self._decision = self._decision, None
                 if decision is None or decision.step != event.step or event.step != len(self.steps):

@@ -47,6 +47,11 @@ class LLMEngine:
                                         sp.temperature, sp.ignore_eos, 0.0, arrival_ns))
         return seq
 
+    def abort_request(self, seq_id: int, reason: str) -> Sequence | None:
+        """Between steps: see Scheduler.abort. None when the sequence is in no queue."""
+        self.scheduler.begin_step(self.num_steps)   # its events belong to the step they precede
+        return self.scheduler.abort(seq_id, reason)
+
     def step(self) -> tuple[list[Sequence], list[Sequence], bool]:
         """One engine step; returns (scheduled, finished, is_prefill)."""
         self.scheduler.begin_step(self.num_steps)

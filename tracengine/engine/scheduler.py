@@ -7,8 +7,8 @@ from collections import deque
 from tracengine.engine.block_manager import BlockManager
 from tracengine.engine.config import Config
 from tracengine.errors import ConfigError, RequestError
-from tracengine.trace.events import (NULL_SINK, EventSink, FinishReason, Preempt, ScheduledSeq, ScheduleDecision,
-                                     SeqFinish, StopReason, TokenSample)
+from tracengine.trace.events import (NULL_SINK, AbortReason, EventSink, FinishReason, Preempt, ScheduledSeq,
+                                     ScheduleDecision, SeqAbort, SeqFinish, StopReason, TokenSample)
 from tracengine.engine.sequence import Sequence, SequenceStatus
 
 
@@ -168,3 +168,24 @@ class Scheduler:
             self.running.remove(seq)
             finished.append(seq)
         return finished
+
+    def abort(self, seq_id: int, reason: AbortReason) -> Sequence | None:
+        """Take a sequence out of whichever queue holds it and free its blocks, as vLLM's
+        abort_request does; the seeds define no abort, so this is an extension of them.
+        Called between steps only. Returns the sequence, or None when no queue holds it
+        (it has finished, or it was never added)."""
+        for queue, status in ((self.waiting, "waiting"), (self.running, "running")):
+            seq = next((s for s in queue if s.seq_id == seq_id), None)
+            if seq is not None:
+                break
+        else:
+            return None
+        queue.remove(seq)
+        if self.sink.enabled:
+            self.sink.emit(SeqAbort(self.step, seq_id, reason, status, seq.num_prompt_tokens,
+                                    seq.num_completion_tokens))
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = "abort"
+        if seq.block_table:      # a preempted or never-scheduled sequence holds none
+            self.block_manager.deallocate(seq)
+        return seq

@@ -15,7 +15,7 @@ import msgspec
 from tracengine.engine.block_manager import FreeBlockQueue
 from tracengine.errors import TraceError
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
-                               ScheduleDecision, SeqFinish, StepEnd, TokenSample, TraceHeader)
+                               ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader)
 from tracengine.replay.state import FINISHED, RUNNING, WAITING, BlockState, FoldState, SeqState, live_state
 from tracengine.trace.tracelog import TraceReader
 
@@ -51,7 +51,7 @@ class _Projection:
             RequestAdded: self.request_added, ScheduleDecision: self.schedule_decision,
             BlockAllocate: self.block_allocate, BlockAppend: self.block_append, BlockHash: self.block_hash,
             BlockFree: self.block_free, Preempt: self.preempt, TokenSample: self.token_sample,
-            SeqFinish: self.seq_finish, StepEnd: self.step_end,
+            SeqFinish: self.seq_finish, StepEnd: self.step_end, SeqAbort: self.seq_abort,
         }
 
     # -- keyframes --------------------------------------------------------------------------
@@ -191,6 +191,13 @@ class _Projection:
         s.finish_step = e.step
         s.finish_reason = e.reason
         self.running.remove(e.seq_id)
+
+    def seq_abort(self, e: SeqAbort):
+        (self.waiting if e.status == WAITING else self.running).remove(e.seq_id)
+        s = self.seqs[e.seq_id]
+        s.status = FINISHED
+        s.finish_step = e.step
+        s.finish_reason = "abort"
 
     def step_end(self, e: StepEnd):
         if e.num_free_blocks != len(self.free):

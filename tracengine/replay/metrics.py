@@ -15,6 +15,8 @@ def rows(s: dict) -> list[tuple[str, str]]:
     """(label, value) pairs of a stats dict, in the order they are printed."""
     steps, requests, pre = s["steps"], s["requests"], s["preemption"]
     finishes = ", ".join(f"{n} {reason}" for reason, n in sorted(requests["finish_reasons"].items())) or "0"
+    if requests.get("num_aborted"):
+        finishes += f" ({requests['num_aborted']} aborted)"
     return [
         ("steps", str(steps["num_steps"])),
         ("prefill steps", str(steps["num_prefill_steps"])),

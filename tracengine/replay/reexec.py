@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from tracengine.engine.config import Config
 from tracengine.errors import RequestError, TraceError
-from tracengine.trace.events import WALL_CLOCK_FIELDS, AnyEvent, Event, RequestAdded, StepEnd, TokenSample, TraceHeader
+from tracengine.trace.events import (WALL_CLOCK_FIELDS, AnyEvent, Event, RequestAdded, SeqAbort, StepEnd, TokenSample,
+                                     TraceHeader)
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.replay.fold import iter_steps
 from tracengine.replay.state import FoldState, live_state
@@ -105,6 +106,10 @@ def replay(events) -> ReplayResult:
                             e.temperature, e.max_tokens, e.ignore_eos), seq_id=e.seq_id))
                     except RequestError as exc:
                         raise _Diverged(e, None, f"the replay refused the request: {exc}") from None
+                elif t is SeqAbort:
+                    # applied where it was recorded: between the requests added before this step
+                    if engine.abort_request(e.seq_id, e.reason) is None:
+                        raise _Diverged(e, None, f"the replay has no sequence {e.seq_id} to abort")
             if type(step_events[-1]) is StepEnd:
                 if engine.is_finished():
                     raise _Diverged(step_events[sink.index], None, "the replay has nothing left to schedule")

@@ -1,7 +1,7 @@
 """Readable text for events, steps and folded states: the step table that
 snapshot tests pin, the divergence report of `replay`, and `replay --state`."""
 from tracengine.trace.events import (WALL_CLOCK_FIELDS, BlockAllocate, BlockAppend, BlockHash, Preempt, RequestAdded,
-                               ScheduleDecision, ScheduledSeq, SeqFinish, StepEnd, TraceHeader)
+                               ScheduleDecision, ScheduledSeq, SeqAbort, SeqFinish, StepEnd, TraceHeader)
 from tracengine.replay.fold import iter_steps
 
 SCHEDULING_CONFIG = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "kvcache_block_size",
@@ -68,6 +68,8 @@ def render_step(events) -> str:
             preempts.append(f"s{e.seq_id}({by}, recompute {e.num_computed_tokens})")
         elif t is SeqFinish:
             finishes.append(f"s{e.seq_id}:{e.reason}")
+        elif t is SeqAbort:
+            finishes.append(f"s{e.seq_id}:abort({e.reason})")
         elif t is StepEnd:
             end = e
     if decision is None:

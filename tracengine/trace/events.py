@@ -12,6 +12,7 @@ Phase = Literal["prefill", "decode"]
 StopReason = Literal["waiting_empty", "max_num_seqs", "budget_exhausted", "no_free_blocks", "chunk_gate",
                      "running_empty"]
 FinishReason = Literal["eos", "length"]
+AbortReason = Literal["client", "shutdown"]   # the client went away; the server shut down
 
 
 class Event(msgspec.Struct, frozen=True, gc=False, array_like=True, omit_defaults=True, tag_field="t"):
@@ -133,8 +134,20 @@ class StepEnd(Event, tag=10):
     gap_ns: int = 0
 
 
+class SeqAbort(Event, tag=11):
+    """A request taken out of the engine between steps (a server's client went away, or the
+    server shut down): Scheduler.abort, an extension of the seeds. Recorded at the step it
+    precedes; a BlockFree follows when the sequence held blocks."""
+    step: int
+    seq_id: int
+    reason: AbortReason
+    status: Literal["waiting", "running"]   # the queue it was taken from
+    num_prompt_tokens: int
+    num_completion_tokens: int
+
+
 AnyEvent = Union[TraceHeader, RequestAdded, ScheduleDecision, BlockAllocate, BlockAppend, BlockHash,
-                 BlockFree, Preempt, TokenSample, SeqFinish, StepEnd]
+                 BlockFree, Preempt, TokenSample, SeqFinish, StepEnd, SeqAbort]
 
 EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in AnyEvent.__args__}
 

@@ -4,7 +4,7 @@ the step's recorded events; it decides nothing."""
 from collections.abc import Mapping
 
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
-                               ScheduleDecision, SeqFinish, StepEnd, TokenSample)
+                               ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample)
 
 
 def explain_step(events: list, seqs: Mapping, num_free_before: int,
@@ -19,7 +19,8 @@ def explain_step(events: list, seqs: Mapping, num_free_before: int,
         text = _prefill(decision, events, seqs, max_num_batched_tokens, max_num_seqs)
     else:
         text = _decode(decision, events, num_free_before, max_num_seqs)
-    finished = [f"seq {e.seq_id} finished ({e.reason})" for e in events if isinstance(e, SeqFinish)]
+    finished = [f"seq {e.seq_id} aborted ({e.reason})" for e in events if isinstance(e, SeqAbort)]
+    finished += [f"seq {e.seq_id} finished ({e.reason})" for e in events if isinstance(e, SeqFinish)]
     return "; ".join([text] + finished)
 
 
@@ -126,6 +127,9 @@ def describe_event(e) -> str:
             return f"seq {e.seq_id} samples {e.token_id}" + ("" if e.kept else " (dropped: middle chunk)")
         case SeqFinish():
             return f"seq {e.seq_id} finishes ({e.reason}): {e.num_prompt_tokens} + {e.num_completion_tokens} tokens"
+        case SeqAbort():
+            return (f"seq {e.seq_id} aborted ({e.reason}) from {e.status}: "
+                    f"{e.num_prompt_tokens} + {e.num_completion_tokens} tokens")
         case StepEnd():
             return f"{e.num_free_blocks} blocks free"
     return " ".join(f"{name}={getattr(e, name)}" for name in e.__struct_fields__ if name != "step")
