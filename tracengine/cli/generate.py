@@ -1,9 +1,10 @@
 """`tracengine generate`: run the engine on a workload, print a summary, optionally record."""
+import math
 import os
 import time
 
-from tracengine.errors import TracengineError
-from tracengine.workload.sources import build_workload, config_overrides
+from tracengine.errors import RequestError, TracengineError
+from tracengine.workload.sources import config_overrides, sampling_params, workload_requests
 
 
 def cmd_generate(args) -> int:
@@ -12,14 +13,31 @@ def cmd_generate(args) -> int:
         raise TracengineError(f"--record {args.record!r} is a directory")
     llm = LLM(args.model, **config_overrides(args))
     try:
-        prompts, sps = build_workload(args, llm.hf_config.vocab_size)
+        requests = workload_requests(args, llm.hf_config.vocab_size, llm.config.max_model_len)
+        prompts = [check_fits(llm, r) for r in requests]
+        timed = not (math.isinf(args.request_rate) and args.workload is None)
         start = time.perf_counter()
-        outputs = llm.generate(prompts, sps, record=args.record, use_tqdm=not args.quiet, summary=True)
+        outputs = llm.generate(prompts, [sampling_params(r) for r in requests], record=args.record,
+                               use_tqdm=not args.quiet, arrival_times=[r.arrival_s for r in requests] if timed else None,
+                               summary=True)
         elapsed = time.perf_counter() - start
     finally:
         llm.close()
     print_summary(llm, outputs, elapsed, args.record)
     return 0
+
+
+def check_fits(llm, request):
+    """The prompt of a request read from a file, refused before the run, naming its line, if
+    it could never be served (other sources are refused as the engine adds them)."""
+    if not request.source:
+        return request.prompt
+    prompt = llm.tokenizer.encode(request.prompt) if isinstance(request.prompt, str) else request.prompt
+    try:
+        llm.scheduler.check_request(len(prompt), request.max_tokens)
+    except RequestError as exc:
+        raise RequestError(f"{request.source}: {exc}") from None
+    return prompt
 
 
 def print_summary(llm, outputs, elapsed: float, record: str | None):

@@ -11,6 +11,7 @@ from tracengine.cli.generate import cmd_generate
 from tracengine.cli.replay import cmd_diff, cmd_replay
 from tracengine.cli.trace import cmd_check, cmd_events
 from tracengine.errors import TracengineError
+from tracengine.workload.sources import add_workload_arguments
 
 EXIT_OK, EXIT_FAILED_CHECK, EXIT_BAD_INPUT, EXIT_NOT_ENDED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -45,7 +46,9 @@ def add_generate(sub):
     p = add_parser(sub, "generate", "run the engine on a workload, optionally recording a trace",
                    "Run the engine on a workload (given prompts, a prompts file, a synthetic mix, exact\n"
                    "prompt lengths, or a built-in mix that shows chunked prefill, head-of-line blocking,\n"
-                   "preemption and prefix-cache hits) and print a summary; --record writes the trace.")
+                   "preemption and prefix-cache hits, or a --workload file of timed requests) and print a\n"
+                   "summary; --record writes the trace. --request-rate makes any workload's requests arrive\n"
+                   "over time (the engine sleeps while nothing is runnable).")
     p.add_argument("--model", default="", help="a Hugging Face Qwen3 checkpoint directory "
                    "(default: the embedded tiny model)")
     p.add_argument("--record", metavar="PATH", help="write the trace of the run to PATH")
@@ -57,6 +60,7 @@ def add_generate(sub):
     src.add_argument("--output-len", help="synthetic output lengths MIN:MAX, with --num-prompts (default 32:128)")
     src.add_argument("--prompt-lens", help="exact prompt token lengths, e.g. 25,8,6 (random token ids)")
     src.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload and of sampling (default 0)")
+    add_workload_arguments(p.add_argument_group("arrivals and workload files (docs/workloads.md)"))
     cfg = p.add_argument_group(f"engine config (defaults are the engine's; {ENGINE_DEFAULTS})")
     cfg.add_argument("--max-num-seqs", type=int, metavar="N", help="sequences in one step (default 512)")
     cfg.add_argument("--max-num-batched-tokens", type=int, metavar="N",

@@ -1,4 +1,5 @@
 """`LLM`: the engine on a real model, in the spirit of vLLM and nano-vllm."""
+import math
 import time
 from pathlib import Path
 
@@ -80,17 +81,27 @@ class LLM(LLMEngine):
 
     def generate(self, prompts: list[str] | list[list[int]],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 record: str | None = None, use_tqdm: bool = True, summary: bool = False) -> list[dict]:
+                 record: str | None = None, use_tqdm: bool = True, summary: bool = False,
+                 arrival_times: list[float] | None = None) -> list[dict]:
         """`summary`: fold this run's events as they come and leave its figures,
         `tracengine stats`' dict (analysis/stats.py), in `last_run`; otherwise
         `last_run` is None. The events are built only when asked for (or when
-        recording), so an unasked-for summary costs the step loop nothing."""
+        recording), so an unasked-for summary costs the step loop nothing.
+        `arrival_times`: each request's arrival in seconds from the start of this call
+        (default: all at once); the engine adds each when its time comes and sleeps while
+        nothing is runnable."""
         if sampling_params is None:
             sampling_params = SamplingParams()
         if not isinstance(sampling_params, list):
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise TracengineError(f"{len(prompts)} prompts but {len(sampling_params)} sampling params")
+        if arrival_times is not None:
+            if len(arrival_times) != len(prompts):
+                raise TracengineError(f"{len(prompts)} prompts but {len(arrival_times)} arrival times")
+            bad = next((t for t in arrival_times if not (t >= 0 and math.isfinite(t))), None)
+            if bad is not None:
+                raise TracengineError(f"arrival times are seconds from the start, >= 0; got {bad!r}")
         self.last_run = None
         if record:
             self.start_recording(record)
@@ -100,7 +111,7 @@ class LLM(LLMEngine):
             folding = TimelineSink(self.trace_header(), inner=self.sink)
             self.set_sink(folding)
         try:
-            outputs = self._generate(prompts, sampling_params, use_tqdm)
+            outputs = self._generate(prompts, sampling_params, use_tqdm, arrival_times)
         finally:
             if folding is not None:
                 self.set_sink(folding.inner if folding.inner is not None else NULL_SINK)
@@ -111,14 +122,25 @@ class LLM(LLMEngine):
             self.last_run = stats(folding.timeline)
         return outputs
 
-    def _generate(self, prompts, sampling_params, use_tqdm):
+    def _generate(self, prompts, sampling_params, use_tqdm, arrival_times):
         from tracengine.engine.progress import GenerateProgress
-        seqs = [self.add_request(prompt, sp) for prompt, sp in zip(prompts, sampling_params)]
+        if arrival_times is None:
+            seqs = [self.add_request(prompt, sp) for prompt, sp in zip(prompts, sampling_params)]
+        else:
+            # Times count from this call: a fresh run restarts its clock, a run already
+            # under way (a recording with earlier steps) offsets them by its age.
+            if self.num_steps == 0 and self.is_finished():
+                self.restart_clock()
+                origin_s = 0.0
+            else:
+                origin_s = (time.perf_counter_ns() - self.start_ns) / 1e9
+            seqs = [self.add_request(prompt, sp, arrival_time=origin_s + t)
+                    for prompt, sp, t in zip(prompts, sampling_params, arrival_times)]
         with GenerateProgress(len(seqs), enabled=use_tqdm) as progress:
             while not self.is_finished():
-                t = time.perf_counter()
                 scheduled, finished, is_prefill = self.step()
-                progress.update(self.num_batched_tokens, is_prefill, time.perf_counter() - t, len(finished))
+                seconds = (self.last_step_end_ns - self.last_step_start_ns) / 1e9   # without idle waits
+                progress.update(self.num_batched_tokens, is_prefill, seconds, len(finished))
         return [{"text": self.tokenizer.decode(seq.completion_token_ids), "token_ids": seq.completion_token_ids,
                  "finish_reason": seq.finish_reason} for seq in seqs]
 

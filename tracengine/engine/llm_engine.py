@@ -3,8 +3,14 @@
 `LLMEngine` is model-agnostic: it takes any runner with `run(seqs,
 is_prefill) -> token ids`, so the replayer drives this same loop with the
 recorded tokens. `LLM` builds the real model runner; torch is imported only
-there."""
-from time import perf_counter_ns
+there.
+
+Requests may arrive over time: `add_request(..., arrival_time=t)` with t in
+the future holds the request until the clock (from the run's start) reaches
+it; each step first adds the requests that have arrived, and when nothing is
+runnable it sleeps until the next arrival instead of running empty steps."""
+import heapq
+from time import perf_counter_ns, sleep
 
 from tracengine.engine.config import Config
 from tracengine.errors import ConfigError
@@ -30,32 +36,71 @@ class LLMEngine:
         self.next_seq_id = 0
         self.num_batched_tokens = 0   # tokens computed in the last step
         self.start_ns = perf_counter_ns()   # the run's time origin: arrivals and step starts count from it
-        self.last_step_end_ns = self.start_ns
+        self.last_step_start_ns = self.last_step_end_ns = self.start_ns
+        self.pending: list[tuple[int, int, Sequence]] = []   # heap of (arrival_ns, seq_id, seq) still to come
+
+    def restart_clock(self):
+        """Time from now: an idle engine that has run no step yet starts its run's clock again."""
+        assert self.num_steps == 0 and self.is_finished()
+        self.start_ns = self.last_step_end_ns = perf_counter_ns()
 
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
                     seq_id: int | None = None, arrival_time: float | None = None) -> Sequence:
-        """`arrival_time`: seconds from the start of the run (default: now)."""
+        """`arrival_time`: seconds from the start of the run (default: now). A request whose
+        arrival time is still to come enters the waiting queue at the first step that starts
+        after it; one that arrived earlier (a server's queue) enters now, and keeps its time."""
         sp = sampling_params if sampling_params is not None else SamplingParams()
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         seq = Sequence(self.next_seq_id if seq_id is None else seq_id, token_ids,
                        self.config.kvcache_block_size, sp)
-        self.scheduler.add(seq)
+        self.scheduler.check_request(seq.num_prompt_tokens, seq.max_tokens)
         self.next_seq_id = max(self.next_seq_id, seq.seq_id + 1)
-        if self.sink.enabled:
-            arrival_ns = perf_counter_ns() - self.start_ns if arrival_time is None else round(arrival_time * 1e9)
-            self.sink.emit(RequestAdded(self.num_steps, seq.seq_id, token_ids, sp.max_tokens,
-                                        sp.temperature, sp.ignore_eos, 0.0, arrival_ns))
+        now_ns = perf_counter_ns() - self.start_ns
+        arrival_ns = now_ns if arrival_time is None else round(arrival_time * 1e9)
+        if arrival_ns > now_ns:
+            heapq.heappush(self.pending, (arrival_ns, seq.seq_id, seq))
+        else:
+            self.enter(seq, arrival_ns)
         return seq
 
     def abort_request(self, seq_id: int, reason: str) -> Sequence | None:
-        """Between steps: see Scheduler.abort. None when the sequence is in no queue."""
+        """Between steps: see Scheduler.abort. None when the sequence is in no queue. A request
+        whose arrival is still to come is dropped before it enters (the trace never saw it)."""
+        for i, (_, pending_id, seq) in enumerate(self.pending):
+            if pending_id == seq_id:
+                self.pending.pop(i)
+                heapq.heapify(self.pending)
+                return seq
         self.scheduler.begin_step(self.num_steps)   # its events belong to the step they precede
         return self.scheduler.abort(seq_id, reason)
+
+    def enter(self, seq: Sequence, arrival_ns: int):
+        self.scheduler.add(seq)
+        if self.sink.enabled:
+            self.sink.emit(RequestAdded(self.num_steps, seq.seq_id, seq.prompt_token_ids, seq.max_tokens,
+                                        seq.temperature, seq.ignore_eos, 0.0, arrival_ns))
+
+    def admit_arrivals(self, now: int) -> int:
+        """Add the requests that have arrived by `now` (perf_counter ns); when nothing is
+        runnable, first sleep until the next arrival. Returns the time the step starts."""
+        pending = self.pending
+        if self.scheduler.is_finished():
+            wake = self.start_ns + pending[0][0]
+            while now < wake:       # idle: no empty steps, no spinning
+                sleep((wake - now) / 1e9)
+                now = perf_counter_ns()
+        arrived_ns = now - self.start_ns
+        while pending and pending[0][0] <= arrived_ns:
+            arrival_ns, _, seq = heapq.heappop(pending)
+            self.enter(seq, arrival_ns)
+        return now
 
     def step(self) -> tuple[list[Sequence], list[Sequence], bool]:
         """One engine step; returns (scheduled, finished, is_prefill)."""
         self.scheduler.begin_step(self.num_steps)
         t0 = perf_counter_ns()
+        if self.pending:
+            t0 = self.admit_arrivals(t0)
         seqs, is_prefill = self.scheduler.schedule()
         t1 = perf_counter_ns()
         self.num_batched_tokens = sum(seq.num_scheduled_tokens for seq in seqs)
@@ -66,12 +111,12 @@ class LLMEngine:
         if self.sink.enabled:
             self.sink.emit(StepEnd(self.num_steps, self.scheduler.block_manager.num_free_blocks,
                                    t1 - t0, t2 - t1, t3 - t2, t0 - self.last_step_end_ns))
-        self.last_step_end_ns = t3
+        self.last_step_start_ns, self.last_step_end_ns = t0, t3
         self.num_steps += 1
         return seqs, finished, is_prefill
 
     def is_finished(self) -> bool:
-        return self.scheduler.is_finished()
+        return not self.pending and self.scheduler.is_finished()
 
 
 def build_config(model: str = "", **kwargs) -> Config:

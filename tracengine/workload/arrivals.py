@@ -11,14 +11,10 @@ import random
 from tracengine.errors import TracengineError
 
 
-def parse_rate(text: str) -> float:
+def check_rate(rate: float) -> float:
     """A request rate from the command line: a positive number or inf."""
-    try:
-        rate = float(text)
-    except ValueError:
-        raise TracengineError(f"--request-rate expects a positive number or inf, got {text!r}") from None
-    if not rate > 0 or math.isnan(rate):
-        raise TracengineError(f"--request-rate expects a positive number or inf, got {text!r}")
+    if not rate > 0:       # NaN too
+        raise TracengineError(f"--request-rate expects a positive number or inf, got {rate!r}")
     return rate
 
 

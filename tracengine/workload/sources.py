@@ -8,7 +8,7 @@ import random
 
 from tracengine.errors import TracengineError
 from tracengine.engine.sampling_params import SamplingParams
-from tracengine.workload.arrivals import arrival_times, parse_rate
+from tracengine.workload.arrivals import arrival_times, check_rate
 from tracengine.workload.formats import FORMATS, Request, read_workload
 
 CONFIG_FLAGS = ("max_num_seqs", "max_num_batched_tokens", "num_kvcache_blocks", "kvcache_block_size",
@@ -138,7 +138,7 @@ def add_workload_arguments(group):
                        help="a workload file's arrivals X times faster (default 1)")
     group.add_argument("--length-scale", type=float, default=1.0, metavar="X",
                        help="a workload file's prompt and output lengths times X, at least 1 token (default 1)")
-    group.add_argument("--request-rate", type=parse_rate, default=math.inf, metavar="R",
+    group.add_argument("--request-rate", type=float, default=math.inf, metavar="R",
                        help="requests arrive at R per second (gamma gaps, as vLLM's serving benchmark); "
                        "default inf: all at the start")
     group.add_argument("--burstiness", type=float, default=1.0, metavar="B",
@@ -149,7 +149,7 @@ def workload_requests(args, vocab_size: int, max_model_len: int | None = None) -
     """The requests of a run, with their arrival times, from the workload arguments."""
     workload = getattr(args, "workload", None)
     time_scale, length_scale = getattr(args, "time_scale", 1.0), getattr(args, "length_scale", 1.0)
-    rate, burstiness = getattr(args, "request_rate", math.inf), getattr(args, "burstiness", 1.0)
+    rate, burstiness = check_rate(getattr(args, "request_rate", math.inf)), getattr(args, "burstiness", 1.0)
     max_requests = getattr(args, "max_requests", None)
     if max_requests is not None and max_requests <= 0:
         raise TracengineError(f"--max-requests must be positive, got {max_requests}")
