@@ -11,7 +11,7 @@ from tracengine.cli import main
 from tracengine.errors import TraceError
 from tracengine.trace.events import BlockHash, Preempt, ScheduleDecision, SeqFinish, StepEnd, TokenSample
 from tracengine.replay.reexec import replay
-from tracengine.replay.render import render_event, render_steps
+from tracengine.replay.render import format_event, render_steps
 from tracengine.testing import CANNED_WORKLOADS
 from tracengine.engine.scheduler import Scheduler
 from tracengine.trace.tracelog import TraceReader
@@ -124,8 +124,8 @@ def test_a_scheduler_change_makes_replay_exit_1_at_the_right_step(tmp_path, caps
     assert main(["replay", path]) == 1
     out = capsys.readouterr().out
     assert "replay diverges at step 1" in out
-    assert "expected: Preempt(step=1, seq_id=3, by_seq_id=1" in out
-    assert "actual:   Preempt(step=1, seq_id=2, by_seq_id=1" in out
+    assert "expected:      1  Preempt           seq_id=3 by_seq_id=1 " in out
+    assert "actual:        1  Preempt           seq_id=2 by_seq_id=1 " in out
     assert "recorded state before the step:" in out and "replayed state at the divergence:" in out
     assert "running:" in out and "blocks [" in out
 
@@ -166,7 +166,7 @@ def read_trace(name):
 def test_golden_traces_reproduce_and_keep_their_step_table(name, snapshot):
     events = read_trace(name)
     result = replay(events)
-    assert result.ok, render_event(result.divergence.expected)
+    assert result.ok, format_event(result.divergence.expected)
     assert result.num_events == len(events) - 1 and result.num_unfinished == 0
     snapshot.snapshot_dir = SNAPSHOT_DIR
     snapshot.assert_match(render_steps(events), f"golden_{name}.txt")
@@ -187,8 +187,8 @@ def test_a_scheduler_change_makes_a_golden_trace_diverge(monkeypatch, capsys):
     # step 3: s2 needs a block and only s3 is behind it, head and tail alike; step 19: s0 needs one,
     # behind it s1 (head) and s2 (tail)
     assert "replay diverges at step 19" in out
-    assert "expected: Preempt(step=19, seq_id=2, by_seq_id=0" in out
-    assert "actual:   Preempt(step=19, seq_id=1, by_seq_id=0" in out
+    assert "expected:     19  Preempt           seq_id=2 by_seq_id=0 " in out
+    assert "actual:       19  Preempt           seq_id=1 by_seq_id=0 " in out
     # caught inside the step: s0 (being scheduled) and s1 (being preempted) are in neither queue
     in_flight = out[out.index("state in the middle of step 19"):]
     assert "in flight (out of the queues in the middle of the step):\n    s0 " in in_flight

@@ -46,6 +46,9 @@ def test_events_listing_is_one_line_per_event(trace, capsys):
     step, kind, *fields = lines[1].split()
     assert (step, kind) == ("0", "RequestAdded")
     assert "seq_id=0" in fields
+    # the one notation of a scheduled sequence (the step tables' too): s0:16, then s0:4@16 (16 cached)
+    decisions = [line for line in lines if line.split()[1] == "ScheduleDecision"]
+    assert "seqs=[s0:16]" in decisions[0] and "seqs=[s0:4@16]" in decisions[1]
 
 
 def test_events_filters_combine(trace, capsys):

@@ -20,7 +20,7 @@ from tracengine.cli.analysis import open_index
 from tracengine.tui.app import TraceApp
 from tracengine.tui.screens import HelpScreen, NumberPrompt, RunFiguresScreen
 from tracengine.tui.seq_view import SeqScreen
-from tracengine.tui.explain import describe_event
+from tracengine.replay.render import describe_event
 from tracengine.tui.trace_index import TraceIndex
 from tracengine.tui.widgets.block_map import GUTTER, BlockMap
 from tracengine.tui.widgets.event_list import EventList

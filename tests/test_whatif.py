@@ -187,10 +187,10 @@ def test_diff_finds_a_changed_preemption_victim(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "config:" not in out
     assert "first scheduling difference at step 1:" in out
-    assert "  a:    1 decode  s0:1 s1:1 s2:1 | running_empty | append s0+8 s1+7 s2+6; preempt s3(by s1" in out
-    assert "  b:    1 decode  s0:1 s1:1 s3:1 | running_empty | append s0+8 s1+5 s3+4; preempt s2(by s1" in out
-    assert "    a: BlockAppend(step=1, seq_id=1, block_id=7)" not in out       # the first difference is the victim
-    assert "    a: Preempt(step=1, seq_id=3" in out and "    b: Preempt(step=1, seq_id=2" in out
+    assert "  a:    1 decode  s0:1@8 s1:1@8 s2:1@8 | running_empty | append s0+8 s1+7 s2+6; preempt s3(by s1" in out
+    assert "  b:    1 decode  s0:1@8 s1:1@8 s3:1@8 | running_empty | append s0+8 s1+5 s3+4; preempt s2(by s1" in out
+    assert "    a:      1  BlockAppend       seq_id=1 block_id=7" not in out       # the first difference is the victim
+    assert "    a:      1  Preempt           seq_id=3 " in out and "    b:      1  Preempt           seq_id=2 " in out
     assert any(line.startswith("preemptions") for line in out.splitlines())
     assert side_by_side(stats(a), stats(b), "a", "b") in out     # the figures of `tracengine stats`
 

@@ -9,7 +9,7 @@ from tracengine.replay.diff import SCHEDULING_TYPES, diff_traces
 from tracengine.replay.fold import Fold
 from tracengine.replay.metrics import side_by_side
 from tracengine.replay.reexec import replay
-from tracengine.replay.render import render_event, render_state, render_step
+from tracengine.replay.render import format_event, render_state, render_step
 from tracengine.trace.tracelog import TraceReader, TraceWriter
 
 EXIT_OK, EXIT_FAILED_CHECK = 0, 1
@@ -58,8 +58,8 @@ def run_replay(path) -> int:
         return EXIT_OK
     d = result.divergence
     print(f"{path}: replay diverges at step {d.step} (event {d.index} of the step): {d.reason}")
-    print(f"  expected: {render_event(d.expected)}")
-    print(f"  actual:   {render_event(d.actual)}")
+    print(f"  expected: {format_event(d.expected, wall_clock=False)}")
+    print(f"  actual:   {format_event(d.actual, wall_clock=False)}")
     print(f"{result.num_steps} steps and {result.num_events} events reproduced before it")
     with TraceReader(path) as reader:
         fold = Fold(reader.events())
@@ -107,7 +107,7 @@ def cmd_diff(args) -> int:
     a_sched = [e for e in d.a_events if isinstance(e, SCHEDULING_TYPES)]
     b_sched = [e for e in d.b_events if isinstance(e, SCHEDULING_TYPES)]
     print(f"  first differing event (#{d.index} of the step's scheduling events):")
-    print(f"    a: {render_event(a_sched[d.index] if d.index < len(a_sched) else None)}")
-    print(f"    b: {render_event(b_sched[d.index] if d.index < len(b_sched) else None)}")
+    print(f"    a: {format_event(a_sched[d.index] if d.index < len(a_sched) else None, wall_clock=False)}")
+    print(f"    b: {format_event(b_sched[d.index] if d.index < len(b_sched) else None, wall_clock=False)}")
     print(side_by_side(d.a_stats, d.b_stats, "a", "b"))
     return EXIT_FAILED_CHECK

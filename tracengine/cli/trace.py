@@ -6,11 +6,11 @@ import sys
 import msgspec
 
 from tracengine.errors import TraceCorruptError, TracengineError
-from tracengine.trace.events import EVENT_TYPES, ScheduledSeq, StepEnd, TraceHeader, to_builtins
+from tracengine.replay.render import format_event
+from tracengine.trace.events import EVENT_TYPES, StepEnd, TraceHeader, to_builtins
 from tracengine.trace.tracelog import TraceReader
 
 EXIT_OK, EXIT_DAMAGED = 0, 1
-MAX_LIST_ITEMS = 12   # longer lists are shortened in the readable listing (--json prints all)
 
 
 def parse_step_range(text: str) -> tuple[int, int | None]:
@@ -30,27 +30,6 @@ def involves_seq(event, seq_id: int) -> bool:
         return True
     seqs = getattr(event, "seqs", ())
     return getattr(event, "blocked_seq_id", None) == seq_id or any(s.seq_id == seq_id for s in seqs)
-
-
-def format_value(value) -> str:
-    if isinstance(value, ScheduledSeq):   # seq 3 with 16 tokens cached computes 4: "3:16+4"
-        return f"{value.seq_id}:{value.num_cached_tokens}+{value.num_tokens}"
-    if isinstance(value, msgspec.Struct):
-        return "(" + " ".join(f"{k}={format_value(getattr(value, k))}" for k in value.__struct_fields__) + ")"
-    if isinstance(value, list):
-        shown = [format_value(v) for v in value[:MAX_LIST_ITEMS]]
-        more = f" ...{len(value) - MAX_LIST_ITEMS} more" if len(value) > MAX_LIST_ITEMS else ""
-        return "[" + " ".join(shown) + more + "]"
-    if isinstance(value, dict):
-        return "{" + " ".join(f"{k}={format_value(v)}" for k, v in value.items()) + "}"
-    return str(value)
-
-
-def format_event(event) -> str:
-    step = getattr(event, "step", "-")
-    fields = " ".join(f"{name}={format_value(getattr(event, name))}"
-                      for name in event.__struct_fields__ if name != "step")
-    return f"{step:>6}  {type(event).__name__:<16}  {fields}"
 
 
 def select_events(reader: TraceReader, args):

@@ -1,13 +1,25 @@
-"""Readable text for events, steps and folded states: the step table that
-snapshot tests pin, the divergence report of `replay`, and `replay --state`."""
-from tracengine.trace.events import (WALL_CLOCK_FIELDS, BlockAllocate, BlockAppend, BlockHash, Preempt, RequestAdded,
-                               ScheduleDecision, ScheduledSeq, SeqAbort, SeqFinish, StepEnd, TraceHeader)
+"""Every event, step and folded state as text: one module, one notation.
+`tracengine events` lists events with `format_event`, the step tables that
+snapshot tests pin and `tracengine render` prints are `render_steps`, the
+divergence report of `replay` and `diff` uses both, `replay --state` is
+`render_state`, and the TUI's event list is `describe_event`.
+
+One notation for a sequence in a step: `s3:4@16` is seq 3 computing 4 tokens
+with 16 already in the KV cache (`@16` left out when none is); a decode step
+computes one token per sequence, `s3:1@20`. Lists longer than 12 items show
+the first 12 and how many more."""
+import msgspec
+
+from tracengine.trace.events import (WALL_CLOCK_FIELDS, BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt,
+                                     RequestAdded, ScheduleDecision, ScheduledSeq, SeqAbort, SeqFinish, StepEnd,
+                                     TokenSample, TraceHeader)
 from tracengine.replay.fold import iter_steps
 
 SCHEDULING_CONFIG = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "kvcache_block_size",
                      "num_kvcache_blocks", "eos")
 
 LEGEND = "# step phase seq:tokens[@cached] | stop_reason | arrivals, blocks, preemptions, finishes | free blocks"
+MAX_LIST_ITEMS = 12   # longer lists are shortened (`events --json` prints all)
 
 
 def id_ranges(ids) -> str:
@@ -25,25 +37,38 @@ def id_ranges(ids) -> str:
     return " ".join(parts)
 
 
-def _value(value) -> str:
-    if isinstance(value, list) and value and isinstance(value[0], ScheduledSeq):
-        return "[" + " ".join(f"s{s.seq_id}:{s.num_tokens}@{s.num_cached_tokens}" for s in value) + "]"
-    if isinstance(value, list) and len(value) > 16:
-        return "[" + ", ".join(map(str, value[:16])) + f", ... {len(value)} in all]"
-    return repr(value)
+def format_scheduled(s: ScheduledSeq) -> str:
+    """The notation of a scheduled sequence: `s3:4@16`, or `s3:4` with nothing cached."""
+    return f"s{s.seq_id}:{s.num_tokens}" + (f"@{s.num_cached_tokens}" if s.num_cached_tokens else "")
 
 
-def render_event(event) -> str:
-    """One line: the type and every field a replay compares."""
+def format_value(value) -> str:
+    if isinstance(value, ScheduledSeq):
+        return format_scheduled(value)
+    if isinstance(value, msgspec.Struct):
+        return "(" + " ".join(f"{k}={format_value(getattr(value, k))}" for k in value.__struct_fields__) + ")"
+    if isinstance(value, list):
+        shown = [format_value(v) for v in value[:MAX_LIST_ITEMS]]
+        more = f" ...{len(value) - MAX_LIST_ITEMS} more" if len(value) > MAX_LIST_ITEMS else ""
+        return "[" + " ".join(shown) + more + "]"
+    if isinstance(value, dict):
+        return "{" + " ".join(f"{k}={format_value(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def format_event(event, wall_clock: bool = True) -> str:
+    """One line: the step, the type and the fields (without the wall-clock
+    ones, which a replay does not compare, when `wall_clock` is false)."""
     if event is None:
         return "(none)"
-    fields = ", ".join(f"{name}={_value(getattr(event, name))}" for name in event.__struct_fields__
-                       if name not in WALL_CLOCK_FIELDS)
-    return f"{type(event).__name__}({fields})"
+    step = getattr(event, "step", "-")
+    fields = " ".join(f"{name}={format_value(getattr(event, name))}" for name in event.__struct_fields__
+                      if name != "step" and (wall_clock or name not in WALL_CLOCK_FIELDS))
+    return f"{step:>6}  {type(event).__name__:<16}  {fields}"
 
 
 def render_step(events) -> str:
-    """One line for one step's events."""
+    """One line for one step's events: a row of the step table."""
     step, decision, end = None, None, None
     arrived, allocs, appends, hashed, preempts, finishes = [], [], [], {}, [], []
     for e in events:
@@ -75,9 +100,7 @@ def render_step(events) -> str:
     if decision is None:
         head = f"{step if step is not None else '?':>4} (no step yet)"
     else:
-        seqs = " ".join(f"s{s.seq_id}:{s.num_tokens}" + (f"@{s.num_cached_tokens}" if decision.phase == "prefill"
-                                                         and s.num_cached_tokens else "")
-                        for s in decision.seqs)
+        seqs = " ".join(format_scheduled(s) for s in decision.seqs)
         stop, blocked = decision.stop_reason, decision.blocked_seq_id
         if blocked != -1 and decision.phase == "decode":       # prefill found nothing: its head did not fit
             stop += f" (waiting s{blocked} needs {decision.num_blocks_needed} free)"
@@ -148,3 +171,35 @@ def render_state(state, when: str | None = None) -> str:
     lines.append(f"free list ({state.num_free_blocks}, next first): {id_ranges(state.free_block_ids)}")
     lines.append(f"prefix-cache entries: {len(state.hash_to_block_id)}")
     return "\n".join(lines) + "\n"
+
+
+def describe_event(e) -> str:
+    """One event in words: a line of the TUI's event list (its step and type are shown beside it)."""
+    match e:
+        case RequestAdded():
+            return f"seq {e.seq_id} arrives: {len(e.prompt_token_ids)} prompt tokens, max_tokens {e.max_tokens}"
+        case ScheduleDecision():
+            return f"{e.phase} {e.num_batched_tokens} tokens {format_value(e.seqs)} stop={e.stop_reason}"
+        case BlockAllocate():
+            cached = f" ({e.num_cached_blocks} cached)" if e.num_cached_blocks else ""
+            return f"seq {e.seq_id} gets blocks {format_value(e.block_ids)}{cached}"
+        case BlockAppend():
+            return f"seq {e.seq_id} gets block {e.block_id}"
+        case BlockHash():
+            return f"seq {e.seq_id} fills block {e.block_id}, hash {e.hash & 0xFFFFFFFF:08x}"
+        case BlockFree():
+            return f"seq {e.seq_id} frees blocks {format_value(e.block_ids)}"
+        case Preempt():
+            who = "itself" if e.by_seq_id == e.seq_id else f"seq {e.by_seq_id}"
+            return (f"seq {e.seq_id} preempted for {who}: frees {format_value(e.freed_block_ids)}, "
+                    f"{e.num_computed_tokens} tokens to recompute")
+        case TokenSample():
+            return f"seq {e.seq_id} samples {e.token_id}" + ("" if e.kept else " (dropped: middle chunk)")
+        case SeqFinish():
+            return f"seq {e.seq_id} finishes ({e.reason}): {e.num_prompt_tokens} + {e.num_completion_tokens} tokens"
+        case SeqAbort():
+            return (f"seq {e.seq_id} aborted ({e.reason}) from {e.status}: "
+                    f"{e.num_prompt_tokens} + {e.num_completion_tokens} tokens")
+        case StepEnd():
+            return f"{e.num_free_blocks} blocks free"
+    return " ".join(f"{name}={format_value(getattr(e, name))}" for name in e.__struct_fields__ if name != "step")

@@ -3,8 +3,7 @@ the seeds' terms (head-of-line blocking, chunk gate, running tail). It reads
 the step's recorded events; it decides nothing."""
 from collections.abc import Mapping
 
-from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
-                               ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample)
+from tracengine.trace.events import BlockAllocate, Preempt, ScheduleDecision, SeqAbort, SeqFinish, TokenSample
 
 
 def explain_step(events: list, seqs: Mapping, num_free_before: int,
@@ -102,46 +101,9 @@ def _decode(decision, events, num_free_before, max_num_seqs) -> str:
     return "; ".join(parts)
 
 
-def describe_event(e) -> str:
-    """One event as a line of the event list (its type is shown beside it)."""
-    match e:
-        case RequestAdded():
-            return f"seq {e.seq_id} arrives: {len(e.prompt_token_ids)} prompt tokens, max_tokens {e.max_tokens}"
-        case ScheduleDecision():
-            seqs = " ".join(f"{s.seq_id}:{s.num_tokens}" for s in e.seqs)
-            return f"{e.phase} {e.num_batched_tokens} tokens [{seqs}] stop={e.stop_reason}"
-        case BlockAllocate():
-            cached = f" ({e.num_cached_blocks} cached)" if e.num_cached_blocks else ""
-            return f"seq {e.seq_id} gets blocks {_ids(e.block_ids)}{cached}"
-        case BlockAppend():
-            return f"seq {e.seq_id} gets block {e.block_id}"
-        case BlockHash():
-            return f"seq {e.seq_id} fills block {e.block_id}, hash {e.hash & 0xFFFFFFFF:08x}"
-        case BlockFree():
-            return f"seq {e.seq_id} frees blocks {_ids(e.block_ids)}"
-        case Preempt():
-            who = "itself" if e.by_seq_id == e.seq_id else f"seq {e.by_seq_id}"
-            return (f"seq {e.seq_id} preempted for {who}: frees {_ids(e.freed_block_ids)}, "
-                    f"{e.num_computed_tokens} tokens to recompute")
-        case TokenSample():
-            return f"seq {e.seq_id} samples {e.token_id}" + ("" if e.kept else " (dropped: middle chunk)")
-        case SeqFinish():
-            return f"seq {e.seq_id} finishes ({e.reason}): {e.num_prompt_tokens} + {e.num_completion_tokens} tokens"
-        case SeqAbort():
-            return (f"seq {e.seq_id} aborted ({e.reason}) from {e.status}: "
-                    f"{e.num_prompt_tokens} + {e.num_completion_tokens} tokens")
-        case StepEnd():
-            return f"{e.num_free_blocks} blocks free"
-    return " ".join(f"{name}={getattr(e, name)}" for name in e.__struct_fields__ if name != "step")
-
-
 def _tokens(n: int) -> str:
     return f"{n} token" if n == 1 else f"{n} tokens"
 
 
 def _blocks(n: int) -> str:
     return f"{n} block" if n == 1 else f"{n} blocks"
-
-
-def _ids(block_ids: list[int]) -> str:
-    return "[" + " ".join(map(str, block_ids)) + "]"
