@@ -183,7 +183,7 @@ def main():
     if not args.num_kvcache_blocks:
         args.num_kvcache_blocks = workload_blocks(prompts, output_lens, args.block_size)
 
-    from tracengine.runner.model_runner import resolve_device, resolve_dtype
+    from tracengine.runner.device import resolve_device, resolve_dtype
     device = resolve_device(args.device)
     pad_id = hf_config.pad_token_id if hf_config.pad_token_id is not None else 0
     ours = LLMSide(args, prompts, output_lens)

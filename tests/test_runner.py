@@ -2,6 +2,7 @@
 built by hand (no scheduler): every way of reaching a token — one prefill,
 chunks, a cached prefix, decode, a batch, the CUDA-graph buckets — must give
 the logits of a plain full forward, and sampling must not depend on the batch."""
+import itertools
 import os
 import py_compile
 import subprocess
@@ -14,8 +15,9 @@ from tracengine.engine.config import Config
 from tracengine.errors import ConfigError
 from tracengine.runner.context import get_context
 from tracengine.runner.cuda_graph import graph_batch_sizes
-from tracengine.runner.model_runner import KV_COPY_BUCKET_ROWS, KV_COPY_BUCKETS, ModelRunner
+from tracengine.runner.model_runner import ModelRunner
 from tracengine.runner.sampler import CDF_CHUNK, Sampler, inverse_cdf, sample_seed
+from tracengine.runner.torch_plans import KV_COPY_BUCKET_ROWS, KV_COPY_BUCKETS, KVCopies, plan_prefill_groups
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.engine.sequence import Sequence
 
@@ -46,12 +48,13 @@ class Blocks:
 
     def __init__(self, runner: ModelRunner):
         self.block_size = runner.block_size
+        self.num_blocks = runner.num_kvcache_blocks
         self.next_id = 0
 
     def take(self, num_tokens: int) -> list[int]:
         n = -(-num_tokens // self.block_size)
         self.next_id += n
-        assert self.next_id <= NUM_BLOCKS
+        assert self.next_id <= self.num_blocks
         return list(range(self.next_id - n, self.next_id))
 
 
@@ -127,6 +130,48 @@ def test_prefix_cache_hit_matches_full_forward(runner):
     torch.testing.assert_close(logits[1], reference_logits(runner, third_ids), atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("num_pairs", [1, 4], ids=["one-grid", "length-groups"])
+def test_decodes_in_a_prefill_batch_match_decoding_alone(num_pairs):
+    """A general batch (is_prefill=True) may hold sequences that decode (their
+    last token, every earlier one cached) beside chunks and new prompts: each
+    row is the plain full forward's, and the greedy tokens are those of the
+    decoding sequences run alone. 4 pairs: 8 sequences up to 90 tokens, so on
+    the CPU they attend in length groups."""
+    runner = make_runner(4, num_kvcache_blocks=400, max_num_seqs=16)
+    try:
+        blocks = Blocks(runner)
+        prompts = [tokens(n, salt=80 + n) for n in (9, 70, 30, 52)[:num_pairs]]
+        alone = generate(runner, blocks, prompts, 6, 0.0, list(range(num_pairs)))
+        decoding = [new_seq(runner, i, ids, blocks.take(len(ids) + 6)) for i, ids in enumerate(prompts)]
+        for seq, token_id in zip(decoding, runner.run([schedule(seq) for seq in decoding], True)):
+            seq.append_token(token_id)
+        computed(decoding)
+        lengths = (40, 90, 17, 66)[:num_pairs]
+        others = [new_seq(runner, 100 + i, tokens(n, salt=90 + i), blocks.take(n)) for i, n in enumerate(lengths)]
+        for step in range(5):
+            # Beside the decodes: the others' first halves, then their rest (a cached prefix), then new prompts.
+            chunks = [n // 2 for n in lengths] if step == 0 else [None] * num_pairs
+            if step >= 2:
+                others = [new_seq(runner, 10 * step + i, tokens(11 + i, salt=step + i), blocks.take(11 + i))
+                          for i in range(num_pairs)]
+            batch = [schedule(seq, 1) for seq in decoding] + [schedule(seq, n) for seq, n in zip(others, chunks)]
+            cu_q = list(itertools.accumulate((seq.num_scheduled_tokens for seq in batch), initial=0))
+            cu_k = list(itertools.accumulate((seq.num_cached_tokens + seq.num_scheduled_tokens for seq in batch),
+                                             initial=0))
+            assert (plan_prefill_groups(cu_q, cu_k) is not None) == (num_pairs == 4)
+            logits = runner.compute_logits(batch, True)
+            for seq, row in zip(batch, logits):
+                torch.testing.assert_close(row, reference_logits(runner, seq.token_ids[:seq.num_cached_tokens
+                                                                                   + seq.num_scheduled_tokens]),
+                                           atol=ATOL, rtol=0)
+            computed(batch)
+            for seq, row in zip(decoding, logits):
+                seq.append_token(int(row.argmax()))
+        assert [seq.completion_token_ids for seq in decoding] == alone
+    finally:
+        runner.exit()
+
+
 def test_decode_matches_full_recompute(runner):
     blocks = Blocks(runner)
     lengths = [3, 17, 30]                      # decode steps cross block boundaries at both sizes
@@ -180,7 +225,7 @@ def test_prefill_in_length_groups_matches_full_forward(block_size):
             for seq in batch:
                 cu_q.append(cu_q[-1] + seq.num_scheduled_tokens)
                 cu_k.append(cu_k[-1] + seq.num_tokens)
-            order, groups = runner._plan_prefill_groups(cu_q, cu_k)
+            order, groups = plan_prefill_groups(cu_q, cu_k)
             assert len(groups) == 3 and sorted(order) == list(range(12))
             if with_prefix:   # the chunks before: fill the cache with each sequence's first tokens
                 for seq, chunk in zip(seqs, first_chunks):
@@ -214,7 +259,7 @@ def test_decode_copies_keep_rows_of_finished_sequences_and_attend_by_length_rang
         plans, batch = [], list(seqs)
         for step in range(12):
             logits = runner.compute_logits(batch, False)
-            plans.append(runner._kv_copies)
+            plans.append(runner.kv_copy_planner.last)
             for seq, row in zip(batch, logits):
                 torch.testing.assert_close(row, reference_logits(runner, seq.token_ids), atol=ATOL, rtol=0)
                 seq.num_cached_tokens = seq.num_tokens
@@ -229,7 +274,6 @@ def test_decode_copies_keep_rows_of_finished_sequences_and_attend_by_length_rang
 
 
 def test_kv_copies_bookkeeping():
-    from tracengine.runner.model_runner import KVCopies
     keys = [("a", 0), ("b", 1), ("c", 2)]
     copies = KVCopies.refill(keys, [30, 10, 20], 48)
     assert copies.row_by_key == {("b", 1): 0, ("c", 2): 1, ("a", 0): 2} and copies.row_of_seq == [2, 0, 1]

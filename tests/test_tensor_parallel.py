@@ -1,6 +1,7 @@
 """Tensor parallelism on the CPU (gloo), on the embedded model (4 attention
 heads, 2 KV heads): two ranks compute what one does, record the same
 scheduling, and fail cleanly when a worker dies."""
+import dataclasses
 import os
 import signal
 import subprocess
@@ -18,8 +19,10 @@ from tracengine.errors import ConfigError, WorkerError
 from tracengine.trace.events import TraceHeader, without_wall_clock
 from tracengine.model.linear import QKVParallelLinear
 from tracengine.model.loader import load_hf_config, resolve_model_dir
-from tracengine.runner.distributed import check_tensor_parallel, cpu_threads_per_rank
+from tracengine.runner import make_runner
+from tracengine.runner.device import cpu_threads_per_rank
 from tracengine.runner.model_runner import ModelRunner
+from tracengine.runner.tp_check import check_tensor_parallel
 from tracengine.engine.sequence import Sequence
 from tracengine.trace.tracelog import open_trace
 
@@ -164,12 +167,51 @@ def test_a_killed_worker_raises_worker_error():
     assert worker.exitcode == -signal.SIGKILL
 
 
+@pytest.mark.parametrize("plan", ["none", "groups", "copies"])
+def test_the_wire_carries_every_context_field_and_cpu_plan(plan):
+    from tracengine.runner.context import Context
+    from tracengine.runner.torch_plans import KVCopyPlan, PrefillGroups
+    from tracengine.runner.tp_wire import decode_step, encode_step, is_exit
+    context = Context(plan != "copies", torch.tensor([0, 3, 5], dtype=torch.int32), None, 3, 9,
+                      torch.arange(5), torch.tensor([9, 4], dtype=torch.int32), torch.tensor([[1, 2], [3, 0]],
+                                                                                             dtype=torch.int32))
+    context.cpu_plan = {"none": None,
+                        "groups": PrefillGroups(torch.tensor([1, 0]), torch.tensor([[0, 2, 3, 9, 5]])),
+                        "copies": KVCopyPlan(48, True, torch.tensor([1, 0]), torch.tensor([9, 4], dtype=torch.int32),
+                                             torch.tensor([[0, 2, 9]]))}[plan]
+    header, payload = encode_step(torch.tensor([7, 8]), torch.tensor([[5], [6]]), context)
+    assert not is_exit(header)
+
+    class Loopback:   # rank 0's broadcast, as a worker receives it
+        device = torch.device("cpu")
+
+        def broadcast(self, t):
+            t.copy_(payload)
+
+    input_ids, positions, received = decode_step(header, Loopback())
+    assert input_ids.tolist() == [7, 8] and positions.tolist() == [[5], [6]]
+
+    def assert_same(sent, got):
+        for field in dataclasses.fields(sent):
+            a, b = getattr(sent, field.name), getattr(got, field.name)
+            if isinstance(a, torch.Tensor):
+                assert b.dtype == a.dtype and torch.equal(b, a), field.name
+            elif field.name == "cpu_plan":
+                assert type(b) is type(a)
+                if a is not None:
+                    assert_same(a, b)
+            else:
+                assert b == a and type(b) is type(a), field.name
+
+    assert_same(context, received)
+
+
 def test_a_hello_read_while_checking_for_failures_is_not_lost():
     """The pipes have one reader: a hello that arrives while rank 0 checks the
     workers for failures still counts, so start-up does not wait for it forever."""
     import multiprocessing
     import types
-    from tracengine.runner.distributed import TensorParallelGroup
+    from tracengine.runner.tp_group import TensorParallelGroup
     group = TensorParallelGroup.__new__(TensorParallelGroup)
     parent, child = multiprocessing.Pipe()
     group.procs, group.conns, group.said_hello = [types.SimpleNamespace(pid=1, exitcode=None)], [parent], set()
@@ -185,7 +227,7 @@ def test_a_hello_read_while_checking_for_failures_is_not_lost():
 
 
 def test_a_worker_dying_before_the_group_forms_is_an_error_at_once(monkeypatch):
-    from tracengine.runner.distributed import TensorParallelGroup
+    from tracengine.runner.tp_group import TensorParallelGroup
     wait_for_hello = TensorParallelGroup._wait_for_hello
 
     def hello_then_kill(self):
@@ -217,12 +259,12 @@ WORKER_PIDS_THEN_DIE = """
 import json, os, signal, sys, types
 from tracengine.engine.config import Config
 from tracengine.model.loader import resolve_model_dir
-from tracengine.runner.model_runner import ModelRunner
+from tracengine.runner import make_runner
 if __name__ == "__main__":
     with open(os.path.join(resolve_model_dir(""), "config.json")) as f:
         hf_config = types.SimpleNamespace(**json.load(f))
-    runner = ModelRunner(Config(tensor_parallel_size=2, kvcache_block_size=4, num_kvcache_blocks=16), hf_config)
-    print(*runner.tp.pids, flush=True)
+    runner = make_runner(Config(tensor_parallel_size=2, kvcache_block_size=4, num_kvcache_blocks=16), hf_config)
+    print(*[proc.pid for proc in runner.tp.procs], flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -260,7 +302,7 @@ def test_workers_exit_when_the_engine_process_dies(tmp_path, two_ranks):
 def test_layouts_the_model_cannot_split(embedded_hf_config, changes, size, message):
     hf_config = embedded_hf_config.__class__.from_dict({**embedded_hf_config.to_dict(), **changes})
     with pytest.raises(ConfigError, match=message):
-        ModelRunner(Config(tensor_parallel_size=size, num_kvcache_blocks=8), hf_config)
+        make_runner(Config(tensor_parallel_size=size, num_kvcache_blocks=8), hf_config)
 
 
 def test_more_ranks_than_cuda_devices(embedded_hf_config):

@@ -15,14 +15,14 @@ class LLM(LLMEngine):
     def __init__(self, model: str = "", record: str | None = None, **kwargs):
         config = build_config(model, **kwargs)
         from tracengine.model.loader import load_hf_config, resolve_model_dir
-        from tracengine.runner.model_runner import ModelRunner
+        from tracengine.runner import make_runner
         self.model_dir = resolve_model_dir(config.model)
         self.hf_config = load_hf_config(self.model_dir)
         config.max_model_len = min(config.max_model_len, self.hf_config.max_position_embeddings)
         tokenizer = load_tokenizer(self.model_dir)
         if config.eos == -1 and tokenizer.eos_token_id is not None:
             config.eos = tokenizer.eos_token_id
-        runner = ModelRunner(config, self.hf_config)
+        runner = make_runner(config, self.hf_config)
         try:
             config.num_kvcache_blocks = runner.num_kvcache_blocks
             config.validate()

@@ -2,7 +2,7 @@
 style): column-parallel layers keep their output sharded, row-parallel layers
 all-reduce theirs, and the vocabulary is split across ranks. With one rank
 every collective is skipped. Collectives go through the layout's
-communicator (runner/distributed.py: `all_reduce(t)` in place, `gather(t)`
+communicator (runner/tp_comm.py: `all_reduce(t)` in place, `gather(t)`
 to rank 0), this engine's own process group, never torch.distributed's
 default group: one process can hold several engines. Each parameter carries a `weight_loader` that
 cuts its shard out of the full checkpoint tensor, so the loader stays generic.
