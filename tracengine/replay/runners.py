@@ -99,6 +99,7 @@ class WorkloadRequest:
     ignore_eos: bool = False
     temperature: float = 1.0
     seq_id: int | None = None     # None: its index in the workload
+    arrival_ns: int = -1          # when it arrives in time (simulation), ns from the start; -1: not known
 
 
 def run_workload(config: Config, requests: list[WorkloadRequest], runner=None, sink: ListSink | None = None,

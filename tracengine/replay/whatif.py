@@ -55,7 +55,7 @@ def extract_workload(events) -> Workload:
                     positions[s.seq_id] = s.num_cached_tokens + s.num_tokens
         elif t is RequestAdded:
             requests.append(WorkloadRequest(list(e.prompt_token_ids), e.max_tokens, e.step, e.ignore_eos,
-                                            e.temperature, seq_id=e.seq_id))
+                                            e.temperature, seq_id=e.seq_id, arrival_ns=e.arrival_ns))
             outputs[e.seq_id] = []
     return Workload(header, requests, outputs, middle, timeline)
 

@@ -1,0 +1,155 @@
+"""A roofline step-time model, for hardware nobody has recorded on.
+
+A step costs the larger of its FLOPs over the peak FLOP/s and its bytes over
+the memory bandwidth, plus a fixed overhead per step:
+
+- FLOPs: 2 x (the layers' matmul weights) per computed token, 2 x vocab x
+  hidden per sequence (the logits of its last position only), and 4 x heads x
+  head_dim per scored (query, key) pair in each layer (QK^T and PV).
+- bytes: every weight once per step (layers and LM head), and the K and V of
+  each context token read and of each computed token written, in every layer.
+
+What it leaves out (docs/simulation.md): activations, kernel efficiency and
+launch gaps (it is a lower bound on time), tensor parallelism and its
+collectives, MoE, sampling, and the CPU side beyond the fixed overhead."""
+import json
+import math
+from dataclasses import asdict, dataclass
+
+from tracengine.errors import TracengineError
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "fp8": 1, "int8": 1}
+
+# Dense (not sparse) BF16 tensor-core peaks and HBM bandwidth, from NVIDIA's data sheets.
+HARDWARE = {
+    "H200": (989.5e12, 4.8e12),      # H200 SXM: 989.5 TFLOPS BF16 dense, 4.8 TB/s HBM3e
+    "H100": (989.5e12, 3.35e12),     # H100 SXM: 989.5 TFLOPS BF16 dense, 3.35 TB/s HBM3
+    "H100-PCIe": (756e12, 2.0e12),   # H100 PCIe: 756 TFLOPS BF16 dense, 2.0 TB/s HBM2e
+    "A100": (312e12, 2.039e12),      # A100 SXM 80 GB: 312 TFLOPS BF16 dense, 2.039 TB/s HBM2e
+}
+DEFAULT_OVERHEAD_NS = 1_000_000      # 1 ms per step: the scheduler and the framework's launch work
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    dtype_bytes: int
+
+    @classmethod
+    def from_hf_config(cls, config: dict, name: str = "") -> "ModelShape":
+        def get(key, default=None):
+            value = config.get(key, default)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise TracengineError(f"model config: {key} must be a positive integer, got {value!r}")
+            return value
+        hidden, heads = get("hidden_size"), get("num_attention_heads")
+        dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+        if dtype not in DTYPE_BYTES:
+            raise TracengineError(f"model config: unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
+        return cls(name, hidden, get("num_hidden_layers"), heads, get("num_key_value_heads", heads),
+                   get("head_dim", hidden // heads), get("intermediate_size"), get("vocab_size"),
+                   DTYPE_BYTES[dtype])
+
+    @classmethod
+    def from_file(cls, path: str) -> "ModelShape":
+        import os
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                config = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise TracengineError(f"{path}: not a model config.json ({exc.msg})") from None
+        if not isinstance(config, dict):
+            raise TracengineError(f"{path}: not a model config.json (expected a JSON object)")
+        try:
+            return cls.from_hf_config(config, os.path.basename(os.path.dirname(os.path.abspath(path))))
+        except TracengineError as exc:
+            raise TracengineError(f"{path}: {exc}") from None
+
+    @property
+    def layer_matmul_params(self) -> int:
+        """Weights of one layer's matmuls: q, k, v, o and the gated MLP."""
+        h, d = self.hidden_size, self.head_dim
+        attn = h * self.num_heads * d + 2 * h * self.num_kv_heads * d + self.num_heads * d * h
+        return attn + 3 * h * self.intermediate_size
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token in every layer."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    def flops(self, num_tokens: int, num_seqs: int, attended: int) -> int:
+        return (2 * self.num_layers * self.layer_matmul_params * num_tokens
+                + 2 * self.lm_head_params * num_seqs
+                + 4 * self.num_layers * self.num_heads * self.head_dim * attended)
+
+    def bytes_moved(self, num_tokens: int, context: int) -> int:
+        weights = (self.num_layers * self.layer_matmul_params + self.lm_head_params) * self.dtype_bytes
+        return weights + self.kv_bytes_per_token * (context + num_tokens)
+
+
+class RooflineStepTime:
+    kind = "roofline"
+
+    def __init__(self, model: ModelShape, peak_flops: float, bandwidth: float,
+                 overhead_ns: int = DEFAULT_OVERHEAD_NS, hardware: str = ""):
+        if not (peak_flops > 0 and math.isfinite(peak_flops)) or not (bandwidth > 0 and math.isfinite(bandwidth)):
+            raise TracengineError(f"a roofline needs positive peak FLOP/s and bandwidth, got {peak_flops!r}, "
+                                  f"{bandwidth!r}")
+        if overhead_ns < 0:
+            raise TracengineError(f"the per-step overhead must not be negative, got {overhead_ns}")
+        self.model, self.peak_flops, self.bandwidth = model, float(peak_flops), float(bandwidth)
+        self.overhead_ns, self.hardware = int(overhead_ns), hardware
+        self.gap_ns = 0
+
+    @classmethod
+    def for_hardware(cls, model: ModelShape, hardware: str | None = None, peak_tflops: float | None = None,
+                     bandwidth_tbs: float | None = None, overhead_ms: float | None = None) -> "RooflineStepTime":
+        """A preset (HARDWARE) with any figure replaced by a flag; without a preset both figures are needed."""
+        if hardware is not None and hardware not in HARDWARE:
+            raise TracengineError(f"unknown hardware {hardware!r}; presets: {', '.join(HARDWARE)}")
+        peak, bandwidth = HARDWARE.get(hardware, (None, None))
+        if peak_tflops is not None:
+            peak = peak_tflops * 1e12
+        if bandwidth_tbs is not None:
+            bandwidth = bandwidth_tbs * 1e12
+        if peak is None or bandwidth is None:
+            raise TracengineError("a roofline needs --hardware or both --peak-tflops and --bandwidth-tbs")
+        overhead = DEFAULT_OVERHEAD_NS if overhead_ms is None else round(overhead_ms * 1e6)
+        return cls(model, peak, bandwidth, overhead, hardware or "custom")
+
+    def predict(self, is_prefill: bool, num_tokens: int, num_seqs: int, context: int,
+                attended: int) -> tuple[int, int, int]:
+        m = self.model
+        seconds = max(m.flops(num_tokens, num_seqs, attended) / self.peak_flops,
+                      m.bytes_moved(num_tokens, context) / self.bandwidth)
+        return self.overhead_ns, round(seconds * 1e9), 0
+
+    @property
+    def source(self) -> dict:
+        return {"model": self.model.name, "device": self.hardware, "dtype_bytes": self.model.dtype_bytes}
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "model": asdict(self.model), "hardware": self.hardware,
+                "peak_flops": self.peak_flops, "bandwidth": self.bandwidth, "overhead_ns": self.overhead_ns}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RooflineStepTime":
+        try:
+            model = ModelShape(**d["model"])
+            return cls(model, d["peak_flops"], d["bandwidth"], d.get("overhead_ns", DEFAULT_OVERHEAD_NS),
+                       d.get("hardware", ""))
+        except (KeyError, TypeError):
+            raise TracengineError("a roofline model needs model (its shape), peak_flops and bandwidth") from None

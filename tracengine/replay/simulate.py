@@ -1,0 +1,172 @@
+"""The engine in simulated time: the real Scheduler and BlockManager, requests
+entering at their arrival times, each step lasting what a step-time model
+(steptime.py, roofline.py) says instead of what a clock reads.
+
+The loop is the engine's: a step starts the loop's own gap after the last one
+ended, or, when nothing is queued, that gap after the next arrival (the
+engine sleeps until then); every request that has arrived by a step's start
+is added before it. The events are an ordinary trace whose StepEnds hold the
+simulated durations and gaps, so stats, tui, diff, export and replay read it.
+No model and no torch: tokens come from a runner without one (OutputRunner
+for a what-if, SyntheticRunner for a workload)."""
+import time
+from dataclasses import dataclass
+
+import msgspec
+
+from tracengine.engine.config import Config
+from tracengine.engine.llm_engine import LLMEngine
+from tracengine.engine.sampling_params import SamplingParams
+from tracengine.errors import RequestError, TracengineError, TraceError
+from tracengine.replay.runners import OutputRunner, SyntheticRunner, WorkloadRequest
+from tracengine.replay.steptime import calibrate, seqs_shape
+from tracengine.replay.whatif import extract_workload
+from tracengine.trace.events import NULL_SINK, ListSink, ModelInfo, StepEnd, TraceHeader
+from tracengine.trace.tracelog import make_header
+
+
+class SimulatedEngine(LLMEngine):
+    """LLMEngine whose steps take simulated time: `now_ns` is set to a step's
+    start before `step()`, which advances it by the model's durations."""
+
+    def __init__(self, config: Config, runner, step_time, sink=NULL_SINK):
+        self.step_time = step_time
+        super().__init__(config, runner, sink)
+
+    def reset(self, sink=NULL_SINK):
+        super().reset(sink)
+        self.start_ns = self.last_step_end_ns = self.now_ns = 0
+
+    def step(self):
+        """schedule -> run -> postprocess -> StepEnd, as LLMEngine.step, timed by the model."""
+        scheduler = self.scheduler
+        scheduler.begin_step(self.num_steps)
+        seqs, is_prefill = scheduler.schedule()
+        shape = seqs_shape(seqs)
+        self.num_batched_tokens = shape[0]
+        token_ids = self.runner.run(seqs, is_prefill)
+        schedule_ns, model_ns, postprocess_ns = self.step_time.predict(is_prefill, *shape)
+        finished = scheduler.postprocess(seqs, token_ids, is_prefill)
+        if self.sink.enabled:
+            self.sink.emit(StepEnd(self.num_steps, scheduler.block_manager.num_free_blocks, schedule_ns,
+                                   model_ns, postprocess_ns, self.now_ns - self.last_step_end_ns))
+        self.now_ns += schedule_ns + model_ns + postprocess_ns
+        self.last_step_end_ns = self.now_ns
+        self.num_steps += 1
+        return seqs, finished, is_prefill
+
+
+def run_timed(config: Config, requests: list[WorkloadRequest], step_time, runner=None, sink=None,
+              header: TraceHeader | None = None, max_steps: int = 10_000_000) -> list:
+    """Run `requests` (each with `arrival_ns`) in simulated time; the events, header first.
+    With `sink` given (a TraceWriter) the events go there and the list holds the header only."""
+    events_sink = sink if sink is not None else ListSink()
+    runner = runner if runner is not None else SyntheticRunner(eos=config.eos, seed=config.seed)
+    engine = SimulatedEngine(config, runner, step_time, events_sink)
+    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_ns)
+    gap_ns = step_time.gap_ns
+    i, n = 0, len(order)
+    while i < n or not engine.is_finished():
+        start = engine.now_ns + gap_ns
+        if engine.is_finished():    # idle: the engine sleeps until the next arrival
+            start = max(start, requests[order[i]].arrival_ns + gap_ns)
+        engine.now_ns = start
+        while i < n and requests[order[i]].arrival_ns <= start:
+            r = requests[order[i]]
+            engine.add_request(r.prompt_token_ids, SamplingParams(r.temperature, r.max_tokens, r.ignore_eos),
+                               seq_id=order[i] if r.seq_id is None else r.seq_id, arrival_time=r.arrival_ns / 1e9)
+            i += 1
+        engine.step()
+        if engine.num_steps >= max_steps:
+            raise TracengineError(f"the simulation did not finish in {max_steps} steps")
+    head = header if header is not None else make_header(config)
+    return [head] if sink is not None else [head, *events_sink.events]
+
+
+def check_requests(config: Config, requests: list[WorkloadRequest]):
+    """Refuse, naming it, a request that could never run under `config`."""
+    from tracengine.engine.scheduler import Scheduler
+    check = Scheduler(config)
+    for r in requests:
+        try:
+            check.check_request(len(r.prompt_token_ids), r.max_tokens)
+        except RequestError as exc:
+            raise RequestError(f"request s{r.seq_id} can never run under the config: {exc}") from None
+
+
+@dataclass
+class TimedWhatIf:
+    step_time: object            # the model the runs were timed with
+    recorded: list               # the recorded events
+    self_check: list             # the recorded config in simulated time
+    new: list                    # the what-if in simulated time
+    changes: list[tuple[str, object, object]]
+    num_past_output: int
+
+
+def has_arrivals(events) -> bool:
+    """Whether every request of the trace has a recorded arrival time (format 2 and later)."""
+    from tracengine.trace.events import RequestAdded
+    seen = False
+    for e in events:
+        if type(e) is RequestAdded:
+            if e.arrival_ns < 0:
+                return False
+            seen = True
+    return seen
+
+
+def timed_whatif(events, overrides: dict, step_time=None, trace_name: str = "") -> TimedWhatIf:
+    """The workload of `events` at its recorded arrival times, in simulated time, under the
+    recorded config (the self-check) and with `overrides`; `step_time` defaults to a model
+    calibrated on the trace itself."""
+    events = list(events)
+    workload = extract_workload(events)
+    if any(r.arrival_ns < 0 for r in workload.requests):
+        raise TraceError("the trace has no arrival times (format 1, or recorded without them); "
+                         "use --arrivals steps")
+    if step_time is None:
+        step_time = calibrate(events, trace_name)
+    recorded = Config.from_dict(workload.header.config)
+    config = recorded.replace(**overrides)
+    check_requests(config, workload.requests)
+    header = msgspec.structs.replace(workload.header, device=f"simulated ({step_time.kind})", created_at=time.time())
+    filler = 0 if config.eos != 0 else 1
+
+    def run(cfg):
+        runner = OutputRunner(workload.outputs, workload.middle, filler)
+        out = run_timed(cfg, workload.requests, step_time, runner,
+                        header=msgspec.structs.replace(header, config=cfg.to_dict()))
+        return out, runner
+
+    self_check, _ = run(recorded)
+    new, runner = (self_check, None) if not overrides else run(config)
+    changes = [(name, value, getattr(config, name)) for name, value in recorded.to_dict().items()
+               if getattr(config, name) != value]
+    return TimedWhatIf(step_time, events, self_check, new, changes,
+                       len(runner.past_output_seq_ids) if runner is not None else 0)
+
+
+def simulation_header(config: Config, step_time) -> TraceHeader:
+    """The header of a simulated run: the model and dtype the step-time model came from."""
+    source = getattr(step_time, "source", {}) or {}
+    return make_header(config, ModelInfo(source.get("model", "") or "synthetic", source.get("dtype", "none"),
+                                         "simulated"), device=f"simulated ({step_time.kind})")
+
+
+def simulate(config: Config, requests, step_time, sink=None) -> list:
+    """Workload `Request`s (tracengine.workload) through the scheduler in simulated time,
+    tokens from SyntheticRunner; the events (header first), or with `sink` (a TraceWriter
+    made with `simulation_header`) the header alone."""
+    from tracengine.workload.sources import sampling_params
+    timed = []
+    for i, r in enumerate(requests):
+        if isinstance(r.prompt, str):
+            raise TracengineError(f"{r.source or f'request {i}'}: a text prompt needs a tokenizer; "
+                                  "simulate takes token ids (prompt_token_ids) or lengths")
+        sp = sampling_params(r)
+        timed.append(WorkloadRequest(r.prompt, sp.max_tokens, 0, sp.ignore_eos, sp.temperature, seq_id=i,
+                                     arrival_ns=round(r.arrival_s * 1e9)))
+    check_requests(config, timed)
+    header = sink.header if sink is not None else simulation_header(config, step_time)
+    return run_timed(config, timed, step_time, sink=sink, header=header)

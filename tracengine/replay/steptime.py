@@ -1,0 +1,231 @@
+"""Step-time models: how long a step of a given shape takes, for the simulator.
+
+A step's shape is four numbers: the tokens it computes, the sequences in its
+batch, the context tokens their attention reads (cached + new, whose K and V
+are read) and the (query, key) pairs it scores (a sequence that computes n
+tokens after c cached ones scores n*c + n(n+1)/2). `LinearStepTime` is a
+least-squares fit of each part of a recorded step's duration (schedule_ns,
+model_ns, postprocess_ns) to [1, tokens, seqs, context, attended], one fit
+per phase, plus the loop's own time between busy steps (the median gap_ns).
+A decode step computes one token per sequence and scores its context once,
+so its fit uses [1, seqs, context] (the others are the same columns again). It is fitted
+from a trace by `calibrate`, which holds out every fifth step to measure the
+error before fitting on all of them. `roofline.RooflineStepTime` answers the
+same `predict` for hardware nobody recorded on. `load_step_time` reads either
+from the JSON that `save` writes.
+
+Models live here in replay/ beside what-if, the other user of recorded runs;
+they use numpy (for the fit) and no torch."""
+import json
+import math
+
+from tracengine.errors import TracengineError, TraceError
+from tracengine.trace.events import RequestAdded, ScheduleDecision, SeqFinish, StepEnd, TraceHeader
+
+FEATURES = ("const", "tokens", "seqs", "context", "attended")
+PHASE_FEATURES = {"prefill": (0, 1, 2, 3, 4), "decode": (0, 2, 3)}   # columns of FEATURES each phase fits
+PARTS = ("schedule_ns", "model_ns", "postprocess_ns")
+PHASES = ("prefill", "decode")
+HOLDOUT_EVERY = 5          # every fifth step is held out of the fit that measures the error
+
+
+def step_shape(pairs) -> tuple[int, int, int, int]:
+    """(tokens, seqs, context, attended) of a batch, from (num_tokens, num_cached_tokens) per sequence."""
+    num_tokens = num_seqs = context = attended = 0
+    for n, c in pairs:
+        num_tokens += n
+        num_seqs += 1
+        context += c + n
+        attended += n * c + n * (n + 1) // 2
+    return num_tokens, num_seqs, context, attended
+
+
+def seqs_shape(seqs) -> tuple[int, int, int, int]:
+    """The shape of a scheduled batch of `Sequence`s (before postprocess)."""
+    return step_shape((s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs)
+
+
+class LinearStepTime:
+    """`coefficients[phase][part]` are the weights of FEATURES; a prediction is
+    clipped at 0 ns. `gap_ns`: the loop's time between two steps when it is busy."""
+    kind = "linear"
+
+    def __init__(self, coefficients: dict, gap_ns: int = 0, source: dict | None = None, error: dict | None = None):
+        self.coefficients = coefficients
+        self.gap_ns = int(gap_ns)
+        self.source = source or {}
+        self.error = error or {}
+        self._rows = {phase: tuple(tuple(float(w) for w in coefficients[phase][part]) for part in PARTS)
+                      for phase in PHASES}
+
+    def predict(self, is_prefill: bool, num_tokens: int, num_seqs: int, context: int,
+                attended: int) -> tuple[int, int, int]:
+        """(schedule_ns, model_ns, postprocess_ns) of a step of this shape."""
+        out = []
+        for k, t, s, c, a in self._rows["prefill" if is_prefill else "decode"]:
+            ns = k + t * num_tokens + s * num_seqs + c * context + a * attended
+            out.append(round(ns) if ns > 0 else 0)
+        return out[0], out[1], out[2]
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "features": list(FEATURES), "parts": list(PARTS),
+                "coefficients": self.coefficients, "gap_ns": self.gap_ns, "source": self.source,
+                "error": self.error}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LinearStepTime":
+        if list(d.get("features", ())) != list(FEATURES) or list(d.get("parts", ())) != list(PARTS):
+            raise TracengineError(f"a linear step-time model has features {list(FEATURES)} and parts {list(PARTS)}")
+        coefficients = d.get("coefficients")
+        try:
+            for phase in PHASES:
+                for part in PARTS:
+                    weights = coefficients[phase][part]
+                    if len(weights) != len(FEATURES) or not all(
+                            isinstance(w, (int, float)) and math.isfinite(w) for w in weights):
+                        raise ValueError(part)
+        except (KeyError, TypeError, ValueError):
+            raise TracengineError("a linear step-time model needs finite coefficients for each phase "
+                                  f"({', '.join(PHASES)}) and part ({', '.join(PARTS)})") from None
+        return cls(coefficients, d.get("gap_ns", 0), d.get("source"), d.get("error"))
+
+
+# -- calibration ------------------------------------------------------------------------------
+
+
+class StepSample:
+    __slots__ = ("step", "is_prefill", "shape", "parts", "gap_ns", "busy")
+
+    def __init__(self, step, is_prefill, shape, parts, gap_ns, busy):
+        self.step, self.is_prefill, self.shape, self.parts = step, is_prefill, shape, parts
+        self.gap_ns, self.busy = gap_ns, busy
+
+
+def step_samples(events) -> tuple[TraceHeader, list[StepSample]]:
+    """Each step's shape and recorded durations. `busy`: a sequence was in the
+    queues when the step before ended, so its gap is the loop's time, not idle."""
+    it = iter(events)
+    header = next(it, None)
+    if not isinstance(header, TraceHeader):
+        raise TraceError("a trace starts with a TraceHeader")
+    samples, decision, num_live, live_at_end = [], None, 0, 0
+    for e in it:
+        t = type(e)
+        if t is ScheduleDecision:
+            decision = e
+        elif t is RequestAdded:
+            num_live += 1
+        elif t is SeqFinish:
+            num_live -= 1
+        elif t is StepEnd:
+            if decision is None or decision.step != e.step:
+                raise TraceError(f"step {e.step} ends without its ScheduleDecision")
+            shape = step_shape((s.num_tokens, s.num_cached_tokens) for s in decision.seqs)
+            busy = live_at_end > 0
+            # a request added in the gap does not make it idle time: only the queues at the last end do
+            samples.append(StepSample(e.step, decision.phase != "decode", shape,
+                                      (e.schedule_ns, e.model_ns, e.postprocess_ns), e.gap_ns, busy))
+            live_at_end = num_live
+            decision = None
+    return header, samples
+
+
+def _fit(samples: list[StepSample]) -> dict:
+    import numpy as np
+    coefficients = {}
+    for phase in PHASES:
+        rows = [s for s in samples if s.is_prefill == (phase == "prefill")]
+        if not rows:
+            coefficients[phase] = None
+            continue
+        columns = list(PHASE_FEATURES[phase])
+        x = np.array([(1.0, *s.shape) for s in rows])[:, columns]
+        scale = np.maximum(np.abs(x).max(axis=0), 1.0)    # columns of very different sizes: fit them scaled
+        y = np.array([s.parts for s in rows], dtype=float)
+        w, *_ = np.linalg.lstsq(x / scale, y, rcond=None)
+        full = np.zeros((len(FEATURES), len(PARTS)))
+        full[columns] = w / scale[:, None]
+        coefficients[phase] = {part: [float(v) for v in full[:, i]] for i, part in enumerate(PARTS)}
+    present = [p for p in PHASES if coefficients[p] is not None]
+    if not present:
+        raise TraceError("the trace has no steps to fit")
+    for phase in PHASES:    # a phase the trace never ran borrows the other's fit
+        if coefficients[phase] is None:
+            coefficients[phase] = coefficients[present[0]]
+    return coefficients
+
+
+def _median(values):
+    ordered = sorted(values)
+    if not ordered:
+        return 0
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _errors(model: LinearStepTime, samples: list[StepSample]) -> dict:
+    """Per-step and total errors of `model` on `samples`, for the total step time and the model part."""
+    out = {"num_steps": len(samples)}
+    for name, select in (("total", lambda p: sum(p)), ("model", lambda p: p[1])):
+        recorded = [select(s.parts) for s in samples]
+        predicted = [select(model.predict(s.is_prefill, *s.shape)) for s in samples]
+        abs_err = [abs(p - r) for p, r in zip(predicted, recorded)]
+        rel_err = [abs(p - r) / r for p, r in zip(predicted, recorded) if r > 0]
+        total_r, total_p = sum(recorded), sum(predicted)
+        out[name] = {"median_abs_ms": _median(abs_err) / 1e6, "median_rel": _median(rel_err),
+                     "mean_abs_ms": (sum(abs_err) / len(abs_err) / 1e6) if abs_err else 0.0,
+                     "recorded_ms": total_r / 1e6, "predicted_ms": total_p / 1e6,
+                     "total_rel": (total_p - total_r) / total_r if total_r else 0.0}
+    return out
+
+
+def calibrate(events, trace_name: str = "") -> LinearStepTime:
+    """Fit a LinearStepTime to a recorded trace; `error` holds the held-out errors."""
+    header, samples = step_samples(events)
+    if len(samples) < 2 * HOLDOUT_EVERY:
+        raise TraceError(f"the trace has {len(samples)} steps; calibration needs at least {2 * HOLDOUT_EVERY}")
+    train = [s for s in samples if s.step % HOLDOUT_EVERY != HOLDOUT_EVERY - 1]
+    held = [s for s in samples if s.step % HOLDOUT_EVERY == HOLDOUT_EVERY - 1]
+    gap_ns = round(_median([s.gap_ns for s in samples if s.busy]))
+    held_out = _errors(LinearStepTime(_fit(train), gap_ns), held)
+    model = LinearStepTime(_fit(samples), gap_ns)
+    model.error = {"held_out": held_out, "all_steps": _errors(model, samples)}
+    model.source = {"trace": trace_name, "model": header.model.name, "dtype": header.model.dtype,
+                    "architecture": header.model.architecture, "device": header.device,
+                    "num_steps": len(samples),
+                    "config": {k: header.config.get(k) for k in ("kvcache_block_size", "max_num_batched_tokens",
+                                                                 "max_num_seqs", "tensor_parallel_size")}}
+    return model
+
+
+# -- files ------------------------------------------------------------------------------------
+
+
+def save(model, path: str, force: bool = False):
+    import os
+    if os.path.exists(path) and not force:
+        raise TracengineError(f"{path} exists (--force overwrites it)")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(model.to_dict(), f, indent=1)
+        f.write("\n")
+
+
+def load_step_time(path: str):
+    """A step-time model from its JSON (a calibrated linear model or a roofline)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise TracengineError(f"{path}: not a step-time model (invalid JSON: {exc.msg})") from None
+    if not isinstance(d, dict):
+        raise TracengineError(f"{path}: not a step-time model (expected a JSON object)")
+    kind = d.get("kind")
+    try:
+        if kind == LinearStepTime.kind:
+            return LinearStepTime.from_dict(d)
+        if kind == "roofline":
+            from tracengine.replay.roofline import RooflineStepTime
+            return RooflineStepTime.from_dict(d)
+    except TracengineError as exc:
+        raise TracengineError(f"{path}: {exc}") from None
+    raise TracengineError(f"{path}: unknown step-time model kind {kind!r} (linear or roofline)")
