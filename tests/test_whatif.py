@@ -118,7 +118,7 @@ def test_what_if_percentiles_are_the_stats_percentiles():
 def test_whatif_command_prints_side_by_side_and_records(tmp_path, capsys):
     path = write_trace(tmp_path / "run.trace", run_canned("preemption_tail"))
     new = tmp_path / "new.trace"
-    assert main(["replay", path, "--set", "num_kvcache_blocks=32", "--record", str(new)]) == 0
+    assert main(["replay", path, "--set", "num_kvcache_blocks=32", "--record", str(new), "--arrivals", "steps"]) == 0
     out = capsys.readouterr().out
     assert "num_kvcache_blocks 9 -> 32" in out
     assert "recorded" in out and "what-if" in out
@@ -135,7 +135,8 @@ def test_whatif_table_is_the_stats_of_both_traces(tmp_path, capsys, name, overri
     # one set of run figures: the table is `tracengine stats` of the recorded and of the what-if trace
     path = write_trace(tmp_path / "run.trace", run_canned(name))
     new = str(tmp_path / "new.trace")
-    assert main(["replay", path, *(a for o in overrides for a in ("--set", o)), "--record", new]) == 0
+    assert main(["replay", path, *(a for o in overrides for a in ("--set", o)), "--record", new,
+                 "--arrivals", "steps"]) == 0
     out = capsys.readouterr().out
     assert side_by_side(stats(path), stats(new), "recorded", "what-if") in out
     assert main(["stats", new, "--json"]) == 0

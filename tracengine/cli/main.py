@@ -9,6 +9,7 @@ import sys
 from tracengine.cli.analysis import cmd_export, cmd_stats, cmd_tui
 from tracengine.cli.generate import cmd_generate
 from tracengine.cli.replay import cmd_diff, cmd_replay
+from tracengine.cli.simulate import add_step_time_arguments, cmd_calibrate
 from tracengine.cli.trace import cmd_check, cmd_events
 from tracengine.errors import TracengineError
 from tracengine.workload.sources import add_workload_arguments
@@ -118,6 +119,10 @@ def add_replay_commands(sub):
                    help="what-if: override a config field (repeatable), e.g. num_kvcache_blocks=64")
     p.add_argument("--record", metavar="PATH", help="what-if: write the new run's trace")
     p.add_argument("--state", type=int, metavar="STEP", help="print the folded state after STEP")
+    p.add_argument("--arrivals", choices=("time", "steps"),
+                   help="what-if: requests at their recorded arrival times in simulated time, or at their "
+                   "recorded steps (default: time when the trace has arrival times)")
+    add_step_time_arguments(p)
     p.set_defaults(run=cmd_replay)
 
     p = add_parser(sub, "diff", "first scheduling divergence between two traces",
@@ -126,6 +131,17 @@ def add_replay_commands(sub):
     p.add_argument("a", help="the first trace")
     p.add_argument("b", help="the second trace")
     p.set_defaults(run=cmd_diff)
+
+
+def add_simulation_commands(sub):
+    p = add_parser(sub, "calibrate", "fit a step-time model to a recorded trace",
+                   "Fit each step's duration (schedule + model + postprocess, and each part) to its shape\n"
+                   "per phase: tokens computed, sequences, context tokens read, (query, key) pairs scored.\n"
+                   "Prints the error per step and on the total, on held-out steps (docs/simulation.md).")
+    p.add_argument("trace", help="the recorded trace")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the model as JSON (for --step-time)")
+    p.add_argument("--force", action="store_true", help="overwrite --output if it exists")
+    p.set_defaults(run=cmd_calibrate)
 
 
 def add_analysis_commands(sub):
@@ -158,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate(sub)
     add_trace_commands(sub)
     add_replay_commands(sub)
+    add_simulation_commands(sub)
     add_analysis_commands(sub)
     return parser
 

@@ -31,9 +31,22 @@ def cmd_replay(args) -> int:
         if overrides or args.record:
             raise TraceError("--state shows the recorded state; it does not combine with --set or --record")
         return show_state(args.trace, args.state)
-    if overrides or args.record:
-        return run_whatif(args.trace, overrides, args.record)
-    return run_replay(args.trace)
+    from tracengine.cli.simulate import step_time_from_args
+    step_time = step_time_from_args(args)
+    timed = args.arrivals == "time" or step_time is not None
+    if not (overrides or args.record or timed):
+        return run_replay(args.trace)
+    if args.arrivals is None:    # time when the trace has arrival times, steps otherwise
+        from tracengine.replay.simulate import has_arrivals
+        with TraceReader(args.trace) as reader:
+            timed = timed or has_arrivals(reader.events())
+    if timed:
+        if args.arrivals == "steps":
+            raise TraceError("--step-time and --roofline time a what-if in simulated time; "
+                             "they do not combine with --arrivals steps")
+        from tracengine.cli.simulate import run_timed_whatif
+        return run_timed_whatif(args.trace, overrides, args.record, step_time)
+    return run_whatif(args.trace, overrides, args.record)
 
 
 def show_state(path, step: int) -> int:

@@ -125,11 +125,14 @@ def timed_whatif(events, overrides: dict, step_time=None, trace_name: str = "") 
     if any(r.arrival_ns < 0 for r in workload.requests):
         raise TraceError("the trace has no arrival times (format 1, or recorded without them); "
                          "use --arrivals steps")
-    if step_time is None:
-        step_time = calibrate(events, trace_name)
     recorded = Config.from_dict(workload.header.config)
     config = recorded.replace(**overrides)
     check_requests(config, workload.requests)
+    if step_time is None:
+        try:
+            step_time = calibrate(events, trace_name)
+        except TraceError as exc:
+            raise TraceError(f"{exc}: give --step-time or --roofline, or --arrivals steps") from None
     header = msgspec.structs.replace(workload.header, device=f"simulated ({step_time.kind})", created_at=time.time())
     filler = 0 if config.eos != 0 else 1
 

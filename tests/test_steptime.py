@@ -1,0 +1,171 @@
+"""Step-time models: calibration recovers known coefficients, the roofline's
+counts match hand arithmetic, and a what-if in simulated time under the
+recorded config with an exact model gives the recorded schedule."""
+import json
+import random
+
+import pytest
+
+from tracengine.cli.main import main
+from tracengine.engine.config import Config
+from tracengine.errors import TracengineError
+from tracengine.replay.reexec import replay
+from tracengine.replay.roofline import HARDWARE, ModelShape, RooflineStepTime
+from tracengine.replay.runners import WorkloadRequest
+from tracengine.replay.simulate import run_timed, timed_whatif
+from tracengine.replay.steptime import LinearStepTime, calibrate, load_step_time, step_shape
+from tracengine.trace.events import StepEnd, without_wall_clock
+from tracengine.trace.tracelog import TraceWriter
+
+# ns per unit of (const, tokens, seqs, context, attended); decode fits (const, seqs, context)
+TRUTH = {
+    "prefill": {"schedule_ns": [20_000, 10, 500, 3, 0], "model_ns": [1_000_000, 3_000, 20_000, 30, 2],
+                "postprocess_ns": [5_000, 1, 800, 0, 0]},
+    "decode": {"schedule_ns": [15_000, 0, 400, 1, 0], "model_ns": [800_000, 0, 50_000, 40, 0],
+               "postprocess_ns": [4_000, 0, 700, 0, 0]},
+}
+CONFIG = Config(num_kvcache_blocks=96, kvcache_block_size=4, max_num_batched_tokens=96, max_num_seqs=8, eos=999)
+
+
+def bursty_workload(seed=0, n=80):
+    """Bursts of arrivals and shared prefixes, so batches mix lengths, chunks and cache hits."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(900) for _ in range(24)]
+    requests, t = [], 0
+    for i in range(n):
+        t += rng.choice((0, 0, 1_000_000, 30_000_000))
+        head = prefix[:rng.randrange(0, 25)] if rng.random() < 0.5 else []
+        prompt = head + [rng.randrange(900) for _ in range(rng.randint(1, 100))]
+        requests.append(WorkloadRequest(prompt, rng.randint(1, 30), ignore_eos=True, arrival_ns=t))
+    return requests
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    return run_timed(CONFIG, bursty_workload(), LinearStepTime(TRUTH, gap_ns=30_000))
+
+
+def test_step_shape_counts_context_and_scored_pairs():
+    # 3 tokens after 5 cached: context 8, pairs 3*5 + (1+2+3) = 21; a decode of 1 after 9: 10 and 10
+    assert step_shape([(3, 5), (1, 9)]) == (4, 2, 18, 31)
+
+
+def test_calibration_recovers_known_coefficients(recorded):
+    model = calibrate(recorded, "synthetic.trace")
+    for phase, parts in TRUTH.items():
+        for part, weights in parts.items():
+            assert model.coefficients[phase][part] == pytest.approx(weights, rel=1e-6, abs=1e-3), (phase, part)
+    assert model.gap_ns == 30_000
+    for name in ("total", "model"):
+        assert model.error["held_out"][name]["total_rel"] == pytest.approx(0, abs=1e-9)
+        assert model.error["held_out"][name]["median_abs_ms"] == pytest.approx(0, abs=1e-6)
+    assert model.source["trace"] == "synthetic.trace" and model.source["model"] == "synthetic"
+
+
+def test_calibration_of_noisy_times_reports_the_held_out_error(recorded):
+    rng = random.Random(1)
+    noisy = [e if type(e) is not StepEnd else
+             StepEnd(e.step, e.num_free_blocks, e.schedule_ns, round(e.model_ns * rng.uniform(0.8, 1.2)),
+                     e.postprocess_ns, e.gap_ns) for e in recorded]
+    err = calibrate(noisy).error["held_out"]["model"]
+    assert 0 < err["median_rel"] < 0.2          # 20% noise at most, fitted away on the mean
+    assert abs(err["total_rel"]) < 0.05
+
+
+def test_what_if_under_the_recorded_config_with_the_exact_model_gives_the_recorded_run(recorded):
+    result = timed_whatif(recorded, {}, LinearStepTime(TRUTH, gap_ns=30_000))
+    assert result.self_check[1:] == recorded[1:]       # every event, the simulated durations too
+    assert replay(result.self_check).ok
+    calibrated = timed_whatif(recorded, {})             # calibrated on the trace itself: the same schedule
+    assert [without_wall_clock(e) for e in calibrated.self_check[1:]] == [without_wall_clock(e) for e in recorded[1:]]
+
+
+def test_what_if_in_time_changes_the_schedule_and_replays(recorded):
+    result = timed_whatif(recorded, {"num_kvcache_blocks": 40}, LinearStepTime(TRUTH, gap_ns=30_000))
+    assert result.changes == [("num_kvcache_blocks", 96, 40)]
+    assert result.new != result.self_check
+    assert replay(result.new).ok
+
+
+def test_linear_model_round_trips_through_json(tmp_path, recorded):
+    model = calibrate(recorded)
+    path = tmp_path / "st.json"
+    path.write_text(json.dumps(model.to_dict()))
+    loaded = load_step_time(str(path))
+    assert loaded.predict(True, 10, 2, 30, 50) == model.predict(True, 10, 2, 30, 50)
+    path.write_text('{"kind": "linear", "features": ["const"]}')
+    with pytest.raises(TracengineError, match="features"):
+        load_step_time(str(path))
+    path.write_text("[1")
+    with pytest.raises(TracengineError, match="not a step-time model"):
+        load_step_time(str(path))
+
+
+TINY = {"hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "head_dim": 4, "intermediate_size": 16, "vocab_size": 10, "torch_dtype": "bfloat16"}
+
+
+def test_roofline_counts_match_hand_arithmetic():
+    m = ModelShape.from_hf_config(TINY)
+    # a layer: q 8*2*4=64, k and v 8*1*4=32 each, o 2*4*8=64, MLP 3*8*16=384: 576
+    assert m.layer_matmul_params == 576
+    # one token's K and V: 2 (K, V) * 2 layers * 1 KV head * 4 dims * 2 bytes = 32
+    assert m.kv_bytes_per_token == 32
+    # 5 tokens, 2 seqs, 7 pairs: 2*2*576*5 = 11520, logits 2*80*2 = 320, attention 4*2*2*4*7 = 448
+    assert m.flops(5, 2, 7) == 11520 + 320 + 448
+    # weights (2*576 + 80) * 2 bytes = 2464; KV (context 9 read + 5 written) * 32 = 448
+    assert m.bytes_moved(5, 9) == 2464 + 448
+
+
+def test_roofline_step_is_the_larger_bound_plus_overhead():
+    m = ModelShape.from_hf_config(TINY)
+    roof = RooflineStepTime(m, peak_flops=1e9, bandwidth=1e9, overhead_ns=500)
+    # compute 12288 FLOPs / 1e9 = 12288 ns beats memory 2912 bytes / 1e9 = 2912 ns
+    assert roof.predict(True, 5, 2, 9, 7) == (500, 12288, 0)
+    slow_memory = RooflineStepTime(m, peak_flops=1e12, bandwidth=1e8, overhead_ns=0)
+    assert slow_memory.predict(False, 5, 2, 9, 7) == (0, 29120, 0)     # 2912 bytes / 1e8 B/s
+    h200 = RooflineStepTime.for_hardware(m, "H200", bandwidth_tbs=2.0)
+    assert h200.peak_flops == HARDWARE["H200"][0] and h200.bandwidth == 2e12
+    with pytest.raises(TracengineError, match="presets"):
+        RooflineStepTime.for_hardware(m, "TPU")
+    with pytest.raises(TracengineError, match="both"):
+        RooflineStepTime.for_hardware(m, None, peak_tflops=100)
+
+
+def test_roofline_config_errors(tmp_path):
+    bad = dict(TINY, num_hidden_layers=0)
+    with pytest.raises(TracengineError, match="num_hidden_layers"):
+        ModelShape.from_hf_config(bad)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY))
+    assert ModelShape.from_file(str(tmp_path)).num_layers == 2
+
+
+def write_trace(path, events):
+    with TraceWriter(path, events[0]) as w:
+        for e in events[1:]:
+            w.emit(e)
+
+
+def test_calibrate_command_writes_the_model_and_refuses_to_overwrite(tmp_path, recorded, capsys):
+    trace, out = str(tmp_path / "run.trace"), str(tmp_path / "st.json")
+    write_trace(trace, recorded)
+    assert main(["calibrate", trace, "-o", out]) == 0
+    text = capsys.readouterr().out
+    assert "held-out steps" in text and "wrote" in text
+    assert json.loads((tmp_path / "st.json").read_text())["source"]["trace"] == "run.trace"
+    assert main(["calibrate", trace, "-o", out]) == 2
+    assert "exists" in capsys.readouterr().err
+
+
+def test_replay_set_on_a_trace_with_arrivals_runs_in_simulated_time(tmp_path, recorded, capsys):
+    trace = str(tmp_path / "run.trace")
+    write_trace(trace, recorded)
+    assert main(["replay", trace, "--set", "num_kvcache_blocks=40"]) == 0
+    text = capsys.readouterr().out
+    assert "in simulated time" in text and "TTFT p50 ms" in text and "what-if" in text
+    # the self-check of an exactly fitted model is exact
+    duration = next(line for line in text.splitlines() if line.startswith("duration ms"))
+    assert "+0.0%" in duration
+    assert main(["replay", trace, "--set", "num_kvcache_blocks=40", "--arrivals", "steps"]) == 0
+    assert "in simulated time" not in capsys.readouterr().out

@@ -1,0 +1,170 @@
+"""`tracengine calibrate`, `tracengine simulate` and the time-aware what-if of
+`tracengine replay --set` (docs/simulation.md): the step-time flags, and the
+recorded / simulated / what-if table in ms and steps."""
+import os
+
+from tracengine.errors import TracengineError
+
+EXIT_OK = 0
+
+
+def add_step_time_arguments(p):
+    g = p.add_argument_group("step time (simulated time; docs/simulation.md)")
+    g.add_argument("--step-time", metavar="FILE", help="a step-time model from `tracengine calibrate` (JSON)")
+    g.add_argument("--roofline", metavar="CONFIG", help="a roofline from a model's config.json (or its directory)")
+    g.add_argument("--hardware", help="roofline hardware preset: H200, H100, H100-PCIe, A100")
+    g.add_argument("--peak-tflops", type=float, metavar="X", help="roofline peak dense TFLOP/s (overrides the preset)")
+    g.add_argument("--bandwidth-tbs", type=float, metavar="X", help="roofline memory bandwidth in TB/s")
+    g.add_argument("--overhead-ms", type=float, metavar="X", help="roofline fixed time per step (default 1 ms)")
+
+
+def step_time_from_args(args):
+    """The model the flags name, or None (a what-if then calibrates on its own trace)."""
+    from tracengine.replay.roofline import ModelShape, RooflineStepTime
+    from tracengine.replay.steptime import load_step_time
+    hardware_flags = any(getattr(args, name, None) is not None
+                         for name in ("hardware", "peak_tflops", "bandwidth_tbs", "overhead_ms"))
+    if args.step_time and args.roofline:
+        raise TracengineError("give one of --step-time and --roofline")
+    if args.step_time:
+        if hardware_flags:
+            raise TracengineError("--hardware, --peak-tflops, --bandwidth-tbs and --overhead-ms shape a --roofline")
+        return load_step_time(args.step_time)
+    if args.roofline:
+        return RooflineStepTime.for_hardware(ModelShape.from_file(args.roofline), args.hardware, args.peak_tflops,
+                                             args.bandwidth_tbs, args.overhead_ms)
+    if hardware_flags:
+        raise TracengineError("--hardware, --peak-tflops, --bandwidth-tbs and --overhead-ms shape a --roofline")
+    return None
+
+
+def describe_step_time(model, trace_path: str = "") -> str:
+    if model.kind == "roofline":
+        return (f"roofline of {model.model.name or 'the model'} on {model.hardware} "
+                f"({model.peak_flops / 1e12:g} TFLOP/s, {model.bandwidth / 1e12:g} TB/s, "
+                f"{model.overhead_ns / 1e6:g} ms per step)")
+    src = model.source
+    where = f"calibrated on {src.get('trace') or trace_path or 'a trace'}"
+    return f"linear model {where} ({src.get('model', '?')} on {src.get('device', '?')}, {src.get('dtype', '?')})"
+
+
+# -- calibrate --------------------------------------------------------------------------------
+
+
+def cmd_calibrate(args) -> int:
+    from tracengine.replay.steptime import FEATURES, PARTS, PHASES, calibrate, save
+    from tracengine.trace.tracelog import TraceReader
+    if args.output and os.path.exists(args.output) and not args.force:
+        raise TracengineError(f"{args.output} exists (--force overwrites it)")
+    with TraceReader(args.trace) as reader:
+        model = calibrate(reader.events(), os.path.basename(args.trace))
+    src, err = model.source, model.error
+    print(f"calibrated on {args.trace}: {src['num_steps']} steps of {src['model']} on {src['device']} ({src['dtype']})")
+    for label, e in (("held-out steps (every 5th, fitted without them)", err["held_out"]),
+                     ("all steps (the saved fit)", err["all_steps"])):
+        print(f"{label}: {e['num_steps']} steps")
+        for name, title in (("total", "step time"), ("model", "model part")):
+            f = e[name]
+            print(f"  {title:<10} per step: median error {f['median_abs_ms']:.3f} ms ({f['median_rel']:.1%}), "
+                  f"mean {f['mean_abs_ms']:.3f} ms; total {f['predicted_ms']:,.1f} ms predicted vs "
+                  f"{f['recorded_ms']:,.1f} ms recorded ({f['total_rel']:+.1%})")
+    print(f"loop gap between busy steps: {model.gap_ns / 1e6:.3f} ms")
+    print("coefficients, ns per unit: " + ", ".join(FEATURES))
+    for phase in PHASES:
+        for part in PARTS:
+            weights = model.coefficients[phase][part]
+            print(f"  {phase:<7} {part:<14} " + "  ".join(f"{w:>12.4g}" for w in weights))
+    if args.output:
+        save(model, args.output, force=args.force)
+        print(f"wrote {args.output}")
+    return EXIT_OK
+
+
+# -- the time-aware what-if -------------------------------------------------------------------
+
+
+def _pick(s: dict, *keys):
+    value = s
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def _ms(value):
+    return None if value is None else value * 1e3
+
+
+def timed_rows(s: dict) -> list[tuple[str, float | None, str]]:
+    """(label, value, format) rows of a stats dict, for the simulated-time table."""
+    lat = s["latency"]
+    rows = [("duration ms", _ms(_pick(s, "steps", "total_s")), "{:,.1f}"),
+            ("steps", s["steps"]["num_steps"], "{:,}"),
+            ("prefill steps", s["steps"]["num_prefill_steps"], "{:,}"),
+            ("preemptions", s["preemption"]["num_preemptions"], "{:,}"),
+            ("completion tokens/s", _pick(s, "throughput", "completion_tokens_per_s"), "{:,.1f}")]
+    for name, label in (("ttft", "TTFT"), ("itl", "TPOT"), ("e2e", "e2e")):
+        for p in ("p50", "p90", "p99"):
+            rows.append((f"{label} {p} ms", _ms(lat[name]["seconds"][p]), "{:,.2f}"))
+        rows.append((f"{label} p50 steps", lat[name]["steps"]["p50"], "{:,.1f}"))
+    return rows
+
+
+def _cell(value, fmt) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def relative_error(predicted, recorded):
+    if predicted is None or recorded is None:
+        return None
+    if recorded == 0:
+        return 0.0 if predicted == 0 else None
+    return (predicted - recorded) / recorded
+
+
+def timed_table(recorded: dict, self_check: dict, new: dict | None) -> str:
+    """recorded | the recorded config in simulated time | its error | the what-if."""
+    header = ["", "recorded", "simulated", "error"] + (["what-if", "vs recorded"] if new is not None else [])
+    table = [header]
+    for i, (label, value, fmt) in enumerate(timed_rows(recorded)):
+        sim = timed_rows(self_check)[i][1]
+        err = relative_error(sim, value)
+        row = [label, _cell(value, fmt), _cell(sim, fmt), "-" if err is None else f"{err:+.1%}"]
+        if new is not None:
+            w = timed_rows(new)[i][1]
+            change = relative_error(w, value)
+            row += [_cell(w, fmt), "-" if change is None else f"{change:+.1%}"]
+        table.append(row)
+    widths = [max(len(r[c]) for r in table) for c in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(widths[0]) if c == 0 else cell.rjust(widths[c])
+                               for c, cell in enumerate(r)) for r in table)
+
+
+def run_timed_whatif(path, overrides: dict, record, step_time) -> int:
+    from tracengine.analysis.stats import stats
+    from tracengine.replay.simulate import timed_whatif
+    from tracengine.trace.tracelog import TraceReader
+    if record and os.path.exists(record):
+        raise TracengineError(f"{record} exists; choose another --record path")
+    with TraceReader(path) as reader:
+        result = timed_whatif(reader.events(), overrides, step_time, os.path.basename(path))
+    changes = ", ".join(f"{name} {old} -> {new}" for name, old, new in result.changes) or "no config change"
+    print(f"what-if on {path} in simulated time: {changes}")
+    print(f"step times: {describe_step_time(result.step_time, path)}")
+    recorded, self_check = stats(result.recorded), stats(result.self_check)
+    print(timed_table(recorded, self_check, stats(result.new) if overrides else None))
+    print("simulated: the recorded config in simulated time, so `error` is how far the step-time model "
+          "is from this run")
+    if result.num_past_output:
+        print(f"note: {result.num_past_output} sequences ran past their recorded output (filler tokens)")
+    if record:
+        write_events(record, result.new)
+        print(f"wrote {record}")
+    return EXIT_OK
+
+
+def write_events(path, events):
+    from tracengine.trace.tracelog import TraceWriter
+    with TraceWriter(path, events[0]) as writer:
+        for event in events[1:]:
+            writer.emit(event)
+
