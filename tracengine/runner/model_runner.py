@@ -62,8 +62,8 @@ class ModelRunner:
             use_cuda_graph = self.device.type == "cuda" and not config.enforce_eager
         self.kv_cache = None
         self.scratch_slot = 0   # set by allocate_kv_cache; warmup forwards have no cache to store into
-        # The torch backend's CPU plans (torch_plans.py); the dense decode copies only when eager.
-        self.plans_prefill_groups = self.device.type == "cpu" and self.attention_backend == "torch"
+        # The torch backend on the CPU plans its attention (torch_plans.py); the decode copies only when eager.
+        self.cpu_plans = self.device.type == "cpu" and self.attention_backend == "torch"
         self.kv_copy_planner = None
 
         if config.num_kvcache_blocks != -1:
@@ -82,11 +82,8 @@ class ModelRunner:
                                                 self.hf_config.hidden_size, self.dtype, self.device,
                                                 self.scratch_slot)
             self.graph_runner.capture()
-        if self.plans_prefill_groups and self.graph_runner is None:
-            layer = self.attention_layers[0]
-            bytes_per_key = 2 * len(self.attention_layers) * layer.num_kv_heads * layer.head_dim * self.dtype.itemsize
-            self.kv_copy_planner = KVCopyPlanner(self.block_size, self.max_num_blocks_per_seq, bytes_per_key,
-                                                 self.kv_cache.nbytes)
+        if self.cpu_plans and self.graph_runner is None:
+            self.kv_copy_planner = KVCopyPlanner(self.kv_cache, self.block_size, self.max_num_blocks_per_seq)
 
     # --- KV cache ---------------------------------------------------------
 
@@ -215,7 +212,7 @@ class ModelRunner:
         block_tables = self.prepare_block_tables(seqs) if cu_seqlens_k[-1] > cu_seqlens_q[-1] else None
         context = Context(True, self._tensor(cu_seqlens_q, torch.int32), self._tensor(cu_seqlens_k, torch.int32),
                           max_seqlen_q, max_seqlen_k, self._tensor(slot_mapping, torch.int64), None, block_tables)
-        if self.plans_prefill_groups:
+        if self.cpu_plans:
             context.cpu_plan = prefill_groups(cu_seqlens_q, cu_seqlens_k)
         return self._tensor(input_ids, torch.int64), self._tensor(positions, torch.int64), context
 

@@ -144,11 +144,12 @@ class KVCopyPlanner:
     KV_COPY_MAX_DEAD of the rows are); otherwise refilled, but only while
     they take no more memory than the KV cache (or KV_COPY_MIN_BUDGET)."""
 
-    def __init__(self, block_size: int, max_num_blocks_per_seq: int, bytes_per_key: int, kv_cache_bytes: int):
+    def __init__(self, kv_cache: torch.Tensor, block_size: int, max_num_blocks_per_seq: int):
         self.block_size = block_size
         self.max_num_blocks_per_seq = max_num_blocks_per_seq
-        self.bytes_per_key = bytes_per_key   # K and V of one token, one sequence, every layer
-        self.budget = max(kv_cache_bytes, KV_COPY_MIN_BUDGET)
+        # K and V of one token of one sequence in every layer: the cache, [2, layers, blocks, Hkv, bs, D], per slot.
+        self.bytes_per_key = kv_cache.nbytes // (kv_cache.size(2) * block_size)
+        self.budget = max(kv_cache.nbytes, KV_COPY_MIN_BUDGET)
         self.last: KVCopies | None = None    # None after a prefill or while copies are not used
 
     def plan(self, seqs: list[Sequence], context_lens: list[int]) -> KVCopies | None:
