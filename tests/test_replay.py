@@ -115,6 +115,17 @@ def test_a_trace_cut_short_reproduces_what_it_has():
 def test_events_without_a_header_are_refused():
     with pytest.raises(TraceError, match="TraceHeader"):
         replay(run_canned("worked_example")[1:])
+    # one check, one message, in every reader of an event stream
+    from tracengine.replay.diff import diff_traces
+    from tracengine.replay.fold import Fold
+    from tracengine.replay.whatif import whatif
+    events = run_canned("worked_example")
+    for read in (replay, lambda e: whatif(e, {}), lambda e: diff_traces(events, e), Fold):
+        with pytest.raises(TraceError, match="^a trace starts with a TraceHeader, not RequestAdded$"):
+            read(events[1:])
+    for read in (replay, lambda e: whatif(e, {}), lambda e: diff_traces(events, e)):   # a Fold waits for more
+        with pytest.raises(TraceError, match="^a trace starts with a TraceHeader, not nothing$"):
+            read([])
 
 
 def test_a_scheduler_change_makes_replay_exit_1_at_the_right_step(tmp_path, capsys, monkeypatch):
@@ -202,4 +213,4 @@ def test_a_torn_tail_is_noted_and_the_complete_steps_reproduce(tmp_path, capsys)
     captured = capsys.readouterr()
     assert "11 steps and" in captured.out and "reproduced exactly" in captured.out
     assert "the trace ends before 1 of its sequences finished" in captured.out
-    assert "incomplete last frame" in captured.err
+    assert "torn last frame: " in captured.err

@@ -222,7 +222,7 @@ def test_torn_trace_gives_every_complete_step(trace_file):
     cut_like_a_kill(trace_file, 5)
     s = stats(trace_file)
     assert s["steps"]["num_steps"] == 7
-    assert s["trace"]["torn_tail"].startswith("incomplete last frame at offset ")
+    assert s["trace"]["torn_tail"].startswith("torn last frame: ")
     assert s["requests"]["num_unfinished"] == 1     # seq 2 finishes in the lost step 7
 
 

@@ -5,9 +5,11 @@ import pytest
 
 from conftest import cut_like_a_kill
 from test_tracelog import flip_byte, record
+from tracengine.analysis.stats import stats
 from tracengine.cli import main
 from tracengine.trace.events import EVENT_TYPES
 from tracengine.trace.tracelog import FORMAT_VERSION, PREAMBLE, TraceReader
+from tracengine.tui.trace_index import TraceIndex
 
 
 @pytest.fixture
@@ -111,6 +113,19 @@ def test_check_torn_trace_exits_1_and_still_counts(trace, capsys, tmp_path):
     exit_code, out, err = run(capsys, "events", torn, "--type", "StepEnd")
     assert exit_code == 0 and len(out.splitlines()) == engine.num_steps - 1
     assert err.startswith("tracengine: note: torn last frame")
+    # one message, wherever a torn tail is reported: check, events, replay, diff, stats and the TUI
+    with TraceReader(torn) as reader:
+        message = reader.describe_torn_tail()
+    assert message in run(capsys, "check", torn)[1] and message in err
+    assert message in run(capsys, "replay", torn)[2] and message in run(capsys, "diff", torn, torn)[2]
+    assert stats(str(torn))["trace"]["torn_tail"].startswith(message + "; ")
+    index = TraceIndex(torn)
+    try:
+        while index.index_more():
+            pass
+        assert index.torn_tail == message
+    finally:
+        index.close()
 
 
 def test_check_flipped_byte_exits_1_with_offset(trace, capsys):

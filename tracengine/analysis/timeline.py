@@ -142,9 +142,7 @@ def load(path_or_events) -> Timeline:
     with TraceReader(path_or_events) as reader:
         timeline = fold(reader.events())
         if reader.torn_tail is not None:
-            timeline.torn_tail = (f"incomplete last frame at offset {reader.torn_tail.offset} "
-                                  f"({reader.torn_tail.nbytes} bytes) not read; "
-                                  f"figures cover steps 0..{timeline.num_steps - 1}")
+            timeline.torn_tail = f"{reader.describe_torn_tail()}; figures cover steps 0..{timeline.num_steps - 1}"
     return timeline
 
 

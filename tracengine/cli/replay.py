@@ -17,8 +17,7 @@ EXIT_OK, EXIT_FAILED_CHECK = 0, 1
 
 def _note_torn_tail(reader: TraceReader):
     if reader.torn_tail is not None:
-        print(f"tracengine: note: {reader.path}: incomplete last frame at offset {reader.torn_tail.offset} "
-              f"({reader.torn_tail.nbytes} bytes) ignored", file=sys.stderr)
+        print(f"tracengine: note: {reader.path}: {reader.describe_torn_tail()}", file=sys.stderr)
 
 
 def _indent(text: str) -> str:

@@ -71,16 +71,9 @@ def cmd_events(args) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return EXIT_OK
         if reader.torn_tail is not None:
-            print(f"tracengine: note: {describe_torn_tail(reader)}; the events above are every complete step",
+            print(f"tracengine: note: {reader.describe_torn_tail()}; the events above are every complete step",
                   file=sys.stderr)
     return EXIT_OK
-
-
-def describe_torn_tail(reader: TraceReader) -> str:
-    frames = reader.frames()
-    after = f" (after step {frames[-1].step})" if len(frames) > 1 else ""
-    torn = reader.torn_tail
-    return f"torn last frame: {torn.nbytes} bytes at offset {torn.offset}{after}"
 
 
 def cmd_check(args) -> int:
@@ -104,7 +97,7 @@ def cmd_check(args) -> int:
         if damage is not None:
             print(f"corruption: {damage}; nothing after it is read")
         if reader.torn_tail is not None:
-            print(describe_torn_tail(reader))
+            print(reader.describe_torn_tail())
         whole = damage is None and reader.torn_tail is None
         print(f"{args.trace}: {'whole' if whole else 'damaged'}")
         return EXIT_OK if whole else EXIT_DAMAGED

@@ -7,8 +7,8 @@ from tracengine.analysis.stats import stats
 from tracengine.analysis.timeline import Timeline
 
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, ScheduleDecision,
-                               TraceHeader, without_wall_clock)
-from tracengine.errors import TraceError
+                                     without_wall_clock)
+from tracengine.trace.tracelog import split_header
 from tracengine.replay.fold import iter_steps
 
 SCHEDULING_TYPES = (ScheduleDecision, Preempt, BlockAllocate, BlockAppend, BlockHash, BlockFree)
@@ -35,10 +35,7 @@ def scheduling_key(events) -> list[tuple]:
 
 def diff_traces(a, b) -> TraceDiff:
     """Compare two event streams (TraceHeader first), step by step."""
-    a, b = iter(a), iter(b)
-    header_a, header_b = next(a, None), next(b, None)
-    if not isinstance(header_a, TraceHeader) or not isinstance(header_b, TraceHeader):
-        raise TraceError("a trace starts with a TraceHeader")
+    (header_a, a), (header_b, b) = split_header(a), split_header(b)
     result = TraceDiff(None)
     result.config_changes = [(name, value, header_b.config.get(name)) for name, value in header_a.config.items()
                              if header_b.config.get(name) != value]

@@ -17,7 +17,7 @@ from tracengine.errors import TraceError
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
                                ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader)
 from tracengine.replay.state import FINISHED, RUNNING, WAITING, BlockState, FoldState, SeqState, live_state
-from tracengine.trace.tracelog import TraceReader
+from tracengine.trace.tracelog import TraceReader, check_header
 
 __all__ = ["Fold", "FoldState", "SeqState", "BlockState", "iter_steps", "live_state"]
 
@@ -278,9 +278,7 @@ class Fold:
             current.append(event)
 
     def _start(self, header):
-        if not isinstance(header, TraceHeader):
-            raise TraceError(f"a trace starts with a TraceHeader, not {type(header).__name__}")
-        config = header.config
+        config = check_header(header).config
         num_blocks, block_size = config.get("num_kvcache_blocks", -1), config.get("kvcache_block_size", 0)
         if not (isinstance(num_blocks, int) and num_blocks > 0 and isinstance(block_size, int) and block_size > 0):
             raise TraceError(f"the trace header has no block pool: num_kvcache_blocks={num_blocks}, "

@@ -6,11 +6,11 @@ import time
 from dataclasses import dataclass
 
 from tracengine.engine.config import Config
-from tracengine.errors import RequestError, TraceError
-from tracengine.trace.events import (WALL_CLOCK_FIELDS, AnyEvent, Event, RequestAdded, SeqAbort, StepEnd, TokenSample,
-                                     TraceHeader)
+from tracengine.errors import RequestError
+from tracengine.trace.events import WALL_CLOCK_FIELDS, AnyEvent, Event, RequestAdded, SeqAbort, StepEnd, TokenSample
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.replay.fold import iter_steps
+from tracengine.trace.tracelog import split_header
 from tracengine.replay.state import FoldState, live_state
 from tracengine.replay.runners import RecordedRunner
 from tracengine.engine.sampling_params import SamplingParams
@@ -81,10 +81,7 @@ class ComparingSink:
 
 def replay(events) -> ReplayResult:
     """Re-execute `events` (TraceHeader first); stops at the first divergence."""
-    it = iter(events)
-    header = next(it, None)
-    if not isinstance(header, TraceHeader):
-        raise TraceError("a trace starts with a TraceHeader")
+    header, it = split_header(events)
     config = Config.from_dict(header.config)
     runner, sink = RecordedRunner(), ComparingSink()
     engine = LLMEngine(config, runner, sink)

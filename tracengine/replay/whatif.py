@@ -10,8 +10,9 @@ import msgspec
 from tracengine.analysis.stats import stats
 from tracengine.analysis.timeline import Timeline
 from tracengine.engine.config import Config
-from tracengine.errors import RequestError, TraceError
+from tracengine.errors import RequestError
 from tracengine.trace.events import RequestAdded, ScheduleDecision, TokenSample, TraceHeader
+from tracengine.trace.tracelog import split_header
 from tracengine.replay.runners import OutputRunner, WorkloadRequest, run_workload
 from tracengine.engine.scheduler import Scheduler
 
@@ -35,10 +36,7 @@ class WhatIfResult:
 
 
 def extract_workload(events) -> Workload:
-    it = iter(events)
-    header = next(it, None)
-    if not isinstance(header, TraceHeader):
-        raise TraceError("a trace starts with a TraceHeader")
+    header, it = split_header(events)
     requests, outputs, middle, positions = [], {}, {}, {}
     timeline = Timeline(header)
     for e in it:

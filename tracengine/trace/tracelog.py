@@ -80,6 +80,20 @@ def make_header(config, model: ModelInfo | None = None, device: str = "cpu", tor
                        device, torch_version, config.seed if seed is None else seed, time.time())
 
 
+def check_header(event) -> TraceHeader:
+    """The first event of a trace, which must be its TraceHeader: the one check."""
+    if not isinstance(event, TraceHeader):
+        got = "nothing" if event is None else type(event).__name__
+        raise TraceError(f"a trace starts with a TraceHeader, not {got}")
+    return event
+
+
+def split_header(events) -> tuple[TraceHeader, Iterator[AnyEvent]]:
+    """(the header, an iterator over the events after it)."""
+    it = iter(events)
+    return check_header(next(it, None)), it
+
+
 class TraceWriter:
     """An event sink that writes one frame per step, at its StepEnd. With
     `deflate=False` every payload is stored as it is (benchmarks, tests)."""
@@ -254,6 +268,14 @@ class TraceReader:
     def _corrupt(self, message: str, offset: int) -> None:
         last_step = self._frames[-1].step if len(self._frames) > 1 else None
         self.corruption = TraceCorruptError(f"{self.path}: {message}", offset, last_step)
+
+    def describe_torn_tail(self) -> str | None:
+        """The one message for a torn tail (every command and the TUI print it), or None."""
+        torn = self.torn_tail
+        if torn is None:
+            return None
+        after = f" (after step {self._frames[-1].step})" if len(self._frames) > 1 else ""
+        return f"torn last frame: {torn.nbytes} bytes at offset {torn.offset}{after} not read"
 
     def frames(self) -> list[FrameInfo]:
         """The index of complete, intact frames; frame 0 is the header frame."""

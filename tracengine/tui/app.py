@@ -318,7 +318,7 @@ class TraceApp(App):
                 self.note = "recording ended"
                 return
             tail = self.index.torn_tail
-            self.note = f"torn last frame ignored ({tail.nbytes} bytes at offset {tail.offset})" if tail else ""
+            self.note = tail or ""
             if tail:
                 self.notify(f"{self.index.name}: {self.note}", severity="warning", timeout=5)
         elif not self.follow:

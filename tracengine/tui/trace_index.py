@@ -157,8 +157,9 @@ class TraceIndex:
         return ""
 
     @property
-    def torn_tail(self):
-        return self.reader.torn_tail
+    def torn_tail(self) -> str | None:
+        """The reader's message for a torn last frame, or None."""
+        return self.reader.describe_torn_tail()
 
     @property
     def ended(self) -> bool:
