@@ -20,7 +20,7 @@ from tracengine.engine.config import Config
 from tracengine.trace.events import NULL_SINK, RequestAdded, StepEnd, TokenSample
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.replay.fold import Fold, iter_steps
-from tracengine.replay.reexec import replay
+from tracengine.replay.reexec import reexecute
 from tracengine.replay.runners import RecordedRunner, SyntheticRunner
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.trace.tracelog import TraceReader, TraceWriter, make_header
@@ -113,13 +113,13 @@ def main(argv=None) -> int:
     num_events = len(events) - 1
     num_steps = reader.num_frames - 1
 
-    result = replay(events)
+    result = reexecute(events)
     if not result.ok:
         print(f"replay diverged at step {result.divergence.step}: {result.divergence.reason}", file=sys.stderr)
         return 1
     # best of --repeat runs: other processes on a small machine only ever add time
     fold_s = best_of(args.repeat, lambda: Fold(events))
-    reexec_s = best_of(args.repeat, lambda: replay(events))
+    reexec_s = best_of(args.repeat, lambda: reexecute(events))
     alone_s = best_of(args.repeat, lambda: engine_alone(events))
     emitting_s = best_of(args.repeat, lambda: engine_alone(events, DiscardingSink()))
     fold = Fold(events)

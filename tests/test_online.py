@@ -10,7 +10,7 @@ from tracengine.cli import main
 from tracengine.engine.config import Config
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.sampling_params import SamplingParams
-from tracengine.replay.reexec import replay
+from tracengine.replay.reexec import reexecute
 from tracengine.replay.runners import SyntheticRunner
 from tracengine.trace.events import BlockAllocate, ListSink, RequestAdded, ScheduleDecision, StepEnd
 from tracengine.trace.tracelog import open_trace
@@ -104,7 +104,7 @@ def test_generate_with_arrival_times_records_them(online_trace):
 
 def test_online_run_replays_exactly_and_diffs_against_itself(online_trace, capsys):
     path, _ = online_trace
-    result = replay(read_events(str(path)))
+    result = reexecute(read_events(str(path)))
     assert result.divergence is None and result.num_unfinished == 0
     assert main(["diff", str(path), str(path)]) == 0
     assert main(["replay", str(path)]) == 0

@@ -10,7 +10,7 @@ from pytest_snapshot.plugin import Snapshot
 from tracengine.cli import main
 from tracengine.errors import TraceError
 from tracengine.trace.events import BlockHash, Preempt, ScheduleDecision, SeqFinish, StepEnd, TokenSample
-from tracengine.replay.reexec import replay
+from tracengine.replay.reexec import reexecute
 from tracengine.replay.render import format_event, render_steps
 from tracengine.testing import CANNED_WORKLOADS
 from tracengine.engine.scheduler import Scheduler
@@ -42,7 +42,7 @@ def preempt_head_of_running(monkeypatch):
 @pytest.mark.parametrize("name", CANNED_WORKLOADS)
 def test_canned_workloads_reproduce(name):
     events = run_canned(name)
-    result = replay(events)
+    result = reexecute(events)
     assert result.ok
     assert result.num_steps == sum(type(e) is StepEnd for e in events)
     assert result.num_events == len(events) - 1       # all but the header
@@ -58,7 +58,7 @@ def test_replay_command_reproduces_a_trace_file(tmp_path, capsys):
 
 def test_a_changed_decision_is_reported_at_its_step():
     events = replace_first(run_canned("worked_example"), ScheduleDecision, stop_reason="chunk_gate")
-    d = replay(events).divergence
+    d = reexecute(events).divergence
     assert (d.step, d.index) == (0, 4)           # 3 RequestAdded, 1 BlockAllocate, then the decision
     assert d.expected.stop_reason == "chunk_gate" and d.actual.stop_reason == "budget_exhausted"
     assert d.reason == "the replay emitted a different event"
@@ -70,7 +70,7 @@ def test_a_changed_token_shows_up_where_its_block_is_hashed():
     # s2's kept token of step 1 is its 7th token, in its 2nd block (tokens 4-7), which step 3 hashes
     i = next(i for i, e in enumerate(events) if type(e) is TokenSample and e.seq_id == 2)
     events[i] = msgspec.structs.replace(events[i], token_id=events[i].token_id + 1)
-    d = replay(events).divergence
+    d = reexecute(events).divergence
     assert d.step == 3
     assert type(d.expected) is BlockHash and type(d.actual) is BlockHash
     assert (d.actual.seq_id, d.actual.block_id) == (2, 10) and d.actual.hash != d.expected.hash
@@ -80,50 +80,50 @@ def test_a_dropped_middle_chunk_sample_changes_nothing():
     events = run_canned("worked_example")
     i = next(i for i, e in enumerate(events) if type(e) is TokenSample and not e.kept)
     events[i] = msgspec.structs.replace(events[i], token_id=events[i].token_id + 1)
-    assert replay(events).ok
+    assert reexecute(events).ok
 
 
 def test_wall_clock_fields_are_not_compared():
     events = run_canned("self_preemption")
     events = [msgspec.structs.replace(e, schedule_ns=e.schedule_ns + 123) if type(e) is StepEnd else e
               for e in events]
-    assert replay(events).ok
+    assert reexecute(events).ok
 
 
 def test_an_event_the_replay_does_not_emit():
     events = run_canned("max_tokens_one")
     extra = Preempt(0, 0, 0, [], 0)
     i = next(i for i, e in enumerate(events) if type(e) is StepEnd)
-    d = replay(events[:i] + [extra] + events[i:]).divergence
+    d = reexecute(events[:i] + [extra] + events[i:]).divergence
     assert d.step == 0 and d.expected == extra and type(d.actual) is StepEnd
 
 
 def test_an_event_the_trace_does_not_have():
     events = run_canned("max_tokens_one")
     i = next(i for i, e in enumerate(events) if type(e) is SeqFinish)
-    d = replay(events[:i] + events[i + 1:]).divergence
+    d = reexecute(events[:i] + events[i + 1:]).divergence
     assert d.step == 0 and d.expected == events[i + 1] and d.actual == events[i]
 
 
 def test_a_trace_cut_short_reproduces_what_it_has():
     events = run_canned("head_of_line")
     cut = next(i for i, e in enumerate(events) if type(e) is StepEnd and e.step == 4) + 1
-    result = replay(events[:cut])
+    result = reexecute(events[:cut])
     assert result.ok and result.num_steps == 5 and result.num_unfinished == 3
 
 
 def test_events_without_a_header_are_refused():
     with pytest.raises(TraceError, match="TraceHeader"):
-        replay(run_canned("worked_example")[1:])
+        reexecute(run_canned("worked_example")[1:])
     # one check, one message, in every reader of an event stream
     from tracengine.replay.diff import diff_traces
     from tracengine.replay.fold import Fold
     from tracengine.replay.whatif import whatif
     events = run_canned("worked_example")
-    for read in (replay, lambda e: whatif(e, {}), lambda e: diff_traces(events, e), Fold):
+    for read in (reexecute, lambda e: whatif(e, {}), lambda e: diff_traces(events, e), Fold):
         with pytest.raises(TraceError, match="^a trace starts with a TraceHeader, not RequestAdded$"):
             read(events[1:])
-    for read in (replay, lambda e: whatif(e, {}), lambda e: diff_traces(events, e)):   # a Fold waits for more
+    for read in (reexecute, lambda e: whatif(e, {}), lambda e: diff_traces(events, e)):   # a Fold waits for more
         with pytest.raises(TraceError, match="^a trace starts with a TraceHeader, not nothing$"):
             read([])
 
@@ -176,7 +176,7 @@ def read_trace(name):
 @pytest.mark.parametrize("name", GOLDEN)
 def test_golden_traces_reproduce_and_keep_their_step_table(name, snapshot):
     events = read_trace(name)
-    result = replay(events)
+    result = reexecute(events)
     assert result.ok, format_event(result.divergence.expected)
     assert result.num_events == len(events) - 1 and result.num_unfinished == 0
     snapshot.snapshot_dir = SNAPSHOT_DIR

@@ -11,7 +11,7 @@ from tracengine.engine.config import Config
 from tracengine.trace.events import BlockAllocate, ListSink, Preempt, SeqFinish
 from tracengine.replay.fold import Fold
 from tracengine.replay.state import live_state
-from tracengine.replay.reexec import replay
+from tracengine.replay.reexec import reexecute
 from tracengine.replay.runners import SyntheticRunner, WorkloadRequest, run_workload
 from tracengine.testing import random_workload
 from tracengine.trace.tracelog import make_header
@@ -118,7 +118,7 @@ def test_invariants_hold_after_every_step_and_the_run_replays(workload, keyframe
     events = run_checked(config, requests, eos_at, keyframe_interval)
     event("preempted" if any(type(e) is Preempt for e in events) else "no preemption")
     event("prefix-cache hit" if any(type(e) is BlockAllocate and e.num_cached_blocks for e in events) else "no hit")
-    result = replay(events)
+    result = reexecute(events)
     assert result.ok, result.divergence
     assert result.num_events == len(events) - 1
 
@@ -135,7 +135,7 @@ def test_a_hundred_seeded_random_workloads_replay():
         config = config.replace(num_kvcache_blocks=most + rng.randint(0, 8))
         events = run_workload(config, requests, SyntheticRunner(eos=EOS, eos_at={0: rng.randint(0, 4)}))
         assert sum(type(e) is SeqFinish for e in events) == len(requests)
-        result = replay(events)
+        result = reexecute(events)
         assert result.ok, (seed, result.divergence)
         num_preempted += any(type(e) is Preempt for e in events)
     assert num_preempted >= 20      # the block counts do force preemption

@@ -4,7 +4,7 @@ from tracengine.analysis.stats import stats
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.replay.fold import Fold
-from tracengine.replay.reexec import replay
+from tracengine.replay.reexec import reexecute
 from tracengine.replay.runners import SyntheticRunner
 from tracengine.replay.state import live_state
 from tracengine.trace.events import BlockFree, ListSink, RequestAdded, SeqAbort
@@ -96,7 +96,7 @@ def test_a_trace_with_aborts_replays_folds_and_counts_them(tmp_path):
     # s1's abort sits between the RequestAdded of s2 and of s3 at step 2: replay injects it there
     at_2 = [type(e).__name__ for e in events if getattr(e, "step", None) == 2][:4]
     assert at_2 == ["RequestAdded", "SeqAbort", "BlockFree", "RequestAdded"]
-    result = replay(events)
+    result = reexecute(events)
     assert result.ok, result.divergence
     assert result.num_events == len(events) - 1 and result.num_unfinished == 1    # s0 still running
 
@@ -122,6 +122,6 @@ def test_replay_reports_an_abort_of_a_sequence_it_does_not_have():
     events = [make_header(config), *sink.events]
     i = next(i for i, e in enumerate(events) if type(e) is SeqAbort)
     events[i] = msgspec.structs.replace(events[i], seq_id=7)
-    result = replay(events)
+    result = reexecute(events)
     assert not result.ok and result.divergence.step == 2
     assert result.divergence.reason == "the replay has no sequence 7 to abort"

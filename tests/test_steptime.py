@@ -9,7 +9,7 @@ import pytest
 from tracengine.cli.main import main
 from tracengine.engine.config import Config
 from tracengine.errors import TracengineError
-from tracengine.replay.reexec import replay
+from tracengine.replay.reexec import reexecute
 from tracengine.replay.roofline import HARDWARE, ModelShape, RooflineStepTime
 from tracengine.replay.runners import WorkloadRequest
 from tracengine.replay.simulate import run_timed, timed_whatif
@@ -75,7 +75,7 @@ def test_calibration_of_noisy_times_reports_the_held_out_error(recorded):
 def test_what_if_under_the_recorded_config_with_the_exact_model_gives_the_recorded_run(recorded):
     result = timed_whatif(recorded, {}, LinearStepTime(TRUTH, gap_ns=30_000))
     assert result.self_check[1:] == recorded[1:]       # every event, the simulated durations too
-    assert replay(result.self_check).ok
+    assert reexecute(result.self_check).ok
     calibrated = timed_whatif(recorded, {})             # calibrated on the trace itself: the same schedule
     assert [without_wall_clock(e) for e in calibrated.self_check[1:]] == [without_wall_clock(e) for e in recorded[1:]]
 
@@ -84,7 +84,7 @@ def test_what_if_in_time_changes_the_schedule_and_replays(recorded):
     result = timed_whatif(recorded, {"num_kvcache_blocks": 40}, LinearStepTime(TRUTH, gap_ns=30_000))
     assert result.changes == [("num_kvcache_blocks", 96, 40)]
     assert result.new != result.self_check
-    assert replay(result.new).ok
+    assert reexecute(result.new).ok
 
 
 def test_linear_model_round_trips_through_json(tmp_path, recorded):

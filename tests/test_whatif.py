@@ -9,7 +9,7 @@ from tracengine.trace.events import Preempt, StepEnd, TokenSample
 from tracengine.replay.diff import diff_traces
 from tracengine.replay.metrics import rows, side_by_side
 from tracengine.analysis.stats import stats, summarize
-from tracengine.replay.reexec import replay
+from tracengine.replay.reexec import reexecute
 from tracengine.testing import CANNED_WORKLOADS
 from tracengine.replay.whatif import extract_workload, whatif
 from tracengine.engine.scheduler import Scheduler
@@ -48,7 +48,7 @@ def test_fewer_blocks_preempt_more_and_keep_every_output():
                                                    if type(e) is Preempt)
     assert kept_tokens(result.events) == kept_tokens(events)
     assert result.new["requests"]["num_finished"] == result.original["requests"]["num_finished"] == 3
-    assert replay(result.events).ok      # the new run is itself a trace that reproduces
+    assert reexecute(result.events).ok      # the new run is itself a trace that reproduces
 
 
 def test_more_blocks_remove_the_preemptions():

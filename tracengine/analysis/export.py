@@ -16,7 +16,7 @@ nanoseconds, so spans meet exactly and every track is monotonic."""
 import msgspec
 
 from tracengine import __version__
-from tracengine.analysis.timeline import Timeline, load
+from tracengine.analysis.timeline import RequestTimeline, load
 
 ENGINE_PID, REQUESTS_PID, STEPS_TID = 1, 2, 1
 
@@ -43,7 +43,7 @@ def _counter(name: str, ts_ns: int, values: dict) -> dict:
     return {"ph": "C", "pid": ENGINE_PID, "tid": STEPS_TID, "name": name, "ts": _us(ts_ns), "args": values}
 
 
-def engine_events(t: Timeline) -> list[dict]:
+def engine_events(t: RequestTimeline) -> list[dict]:
     events = []
     for rec in t.steps:
         d, end = rec.decision, rec.end
@@ -63,7 +63,7 @@ def engine_events(t: Timeline) -> list[dict]:
     return events
 
 
-def request_spans(t: Timeline, req) -> list[tuple[str, int, int, dict]]:
+def request_spans(t: RequestTimeline, req) -> list[tuple[str, int, int, dict]]:
     """The request's lifecycle as (name, first step, end step exclusive, args), back to back."""
     spans: list[tuple[str, int, int, dict]] = []
 
@@ -99,7 +99,7 @@ def request_spans(t: Timeline, req) -> list[tuple[str, int, int, dict]]:
     return spans
 
 
-def request_events(t: Timeline, req) -> list[dict]:
+def request_events(t: RequestTimeline, req) -> list[dict]:
     tid = req.seq_id + 1
     events = _meta(REQUESTS_PID, tid, "thread", f"seq {req.seq_id}", req.seq_id)
     preempts = {p.step: p for p in req.preempts}
@@ -115,7 +115,7 @@ def request_events(t: Timeline, req) -> list[dict]:
     return events
 
 
-def trace_events(t: Timeline) -> dict:
+def trace_events(t: RequestTimeline) -> dict:
     """The whole export as a JSON-ready dict."""
     events = _meta(ENGINE_PID, 0, "process", "engine", 0) + _meta(REQUESTS_PID, 0, "process", "requests", 1)
     events += _meta(ENGINE_PID, STEPS_TID, "thread", "steps", 0)
@@ -134,8 +134,8 @@ def trace_events(t: Timeline) -> dict:
 
 def export_perfetto(events, out_path) -> dict:
     """Write the Chrome trace-event JSON of `events` (a trace path, an iterable
-    of events or a Timeline) to `out_path`; returns what was written."""
-    t = events if isinstance(events, Timeline) else load(events)
+    of events or a RequestTimeline) to `out_path`; returns what was written."""
+    t = events if isinstance(events, RequestTimeline) else load(events)
     doc = trace_events(t)
     data = msgspec.json.encode(doc)
     with open(out_path, "wb") as f:

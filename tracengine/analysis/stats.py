@@ -19,7 +19,7 @@ The JSON keys are stable (`stats_version` changes if one is renamed or
 removed); docs/stats.md lists them."""
 import math
 
-from tracengine.analysis.timeline import Timeline, load
+from tracengine.analysis.timeline import RequestTimeline, load
 
 STATS_VERSION = 1
 NS = 1e9
@@ -45,7 +45,7 @@ def _ratio(num, den):
     return num / den if num is not None and den else None
 
 
-def request_figures(t: Timeline, req) -> dict:
+def request_figures(t: RequestTimeline, req) -> dict:
     added, first_sched = req.added_step, req.first_scheduled_step
     first_token = req.token_steps[0] if req.token_steps else None
     out = {"seq_id": req.seq_id, "added_step": added, "first_scheduled_step": first_sched,
@@ -70,7 +70,7 @@ def request_figures(t: Timeline, req) -> dict:
 def stats(path_or_events) -> dict:
     """The figures of a trace (a path, read up to its last complete frame) or of
     an iterable of events (a TraceHeader first, for the block figures)."""
-    t = path_or_events if isinstance(path_or_events, Timeline) else load(path_or_events)
+    t = path_or_events if isinstance(path_or_events, RequestTimeline) else load(path_or_events)
     per_request = [request_figures(t, req) for req in t.requests.values()]
 
     def latency(name):

@@ -49,7 +49,7 @@ class RequestRecord:
         return self.scheduled[0][0] if self.scheduled else None
 
 
-class Timeline:
+class RequestTimeline:
     """The fold. `steps[i].step == i`; `requests` in arrival order."""
 
     def __init__(self, header: TraceHeader | None = None):
@@ -124,15 +124,15 @@ class Timeline:
         return self.start_ns(step + 1)
 
 
-def fold(events) -> Timeline:
-    timeline = Timeline()
+def fold(events) -> RequestTimeline:
+    timeline = RequestTimeline()
     for event in events:
         timeline.add(event)
     return timeline
 
 
-def load(path_or_events) -> Timeline:
-    """A Timeline from a trace path or from an iterable of events. A path is
+def load(path_or_events) -> RequestTimeline:
+    """A RequestTimeline from a trace path or from an iterable of events. A path is
     read up to its last complete frame: a torn tail (a trace still being
     written, or cut short) is noted in `torn_tail`, damage raises
     TraceCorruptError naming the offset."""
@@ -146,15 +146,15 @@ def load(path_or_events) -> Timeline:
     return timeline
 
 
-class TimelineSink:
-    """An event sink that folds what it is given into a Timeline as it comes,
+class RequestTimelineSink:
+    """An event sink that folds what it is given into a RequestTimeline as it comes,
     and passes it on to `inner` (a trace writer) if there is one: the run
     figures of a run with no trace file to read them from (generate's summary)."""
     enabled = True
 
     def __init__(self, header: TraceHeader, inner=None):
         self.step = 0
-        self.timeline = Timeline(header)
+        self.timeline = RequestTimeline(header)
         self.inner = inner if inner is not None and inner.enabled else None
 
     def emit(self, event) -> None:

@@ -8,7 +8,7 @@ from tracengine.errors import TraceError
 from tracengine.replay.diff import SCHEDULING_TYPES, diff_traces
 from tracengine.replay.fold import Fold
 from tracengine.replay.metrics import side_by_side
-from tracengine.replay.reexec import replay
+from tracengine.replay.reexec import reexecute
 from tracengine.replay.render import format_event, render_state, render_step
 from tracengine.trace.tracelog import TraceReader, TraceWriter
 
@@ -60,7 +60,7 @@ def show_state(path, step: int) -> int:
 
 def run_replay(path) -> int:
     with TraceReader(path) as reader:
-        result = replay(reader.events())
+        result = reexecute(reader.events())
         _note_torn_tail(reader)
     if result.ok:
         print(f"{path}: {result.num_steps} steps and {result.num_events} events reproduced exactly "

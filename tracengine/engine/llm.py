@@ -107,8 +107,8 @@ class LLM(LLMEngine):
             self.start_recording(record)
         folding = None
         if summary:
-            from tracengine.analysis.timeline import TimelineSink
-            folding = TimelineSink(self.trace_header(), inner=self.sink)
+            from tracengine.analysis.timeline import RequestTimelineSink
+            folding = RequestTimelineSink(self.trace_header(), inner=self.sink)
             self.set_sink(folding)
         try:
             outputs = self._generate(prompts, sampling_params, use_tqdm, arrival_times)

@@ -4,7 +4,7 @@ fields; token ids, arrivals and timings do not count."""
 from dataclasses import dataclass, field
 
 from tracengine.analysis.stats import stats
-from tracengine.analysis.timeline import Timeline
+from tracengine.analysis.timeline import RequestTimeline
 
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, ScheduleDecision,
                                      without_wall_clock)
@@ -39,7 +39,7 @@ def diff_traces(a, b) -> TraceDiff:
     result = TraceDiff(None)
     result.config_changes = [(name, value, header_b.config.get(name)) for name, value in header_a.config.items()
                              if header_b.config.get(name) != value]
-    timeline_a, timeline_b = Timeline(header_a), Timeline(header_b)
+    timeline_a, timeline_b = RequestTimeline(header_a), RequestTimeline(header_b)
     steps_a, steps_b = iter_steps(a), iter_steps(b)
     step = 0
     while True:

@@ -79,7 +79,7 @@ class ComparingSink:
         self.index = i + 1
 
 
-def replay(events) -> ReplayResult:
+def reexecute(events) -> ReplayResult:
     """Re-execute `events` (TraceHeader first); stops at the first divergence."""
     header, it = split_header(events)
     config = Config.from_dict(header.config)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import msgspec
 
 from tracengine.analysis.stats import stats
-from tracengine.analysis.timeline import Timeline
+from tracengine.analysis.timeline import RequestTimeline
 from tracengine.engine.config import Config
 from tracengine.errors import RequestError
 from tracengine.trace.events import RequestAdded, ScheduleDecision, TokenSample, TraceHeader
@@ -18,12 +18,13 @@ from tracengine.engine.scheduler import Scheduler
 
 
 @dataclass
-class Workload:
+class RecordedWorkload:
+    """What a trace ran (requests, their recorded outputs): what what-if runs again."""
     header: TraceHeader
     requests: list[WorkloadRequest]
     outputs: dict[int, list[int]]              # seq_id -> kept completion tokens, in order
     middle: dict[tuple[int, int], int]         # (seq_id, position) -> sample of a middle chunk
-    timeline: Timeline                         # the recorded run, folded: its figures are stats(timeline)
+    timeline: RequestTimeline                  # the recorded run, folded: its figures are stats(timeline)
 
 
 @dataclass
@@ -35,10 +36,10 @@ class WhatIfResult:
     num_past_output: int                        # sequences that ran past their recorded output
 
 
-def extract_workload(events) -> Workload:
+def extract_workload(events) -> RecordedWorkload:
     header, it = split_header(events)
     requests, outputs, middle, positions = [], {}, {}, {}
-    timeline = Timeline(header)
+    timeline = RequestTimeline(header)
     for e in it:
         timeline.add(e)
         t = type(e)
@@ -55,7 +56,7 @@ def extract_workload(events) -> Workload:
             requests.append(WorkloadRequest(list(e.prompt_token_ids), e.max_tokens, e.step, e.ignore_eos,
                                             e.temperature, seq_id=e.seq_id, arrival_ns=e.arrival_ns))
             outputs[e.seq_id] = []
-    return Workload(header, requests, outputs, middle, timeline)
+    return RecordedWorkload(header, requests, outputs, middle, timeline)
 
 
 def whatif(events, overrides: dict, max_steps: int | None = None) -> WhatIfResult:
