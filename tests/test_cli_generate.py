@@ -70,11 +70,15 @@ def test_malformed_config_json(tmp_path, capsys):
     assert_one_line_error(code, err, "config.json")
 
 
-def test_failed_run_keeps_what_was_recorded(tmp_path, capsys):
-    trace = tmp_path / "partial.trace"
-    trace.write_bytes(b"")
-    code, _, err = run_cli(capsys, "generate", "--quiet", "--record", str(trace), "--prompt-lens", "4,4000",
+def test_a_refused_workload_writes_nothing(tmp_path, capsys):
+    trace = tmp_path / "old.trace"
+    trace.write_bytes(b"an older trace")
+    # validation fails after the model loaded: even with --force the old file stays as it was
+    code, _, err = run_cli(capsys, "generate", "--quiet", "--force", "--record", str(trace), "--prompt-lens", "4,4000",
                            "--max-model-len", "64")
-    assert code == 2 and "longer than max_model_len=64" in err
-    code, out, _ = run_cli(capsys, "check", str(trace))
-    assert code == 0     # the header and whatever ran are whole
+    assert_one_line_error(code, err, "longer than max_model_len=64")
+    assert trace.read_bytes() == b"an older trace"
+    fresh = tmp_path / "fresh.trace"
+    code, _, err = run_cli(capsys, "generate", "--quiet", "--record", str(fresh), "--prompt-lens", "5000")
+    assert_one_line_error(code, err, "longer than max_model_len")
+    assert not fresh.exists()

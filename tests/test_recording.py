@@ -239,8 +239,8 @@ def test_generate_killed_with_sigkill_leaves_a_readable_trace(tmp_path, capsys):
         assert reader.corruption is None and num_steps >= 5
     exit_code = main(["check", str(path)])
     out = capsys.readouterr().out
-    if torn is None:      # killed between two frames
-        assert exit_code == 0 and out.splitlines()[-1] == f"{path}: whole"
+    if torn is None:      # killed between two frames: intact, but never ended (exit 3)
+        assert exit_code == 3 and out.splitlines()[-1] == f"{path}: not ended (intact, but no end frame: exit 3)"
     else:                 # killed while writing one
         assert exit_code == 1 and f"torn last frame: {torn.nbytes} bytes at offset {torn.offset}" in out
     assert f"steps: {num_steps} (0..{num_steps - 1})" in out

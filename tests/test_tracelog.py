@@ -509,8 +509,8 @@ def test_writer_killed_mid_run_leaves_every_finished_step(tmp_path, capsys):
     from tracengine.cli import main
     exit_code = main(["check", str(path)])
     out = capsys.readouterr().out
-    if torn is None:    # killed between two frames
-        assert exit_code == 0 and f"steps: {last_step + 1} (0..{last_step})" in out
+    if torn is None:    # killed between two frames: intact, but never ended (exit 3)
+        assert exit_code == 3 and f"steps: {last_step + 1} (0..{last_step})" in out
     else:               # killed while writing a frame
         assert exit_code == 1 and f"torn last frame: {torn.nbytes} bytes at offset {torn.offset}" in out
     assert main(["events", str(path), "--type", "StepEnd"]) == 0

@@ -20,6 +20,8 @@ def cmd_stats(args) -> int:
 
 def cmd_export(args) -> int:
     from tracengine.analysis.export import REQUESTS_PID, export_perfetto
+    from tracengine.cli.outputs import check_outputs
+    check_outputs({"--perfetto": args.perfetto}, {"trace": args.trace}, args.force)
     doc = export_perfetto(args.trace, args.perfetto)
     num_requests = sum(1 for e in doc["traceEvents"] if e["ph"] == "M" and e["pid"] == REQUESTS_PID
                        and e["name"] == "thread_name")

@@ -1,16 +1,20 @@
-"""`tracengine generate`: run the engine on a workload, print a summary, optionally record."""
+"""`tracengine generate`: run the engine on a workload, print a summary (and
+the completions of given prompts), optionally record the trace and write
+every request's result as JSONL."""
+import json
 import math
 import os
 import time
 
-from tracengine.errors import RequestError, TracengineError
+from tracengine.cli.outputs import check_outputs
+from tracengine.errors import RequestError
 from tracengine.workload.sources import config_overrides, sampling_params, workload_requests
 
 
 def cmd_generate(args) -> int:
     from tracengine.engine.llm import LLM
-    if args.record and os.path.isdir(args.record):
-        raise TracengineError(f"--record {args.record!r} is a directory")
+    check_outputs({"--record": args.record, "--output": args.output},
+                  {"prompts file": args.prompts_file, "workload file": getattr(args, "workload", None)}, args.force)
     llm = LLM(args.model, **config_overrides(args))
     try:
         requests = workload_requests(args, llm.hf_config.vocab_size, llm.config.max_model_len)
@@ -23,8 +27,40 @@ def cmd_generate(args) -> int:
         elapsed = time.perf_counter() - start
     finally:
         llm.close()
-    print_summary(llm, outputs, elapsed, args.record)
+    if args.output:
+        write_outputs(args.output, [dict(o, prompt=r.prompt) for o, r in zip(outputs, requests)])
+    if args.json:
+        print(json.dumps(run_summary(llm, elapsed, args.record, args.output), indent=2))
+        return 0
+    if args.prompt or args.prompts_file:
+        print_completions([dict(o, prompt=r.prompt) for o, r in zip(outputs, requests)])
+    print_summary(llm, outputs, elapsed, args.record, args.output)
     return 0
+
+
+def write_outputs(path: str, outputs: list[dict]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for o in outputs:
+            f.write(json.dumps({"prompt": o["prompt"], "text": o["text"], "prompt_token_ids": o["prompt_token_ids"],
+                                "token_ids": o["token_ids"], "finish_reason": o["finish_reason"],
+                                "ttft_s": o["ttft_s"], "latency_s": o["latency_s"]}) + "\n")
+
+
+def print_completions(outputs: list[dict]) -> None:
+    for i, o in enumerate(outputs):
+        print(f"[{i}] {o['prompt']!r}")
+        print(f"    -> {o['text']!r} ({len(o['token_ids'])} tokens, {o['finish_reason']})")
+    print()
+
+
+def run_summary(llm, elapsed: float, record: str | None, output: str | None) -> dict:
+    """What --json prints: the run's model, device and config, `tracengine stats`'
+    figures (llm.last_run) under "stats", the wall time and the files written."""
+    config = llm.config
+    return {"model": llm.model_dir if config.model else "embedded tiny Qwen3", "device": str(llm.runner.device),
+            "dtype": str(llm.runner.dtype).removeprefix("torch."), "config": config.to_dict(),
+            "elapsed_s": elapsed, "trace": record, "trace_bytes": os.path.getsize(record) if record else None,
+            "output": output, "stats": llm.last_run}
 
 
 def check_fits(llm, request):
@@ -40,7 +76,7 @@ def check_fits(llm, request):
     return prompt
 
 
-def print_summary(llm, outputs, elapsed: float, record: str | None):
+def print_summary(llm, outputs, elapsed: float, record: str | None, output: str | None = None):
     """The run's figures are `tracengine stats`' (llm.last_run is its dict)."""
     s = llm.last_run
     tok, st, tp, pc = s["tokens"], s["steps"], s["throughput"], s["prefix_cache"]
@@ -62,4 +98,6 @@ def print_summary(llm, outputs, elapsed: float, record: str | None):
     ]
     if record:
         lines.append(f"trace        {record} ({os.path.getsize(record):,} bytes)")
+    if output:
+        lines.append(f"outputs      {output} ({len(outputs)} lines)")
     print("\n".join(lines))

@@ -53,6 +53,10 @@ def add_generate(sub):
     p.add_argument("--model", default="", help="a Hugging Face Qwen3 checkpoint directory "
                    "(default: the embedded tiny model)")
     p.add_argument("--record", metavar="PATH", help="write the trace of the run to PATH")
+    p.add_argument("--output", metavar="PATH", help="write every request's result to PATH as JSONL: prompt, text, "
+                   "token ids, finish reason, TTFT and latency in seconds")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object (no completions)")
+    p.add_argument("--force", action="store_true", help="overwrite the --record and --output files if they exist")
     src = p.add_argument_group("workload (default: a built-in mix that shows chunking, blocking, preemption and cache hits)")
     src.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     src.add_argument("--prompts-file", help="one prompt per line, or JSONL with a 'prompt' field")
@@ -68,8 +72,9 @@ def add_generate(sub):
                      help="token budget of one prefill step (default 16384)")
     cfg.add_argument("--num-kvcache-blocks", type=int, metavar="N",
                      help="KV cache blocks (default: as many as --gpu-memory-utilization allows)")
-    cfg.add_argument("--block-size", type=int, dest="kvcache_block_size", metavar="N",
-                     help="tokens per KV cache block, kvcache_block_size in replay --set (default 16)")
+    cfg.add_argument("--block-size", "--kvcache-block-size", type=int, dest="kvcache_block_size", metavar="N",
+                     help="tokens per KV cache block; replay --set takes block_size or kvcache_block_size "
+                     "(default 16)")
     cfg.add_argument("--max-model-len", type=int, metavar="N",
                      help="longest prompt plus completion (default 4096, at most the model's own)")
     cfg.add_argument("--gpu-memory-utilization", type=float, metavar="F",
@@ -106,6 +111,8 @@ def add_trace_commands(sub):
                    "and that each event follows from the ones before it (folded as replay would).\n"
                    "Exit 0 for a whole trace, 1 for damage, 3 for an intact trace without end frame.")
     p.add_argument("trace", help="the trace file")
+    p.add_argument("--fast", action="store_true", help="frames and checksums only: do not fold the events")
+    p.add_argument("--json", action="store_true", help="the result as one JSON object")
     p.set_defaults(run=cmd_check)
 
 
@@ -116,13 +123,16 @@ def add_replay_commands(sub):
                    "recorded workload under another config (what-if) and compare the two side by side.")
     p.add_argument("trace", help="the trace file")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                   help="what-if: override a config field (repeatable), e.g. num_kvcache_blocks=64")
+                   help="what-if: override a config field (repeatable), e.g. num_kvcache_blocks=64 or block_size=8 "
+                   "(the names of the header's config, as `events --type TraceHeader` shows them)")
     p.add_argument("--record", metavar="PATH", help="what-if: write the new run's trace")
+    p.add_argument("--force", action="store_true", help="overwrite the --record file if it exists")
     p.add_argument("--state", type=int, metavar="STEP", help="print the folded state after STEP")
     p.add_argument("--arrivals", choices=("time", "steps"),
                    help="what-if: requests at their recorded arrival times in simulated time, or at their "
                    "recorded steps (default: time when the trace has arrival times)")
     add_step_time_arguments(p)
+    p.add_argument("--json", action="store_true", help="the result as one JSON object")
     p.set_defaults(run=cmd_replay)
 
     p = add_parser(sub, "diff", "first scheduling divergence between two traces",
@@ -130,6 +140,7 @@ def add_replay_commands(sub):
                    "the two runs side by side (exit 1 when they differ).")
     p.add_argument("a", help="the first trace")
     p.add_argument("b", help="the second trace")
+    p.add_argument("--json", action="store_true", help="the result as one JSON object")
     p.set_defaults(run=cmd_diff)
 
 
@@ -156,6 +167,7 @@ def add_analysis_commands(sub):
                    "Export a trace as Chrome/Perfetto trace-event JSON (open it in ui.perfetto.dev).")
     p.add_argument("trace", help="the trace file")
     p.add_argument("--perfetto", metavar="OUT", required=True, help="write Chrome/Perfetto trace-event JSON to OUT")
+    p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     p.set_defaults(run=cmd_export)
 
     p = add_parser(sub, "tui", "step through a trace in the terminal",

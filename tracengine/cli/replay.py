@@ -1,8 +1,10 @@
 """`tracengine replay` (re-execution, `--state`, what-if with `--set`) and
 `tracengine diff`. Exit 0 when a check holds, 1 when it does not; bad input
 raises a TracengineError (exit 2 in cli.py)."""
+import json
 import sys
 
+from tracengine.cli.outputs import check_outputs
 from tracengine.engine.config import parse_override
 from tracengine.errors import TraceError
 from tracengine.replay.diff import SCHEDULING_TYPES, diff_traces
@@ -10,6 +12,7 @@ from tracengine.replay.fold import Fold
 from tracengine.replay.metrics import side_by_side
 from tracengine.replay.reexec import reexecute
 from tracengine.replay.render import format_event, render_state, render_step
+from tracengine.trace.events import to_builtins
 from tracengine.trace.tracelog import TraceReader, TraceWriter
 
 EXIT_OK, EXIT_FAILED_CHECK = 0, 1
@@ -24,17 +27,22 @@ def _indent(text: str) -> str:
     return "".join("  " + line + "\n" for line in text.splitlines())
 
 
+def _event_json(event):
+    return None if event is None else to_builtins(event)
+
+
 def cmd_replay(args) -> int:
     overrides = dict(parse_override(text) for text in args.set)
     if args.state is not None:
-        if overrides or args.record:
-            raise TraceError("--state shows the recorded state; it does not combine with --set or --record")
+        if overrides or args.record or args.json:
+            raise TraceError("--state shows the recorded state; it does not combine with --set, --record or --json")
         return show_state(args.trace, args.state)
+    check_outputs({"--record": args.record}, {"trace": args.trace}, args.force)
     from tracengine.cli.simulate import step_time_from_args
     step_time = step_time_from_args(args)
     timed = args.arrivals == "time" or step_time is not None
     if not (overrides or args.record or timed):
-        return run_replay(args.trace)
+        return run_replay(args.trace, args.json)
     if args.arrivals is None:    # time when the trace has arrival times, steps otherwise
         from tracengine.replay.simulate import has_arrivals
         with TraceReader(args.trace) as reader:
@@ -45,7 +53,7 @@ def cmd_replay(args) -> int:
                              "they do not combine with --arrivals steps")
         from tracengine.cli.simulate import run_timed_whatif
         return run_timed_whatif(args.trace, overrides, args.record, step_time)
-    return run_whatif(args.trace, overrides, args.record)
+    return run_whatif(args.trace, overrides, args.record, args.json)
 
 
 def show_state(path, step: int) -> int:
@@ -58,10 +66,19 @@ def show_state(path, step: int) -> int:
     return EXIT_OK
 
 
-def run_replay(path) -> int:
+def run_replay(path, as_json: bool = False) -> int:
     with TraceReader(path) as reader:
         result = reexecute(reader.events())
         _note_torn_tail(reader)
+    if as_json:
+        d = result.divergence
+        print(json.dumps({
+            "trace": str(path), "reproduced": result.ok, "num_steps": result.num_steps,
+            "num_events": result.num_events, "num_unfinished": result.num_unfinished, "seconds": result.seconds,
+            "divergence": None if d is None else {"step": d.step, "index": d.index, "reason": d.reason,
+                                                  "expected": _event_json(d.expected),
+                                                  "actual": _event_json(d.actual)}}, indent=2))
+        return EXIT_OK if result.ok else EXIT_FAILED_CHECK
     if result.ok:
         print(f"{path}: {result.num_steps} steps and {result.num_events} events reproduced exactly "
               f"({result.seconds:.2f} s, {result.events_per_second:,.0f} events/s)")
@@ -85,22 +102,33 @@ def run_replay(path) -> int:
     return EXIT_FAILED_CHECK
 
 
-def run_whatif(path, overrides: dict, record) -> int:
+def run_whatif(path, overrides: dict, record, as_json: bool = False) -> int:
     from tracengine.replay.whatif import whatif
     with TraceReader(path) as reader:
         result = whatif(reader.events(), overrides)
         _note_torn_tail(reader)
+    if record:
+        write_trace(record, result.events)
+    if as_json:
+        print(json.dumps({
+            "trace": str(path), "changes": [{"name": n, "old": old, "new": new} for n, old, new in result.changes],
+            "recorded": result.original, "what_if": result.new,
+            "num_past_output": result.num_past_output, "record": record}, indent=2))
+        return EXIT_OK
     changes = ", ".join(f"{name} {old} -> {new}" for name, old, new in result.changes) or "no config change"
     print(f"what-if on {path}: {changes}")
     print(side_by_side(result.original, result.new, "recorded", "what-if"))
     if result.num_past_output:
         print(f"note: {result.num_past_output} sequences ran past their recorded output (filler tokens)")
     if record:
-        with TraceWriter(record, result.events[0]) as writer:
-            for event in result.events[1:]:
-                writer.emit(event)
         print(f"wrote {record}")
     return EXIT_OK
+
+
+def write_trace(path, events) -> None:
+    with TraceWriter(path, events[0]) as writer:
+        for event in events[1:]:
+            writer.emit(event)
 
 
 def cmd_diff(args) -> int:
@@ -108,6 +136,17 @@ def cmd_diff(args) -> int:
         d = diff_traces(reader_a.events(), reader_b.events())
         _note_torn_tail(reader_a)
         _note_torn_tail(reader_b)
+    a_sched = [e for e in d.a_events if isinstance(e, SCHEDULING_TYPES)]
+    b_sched = [e for e in d.b_events if isinstance(e, SCHEDULING_TYPES)]
+    if args.json:
+        print(json.dumps({
+            "a": str(args.a), "b": str(args.b), "identical": d.identical,
+            "config_changes": [{"name": n, "a": a, "b": b} for n, a, b in d.config_changes],
+            "step": d.step, "index": None if d.identical else d.index,
+            "a_event": None if d.identical else _event_json(a_sched[d.index] if d.index < len(a_sched) else None),
+            "b_event": None if d.identical else _event_json(b_sched[d.index] if d.index < len(b_sched) else None),
+            "a_stats": d.a_stats, "b_stats": d.b_stats}, indent=2))
+        return EXIT_OK if d.identical else EXIT_FAILED_CHECK
     if d.config_changes:
         print("config: " + ", ".join(f"{name} {a} vs {b}" for name, a, b in d.config_changes))
     if d.identical:
@@ -116,8 +155,6 @@ def cmd_diff(args) -> int:
     print(f"first scheduling difference at step {d.step}:")
     print(f"  a: {render_step(d.a_events) if d.a_events else '(the trace has ended)'}")
     print(f"  b: {render_step(d.b_events) if d.b_events else '(the trace has ended)'}")
-    a_sched = [e for e in d.a_events if isinstance(e, SCHEDULING_TYPES)]
-    b_sched = [e for e in d.b_events if isinstance(e, SCHEDULING_TYPES)]
     print(f"  first differing event (#{d.index} of the step's scheduling events):")
     print(f"    a: {format_event(a_sched[d.index] if d.index < len(a_sched) else None, wall_clock=False)}")
     print(f"    b: {format_event(b_sched[d.index] if d.index < len(b_sched) else None, wall_clock=False)}")

@@ -61,10 +61,15 @@ def field_names() -> list[str]:
     return [f.name for f in fields(Config)]
 
 
+# Names a user may give for a field: the generate flag's own (--block-size), with - or _.
+FIELD_ALIASES = {"block_size": "kvcache_block_size"}
+
+
 def parse_override(text: str) -> tuple[str, object]:
     """`name=value` from the command line, typed by the field's default."""
     name, sep, raw = text.partition("=")
-    name = name.strip()
+    name = name.strip().replace("-", "_")
+    name = FIELD_ALIASES.get(name, name)
     if not sep:
         raise ConfigError(f"expected NAME=VALUE, got {text!r}")
     defaults = Config.__dataclass_fields__

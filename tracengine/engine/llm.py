@@ -35,13 +35,26 @@ class LLM(LLMEngine):
             runner.exit()   # tensor-parallel workers must not outlive a failed start
             raise
 
-    def add_request(self, prompt, sampling_params=None, seq_id=None, arrival_time=None):
-        if not isinstance(prompt, str):
+    def prompt_token_ids(self, prompt, sampling_params: SamplingParams) -> list[int]:
+        """The prompt's token ids, checked as the scheduler will check them (vocabulary,
+        length, fit), so that a workload can be refused before anything is recorded."""
+        if isinstance(prompt, str):
+            token_ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)):
             vocab_size = self.hf_config.vocab_size
-            bad = next((t for t in prompt if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
+            bad = next((t for t in prompt if isinstance(t, bool) or not (isinstance(t, int) and 0 <= t < vocab_size)),
+                       None)
             if bad is not None:
                 raise RequestError(f"token id {bad!r} is outside the model's vocabulary of {vocab_size}")
-        return super().add_request(prompt, sampling_params, seq_id, arrival_time)
+            token_ids = list(prompt)
+        else:
+            raise RequestError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
+        self.scheduler.check_request(len(token_ids), sampling_params.max_tokens)
+        return token_ids
+
+    def add_request(self, prompt, sampling_params=None, seq_id=None, arrival_time=None):
+        sp = sampling_params if sampling_params is not None else SamplingParams()
+        return super().add_request(self.prompt_token_ids(prompt, sp), sp, seq_id, arrival_time)
 
     def step(self):
         tp = self.runner.tp
@@ -79,7 +92,7 @@ class LLM(LLMEngine):
         """Where the engine, the scheduler and the block manager emit from now on (no reset)."""
         self.sink = self.scheduler.sink = self.scheduler.block_manager.sink = sink
 
-    def generate(self, prompts: list[str] | list[list[int]],
+    def generate(self, prompts: str | list[str] | list[int] | list[list[int]],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  record: str | None = None, use_tqdm: bool = True, summary: bool = False,
                  arrival_times: list[float] | None = None) -> list[dict]:
@@ -89,7 +102,16 @@ class LLM(LLMEngine):
         recording), so an unasked-for summary costs the step loop nothing.
         `arrival_times`: each request's arrival in seconds from the start of this call
         (default: all at once); the engine adds each when its time comes and sleeps while
-        nothing is runnable."""
+        nothing is runnable.
+
+        One output per prompt, in order: prompt, prompt_token_ids, text, token_ids,
+        finish_reason, ttft_s and latency_s (seconds from the request's arrival). A string,
+        or a list of token ids, is one prompt. Every request is checked before recording
+        starts: a refused workload writes nothing."""
+        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
+                                        and all(isinstance(t, int) for t in prompts)):
+            prompts = [prompts]
+        prompts = list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
         if not isinstance(sampling_params, list):
@@ -103,6 +125,7 @@ class LLM(LLMEngine):
             if bad is not None:
                 raise TracengineError(f"arrival times are seconds from the start, >= 0; got {bad!r}")
         self.last_run = None
+        token_ids = [self.prompt_token_ids(prompt, sp) for prompt, sp in zip(prompts, sampling_params)]
         if record:
             self.start_recording(record)
         folding = None
@@ -111,7 +134,9 @@ class LLM(LLMEngine):
             folding = RequestTimelineSink(self.trace_header(), inner=self.sink)
             self.set_sink(folding)
         try:
-            outputs = self._generate(prompts, sampling_params, use_tqdm, arrival_times)
+            outputs = self._generate(token_ids, sampling_params, use_tqdm, arrival_times)
+            for output, prompt in zip(outputs, prompts):
+                output["prompt"] = prompt
         finally:
             if folding is not None:
                 self.set_sink(folding.inner if folding.inner is not None else NULL_SINK)
@@ -125,7 +150,9 @@ class LLM(LLMEngine):
     def _generate(self, prompts, sampling_params, use_tqdm, arrival_times):
         from tracengine.engine.progress import GenerateProgress
         if arrival_times is None:
+            added_ns = time.perf_counter_ns()
             seqs = [self.add_request(prompt, sp) for prompt, sp in zip(prompts, sampling_params)]
+            arrival_ns = [added_ns] * len(seqs)
         else:
             # Times count from this call: a fresh run restarts its clock, a run already
             # under way (a recording with earlier steps) offsets them by its age.
@@ -136,13 +163,27 @@ class LLM(LLMEngine):
                 origin_s = (time.perf_counter_ns() - self.start_ns) / 1e9
             seqs = [self.add_request(prompt, sp, arrival_time=origin_s + t)
                     for prompt, sp, t in zip(prompts, sampling_params, arrival_times)]
+            arrival_ns = [self.start_ns + round((origin_s + t) * 1e9) for t in arrival_times]
+        first_token_ns: dict[int, int] = {}
+        finish_ns: dict[int, int] = {}
         with GenerateProgress(len(seqs), enabled=use_tqdm) as progress:
             while not self.is_finished():
                 scheduled, finished, is_prefill = self.step()
                 seconds = (self.last_step_end_ns - self.last_step_start_ns) / 1e9   # without idle waits
                 progress.update(self.num_batched_tokens, is_prefill, seconds, len(finished))
-        return [{"text": self.tokenizer.decode(seq.completion_token_ids), "token_ids": seq.completion_token_ids,
-                 "finish_reason": seq.finish_reason} for seq in seqs]
+                for seq in scheduled:
+                    if seq.seq_id not in first_token_ns and seq.num_completion_tokens:
+                        first_token_ns[seq.seq_id] = self.last_step_end_ns
+                for seq in finished:
+                    finish_ns[seq.seq_id] = self.last_step_end_ns
+
+        def since_arrival(times: dict[int, int], seq, arrived_ns: int) -> float | None:
+            return (times[seq.seq_id] - arrived_ns) / 1e9 if seq.seq_id in times else None
+
+        return [{"prompt_token_ids": seq.prompt_token_ids,
+                 "text": self.tokenizer.decode(seq.completion_token_ids), "token_ids": seq.completion_token_ids,
+                 "finish_reason": seq.finish_reason, "ttft_s": since_arrival(first_token_ns, seq, t),
+                 "latency_s": since_arrival(finish_ns, seq, t)} for seq, t in zip(seqs, arrival_ns)]
 
     def close(self):
         self.stop_recording()

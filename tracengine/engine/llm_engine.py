@@ -78,7 +78,8 @@ class LLMEngine:
         self.scheduler.add(seq)
         if self.sink.enabled:
             self.sink.emit(RequestAdded(self.num_steps, seq.seq_id, seq.prompt_token_ids, seq.max_tokens,
-                                        seq.temperature, seq.ignore_eos, 0.0, arrival_ns))
+                                        seq.temperature, seq.ignore_eos, 0.0, arrival_ns, seq.top_k, seq.top_p,
+                                        -1 if seq.seed is None else seq.seed))
 
     def admit_arrivals(self, now: int) -> int:
         """Add the requests that have arrived by `now` (perf_counter ns); when nothing is

@@ -1,6 +1,7 @@
 """The generate progress bar: finished requests, prefill and decode throughput.
 Its counters are for the live display only; the run's figures are
 `tracengine stats`' (`LLM.generate(summary=True)` leaves them in `last_run`)."""
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
@@ -14,7 +15,7 @@ class GenerateProgress:
         self.progress = Progress(
             TextColumn("Generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("prefill {task.fields[prefill]:>8.0f} tok/s  decode {task.fields[decode]:>8.0f} tok/s"),
-            transient=False, disable=not enabled)
+            console=Console(stderr=True), transient=False, disable=not enabled)   # results go to stdout
         self.task = self.progress.add_task("generate", total=num_requests, prefill=0.0, decode=0.0)
 
     def __enter__(self):

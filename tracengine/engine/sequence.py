@@ -14,8 +14,8 @@ class SequenceStatus(Enum):
 class Sequence:
     __slots__ = ("seq_id", "status", "token_ids", "last_token", "num_tokens", "num_prompt_tokens",
                  "num_cached_tokens", "num_scheduled_tokens", "is_prefill", "block_table",
-                 "block_size", "temperature", "max_tokens", "ignore_eos", "num_preemptions", "finish_reason",
-                 "block_hashes")
+                 "block_size", "temperature", "max_tokens", "ignore_eos", "top_k", "top_p", "seed",
+                 "num_preemptions", "finish_reason", "block_hashes")
 
     def __init__(self, seq_id: int, token_ids: list[int], block_size: int,
                  sampling_params: SamplingParams | None = None):
@@ -23,7 +23,7 @@ class Sequence:
         self.seq_id = seq_id
         self.status = SequenceStatus.WAITING
         self.token_ids = list(token_ids)
-        self.last_token = self.token_ids[-1]
+        self.last_token = self.token_ids[-1] if self.token_ids else -1   # empty: the scheduler refuses it
         self.num_tokens = len(self.token_ids)
         self.num_prompt_tokens = self.num_tokens
         self.num_cached_tokens = 0       # tokens whose KV is in the cache
@@ -34,6 +34,9 @@ class Sequence:
         self.temperature = sp.temperature
         self.max_tokens = sp.max_tokens
         self.ignore_eos = sp.ignore_eos
+        self.top_k = sp.top_k
+        self.top_p = sp.top_p
+        self.seed = sp.seed
         self.num_preemptions = 0
         self.finish_reason = ""      # "eos" or "length" once finished
         self.block_hashes: list[int] = []   # chained hashes of full blocks: tokens only ever append

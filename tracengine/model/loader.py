@@ -25,10 +25,55 @@ IGNORED_WEIGHT_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def resolve_model_dir(model: str) -> str:
-    """Config.model as a directory: "" names the embedded tiny model."""
+    """Config.model as a directory: "" names the embedded tiny model; a path that
+    does not exist and reads as a Hugging Face id (`Qwen/Qwen3-0.6B`) is looked up
+    in the local Hugging Face cache. Nothing is downloaded."""
     if not model:
         return EMBEDDED_MODEL_DIR
-    return os.path.abspath(os.path.expanduser(model))
+    path = os.path.abspath(os.path.expanduser(model))
+    if os.path.exists(path) or not is_hub_id(model):
+        return path
+    return cached_snapshot(model)
+
+
+def is_hub_id(model: str) -> bool:
+    """`name` or `org/name` of letters, digits and -_. (what the Hub allows)."""
+    parts = model.split("/")
+    return (len(parts) <= 2 and not model.startswith((".", "~")) and
+            all(p and p not in (".", "..") and all(c.isalnum() or c in "-_." for c in p) for p in parts))
+
+
+def hub_cache_dir() -> str:
+    """Where huggingface_hub keeps downloads, by its own environment variables."""
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(name):
+            return os.path.expanduser(os.environ[name])
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+    return os.path.join(os.path.expanduser(home), "hub")
+
+
+def cached_snapshot(model_id: str) -> str:
+    """The snapshot directory of `model_id` in the local cache: the revision
+    refs/main names, else the only one there."""
+    cache = hub_cache_dir()
+    repo = os.path.join(cache, "models--" + model_id.replace("/", "--"))
+    snapshots = os.path.join(repo, "snapshots")
+    revisions = sorted(os.listdir(snapshots)) if os.path.isdir(snapshots) else []
+    if not revisions:
+        raise ModelError(f"model {model_id!r} is neither a directory nor in the Hugging Face cache {cache} "
+                         f"(nothing is downloaded: fetch it with `huggingface-cli download {model_id}`)")
+    try:
+        with open(os.path.join(repo, "refs", "main"), encoding="utf-8") as f:
+            revision = f.read().strip()
+    except OSError:
+        revision = ""
+    if revision in revisions:
+        return os.path.join(snapshots, revision)
+    if len(revisions) == 1:
+        return os.path.join(snapshots, revisions[0])
+    raise ModelError(f"model {model_id!r} has {len(revisions)} snapshots in {snapshots} and no refs/main; "
+                     f"give the directory of one")
 
 
 def weight_files(path: str) -> list[str]:

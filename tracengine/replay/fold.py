@@ -19,7 +19,10 @@ from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, Bloc
 from tracengine.replay.state import FINISHED, RUNNING, WAITING, BlockState, FoldState, SeqState, live_state
 from tracengine.trace.tracelog import TraceReader, check_header
 
-__all__ = ["Fold", "FoldState", "SeqState", "BlockState", "iter_steps", "live_state"]
+__all__ = ["Fold", "FoldState", "SeqState", "BlockState", "EventCheck", "iter_steps", "live_state"]
+
+# A larger block pool is no trace this tracengine wrote: refused before a state that size is built.
+MAX_FOLD_BLOCKS = 1 << 22
 
 
 class _Keyframe(msgspec.Struct, frozen=True, gc=False):
@@ -278,13 +281,8 @@ class Fold:
             current.append(event)
 
     def _start(self, header):
-        config = check_header(header).config
-        num_blocks, block_size = config.get("num_kvcache_blocks", -1), config.get("kvcache_block_size", 0)
-        if not (isinstance(num_blocks, int) and num_blocks > 0 and isinstance(block_size, int) and block_size > 0):
-            raise TraceError(f"the trace header has no block pool: num_kvcache_blocks={num_blocks}, "
-                             f"kvcache_block_size={block_size}")
+        self._live = _projection_of(header)
         self.header = header
-        self._live = _Projection(num_blocks, block_size)
         self._keyframes.append(self._live.keyframe(-1))
 
     def events_at(self, step: int) -> list:
@@ -309,3 +307,80 @@ class Fold:
                 handlers[type(event)](event)
         return p.state(step, self._decisions[step] if step >= 0 else None)
 
+
+
+def _projection_of(header) -> _Projection:
+    """The empty state of the block pool the header describes."""
+    config = check_header(header).config
+    num_blocks, block_size = config.get("num_kvcache_blocks", -1), config.get("kvcache_block_size", 0)
+    if not (type(num_blocks) is int and 0 < num_blocks <= MAX_FOLD_BLOCKS
+            and type(block_size) is int and block_size > 0):
+        raise TraceError(f"the trace header has no plausible block pool: num_kvcache_blocks={num_blocks!r} "
+                         f"(at most {MAX_FOLD_BLOCKS}), kvcache_block_size={block_size!r}")
+    return _Projection(num_blocks, block_size)
+
+
+class EventCheck:
+    """Checks, one frame at a time, that every event follows from the ones before
+    it, applying them as the fold does; it keeps the state, not the events.
+    `frame(events)` raises TraceError naming the first event that does not follow."""
+
+    def __init__(self, header: TraceHeader):
+        self.state = _projection_of(header)
+        self.num_blocks = len(self.state.ref_counts)
+        self.step = 0                   # the step in progress
+        self.open_frame = False         # the last frame ended without a StepEnd
+        self.scheduled: set[int] = set()
+
+    def frame(self, events) -> None:
+        if self.open_frame:
+            raise TraceError(f"step {self.step}: a frame follows one that ended without a StepEnd")
+        if not events:
+            raise TraceError(f"step {self.step}: a frame without events")
+        for i, event in enumerate(events):
+            reason = self._impossible(event, i == len(events) - 1)
+            if reason is not None:
+                raise TraceError(f"step {self.step}: event {i} of the frame, {type(event).__name__}, "
+                                 f"does not follow: {reason}")
+        self.open_frame = type(events[-1]) is not StepEnd
+
+    def _impossible(self, e, is_last: bool) -> str | None:
+        t = type(e)
+        if t is TraceHeader:
+            return "a TraceHeader after the first frame"
+        if e.step != self.step:
+            return f"it is stamped step {e.step}"
+        seqs = self.state.seqs
+        if t is RequestAdded:
+            if e.seq_id in seqs:
+                return f"seq {e.seq_id} was added before"
+        elif t is ScheduleDecision:
+            if self.state.decision is not None and self.state.decision.step == self.step:
+                return "a second ScheduleDecision in one step"
+            queue = self.state.waiting if e.phase == "prefill" else self.state.running
+            missing = [ss.seq_id for ss in e.seqs if ss.seq_id not in queue]
+            if missing:
+                return f"seq {missing[0]} is not {'waiting' if e.phase == 'prefill' else 'running'}"
+            self.scheduled = {ss.seq_id for ss in e.seqs}
+        elif t is not StepEnd and e.seq_id not in seqs:
+            return f"seq {e.seq_id} was never added"
+        elif t is TokenSample and e.seq_id not in self.scheduled:
+            return f"seq {e.seq_id} was not scheduled in this step"
+        for name in ("block_ids", "freed_block_ids"):
+            bad = [b for b in getattr(e, name, ()) if not 0 <= b < self.num_blocks]
+            if bad:
+                return f"block {bad[0]} is outside the pool of {self.num_blocks}"
+        block_id = getattr(e, "block_id", 0)
+        if not 0 <= block_id < self.num_blocks:
+            return f"block {block_id} is outside the pool of {self.num_blocks}"
+        if t is StepEnd and not is_last:
+            return "events of the step follow its StepEnd in the same frame"
+        if t is not TokenSample:
+            try:
+                self.state.handlers[t](e)
+            except (KeyError, IndexError, ValueError) as exc:
+                return str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__} {exc}"
+        if t is StepEnd:
+            self.step += 1
+            self.scheduled = set()
+        return None

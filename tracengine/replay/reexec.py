@@ -100,7 +100,8 @@ def reexecute(events) -> ReplayResult:
                 elif t is RequestAdded:
                     try:
                         seqs.append(engine.add_request(e.prompt_token_ids, SamplingParams(
-                            e.temperature, e.max_tokens, e.ignore_eos), seq_id=e.seq_id))
+                            e.temperature, e.max_tokens, e.ignore_eos, e.top_k, e.top_p,
+                            None if e.seed == -1 else e.seed), seq_id=e.seq_id))
                     except RequestError as exc:
                         raise _Diverged(e, None, f"the replay refused the request: {exc}") from None
                 elif t is SeqAbort:

@@ -23,7 +23,7 @@ from tracengine.runner.context import Context, forward_context
 from tracengine.runner.cuda_graph import MAX_GRAPH_BATCH_SIZE, CUDAGraphRunner
 from tracengine.runner.device import default_dtype, rank_device, resolve_device, resolve_dtype
 from tracengine.runner.flash_backend import flash_attn_usable
-from tracengine.runner.sampler import Sampler, sample_seed
+from tracengine.runner.sampler import Sampler, row_seed
 from tracengine.runner.torch_plans import KVCopyPlanner, prefill_groups
 
 # CPU default cache: room for max_model_len tokens of this many sequences.
@@ -255,9 +255,12 @@ class ModelRunner:
         logits = self.compute_logits(seqs, is_prefill)
         temperatures = [seq.temperature for seq in seqs]
         # Row seeds are hashed only when something is sampled: a greedy batch takes the argmax.
-        seeds = ([sample_seed(self.config.seed, seq.seq_id, seq.num_tokens) for seq in seqs]
-                 if any(t > 0 for t in temperatures) else [])
-        return self.sampler(logits, temperatures, seeds).tolist()
+        if not any(t > 0 for t in temperatures):
+            return self.sampler(logits, temperatures, []).tolist()
+        seeds = [row_seed(self.config.seed, seq) for seq in seqs]
+        filtered = any(seq.top_k > 0 or seq.top_p < 1.0 for seq in seqs)
+        return self.sampler(logits, temperatures, seeds, [seq.top_k for seq in seqs] if filtered else None,
+                            [seq.top_p for seq in seqs] if filtered else None).tolist()
 
     def exit(self):
         if self.graph_runner is not None:

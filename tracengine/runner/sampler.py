@@ -1,9 +1,11 @@
 """Token sampling: greedy at temperature 0, otherwise by inverse CDF.
 
 A sampled row draws one uniform number, taken from the bits of its seed,
-which comes from (engine seed, seq_id, num_tokens) alone: a sequence at a
-given length samples the same token whether it runs alone or in any batch,
-and again after a preemption. One number per row instead of noise over the
+which comes from (engine seed, seq_id, num_tokens) alone, or from (the
+request's own seed, num_tokens) when it has one: a sequence at a given
+length samples the same token whether it runs alone or in any batch, and
+again after a preemption; a request with a seed samples the same tokens in
+any run. One number per row instead of noise over the
 vocabulary: no generator per row, and a few batch-wide operations."""
 import struct
 
@@ -18,6 +20,13 @@ CDF_CHUNK = 1024
 def sample_seed(seed: int, seq_id: int, num_tokens: int) -> int:
     """A 63-bit row seed from a fixed byte layout (same on every machine)."""
     return xxhash.xxh64_intdigest(struct.pack("<qqq", seed, seq_id, num_tokens)) & ((1 << 63) - 1)
+
+
+def row_seed(engine_seed: int, seq) -> int:
+    """The row seed of `seq` at its current length (seq_id -1 never names a sequence)."""
+    if seq.seed is not None:
+        return sample_seed(seq.seed, -1, seq.num_tokens)
+    return sample_seed(engine_seed, seq.seq_id, seq.num_tokens)
 
 
 def seed_uniform(seed: int) -> float:
@@ -47,14 +56,38 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return (chunk * CDF_CHUNK + offset).squeeze(1)
 
 
+def keep_top_k_top_p(weights: torch.Tensor, top_ks: list[int], top_ps: list[float]) -> torch.Tensor:
+    """Zeroes, in place, the weights outside each row's top k tokens and outside
+    the smallest set of most likely tokens whose probabilities reach top_p (the
+    most likely token always stays). Ties with the last kept weight stay too."""
+    vocab = weights.size(1)
+    device = weights.device
+    if any(0 < k < vocab for k in top_ks):
+        ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_ks], device=device)
+        kth = weights.topk(int(ks.max()), dim=-1).values.gather(1, (ks - 1)[:, None])
+        weights.masked_fill_(weights < kth, 0.0)
+    if any(p < 1.0 for p in top_ps):
+        ps = torch.tensor(top_ps, dtype=torch.float64, device=device)
+        ordered = weights.sort(dim=-1, descending=True).values
+        cum = ordered.cumsum(dim=-1, dtype=torch.float64)
+        # a token stays while the probability of the tokens before it is under top_p
+        before = (cum - ordered) / cum[:, -1:]
+        num_kept = (before < ps[:, None]).sum(dim=-1).clamp_min_(1)
+        last_kept = ordered.gather(1, (num_kept - 1)[:, None])
+        weights.masked_fill_(weights < last_kept, 0.0)
+    return weights
+
+
 class Sampler:
 
     def __init__(self, device: torch.device):
         self.device = device
 
     @torch.inference_mode()
-    def __call__(self, logits: torch.Tensor, temperatures: list[float], seeds: list[int]) -> torch.Tensor:
-        """logits: [num_seqs, vocab]; returns [num_seqs] token ids (int64)."""
+    def __call__(self, logits: torch.Tensor, temperatures: list[float], seeds: list[int],
+                 top_ks: list[int] | None = None, top_ps: list[float] | None = None) -> torch.Tensor:
+        """logits: [num_seqs, vocab]; returns [num_seqs] token ids (int64).
+        `top_ks`/`top_ps` (None: no row filters) narrow each sampled row's choice."""
         logits = logits.float()
         if not any(t > 0 for t in temperatures):
             return logits.argmax(dim=-1)
@@ -64,6 +97,8 @@ class Sampler:
         # softmax(logits / T) up to its normaliser, which inverse_cdf divides out.
         scaled = logits / temps[:, None]
         weights = scaled.sub_(scaled.amax(dim=-1, keepdim=True)).exp_()
+        if top_ks is not None and top_ps is not None:
+            keep_top_k_top_p(weights, top_ks, top_ps)
         drawn = inverse_cdf(weights, u)
         if all(t > 0 for t in temperatures):
             return drawn

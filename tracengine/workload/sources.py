@@ -52,22 +52,32 @@ def parse_range(text: str, name: str) -> tuple[int, int]:
 
 
 def read_prompts_file(path: str) -> list:
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except UnicodeDecodeError as exc:
+        raise TracengineError(f"{path}: not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x})") from None
     prompts = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not line.strip():
-                continue
-            if line.lstrip().startswith("{"):
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise TracengineError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-                if "prompt" not in record:
-                    raise TracengineError(f"{path}:{number}: a JSONL line needs a 'prompt' field")
-                prompts.append(record["prompt"])
-            else:
-                prompts.append(line)
+    for number, line in enumerate(lines, 1):
+        if "\0" in line:
+            raise TracengineError(f"{path}:{number}: a NUL byte; a prompts file is text")
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TracengineError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            if "prompt" not in record:
+                raise TracengineError(f"{path}:{number}: a JSONL line needs a 'prompt' field")
+            prompt = record["prompt"]
+            if not (isinstance(prompt, str) and prompt or isinstance(prompt, list) and prompt
+                    and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+                raise TracengineError(f"{path}:{number}: 'prompt' must be a non-empty string or list of "
+                                      f"token ids, got {json.dumps(prompt)[:40]}")
+            prompts.append(prompt)
+        else:
+            prompts.append(line)
     if not prompts:
         raise TracengineError(f"{path}: no prompts")
     return prompts

@@ -1,0 +1,30 @@
+"""Files a command writes: never one that exists (unless --force), never a
+directory, never one of the command's own inputs, and never two outputs in one."""
+import os
+
+from tracengine.errors import TracengineError
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:   # one of them does not exist (yet): compare where they would be
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_outputs(outputs: dict[str, str | None], inputs: dict[str, str | None] | None = None,
+                  force: bool = False) -> None:
+    """`outputs` and `inputs` map a flag or argument name to a path (None: not given).
+    Raises before anything is written, so a refused command leaves every file as it was."""
+    given = [(flag, path) for flag, path in outputs.items() if path]
+    for i, (flag, path) in enumerate(given):
+        if os.path.isdir(path):
+            raise TracengineError(f"{flag} {path!r} is a directory")
+        for name, source in (inputs or {}).items():
+            if source and _same_file(path, source):
+                raise TracengineError(f"{flag} {path!r} is the {name} it reads; write to another file")
+        for other_flag, other in given[:i]:
+            if _same_file(path, other):
+                raise TracengineError(f"{flag} and {other_flag} name the same file {path!r}")
+        if os.path.lexists(path) and not force:
+            raise TracengineError(f"{flag} {path!r} exists; give --force to overwrite it")
