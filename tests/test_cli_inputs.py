@@ -284,7 +284,7 @@ def test_a_request_seed_reproduces_in_any_batch(llm):
         tokens(llm, PROMPTS[:1], temperature=1.0, top_k=5, top_p=0.9, seed=7)
 
 
-@pytest.mark.parametrize("field, value", [("top_k", -2), ("top_p", 0.0), ("top_p", 1.5), ("seed", -1)])
+@pytest.mark.parametrize("field, value", [("top_k", -2), ("top_p", 0.0), ("top_p", 1.5), ("seed", -2)])
 def test_bad_sampling_params(field, value):
     from tracengine.errors import ConfigError
     with pytest.raises(ConfigError, match=field):
