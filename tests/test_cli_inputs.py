@@ -156,7 +156,7 @@ def test_help_describes_every_command_and_the_exit_codes():
 
 def test_block_size_is_one_name_everywhere(tmp_path, capsys, trace):
     for name in ("block_size", "block-size", "kvcache_block_size"):
-        code, out, _ = run_cli(capsys, "replay", trace, "--set", f"{name}=8", "--json")
+        code, out, _ = run_cli(capsys, "replay", trace, "--set", f"{name}=8", "--arrivals", "steps", "--json")
         assert code == 0
         assert json.loads(out)["changes"] == [{"name": "kvcache_block_size", "old": 16, "new": 8}]
     new = tmp_path / "kv.trace"
@@ -201,7 +201,7 @@ def test_json_of_generate_check_replay_and_diff(tmp_path, capsys):
     replayed = json.loads(out)
     assert code == 0 and replayed["reproduced"] and replayed["divergence"] is None
     other = tmp_path / "b.trace"
-    assert run_cli(capsys, "replay", path, "--set", "max_num_batched_tokens=20", "--record", other)[0] == 0
+    assert run_cli(capsys, "replay", path, "--set", "max_num_batched_tokens=20", "--arrivals", "steps", "--record", other)[0] == 0
     code, out, _ = run_cli(capsys, "diff", path, other, "--json")
     d = json.loads(out)
     assert code == 1 and not d["identical"] and d["step"] == 0
