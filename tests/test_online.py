@@ -169,3 +169,34 @@ def test_cli_workload_errors_are_one_line(capsys, argv, match):
 
 def read_events(path: str) -> list:
     return list(open_trace(path))
+
+
+TRACES = Path(__file__).parent.parent / "traces"
+
+
+def test_the_kept_online_trace_pins_format_2_with_arrivals(capsys):
+    path = TRACES / "online.trace"
+    events = read_events(str(path))
+    assert events[0].format_version == 2
+    arrivals = [e.arrival_ns for e in events if isinstance(e, RequestAdded)]
+    starts, added = check_arrivals(events[1:], arrivals)
+    assert len(added) == 10 and len({e.step for e in added}) > 5      # entered over the run, not at step 0
+    # step 11 finished the last running request; s2 arrived later and step 12 waited for it
+    ends = {e.step: starts[e.step] + e.schedule_ns + e.model_ns + e.postprocess_ns
+            for e in events if isinstance(e, StepEnd)}
+    s2 = next(e for e in added if e.seq_id == 2)
+    assert s2.step == 12 and ends[11] < s2.arrival_ns <= starts[12]
+    assert main(["diff", str(path), str(path)]) == 0
+    assert main(["replay", str(path)]) == 0
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("name", ["format-v1", "worked_example", "preemption", "default_mix"])
+def test_older_traces_still_read_and_replay(name):
+    events = read_events(str(TRACES / f"{name}.trace"))
+    result = replay(events)
+    assert result.divergence is None and result.num_unfinished == 0
+    if name == "format-v1":
+        assert events[0].format_version == 1
+        assert all(e.arrival_ns == -1 for e in events if isinstance(e, RequestAdded))
+        assert all(e.gap_ns == 0 for e in events if isinstance(e, StepEnd))

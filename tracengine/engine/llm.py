@@ -149,18 +149,18 @@ class LLM(LLMEngine):
 
     def _generate(self, prompts, sampling_params, use_tqdm, arrival_times):
         from tracengine.engine.progress import GenerateProgress
+        # Times count from this call: a fresh run starts its clock now (not when the model
+        # loaded); a run already under way (a recording with earlier steps) offsets them by its age.
+        if self.num_steps == 0 and self.is_finished():
+            self.restart_clock()
+            origin_s = 0.0
+        else:
+            origin_s = (time.perf_counter_ns() - self.start_ns) / 1e9
         if arrival_times is None:
             added_ns = time.perf_counter_ns()
             seqs = [self.add_request(prompt, sp) for prompt, sp in zip(prompts, sampling_params)]
             arrival_ns = [added_ns] * len(seqs)
         else:
-            # Times count from this call: a fresh run restarts its clock, a run already
-            # under way (a recording with earlier steps) offsets them by its age.
-            if self.num_steps == 0 and self.is_finished():
-                self.restart_clock()
-                origin_s = 0.0
-            else:
-                origin_s = (time.perf_counter_ns() - self.start_ns) / 1e9
             seqs = [self.add_request(prompt, sp, arrival_time=origin_s + t)
                     for prompt, sp, t in zip(prompts, sampling_params, arrival_times)]
             arrival_ns = [self.start_ns + round((origin_s + t) * 1e9) for t in arrival_times]
