@@ -7,7 +7,7 @@ import random
 import pytest
 
 from conftest import cut_like_a_kill
-from test_stats import preemption_case, run_engine, worked_example
+from test_stats import online_case, preemption_case, run_engine, worked_example
 from tracengine.cli import main
 from tracengine.trace.events import Preempt, RequestAdded
 from tracengine.analysis.export import export_perfetto
@@ -92,7 +92,8 @@ def test_export_is_valid_trace_event_json(make, tmp_path):
             assert ts + dur == next_ts    # back to back, from arrival to finish
     preempts = [e for e in events if type(e) is Preempt]
     instants = [e for e in doc["traceEvents"] if e["ph"] == "i"]
-    assert len(instants) == len(preempts)
+    assert len([e for e in instants if e["name"] == "preempt"]) == len(preempts)
+    assert [e["args"]["seq_id"] for e in instants if e["name"] == "arrival"] == list(added)
     if make is random_run:
         assert preempts   # the random run is meant to preempt
 
@@ -128,7 +129,7 @@ def test_request_tracks_of_the_preemption_case(tmp_path):
     spans = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["tid"] == 3 and e["pid"] == 2]
     assert spans[3]["args"] == {"seq_id": 2, "steps": [5, 5], "chunk": 0, "num_tokens": 3, "recompute": True}
     assert spans[4]["args"]["num_tokens"] == 2
-    [instant] = [e for e in doc["traceEvents"] if e["ph"] == "i"]
+    [instant] = [e for e in doc["traceEvents"] if e["ph"] == "i" and e["name"] == "preempt"]
     assert (instant["pid"], instant["tid"], instant["ts"], instant["s"]) == (2, 3, 3000, "t")
     assert instant["args"] == {"step": 2, "by_seq_id": 1, "num_computed_tokens": 6, "num_freed_blocks": 2}
 
@@ -175,3 +176,19 @@ def test_cli_export_bad_input(tmp_path, capsys, damage):
     err = capsys.readouterr().err
     assert err.startswith("tracengine: error: ") and err.count("\n") == 1
     assert not out.exists()     # nothing half-written
+
+
+def test_arrivals_and_idle_gaps_of_an_online_run(tmp_path):
+    """test_stats.online_case: steps of 1 ms at 0, 1, 2, then idle 3..8 ms, steps at 8, 10, 11 ms;
+    s1 arrives at 7.5 ms, s2 at 9.5 ms."""
+    doc = export(online_case(), tmp_path)
+    validate(doc)
+    steps = [(e["ts"], e["dur"]) for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "step"]
+    assert steps == [(0, 1000), (1000, 1000), (2000, 1000), (8000, 1000), (10000, 1000), (11000, 1000)]
+    idle = [(e["ts"], e["dur"], e["args"]) for e in doc["traceEvents"] if e.get("cat") == "idle"]
+    assert idle == [(3000, 5000, {"before_step": 3, "gap_ns": 5_000_000})]    # the 1 ms gap before step 4 is not idle
+    arrivals = [(e["tid"], e["ts"]) for e in doc["traceEvents"] if e["name"] == "arrival"]
+    assert arrivals == [(1, 0), (2, 7500), (3, 9500)]
+    assert request_spans(doc, 1) == [("waiting", 7500, 500), ("prefill", 8000, 2000), ("paused", 10000, 1000),
+                                     ("decode", 11000, 1000)]
+    assert request_spans(doc, 2) == [("waiting", 9500, 500), ("prefill", 10000, 1000)]

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import cut_like_a_kill, make_config
 from tracengine.cli import main
-from tracengine.trace.events import ListSink, StepEnd
+from tracengine.trace.events import ListSink, RequestAdded, StepEnd
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.replay.runners import SyntheticRunner
 from tracengine.engine.sampling_params import SamplingParams
@@ -23,11 +23,14 @@ MS = 1_000_000
 
 
 def fixed_timing(event):
-    """Step s lasts 0.1 + (s + 0.8) + 0.1 = s + 1 ms."""
+    """Step s lasts 0.1 + (s + 0.8) + 0.1 = s + 1 ms, with no gap before it; a request arrives
+    at the start of the step it was added before (as in a format-1 trace)."""
+    if type(event) is RequestAdded:
+        return msgspec.structs.replace(event, arrival_ns=-1)
     if type(event) is not StepEnd:
         return event
     return msgspec.structs.replace(event, schedule_ns=MS // 10, model_ns=event.step * MS + 8 * MS // 10,
-                                   postprocess_ns=MS // 10)
+                                   postprocess_ns=MS // 10, gap_ns=0)
 
 
 def run_engine(prompt_lens, max_tokens, arrivals=None, **overrides) -> list:
@@ -78,7 +81,8 @@ def test_worked_example_figures():
     assert s["tokens"] == {"num_prompt_tokens": 39, "num_completion_tokens": 9,
                            "num_prefill_tokens": 39, "num_decode_tokens": 6}
     assert s["steps"] == {"num_steps": 4, "num_prefill_steps": 2, "num_decode_steps": 2,
-                          "total_s": 0.010, "prefill_s": 0.003, "decode_s": 0.007}   # 1+2 | 3+4 ms
+                          "total_s": 0.010, "prefill_s": 0.003, "decode_s": 0.007,   # 1+2 | 3+4 ms
+                          "gap_s": 0.0, "idle_s": 0.0, "num_idle_gaps": 1}            # step 0's gap of 0
     assert per_request(s, "first_scheduled_step") == [0, 1, 1]
     assert per_request(s, "first_token_step") == [1, 1, 1]       # seq 0 after its second chunk
     assert per_request(s, "queueing_steps") == [0, 1, 1]
@@ -158,9 +162,12 @@ JSON_KEYS = {
     "trace": {"torn_tail", "kvcache_block_size", "num_kvcache_blocks"},
     "requests": {"num_requests", "num_finished", "num_unfinished", "finish_reasons", "num_aborted"},
     "tokens": {"num_prompt_tokens", "num_completion_tokens", "num_prefill_tokens", "num_decode_tokens"},
-    "steps": {"num_steps", "num_prefill_steps", "num_decode_steps", "total_s", "prefill_s", "decode_s"},
-    "throughput": {"prefill_tokens_per_s", "decode_tokens_per_s", "completion_tokens_per_s"},
-    "latency": {"queueing", "ttft", "itl", "e2e"},
+    "steps": {"num_steps", "num_prefill_steps", "num_decode_steps", "total_s", "prefill_s", "decode_s",
+              "gap_s", "idle_s", "num_idle_gaps"},
+    "throughput": {"prefill_tokens_per_s", "decode_tokens_per_s", "completion_tokens_per_s", "requests_per_s",
+                   "total_tokens_per_s"},
+    "latency": {"queueing", "ttft", "itl", "tpot", "e2e"},
+    "goodput": None,
     "preemption": {"num_preemptions", "num_self_preemptions", "num_preempted_requests", "num_recomputed_tokens"},
     "prefix_cache": {"num_allocated_blocks", "num_hit_blocks", "block_hit_rate", "num_lookup_tokens",
                      "num_hit_tokens", "token_hit_rate"},
@@ -169,9 +176,10 @@ JSON_KEYS = {
                      "num_blocked_requests"},
     "per_request": None,
 }
-REQUEST_KEYS = {"seq_id", "added_step", "first_scheduled_step", "first_token_step", "finish_step", "finish_reason",
-                "num_prompt_tokens", "num_completion_tokens", "num_preemptions", "queueing_steps", "ttft_steps",
-                "e2e_steps", "queueing_s", "ttft_s", "e2e_s"}
+REQUEST_KEYS = {"seq_id", "added_step", "arrival_s", "first_scheduled_step", "first_token_step", "finish_step",
+                "finish_reason", "num_prompt_tokens", "num_completion_tokens", "num_preemptions", "queueing_steps",
+                "ttft_steps", "tpot_steps", "e2e_steps", "queueing_s", "ttft_s", "tpot_s", "e2e_s"}
+GOODPUT_KEYS = {"slo_s", "num_good_requests", "good_request_share", "requests_per_s"}
 
 
 @pytest.fixture
@@ -192,7 +200,8 @@ def test_json_keys_are_stable(trace_file, capsys):
     for key, fields in JSON_KEYS.items():
         if fields is not None:
             assert set(s[key]) == fields, key
-    for name in ("queueing", "ttft", "itl", "e2e"):
+    assert s["goodput"] is None                    # no --slo given
+    for name in ("queueing", "ttft", "itl", "tpot", "e2e"):
         for unit in ("steps", "seconds"):
             assert set(s["latency"][name][unit]) == {"count", "mean", "p50", "p90", "p99"}
     assert all(set(r) == REQUEST_KEYS for r in s["per_request"])
@@ -264,3 +273,90 @@ def test_corrupt_trace_names_the_offset(trace_file, capsys):
 def test_no_torch_on_the_analysis_side():
     code = "import sys, tracengine.analysis.stats, tracengine.analysis.export; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def online_case():
+    """Three requests arriving over time, every step 1 ms, gaps as set by hand:
+    s0 (8 tokens, 3 out) at 0: steps 0-2 at [0,1] [1,2] [2,3] ms; the engine then idles 5 ms;
+    s1 (4 tokens, 2 out) arrived at 7.5 ms, prefilled in step 3 at [8,9]; s2 (4 tokens, 1 out)
+    arrived at 9.5 ms, prefilled in step 4 at [10,11] after a 1 ms gap (prefill first: s1 waits);
+    step 5 at [11,12] decodes s1's second token."""
+    config = make_config()
+    sink = ListSink()
+    engine = LLMEngine(config, SyntheticRunner(eos=config.eos), sink)
+    sp = dict(temperature=0.0, ignore_eos=True)
+    engine.add_request(list(range(100, 108)), SamplingParams(max_tokens=3, **sp))
+    for _ in range(3):
+        engine.step()
+    engine.add_request(list(range(200, 204)), SamplingParams(max_tokens=2, **sp))
+    engine.step()
+    engine.add_request(list(range(300, 304)), SamplingParams(max_tokens=1, **sp))
+    while not engine.is_finished():
+        engine.step()
+    arrivals, gaps = {0: 0, 1: 7_500_000, 2: 9_500_000}, {3: 5 * MS, 4: MS}
+
+    def timed(event):
+        if type(event) is RequestAdded:
+            return msgspec.structs.replace(event, arrival_ns=arrivals[event.seq_id])
+        if type(event) is StepEnd:
+            return msgspec.structs.replace(fixed_timing(event), model_ns=8 * MS // 10, gap_ns=gaps.get(event.step, 0))
+        return event
+    return [make_header(config)] + [timed(e) for e in sink.events]
+
+
+def test_online_figures_from_arrival_times():
+    s = stats(online_case())
+    assert per_request(s, "added_step") == [0, 3, 4]
+    assert per_request(s, "arrival_s") == [0.0, 0.0075, 0.0095]
+    assert per_request(s, "queueing_s") == pytest.approx([0.0, 0.0005, 0.0005])   # start(3) = 8, start(4) = 10 ms
+    assert per_request(s, "ttft_s") == pytest.approx([0.001, 0.0015, 0.0015])     # end(0) = 1, end(3) = 9, end(4) = 11
+    assert per_request(s, "e2e_s") == pytest.approx([0.003, 0.0045, 0.0015])      # end(2) = 3, end(5) = 12, end(4)
+    # s0: tokens at the ends of steps 0, 1, 2 (1, 2, 3 ms); s1 at steps 3 and 5 (9, 12 ms); s2 one token
+    assert per_request(s, "tpot_s") == pytest.approx([0.001, 0.003, None])
+    assert per_request(s, "tpot_steps") == [1.0, 2.0, None]
+    assert s["latency"]["itl"]["seconds"]["count"] == 3
+    assert s["latency"]["itl"]["seconds"]["mean"] == pytest.approx(0.005 / 3)    # 1, 1 and 3 ms
+    assert s["latency"]["tpot"]["seconds"]["mean"] == pytest.approx(0.002)
+    st = s["steps"]
+    assert st["total_s"] == pytest.approx(0.012)        # 6 steps of 1 ms + gaps of 5 and 1 ms
+    assert st["gap_s"] == pytest.approx(0.006)
+    assert (st["idle_s"], st["num_idle_gaps"]) == (pytest.approx(0.005), 2)    # before steps 0 (0 ms) and 3
+    tp = s["throughput"]
+    assert tp["requests_per_s"] == pytest.approx(3 / 0.012)
+    assert tp["completion_tokens_per_s"] == pytest.approx(6 / 0.012)             # 3 + 2 + 1 tokens
+    assert tp["total_tokens_per_s"] == pytest.approx((16 + 6) / 0.012)           # 8 + 4 + 4 prompt tokens
+    assert s["goodput"] is None
+
+
+@pytest.mark.parametrize("slo, good", [
+    ({"ttft": 0.0012}, [0]),                    # TTFTs 1, 1.5, 1.5 ms
+    ({"ttft": 0.002, "tpot": 0.002}, [0, 2]),   # s1's TPOT is 3 ms; s2 has one token, a TPOT of 0
+    ({"e2e": 0.004}, [0, 2]),                   # e2e 3, 4.5, 1.5 ms
+    ({"ttft": 0.0015, "tpot": 0.003, "e2e": 0.0045}, [0, 1, 2]),   # every objective met exactly counts
+])
+def test_goodput_under_slos(slo, good):
+    g = stats(online_case(), slo)["goodput"]
+    assert set(g) == GOODPUT_KEYS and g["slo_s"] == slo
+    assert g["num_good_requests"] == len(good)
+    assert g["good_request_share"] == pytest.approx(len(good) / 3)
+    assert g["requests_per_s"] == pytest.approx(len(good) / 0.012)
+
+
+def test_slo_on_the_command_line(tmp_path, capsys):
+    path = tmp_path / "online.trace"
+    events = online_case()
+    with TraceWriter(path, events[0]) as writer:
+        for event in events[1:]:
+            writer.emit(event)
+    assert main(["stats", str(path), "--slo", "ttft=2ms", "--slo", "tpot=0.002s", "--json"]) == 0
+    g = json.loads(capsys.readouterr().out)["goodput"]
+    assert g["slo_s"] == {"ttft": 0.002, "tpot": 0.002} and g["num_good_requests"] == 2
+    assert main(["stats", str(path), "--slo", "ttft=2", "--slo", "tpot=2000us"]) == 0   # a bare number is ms, as in vLLM
+    out = capsys.readouterr().out
+    assert "goodput       166.667 requests/s: 2 of 3 (66.7%) met ttft <= 2 ms, tpot <= 2 ms" in out
+    assert "requests/s    250.000 over the run" in out
+    assert "6 steps (3 prefill, 3 decode), 12.000 ms\n6.000 ms between steps, 5.000 ms of it idle" in out
+    for bad in ("ttft", "latency=2ms", "ttft=-1ms", "ttft=soon"):
+        assert main(["stats", str(path), "--slo", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("tracengine: error: --slo expects NAME=VALUE") and err.count("\n") == 1

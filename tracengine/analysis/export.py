@@ -3,16 +3,20 @@ chrome://tracing open: `tracengine export run.trace --perfetto out.json`.
 
 Layout:
 - process "engine" (pid 1): thread "steps" with one complete event ("X") per
-  step named prefill/decode, and inside it schedule/model/postprocess; counters
-  ("C") for free KV blocks, batch size, tokens per step and queue lengths.
+  step named prefill/decode, and inside it schedule/model/postprocess; an
+  "idle" span for each gap in which no request was in flight (the engine
+  waited for the next arrival); counters ("C") for free KV blocks, batch
+  size, tokens per step and queue lengths.
 - process "requests" (pid 2): one thread per request (tid = seq_id + 1) with
   its lifecycle as back-to-back "X" spans: waiting, prefill (one per chunk),
   decode (merged over consecutive steps), paused (running but left out of a
-  step: prefill-first), preempted; an instant ("i") at each preemption.
+  step: prefill-first), preempted; an instant ("i") at its arrival and at
+  each preemption. The first span starts at the arrival.
 
 Timestamps are integer microseconds on the trace's time axis (each step lasts
-its StepEnd durations; tracengine/analysis/timeline.py), floored from the cumulative
-nanoseconds, so spans meet exactly and every track is monotonic."""
+its StepEnd durations and begins its gap_ns after the one before;
+tracengine/analysis/timeline.py), floored from the cumulative nanoseconds, so
+spans meet exactly and every track is monotonic."""
 import msgspec
 
 from tracengine import __version__
@@ -45,9 +49,14 @@ def _counter(name: str, ts_ns: int, values: dict) -> dict:
 
 def engine_events(t: RequestTimeline) -> list[dict]:
     events = []
+    idle = set(t.idle_steps())
     for rec in t.steps:
         d, end = rec.decision, rec.end
         start = t.start_ns(rec.step)
+        idle_from = t.end_ns(rec.step - 1) if rec.step else 0
+        if rec.step in idle and start > idle_from:     # nothing in flight: waiting for the next arrival
+            events.append(_span(ENGINE_PID, STEPS_TID, "idle", "idle", idle_from, start,
+                                {"before_step": rec.step, "gap_ns": end.gap_ns}))
         events.append(_span(ENGINE_PID, STEPS_TID, d.phase, "step", start, t.end_ns(rec.step), {
             "step": rec.step, "batch_size": len(d.seqs), "num_batched_tokens": d.num_batched_tokens,
             "stop_reason": d.stop_reason, "blocked_seq_id": d.blocked_seq_id,
@@ -103,14 +112,25 @@ def request_events(t: RequestTimeline, req) -> list[dict]:
     tid = req.seq_id + 1
     events = _meta(REQUESTS_PID, tid, "thread", f"seq {req.seq_id}", req.seq_id)
     preempts = {p.step: p for p in req.preempts}
-    for name, a, b, args in request_spans(t, req):
+    arrival = t.arrival_ns(req)
+    events.append({"ph": "i", "s": "t", "pid": REQUESTS_PID, "tid": tid, "name": "arrival", "cat": "arrival",
+                   "ts": _us(arrival), "args": {"seq_id": req.seq_id, "added_step": req.added_step,
+                                                "arrival_ns": arrival, "num_prompt_tokens": req.num_prompt_tokens}})
+    for i, (name, a, b, args) in enumerate(request_spans(t, req)):
         if name == "preempted" and a in preempts:
             p = preempts[a]
             events.append({"ph": "i", "s": "t", "pid": REQUESTS_PID, "tid": tid, "name": "preempt",
                            "cat": "preempt", "ts": _us(t.start_ns(a)),
                            "args": {"step": a, "by_seq_id": p.by_seq_id, "num_computed_tokens": p.num_computed_tokens,
                                     "num_freed_blocks": len(p.freed_block_ids)}})
-        events.append(_span(REQUESTS_PID, tid, name, "request", t.start_ns(a), t.start_ns(b),
+        start = t.start_ns(a)
+        if i == 0 and arrival < start:         # waiting from its arrival, before the step it entered
+            if name == "waiting":
+                start = arrival
+            else:
+                events.append(_span(REQUESTS_PID, tid, "waiting", "request", arrival, start,
+                                    {"seq_id": req.seq_id, "steps": []}))
+        events.append(_span(REQUESTS_PID, tid, name, "request", start, t.start_ns(b),
                             {"seq_id": req.seq_id, "steps": [a, b - 1], **args}))
     return events
 
@@ -124,7 +144,8 @@ def trace_events(t: RequestTimeline) -> dict:
         events += request_events(t, req)
     header = t.header
     metadata = {"exporter": f"tracengine {__version__}", "num_steps": t.num_steps,
-                "time_axis": "cumulative StepEnd durations (schedule_ns + model_ns + postprocess_ns)",
+                "time_axis": "cumulative StepEnd gaps and durations (gap_ns, then schedule_ns + model_ns + "
+                             "postprocess_ns); requests arrive at RequestAdded.arrival_ns",
                 "torn_tail": t.torn_tail}
     if header is not None:
         metadata.update(format_version=header.format_version, tracengine_version=header.tracengine_version,

@@ -2,17 +2,27 @@
 
 Latencies are given in engine steps and in seconds on the trace's time axis
 (tracengine/analysis/timeline.py: each step lasts schedule_ns + model_ns +
-postprocess_ns; a request arrives at the start of the step it was added
-before, a token appears at the end of the step that sampled it):
+postprocess_ns and begins gap_ns after the one before; a request arrives at
+its recorded arrival time, or for a format-1 trace at the start of the step
+it was added before; a token appears at the end of the step that sampled it):
 
 - queueing:  arrival -> first scheduled.  steps = first_scheduled - added,
-  seconds = the durations of steps added .. first_scheduled - 1.
+  seconds = arrival .. the start of first_scheduled.
 - ttft:      arrival -> first kept token. steps = first_token - added + 1,
-  seconds = the durations of steps added .. first_token.
+  seconds = arrival .. the end of first_token.
 - itl:       one value per pair of consecutive kept tokens of a request,
-  pooled over requests. steps = b - a, seconds = steps a+1 .. b.
+  pooled over requests. steps = b - a, seconds = end of a .. end of b.
+- tpot:      per finished request with at least 2 tokens, (last token -
+  first token) / (tokens - 1), in steps and in seconds (vLLM's TPOT).
 - e2e:       arrival -> last token, finished requests only.
-  steps = finish - added + 1, seconds = steps added .. finish.
+  steps = finish - added + 1, seconds = arrival .. the end of finish.
+
+Throughput is over the run's duration (its start to the end of the last
+step, idle time included). Goodput under service-level objectives (`slo`:
+ttft, tpot, e2e in seconds) is as DistServe and vLLM's serving benchmark
+define it: a request is good when it finished and meets every objective (a
+request of one token has a TPOT of 0); the figures are the good share of all
+requests and good requests per second of the run.
 
 Percentiles interpolate linearly between closest ranks (numpy's default).
 The JSON keys are stable (`stats_version` changes if one is renamed or
@@ -20,9 +30,27 @@ removed); docs/stats.md lists them."""
 import math
 
 from tracengine.analysis.timeline import RequestTimeline, load
+from tracengine.errors import TracengineError
 
 STATS_VERSION = 1
 NS = 1e9
+SLO_NAMES = ("ttft", "tpot", "e2e")
+_UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6}
+
+
+def parse_slo(text: str) -> tuple[str, float]:
+    """`ttft=200ms` -> ("ttft", 0.2): an objective in seconds (a bare number is ms, as in vLLM)."""
+    name, sep, value = text.partition("=")
+    name, value = name.strip().lower(), value.strip().lower()
+    unit = next((u for u in ("ms", "us", "s") if value.endswith(u)), "")
+    try:
+        seconds = float(value.removesuffix(unit)) * _UNITS.get(unit, 1e-3)
+    except ValueError:
+        seconds = math.nan
+    if not sep or name not in SLO_NAMES or not seconds > 0 or math.isinf(seconds):
+        raise TracengineError(f"--slo expects NAME=VALUE with NAME one of {', '.join(SLO_NAMES)} and a positive "
+                              f"VALUE such as 200ms or 0.2s, got {text!r}")
+    return name, seconds
 
 
 def percentile(sorted_values: list[float], p: float) -> float:
@@ -48,13 +76,13 @@ def _ratio(num, den):
 def request_figures(t: RequestTimeline, req) -> dict:
     added, first_sched = req.added_step, req.first_scheduled_step
     first_token = req.token_steps[0] if req.token_steps else None
-    out = {"seq_id": req.seq_id, "added_step": added, "first_scheduled_step": first_sched,
+    arrival = t.arrival_ns(req)
+    out = {"seq_id": req.seq_id, "added_step": added, "arrival_s": arrival / NS, "first_scheduled_step": first_sched,
            "first_token_step": first_token, "finish_step": req.finish_step,
            "finish_reason": req.finish_reason or None, "num_prompt_tokens": req.num_prompt_tokens,
            "num_completion_tokens": len(req.token_steps), "num_preemptions": len(req.preempts),
-           "queueing_steps": None, "ttft_steps": None, "e2e_steps": None,
-           "queueing_s": None, "ttft_s": None, "e2e_s": None}
-    arrival = t.start_ns(added)
+           "queueing_steps": None, "ttft_steps": None, "tpot_steps": None, "e2e_steps": None,
+           "queueing_s": None, "ttft_s": None, "tpot_s": None, "e2e_s": None}
     if first_sched is not None:
         out["queueing_steps"] = first_sched - added
         out["queueing_s"] = (t.start_ns(first_sched) - arrival) / NS
@@ -64,12 +92,36 @@ def request_figures(t: RequestTimeline, req) -> dict:
     if req.finish_step is not None:
         out["e2e_steps"] = req.finish_step - added + 1
         out["e2e_s"] = (t.end_ns(req.finish_step) - arrival) / NS
+        n = len(req.token_steps)
+        if n > 1:
+            first, last = req.token_steps[0], req.token_steps[-1]
+            out["tpot_steps"] = (last - first) / (n - 1)
+            out["tpot_s"] = (t.end_ns(last) - t.end_ns(first)) / NS / (n - 1)
     return out
 
 
-def stats(path_or_events) -> dict:
+def goodput(per_request: list[dict], slo: dict[str, float], duration_s: float) -> dict:
+    """Requests that finished within every objective (seconds), as a share and per second."""
+    def good(r):
+        if r["finish_step"] is None:
+            return False
+        values = {"ttft": r["ttft_s"], "tpot": r["tpot_s"] if r["tpot_s"] is not None else 0.0, "e2e": r["e2e_s"]}
+        return all(values[name] is not None and values[name] <= limit for name, limit in slo.items())
+
+    num_good = sum(good(r) for r in per_request)
+    return {"slo_s": dict(slo), "num_good_requests": num_good,
+            "good_request_share": _ratio(num_good, len(per_request)),
+            "requests_per_s": _ratio(num_good, duration_s)}
+
+
+def stats(path_or_events, slo: dict[str, float] | None = None) -> dict:
     """The figures of a trace (a path, read up to its last complete frame) or of
-    an iterable of events (a TraceHeader first, for the block figures)."""
+    an iterable of events (a TraceHeader first, for the block figures). `slo`:
+    objectives in seconds by name (ttft, tpot, e2e), for the goodput figures."""
+    for name, limit in (slo or {}).items():
+        if name not in SLO_NAMES or not limit > 0:
+            raise TracengineError(f"an SLO is one of {', '.join(SLO_NAMES)} with a positive number of seconds, "
+                                  f"got {name}={limit!r}")
     t = path_or_events if isinstance(path_or_events, RequestTimeline) else load(path_or_events)
     per_request = [request_figures(t, req) for req in t.requests.values()]
 
@@ -108,6 +160,11 @@ def stats(path_or_events) -> dict:
     num_aborted = sum(req.abort is not None for req in t.requests.values())
     num_completion = sum(r["num_completion_tokens"] for r in per_request)
 
+    total_s = t.total_ns / NS
+    idle = t.idle_steps()
+    idle_s = sum(t.start_ns(step) - (t.end_ns(step - 1) if step else 0) for step in idle) / NS
+    num_tokens = sum(r.num_prompt_tokens for r in t.requests.values()) + num_completion
+
     num_allocated = sum(len(a.block_ids) for a in t.allocations)
     num_hit = sum(a.num_cached_blocks for a in t.allocations)
     num_hit_tokens = num_hit * t.block_size if t.block_size else None
@@ -134,14 +191,18 @@ def stats(path_or_events) -> dict:
                    "num_completion_tokens": num_completion,
                    "num_prefill_tokens": phase_tokens["prefill"], "num_decode_tokens": phase_tokens["decode"]},
         "steps": {"num_steps": t.num_steps, "num_prefill_steps": phase_steps["prefill"],
-                  "num_decode_steps": phase_steps["decode"], "total_s": t.total_ns / NS,
-                  "prefill_s": phase_ns["prefill"] / NS, "decode_s": phase_ns["decode"] / NS},
+                  "num_decode_steps": phase_steps["decode"], "total_s": total_s,
+                  "prefill_s": phase_ns["prefill"] / NS, "decode_s": phase_ns["decode"] / NS,
+                  "gap_s": t.gap_ns / NS, "idle_s": idle_s, "num_idle_gaps": len(idle)},
         "throughput": {"prefill_tokens_per_s": _ratio(phase_tokens["prefill"], phase_ns["prefill"] / NS),
                        "decode_tokens_per_s": _ratio(phase_tokens["decode"], phase_ns["decode"] / NS),
-                       "completion_tokens_per_s": _ratio(num_completion, t.total_ns / NS)},
+                       "completion_tokens_per_s": _ratio(num_completion, total_s),
+                       "requests_per_s": _ratio(num_finished, total_s),
+                       "total_tokens_per_s": _ratio(num_tokens, total_s)},
         "latency": {"queueing": latency("queueing"), "ttft": latency("ttft"),
                     "itl": {"steps": summarize(itl_steps), "seconds": summarize(itl_s)},
-                    "e2e": latency("e2e")},
+                    "tpot": latency("tpot"), "e2e": latency("e2e")},
+        "goodput": goodput(per_request, slo, total_s) if slo else None,
         "preemption": {"num_preemptions": len(preempts),
                        "num_self_preemptions": sum(p.seq_id == p.by_seq_id for p in preempts),
                        "num_preempted_requests": len({p.seq_id for p in preempts}),
@@ -175,11 +236,14 @@ def render(s: dict, title: str = ""):
     head = (f"{title + chr(10) if title else ''}{r['num_requests']} requests ({r['num_finished']} finished{aborted}), "
             f"{tok['num_prompt_tokens']:,} prompt + {tok['num_completion_tokens']:,} completion tokens\n"
             f"{st['num_steps']:,} steps ({st['num_prefill_steps']:,} prefill, {st['num_decode_steps']:,} decode), "
-            f"{st['total_s'] * 1e3:,.3f} ms")
+            f"{st['total_s'] * 1e3:,.3f} ms"
+            + (f"\n{st['gap_s'] * 1e3:,.3f} ms between steps, {st['idle_s'] * 1e3:,.3f} ms of it idle "
+               f"(waiting for arrivals)" if st["gap_s"] else ""))
     lat = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("latency", "unit", "n", "mean", "p50", "p90", "p99"):
         lat.add_column(col, justify="left" if col in ("latency", "unit") else "right")
-    for name, label in (("queueing", "queueing"), ("ttft", "TTFT"), ("itl", "ITL"), ("e2e", "end-to-end")):
+    for name, label in (("queueing", "queueing"), ("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"),
+                        ("e2e", "end-to-end")):
         for unit, key, scale, fmt in (("steps", "steps", 1, "{:,.2f}"), ("ms", "seconds", 1e3, "{:,.3f}")):
             f = s["latency"][name][key]
             lat.add_row(label if unit == "steps" else "", unit, str(f["count"]),
@@ -191,7 +255,14 @@ def render(s: dict, title: str = ""):
     other.add_column()
     other.add_row("tokens/s", f"prefill {_num(tp['prefill_tokens_per_s'], '{:,.0f}')}, "
                               f"decode {_num(tp['decode_tokens_per_s'], '{:,.0f}')}, "
-                              f"completion {_num(tp['completion_tokens_per_s'], '{:,.0f}')}")
+                              f"completion {_num(tp['completion_tokens_per_s'], '{:,.0f}')}, "
+                              f"all {_num(tp['total_tokens_per_s'], '{:,.0f}')}")
+    other.add_row("requests/s", _num(tp["requests_per_s"], "{:,.3f}") + " over the run")
+    if s["goodput"] is not None:
+        g = s["goodput"]
+        objectives = ", ".join(f"{name} <= {limit * 1e3:g} ms" for name, limit in g["slo_s"].items())
+        other.add_row("goodput", f"{_num(g['requests_per_s'], '{:,.3f}')} requests/s: {g['num_good_requests']} of "
+                                 f"{r['num_requests']} ({_pct(g['good_request_share'])}) met {objectives}")
     other.add_row("preemptions", f"{pre['num_preemptions']} ({pre['num_self_preemptions']} self) of "
                                  f"{pre['num_preempted_requests']} requests, "
                                  f"{pre['num_recomputed_tokens']:,} tokens recomputed")

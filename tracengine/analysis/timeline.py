@@ -1,11 +1,15 @@
 """A trace folded into steps and request lifecycles, with a time axis: what
 `stats` and `export` read. Events only; no engine objects, no torch.
 
-Time axis: wall-clock per step is its StepEnd duration, schedule_ns +
-model_ns + postprocess_ns. Step s runs from start_ns(s), the sum of the
-durations of steps 0..s-1, to end_ns(s) = start_ns(s) + its duration. A
-request added before step s (RequestAdded.step == s) arrives at start_ns(s);
-a token sampled in step s appears at end_ns(s)."""
+Time axis, in ns from the start of the run: a step lasts its StepEnd
+duration, schedule_ns + model_ns + postprocess_ns, and begins gap_ns after
+the previous one ended (step 0: after the start of the run; the gap holds the
+engine's idle waits for arrivals and the loop's own work). So step s runs
+from start_ns(s), the sum of the gaps and durations of steps 0..s-1 plus its
+own gap, to end_ns(s) = start_ns(s) + its duration. A request arrives at its
+RequestAdded.arrival_ns when the trace knows it (format 2), else at the
+start of the step it was added before (format 1, whose gaps read as 0); a
+token sampled in step s appears at end_ns(s)."""
 import os
 from dataclasses import dataclass, field
 
@@ -37,6 +41,7 @@ class RequestRecord:
     added_step: int
     num_prompt_tokens: int
     num_tokens: int                                   # prompt + kept tokens so far
+    arrival_ns: int = -1                              # RequestAdded.arrival_ns; -1: not known (format 1)
     scheduled: list[tuple[int, str, int]] = field(default_factory=list)   # (step, phase, num_tokens)
     token_steps: list[int] = field(default_factory=list)                  # steps of kept TokenSamples
     preempts: list[Preempt] = field(default_factory=list)
@@ -64,7 +69,8 @@ class RequestTimeline:
         self.num_lookup_tokens = 0      # tokens of the sequences at their (re)allocations
         self.torn_tail: str | None = None   # what the reader reported about an incomplete last frame
         self._decision: ScheduleDecision | None = None
-        self._starts: list[int] = [0]
+        self._starts: list[int] = []    # each step's start and end on the time axis
+        self._ends: list[int] = []
 
     def add(self, event) -> None:
         if type(event) in _NOT_FOLDED:
@@ -72,8 +78,8 @@ class RequestTimeline:
         match event:
             case TraceHeader():
                 self.__init__(event)
-            case RequestAdded(step=step, seq_id=seq_id, prompt_token_ids=prompt):
-                self.requests[seq_id] = RequestRecord(seq_id, step, len(prompt), len(prompt))
+            case RequestAdded(step=step, seq_id=seq_id, prompt_token_ids=prompt, arrival_ns=arrival_ns):
+                self.requests[seq_id] = RequestRecord(seq_id, step, len(prompt), len(prompt), arrival_ns)
             case ScheduleDecision():
                 self._decision = event
                 for s in event.seqs:
@@ -99,7 +105,9 @@ class RequestTimeline:
                                      f"(expected step {len(self.steps)})")
                 record = StepRecord(decision, event)
                 self.steps.append(record)
-                self._starts.append(self._starts[-1] + record.duration_ns)
+                start = self.total_ns + event.gap_ns
+                self._starts.append(start)
+                self._ends.append(start + record.duration_ns)
 
     def _request(self, seq_id: int, event) -> RequestRecord:
         req = self.requests.get(seq_id)
@@ -114,14 +122,43 @@ class RequestTimeline:
 
     @property
     def total_ns(self) -> int:
-        return self._starts[-1]
+        """The run's duration: from its start to the end of the last step."""
+        return self._ends[-1] if self._ends else 0
+
+    @property
+    def gap_ns(self) -> int:
+        """Time between steps (idle waits and the loop's own work) over the run."""
+        return self.total_ns - sum(rec.duration_ns for rec in self.steps)
 
     def start_ns(self, step: int) -> int:
         """When step `step` begins; a step past the end begins when the trace ends."""
-        return self._starts[min(step, len(self.steps))]
+        return self._starts[step] if step < len(self._starts) else self.total_ns
 
     def end_ns(self, step: int) -> int:
-        return self.start_ns(step + 1)
+        return self._ends[step] if step < len(self._ends) else self.total_ns
+
+    def idle_steps(self) -> list[int]:
+        """The steps whose gap was idle time: no request was in flight when it began (every
+        request added before the step had finished or been aborted), so the engine waited
+        for the next arrival."""
+        delta = [0] * (self.num_steps + 2)
+        for req in self.requests.values():
+            # in flight in the gap before step s when added_step < s <= its last step
+            last = req.finish_step if req.finish_step is not None else (
+                req.abort.step - 1 if req.abort is not None else self.num_steps)
+            if req.added_step < last:
+                delta[req.added_step + 1] += 1
+                delta[min(last, self.num_steps) + 1] -= 1
+        idle, in_flight = [], 0
+        for step in range(self.num_steps):
+            in_flight += delta[step]
+            if in_flight == 0:
+                idle.append(step)
+        return idle
+
+    def arrival_ns(self, req: RequestRecord) -> int:
+        """When a request arrived: its recorded time, else the start of the step it was added before."""
+        return req.arrival_ns if req.arrival_ns >= 0 else self.start_ns(req.added_step)
 
 
 def fold(events) -> RequestTimeline:

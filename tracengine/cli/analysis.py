@@ -8,8 +8,9 @@ from tracengine.errors import TraceError
 
 
 def cmd_stats(args) -> int:
-    from tracengine.analysis.stats import render, stats
-    s = stats(args.trace)
+    from tracengine.analysis.stats import parse_slo, render, stats
+    slo = dict(parse_slo(text) for text in args.slo)
+    s = stats(args.trace, slo or None)
     if args.json:
         print(json.dumps(s, indent=2))
     else:

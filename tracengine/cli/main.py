@@ -157,10 +157,14 @@ def add_simulation_commands(sub):
 
 def add_analysis_commands(sub):
     p = add_parser(sub, "stats", "serving figures of a trace",
-                   "Serving figures of a trace: TTFT, ITL and TPOT in steps and ms, throughput,\n"
-                   "preemptions and prefix-cache hits.")
+                   "Serving figures of a trace: queueing, TTFT, ITL, TPOT and end-to-end latency from each\n"
+                   "request's arrival, in steps and ms; request and token throughput over the run; goodput\n"
+                   "under --slo objectives; preemptions, prefix-cache hits, KV use (docs/stats.md).")
     p.add_argument("trace", help="the trace file")
     p.add_argument("--json", action="store_true", help="the figures as one JSON object")
+    p.add_argument("--slo", action="append", default=[], metavar="NAME=VALUE",
+                   help="a service-level objective for goodput, e.g. ttft=200ms, tpot=50ms, e2e=2s (repeatable; "
+                   "a request is good when it meets every one)")
     p.set_defaults(run=cmd_stats)
 
     p = add_parser(sub, "export", "export a trace for other tools",
