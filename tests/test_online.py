@@ -194,7 +194,7 @@ def test_the_kept_online_trace_pins_format_2_with_arrivals(capsys):
 @pytest.mark.parametrize("name", ["format-v1", "worked_example", "preemption", "default_mix"])
 def test_older_traces_still_read_and_replay(name):
     events = read_events(str(TRACES / f"{name}.trace"))
-    result = replay(events)
+    result = reexecute(events)
     assert result.divergence is None and result.num_unfinished == 0
     if name == "format-v1":
         assert events[0].format_version == 1
