@@ -331,6 +331,31 @@ async def test_run_figures_are_the_stats_of_the_trace(trace, fold):
         assert not isinstance(app.screen, RunFiguresScreen)
 
 
+async def test_border_titles_are_stored_as_textuals_own_setter_stores_them(trace):
+    # set_titles writes Textual's private title to repaint one row: it must read back as the public one
+    app, running = opened(trace)
+    async with running as pilot:
+        waiting = app.query_one("#waiting", SeqTable)
+        waiting.set_titles("Waiting [b](3)[/b]", "s1 s2")
+        ours = (waiting.border_title, waiting.border_subtitle, waiting._border_title, waiting._border_subtitle)
+        waiting.border_title, waiting.border_subtitle = "Waiting [b](3)[/b]", "s1 s2"
+        await pilot.pause()
+        assert ours == (waiting.border_title, waiting.border_subtitle, waiting._border_title,
+                        waiting._border_subtitle)
+        assert waiting.border_title == "Waiting [b](3)[/b]"
+
+
+async def test_the_collector_is_tuned_once_and_given_back(trace):
+    import gc
+    before = gc.get_threshold()
+    app, running = opened(trace)
+    async with running as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert gc.get_threshold() == (10_000, 50, 1_000) and gc.get_freeze_count() > 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
 async def test_play_advances_and_stops_at_the_end(trace, fold):
     app, running = opened(trace)
     async with running as pilot:

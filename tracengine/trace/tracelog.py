@@ -26,8 +26,12 @@ step's events and is written, and flushed, when that step's StepEnd arrives,
 so a killed process leaves every finished step readable. Closing the writer
 appends the end frame, an empty array (stored, one byte of payload): a
 reader following the file knows the recording is over, and a trace without
-it is still being written or was left by a killed writer. Decoding is typed
-msgspec only. A reader reports what it cannot read (a torn last frame, a
+it is still being written or was left by a killed writer. Events are
+decoded by one typed msgspec Decoder only. The frame index alone reads a
+frame's first step by hand from its leading bytes (`_leading_step`: an array
+header, an event's header, its tag and step, as msgpack ints), so indexing
+a trace decodes no event; a frame it misreads still fails its typed decode
+when read. A reader reports what it cannot read (a torn last frame, a
 checksum mismatch, a payload that does not inflate) and still gives every
 complete frame before it."""
 import bisect

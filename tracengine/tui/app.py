@@ -106,6 +106,8 @@ class TraceApp(App):
         self._play_timer = None
         self._stop = threading.Event()
         self._moved_at = 0.0      # monotonic time of the last move, read by the indexer
+        self._gc_threshold = None   # the collector's setting before the app changed it
+        self._frozen_steps = -1     # the steps folded when the collector last froze them
         # what the first slice holds, set before the panels are bound so the first frame shows it
         num_steps = index.num_steps
         step = num_steps - 1 if follow else 0
@@ -132,10 +134,18 @@ class TraceApp(App):
         yield Footer()
 
     def on_ready(self) -> None:
+        # What the UI makes while moving (strips, states) is short-lived: collect it young,
+        # and leave the full passes that stall a seek for tens of ms to rare occasions.
+        # Set once for the app's life; the process's own setting comes back at unmount.
+        self._gc_threshold = gc.get_threshold()
+        gc.set_threshold(10_000, 50, 1_000)
         self.index_trace()      # the first frame is on screen: index the rest meanwhile
 
     def on_unmount(self) -> None:
         self._stop.set()
+        if self._gc_threshold is not None:
+            gc.unfreeze()
+            gc.set_threshold(*self._gc_threshold)
 
     # -- the cursor -------------------------------------------------------------------------------
 
@@ -304,12 +314,12 @@ class TraceApp(App):
                            pacing=self.PACING)
 
     def on_trace_app_indexed(self, message: Indexed) -> None:
-        # The folded trace lives as long as the app: keep it out of the cycle collector's
-        # full passes, which would otherwise pause the screen for most of a second.
-        gc.freeze()
-        # What the UI makes while moving (strips, states) is short-lived: collect it young,
-        # and leave the full passes that stall a seek for tens of ms to rare occasions.
-        gc.set_threshold(10_000, 50, 1_000)
+        if message.num_steps > self._frozen_steps:
+            # What this slice folded lives as long as the app: keep it out of the cycle
+            # collector's full passes, which would otherwise pause the screen for most of a
+            # second. Each slice adds such objects, so each is frozen (a list splice, O(1)).
+            gc.freeze()
+            self._frozen_steps = message.num_steps
         self.num_steps = message.num_steps
         if message.done:
             self.indexed_all = True

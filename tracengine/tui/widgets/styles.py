@@ -26,7 +26,9 @@ class ComponentStyles:
     def set_titles(self, title: str | None, subtitle: str | None) -> None:
         """The border title and subtitle. Setting either makes Textual repaint the
         whole widget, even to the same text; here an unchanged one is left alone
-        and a changed one repaints its border row only."""
+        and a changed one repaints its border row only. That stores the title
+        where Textual 8's public setter does (`_border_title`, a Content): the
+        dependency is pinned to Textual 8 and a test compares the two."""
         shown = self.__dict__.setdefault("_shown_titles", [None, None])
         for i, (name, text) in enumerate((("_border_title", title), ("_border_subtitle", subtitle))):
             if text == shown[i]:
