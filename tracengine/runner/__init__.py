@@ -1,5 +1,9 @@
 """Model runner: paged KV cache, attention backends, CUDA graphs, sampler,
-tensor parallelism (the tp_* modules)."""
+tensor parallelism (the tp_* modules). Unlike nano-vllm, whose ModelRunner
+branches on its rank and talks to workers through shared memory, ModelRunner
+here computes one rank's shard and nothing else: rank 0's TensorParallelRunner
+owns the worker processes, and the CPU attention plans live with the torch
+backend, so each module keeps one job."""
 
 
 def make_runner(config, hf_config=None):
