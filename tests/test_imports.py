@@ -1,8 +1,116 @@
-"""The scheduling and trace side never imports torch."""
+"""The import rules, checked two ways: each part imported in a fresh
+interpreter (what is in sys.modules afterwards), and every import statement
+of its modules and of the project modules they reach, read with ast (so an
+import inside a function, run only later, counts too).
+
+- the scheduler, block manager, sequence and config import no torch and no I/O
+  module, and call no open/print/input;
+- replay, analysis and the TUI import no model, no runner and no torch;
+- the event vocabulary imports nothing of the project."""
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).parent.parent
+PACKAGE = ROOT / "tracengine"
+
+TORCH = {"torch", "transformers", "safetensors", "tokenizers", "triton", "flash_attn"}
+IO = {"os", "io", "pathlib", "shutil", "socket", "subprocess", "tempfile", "glob", "mmap", "fcntl", "select",
+      "urllib", "http", "sqlite3", "pickle", "json", "logging", "tracengine.trace.tracelog"}
+MODEL_SIDE = {"tracengine.model", "tracengine.runner", "tracengine.engine.llm"}
+
+CORE = ["tracengine.engine.scheduler", "tracengine.engine.block_manager", "tracengine.engine.sequence",
+        "tracengine.engine.config"]
+
+
+def modules_of(part: str) -> list[str]:
+    folder = PACKAGE / part
+    return sorted(f"tracengine.{part}." + ".".join(p.relative_to(folder).with_suffix("").parts)
+                  for p in folder.rglob("*.py") if p.name != "__init__.py")
+
+
+MODEL_FREE = {part: modules_of(part) for part in ("replay", "analysis", "tui")}
+
+# rule: (modules, what none of them may reach)
+RULES = {"core": (CORE, TORCH | IO), **{part: (mods, TORCH | MODEL_SIDE) for part, mods in MODEL_FREE.items()}}
+
+
+def source_of(module: str) -> Path | None:
+    path = ROOT.joinpath(*module.split("."))
+    if path.with_suffix(".py").exists():
+        return path.with_suffix(".py")
+    return None     # a package (its __init__ imports lazily, in __getattr__) or not ours
+
+
+def imports_in(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)   # `from pkg import module`
+    return names
+
+
+def reached(module: str) -> dict[str, str]:
+    """Every name imported by `module` and by the project modules it reaches: name -> the module importing it."""
+    seen, todo, found = {module}, [module], {}
+    while todo:
+        current = todo.pop()
+        for name in imports_in(source_of(current)):
+            found.setdefault(name, current)
+            if name.startswith("tracengine.") and source_of(name) is not None and name not in seen:
+                seen.add(name)
+                todo.append(name)
+    return found
+
+
+def forbidden(name: str, rule: set[str]) -> bool:
+    return any(name == f or name.startswith(f + ".") for f in rule)
+
+
+@pytest.mark.parametrize("part", RULES)
+def test_the_import_rules_hold_in_every_statement(part):
+    modules, rule = RULES[part]
+    assert modules
+    broken = [f"{module} reaches {name} (imported by {by})"
+              for module in modules for name, by in sorted(reached(module).items()) if forbidden(name, rule)]
+    assert broken == []
+
+
+def test_the_core_calls_no_io():
+    for module in CORE:
+        for node in ast.walk(ast.parse(source_of(module).read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                assert node.func.id not in {"open", "print", "input"}, f"{module}:{node.lineno} calls {node.func.id}"
+
+
+@pytest.mark.parametrize("part", RULES)
+def test_the_import_rules_hold_in_a_fresh_interpreter(part):
+    modules, rule = RULES[part]
+    already = sorted(set(sys.stdlib_module_names) & {r for r in rule if "." not in r}
+                     & set(subprocess.run([sys.executable, "-c", "import sys; print(*sys.modules)"],
+                                          capture_output=True, text=True, check=True).stdout.split()))
+    # modules the interpreter loads before any of ours (io, os) cannot be told apart at run time: ast checks them
+    code = (f"import sys\nrule = {sorted(set(rule) - set(already))!r}\n"
+            f"for module in {modules!r}:\n"
+            "    __import__(module)\n"
+            "    bad = sorted(m for m in sys.modules if any(m == r or m.startswith(r + '.') for r in rule))\n"
+            "    assert not bad, f'{module} brings in {bad}'\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr.strip().splitlines()[-1]
+
+
+def test_the_event_vocabulary_imports_nothing_of_the_project():
+    assert not [name for name in imports_in(source_of("tracengine.trace.events")) if name.startswith("tracengine")]
+    code = ("import sys, tracengine.trace.events\n"
+            "ours = sorted(m for m in sys.modules if m.startswith('tracengine'))\n"
+            "assert ours == ['tracengine', 'tracengine.trace', 'tracengine.trace.events'], ours\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 @pytest.mark.parametrize("module", ["tracengine", "tracengine.engine.scheduler", "tracengine.engine.llm_engine",
