@@ -4,6 +4,8 @@ from dataclasses import dataclass, fields
 
 from tracengine.errors import ConfigError
 
+BUILTIN_POLICY_NAMES = ("prefill_first", "mixed")
+
 
 @dataclass(slots=True)
 class Config:
@@ -20,6 +22,8 @@ class Config:
     device: str = "auto"                 # auto, cpu, cuda, cuda:N
     dtype: str = "auto"                  # auto, float32, bfloat16, float16
     seed: int = 0
+    # prefill_first (nano-vllm), mixed (vLLM V1) or a Scheduler subclass as module:Class (engine/policies.py)
+    scheduling_policy: str = "prefill_first"
 
     def __post_init__(self):
         self.validate()
@@ -39,6 +43,11 @@ class Config:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        policy = self.scheduling_policy
+        module, sep, name = policy.partition(":") if isinstance(policy, str) else ("", "", "")
+        if policy not in BUILTIN_POLICY_NAMES and not (sep and module and name):
+            raise ConfigError(f"scheduling_policy must be {', '.join(BUILTIN_POLICY_NAMES)} or a Scheduler "
+                              f"subclass as module:Class, got {policy!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
 

@@ -12,7 +12,9 @@ from tracengine.engine.sampling_params import SamplingParams
 
 class LLM(LLMEngine):
 
-    def __init__(self, model: str = "", record: str | None = None, **kwargs):
+    def __init__(self, model: str = "", record: str | None = None, scheduling_policy: type | str = "prefill_first",
+                 **kwargs):
+        """`scheduling_policy`: prefill_first, mixed, a Scheduler subclass or its module:Class."""
         config = build_config(model, **kwargs)
         from tracengine.model.loader import load_hf_config, resolve_model_dir
         from tracengine.runner import make_runner
@@ -26,7 +28,7 @@ class LLM(LLMEngine):
         try:
             config.num_kvcache_blocks = runner.num_kvcache_blocks
             config.validate()
-            super().__init__(config, runner, NULL_SINK, tokenizer)
+            super().__init__(config, runner, NULL_SINK, tokenizer, policy=scheduling_policy)
             self.writer = None
             self.last_run: dict | None = None   # the figures of the last generate(summary=True)
             if record:

@@ -16,13 +16,19 @@ from tracengine.engine.config import Config
 from tracengine.errors import ConfigError
 from tracengine.trace.events import NULL_SINK, RequestAdded, StepEnd
 from tracengine.engine.sampling_params import SamplingParams
-from tracengine.engine.scheduler import Scheduler
+from tracengine.engine.policies import policy_path, scheduler_class
 from tracengine.engine.sequence import Sequence
 
 
 class LLMEngine:
 
-    def __init__(self, config: Config, runner, sink=NULL_SINK, tokenizer=None):
+    def __init__(self, config: Config, runner, sink=NULL_SINK, tokenizer=None, policy: type | str | None = None):
+        """`policy`: a Scheduler subclass or a name to load (engine/policies.py); None: the built-in
+        policy `config.scheduling_policy` names. The config records the policy's name."""
+        self.scheduler_class = scheduler_class(config, policy)
+        name = policy_path(self.scheduler_class)
+        if config.scheduling_policy != name:
+            config = config.replace(scheduling_policy=name)
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer
@@ -31,7 +37,7 @@ class LLMEngine:
     def reset(self, sink=NULL_SINK):
         """A fresh scheduler and block manager (empty prefix cache), steps and ids from 0."""
         self.sink = sink
-        self.scheduler = Scheduler(self.config, sink)
+        self.scheduler = self.scheduler_class(self.config, sink)
         self.num_steps = 0
         self.next_seq_id = 0
         self.num_batched_tokens = 0   # tokens computed in the last step

@@ -1,14 +1,17 @@
 """Which sequences run this step, and how many tokens each computes.
 
-Prefill first, FIFO, never mixed with decode. Each exit of the prefill and
-decode loops is named by the `stop_reason` it records."""
+Prefill first, FIFO, never mixed with decode (the `prefill_first` policy, the
+seeds' algorithm). Each exit of the prefill and decode loops is named by the
+`stop_reason` it records. A policy of one's own subclasses Scheduler and
+overrides the hooks at the end (docs/policies.md); engine/policies.py holds
+`mixed` and the lookup of a policy by name."""
 from collections import deque
 
 from tracengine.engine.block_manager import BlockManager
 from tracengine.engine.config import Config
 from tracengine.errors import ConfigError, RequestError
-from tracengine.trace.events import (NULL_SINK, AbortReason, EventSink, FinishReason, Preempt, ScheduledSeq,
-                                     ScheduleDecision, SeqAbort, SeqFinish, StopReason, TokenSample)
+from tracengine.trace.events import (NULL_SINK, AbortReason, EventSink, FinishReason, Phase, Preempt,
+                                     ScheduledSeq, ScheduleDecision, SeqAbort, SeqFinish, StopReason, TokenSample)
 from tracengine.engine.sequence import Sequence, SequenceStatus
 
 
@@ -53,6 +56,7 @@ class Scheduler:
         self.waiting.append(seq)
 
     def schedule(self) -> tuple[list[Sequence], bool]:
+        self.order_waiting()
         scheduled_seqs: list[Sequence] = []
         num_batched_tokens = 0
         stop_reason: StopReason
@@ -65,6 +69,9 @@ class Scheduler:
                 stop_reason = "budget_exhausted"
                 break
             if not seq.block_table:    # first schedule, or after preemption
+                if not self.admit(seq):
+                    stop_reason, blocked_seq_id = "not_admitted", seq.seq_id
+                    break
                 # can_allocate, keeping the count of blocks needed for the record
                 num_cached_blocks, num_new_blocks = self.block_manager.num_blocks_needed(seq)
                 if num_new_blocks > self.block_manager.num_free_blocks:
@@ -99,7 +106,7 @@ class Scheduler:
             seq = self.running.popleft()
             while not self.block_manager.can_append(seq):
                 if self.running:
-                    self.preempt(self.running.pop(), by=seq)   # the running tail gives way
+                    self.preempt(self.preempt_victim(seq), by=seq)   # the running tail gives way
                 else:
                     self.preempt(seq, by=seq)                  # nobody else left: itself
                     break
@@ -115,13 +122,18 @@ class Scheduler:
                             blocked_seq_id, num_blocks_needed, num_free_blocks)
         return scheduled_seqs, False
 
-    def _emit_decision(self, phase, seqs, num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,
-                       num_free_blocks):
+    def _emit_decision(self, phase: Phase, seqs, num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,
+                       num_free_blocks, prefill_flags: list[bool] | None = None):
+        """`prefill_flags`: per sequence, for a "mixed" decision only."""
         if not self.sink.enabled:
             return
+        if prefill_flags is None:
+            scheduled = [ScheduledSeq(s.seq_id, s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs]
+        else:
+            scheduled = [ScheduledSeq(s.seq_id, s.num_scheduled_tokens, s.num_cached_tokens, is_prefill)
+                         for s, is_prefill in zip(seqs, prefill_flags)]
         self.sink.emit(ScheduleDecision(
-            self.step, phase,
-            [ScheduledSeq(s.seq_id, s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs],
+            self.step, phase, scheduled,
             num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,
             num_free_blocks, len(self.waiting), len(self.running)))
 
@@ -189,3 +201,21 @@ class Scheduler:
         if seq.block_table:      # a preempted or never-scheduled sequence holds none
             self.block_manager.deallocate(seq)
         return seq
+
+    # -- policy hooks: a subclass overrides these to serve in another order (docs/policies.md) --
+
+    def order_waiting(self) -> None:
+        """Called first in every `schedule`: may reorder `self.waiting` in place. Under
+        prefill_first a sequence in the middle of a chunked prefill holds its blocks and
+        must stay at the head. Default: FIFO (preempted sequences at the head)."""
+
+    def admit(self, seq: Sequence) -> bool:
+        """Whether the waiting head `seq` (holding no blocks) may start this step; False
+        stops admission for the step (stop reason "not_admitted"). Default: always."""
+        return True
+
+    def preempt_victim(self, seq: Sequence) -> Sequence:
+        """Remove and return the sequence of `self.running` that frees its blocks because
+        `seq` needs one. `self.running` holds, at that moment, the sequences not yet
+        scheduled this step, and is not empty. Default: the tail, the newest admitted."""
+        return self.running.pop()

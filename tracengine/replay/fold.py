@@ -15,7 +15,8 @@ import msgspec
 from tracengine.engine.block_manager import FreeBlockQueue
 from tracengine.errors import TraceError
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
-                               ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader)
+                                     ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader,
+                                     is_prefill_seq)
 from tracengine.replay.state import FINISHED, RUNNING, WAITING, BlockState, FoldState, SeqState, live_state
 from tracengine.trace.tracelog import TraceReader, check_header
 
@@ -104,21 +105,32 @@ class _Projection:
         (`num_scheduled_tokens` is filled in by `state`, from the decision.)"""
         seqs = self.seqs
         self.decision = e
-        if e.phase == "prefill":
+        if e.phase != "decode":
             waiting, running, step = self.waiting, self.running, e.step
+            incomplete = []    # scheduled from waiting, prompt not done: prefill_first keeps them there
             for ss in e.seqs:
                 s = seqs[ss.seq_id]
+                if not is_prefill_seq(e, ss):       # a decode token in a mixed batch
+                    s.num_cached_tokens = ss.num_cached_tokens + 1
+                    s.num_tokens += 1
+                    continue
                 s.num_cached_tokens = ss.num_cached_tokens + ss.num_tokens
-                if s.num_cached_tokens == s.num_tokens:    # the whole prompt is computed; else a middle chunk
+                complete = s.num_cached_tokens == s.num_tokens   # the whole prompt is computed; else a middle chunk
+                if complete:
                     s.num_tokens += 1
                     if s.first_token_step == -1:
                         s.first_token_step = step
-                    if waiting[0] == s.seq_id:
-                        waiting.popleft()
-                    else:
-                        waiting.remove(s.seq_id)
-                    running.append(s.seq_id)
-                    s.status = RUNNING
+                if s.status != WAITING:
+                    continue                        # the mixed policy's prefill in running
+                if complete:
+                    self._admit(s)
+                else:
+                    incomplete.append(s)
+            # The mixed policy moves an admitted sequence to running before its prompt is done:
+            # the queue lengths the decision records say so (both 0: not recorded, version 1).
+            if incomplete and (e.num_waiting or e.num_running):
+                for s in incomplete[:len(waiting) - e.num_waiting]:
+                    self._admit(s)
         else:
             for ss in e.seqs:
                 s = seqs[ss.seq_id]
@@ -129,6 +141,15 @@ class _Projection:
             if list(islice(self.running, len(ids))) != ids:
                 chosen = set(ids)
                 self.running = deque(ids + [i for i in self.running if i not in chosen])
+
+    def _admit(self, s: SeqState):
+        waiting = self.waiting
+        if waiting[0] == s.seq_id:
+            waiting.popleft()
+        else:
+            waiting.remove(s.seq_id)
+        self.running.append(s.seq_id)
+        s.status = RUNNING
 
     def _take_free_block(self, block_id: int):
         if self.free.head() != block_id:

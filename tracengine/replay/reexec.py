@@ -79,12 +79,14 @@ class ComparingSink:
         self.index = i + 1
 
 
-def reexecute(events) -> ReplayResult:
-    """Re-execute `events` (TraceHeader first); stops at the first divergence."""
+def reexecute(events, policy: type | str | None = None) -> ReplayResult:
+    """Re-execute `events` (TraceHeader first); stops at the first divergence. `policy`: the
+    scheduler to replay with; without it the recorded built-in policy (a recorded policy of
+    one's own is never imported on its own: pass it)."""
     header, it = split_header(events)
     config = Config.from_dict(header.config)
     runner, sink = RecordedRunner(), ComparingSink()
-    engine = LLMEngine(config, runner, sink)
+    engine = LLMEngine(config, runner, sink, policy=policy)
     seqs = []            # every sequence added, to show those caught mid-step
     num_events = 0
     start = time.perf_counter()

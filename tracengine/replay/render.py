@@ -119,7 +119,9 @@ def render_step(events) -> str:
 
 def render_header(header: TraceHeader) -> str:
     config = header.config
-    return "# config: " + " ".join(f"{name}={config.get(name)}" for name in SCHEDULING_CONFIG)
+    policy = config.get("scheduling_policy", "prefill_first")     # named when it is not the default
+    return "# config: " + " ".join(f"{name}={config.get(name)}" for name in SCHEDULING_CONFIG) + (
+        f" scheduling_policy={policy}" if policy != "prefill_first" else "")
 
 
 def render_steps(events) -> str:

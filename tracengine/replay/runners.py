@@ -103,14 +103,14 @@ class WorkloadRequest:
 
 
 def run_workload(config: Config, requests: list[WorkloadRequest], runner=None, sink: ListSink | None = None,
-                 max_steps: int = 1_000_000, on_step=None) -> list:
+                 max_steps: int = 1_000_000, on_step=None, policy: type | str | None = None) -> list:
     """Drive `LLMEngine` over a scripted workload; returns the events, header
     first. Each request enters before its arrival step; when the engine goes
     idle before the next arrival, that arrival is brought forward. `on_step(engine)`
-    is called after every step (property tests check invariants there)."""
+    is called after every step (property tests check invariants there). `policy`: as LLMEngine's."""
     sink = sink if sink is not None else ListSink()
     runner = runner if runner is not None else SyntheticRunner(eos=config.eos, seed=config.seed)
-    engine = LLMEngine(config, runner, sink)
+    engine = LLMEngine(config, runner, sink, policy=policy)
     pending = sorted(range(len(requests)), key=lambda i: requests[i].arrival_step)
     next_request = 0
     while next_request < len(pending) or not engine.is_finished():
@@ -128,4 +128,4 @@ def run_workload(config: Config, requests: list[WorkloadRequest], runner=None, s
             on_step(engine)
         if engine.num_steps >= max_steps:
             raise TracengineError(f"the workload did not finish in {max_steps} steps")
-    return [make_header(config), *sink.events]
+    return [make_header(engine.config), *sink.events]

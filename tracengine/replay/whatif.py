@@ -49,7 +49,7 @@ def extract_workload(events) -> RecordedWorkload:
             else:
                 middle[(e.seq_id, positions[e.seq_id])] = e.token_id
         elif t is ScheduleDecision:
-            if e.phase == "prefill":
+            if e.phase != "decode":      # prefill or mixed: where each sequence's sample was taken
                 for s in e.seqs:
                     positions[s.seq_id] = s.num_cached_tokens + s.num_tokens
         elif t is RequestAdded:
@@ -59,11 +59,15 @@ def extract_workload(events) -> RecordedWorkload:
     return RecordedWorkload(header, requests, outputs, middle, timeline)
 
 
-def whatif(events, overrides: dict, max_steps: int | None = None) -> WhatIfResult:
-    """Run the workload of `events` under the header's config with `overrides`."""
+def whatif(events, overrides: dict, max_steps: int | None = None, policy: type | str | None = None) -> WhatIfResult:
+    """Run the workload of `events` under the header's config with `overrides`. The scheduling
+    policy: `policy` if given, else `overrides["scheduling_policy"]` (a name the user gave, so
+    a module:Class is imported), else the recorded one if it is built in."""
     workload = extract_workload(events)
     recorded = Config.from_dict(workload.header.config)
     config = recorded.replace(**overrides)
+    if policy is None and "scheduling_policy" in overrides:
+        policy = overrides["scheduling_policy"]
     check = Scheduler(config)
     for r in workload.requests:
         try:
@@ -74,7 +78,8 @@ def whatif(events, overrides: dict, max_steps: int | None = None) -> WhatIfResul
     runner = OutputRunner(workload.outputs, workload.middle, filler=0 if config.eos != 0 else 1)
     if max_steps is None:
         max_steps = 100 * max(workload.timeline.num_steps, 1) + 10_000
-    events = run_workload(config, workload.requests, runner, max_steps=max_steps)
+    events = run_workload(config, workload.requests, runner, max_steps=max_steps, policy=policy)
+    config = Config.from_dict(events[0].config)
     header = msgspec.structs.replace(workload.header, config=config.to_dict(), created_at=time.time())
     events[0] = header
     changes = [(name, value, getattr(config, name)) for name, value in recorded.to_dict().items()

@@ -7,10 +7,12 @@ from typing import Literal, Protocol, Union
 import msgspec
 
 # Closed vocabularies: a decoder rejects a value outside them.
-Phase = Literal["prefill", "decode"]
-# Why a scheduling loop stopped: its exits, named.
+# "mixed": a batch of the mixed policy holding prefill and decode tokens (each ScheduledSeq says which).
+Phase = Literal["prefill", "decode", "mixed"]
+# Why a scheduling loop stopped: its exits, named. prefill_first: the first six; mixed adds
+# "preempted" (a preemption this step: no admission, as vLLM V1); "not_admitted": a policy's `admit` said no.
 StopReason = Literal["waiting_empty", "max_num_seqs", "budget_exhausted", "no_free_blocks", "chunk_gate",
-                     "running_empty"]
+                     "running_empty", "preempted", "not_admitted"]
 FinishReason = Literal["eos", "length"]
 AbortReason = Literal["client", "shutdown"]   # the client went away; the server shut down
 
@@ -56,6 +58,10 @@ class ScheduledSeq(msgspec.Struct, frozen=True, gc=False, array_like=True):
     seq_id: int
     num_tokens: int          # tokens computed for this sequence this step
     num_cached_tokens: int   # tokens already in the KV cache before this step
+    # Appended for the mixed policy: in a "mixed" decision, whether these tokens are prefill (a chunk
+    # of the prompt, or a recompute) or one decode token; None: the decision's phase says (prefill_first,
+    # and every trace before the field). Array-like structs write trailing defaults too: one nil byte.
+    is_prefill: bool | None = None
 
 
 class ScheduleDecision(Event, tag=2):
@@ -70,6 +76,11 @@ class ScheduleDecision(Event, tag=2):
     num_free_blocks: int = 0     # free blocks when the prefill loop stopped
     num_waiting: int = 0         # queue lengths after the decision
     num_running: int = 0
+
+
+def is_prefill_seq(decision: "ScheduleDecision", s: ScheduledSeq) -> bool:
+    """Whether `s` computes prefill tokens in `decision`, whatever its phase."""
+    return s.is_prefill if s.is_prefill is not None else decision.phase != "decode"
 
 
 class BlockAllocate(Event, tag=3):

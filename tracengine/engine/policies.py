@@ -1,0 +1,176 @@
+"""Scheduling policies: `mixed` (vLLM V1's FCFS scheduler with chunked prefill)
+and the lookup of a policy by name.
+
+`prefill_first` is `Scheduler` itself (nano-vllm, vLLM V0): a step is all
+prefill or all decode. `mixed` drops the phase split as vLLM V1 does
+(vllm/v1/core/sched/scheduler.py): each step gives every request the tokens it
+needs to catch up, under one token budget, so decode tokens and prefill
+chunks share a batch:
+
+1. running first, in order: a decoding sequence gets its one token, a
+   sequence still in prefill the rest of its prompt or as much as the budget
+   leaves (its next chunk). A decoding sequence that needs a block and finds
+   none preempts the tail of running by recomputation (V1's
+   `self.running.pop()`), itself when nobody is left behind it;
+2. then, unless a preemption happened this step (V1 admits nothing then),
+   waiting in FIFO order into the budget left: each admitted sequence moves
+   to running at once, even when only a chunk of it fits, which makes the
+   chunked one the last admitted;
+3. it stops on the token budget (`budget_exhausted`), `max_num_seqs` counted
+   over running as V1 does, an empty waiting queue, a waiting head whose
+   blocks do not fit (`no_free_blocks`: head-of-line, no skipping ahead), or
+   a preemption (`preempted`).
+
+Followed from V1: the running-then-waiting order, budget-limited chunks for
+running and admitted requests alike, tail preemption, no admission in a step
+that preempted, `max_num_seqs` as a cap on running, strict FCFS on a blocked
+head. Left out: `long_prefill_token_threshold` (0 in V1 by default: no
+cap on one request's chunk), `max_num_partial_prefills` (V1's scheduler has
+no such limit; here at most one prefill is partial at a step's end, because
+a partial chunk ends the budget), priorities, speculative decoding, encoder
+inputs, KV connectors and async scheduling. One difference of the block
+manager: blocks are allocated for a sequence's whole prompt when it is
+admitted (nano-vllm's `allocate`), not per chunk as V1's `allocate_slots`,
+so a prefill in running never needs a block; only decodes preempt.
+
+A step's ScheduleDecision has phase "prefill" or "decode" when its batch is
+all one kind, "mixed" (each ScheduledSeq saying `is_prefill`) when it holds
+both; the engine runs a mixed batch on the runner's general (prefill) path."""
+import importlib
+
+from tracengine.engine.config import BUILTIN_POLICY_NAMES, Config
+from tracengine.engine.scheduler import Scheduler
+from tracengine.engine.sequence import Sequence, SequenceStatus
+from tracengine.errors import ConfigError
+from tracengine.trace.events import Phase, StopReason
+
+
+class MixedScheduler(Scheduler):
+    """vLLM V1's FCFS scheduling with chunked prefill (the module docstring says what is followed).
+    `seq.is_prefill` is True while a sequence still has prompt (or recompute) tokens to schedule."""
+
+    def schedule(self) -> tuple[list[Sequence], bool]:
+        self.order_waiting()
+        scheduled_seqs: list[Sequence] = []
+        prefill_flags: list[bool] = []
+        token_budget = self.max_num_batched_tokens
+        stop_reason: StopReason | None = None
+        blocked_seq_id, num_blocks_needed = -1, 0
+        preempted = False
+
+        # Running first: each gets the tokens it needs to catch up.
+        scheduled_running: list[Sequence] = []
+        while self.running and token_budget > 0:
+            seq = self.running.popleft()
+            if seq.is_prefill:         # the rest of its prompt, or the chunk the budget leaves
+                seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_cached_tokens, token_budget)
+            else:
+                while not self.block_manager.can_append(seq):
+                    preempted = True
+                    if self.running:
+                        self.preempt(self.preempt_victim(seq), by=seq)   # the running tail gives way
+                    else:
+                        self.preempt(seq, by=seq)                        # nobody else left: itself
+                        break
+                else:
+                    seq.num_scheduled_tokens = 1
+                    self.block_manager.may_append(seq)
+                if seq.status is SequenceStatus.WAITING:
+                    break
+            self._take(seq, scheduled_seqs, prefill_flags)
+            token_budget -= seq.num_scheduled_tokens
+            scheduled_running.append(seq)
+        else:
+            if self.running:           # the budget ran out before every running sequence had its tokens
+                stop_reason = "budget_exhausted"
+        self.running.extendleft(reversed(scheduled_running))
+
+        if preempted:
+            stop_reason = "preempted"
+        elif stop_reason is None:
+            # Then waiting, in FIFO order, into the budget left.
+            while self.waiting and token_budget > 0:
+                if len(self.running) >= self.max_num_seqs:
+                    stop_reason = "max_num_seqs"
+                    break
+                seq = self.waiting[0]
+                if not self.admit(seq):
+                    stop_reason, blocked_seq_id = "not_admitted", seq.seq_id
+                    break
+                num_cached_blocks, num_new_blocks = self.block_manager.num_blocks_needed(seq)
+                if num_new_blocks > self.block_manager.num_free_blocks:
+                    # head-of-line block: shorter requests behind it wait too
+                    stop_reason, blocked_seq_id, num_blocks_needed = "no_free_blocks", seq.seq_id, num_new_blocks
+                    break
+                self.block_manager.allocate(seq, num_cached_blocks)
+                seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_cached_tokens, token_budget)
+                token_budget -= seq.num_scheduled_tokens
+                seq.status = SequenceStatus.RUNNING
+                self.waiting.popleft()
+                self.running.append(seq)
+                self._take(seq, scheduled_seqs, prefill_flags)
+            else:
+                stop_reason = "budget_exhausted" if self.waiting else "waiting_empty"
+
+        assert scheduled_seqs, "nothing schedulable: check_request should have refused a request"
+        num_prefill = sum(prefill_flags)
+        phase: Phase = "decode" if num_prefill == 0 else "prefill" if num_prefill == len(scheduled_seqs) else "mixed"
+        self._emit_decision(phase, scheduled_seqs, self.max_num_batched_tokens - token_budget, stop_reason,
+                            blocked_seq_id, num_blocks_needed, self.block_manager.num_free_blocks,
+                            prefill_flags if phase == "mixed" else None)
+        return scheduled_seqs, phase != "decode"
+
+    @staticmethod
+    def _take(seq: Sequence, scheduled_seqs: list[Sequence], prefill_flags: list[bool]):
+        prefill_flags.append(seq.is_prefill)
+        if seq.num_cached_tokens + seq.num_scheduled_tokens == seq.num_tokens:
+            seq.is_prefill = False     # from the next step it decodes
+        scheduled_seqs.append(seq)
+
+
+BUILTIN_POLICIES: dict[str, type[Scheduler]] = {"prefill_first": Scheduler, "mixed": MixedScheduler}
+assert tuple(BUILTIN_POLICIES) == BUILTIN_POLICY_NAMES
+
+
+def policy_path(policy: type) -> str:
+    """The name a config and a trace header record for `policy`: a built-in's name, else module:Class."""
+    if not (isinstance(policy, type) and issubclass(policy, Scheduler)):
+        raise ConfigError(f"a scheduling policy is a Scheduler subclass, got {policy!r}")
+    for name, cls in BUILTIN_POLICIES.items():
+        if cls is policy:
+            return name
+    return f"{policy.__module__}:{policy.__qualname__}"
+
+
+def load_policy(spec: str) -> type[Scheduler]:
+    """The policy named `spec`: a built-in, or module:Class imported. Only for a name the user
+    gave (a flag, an argument); a trace's recorded name goes through `scheduler_class`."""
+    if spec in BUILTIN_POLICIES:
+        return BUILTIN_POLICIES[spec]
+    module_name, sep, qualname = spec.partition(":")
+    if not (sep and module_name and qualname):
+        raise ConfigError(f"scheduling policy {spec!r}: expected {', '.join(BUILTIN_POLICIES)} or module:Class")
+    try:
+        obj = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load scheduling policy {spec!r}: {exc}") from None
+    if not (isinstance(obj, type) and issubclass(obj, Scheduler)):
+        raise ConfigError(f"scheduling policy {spec!r} is not a Scheduler subclass")
+    return obj
+
+
+def scheduler_class(config: Config, policy: type | str | None = None) -> type[Scheduler]:
+    """The scheduler for `config`. `policy` (a class, or a name the user gave) wins; without it
+    only a built-in is used: a recorded user policy is never imported on its own."""
+    if isinstance(policy, str):
+        return load_policy(policy)
+    if policy is not None:
+        policy_path(policy)   # checks it is a Scheduler subclass
+        return policy
+    name = config.scheduling_policy
+    if name not in BUILTIN_POLICIES:
+        raise ConfigError(f"this run uses the scheduling policy {name!r}, which is not built in; "
+                          f"pass it to use it (replay --policy {name}, or policy= in the API)")
+    return BUILTIN_POLICIES[name]
