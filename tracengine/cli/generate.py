@@ -90,7 +90,8 @@ def print_summary(llm, outputs, elapsed: float, record: str | None, output: str 
         f"requests     {s['requests']['num_requests']} ({reasons.get('eos', 0)} eos, {reasons.get('length', 0)} length)",
         f"tokens       {tok['num_prompt_tokens']} prompt, {tok['num_completion_tokens']} generated, "
         f"{tok['num_prefill_tokens']} computed in prefill",
-        f"steps        {st['num_steps']} ({st['num_prefill_steps']} prefill, {st['num_decode_steps']} decode)",
+        f"steps        {st['num_steps']} ({st['num_prefill_steps']} prefill, {st['num_decode_steps']} decode"
+        f"{', {} mixed'.format(st['num_mixed_steps']) if st['num_mixed_steps'] else ''})",
         f"throughput   prefill {tp['prefill_tokens_per_s'] or 0:.0f} tok/s, decode {tp['decode_tokens_per_s'] or 0:.0f} "
         f"tok/s, {elapsed:.2f} s in all",
         f"preemptions  {s['preemption']['num_preemptions']}",

@@ -85,6 +85,9 @@ def add_generate(sub):
                      "float32 on cpu)")
     cfg.add_argument("--enforce-eager", action="store_true", default=None,
                      help="no CUDA graphs for decode (default: graphs on cuda)")
+    cfg.add_argument("--scheduling-policy", metavar="POLICY",
+                     help="prefill_first (nano-vllm's), mixed (vLLM V1's: decode tokens and prefill chunks in one "
+                     "batch) or a Scheduler subclass as module:Class (docs/policies.md; default prefill_first)")
     smp = p.add_argument_group("sampling")
     smp.add_argument("--max-tokens", type=int, help="maximum completion tokens per request "
                      "(default 64 for prompts, 16 for --prompt-lens, --output-len for --num-prompts)")
@@ -133,6 +136,9 @@ def add_replay_commands(sub):
                    "recorded steps (default: time when the trace has arrival times)")
     add_step_time_arguments(p)
     p.add_argument("--json", action="store_true", help="the result as one JSON object")
+    p.add_argument("--policy", metavar="MODULE:CLASS",
+                   help="the scheduling policy to run: needed for a trace of a policy of one's own (a trace never "
+                   "makes tracengine import code); with a built-in trace, checks the given policy against it")
     p.set_defaults(run=cmd_replay)
 
     p = add_parser(sub, "diff", "first scheduling divergence between two traces",

@@ -42,7 +42,7 @@ def cmd_replay(args) -> int:
     step_time = step_time_from_args(args)
     timed = args.arrivals == "time" or step_time is not None
     if not (overrides or args.record or timed):
-        return run_replay(args.trace, args.json)
+        return run_replay(args.trace, args.json, args.policy)
     if args.arrivals is None:    # time when the trace has arrival times, steps otherwise
         from tracengine.replay.simulate import has_arrivals
         with TraceReader(args.trace) as reader:
@@ -53,7 +53,7 @@ def cmd_replay(args) -> int:
                              "they do not combine with --arrivals steps")
         from tracengine.cli.simulate import run_timed_whatif
         return run_timed_whatif(args.trace, overrides, args.record, step_time)
-    return run_whatif(args.trace, overrides, args.record, args.json)
+    return run_whatif(args.trace, overrides, args.record, args.json, args.policy)
 
 
 def show_state(path, step: int) -> int:
@@ -66,9 +66,9 @@ def show_state(path, step: int) -> int:
     return EXIT_OK
 
 
-def run_replay(path, as_json: bool = False) -> int:
+def run_replay(path, as_json: bool = False, policy: str | None = None) -> int:
     with TraceReader(path) as reader:
-        result = reexecute(reader.events())
+        result = reexecute(reader.events(), policy)
         _note_torn_tail(reader)
     if as_json:
         d = result.divergence
@@ -102,10 +102,10 @@ def run_replay(path, as_json: bool = False) -> int:
     return EXIT_FAILED_CHECK
 
 
-def run_whatif(path, overrides: dict, record, as_json: bool = False) -> int:
+def run_whatif(path, overrides: dict, record, as_json: bool = False, policy: str | None = None) -> int:
     from tracengine.replay.whatif import whatif
     with TraceReader(path) as reader:
-        result = whatif(reader.events(), overrides)
+        result = whatif(reader.events(), overrides, policy=policy)
         _note_torn_tail(reader)
     if record:
         write_trace(record, result.events)

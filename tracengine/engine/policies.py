@@ -16,7 +16,8 @@ chunks share a batch:
    waiting in FIFO order into the budget left: each admitted sequence moves
    to running at once, even when only a chunk of it fits, which makes the
    chunked one the last admitted;
-3. it stops on the token budget (`budget_exhausted`), `max_num_seqs` counted
+3. it stops on the token budget (`budget_exhausted`: used up, the last
+   sequence perhaps cut to a chunk), `max_num_seqs` counted
    over running as V1 does, an empty waiting queue, a waiting head whose
    blocks do not fit (`no_free_blocks`: head-of-line, no skipping ahead), or
    a preemption (`preempted`).
@@ -34,8 +35,10 @@ admitted (nano-vllm's `allocate`), not per chunk as V1's `allocate_slots`,
 so a prefill in running never needs a block; only decodes preempt.
 
 A step's ScheduleDecision has phase "prefill" or "decode" when its batch is
-all one kind, "mixed" (each ScheduledSeq saying `is_prefill`) when it holds
-both; the engine runs a mixed batch on the runner's general (prefill) path."""
+all one kind, "mixed" when it holds both, listing its decodes first
+(`num_decode_seqs` of them: running keeps decoding sequences ahead of the one
+still in prefill, so this is the order they were scheduled in); the engine
+runs a mixed batch on the runner's general (prefill) path."""
 import importlib
 
 from tracengine.engine.config import BUILTIN_POLICY_NAMES, Config
@@ -110,14 +113,19 @@ class MixedScheduler(Scheduler):
                 self.running.append(seq)
                 self._take(seq, scheduled_seqs, prefill_flags)
             else:
-                stop_reason = "budget_exhausted" if self.waiting else "waiting_empty"
+                stop_reason = "budget_exhausted" if token_budget == 0 else "waiting_empty"
 
         assert scheduled_seqs, "nothing schedulable: check_request should have refused a request"
-        num_prefill = sum(prefill_flags)
-        phase: Phase = "decode" if num_prefill == 0 else "prefill" if num_prefill == len(scheduled_seqs) else "mixed"
+        num_decode_seqs = prefill_flags.count(False)
+        if any(prefill_flags[:num_decode_seqs]):
+            # the record lists decodes first (a subclass may have reordered running); the queues keep their order
+            order = sorted(range(len(scheduled_seqs)), key=prefill_flags.__getitem__)
+            scheduled_seqs = [scheduled_seqs[i] for i in order]
+        phase: Phase = ("decode" if num_decode_seqs == len(scheduled_seqs) else "prefill" if num_decode_seqs == 0
+                        else "mixed")
         self._emit_decision(phase, scheduled_seqs, self.max_num_batched_tokens - token_budget, stop_reason,
                             blocked_seq_id, num_blocks_needed, self.block_manager.num_free_blocks,
-                            prefill_flags if phase == "mixed" else None)
+                            num_decode_seqs if phase == "mixed" else 0)
         return scheduled_seqs, phase != "decode"
 
     @staticmethod

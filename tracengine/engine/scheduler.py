@@ -123,19 +123,14 @@ class Scheduler:
         return scheduled_seqs, False
 
     def _emit_decision(self, phase: Phase, seqs, num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,
-                       num_free_blocks, prefill_flags: list[bool] | None = None):
-        """`prefill_flags`: per sequence, for a "mixed" decision only."""
+                       num_free_blocks, num_decode_seqs: int = 0):
+        """`num_decode_seqs`: a "mixed" decision's leading decode sequences."""
         if not self.sink.enabled:
             return
-        if prefill_flags is None:
-            scheduled = [ScheduledSeq(s.seq_id, s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs]
-        else:
-            scheduled = [ScheduledSeq(s.seq_id, s.num_scheduled_tokens, s.num_cached_tokens, is_prefill)
-                         for s, is_prefill in zip(seqs, prefill_flags)]
         self.sink.emit(ScheduleDecision(
-            self.step, phase, scheduled,
+            self.step, phase, [ScheduledSeq(s.seq_id, s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs],
             num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,
-            num_free_blocks, len(self.waiting), len(self.running)))
+            num_free_blocks, len(self.waiting), len(self.running), num_decode_seqs))
 
     def preempt(self, seq: Sequence, by: Sequence):
         """Recomputation: free the KV and go back to the head of waiting."""

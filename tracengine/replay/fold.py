@@ -16,7 +16,7 @@ from tracengine.engine.block_manager import FreeBlockQueue
 from tracengine.errors import TraceError
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
                                      ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader,
-                                     is_prefill_seq)
+                                     prefill_flags)
 from tracengine.replay.state import FINISHED, RUNNING, WAITING, BlockState, FoldState, SeqState, live_state
 from tracengine.trace.tracelog import TraceReader, check_header
 
@@ -108,9 +108,9 @@ class _Projection:
         if e.phase != "decode":
             waiting, running, step = self.waiting, self.running, e.step
             incomplete = []    # scheduled from waiting, prompt not done: prefill_first keeps them there
-            for ss in e.seqs:
+            for ss, is_prefill in zip(e.seqs, prefill_flags(e)):
                 s = seqs[ss.seq_id]
-                if not is_prefill_seq(e, ss):       # a decode token in a mixed batch
+                if not is_prefill:                  # a decode token in a mixed batch
                     s.num_cached_tokens = ss.num_cached_tokens + 1
                     s.num_tokens += 1
                     continue

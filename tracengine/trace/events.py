@@ -58,10 +58,6 @@ class ScheduledSeq(msgspec.Struct, frozen=True, gc=False, array_like=True):
     seq_id: int
     num_tokens: int          # tokens computed for this sequence this step
     num_cached_tokens: int   # tokens already in the KV cache before this step
-    # Appended for the mixed policy: in a "mixed" decision, whether these tokens are prefill (a chunk
-    # of the prompt, or a recompute) or one decode token; None: the decision's phase says (prefill_first,
-    # and every trace before the field). Array-like structs write trailing defaults too: one nil byte.
-    is_prefill: bool | None = None
 
 
 class ScheduleDecision(Event, tag=2):
@@ -76,11 +72,18 @@ class ScheduleDecision(Event, tag=2):
     num_free_blocks: int = 0     # free blocks when the prefill loop stopped
     num_waiting: int = 0         # queue lengths after the decision
     num_running: int = 0
+    # Appended for the mixed policy: in a "mixed" decision, the first num_decode_seqs of `seqs` decode
+    # one token each and the rest compute prefill tokens (a chunk of a prompt, or a recompute); 0 in a
+    # "prefill" or "decode" decision, whose phase says it for all. (On ScheduleDecision, not on each
+    # ScheduledSeq: an array-like struct writes every field, so this costs a byte per step, not per seq.)
+    num_decode_seqs: int = 0
 
 
-def is_prefill_seq(decision: "ScheduleDecision", s: ScheduledSeq) -> bool:
-    """Whether `s` computes prefill tokens in `decision`, whatever its phase."""
-    return s.is_prefill if s.is_prefill is not None else decision.phase != "decode"
+def prefill_flags(decision: "ScheduleDecision") -> list[bool]:
+    """Per scheduled sequence, whether it computes prefill tokens, whatever the phase."""
+    if decision.phase == "mixed":
+        return [i >= decision.num_decode_seqs for i in range(len(decision.seqs))]
+    return [decision.phase == "prefill"] * len(decision.seqs)
 
 
 class BlockAllocate(Event, tag=3):

@@ -13,7 +13,7 @@ from tracengine.workload.formats import FORMATS, Request, read_workload
 
 CONFIG_FLAGS = ("max_num_seqs", "max_num_batched_tokens", "num_kvcache_blocks", "kvcache_block_size",
                 "max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "device", "dtype",
-                "enforce_eager")
+                "enforce_eager", "scheduling_policy")
 
 # The built-in run: a small KV cache and token budget, so that a minute on the
 # CPU shows chunked prefill, head-of-line blocking, preemption and prefix hits.
