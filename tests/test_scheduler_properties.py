@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from tracengine.engine.block_manager import compute_hash
 from tracengine.engine.config import Config
-from tracengine.trace.events import BlockAllocate, ListSink, Preempt, SeqFinish
+from tracengine.trace.events import (BlockAllocate, ListSink, Preempt, RequestAdded, ScheduleDecision, SeqFinish,
+                                     TokenSample, prefill_flags)
 from tracengine.replay.fold import Fold
 from tracengine.replay.state import live_state
 from tracengine.replay.reexec import reexecute
@@ -139,3 +140,40 @@ def test_a_hundred_seeded_random_workloads_replay():
         assert result.ok, (seed, result.divergence)
         num_preempted += any(type(e) is Preempt for e in events)
     assert num_preempted >= 20      # the block counts do force preemption
+
+
+def check_mixed_decisions(events, config: Config):
+    """The mixed policy's limits, step by step: the budget, max_num_seqs, one token per
+    decode, a phase that says what the batch holds, at most one prefill left partial."""
+    num_tokens = {}
+    for e in events[1:]:
+        if type(e) is RequestAdded:
+            num_tokens[e.seq_id] = len(e.prompt_token_ids)
+        elif type(e) is TokenSample and e.kept:
+            num_tokens[e.seq_id] += 1
+        elif type(e) is ScheduleDecision:
+            assert 0 < e.num_batched_tokens == sum(s.num_tokens for s in e.seqs) <= config.max_num_batched_tokens
+            assert 0 < len(e.seqs) <= config.max_num_seqs and e.num_running <= config.max_num_seqs
+            prefill = prefill_flags(e)
+            assert e.phase == ("mixed" if any(prefill) and not all(prefill) else "prefill" if all(prefill)
+                               else "decode")
+            assert all(s.num_tokens == 1 and s.num_cached_tokens == num_tokens[s.seq_id] - 1
+                       for s, p in zip(e.seqs, prefill) if not p)
+            partial = [s for s, p in zip(e.seqs, prefill) if p and s.num_cached_tokens + s.num_tokens
+                       < num_tokens[s.seq_id]]
+            assert len(partial) <= 1 and (not partial or partial[0] is e.seqs[-1])   # the last one, cut
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.integers(1, 6))
+def test_mixed_invariants_hold_after_every_step_and_the_run_replays(workload, keyframe_interval):
+    config, requests, eos_at = workload
+    assume(requests)
+    config = config.replace(scheduling_policy="mixed")
+    events = run_checked(config, requests, eos_at, keyframe_interval)    # blocks, ref counts, all finish
+    event("mixed batch" if any(type(e) is ScheduleDecision and e.phase == "mixed" for e in events) else "no mix")
+    event("preempted" if any(type(e) is Preempt for e in events) else "no preemption")
+    check_mixed_decisions(events, config)
+    result = replay(events)
+    assert result.ok, result.divergence
+    assert result.num_events == len(events) - 1

@@ -82,7 +82,8 @@ def test_worked_example_figures():
                            "num_prefill_tokens": 39, "num_decode_tokens": 6}
     assert s["steps"] == {"num_steps": 4, "num_prefill_steps": 2, "num_decode_steps": 2,
                           "total_s": 0.010, "prefill_s": 0.003, "decode_s": 0.007,   # 1+2 | 3+4 ms
-                          "gap_s": 0.0, "idle_s": 0.0, "num_idle_gaps": 1}            # step 0's gap of 0
+                          "gap_s": 0.0, "idle_s": 0.0, "num_idle_gaps": 1,            # step 0's gap of 0
+                          "num_mixed_steps": 0, "mixed_s": 0.0}
     assert per_request(s, "first_scheduled_step") == [0, 1, 1]
     assert per_request(s, "first_token_step") == [1, 1, 1]       # seq 0 after its second chunk
     assert per_request(s, "queueing_steps") == [0, 1, 1]
@@ -163,9 +164,9 @@ JSON_KEYS = {
     "requests": {"num_requests", "num_finished", "num_unfinished", "finish_reasons", "num_aborted"},
     "tokens": {"num_prompt_tokens", "num_completion_tokens", "num_prefill_tokens", "num_decode_tokens"},
     "steps": {"num_steps", "num_prefill_steps", "num_decode_steps", "total_s", "prefill_s", "decode_s",
-              "gap_s", "idle_s", "num_idle_gaps"},
+              "gap_s", "idle_s", "num_idle_gaps", "num_mixed_steps", "mixed_s"},
     "throughput": {"prefill_tokens_per_s", "decode_tokens_per_s", "completion_tokens_per_s", "requests_per_s",
-                   "total_tokens_per_s"},
+                   "total_tokens_per_s", "mixed_tokens_per_s"},
     "latency": {"queueing", "ttft", "itl", "tpot", "e2e"},
     "goodput": None,
     "preemption": {"num_preemptions", "num_self_preemptions", "num_preempted_requests", "num_recomputed_tokens"},

@@ -66,6 +66,11 @@ def canned_workload(name: str) -> tuple[Config, list[WorkloadRequest], Synthetic
         # s0 samples eos at completion 2, s1 at once; s2 ignores its eos; s3 runs to max_tokens
         "eos_vs_length": (config(), [R(_tokens(0, 5), 6), R(_tokens(1, 6), 6), R(_tokens(2, 4), 3, ignore_eos=True),
                                      R(_tokens(3, 4), 3)], {0: 2, 1: 0, 2: 1}),
+        # a long prompt arrives while two sequences decode: prefill_first stalls them for its three
+        # chunks, mixed decodes them beside each chunk
+        "long_prompt_during_decode": (config(max_num_batched_tokens=16),
+                                      [R(_tokens(0, 6), 8, 0, True), R(_tokens(1, 4), 8, 0, True),
+                                       R(_tokens(2, 40), 2, 2, True)], {}),
     }
     cfg, requests, eos_at = workloads[name]
     return cfg, requests, SyntheticRunner(eos=eos, eos_at=eos_at)
@@ -96,4 +101,4 @@ def every_event_type(sink) -> LLMEngine:
 
 
 CANNED_WORKLOADS = ("worked_example", "head_of_line", "preemption_tail", "self_preemption", "recompute_prefix_hit",
-                    "shared_prefix", "max_tokens_one", "eos_vs_length")
+                    "shared_prefix", "max_tokens_one", "eos_vs_length", "long_prompt_during_decode")

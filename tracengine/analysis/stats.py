@@ -31,6 +31,7 @@ import math
 
 from tracengine.analysis.timeline import RequestTimeline, load
 from tracengine.errors import TracengineError
+from tracengine.trace.events import prefill_flags
 
 STATS_VERSION = 1
 NS = 1e9
@@ -135,16 +136,22 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> dict:
             itl_steps.append(b - a)
             itl_s.append((t.end_ns(b) - t.end_ns(a)) / NS)
 
-    phase_tokens = {"prefill": 0, "decode": 0}
-    phase_ns = {"prefill": 0, "decode": 0}
-    phase_steps = {"prefill": 0, "decode": 0}
+    phase_tokens = {"prefill": 0, "decode": 0, "mixed": 0}
+    phase_ns = {"prefill": 0, "decode": 0, "mixed": 0}
+    phase_steps = {"prefill": 0, "decode": 0, "mixed": 0}
+    kind_tokens = {"prefill": 0, "decode": 0}      # tokens by kind, a mixed step's split by sequence
     hol_prefill, hol_decode, blocked = 0, 0, set()
     for rec in t.steps:
         d = rec.decision
         phase_tokens[d.phase] += d.num_batched_tokens
         phase_ns[d.phase] += rec.duration_ns
         phase_steps[d.phase] += 1
-        if d.phase == "prefill" and d.stop_reason == "no_free_blocks":
+        if d.phase == "mixed":
+            for ss, is_prefill in zip(d.seqs, prefill_flags(d)):
+                kind_tokens["prefill" if is_prefill else "decode"] += ss.num_tokens
+        else:
+            kind_tokens[d.phase] += d.num_batched_tokens
+        if d.phase != "decode" and d.stop_reason == "no_free_blocks":
             hol_prefill += 1
             blocked.add(d.blocked_seq_id)
         elif d.phase == "decode" and d.blocked_seq_id != -1:
@@ -189,16 +196,19 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> dict:
                      "num_aborted": num_aborted},
         "tokens": {"num_prompt_tokens": sum(r.num_prompt_tokens for r in t.requests.values()),
                    "num_completion_tokens": num_completion,
-                   "num_prefill_tokens": phase_tokens["prefill"], "num_decode_tokens": phase_tokens["decode"]},
+                   "num_prefill_tokens": kind_tokens["prefill"], "num_decode_tokens": kind_tokens["decode"]},
         "steps": {"num_steps": t.num_steps, "num_prefill_steps": phase_steps["prefill"],
                   "num_decode_steps": phase_steps["decode"], "total_s": total_s,
                   "prefill_s": phase_ns["prefill"] / NS, "decode_s": phase_ns["decode"] / NS,
-                  "gap_s": t.gap_ns / NS, "idle_s": idle_s, "num_idle_gaps": len(idle)},
+                  "gap_s": t.gap_ns / NS, "idle_s": idle_s, "num_idle_gaps": len(idle),
+                  "num_mixed_steps": phase_steps["mixed"], "mixed_s": phase_ns["mixed"] / NS},
+        # per phase of step: a mixed step's tokens count under mixed
         "throughput": {"prefill_tokens_per_s": _ratio(phase_tokens["prefill"], phase_ns["prefill"] / NS),
                        "decode_tokens_per_s": _ratio(phase_tokens["decode"], phase_ns["decode"] / NS),
                        "completion_tokens_per_s": _ratio(num_completion, total_s),
                        "requests_per_s": _ratio(num_finished, total_s),
-                       "total_tokens_per_s": _ratio(num_tokens, total_s)},
+                       "total_tokens_per_s": _ratio(num_tokens, total_s),
+                       "mixed_tokens_per_s": _ratio(phase_tokens["mixed"], phase_ns["mixed"] / NS)},
         "latency": {"queueing": latency("queueing"), "ttft": latency("ttft"),
                     "itl": {"steps": summarize(itl_steps), "seconds": summarize(itl_s)},
                     "tpot": latency("tpot"), "e2e": latency("e2e")},
@@ -235,7 +245,8 @@ def render(s: dict, title: str = ""):
     aborted = f", {r['num_aborted']} aborted" if r["num_aborted"] else ""
     head = (f"{title + chr(10) if title else ''}{r['num_requests']} requests ({r['num_finished']} finished{aborted}), "
             f"{tok['num_prompt_tokens']:,} prompt + {tok['num_completion_tokens']:,} completion tokens\n"
-            f"{st['num_steps']:,} steps ({st['num_prefill_steps']:,} prefill, {st['num_decode_steps']:,} decode), "
+            f"{st['num_steps']:,} steps ({st['num_prefill_steps']:,} prefill, {st['num_decode_steps']:,} decode"
+            f"{', {:,} mixed'.format(st['num_mixed_steps']) if st['num_mixed_steps'] else ''}), "
             f"{st['total_s'] * 1e3:,.3f} ms"
             + (f"\n{st['gap_s'] * 1e3:,.3f} ms between steps, {st['idle_s'] * 1e3:,.3f} ms of it idle "
                f"(waiting for arrivals)" if st["gap_s"] else ""))
@@ -256,7 +267,9 @@ def render(s: dict, title: str = ""):
     other.add_row("tokens/s", f"prefill {_num(tp['prefill_tokens_per_s'], '{:,.0f}')}, "
                               f"decode {_num(tp['decode_tokens_per_s'], '{:,.0f}')}, "
                               f"completion {_num(tp['completion_tokens_per_s'], '{:,.0f}')}, "
-                              f"all {_num(tp['total_tokens_per_s'], '{:,.0f}')}")
+                              f"all {_num(tp['total_tokens_per_s'], '{:,.0f}')}"
+                              + (f", mixed steps {_num(tp['mixed_tokens_per_s'], '{:,.0f}')}"
+                                 if st["num_mixed_steps"] else ""))
     other.add_row("requests/s", _num(tp["requests_per_s"], "{:,.3f}") + " over the run")
     if s["goodput"] is not None:
         g = s["goodput"]

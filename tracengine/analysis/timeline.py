@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from tracengine.errors import TraceError
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
-                               ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader)
+                                     ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader,
+                                     prefill_flags)
 
 # Block-level events that no figure needs (the free counts come from StepEnd).
 _NOT_FOLDED = frozenset({BlockHash, BlockAppend, BlockFree})
@@ -82,8 +83,9 @@ class RequestTimeline:
                 self.requests[seq_id] = RequestRecord(seq_id, step, len(prompt), len(prompt), arrival_ns)
             case ScheduleDecision():
                 self._decision = event
-                for s in event.seqs:
-                    self._request(s.seq_id, event).scheduled.append((event.step, event.phase, s.num_tokens))
+                for s, is_prefill in zip(event.seqs, prefill_flags(event)):   # a mixed step holds both
+                    self._request(s.seq_id, event).scheduled.append(
+                        (event.step, "prefill" if is_prefill else "decode", s.num_tokens))
             case BlockAllocate():
                 self.allocations.append(event)
                 self.num_lookup_tokens += self._request(event.seq_id, event).num_tokens

@@ -16,6 +16,8 @@ def explain_step(events: list, seqs: Mapping, num_free_before: int,
         return "no scheduling decision recorded at this step"
     if decision.phase == "prefill":
         text = _prefill(decision, events, seqs, max_num_batched_tokens, max_num_seqs)
+    elif decision.phase == "mixed":
+        text = _mixed(decision, events, seqs, max_num_batched_tokens, max_num_seqs)
     else:
         text = _decode(decision, events, num_free_before, max_num_seqs)
     finished = [f"seq {e.seq_id} aborted ({e.reason})" for e in events if isinstance(e, SeqAbort)]
@@ -23,11 +25,23 @@ def explain_step(events: list, seqs: Mapping, num_free_before: int,
     return "; ".join([text] + finished)
 
 
-def _prefill(decision, events, seqs, budget, max_num_seqs) -> str:
+def _mixed(decision, events, seqs, budget, max_num_seqs) -> str:
+    """The mixed policy's batch: decode tokens of running sequences first, then prefill chunks."""
+    decoding = [s.seq_id for s in decision.seqs[:decision.num_decode_seqs]]
+    prefill = decision.seqs[decision.num_decode_seqs:]
+    who = f"seq {decoding[0]}" if len(decoding) == 1 else f"{len(decoding)} seqs"
+    parts = [f"mixed batch: decode {who}, 1 token each, beside prefill "
+             + ", ".join(_prefill_items(prefill, events, seqs))
+             + f", {_tokens(decision.num_batched_tokens)} in all"]
+    parts += _preemptions(events)
+    return "; ".join(parts + [_prefill_stop(decision, budget, max_num_seqs)])
+
+
+def _prefill_items(scheduled, events, seqs) -> list[str]:
     allocated = {e.seq_id: e for e in events if isinstance(e, BlockAllocate)}
     middle = {e.seq_id for e in events if isinstance(e, TokenSample) and not e.kept}
     items = []
-    for s in decision.seqs:
+    for s in scheduled:
         if s.seq_id in middle:
             total = seqs[s.seq_id].num_tokens
             done = s.num_cached_tokens + s.num_tokens
@@ -42,6 +56,12 @@ def _prefill(decision, events, seqs, budget, max_num_seqs) -> str:
             cached = f", {s.num_cached_tokens} prefix-cached" if s.num_cached_tokens else ""
             again = "recomputed after preemption: " if seqs[s.seq_id].num_preemptions else ""
             items.append(f"seq {s.seq_id} ({again}{_tokens(s.num_tokens)}{cached})")
+    return items
+
+
+def _prefill(decision, events, seqs, budget, max_num_seqs) -> str:
+    middle = {e.seq_id for e in events if isinstance(e, TokenSample) and not e.kept}
+    items = _prefill_items(decision.seqs, events, seqs)
     if len(decision.seqs) == 1 and decision.seqs[0].seq_id in middle:
         text = "chunked prefill: " + items[0]
     else:
@@ -66,6 +86,10 @@ def _prefill_stop(decision, budget, max_num_seqs) -> str:
             return f"max_num_seqs={max_num_seqs} reached"
         case "waiting_empty":
             return "waiting queue empty"
+        case "preempted":
+            return "a sequence was preempted, so none is admitted this step (as vLLM V1)"
+        case "not_admitted":
+            return f"the policy admits no more: head seq {decision.blocked_seq_id} waits"
     return f"stopped: {decision.stop_reason}"
 
 
@@ -84,6 +108,16 @@ def _decode(decision, events, num_free_before, max_num_seqs) -> str:
     if n == 0:
         text = "decode: no sequence could run"
     parts.append(text)
+    parts += _preemptions(events)
+    if decision.stop_reason == "max_num_seqs":
+        parts.append(f"max_num_seqs={max_num_seqs} reached")
+    elif decision.stop_reason in ("preempted", "not_admitted"):      # the mixed policy, a user's policy
+        parts.append(_prefill_stop(decision, 0, max_num_seqs))
+    return "; ".join(parts)
+
+
+def _preemptions(events) -> list[str]:
+    parts = []
     by_needer: dict[int, list[int]] = {}
     for e in events:
         if isinstance(e, Preempt):
@@ -96,9 +130,7 @@ def _decode(decision, events, num_free_before, max_num_seqs) -> str:
         if needer in victims:
             parts.append(f"seq {needer} needed a block and no other seq was left to preempt: "
                          f"it preempted itself (recompute)")
-    if decision.stop_reason == "max_num_seqs":
-        parts.append(f"max_num_seqs={max_num_seqs} reached")
-    return "; ".join(parts)
+    return parts
 
 
 def _tokens(n: int) -> str:

@@ -1,0 +1,221 @@
+"""Scheduling policies: `mixed` (vLLM V1's FCFS with chunked prefill) on the
+canned workloads and the real engine, what-if to it, and policies of a user's
+own loaded by import path (tests/user_policies.py)."""
+from pathlib import Path
+
+import pytest
+
+from tracengine import LLM, SamplingParams
+from tracengine.cli.main import main
+from tracengine.engine.config import Config
+from tracengine.engine.policies import MixedScheduler, load_policy, policy_path
+from tracengine.engine.scheduler import Scheduler
+from tracengine.errors import ConfigError
+from tracengine.replay.reexec import replay
+from tracengine.replay.render import render_steps
+from tracengine.replay.runners import run_workload
+from tracengine.testing import CANNED_WORKLOADS, canned_workload
+from tracengine.trace.events import Preempt, ScheduleDecision, TokenSample, prefill_flags
+from tracengine.trace.tracelog import TraceReader
+
+from user_policies import AtMostTwoRunning, MixedPreemptingHead, ShortestFirst
+
+SNAPSHOT_DIR = Path(__file__).parent / "snapshots"
+TRACES = Path(__file__).parent.parent / "traces"
+
+
+def run(name, policy="mixed", **changes):
+    config, requests, runner = canned_workload(name)
+    return run_workload(config.replace(**changes), requests, runner, policy=policy)
+
+
+def decisions(events):
+    return [e for e in events if type(e) is ScheduleDecision]
+
+
+def kinds(decision):
+    return [(s.seq_id, s.num_tokens, "p" if p else "d") for s, p in zip(decision.seqs, prefill_flags(decision))]
+
+
+@pytest.mark.parametrize("name", CANNED_WORKLOADS)
+def test_mixed_step_table(snapshot, name):
+    snapshot.snapshot_dir = SNAPSHOT_DIR
+    snapshot.assert_match(render_steps(run(name)), f"mixed_{name}.txt")
+
+
+@pytest.mark.parametrize("name", CANNED_WORKLOADS)
+def test_mixed_runs_replay_and_record_their_policy(name):
+    events = run(name)
+    assert events[0].config["scheduling_policy"] == "mixed"
+    result = replay(events)
+    assert result.ok, result.divergence
+    assert result.num_events == len(events) - 1
+
+
+def test_mixed_decodes_beside_the_chunks_of_a_long_prompt():
+    first = decisions(run("long_prompt_during_decode", "prefill_first"))
+    mixed = decisions(run("long_prompt_during_decode"))
+    # prefill_first: the 40-token prompt takes steps 2-4 alone (16 + 16 + 8), s0 and s1 wait
+    assert [kinds(d) for d in first[2:5]] == [[(2, 16, "p")], [(2, 16, "p")], [(2, 8, "p")]]
+    # mixed: s0 and s1 decode first, the chunk gets the rest of the budget of 16
+    assert [kinds(d) for d in mixed[2:5]] == [[(0, 1, "d"), (1, 1, "d"), (2, 14, "p")]] * 2 + [
+        [(0, 1, "d"), (1, 1, "d"), (2, 12, "p")]]
+    assert [d.phase for d in mixed[2:5]] == ["mixed"] * 3
+    assert [d.stop_reason for d in mixed[2:5]] == ["budget_exhausted", "budget_exhausted", "waiting_empty"]
+    # the sequences already decoding finish sooner: no step without a token for them
+    def finish_step(events, seq_id):
+        return max(e.step for e in events if type(e) is TokenSample and e.seq_id == seq_id)
+    assert finish_step(run("long_prompt_during_decode"), 0) < finish_step(run("long_prompt_during_decode",
+                                                                              "prefill_first"), 0)
+
+
+def test_mixed_worked_example_schedules_as_prefill_first():
+    """All three prompts arrive together and nothing decodes while they prefill, so mixed
+    makes prefill_first's decisions: 20 of s0, then its 5 and s1, s2; then decode."""
+    first, mixed = decisions(run("worked_example", "prefill_first")), decisions(run("worked_example"))
+    assert [kinds(d) for d in mixed] == [kinds(d) for d in first]
+    assert [(s.seq_id, s.num_tokens) for s in mixed[1].seqs] == [(0, 5), (1, 8), (2, 6)]
+
+
+def test_mixed_preempts_the_tail_and_admits_nobody_that_step():
+    events = run("preemption_tail")
+    preempts = [e for e in events if type(e) is Preempt]
+    assert (preempts[0].step, preempts[0].seq_id, preempts[0].by_seq_id) == (1, 3, 1)
+    d = decisions(events)[1]
+    assert d.stop_reason == "preempted" and [s.seq_id for s in d.seqs] == [0, 1, 2]
+
+
+def test_mixed_head_of_line_block_names_the_head():
+    d = decisions(run("head_of_line"))[1]
+    assert (d.phase, d.stop_reason, d.blocked_seq_id, d.num_blocks_needed) == ("decode", "no_free_blocks", 1, 6)
+
+
+def test_mixed_caps_running_at_max_num_seqs():
+    events = run("eos_vs_length", max_num_seqs=2)
+    d0 = decisions(events)[0]
+    assert [s.seq_id for s in d0.seqs] == [0, 1] and d0.stop_reason == "max_num_seqs"
+
+
+# -- policies by name, and of a user's own ---------------------------------------------------
+
+def test_policy_names_and_paths():
+    assert load_policy("prefill_first") is Scheduler and load_policy("mixed") is MixedScheduler
+    assert policy_path(MixedScheduler) == "mixed"
+    assert policy_path(ShortestFirst) == "user_policies:ShortestFirst"
+    assert load_policy("user_policies:ShortestFirst") is ShortestFirst
+    for bad, message in (("no_such_module:X", "cannot load scheduling policy"),
+                         ("user_policies:Nothing", "cannot load scheduling policy"),
+                         ("tracengine.engine.config:Config", "is not a Scheduler subclass")):
+        with pytest.raises(ConfigError, match=message):
+            load_policy(bad)
+    with pytest.raises(ConfigError, match="scheduling_policy must be"):
+        Config(scheduling_policy="fastest")
+
+
+def test_shortest_first_serves_short_prompts_first():
+    config, requests, runner = canned_workload("eos_vs_length")    # prompts of 5, 6, 4 and 4 tokens
+    events = run_workload(config.replace(max_num_seqs=1), requests, runner, policy=ShortestFirst)
+    assert events[0].config["scheduling_policy"] == "user_policies:ShortestFirst"
+    prefills = [d.seqs[0].seq_id for d in decisions(events) if d.phase == "prefill"]
+    assert prefills == [2, 3, 0, 1]
+    assert replay(events, ShortestFirst).ok
+
+
+def test_admit_hook_stops_admission_with_its_reason():
+    events = run("eos_vs_length", AtMostTwoRunning)
+    d0 = decisions(events)[0]
+    assert [s.seq_id for s in d0.seqs] == [0, 1]
+    assert (d0.stop_reason, d0.blocked_seq_id) == ("not_admitted", 2)
+    assert replay(events, AtMostTwoRunning).ok
+
+
+def test_a_user_policy_trace_needs_the_policy_to_replay(tmp_path, capsys):
+    trace = tmp_path / "short.trace"
+    assert main(["generate", "--prompt-lens", "12,3,7", "--max-tokens", "3", "--max-num-seqs", "1",
+                 "--temperature", "0", "--scheduling-policy", "user_policies:ShortestFirst",
+                 "--record", str(trace), "--quiet"]) == 0
+    with TraceReader(trace) as reader:
+        events = list(reader.events())
+    assert events[0].config["scheduling_policy"] == "user_policies:ShortestFirst"
+    assert [d.seqs[0].seq_id for d in decisions(events) if d.phase == "prefill"] == [1, 2, 0]
+    capsys.readouterr()
+    assert main(["replay", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'user_policies:ShortestFirst'" in err and "--policy" in err
+    assert main(["replay", str(trace), "--policy", "user_policies:ShortestFirst"]) == 0
+    # another policy given: the replay names where it departs from the trace
+    assert main(["replay", str(trace), "--policy", "prefill_first"]) == 1
+    assert "replay diverges at step 0" in capsys.readouterr().out
+
+
+def test_llm_takes_a_policy_class():
+    llm = LLM("", num_kvcache_blocks=32, kvcache_block_size=4, max_num_seqs=1, scheduling_policy=ShortestFirst)
+    try:
+        assert type(llm.scheduler) is ShortestFirst
+        assert llm.config.scheduling_policy == "user_policies:ShortestFirst"
+        sp = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+        llm.generate([[5] * 9, [6] * 2], sp, use_tqdm=False)
+    finally:
+        llm.close()
+
+
+# -- what-if to mixed, and a deliberate change to mixed ---------------------------------------
+
+def test_whatif_to_mixed_equals_running_mixed(tmp_path, capsys):
+    common = ["--prompt-lens", "30,9,17,5", "--max-num-batched-tokens", "12", "--max-tokens", "6",
+              "--ignore-eos", "--temperature", "0", "--block-size", "4", "--num-kvcache-blocks", "24", "--quiet"]
+    first, whatif, mixed = tmp_path / "first.trace", tmp_path / "whatif.trace", tmp_path / "mixed.trace"
+    assert main(["generate", *common, "--record", str(first)]) == 0
+    assert main(["generate", *common, "--scheduling-policy", "mixed", "--record", str(mixed)]) == 0
+    assert main(["replay", str(first), "--set", "scheduling_policy=mixed", "--record", str(whatif)]) == 0
+    capsys.readouterr()
+    assert main(["diff", str(whatif), str(mixed)]) == 0
+    assert "no scheduling difference" in capsys.readouterr().out
+    with TraceReader(mixed) as reader:
+        phases = {d.phase for d in decisions(reader.events())}
+    assert "mixed" in phases                          # the workload does mix
+    assert main(["diff", str(first), str(mixed)]) == 1
+
+
+def test_a_change_to_mixed_makes_its_golden_trace_diverge(capsys):
+    assert main(["replay", str(TRACES / "mixed.trace")]) == 0
+    capsys.readouterr()
+    assert main(["replay", str(TRACES / "mixed.trace"), "--policy", "user_policies:MixedPreemptingHead"]) == 1
+    out = capsys.readouterr().out
+    with TraceReader(TRACES / "mixed.trace") as reader:
+        events = list(reader.events())
+    # steps 0-7 reproduce (step 3's preemption is s7's own); at step 8 s3 needs a block with s4, s5
+    # and s6 behind it in running: the recorded victim is the tail s6, the variant takes the head s4
+    assert "replay diverges at step 8 " in out
+    assert "expected: Preempt(step=8, seq_id=6, by_seq_id=3" in out
+    assert "actual:   Preempt(step=8, seq_id=4, by_seq_id=3" in out
+    assert "8 steps and" in out
+
+
+# -- the real engine -------------------------------------------------------------------------
+
+def test_mixed_batches_on_the_real_engine_give_each_request_its_tokens_alone():
+    prompts = [[1 + (13 * i + 5 * j) % 500 for j in range(4 + 9 * i)] for i in range(6)]
+    params = [SamplingParams(temperature=0.0, max_tokens=5 + 2 * i, ignore_eos=True) for i in range(6)]
+    llm = LLM("", num_kvcache_blocks=64, kvcache_block_size=4, max_num_batched_tokens=16,
+              scheduling_policy="mixed")
+    try:
+        batched = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False, summary=True)]
+        assert llm.last_run["steps"]["num_mixed_steps"] > 3
+        alone = []
+        for prompt, sp in zip(prompts, params):
+            llm.reset()
+            alone.append(llm.generate([prompt], sp, use_tqdm=False)[0]["token_ids"])
+    finally:
+        llm.close()
+    assert batched == alone
+
+
+def test_mixed_golden_trace_reproduces_and_keeps_its_step_table(snapshot):
+    with TraceReader(TRACES / "mixed.trace") as reader:
+        events = list(reader.events())
+    result = replay(events)
+    assert result.ok and result.num_events == len(events) - 1 and result.num_unfinished == 0
+    assert {"prefill", "mixed", "decode"} <= {d.phase for d in decisions(events)}
+    snapshot.snapshot_dir = SNAPSHOT_DIR
+    snapshot.assert_match(render_steps(events), "golden_mixed.txt")
