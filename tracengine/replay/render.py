@@ -101,6 +101,10 @@ def render_step(events) -> str:
         head = f"{step if step is not None else '?':>4} (no step yet)"
     else:
         seqs = " ".join(format_scheduled(s) for s in decision.seqs)
+        if decision.phase == "mixed":       # its decodes first, then " + " its prefill sequences
+            n = decision.num_decode_seqs
+            seqs = " ".join(format_scheduled(s) for s in decision.seqs[:n]) + " + " + " ".join(
+                format_scheduled(s) for s in decision.seqs[n:])
         stop, blocked = decision.stop_reason, decision.blocked_seq_id
         if blocked != -1 and decision.phase == "decode":       # prefill found nothing: its head did not fit
             stop += f" (waiting s{blocked} needs {decision.num_blocks_needed} free)"
