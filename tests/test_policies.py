@@ -11,7 +11,7 @@ from tracengine.engine.config import Config
 from tracengine.engine.policies import MixedScheduler, load_policy, policy_path
 from tracengine.engine.scheduler import Scheduler
 from tracengine.errors import ConfigError
-from tracengine.replay.reexec import replay
+from tracengine.replay.reexec import reexecute
 from tracengine.replay.render import render_steps
 from tracengine.replay.runners import run_workload
 from tracengine.testing import CANNED_WORKLOADS, canned_workload
@@ -47,7 +47,7 @@ def test_mixed_step_table(snapshot, name):
 def test_mixed_runs_replay_and_record_their_policy(name):
     events = run(name)
     assert events[0].config["scheduling_policy"] == "mixed"
-    result = replay(events)
+    result = reexecute(events)
     assert result.ok, result.divergence
     assert result.num_events == len(events) - 1
 
@@ -118,7 +118,7 @@ def test_shortest_first_serves_short_prompts_first():
     assert events[0].config["scheduling_policy"] == "user_policies:ShortestFirst"
     prefills = [d.seqs[0].seq_id for d in decisions(events) if d.phase == "prefill"]
     assert prefills == [2, 3, 0, 1]
-    assert replay(events, ShortestFirst).ok
+    assert reexecute(events, ShortestFirst).ok
 
 
 def test_admit_hook_stops_admission_with_its_reason():
@@ -126,7 +126,7 @@ def test_admit_hook_stops_admission_with_its_reason():
     d0 = decisions(events)[0]
     assert [s.seq_id for s in d0.seqs] == [0, 1]
     assert (d0.stop_reason, d0.blocked_seq_id) == ("not_admitted", 2)
-    assert replay(events, AtMostTwoRunning).ok
+    assert reexecute(events, AtMostTwoRunning).ok
 
 
 def test_a_user_policy_trace_needs_the_policy_to_replay(tmp_path, capsys):
@@ -214,7 +214,7 @@ def test_mixed_batches_on_the_real_engine_give_each_request_its_tokens_alone():
 def test_mixed_golden_trace_reproduces_and_keeps_its_step_table(snapshot):
     with TraceReader(TRACES / "mixed.trace") as reader:
         events = list(reader.events())
-    result = replay(events)
+    result = reexecute(events)
     assert result.ok and result.num_events == len(events) - 1 and result.num_unfinished == 0
     assert {"prefill", "mixed", "decode"} <= {d.phase for d in decisions(events)}
     snapshot.snapshot_dir = SNAPSHOT_DIR

@@ -174,6 +174,6 @@ def test_mixed_invariants_hold_after_every_step_and_the_run_replays(workload, ke
     event("mixed batch" if any(type(e) is ScheduleDecision and e.phase == "mixed" for e in events) else "no mix")
     event("preempted" if any(type(e) is Preempt for e in events) else "no preemption")
     check_mixed_decisions(events, config)
-    result = replay(events)
+    result = reexecute(events)
     assert result.ok, result.divergence
     assert result.num_events == len(events) - 1
