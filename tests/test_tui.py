@@ -8,6 +8,7 @@ import pytest
 
 from conftest import cut_like_a_kill
 from tracengine.analysis.stats import stats
+from tracengine.analysis.timeline import load
 from tracengine.cli import main
 from tracengine.engine.config import Config
 from tracengine.trace.events import BlockAllocate, Preempt, SeqFinish
@@ -88,10 +89,16 @@ def assert_panels_match(app, fold, step):
     waiting, running, waiting_rows, running_rows = shown_state(app)
     assert app.step == step
     assert (waiting, running) == (state.waiting, state.running)
-    assert waiting_rows == [format_row(state.seqs[i]) for i in state.waiting]
-    assert running_rows == [format_row(state.seqs[i]) for i in state.running]
+    # each row's age: from the request's arrival to the end of the step, on the stats' time axis
+    t = load(app.index.path)
+
+    def row(i):
+        return format_row(state.seqs[i], t.end_ns(step) - t.arrival_ns(t.requests[i]))
+    assert waiting_rows == [row(i) for i in state.waiting]
+    assert running_rows == [row(i) for i in state.running]
     header = str(app.query_one(TraceHeaderBar).render())
     assert f"step {step} of {app.num_steps}" in header
+    assert f" · t {t.start_ns(step) / 1e6:,.3f} ms (+" in header
     assert state.decision.phase.upper() in header
     assert_block_cells(app, state)
     assert_event_lines(app, fold, step)
@@ -370,10 +377,29 @@ async def test_play_advances_and_stops_at_the_end(trace, fold):
         assert not app.playing and app.step == fold.num_steps - 1
 
 
+@pytest.fixture(scope="module")
+def fixed_time_trace(tmp_path_factory, trace):
+    """The same run with every step lasting 1 ms after no gap, each request arriving as
+    its step began: the screenshots show times on the trace's axis, never measured ones."""
+    import msgspec
+    from tracengine.trace.events import RequestAdded, StepEnd
+    from tracengine.trace.tracelog import open_trace
+    path = tmp_path_factory.mktemp("tui-fixed") / "run.trace"
+    events = list(open_trace(trace))
+    with TraceWriter(path, events[0]) as writer:
+        for e in events[1:]:
+            if type(e) is StepEnd:
+                e = msgspec.structs.replace(e, schedule_ns=100_000, model_ns=800_000, postprocess_ns=100_000, gap_ns=0)
+            elif type(e) is RequestAdded:
+                e = msgspec.structs.replace(e, arrival_ns=-1)
+            writer.emit(e)
+    return path
+
+
 @pytest.mark.parametrize("moment", ["start", "preemption", "end"])
-async def test_screenshots(trace, fold, snapshot, moment):
+async def test_screenshots(fixed_time_trace, snapshot, moment):
     snapshot.snapshot_dir = SNAPSHOTS
-    app, running = opened(trace)
+    app, running = opened(fixed_time_trace)
     async with running as pilot:
         await app.workers.wait_for_complete()
         if moment == "preemption":

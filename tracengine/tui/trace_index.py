@@ -29,6 +29,9 @@ class StepView:
     step: int
     state: FoldState       # after the step
     explanation: str
+    start_ns: int = 0      # the step's start and end on the trace's time axis (analysis/timeline.py)
+    end_ns: int = 0
+    age_ns: dict | None = None   # seq_id -> time from its arrival to the end of the step, for the queues
 
     @property
     def phase(self) -> str:
@@ -58,6 +61,9 @@ class _StepIndex:
     is_prefill: bytearray = field(default_factory=bytearray)
     num_free_blocks: array = field(default_factory=lambda: array("i"))   # after each step
     event_starts: array = field(default_factory=lambda: array("q", [0]))  # first event line of each step
+    start_ns: array = field(default_factory=lambda: array("q"))          # the time axis: each step's start
+    end_ns: array = field(default_factory=lambda: array("q"))            # and end
+    arrival_ns: dict = field(default_factory=dict)                        # seq_id -> arrival on the axis
     steps_with: dict = field(default_factory=lambda: {name: array("i") for name in EVENT_TYPE_NAMES})
     max_tokens: int = 0
 
@@ -125,6 +131,13 @@ class TraceIndex:
         s.is_prefill.append(decision is not None and decision.phase == "prefill")
         s.num_free_blocks.append(events[-1].num_free_blocks)
         s.event_starts.append(s.event_starts[-1] + len(events))
+        end = events[-1]
+        start = (s.end_ns[-1] if s.end_ns else 0) + end.gap_ns
+        s.start_ns.append(start)
+        s.end_ns.append(start + end.schedule_ns + end.model_ns + end.postprocess_ns)
+        for e in events:
+            if type(e) is RequestAdded:     # a format-1 trace: it arrived as its step began
+                s.arrival_ns[e.seq_id] = e.arrival_ns if e.arrival_ns >= 0 else start
         if decision is not None and (decision.phase == "prefill" or "Preempt" in names
                                      or "RequestAdded" in names or "SeqFinish" in names):
             self._note_milestones(step, events, decision)
@@ -181,7 +194,11 @@ class TraceIndex:
         config = self.header.config
         explanation = explain_step(self.events_at(step), state.seqs, free_before,
                                    config.get("max_num_batched_tokens", 0), config.get("max_num_seqs", 0))
-        return StepView(step, state, explanation)
+        s = self._summary
+        end = s.end_ns[step]
+        ages = {seq_id: end - s.arrival_ns[seq_id] for seq_id in (*state.waiting, *state.running)
+                if seq_id in s.arrival_ns}
+        return StepView(step, state, explanation, s.start_ns[step], end, ages)
 
     def event_start(self, step: int) -> int:
         """The line of a step's first event in the list of all events."""

@@ -47,6 +47,8 @@ class TraceHeaderBar(Widget):
             text.append(f"step {self.view.step} of {self.num_steps} (0–{self.num_steps - 1}) · ")
             phase = self.view.phase
             text.append(phase.upper() or "-", style(f"header--{phase}") if phase else style("header--note"))
+            # the step's time on the trace's axis: from the run's start, idle gaps included
+            text.append(f" · t {self.view.start_ns / 1e6:,.3f} ms (+{(self.view.end_ns - self.view.start_ns) / 1e6:,.3f})")
         if self.live:
             text.append(" · ")
             text.append("● LIVE", style("header--live"))

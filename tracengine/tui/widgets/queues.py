@@ -14,15 +14,22 @@ from textual.widget import Widget
 from tracengine.tui.trace_index import StepView
 from tracengine.tui.widgets.styles import ComponentStyles
 
-HEADER = f"{'seq':>6}{'prompt':>7}{'out':>5}{'cached':>7}{'sched':>6}{'blocks':>7}{'pre':>4}"
+HEADER = f"{'seq':>6}{'prompt':>7}{'out':>5}{'cached':>7}{'sched':>6}{'blocks':>7}{'pre':>4}{'age ms':>9}"
 
 
-def format_row(seq) -> str:
+def format_row(seq, age_ns: int | None = None) -> str:
     """One sequence: prompt and completion tokens, cached tokens, tokens
-    scheduled this step, blocks held, preemptions so far."""
+    scheduled this step, blocks held, preemptions so far, and its age: the
+    time from its arrival to the end of the step, on the trace's time axis."""
     preempted = str(seq.num_preemptions) if seq.num_preemptions else "-"
+    age = "-" if age_ns is None else f"{age_ns / 1e6:,.1f}"
     return (f"{seq.seq_id:>6}{seq.num_prompt_tokens:>7}{seq.num_tokens - seq.num_prompt_tokens:>5}"
-            f"{seq.num_cached_tokens:>7}{seq.num_scheduled_tokens or '-':>6}{len(seq.block_table):>7}{preempted:>4}")
+            f"{seq.num_cached_tokens:>7}{seq.num_scheduled_tokens or '-':>6}{len(seq.block_table):>7}{preempted:>4}"
+            f"{age:>9}")
+
+
+def view_row(view: StepView, seq_id: int) -> str:
+    return format_row(view.state.seqs[seq_id], view.age_ns.get(seq_id) if view.age_ns else None)
 
 
 class SeqTable(ComponentStyles, Widget, can_focus=True):
@@ -96,7 +103,7 @@ class SeqTable(ComponentStyles, Widget, can_focus=True):
     def _row_key(self, row: int) -> tuple:
         """What a row shows: its text and which of the row styles it has."""
         seq = self.view.state.seqs[self.seq_ids[row]]
-        return (format_row(seq), bool(seq.num_scheduled_tokens), seq.seq_id == self.selected_seq_id,
+        return (view_row(self.view, seq.seq_id), bool(seq.num_scheduled_tokens), seq.seq_id == self.selected_seq_id,
                 row == self.cursor and self.has_focus)
 
     def _refresh_rows(self) -> None:
@@ -143,13 +150,13 @@ class SeqTable(ComponentStyles, Widget, can_focus=True):
             style += self.component_style("seq-table--selected")
         if row == self.cursor and self.has_focus:
             style += self.component_style("seq-table--cursor")
-        return Strip([Segment(format_row(seq).ljust(width), style)]).crop(0, width)
+        return Strip([Segment(view_row(view, seq.seq_id).ljust(width), style)]).crop(0, width)
 
     def row_texts(self) -> list[str]:
         """The rows as shown (all of them, not only the visible ones)."""
         if self.view is None:
             return []
-        return [format_row(self.view.state.seqs[seq_id]) for seq_id in self.seq_ids]
+        return [view_row(self.view, seq_id) for seq_id in self.seq_ids]
 
     def on_focus(self) -> None:
         self.forget_rows()
