@@ -13,7 +13,7 @@ from tracengine.engine.sampling_params import SamplingParams
 from tracengine.replay.reexec import reexecute
 from tracengine.replay.runners import SyntheticRunner
 from tracengine.trace.events import BlockAllocate, ListSink, RequestAdded, ScheduleDecision, StepEnd
-from tracengine.trace.tracelog import open_trace
+from tracengine.trace.tracelog import FORMAT_VERSION, open_trace
 from tracengine.workload import arrival_times
 
 DATA = Path(__file__).parent / "data"
@@ -99,7 +99,7 @@ def test_generate_with_arrival_times_records_them(online_trace):
     path, times = online_trace
     events = list(read_events(str(path)))
     check_arrivals(events[1:], [round(t * 1e9) for t in times])
-    assert events[0].format_version == 2
+    assert events[0].format_version == FORMAT_VERSION
 
 
 def test_online_run_replays_exactly_and_diffs_against_itself(online_trace, capsys):

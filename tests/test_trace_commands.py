@@ -8,7 +8,7 @@ from test_tracelog import flip_byte, record
 from tracengine.analysis.stats import stats
 from tracengine.cli import main
 from tracengine.trace.events import EVENT_TYPES
-from tracengine.trace.tracelog import FORMAT_VERSION, PREAMBLE, TraceReader
+from tracengine.trace.tracelog import FORMAT_VERSION, FRAME_HEAD, PREAMBLE, TraceReader
 from tracengine.tui.trace_index import TraceIndex
 
 
@@ -106,7 +106,7 @@ def test_check_torn_trace_exits_1_and_still_counts(trace, capsys, tmp_path):
         last = reader.frames()[-1]
     exit_code, out, _ = run(capsys, "check", torn)
     assert exit_code == 1
-    assert f"torn last frame: {last.nbytes + 12 - 7} bytes at offset {last.offset}" in out
+    assert f"torn last frame: {last.nbytes + FRAME_HEAD.size - 7} bytes at offset {last.offset}" in out
     assert f"steps: {engine.num_steps - 1}" in out
     assert "end frame: none, the trace is still being written or its writer was killed" in out
     assert out.splitlines()[-1].endswith(": damaged")

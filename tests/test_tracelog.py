@@ -29,7 +29,7 @@ from tracengine.engine.sampling_params import SamplingParams
 from tracengine.trace import tracelog
 from tracengine.trace.dictionary import DICTIONARY, DICTIONARY_XXH64
 from tracengine.trace.tracelog import (DEFLATED, END_FRAME, END_PAYLOAD, FORMAT_VERSION, FRAME_HEAD, PREAMBLE, WINDOW_BITS,
-                                 TraceReader, TraceWriter, make_header, open_trace)
+                                 TraceReader, TraceWriter, frame_bytes, make_header, open_trace)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -209,11 +209,10 @@ def append_frame(path, payload: bytes, deflated: bool) -> int:
     offset = os.path.getsize(path)
     if path.read_bytes().endswith(END_FRAME):
         offset -= len(END_FRAME)
-    word = len(payload) | (DEFLATED if deflated else 0)
     with open(path, "r+b") as f:
         f.truncate(offset)
         f.seek(offset)
-        f.write(FRAME_HEAD.pack(word, xxhash.xxh64_intdigest(payload, int(deflated))) + payload)
+        f.write(frame_bytes(payload, deflated))
     return offset
 
 
@@ -235,14 +234,26 @@ def test_stored_and_deflated_frames_mix_in_one_trace(tmp_path):
         assert list(reader.events(1)) == [e for events in steps for e in events]
 
 
-def test_flipped_deflate_flag_is_caught_by_the_checksum(recorded):
+def test_flipped_deflate_flag_is_caught_by_the_head_check(recorded):
     path = recorded[0]
     with TraceReader(path) as reader:
         bad = reader.frames()[4]
     flip_byte(path, bad.offset + 3, 0x80)              # bit 31 of the length word
     with TraceReader(path) as reader:
-        assert reader.corruption.offset == bad.offset and "fails its checksum" in str(reader.corruption)
+        assert reader.corruption.offset == bad.offset and "head (length and checksum) fails" in str(reader.corruption)
         assert reader.num_frames == 4
+
+
+def test_flipped_deflate_flag_under_a_valid_head_is_caught_by_the_checksum(recorded):
+    path = recorded[0]
+    with TraceReader(path) as reader:
+        bad = reader.frames()[4]
+    data = bytearray(path.read_bytes())
+    word, checksum, _ = FRAME_HEAD.unpack_from(data, bad.offset)
+    tracelog.pack_head(memoryview(data)[bad.offset:], word ^ DEFLATED, checksum)   # the head's check is redone
+    path.write_bytes(bytes(data))
+    with TraceReader(path) as reader:
+        assert reader.corruption.offset == bad.offset and "fails its checksum" in str(reader.corruption)
 
 
 def test_a_frame_that_does_not_inflate_is_corruption_at_its_offset(recorded):
@@ -274,7 +285,7 @@ def test_a_frame_inflating_past_the_limit_is_corruption_not_an_allocation(record
     offset = append_frame(path, deflate(msgspec.msgpack.encode([StepEnd(99, 0, 0, 0, 0)] * 200)), deflated=True)
     monkeypatch.setattr(tracelog, "MAX_FRAME_BYTES", 1000)    # the 200 events take more
     with TraceReader(path) as reader:
-        with pytest.raises(TraceCorruptError, match=f"inflates past the limit of 1000 bytes at offset {offset}"):
+        with pytest.raises(TraceCorruptError, match=f"inflates past its limit of 1000 bytes .* at offset {offset}"):
             list(reader.events())
 
 
@@ -342,7 +353,8 @@ def test_absurd_frame_length_is_corruption_not_an_allocation(recorded):
     with TraceReader(path) as reader:
         bad = reader.frames()[3]
     data = bytearray(path.read_bytes())
-    struct.pack_into("<I", data, bad.offset, 0xFFFF_FFF0)
+    checksum = FRAME_HEAD.unpack_from(data, bad.offset)[1]
+    tracelog.pack_head(memoryview(data)[bad.offset:], 0x7FFF_FFF0, checksum)   # a head whose check holds
     path.write_bytes(bytes(data))
     with TraceReader(path) as reader:
         assert reader.corruption.offset == bad.offset

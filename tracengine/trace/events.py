@@ -30,7 +30,7 @@ class ModelInfo(msgspec.Struct, frozen=True, gc=False, array_like=True):
 class TraceHeader(Event, tag=0):
     format_version: int
     tracengine_version: str
-    config: dict
+    config: dict[str, str | int | float | bool | None]   # flat: every Config field, a scalar each
     model: ModelInfo
     device: str
     torch_version: str

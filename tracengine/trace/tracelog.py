@@ -1,19 +1,31 @@
 """The trace file: the only module that knows frames.
 
-Format version 2: this layout, the events of events.py, and the dictionary of
-dictionary.py. Version 1 had the same layout and the events without the
-fields appended since; it reads as version 2 with their defaults.
+Format version 3: this layout, the events of events.py, and the dictionary of
+dictionary.py. Versions 1 and 2 had a frame head without its own check (12
+bytes); version 1 had the events without the fields appended since. Both
+read, with those fields' defaults.
 
-    preamble  b"TRCE" + uint16 format version + 2 reserved bytes
-    frame     uint32 length word + uint64 checksum (little-endian), then the stored payload
+    preamble  b"TRCE" + uint16 format version + 2 reserved bytes (zero)
+    frame     uint32 length word + uint64 checksum + uint32 head check (little-endian),
+              then the stored payload
       length word  bits 0-30: bytes of the stored payload (at most MAX_FRAME_BYTES);
                    bit 31 (DEFLATED): the payload is deflated
       checksum     xxh64 of the stored payload, seeded with 1 when it is deflated and
                    0 when not (so the flag is covered too): damage is found before
                    anything is inflated or decoded
+      head check   xxh32 of the 12 bytes before it: a damaged length is found before
+                   it is believed, so a torn tail is only ever where the file really
+                   ends inside its last frame, never a length that points past the end
       payload      a msgpack array of events; deflated, it is raw deflate (RFC 1951,
                    window of 2**13 bytes) primed with trace_dictionary.DICTIONARY,
-                   and inflates to at most MAX_FRAME_BYTES
+                   and inflates to at most MAX_INFLATE_RATIO times its stored bytes
+                   plus INFLATE_SLACK (and at most MAX_FRAME_BYTES); the writer
+                   stores a payload that would deflate more than that
+
+Bounds on hostile files: a frame's stored bytes, what they may inflate to and
+the typed events they decode to (flat lists of scalars; the header's config a
+flat map of scalars) keep the memory a frame takes proportional to its size in
+the file: any file is read or refused in memory proportional to the file.
 
 The writer deflates a frame when that makes it smaller; each frame stays
 decodable on its own (random access, follow mode, a torn tail loses one
@@ -49,20 +61,46 @@ from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
 from tracengine.trace.events import AnyEvent, Event, ModelInfo, StepEnd, TraceHeader
 from tracengine.trace.dictionary import DICTIONARY
 
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)             # 2 appended arrival_ns, top_k, top_p, seed to RequestAdded and gap_ns to StepEnd
+FORMAT_VERSION = 3
+# 2 appended arrival_ns, top_k, top_p, seed to RequestAdded and gap_ns to StepEnd; 3 checks each frame head
+READABLE_VERSIONS = (1, 2, 3)
 MAGIC = b"TRCE"
-PREAMBLE = struct.Struct("<4sH2x")
-FRAME_HEAD = struct.Struct("<IQ")      # length word, xxh64 of the stored payload (seed: the flag)
+PREAMBLE = struct.Struct("<4sH2x")     # magic, format version, 2 reserved bytes (0)
+FRAME_HEAD = struct.Struct("<IQI")     # length word, xxh64 of the stored payload (seed: the flag), head check
+FRAME_HEAD_V2 = struct.Struct("<IQ")   # versions 1 and 2: no head check
 DEFLATED = 1 << 31                     # length word flag: the payload is deflated
 LENGTH_MASK = DEFLATED - 1
 MAX_FRAME_BYTES = 64 << 20             # a longer frame is damage, not something to allocate
+MAX_INFLATE_RATIO = 32                 # inflated bytes per stored byte that a v3 writer writes, and a reader takes
+MAX_INFLATE_RATIO_V2 = 256             # v1/v2 writers had no bound: a looser one for their (real) frames
+INFLATE_SLACK = 64 << 10               # any frame may inflate to this much
 WINDOW_BITS = 13                       # deflate window of 8 KiB; the dictionary fills it
 MIN_DEFLATE_BYTES = 32                 # smaller payloads are stored as they are
 SCAN_BYTES = 1 << 20                   # the index scan and events() read this much at a time
 _LEADING_BYTES = 32                    # enough payload to hold the first event's tag and step
 END_PAYLOAD = msgspec.msgpack.encode([])   # the end frame's payload: no events
-END_FRAME = FRAME_HEAD.pack(len(END_PAYLOAD), xxhash.xxh64_intdigest(END_PAYLOAD, 0)) + END_PAYLOAD   # stored
+
+
+def pack_head(buffer, word: int, checksum: int) -> None:
+    """Writes a v3 frame head at the start of `buffer`: the head check covers the length and checksum."""
+    FRAME_HEAD_V2.pack_into(buffer, 0, word, checksum)
+    with memoryview(buffer) as view:
+        head_check = xxhash.xxh32_intdigest(view[:FRAME_HEAD_V2.size])
+    struct.pack_into("<I", buffer, FRAME_HEAD_V2.size, head_check)
+
+
+def frame_bytes(payload: bytes, deflated: bool = False) -> bytes:
+    """A whole v3 frame around a stored payload (the writer builds its own in place)."""
+    head = bytearray(FRAME_HEAD.size)
+    pack_head(head, len(payload) | (DEFLATED if deflated else 0), xxhash.xxh64_intdigest(payload, int(deflated)))
+    return bytes(head) + payload
+
+
+END_FRAME = frame_bytes(END_PAYLOAD)   # stored
+END_FRAME_V2 = FRAME_HEAD_V2.pack(len(END_PAYLOAD), xxhash.xxh64_intdigest(END_PAYLOAD, 0)) + END_PAYLOAD
+# Between steps (before a step's first scheduling event) come only these: requests that
+# arrive and requests taken out (SeqAbort and the BlockFree of its blocks).
+_BETWEEN_STEPS = frozenset({"RequestAdded", "SeqAbort", "BlockFree"})
 
 
 class FrameInfo(NamedTuple):
@@ -109,6 +147,7 @@ class TraceWriter:
         self._encoder = msgspec.msgpack.Encoder()
         self._buffer = bytearray()
         self._pending: list[Event] = []
+        self._last_step_written = -1
         # primed once; each frame deflates with a copy (no dictionary to load per frame)
         self._deflater = zlib.compressobj(6, zlib.DEFLATED, -WINDOW_BITS, 5, zlib.Z_DEFAULT_STRATEGY, DICTIONARY)
         self._file = open(path, "wb")
@@ -118,8 +157,11 @@ class TraceWriter:
     def emit(self, event: Event) -> None:
         self._pending.append(event)
         if type(event) is StepEnd:
+            # Marked written before the write: an interrupt anywhere in it loses this step, or
+            # nothing, but never writes it twice (see close).
+            self._last_step_written = event.step
             self._write_frame(self._pending)
-            self._pending.clear()
+            self._pending = []
 
     def _write_frame(self, events: list[Event]) -> None:
         buffer = self._buffer
@@ -133,23 +175,34 @@ class TraceWriter:
             with memoryview(buffer) as view:
                 deflated = deflater.compress(view[FRAME_HEAD.size:])
             deflated += deflater.flush()
-            if len(deflated) < nbytes:
+            # a payload that deflates past what a reader takes is stored as it is
+            if len(deflated) < nbytes and nbytes <= MAX_INFLATE_RATIO * len(deflated) + INFLATE_SLACK:
                 del buffer[FRAME_HEAD.size:]
                 buffer += deflated
                 word = len(deflated) | DEFLATED
         with memoryview(buffer) as view:
             checksum = xxhash.xxh64_intdigest(view[FRAME_HEAD.size:], word >> 31)
-        FRAME_HEAD.pack_into(buffer, 0, word, checksum)
+        pack_head(buffer, word, checksum)
         self._file.write(buffer)
         self._file.flush()
 
     def close(self) -> None:
-        """Writes events of an unfinished step as a frame, then the end frame, and closes."""
+        """Ends the trace at the last finished step, then the end frame. Of the events
+        after it, those between steps (requests added or aborted) are written as a
+        frame; a step that began and did not finish (an interrupt, an error in the
+        model) leaves nothing, so the trace never holds half a step."""
         if self._file.closed:
             return
-        if self._pending:
-            self._write_frame(self._pending)
-            self._pending.clear()
+        pending = self._pending
+        if pending and type(pending[-1]) is StepEnd:
+            if pending[-1].step == self._last_step_written:   # interrupted in its write: written or lost
+                pending = []
+        else:
+            begun = next((i for i, e in enumerate(pending) if type(e).__name__ not in _BETWEEN_STEPS), len(pending))
+            pending = pending[:begun]
+        if pending:
+            self._write_frame(pending)
+        self._pending = []
         self._file.write(END_FRAME)
         self._file.close()
 
@@ -191,12 +244,21 @@ class TraceReader:
 
     def _read_preamble(self) -> None:
         data = os.pread(self._fd, PREAMBLE.size, 0)
-        if len(data) < PREAMBLE.size or data[:4] != MAGIC:
-            raise TraceError(f"{self.path}: not a tracengine trace (it does not start with {MAGIC!r})")
-        version = PREAMBLE.unpack(data)[1]
+        if data[:len(MAGIC)] != MAGIC[:len(data)] or not data:
+            what = "it is empty" if not data else f"it does not start with {MAGIC!r}"
+            raise TraceError(f"{self.path}: not a tracengine trace ({what})")
+        if len(data) < PREAMBLE.size:
+            raise TraceCorruptError(f"{self.path}: the file ends inside its preamble ({len(data)} of "
+                                    f"{PREAMBLE.size} bytes; no header was written)", len(data))
+        version, reserved = PREAMBLE.unpack(data)[1], int.from_bytes(data[6:8], "little")
         if version not in READABLE_VERSIONS:
             raise TraceVersionError(f"{self.path}: trace format version {version}, "
                                     f"this tracengine reads versions {READABLE_VERSIONS[0]} to {READABLE_VERSIONS[-1]}")
+        if reserved and version >= 3:
+            raise TraceCorruptError(f"{self.path}: the preamble's reserved bytes are {reserved:#06x}, not zero", 6)
+        self.version = version
+        self._head = FRAME_HEAD if version >= 3 else FRAME_HEAD_V2
+        self._max_ratio = MAX_INFLATE_RATIO if version >= 3 else MAX_INFLATE_RATIO_V2
 
     def _read_header(self) -> TraceHeader:
         if not self._frames:
@@ -206,6 +268,9 @@ class TraceReader:
         events = self.read_frame(0)
         if len(events) != 1 or type(events[0]) is not TraceHeader:
             raise TraceCorruptError(f"{self.path}: the first frame holds no TraceHeader", PREAMBLE.size)
+        if events[0].format_version != self.version:
+            raise TraceCorruptError(f"{self.path}: the header says format version {events[0].format_version}, "
+                                    f"the preamble {self.version}", PREAMBLE.size)
         return events[0]
 
     def refresh(self, max_frames: int | None = None) -> int:
@@ -219,22 +284,31 @@ class TraceReader:
                 self.torn_tail = None     # the end is not reached yet
                 return len(self._frames) - num_before
             offset = self._end
-            if file_size - offset < FRAME_HEAD.size:
+            head = self._head
+            if file_size - offset < head.size:
                 break
-            if offset + FRAME_HEAD.size > base + len(data):
+            if offset + head.size > base + len(data):
                 data, base = os.pread(self._fd, min(SCAN_BYTES, file_size - offset), offset), offset
-            word, checksum = FRAME_HEAD.unpack_from(data, offset - base)
+            word, checksum, *head_check = head.unpack_from(data, offset - base)
+            if head_check and xxhash.xxh32_intdigest(data[offset - base:offset - base + 12]) != head_check[0]:
+                self._corrupt(f"frame {len(self._frames)}'s head (length and checksum) fails its check", offset)
+                break
             nbytes = word & LENGTH_MASK
             if nbytes > MAX_FRAME_BYTES:
                 self._corrupt(f"frame {len(self._frames)} claims {nbytes} bytes, over the limit of {MAX_FRAME_BYTES}",
                               offset)
                 break
-            end = offset + FRAME_HEAD.size + nbytes
+            end = offset + head.size + nbytes
             if end > file_size:
+                # Without a head check (v1, v2) a damaged length looks like a torn tail;
+                # a file that goes on to an end frame was not torn.
+                if not head_check and self._ends_with_end_frame(file_size):
+                    self._corrupt(f"frame {len(self._frames)} claims {nbytes} bytes, past the end of a file "
+                                  f"that ends with an end frame: a damaged length", offset)
                 break
             if end > base + len(data):
                 data, base = os.pread(self._fd, min(max(SCAN_BYTES, end - offset), file_size - offset), offset), offset
-            stored = data[offset - base + FRAME_HEAD.size:end - base]
+            stored = data[offset - base + head.size:end - base]
             if xxhash.xxh64_intdigest(stored, word >> 31) != checksum:
                 self._corrupt(f"frame {len(self._frames)} fails its checksum", offset)
                 break
@@ -251,6 +325,10 @@ class TraceReader:
         tail = file_size - self._end
         self.torn_tail = TornTail(self._end, tail) if tail and self.corruption is None else None
         return len(self._frames) - num_before
+
+    def _ends_with_end_frame(self, file_size: int) -> bool:
+        tail = os.pread(self._fd, len(END_FRAME_V2), file_size - len(END_FRAME_V2))
+        return tail == END_FRAME_V2
 
     def _first_step(self, stored, word: int, offset: int) -> int | None:
         """The step of the frame's first event, from its leading payload bytes
@@ -287,17 +365,17 @@ class TraceReader:
 
     def read_frame(self, i: int) -> list[AnyEvent]:
         frame = self._frames[i]
-        data = os.pread(self._fd, FRAME_HEAD.size + frame.nbytes, frame.offset)
+        data = os.pread(self._fd, self._head.size + frame.nbytes, frame.offset)
         return self._decode_frame(i, data, 0)
 
     def _decode_frame(self, i: int, data: bytes, pos: int) -> list[AnyEvent]:
         """Frame i's events from `data`, which holds the frame at `pos`."""
         frame = self._frames[i]
-        end = pos + FRAME_HEAD.size + frame.nbytes
+        end = pos + self._head.size + frame.nbytes
         if len(data) < end:
             raise TraceCorruptError(f"{self.path}: frame {i} changed since it was indexed", frame.offset, frame.step)
-        word, checksum = FRAME_HEAD.unpack_from(data, pos)
-        stored = data[pos + FRAME_HEAD.size:end]
+        word, checksum, *_ = self._head.unpack_from(data, pos)
+        stored = data[pos + self._head.size:end]
         if word & LENGTH_MASK != frame.nbytes or xxhash.xxh64_intdigest(stored, word >> 31) != checksum:
             raise TraceCorruptError(f"{self.path}: frame {i} changed since it was indexed", frame.offset, frame.step)
         try:
@@ -307,12 +385,14 @@ class TraceReader:
 
     def _inflate(self, stored: bytes, i: int) -> bytes:
         inflater = zlib.decompressobj(-WINDOW_BITS, DICTIONARY)   # primes as fast as a copy would
+        limit = min(MAX_FRAME_BYTES, self._max_ratio * len(stored) + INFLATE_SLACK)
         try:
-            payload = inflater.decompress(stored, MAX_FRAME_BYTES)
+            payload = inflater.decompress(stored, limit)
         except zlib.error as exc:
             raise self._damaged(i, f"does not inflate ({exc})") from None
-        if inflater.unconsumed_tail:
-            raise self._damaged(i, f"inflates past the limit of {MAX_FRAME_BYTES} bytes")
+        if inflater.unconsumed_tail or (len(payload) == limit and inflater.decompress(b"", 1)):
+            raise self._damaged(i, f"inflates past its limit of {limit} bytes ({self._max_ratio} per stored byte "
+                                f"and {INFLATE_SLACK})")
         if not inflater.eof or inflater.unused_data:
             raise self._damaged(i, "is not one whole deflate stream")
         return payload
@@ -332,9 +412,10 @@ class TraceReader:
             first = frames[i]
             last = i + 1
             limit = first.offset + SCAN_BYTES
-            while last < len(frames) and frames[last].offset + FRAME_HEAD.size + frames[last].nbytes <= limit:
+            head_size = self._head.size
+            while last < len(frames) and frames[last].offset + head_size + frames[last].nbytes <= limit:
                 last += 1
-            end = frames[last - 1].offset + FRAME_HEAD.size + frames[last - 1].nbytes
+            end = frames[last - 1].offset + head_size + frames[last - 1].nbytes
             data = os.pread(self._fd, end - first.offset, first.offset)
             for j in range(i, last):
                 yield from self._decode_frame(j, data, frames[j].offset - first.offset)
