@@ -9,6 +9,7 @@ import sys
 from tracengine.cli.analysis import cmd_export, cmd_stats, cmd_tui
 from tracengine.cli.generate import cmd_generate
 from tracengine.cli.replay import cmd_diff, cmd_replay
+from tracengine.cli.serve import cmd_bench_serve, cmd_serve
 from tracengine.cli.simulate import add_step_time_arguments, cmd_calibrate
 from tracengine.cli.trace import cmd_check, cmd_events
 from tracengine.errors import TracengineError
@@ -43,30 +44,9 @@ def add_parser(sub, name: str, summary: str, description: str, **kwargs):
                           formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
 
 
-def add_generate(sub):
-    p = add_parser(sub, "generate", "run the engine on a workload, optionally recording a trace",
-                   "Run the engine on a workload (given prompts, a prompts file, a synthetic mix, exact\n"
-                   "prompt lengths, or a built-in mix that shows chunked prefill, head-of-line blocking,\n"
-                   "preemption and prefix-cache hits, or a --workload file of timed requests) and print a\n"
-                   "summary; --record writes the trace. --request-rate makes any workload's requests arrive\n"
-                   "over time (the engine sleeps while nothing is runnable).")
-    p.add_argument("--model", default="", help="a Hugging Face Qwen3 checkpoint directory "
-                   "(default: the embedded tiny model)")
-    p.add_argument("--record", metavar="PATH", help="write the trace of the run to PATH")
-    p.add_argument("--output", metavar="PATH", help="write every request's result to PATH as JSONL: prompt, text, "
-                   "token ids, finish reason, TTFT and latency in seconds")
-    p.add_argument("--json", action="store_true", help="print the summary as one JSON object (no completions)")
-    p.add_argument("--force", action="store_true", help="overwrite the --record and --output files if they exist")
-    src = p.add_argument_group("workload (default: a built-in mix that shows chunking, blocking, preemption and cache hits)")
-    src.add_argument("--prompt", action="append", help="a prompt (repeatable)")
-    src.add_argument("--prompts-file", help="one prompt per line, or JSONL with a 'prompt' field")
-    src.add_argument("--num-prompts", type=int, help="synthetic workload: number of requests")
-    src.add_argument("--input-len", help="synthetic prompt lengths MIN:MAX, with --num-prompts (default 64:256)")
-    src.add_argument("--output-len", help="synthetic output lengths MIN:MAX, with --num-prompts (default 32:128)")
-    src.add_argument("--prompt-lens", help="exact prompt token lengths, e.g. 25,8,6 (random token ids)")
-    src.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload and of sampling (default 0)")
-    add_workload_arguments(p.add_argument_group("arrivals and workload files (docs/workloads.md)"))
-    cfg = p.add_argument_group(f"engine config (defaults are the engine's; {ENGINE_DEFAULTS})")
+def add_engine_arguments(parser, title: str = "engine config (defaults are the engine's)"):
+    """The engine flags (Config fields), shared by every command that builds an engine."""
+    cfg = parser.add_argument_group(title)
     cfg.add_argument("--max-num-seqs", type=int, metavar="N", help="sequences in one step (default 512)")
     cfg.add_argument("--max-num-batched-tokens", type=int, metavar="N",
                      help="token budget of one prefill step (default 16384)")
@@ -88,12 +68,48 @@ def add_generate(sub):
     cfg.add_argument("--scheduling-policy", metavar="POLICY",
                      help="prefill_first (nano-vllm's), mixed (vLLM V1's: decode tokens and prefill chunks in one "
                      "batch) or a Scheduler subclass as module:Class (docs/policies.md; default prefill_first)")
-    smp = p.add_argument_group("sampling")
+
+
+def add_workload_sources(parser):
+    """Where a workload's prompts come from (generate and bench-serve)."""
+    src = parser.add_argument_group("workload (default: a built-in mix that shows chunking, blocking, preemption and cache hits)")
+    src.add_argument("--prompt", action="append", help="a prompt (repeatable)")
+    src.add_argument("--prompts-file", help="one prompt per line, or JSONL with a 'prompt' field")
+    src.add_argument("--num-prompts", type=int, help="synthetic workload: number of requests")
+    src.add_argument("--input-len", help="synthetic prompt lengths MIN:MAX, with --num-prompts (default 64:256)")
+    src.add_argument("--output-len", help="synthetic output lengths MIN:MAX, with --num-prompts (default 32:128)")
+    src.add_argument("--prompt-lens", help="exact prompt token lengths, e.g. 25,8,6 (random token ids)")
+    src.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload and of sampling (default 0)")
+
+
+def add_sampling_arguments(parser):
+    """Sampling flags that apply to every request of a workload."""
+    smp = parser.add_argument_group("sampling")
     smp.add_argument("--max-tokens", type=int, help="maximum completion tokens per request "
                      "(default 64 for prompts, 16 for --prompt-lens, --output-len for --num-prompts)")
     smp.add_argument("--temperature", type=float, help="0 is greedy (default 1.0)")
     smp.add_argument("--ignore-eos", action="store_true", default=None,
                      help="generate max-tokens even past EOS (default: stop at EOS; on for synthetic and built-in)")
+
+
+def add_generate(sub):
+    p = add_parser(sub, "generate", "run the engine on a workload, optionally recording a trace",
+                   "Run the engine on a workload (given prompts, a prompts file, a synthetic mix, exact\n"
+                   "prompt lengths, or a built-in mix that shows chunked prefill, head-of-line blocking,\n"
+                   "preemption and prefix-cache hits, or a --workload file of timed requests) and print a\n"
+                   "summary; --record writes the trace. --request-rate makes any workload's requests arrive\n"
+                   "over time (the engine sleeps while nothing is runnable).")
+    p.add_argument("--model", default="", help="a Hugging Face Qwen3 checkpoint directory "
+                   "(default: the embedded tiny model)")
+    p.add_argument("--record", metavar="PATH", help="write the trace of the run to PATH")
+    p.add_argument("--output", metavar="PATH", help="write every request's result to PATH as JSONL: prompt, text, "
+                   "token ids, finish reason, TTFT and latency in seconds")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object (no completions)")
+    p.add_argument("--force", action="store_true", help="overwrite the --record and --output files if they exist")
+    add_workload_sources(p)
+    add_workload_arguments(p.add_argument_group("arrivals and workload files (docs/workloads.md)"))
+    add_engine_arguments(p, f"engine config (defaults are the engine's; {ENGINE_DEFAULTS})")
+    add_sampling_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar (it goes to stderr)")
     p.set_defaults(run=cmd_generate)
 
@@ -187,6 +203,44 @@ def add_analysis_commands(sub):
     p.set_defaults(run=cmd_tui)
 
 
+def add_serve_commands(sub):
+    p = add_parser(sub, "serve", "an OpenAI-compatible server on the engine, recording what it serves",
+                   "Serve the engine over HTTP with OpenAI's API (POST /v1/completions, /v1/chat/completions,\n"
+                   "streamed or not; GET /v1/models, /health, /metrics), recording the traffic with --record.\n"
+                   "SIGINT or SIGTERM aborts the requests in flight, closes the trace and exits 0 (docs/serve.md).")
+    p.add_argument("--model", default="", help="a Hugging Face Qwen3 checkpoint directory "
+                   "(default: the embedded tiny model)")
+    p.add_argument("--served-model-name", metavar="NAME",
+                   help="the name clients send as `model` (default: --model as given, or 'embedded')")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default 8000)")
+    p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1 "
+                   "(default: $TRACENGINE_API_KEY if set, else no key)")
+    p.add_argument("--record", metavar="PATH", help="write the trace of everything served to PATH")
+    p.add_argument("--force", action="store_true", help="overwrite --record PATH if it exists")
+    p.add_argument("--seed", type=int, default=0, help="seed of sampling (default 0)")
+    add_engine_arguments(p)
+    p.set_defaults(run=cmd_serve)
+
+    p = add_parser(sub, "bench-serve", "send a workload to a server and measure TTFT, TPOT, latency",
+                   "Send a workload to an OpenAI-compatible server with its arrival process, streaming,\n"
+                   "and print client-side TTFT, TPOT, ITL and end-to-end percentiles and throughput,\n"
+                   "as vLLM's serving benchmark does.")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default http://127.0.0.1:8000)")
+    p.add_argument("--model", help="the model name to send (default: the server's first in /v1/models)")
+    p.add_argument("--api-key", metavar="KEY", help="sent as a Bearer token (default: $TRACENGINE_API_KEY)")
+    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
+                   help="/v1/completions or /v1/chat/completions (default completions)")
+    p.add_argument("--max-concurrency", type=int, metavar="N", help="at most N requests in flight (default: no bound)")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                   help="give up on one request after S seconds (default 600)")
+    p.add_argument("--json", action="store_true", help="the figures as one JSON object")
+    add_workload_sources(p)
+    add_workload_arguments(p.add_argument_group("arrivals and workload files (docs/workloads.md)"))
+    add_sampling_arguments(p)
+    p.set_defaults(run=cmd_bench_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tracengine", description=DESCRIPTION, epilog=EXIT_CODES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -198,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_replay_commands(sub)
     add_simulation_commands(sub)
     add_analysis_commands(sub)
+    add_serve_commands(sub)
     return parser
 
 

@@ -1,0 +1,193 @@
+"""`tracengine bench-serve`: a workload sent to an OpenAI-compatible server
+over HTTP, each request at its arrival time, streamed, and the figures of
+vLLM's serving benchmark measured at the client:
+
+- TTFT: request sent -> first chunk that carries a token.
+- ITL:  between consecutive chunks that carry tokens, pooled over requests.
+- TPOT: (e2e - TTFT) / (completion tokens - 1), per request with more than one token.
+- E2E:  request sent -> last chunk.
+- throughput: requests, completion tokens and all tokens per second of the run's
+  duration (first send to last reply).
+
+Completion tokens are the server's `usage` count (stream_options.include_usage),
+else the number of token-carrying chunks. Percentiles are `tracengine stats`' own."""
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from tracengine.analysis.stats import summarize
+from tracengine.errors import TracengineError
+from tracengine.workload.formats import Request
+
+
+@dataclass
+class RequestResult:
+    ok: bool = False
+    error: str = ""
+    num_prompt_tokens: int = 0
+    num_completion_tokens: int = 0
+    send_s: float = 0.0                 # from the start of the run
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.ttft_s is None or self.num_completion_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.num_completion_tokens - 1)
+
+
+def server_model(url: str, api_key: str | None, timeout: float = 30.0) -> dict:
+    """The server's first model entry from GET /v1/models."""
+    try:
+        response = httpx.get(f"{url}/v1/models", headers=_headers(api_key), timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise TracengineError(f"cannot reach {url}: {exc}") from None
+    if response.status_code != 200:
+        raise TracengineError(f"{url}/v1/models answered {response.status_code}: {response.text[:200]}")
+    try:
+        return response.json()["data"][0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise TracengineError(f"{url}/v1/models did not list a model") from None
+
+
+def _headers(api_key: str | None) -> dict:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def request_body(request: Request, model: str, chat: bool) -> dict:
+    body = {"model": model, "max_tokens": request.max_tokens, "temperature": request.temperature,
+            "ignore_eos": request.ignore_eos, "stream": True, "stream_options": {"include_usage": True}}
+    for name, unset in (("top_k", -1), ("top_p", 1.0), ("seed", -1)):
+        if getattr(request, name) != unset:
+            body[name] = getattr(request, name)
+    if chat:
+        if not isinstance(request.prompt, str):
+            raise TracengineError(f"{request.source or 'a request'}: the chat endpoint needs a text prompt, "
+                                  "not token ids (use --endpoint completions)")
+        body["messages"] = [{"role": "user", "content": request.prompt}]
+    else:
+        body["prompt"] = request.prompt
+    return body
+
+
+async def _send(client: httpx.AsyncClient, url: str, body: dict, start: float, chat: bool,
+                timeout: float) -> RequestResult:
+    result = RequestResult()
+    sent = time.perf_counter()
+    result.send_s = sent - start
+    last = None
+    num_chunks = 0
+    try:
+        async with client.stream("POST", url, json=body, timeout=timeout) as response:
+            if response.status_code != 200:
+                result.error = f"HTTP {response.status_code}: {(await response.aread()).decode(errors='replace')[:200]}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    result.error = str(chunk["error"].get("message", chunk["error"]))
+                    return result
+                if chunk.get("usage"):
+                    result.num_prompt_tokens = chunk["usage"]["prompt_tokens"]
+                    result.num_completion_tokens = chunk["usage"]["completion_tokens"]
+                if not _carries_token(chunk, chat):
+                    continue
+                now = time.perf_counter()
+                num_chunks += 1
+                if last is None:
+                    result.ttft_s = now - sent
+                else:
+                    result.itl_s.append(now - last)
+                last = now
+    except (httpx.HTTPError, ValueError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+        return result
+    if last is None:
+        result.error = "no token arrived"
+        return result
+    result.e2e_s = last - sent
+    result.num_completion_tokens = result.num_completion_tokens or num_chunks
+    result.ok = True
+    return result
+
+
+def _carries_token(chunk: dict, chat: bool) -> bool:
+    for choice in chunk.get("choices", ()):
+        if choice.get("token_ids") or (choice.get("delta", {}).get("content") if chat else choice.get("text")):
+            return True
+    return False
+
+
+async def run_benchmark(url: str, requests: list[Request], model: str, api_key: str | None = None,
+                        chat: bool = False, max_concurrency: int | None = None, timeout: float = 600.0):
+    """(results in request order, the run's duration in seconds)."""
+    endpoint = f"{url}/v1/chat/completions" if chat else f"{url}/v1/completions"
+    bodies = [request_body(r, model, chat) for r in requests]
+    semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    limits = httpx.Limits(max_connections=max_concurrency or max(len(requests), 1), max_keepalive_connections=64)
+    async with httpx.AsyncClient(headers=_headers(api_key), limits=limits, timeout=timeout) as client:
+        start = time.perf_counter()
+
+        async def one(request: Request, body: dict) -> RequestResult:
+            delay = start + request.arrival_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if semaphore is None:
+                return await _send(client, endpoint, body, start, chat, timeout)
+            async with semaphore:
+                return await _send(client, endpoint, body, start, chat, timeout)
+
+        results = await asyncio.gather(*(one(r, b) for r, b in zip(requests, bodies)))
+        duration = time.perf_counter() - start
+    return list(results), duration
+
+
+def figures(results: list[RequestResult], duration: float) -> dict:
+    ok = [r for r in results if r.ok]
+    num_completion = sum(r.num_completion_tokens for r in ok)
+    num_prompt = sum(r.num_prompt_tokens for r in ok)
+
+    def ms(values):
+        return {k: (v * 1e3 if k != "count" and v is not None else v) for k, v in summarize(values).items()}
+
+    return {
+        "num_requests": len(results), "num_completed": len(ok), "num_failed": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "duration_s": duration,
+        "num_prompt_tokens": num_prompt, "num_completion_tokens": num_completion,
+        "request_throughput": len(ok) / duration if duration > 0 else None,
+        "output_token_throughput": num_completion / duration if duration > 0 else None,
+        "total_token_throughput": (num_prompt + num_completion) / duration if duration > 0 else None,
+        "ttft_ms": ms([r.ttft_s for r in ok]),
+        "tpot_ms": ms([r.tpot_s for r in ok if r.tpot_s is not None]),
+        "itl_ms": ms([x for r in ok for x in r.itl_s]),
+        "e2e_ms": ms([r.e2e_s for r in ok]),
+    }
+
+
+def render(f: dict) -> str:
+    lines = [f"{'requests':<28}{f['num_completed']} completed, {f['num_failed']} failed of {f['num_requests']}",
+             f"{'duration':<28}{f['duration_s']:.3f} s",
+             f"{'tokens':<28}{f['num_prompt_tokens']:,} prompt, {f['num_completion_tokens']:,} completion"]
+    if f["request_throughput"] is not None:
+        lines += [f"{'request throughput':<28}{f['request_throughput']:.2f} req/s",
+                  f"{'output token throughput':<28}{f['output_token_throughput']:.1f} tok/s",
+                  f"{'total token throughput':<28}{f['total_token_throughput']:.1f} tok/s"]
+    lines.append(f"{'':<10}{'n':>7}{'mean':>11}{'p50':>11}{'p90':>11}{'p99':>11}   (ms)")
+    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):
+        d = f[key]
+        values = "".join(f"{'-' if d[k] is None else format(d[k], ',.2f'):>11}" for k in ("mean", "p50", "p90", "p99"))
+        lines.append(f"{label:<10}{d['count']:>7}{values}")
+    for error in f["errors"]:
+        lines.append(f"error: {error}")
+    return "\n".join(lines)
