@@ -11,7 +11,7 @@ import pytest
 
 from tracengine.engine.llm import LLM
 from tracengine.engine.sampling_params import SamplingParams
-from tracengine.replay.reexec import replay
+from tracengine.replay.reexec import reexecute
 from tracengine.serve.protocol import plain_chat_prompt
 from tracengine.serve.server import ServeApp
 from tracengine.trace.events import SeqAbort
@@ -267,5 +267,5 @@ def test_what_was_served_replays_exactly(served, client):
             t += e.gap_ns + e.schedule_ns + e.model_ns + e.postprocess_ns
     added = [e for e in events if type(e).__name__ == "RequestAdded"]
     assert all(0 <= e.arrival_ns <= starts[e.step] for e in added if e.step < len(starts))
-    result = replay(events)
+    result = reexecute(events)
     assert result.ok, result.divergence
