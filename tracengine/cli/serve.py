@@ -4,6 +4,7 @@ import json
 import os
 import sys
 
+from tracengine.cli.outputs import check_outputs
 from tracengine.errors import TracengineError
 from tracengine.workload.sources import CONFIG_FLAGS, workload_requests
 
@@ -15,11 +16,7 @@ def api_key_of(args) -> str | None:
 def cmd_serve(args) -> int:
     from tracengine.engine.llm import LLM
     from tracengine.serve.server import ServeApp, bind
-    if args.record:
-        if os.path.isdir(args.record):
-            raise TracengineError(f"--record {args.record!r} is a directory")
-        if os.path.exists(args.record) and not args.force:
-            raise TracengineError(f"--record {args.record!r} exists; give --force to overwrite it")
+    check_outputs({"--record": args.record}, force=args.force)
     if not 0 <= args.port <= 65535:
         raise TracengineError(f"--port must be in 0..65535, got {args.port}")
     bind(args.host, args.port).close()     # a port in use fails before the model loads
