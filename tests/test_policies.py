@@ -219,3 +219,74 @@ def test_mixed_golden_trace_reproduces_and_keeps_its_step_table(snapshot):
     assert {"prefill", "mixed", "decode"} <= {d.phase for d in decisions(events)}
     snapshot.snapshot_dir = SNAPSHOT_DIR
     snapshot.assert_match(render_steps(events), "golden_mixed.txt")
+
+
+# -- downstream: stats, export, the TUI's strip and sentence, events ----------------------------
+
+def mixed_events():
+    return run("long_prompt_during_decode")
+
+
+def test_stats_of_a_mixed_run_split_its_tokens_by_kind():
+    from tracengine.analysis.stats import stats
+    s = stats(mixed_events())
+    assert s["steps"]["num_mixed_steps"] == 3
+    # prompts 6 + 4 + 40; decode: s0 and s1 seven tokens each after their first, s2 one
+    assert (s["tokens"]["num_prefill_tokens"], s["tokens"]["num_decode_tokens"]) == (50, 15)
+    # decoding sequences get a token every step under mixed: ITL of one step, never stalled
+    assert s["latency"]["itl"]["steps"]["p99"] == 1
+    first = stats(run("long_prompt_during_decode", "prefill_first"))
+    assert first["latency"]["itl"]["steps"]["p99"] == 4 and first["steps"]["num_mixed_steps"] == 0
+
+
+def test_perfetto_export_names_mixed_steps_and_each_request_its_own_phase(tmp_path):
+    from tracengine.analysis.export import export_perfetto
+    doc = export_perfetto(mixed_events(), tmp_path / "out.json")
+    steps = [e["name"] for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "step"]
+    assert steps[2:5] == ["mixed"] * 3
+    spans = {}
+    for e in doc["traceEvents"]:
+        if e["ph"] == "X" and e["pid"] == 2:
+            spans.setdefault(e["args"]["seq_id"], []).append(e["name"])
+    assert spans[0] == ["waiting", "prefill", "decode"]       # one decode span over steps 1-7: never paused
+    assert spans[2][-4:] == ["prefill", "prefill", "prefill", "decode"]
+    doc = export_perfetto(run("long_prompt_during_decode", "prefill_first"), tmp_path / "first.json")
+    assert [e["name"] for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] == 2
+            and e["args"]["seq_id"] == 0] == ["waiting", "prefill", "decode", "paused", "decode"]
+
+
+def test_tui_strip_colours_mixed_steps_and_the_sentence_says_why_it_stopped(tmp_path):
+    from tracengine.replay.fold import Fold, iter_steps
+    from tracengine.trace.tracelog import TraceWriter
+    from tracengine.tui.explain import explain_step
+    from tracengine.tui.trace_index import TraceIndex
+    events = mixed_events()
+    path = tmp_path / "mixed.trace"
+    with TraceWriter(path, events[0]) as writer:
+        for e in events[1:]:
+            writer.emit(e)
+    index = TraceIndex(path)
+    try:
+        assert index.num_steps == 8       # the first slice holds them all
+        assert [index.column_summary(i, i + 1)[1] for i in range(8)] == (
+            ["prefill", "decode", "mixed", "mixed", "mixed", "decode", "decode", "decode"])
+        assert index.column_summary(0, 2)[1] == "prefill" and index.column_summary(0, 8)[1] == "mixed"
+    finally:
+        index.close()
+    fold = Fold(events)
+    step2 = list(iter_steps(events[1:]))[2]
+    text = explain_step(step2, fold.state_at(2).seqs, fold.state_at(1).num_free_blocks, 16, 16)
+    assert text.startswith("mixed batch: decode 2 seqs, 1 token each, beside prefill seq 2 got 14 of 40 tokens")
+    assert text.endswith("the token budget of 16 tokens is used up")
+
+
+def test_events_listing_shows_a_mixed_decision(tmp_path, capsys):
+    from tracengine.trace.tracelog import TraceWriter
+    events = mixed_events()
+    path = tmp_path / "mixed.trace"
+    with TraceWriter(path, events[0]) as writer:
+        for e in events[1:]:
+            writer.emit(e)
+    assert main(["events", str(path), "--type", "ScheduleDecision", "--step", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "mixed" in out and "num_decode_seqs=2" in out

@@ -52,13 +52,17 @@ class Milestone:
     reason: str = ""
 
 
+PHASES = ("decode", "prefill", "mixed")      # in the order a column of several steps shows them
+PHASE_CODES = {phase: code for code, phase in enumerate(PHASES)}
+
+
 @dataclass(slots=True)
 class _StepIndex:
     """Per-step values the strip and the jumps read, copied from the events as
     they are indexed (no figure is computed here: the run's figures are
     `tracengine stats`', see TraceIndex.run_figures)."""
     num_tokens: array = field(default_factory=lambda: array("i"))        # tokens scheduled per step
-    is_prefill: bytearray = field(default_factory=bytearray)
+    phase: bytearray = field(default_factory=bytearray)                  # PHASE_CODES of each step
     num_free_blocks: array = field(default_factory=lambda: array("i"))   # after each step
     event_starts: array = field(default_factory=lambda: array("q", [0]))  # first event line of each step
     start_ns: array = field(default_factory=lambda: array("q"))          # the time axis: each step's start
@@ -128,7 +132,7 @@ class TraceIndex:
         num_tokens = decision.num_batched_tokens if decision is not None else 0
         s.num_tokens.append(num_tokens)
         s.max_tokens = max(s.max_tokens, num_tokens)
-        s.is_prefill.append(decision is not None and decision.phase == "prefill")
+        s.phase.append(PHASE_CODES[decision.phase] if decision is not None else 0)
         s.num_free_blocks.append(events[-1].num_free_blocks)
         s.event_starts.append(s.event_starts[-1] + len(events))
         end = events[-1]
@@ -138,7 +142,7 @@ class TraceIndex:
         for e in events:
             if type(e) is RequestAdded:     # a format-1 trace: it arrived as its step began
                 s.arrival_ns[e.seq_id] = e.arrival_ns if e.arrival_ns >= 0 else start
-        if decision is not None and (decision.phase == "prefill" or "Preempt" in names
+        if decision is not None and (decision.phase != "decode" or "Preempt" in names
                                      or "RequestAdded" in names or "SeqFinish" in names):
             self._note_milestones(step, events, decision)
 
@@ -223,14 +227,15 @@ class TraceIndex:
         reader, end = self.reader, self.reader.step_frame(self.num_steps)
         return stats(e for i in range(end) for e in reader.read_frame(i))
 
-    def column_summary(self, start: int, stop: int) -> tuple[int, bool, bool]:
-        """(most tokens, any prefill, any preemption) over steps [start, stop)."""
+    def column_summary(self, start: int, stop: int) -> tuple[int, str, bool]:
+        """(most tokens, phase, any preemption) over steps [start, stop); the phase is
+        mixed if a step is, else prefill if a step is, else decode."""
         s = self._summary
         tokens = max(s.num_tokens[start:stop], default=0)
-        is_prefill = any(s.is_prefill[start:stop])
+        phase = PHASES[max(s.phase[start:stop], default=0)]
         preempts = s.steps_with["Preempt"]
         i = bisect.bisect_left(preempts, start)
-        return tokens, is_prefill, i < len(preempts) and preempts[i] < stop
+        return tokens, phase, i < len(preempts) and preempts[i] < stop
 
     @property
     def max_tokens(self) -> int:

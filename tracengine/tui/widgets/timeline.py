@@ -16,10 +16,12 @@ BARS = " ▁▂▃▄▅▆▇█"
 
 
 class Timeline(ComponentStyles, Widget):
-    COMPONENT_CLASSES = {"timeline--prefill", "timeline--decode", "timeline--preempt", "timeline--cursor"}
+    COMPONENT_CLASSES = {"timeline--prefill", "timeline--decode", "timeline--mixed", "timeline--preempt",
+                         "timeline--cursor"}
     DEFAULT_CSS = """
     Timeline > .timeline--prefill { color: $warning; }
     Timeline > .timeline--decode { color: $primary; }
+    Timeline > .timeline--mixed { color: $success; }
     Timeline > .timeline--preempt { color: $error; text-style: bold; }
     Timeline > .timeline--cursor { color: $accent; text-style: bold; }
     """
@@ -88,13 +90,12 @@ class Timeline(ComponentStyles, Widget):
             num_rows = max(1, height - 2)
             level = num_rows - y + 1    # 1 at the bottom row
             scale = max(1, self.index.max_tokens)
-            prefill = self.component_style("timeline--prefill")
-            decode = self.component_style("timeline--decode")
+            styles = {phase: self.component_style(f"timeline--{phase}") for phase in ("prefill", "decode", "mixed")}
             cells = []
-            for tokens, is_prefill, _ in columns:
+            for tokens, phase, _ in columns:
                 eighths = max(1 if tokens else 0, round(tokens * num_rows * 8 / scale))
                 fill = min(8, max(0, eighths - (level - 1) * 8))
-                cells.append((BARS[fill], prefill if is_prefill else decode))
+                cells.append((BARS[fill], styles[phase]))
         segments = [Segment(char, style) for char, style in cells[:width]]
         return Strip(segments).simplify().extend_cell_length(width)
 
