@@ -186,7 +186,8 @@ def test_arrivals_and_idle_gaps_of_an_online_run(tmp_path):
     steps = [(e["ts"], e["dur"]) for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "step"]
     assert steps == [(0, 1000), (1000, 1000), (2000, 1000), (8000, 1000), (10000, 1000), (11000, 1000)]
     idle = [(e["ts"], e["dur"], e["args"]) for e in doc["traceEvents"] if e.get("cat") == "idle"]
-    assert idle == [(3000, 5000, {"before_step": 3, "gap_ns": 5_000_000})]    # the 1 ms gap before step 4 is not idle
+    # idle from the end of step 2 until s1 arrived; the 1 ms gap before step 4 (s1 in flight) is not idle
+    assert idle == [(3000, 4500, {"before_step": 3, "idle_ns": 4_500_000, "gap_ns": 5_000_000})]
     arrivals = [(e["tid"], e["ts"]) for e in doc["traceEvents"] if e["name"] == "arrival"]
     assert arrivals == [(1, 0), (2, 7500), (3, 9500)]
     assert request_spans(doc, 1) == [("waiting", 7500, 500), ("prefill", 8000, 2000), ("paused", 10000, 1000),

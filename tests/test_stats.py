@@ -82,7 +82,7 @@ def test_worked_example_figures():
                            "num_prefill_tokens": 39, "num_decode_tokens": 6}
     assert s["steps"] == {"num_steps": 4, "num_prefill_steps": 2, "num_decode_steps": 2,
                           "total_s": 0.010, "prefill_s": 0.003, "decode_s": 0.007,   # 1+2 | 3+4 ms
-                          "gap_s": 0.0, "idle_s": 0.0, "num_idle_gaps": 1,            # step 0's gap of 0
+                          "gap_s": 0.0, "idle_s": 0.0, "num_idle_gaps": 0,
                           "num_mixed_steps": 0, "mixed_s": 0.0}
     assert per_request(s, "first_scheduled_step") == [0, 1, 1]
     assert per_request(s, "first_token_step") == [1, 1, 1]       # seq 0 after its second chunk
@@ -321,7 +321,8 @@ def test_online_figures_from_arrival_times():
     st = s["steps"]
     assert st["total_s"] == pytest.approx(0.012)        # 6 steps of 1 ms + gaps of 5 and 1 ms
     assert st["gap_s"] == pytest.approx(0.006)
-    assert (st["idle_s"], st["num_idle_gaps"]) == (pytest.approx(0.005), 2)    # before steps 0 (0 ms) and 3
+    # idle from the end of step 2 (3 ms) until s1 arrived (7.5 ms); the 0.5 ms to step 3 is the loop's
+    assert (st["idle_s"], st["num_idle_gaps"]) == (pytest.approx(0.0045), 1)
     tp = s["throughput"]
     assert tp["requests_per_s"] == pytest.approx(3 / 0.012)
     assert tp["completion_tokens_per_s"] == pytest.approx(6 / 0.012)             # 3 + 2 + 1 tokens
@@ -356,7 +357,7 @@ def test_slo_on_the_command_line(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "goodput       166.667 requests/s: 2 of 3 (66.7%) met ttft <= 2 ms, tpot <= 2 ms" in out
     assert "requests/s    250.000 over the run" in out
-    assert "6 steps (3 prefill, 3 decode), 12.000 ms\n6.000 ms between steps, 5.000 ms of it idle" in out
+    assert "6 steps (3 prefill, 3 decode), 12.000 ms\n6.000 ms between steps, 4.500 ms of it idle" in out
     for bad in ("ttft", "latency=2ms", "ttft=-1ms", "ttft=soon"):
         assert main(["stats", str(path), "--slo", bad]) == 2
         err = capsys.readouterr().err

@@ -49,14 +49,14 @@ def _counter(name: str, ts_ns: int, values: dict) -> dict:
 
 def engine_events(t: RequestTimeline) -> list[dict]:
     events = []
-    idle = set(t.idle_steps())
+    idle = {step: (a, b) for step, a, b in t.idle_gaps()}
     for rec in t.steps:
         d, end = rec.decision, rec.end
         start = t.start_ns(rec.step)
-        idle_from = t.end_ns(rec.step - 1) if rec.step else 0
-        if rec.step in idle and start > idle_from:     # nothing in flight: waiting for the next arrival
-            events.append(_span(ENGINE_PID, STEPS_TID, "idle", "idle", idle_from, start,
-                                {"before_step": rec.step, "gap_ns": end.gap_ns}))
+        if rec.step in idle:        # nothing in flight: waiting for the next arrival
+            a, b = idle[rec.step]
+            events.append(_span(ENGINE_PID, STEPS_TID, "idle", "idle", a, b,
+                                {"before_step": rec.step, "idle_ns": b - a, "gap_ns": end.gap_ns}))
         events.append(_span(ENGINE_PID, STEPS_TID, d.phase, "step", start, t.end_ns(rec.step), {
             "step": rec.step, "batch_size": len(d.seqs), "num_batched_tokens": d.num_batched_tokens,
             "stop_reason": d.stop_reason, "blocked_seq_id": d.blocked_seq_id,

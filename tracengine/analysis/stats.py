@@ -168,8 +168,8 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> dict:
     num_completion = sum(r["num_completion_tokens"] for r in per_request)
 
     total_s = t.total_ns / NS
-    idle = t.idle_steps()
-    idle_s = sum(t.start_ns(step) - (t.end_ns(step - 1) if step else 0) for step in idle) / NS
+    idle = t.idle_gaps()
+    idle_s = sum(b - a for _, a, b in idle) / NS
     num_tokens = sum(r.num_prompt_tokens for r in t.requests.values()) + num_completion
 
     num_allocated = sum(len(a.block_ids) for a in t.allocations)

@@ -139,11 +139,13 @@ class RequestTimeline:
     def end_ns(self, step: int) -> int:
         return self._ends[step] if step < len(self._ends) else self.total_ns
 
-    def idle_steps(self) -> list[int]:
-        """The steps whose gap was idle time: no request was in flight when it began (every
-        request added before the step had finished or been aborted), so the engine waited
-        for the next arrival."""
+    def idle_gaps(self) -> list[tuple[int, int, int]]:
+        """(step, from_ns, to_ns) for each gap the engine spent idle: no request was in
+        flight when it began (every request added before the step had finished or been
+        aborted), from the end of the step before until the first arrival among the
+        requests the step took in (the engine sleeps until then)."""
         delta = [0] * (self.num_steps + 2)
+        first_arrival: dict[int, int] = {}
         for req in self.requests.values():
             # in flight in the gap before step s when added_step < s <= its last step
             last = req.finish_step if req.finish_step is not None else (
@@ -151,12 +153,18 @@ class RequestTimeline:
             if req.added_step < last:
                 delta[req.added_step + 1] += 1
                 delta[min(last, self.num_steps) + 1] -= 1
-        idle, in_flight = [], 0
+            arrival = self.arrival_ns(req)
+            if arrival < first_arrival.get(req.added_step, arrival + 1):
+                first_arrival[req.added_step] = arrival
+        gaps, in_flight = [], 0
         for step in range(self.num_steps):
             in_flight += delta[step]
             if in_flight == 0:
-                idle.append(step)
-        return idle
+                idle_from = self._ends[step - 1] if step else 0
+                idle_to = min(self._starts[step], first_arrival.get(step, self._starts[step]))
+                if idle_to > idle_from:
+                    gaps.append((step, idle_from, idle_to))
+        return gaps
 
     def arrival_ns(self, req: RequestRecord) -> int:
         """When a request arrived: its recorded time, else the start of the step it was added before."""
