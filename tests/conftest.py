@@ -11,6 +11,9 @@ from tracengine.engine.sequence import Sequence
 
 EOS = 999
 
+# pytester runs user-style test files in temporary projects; tracengine.testing is the public plugin
+pytest_plugins = ["pytester", "tracengine.testing"]
+
 
 def make_config(**overrides) -> Config:
     values = dict(num_kvcache_blocks=64, kvcache_block_size=4, max_num_batched_tokens=64,

@@ -11,7 +11,7 @@ from tracengine.cli.generate import cmd_generate
 from tracengine.cli.replay import cmd_diff, cmd_replay
 from tracengine.cli.serve import cmd_bench_serve, cmd_serve
 from tracengine.cli.simulate import add_step_time_arguments, cmd_calibrate
-from tracengine.cli.trace import cmd_check, cmd_events
+from tracengine.cli.trace import cmd_check, cmd_events, cmd_render
 from tracengine.errors import TracengineError
 from tracengine.workload.sources import add_workload_arguments
 
@@ -124,6 +124,15 @@ def add_trace_commands(sub):
     p.add_argument("--seq", type=int, help="only events of this sequence")
     p.add_argument("--type", action="append", help="only events of this type (repeatable)")
     p.set_defaults(run=cmd_events)
+
+    p = add_parser(sub, "render", "print a trace's step table, one line per step",
+                   "Print a trace's step table: a config line, a legend, then one line per step (phase,\n"
+                   "scheduled sequences as seq:tokens@cached, stop reason, arrivals, blocks, preemptions,\n"
+                   "finishes, free blocks). The snapshot fixtures of tracengine.testing store this table.")
+    p.add_argument("trace", help="the trace file")
+    p.add_argument("--steps", help="a step or a range A:B (B exclusive; either side may be empty)")
+    p.add_argument("--seq", type=int, help="only the steps with an event of this sequence")
+    p.set_defaults(run=cmd_render)
 
     p = add_parser(sub, "check", "integrity of a trace: frames, checksums, torn tail, events that follow",
                    "Check a trace: every frame's length and checksum, a torn last frame, the end frame,\n"

@@ -11,7 +11,7 @@ from tracengine.replay.diff import SCHEDULING_TYPES, diff_traces
 from tracengine.replay.fold import Fold
 from tracengine.replay.metrics import side_by_side
 from tracengine.replay.reexec import reexecute
-from tracengine.replay.render import format_event, render_state, render_step
+from tracengine.replay.render import divergence_report, format_event, render_state, render_step
 from tracengine.trace.events import to_builtins
 from tracengine.trace.tracelog import TraceReader, TraceWriter
 
@@ -21,10 +21,6 @@ EXIT_OK, EXIT_FAILED_CHECK = 0, 1
 def _note_torn_tail(reader: TraceReader):
     if reader.torn_tail is not None:
         print(f"tracengine: note: {reader.path}: {reader.describe_torn_tail()}", file=sys.stderr)
-
-
-def _indent(text: str) -> str:
-    return "".join("  " + line + "\n" for line in text.splitlines())
 
 
 def _event_json(event):
@@ -85,20 +81,8 @@ def run_replay(path, as_json: bool = False, policy: str | None = None) -> int:
         if result.num_unfinished:
             print(f"note: the trace ends before {result.num_unfinished} of its sequences finished")
         return EXIT_OK
-    d = result.divergence
-    print(f"{path}: replay diverges at step {d.step} (event {d.index} of the step): {d.reason}")
-    print(f"  expected: {format_event(d.expected, wall_clock=False)}")
-    print(f"  actual:   {format_event(d.actual, wall_clock=False)}")
-    print(f"{result.num_steps} steps and {result.num_events} events reproduced before it")
     with TraceReader(path) as reader:
-        fold = Fold(reader.events())
-    if d.step <= fold.num_steps:
-        print(f"recorded step {d.step}:")
-        print("  " + render_step(fold.events_at(d.step)))
-    print("recorded state before the step:")
-    print(_indent(render_state(fold.state_at(before_step=min(d.step, fold.num_steps)))), end="")
-    print("replayed state at the divergence:")
-    print(_indent(render_state(d.state, when=f"in the middle of step {d.step}")), end="")
+        print(divergence_report(str(path), result, reader.events()), end="")
     return EXIT_FAILED_CHECK
 
 

@@ -1,4 +1,4 @@
-"""`tracengine events` and `tracengine check`: a trace's events, and its integrity."""
+"""`tracengine events`, `render` and `check`: a trace's events, its step table, and its integrity."""
 import collections
 import json
 import os
@@ -8,31 +8,24 @@ import msgspec
 
 from tracengine.errors import TraceCorruptError, TraceError, TracengineError
 from tracengine.replay.fold import EventCheck
-from tracengine.replay.render import format_event
+from tracengine.replay.render import format_event, involves_seq, render_steps
 from tracengine.trace.events import EVENT_TYPES, StepEnd, TraceHeader, to_builtins
 from tracengine.trace.tracelog import TraceReader
 
 EXIT_OK, EXIT_DAMAGED, EXIT_NOT_ENDED = 0, 1, 3
 
 
-def parse_step_range(text: str) -> tuple[int, int | None]:
+def parse_step_range(text: str, flag: str = "--step") -> tuple[int, int | None]:
     """`A` is one step; `A:B` steps A..B-1; either side of `:` may be empty."""
     first, sep, last = text.partition(":")
     try:
         start = int(first) if first.strip() else 0
         stop = start + 1 if not sep else int(last) if last.strip() else None
     except ValueError:
-        raise TracengineError(f"--step expects a step or a range A:B, got {text!r}") from None
+        raise TracengineError(f"{flag} expects a step or a range A:B, got {text!r}") from None
     if start < 0 or (stop is not None and stop <= start):
-        raise TracengineError(f"--step expects a step >= 0 or a range A:B with 0 <= A < B, got {text!r}")
+        raise TracengineError(f"{flag} expects a step >= 0 or a range A:B with 0 <= A < B, got {text!r}")
     return start, stop
-
-
-def involves_seq(event, seq_id: int) -> bool:
-    if getattr(event, "seq_id", None) == seq_id or getattr(event, "by_seq_id", None) == seq_id:
-        return True
-    seqs = getattr(event, "seqs", ())
-    return getattr(event, "blocked_seq_id", None) == seq_id or any(s.seq_id == seq_id for s in seqs)
 
 
 def select_events(reader: TraceReader, args):
@@ -91,6 +84,22 @@ def cmd_events(args) -> int:
             last = reader.frames()[-1].step if reader.num_frames > 1 else None
             steps = f"steps 0..{last}" if last is not None else "no steps"
             print(f"tracengine: note: no event matches {describe_filters(args)} (the trace has {steps})",
+                  file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_render(args) -> int:
+    """The step table of a trace, as the snapshot fixtures of tracengine.testing store it."""
+    steps = parse_step_range(args.steps, "--steps") if args.steps is not None else None
+    with TraceReader(args.trace) as reader:
+        try:
+            sys.stdout.write(render_steps(reader.events(), steps, args.seq))
+            sys.stdout.flush()
+        except BrokenPipeError:   # `tracengine render run.trace | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_OK
+        if reader.torn_tail is not None:
+            print(f"tracengine: note: {reader.describe_torn_tail()}; the table has every complete step",
                   file=sys.stderr)
     return EXIT_OK
 

@@ -128,8 +128,10 @@ def render_header(header: TraceHeader) -> str:
         f" scheduling_policy={policy}" if policy != "prefill_first" else "")
 
 
-def render_steps(events) -> str:
-    """The step table: a config line, a legend, then one line per step."""
+def render_steps(events, steps: tuple[int, int | None] | None = None, seq_id: int | None = None) -> str:
+    """The step table: a config line, a legend, then one line per step. `steps`
+    (start, stop) keeps steps start..stop-1 (stop None: to the end); `seq_id`
+    keeps the steps with an event of that sequence."""
     lines = []
     events = iter(events)
     first = next(events, None)
@@ -139,7 +141,41 @@ def render_steps(events) -> str:
     else:
         groups = iter_steps([first, *events] if first is not None else [])
     lines.append(LEGEND)
-    lines.extend(render_step(group) for group in groups)
+    for group in groups:
+        step = group[-1].step
+        if steps is not None and (step < steps[0] or (steps[1] is not None and step >= steps[1])):
+            continue
+        if seq_id is not None and not any(involves_seq(e, seq_id) for e in group):
+            continue
+        lines.append(render_step(group))
+    return "\n".join(lines) + "\n"
+
+
+def involves_seq(event, seq_id: int) -> bool:
+    """The event names the sequence: its own, the one it gave way to, scheduled or blocked."""
+    if getattr(event, "seq_id", None) == seq_id or getattr(event, "by_seq_id", None) == seq_id:
+        return True
+    seqs = getattr(event, "seqs", ())
+    return getattr(event, "blocked_seq_id", None) == seq_id or any(s.seq_id == seq_id for s in seqs)
+
+
+def divergence_report(name: str, result, events) -> str:
+    """What `replay` prints when a re-execution diverges: the step, the expected
+    and the actual event, the recorded step's row, the recorded state before the
+    step and the replaying scheduler's state when it diverged."""
+    from tracengine.replay.fold import Fold
+    d = result.divergence
+    lines = [f"{name}: replay diverges at step {d.step} (event {d.index} of the step): {d.reason}",
+             f"  expected: {format_event(d.expected, wall_clock=False)}",
+             f"  actual:   {format_event(d.actual, wall_clock=False)}",
+             f"{result.num_steps} steps and {result.num_events} events reproduced before it"]
+    fold = Fold(events)
+    if d.step <= fold.num_steps:
+        lines += [f"recorded step {d.step}:", "  " + render_step(fold.events_at(d.step))]
+    lines.append("recorded state before the step:")
+    lines += ["  " + line for line in render_state(fold.state_at(before_step=min(d.step, fold.num_steps))).splitlines()]
+    lines.append("replayed state at the divergence:")
+    lines += ["  " + line for line in render_state(d.state, when=f"in the middle of step {d.step}").splitlines()]
     return "\n".join(lines) + "\n"
 
 

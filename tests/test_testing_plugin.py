@@ -1,0 +1,138 @@
+"""tracengine.testing as a user's test suite uses it: a test file in a fresh
+project pins a recorded trace and a scripted workload; a scheduler change
+fails it with the first divergent step and a diff of step tables; accepting
+with --snapshot-update makes the next run pass. And `tracengine render`
+prints the tables the snapshots hold."""
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tracengine.cli import main
+
+ROOT = Path(__file__).parent.parent
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+
+USER_CONFTEST = '''
+import os
+
+import pytest
+
+pytest_plugins = ["tracengine.testing"]
+
+
+@pytest.fixture(autouse=True)
+def scheduler_change(monkeypatch):
+    """PREEMPT_HEAD=1: the head of running gives way instead of the tail (a change under review)."""
+    if os.environ.get("PREEMPT_HEAD"):
+        from tracengine.engine.scheduler import Scheduler
+        original = Scheduler.preempt
+
+        def preempt(self, seq, by):
+            if seq is not by and self.running:
+                self.running.append(seq)
+                seq = self.running.popleft()
+            original(self, seq, by)
+
+        monkeypatch.setattr(Scheduler, "preempt", preempt)
+'''
+
+USER_TESTS = '''
+from tracengine import Config
+from tracengine.testing import make_request
+
+
+def test_recorded_trace(trace_snapshot):
+    trace_snapshot.assert_match("traces/preemption.trace")
+
+
+def test_four_prompts_in_nine_blocks(workload_snapshot):
+    config = Config(num_kvcache_blocks=9, kvcache_block_size=4, max_num_batched_tokens=64, max_num_seqs=16,
+                    max_model_len=1024, eos=999)
+    requests = [make_request(8, max_tokens=6, ignore_eos=True) for _ in range(4)]
+    workload_snapshot.assert_match(config, requests, "four_prompts")
+'''
+
+
+@pytest.fixture
+def project(pytester):
+    # pytest-asyncio, installed here, warns without this setting (and warnings are errors in this suite)
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    pytester.makeconftest(USER_CONFTEST)
+    pytester.makepyfile(test_scheduling=USER_TESTS)
+    (pytester.path / "traces").mkdir()
+    shutil.copy(ROOT / "traces" / "preemption.trace", pytester.path / "traces")
+    return pytester
+
+
+def stored(project, test: str, name: str) -> Path:
+    return project.path / "snapshots" / "test_scheduling" / test / name
+
+
+def test_a_user_suite_pins_accepts_and_catches_a_scheduler_change(project, monkeypatch):
+    # first run with --snapshot-update stores the tables (pytest-snapshot reports that as an error)
+    project.runpytest("--snapshot-update").assert_outcomes(passed=2, errors=2)
+    table = stored(project, "test_recorded_trace", "preemption.txt").read_text()
+    assert table == (SNAPSHOTS / "golden_preemption.txt").read_text()     # the one renderer's table
+    assert stored(project, "test_four_prompts_in_nine_blocks", "four_prompts.txt").read_text() == \
+        (SNAPSHOTS / "preemption_tail.txt").read_text()                   # the canned workload it copies
+    project.runpytest().assert_outcomes(passed=2)                         # the unchanged scheduler passes
+
+    monkeypatch.setenv("PREEMPT_HEAD", "1")
+    result = project.runpytest()
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    # the trace: re-execution's divergence report, then the diff of the tables
+    assert "replay diverges at step 19 (event 0 of the step)" in out
+    assert "expected:     19  Preempt           seq_id=2 by_seq_id=0 " in out
+    assert "actual:       19  Preempt           seq_id=1 by_seq_id=0 " in out
+    assert "replayed state at the divergence:" in out
+    assert "the step table differs from" in out and ", first at step 19:" in out
+    assert "+++ the scheduler as it now is" in out
+    assert "-  19 decode  s0:1@48 s1:1@48 | running_empty (waiting s3 needs 5 free) | append s0+12 s1+15; " \
+           "preempt s2(by s0, recompute 48) | free 4" in out
+    # the workload: the diff alone, from the first step that schedules differently
+    assert ", first at step 1:" in out
+    assert "-   1 decode  s0:1@8 s1:1@8 s2:1@8 | running_empty | append s0+8 s1+7 s2+6; " \
+           "preempt s3(by s1, recompute 8) | free 0" in out
+    assert "+   1 decode  s0:1@8 s1:1@8 s3:1@8 | running_empty | append s0+8 s1+5 s3+4; " \
+           "preempt s2(by s1, recompute 8) | free 0" in out
+    assert "pytest --snapshot-update" in out
+
+    # accepting: the tables are rewritten (and the trace's new run stored beside its table) ...
+    project.runpytest("--snapshot-update").assert_outcomes(passed=2, errors=2)
+    assert stored(project, "test_recorded_trace", "preemption.trace").is_file()
+    assert stored(project, "test_recorded_trace", "preemption.txt").read_text() != table
+    project.runpytest().assert_outcomes(passed=2)                         # ... and the next run passes
+    assert (project.path / "traces" / "preemption.trace").read_bytes() == \
+        (ROOT / "traces" / "preemption.trace").read_bytes()                # the recorded trace is not written
+
+    monkeypatch.delenv("PREEMPT_HEAD")                                    # undoing the change is a change too
+    project.runpytest().assert_outcomes(failed=2)
+
+
+def test_a_missing_snapshot_says_how_to_create_it(project):
+    result = project.runpytest()
+    result.assert_outcomes(failed=2)
+    assert "run pytest with --snapshot-update to create it" in result.stdout.str()
+
+
+@pytest.mark.parametrize("name", ["worked_example", "preemption", "default_mix"])
+def test_render_prints_the_golden_step_tables(name, capsys):
+    assert main(["render", str(ROOT / "traces" / f"{name}.trace")]) == 0
+    assert capsys.readouterr().out == (SNAPSHOTS / f"golden_{name}.txt").read_text()
+
+
+def test_render_steps_and_seq(capsys):
+    path = str(ROOT / "traces" / "preemption.trace")
+    rows = [line for line in (SNAPSHOTS / "golden_preemption.txt").read_text().splitlines() if not line.startswith("#")]
+    assert main(["render", path, "--steps", "17:21"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("# config: ") and out[1].startswith("# step ")
+    assert out[2:] == rows[17:21]
+    assert main(["render", path, "--seq", "3"]) == 0
+    shown = capsys.readouterr().out.splitlines()[2:]
+    assert shown and all(" s3" in row or "s3:" in row or "s3[" in row or "s3(" in row for row in shown)
+    assert len(shown) < len(rows)
+    assert main(["render", path, "--steps", "5:2"]) == 2
+    assert "--steps expects" in capsys.readouterr().err
