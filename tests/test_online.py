@@ -147,7 +147,7 @@ def test_cli_request_rate_on_a_synthetic_workload(tmp_path, capsys):
     code = main(["generate", "--num-prompts", "6", "--input-len", "8:16", "--output-len", "2:4",
                  "--request-rate", "50", "--burstiness", "2", "--seed", "3", "--quiet", "--record", str(trace)])
     assert code == 0
-    capsys.readouterr()
+    assert "latency      TTFT p50 " in capsys.readouterr().out
     added = events_json(capsys, trace, "RequestAdded")
     assert [e["arrival_ns"] for e in added] == [round(t * 1e9) for t in arrival_times(6, 50.0, 2.0, 3)]
 

@@ -76,6 +76,16 @@ def check_fits(llm, request):
     return prompt
 
 
+def latency_line(s: dict) -> str:
+    """TTFT and TPOT from each request's arrival, and requests per second of the run."""
+    def ms(name, p):
+        value = s["latency"][name]["seconds"][p]
+        return "-" if value is None else f"{value * 1e3:,.1f}"
+    idle = s["steps"]["idle_s"]
+    return (f"TTFT p50 {ms('ttft', 'p50')} ms, p99 {ms('ttft', 'p99')} ms; TPOT p50 {ms('tpot', 'p50')} ms; "
+            f"{s['throughput']['requests_per_s'] or 0:.2f} req/s" + (f" ({idle:.2f} s idle)" if idle else ""))
+
+
 def print_summary(llm, outputs, elapsed: float, record: str | None, output: str | None = None):
     """The run's figures are `tracengine stats`' (llm.last_run is its dict)."""
     s = llm.last_run
@@ -94,6 +104,7 @@ def print_summary(llm, outputs, elapsed: float, record: str | None, output: str 
         f"{', {} mixed'.format(st['num_mixed_steps']) if st['num_mixed_steps'] else ''})",
         f"throughput   prefill {tp['prefill_tokens_per_s'] or 0:.0f} tok/s, decode {tp['decode_tokens_per_s'] or 0:.0f} "
         f"tok/s, {elapsed:.2f} s in all",
+        f"latency      {latency_line(s)}",
         f"preemptions  {s['preemption']['num_preemptions']}",
         f"cache hits   {pc['num_hit_blocks']} blocks ({pc['num_hit_tokens']} tokens)",
     ]
