@@ -1,5 +1,6 @@
 """What-if (`replay --set`), the figures it compares, and `tracengine diff`."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,7 @@ from tracengine.replay.reexec import reexecute
 from tracengine.testing import CANNED_WORKLOADS
 from tracengine.replay.whatif import extract_workload, whatif
 from tracengine.engine.scheduler import Scheduler
-from tracengine.trace.tracelog import TraceReader
+from tracengine.trace.tracelog import FORMAT_VERSION, TraceReader
 
 from conftest import run_canned, write_trace
 
@@ -202,3 +203,13 @@ def test_diff_of_a_trace_and_its_beginning():
     d = diff_traces(events, events[:cut])
     assert d.step == 5 and d.b_events == [] and d.a_events[-1].step == 5
     assert (d.a_stats["steps"]["num_steps"], d.b_stats["steps"]["num_steps"]) == (12, 5)
+
+
+def test_whatif_of_an_older_trace_records_a_readable_trace(tmp_path, capsys):
+    # the golden traces are format 1: the what-if run is written as the current format, header and preamble alike
+    new = tmp_path / "new.trace"
+    golden = Path(__file__).parent.parent / "traces" / "preemption.trace"
+    assert main(["replay", str(golden), "--set", "num_kvcache_blocks=32", "--record", str(new)]) == 0
+    assert main(["replay", str(new)]) == 0
+    with TraceReader(new) as reader:
+        assert reader.header.format_version == FORMAT_VERSION

@@ -142,6 +142,8 @@ class TraceWriter:
     enabled = True
 
     def __init__(self, path, header: TraceHeader, deflate: bool = True):
+        if header.format_version != FORMAT_VERSION:   # a header copied from an older trace (what-if, a snapshot)
+            header = msgspec.structs.replace(header, format_version=FORMAT_VERSION)
         self.header = header
         self._min_deflate_bytes = MIN_DEFLATE_BYTES if deflate else MAX_FRAME_BYTES + 1
         self._encoder = msgspec.msgpack.Encoder()
