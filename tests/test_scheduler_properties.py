@@ -69,7 +69,8 @@ def check_fold_equals_live(fold, engine):
                                             seq.num_preemptions)
 
 
-def run_checked(config: Config, requests: list[WorkloadRequest], eos_at: dict[int, int], keyframe_interval: int):
+def run_checked(config: Config, requests: list[WorkloadRequest], eos_at: dict[int, int], keyframe_interval: int,
+                policy=None):
     """Run with every check after every step; returns the recorded events."""
     sink = ListSink()
     fold = Fold([make_header(config)], keyframe_interval=keyframe_interval)
@@ -84,7 +85,7 @@ def run_checked(config: Config, requests: list[WorkloadRequest], eos_at: dict[in
 
     max_steps = 50 * sum(len(r.prompt_token_ids) + r.max_tokens for r in requests) + 100
     events = run_workload(config, requests, SyntheticRunner(eos=EOS, eos_at=eos_at), sink=sink,
-                          max_steps=max_steps, on_step=on_step)
+                          max_steps=max_steps, on_step=on_step, policy=policy)
     assert sum(type(e) is SeqFinish for e in events) == len(requests)     # every request finished
     return events
 
@@ -177,3 +178,18 @@ def test_mixed_invariants_hold_after_every_step_and_the_run_replays(workload, ke
     result = reexecute(events)
     assert result.ok, result.divergence
     assert result.num_events == len(events) - 1
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.sampled_from(["ShortestFirst", "AtMostTwoRunning", "MixedPreemptingHead"]))
+def test_user_policies_keep_the_invariants_and_replay_with_their_class(workload, name):
+    """The hooks reorder waiting, refuse admission and pick another victim: the pool stays
+    consistent, the fold follows, every request finishes, the run replays with the class."""
+    import user_policies
+    config, requests, eos_at = workload
+    assume(requests)
+    policy = getattr(user_policies, name)
+    events = run_checked(config, requests, eos_at, 3, policy=policy)
+    assert events[0].config["scheduling_policy"] == f"user_policies:{name}"
+    result = reexecute(events, policy)
+    assert result.ok, result.divergence

@@ -28,7 +28,7 @@ class Sequence:
         self.num_prompt_tokens = self.num_tokens
         self.num_cached_tokens = 0       # tokens whose KV is in the cache
         self.num_scheduled_tokens = 0    # tokens to compute this step
-        self.is_prefill = True
+        self.is_prefill = True           # prefill_first: until first decoded; mixed: while prompt tokens remain
         self.block_table: list[int] = []
         self.block_size = block_size
         self.temperature = sp.temperature
