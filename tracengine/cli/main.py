@@ -10,7 +10,7 @@ from tracengine.cli.analysis import cmd_export, cmd_stats, cmd_tui
 from tracengine.cli.generate import cmd_generate
 from tracengine.cli.replay import cmd_diff, cmd_replay
 from tracengine.cli.serve import cmd_bench_serve, cmd_serve
-from tracengine.cli.simulate import add_step_time_arguments, cmd_calibrate
+from tracengine.cli.simulate import add_step_time_arguments, cmd_calibrate, cmd_simulate
 from tracengine.cli.trace import cmd_check, cmd_events, cmd_render
 from tracengine.errors import TracengineError
 from tracengine.workload.sources import add_workload_arguments
@@ -184,6 +184,31 @@ def add_simulation_commands(sub):
     p.add_argument("-o", "--output", metavar="FILE", help="write the model as JSON (for --step-time)")
     p.add_argument("--force", action="store_true", help="overwrite --output if it exists")
     p.set_defaults(run=cmd_calibrate)
+
+    p = add_parser(sub, "simulate", "run a workload through the real scheduler in simulated time, no model",
+                   "Run a workload file (or a synthetic workload) through the real Scheduler and BlockManager\n"
+                   "with no model and no torch: requests enter at their arrival times, each step lasts what\n"
+                   "the step-time model says, tokens come from the synthetic runner. The --record trace is an\n"
+                   "ordinary trace: stats, tui, diff, export and replay read it (docs/simulation.md).")
+    p.add_argument("workload_file", nargs="?", metavar="WORKLOAD",
+                   help="Mooncake JSONL, Azure CSV or tracengine JSONL (docs/workloads.md)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="a config field (repeatable); num_kvcache_blocks is required, e.g. num_kvcache_blocks=100000")
+    p.add_argument("--record", metavar="PATH", help="write the simulated run's trace to PATH")
+    p.add_argument("--force", action="store_true", help="overwrite --record if it exists")
+    p.add_argument("--vocab-size", type=int, metavar="N",
+                   help="token ids of a length-only workload stay below N (default: the roofline model's, else 151936)")
+    src = p.add_argument_group("synthetic workload (instead of a WORKLOAD file)")
+    src.add_argument("--num-prompts", type=int, help="number of requests")
+    src.add_argument("--input-len", help="prompt lengths MIN:MAX (default 64:256)")
+    src.add_argument("--output-len", help="output lengths MIN:MAX (default 32:128)")
+    src.add_argument("--prompt-lens", help="exact prompt token lengths, e.g. 25,8,6")
+    src.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload and arrivals (default 0)")
+    src.add_argument("--max-tokens", type=int, help="completion tokens per request, over the workload's")
+    src.add_argument("--ignore-eos", action="store_true", default=None, help="run every request to its max tokens")
+    add_workload_arguments(p.add_argument_group("arrivals and workload files (docs/workloads.md)"))
+    add_step_time_arguments(p)
+    p.set_defaults(run=cmd_simulate)
 
 
 def add_analysis_commands(sub):

@@ -168,3 +168,68 @@ def write_events(path, events):
         for event in events[1:]:
             writer.emit(event)
 
+
+
+# -- simulate ---------------------------------------------------------------------------------
+
+DEFAULT_VOCAB_SIZE = 151_936     # Qwen3's: the made-up token ids of a length-only workload stay below it
+
+
+def simulate_config(overrides: dict, requests):
+    """The simulated engine's config: defaults, then --set. max_model_len defaults to the
+    longest request, as no model bounds it; the KV cache has no runner to size it."""
+    from tracengine.engine.config import Config
+    if "num_kvcache_blocks" not in overrides:
+        raise TracengineError("simulate has no GPU to size the KV cache: give --set num_kvcache_blocks=N")
+    values = dict(overrides)
+    if "max_model_len" not in values:
+        values["max_model_len"] = max(len(r.prompt) + r.max_tokens for r in requests)
+    return Config().replace(**values)
+
+
+def workload_for_simulation(args, vocab_size: int):
+    from tracengine.workload.sources import workload_requests
+    args.workload = args.workload_file or args.workload
+    args.prompt = args.prompts_file = None     # text prompts need a tokenizer: simulate has none
+    args.temperature = None                    # no model samples: the synthetic runner's tokens
+    if not args.workload and getattr(args, "num_prompts", None) is None and not getattr(args, "prompt_lens", None):
+        raise TracengineError("simulate needs a WORKLOAD file, --num-prompts or --prompt-lens")
+    return workload_requests(args, vocab_size)
+
+
+def cmd_simulate(args) -> int:
+    import time
+    from tracengine.engine.config import parse_override
+    from tracengine.replay.simulate import simulate, simulation_header
+    overrides = dict(parse_override(text) for text in args.set)
+    step_time = step_time_from_args(args)
+    if step_time is None:
+        raise TracengineError("simulate needs step times: --step-time FILE (tracengine calibrate) or --roofline CONFIG")
+    if args.record and os.path.exists(args.record) and not args.force:
+        raise TracengineError(f"{args.record} exists (--force overwrites it)")
+    vocab_size = args.vocab_size or (step_time.model.vocab_size if step_time.kind == "roofline" else DEFAULT_VOCAB_SIZE)
+    requests = workload_for_simulation(args, vocab_size)
+    config = simulate_config(overrides, requests)
+    header = simulation_header(config, step_time)
+    from tracengine.analysis.timeline import TimelineSink
+    wall, cpu = time.perf_counter(), time.process_time()
+    if args.record:
+        from tracengine.trace.tracelog import TraceWriter
+        # stored as they are: a simulated prompt's made-up tokens hardly deflate, and deflating
+        # them costs more than simulating (docs/simulation.md)
+        with TraceWriter(args.record, header, deflate=False) as writer:
+            sink = TimelineSink(header, writer)
+            simulate(config, requests, step_time, sink, header)
+    else:
+        sink = TimelineSink(header)
+        simulate(config, requests, step_time, sink, header)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    from rich.console import Console
+    from tracengine.analysis.stats import render, stats
+    s = stats(sink.timeline)
+    print(f"simulated {len(requests):,} requests with {describe_step_time(step_time)}: "
+          f"{s['steps']['num_steps']:,} steps in {wall:.2f} s wall, {cpu:.2f} s CPU")
+    Console(highlight=False, soft_wrap=False).print(render(s, title="simulated run"))
+    if args.record:
+        print(f"wrote {args.record}")
+    return EXIT_OK

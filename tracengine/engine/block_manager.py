@@ -155,6 +155,10 @@ class BlockManager:
         self.free_block_ids = FreeBlockQueue(num_blocks)
         self.used_block_ids: set[int] = set()
         self.num_hit_blocks = 0   # prefix-cache hits, in blocks, over the manager's life
+        # The last lookup (seq, version, block ids): allocate reuses it while no block has been
+        # handed out or filled since (`_version` counts those changes).
+        self._lookup = None
+        self._version = 0
         self.sink = sink
         self.step = 0   # stamped on events; the scheduler sets it each step
 
@@ -172,69 +176,89 @@ class BlockManager:
         self.used_block_ids.add(block_id)
         return block_id
 
-    def _deallocate_block(self, block_id: int):
-        assert self.blocks[block_id].ref_count == 0
-        self.used_block_ids.remove(block_id)
-        self.free_block_ids.append(block_id)
-
     def block_hash(self, seq: Sequence, i: int) -> int:
         """The chained hash of full block i, computed once per sequence: a blocked
         waiting head is asked about every step."""
+        return self._hashes_upto(seq, i + 1)[i]
+
+    def _cached_block_ids(self, seq: Sequence) -> list[int]:
+        """The blocks holding seq's leading full blocks that the prefix cache has, up to
+        the first miss. The last block is never matched, so at least one token is computed."""
+        num_full = seq.num_blocks - 1
+        if num_full <= 0:
+            return []
+        hashes = self._hashes_upto(seq, num_full)
+        get, blocks, token_ids, size = self.hash_to_block_id.get, self.blocks, seq.token_ids, self.block_size
+        block_ids = []
+        for i in range(num_full):
+            block_id = get(hashes[i])
+            if block_id is None or blocks[block_id].token_ids != token_ids[i * size:(i + 1) * size]:
+                break    # a miss, or a hash collision (the tokens differ)
+            block_ids.append(block_id)
+        return block_ids
+
+    def _hashes_upto(self, seq: Sequence, n: int) -> list[int]:
+        """seq.block_hashes with at least its first n full blocks hashed."""
         hashes = seq.block_hashes
-        if len(hashes) <= i:   # every full block at once: packing the tokens is the cost
+        if len(hashes) < n:   # every full block at once: packing the tokens is the cost
             hashes += compute_hashes(seq.token_ids, self.block_size, hashes[-1] if hashes else -1,
                                      len(hashes) * self.block_size)
-        return hashes[i]
-
-    def _cached_block_id(self, seq: Sequence, i: int) -> int | None:
-        """The block holding full block i of seq, if the prefix cache has it."""
-        block_id = self.hash_to_block_id.get(self.block_hash(seq, i))
-        if block_id is None or self.blocks[block_id].token_ids != seq.block(i):  # collision guard
-            return None
-        return block_id
+        return hashes
 
     def num_blocks_needed(self, seq: Sequence) -> tuple[int, int]:
-        """(cached leading blocks, free blocks needed) for a first allocation.
-        The last block is never matched, so at least one token is computed."""
-        num_cached_blocks = 0
-        num_new_blocks = seq.num_blocks
-        for i in range(seq.num_blocks - 1):
-            block_id = self._cached_block_id(seq, i)
-            if block_id is None:
-                break
-            num_cached_blocks += 1
-            if block_id in self.used_block_ids:
-                num_new_blocks -= 1     # shared with a live sequence: no free block needed
-        return num_cached_blocks, num_new_blocks
+        """(cached leading blocks, free blocks needed) for a first allocation."""
+        block_ids = self._cached_block_ids(seq)
+        used = self.used_block_ids
+        # a block shared with a live sequence needs no free block
+        num_new_blocks = seq.num_blocks - sum(1 for block_id in block_ids if block_id in used)
+        self._lookup = (seq, self._version, block_ids)
+        return len(block_ids), num_new_blocks
 
     def allocate(self, seq: Sequence, num_cached_blocks: int):
         assert not seq.block_table
-        for i in range(num_cached_blocks):
-            block_id = self._cached_block_id(seq, i)
-            assert block_id is not None
-            block = self.blocks[block_id]
-            if block_id in self.used_block_ids:
+        lookup = self._lookup
+        if lookup is not None and lookup[0] is seq and lookup[1] == self._version:
+            cached = lookup[2]    # num_blocks_needed just looked them up, and no block changed since
+        else:
+            cached = self._cached_block_ids(seq)
+        assert len(cached) >= num_cached_blocks
+        self._lookup = None
+        blocks, used, free, table = self.blocks, self.used_block_ids, self.free_block_ids, seq.block_table
+        for block_id in cached[:num_cached_blocks]:
+            block = blocks[block_id]
+            if block_id in used:
                 block.ref_count += 1
             else:
                 block.ref_count = 1
-                self.free_block_ids.remove(block_id)
-                self.used_block_ids.add(block_id)
-            seq.block_table.append(block_id)
-        for _ in range(num_cached_blocks, seq.num_blocks):
-            seq.block_table.append(self._allocate_block())
+                free.remove(block_id)
+                used.add(block_id)
+            table.append(block_id)
+        hash_map = self.hash_to_block_id
+        for _ in range(num_cached_blocks, seq.num_blocks):    # _allocate_block, inlined: a prompt has hundreds
+            block_id = free.popleft()
+            block = blocks[block_id]
+            assert block.ref_count == 0
+            if block.hash != -1 and hash_map.get(block.hash) == block_id:
+                del hash_map[block.hash]   # the cached content is overwritten
+            block.ref_count, block.hash, block.token_ids = 1, -1, []
+            used.add(block_id)
+            table.append(block_id)
+        self._version += 1
         seq.num_cached_tokens = num_cached_blocks * self.block_size
         self.num_hit_blocks += num_cached_blocks
         if self.sink.enabled:
-            self.sink.emit(BlockAllocate(self.step, seq.seq_id, list(seq.block_table), num_cached_blocks))
+            self.sink.emit(BlockAllocate(self.step, seq.seq_id, list(table), num_cached_blocks))
 
     def deallocate(self, seq: Sequence):
         released = seq.block_table[::-1]   # tail first, so prefix blocks stay cached longer
+        blocks, used, free = self.blocks, self.used_block_ids, self.free_block_ids
         for block_id in released:
-            block = self.blocks[block_id]
+            block = blocks[block_id]
             block.ref_count -= 1
             assert block.ref_count >= 0
             if block.ref_count == 0:
-                self._deallocate_block(block_id)
+                used.remove(block_id)
+                free.append(block_id)
         seq.num_cached_tokens = 0
         seq.block_table.clear()
         if self.sink.enabled:
@@ -248,6 +272,7 @@ class BlockManager:
     def may_append(self, seq: Sequence):
         if (seq.num_tokens - 1) % self.block_size == 0:
             block_id = self._allocate_block()
+            self._version += 1
             seq.block_table.append(block_id)
             if self.sink.enabled:
                 self.sink.emit(BlockAppend(self.step, seq.seq_id, block_id))
@@ -258,10 +283,16 @@ class BlockManager:
         end = (seq.num_cached_tokens + seq.num_scheduled_tokens) // self.block_size
         if start == end:
             return
+        self._version += 1
+        hashes = self._hashes_upto(seq, end)
+        blocks, table, token_ids, size, hash_map = self.blocks, seq.block_table, seq.token_ids, self.block_size, \
+            self.hash_to_block_id
+        emit = self.sink.enabled
         for i in range(start, end):
-            h = self.block_hash(seq, i)
-            block_id = seq.block_table[i]
-            self.blocks[block_id].update(h, seq.block(i))
-            self.hash_to_block_id[h] = block_id
-            if self.sink.enabled:
+            h = hashes[i]
+            block_id = table[i]
+            block = blocks[block_id]
+            block.hash, block.token_ids = h, token_ids[i * size:(i + 1) * size]
+            hash_map[h] = block_id
+            if emit:
                 self.sink.emit(BlockHash(self.step, seq.seq_id, block_id, h))

@@ -63,6 +63,7 @@ def run_timed(config: Config, requests: list[WorkloadRequest], step_time, runner
     events_sink = sink if sink is not None else ListSink()
     runner = runner if runner is not None else SyntheticRunner(eos=config.eos, seed=config.seed)
     engine = SimulatedEngine(config, runner, step_time, events_sink)
+    check_requests(engine.scheduler, requests)
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_ns)
     gap_ns = step_time.gap_ns
     i, n = 0, len(order)
@@ -83,13 +84,11 @@ def run_timed(config: Config, requests: list[WorkloadRequest], step_time, runner
     return [head] if sink is not None else [head, *events_sink.events]
 
 
-def check_requests(config: Config, requests: list[WorkloadRequest]):
-    """Refuse, naming it, a request that could never run under `config`."""
-    from tracengine.engine.scheduler import Scheduler
-    check = Scheduler(config)
+def check_requests(scheduler, requests: list[WorkloadRequest]):
+    """Refuse, before the run and naming it, a request that could never run under the scheduler's config."""
     for r in requests:
         try:
-            check.check_request(len(r.prompt_token_ids), r.max_tokens)
+            scheduler.check_request(len(r.prompt_token_ids), r.max_tokens)
         except RequestError as exc:
             raise RequestError(f"request s{r.seq_id} can never run under the config: {exc}") from None
 
@@ -127,7 +126,8 @@ def timed_whatif(events, overrides: dict, step_time=None, trace_name: str = "") 
                          "use --arrivals steps")
     recorded = Config.from_dict(workload.header.config)
     config = recorded.replace(**overrides)
-    check_requests(config, workload.requests)
+    from tracengine.engine.scheduler import Scheduler
+    check_requests(Scheduler(config), workload.requests)    # before calibrating: say the plainer problem first
     if step_time is None:
         try:
             step_time = calibrate(events, trace_name)
@@ -157,10 +157,10 @@ def simulation_header(config: Config, step_time) -> TraceHeader:
                                          "simulated"), device=f"simulated ({step_time.kind})")
 
 
-def simulate(config: Config, requests, step_time, sink=None) -> list:
+def simulate(config: Config, requests, step_time, sink=None, header: TraceHeader | None = None) -> list:
     """Workload `Request`s (tracengine.workload) through the scheduler in simulated time,
     tokens from SyntheticRunner; the events (header first), or with `sink` (a TraceWriter
-    made with `simulation_header`) the header alone."""
+    made with `header`, by default `simulation_header`) the header alone."""
     from tracengine.workload.sources import sampling_params
     timed = []
     for i, r in enumerate(requests):
@@ -170,6 +170,5 @@ def simulate(config: Config, requests, step_time, sink=None) -> list:
         sp = sampling_params(r)
         timed.append(WorkloadRequest(r.prompt, sp.max_tokens, 0, sp.ignore_eos, sp.temperature, seq_id=i,
                                      arrival_ns=round(r.arrival_s * 1e9)))
-    check_requests(config, timed)
-    header = sink.header if sink is not None else simulation_header(config, step_time)
+    header = header if header is not None else simulation_header(config, step_time)
     return run_timed(config, timed, step_time, sink=sink, header=header)
