@@ -9,7 +9,7 @@ import pytest
 
 from tracengine.analysis.stats import stats
 from tracengine.cli.main import main
-from tracengine.replay.reexec import replay
+from tracengine.replay.reexec import reexecute as replay
 from tracengine.trace.tracelog import TraceReader
 
 DATA = Path(__file__).parent / "data"

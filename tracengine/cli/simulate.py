@@ -211,17 +211,17 @@ def cmd_simulate(args) -> int:
     requests = workload_for_simulation(args, vocab_size)
     config = simulate_config(overrides, requests)
     header = simulation_header(config, step_time)
-    from tracengine.analysis.timeline import TimelineSink
+    from tracengine.analysis.timeline import RequestTimelineSink
     wall, cpu = time.perf_counter(), time.process_time()
     if args.record:
         from tracengine.trace.tracelog import TraceWriter
         # stored as they are: a simulated prompt's made-up tokens hardly deflate, and deflating
         # them costs more than simulating (docs/simulation.md)
         with TraceWriter(args.record, header, deflate=False) as writer:
-            sink = TimelineSink(header, writer)
+            sink = RequestTimelineSink(header, writer)
             simulate(config, requests, step_time, sink, header)
     else:
-        sink = TimelineSink(header)
+        sink = RequestTimelineSink(header)
         simulate(config, requests, step_time, sink, header)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     from rich.console import Console
