@@ -290,3 +290,47 @@ def test_events_listing_shows_a_mixed_decision(tmp_path, capsys):
     assert main(["events", str(path), "--type", "ScheduleDecision", "--step", "2"]) == 0
     out = capsys.readouterr().out
     assert "mixed" in out and "num_decode_seqs=2" in out
+
+
+def test_the_server_runs_the_mixed_policy(tmp_path):
+    """Concurrent clients of `tracengine serve` under mixed get each request's tokens alone;
+    its trace has mixed steps and replays."""
+    import threading
+
+    import openai
+
+    from tracengine.serve.server import ServeApp
+    prompts = ["The scheduler decides which sequences run at every step", "hello", "prefix caching shares",
+               "one two three four five six seven eight nine ten eleven twelve"]
+    llm = LLM("", scheduling_policy="mixed", max_model_len=128, num_kvcache_blocks=48, kvcache_block_size=4,
+              max_num_batched_tokens=8, max_num_seqs=8)
+    greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    try:
+        alone = [llm.generate([p], greedy, use_tqdm=False)[0]["token_ids"] for p in prompts]
+        path = tmp_path / "served.trace"
+        llm.start_recording(str(path))
+        app = ServeApp(llm, "127.0.0.1", 0, "embedded", api_key="k").start()
+        try:
+            client = openai.OpenAI(base_url=app.url + "/v1", api_key="k", max_retries=0, timeout=60)
+            got = [None] * len(prompts)
+
+            def ask(i):
+                got[i] = client.completions.create(model="embedded", prompt=prompts[i], max_tokens=10,
+                                                   temperature=0, extra_body={"return_token_ids": True,
+                                                                              "ignore_eos": True}
+                                                   ).choices[0].token_ids
+            threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            app.stop()
+    finally:
+        llm.close()
+    assert got == alone
+    with TraceReader(path) as reader:
+        events = list(reader.events())
+    assert events[0].config["scheduling_policy"] == "mixed"
+    assert "mixed" in {d.phase for d in decisions(events)}
+    assert reexecute(events).ok
