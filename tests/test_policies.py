@@ -271,6 +271,10 @@ def test_tui_strip_colours_mixed_steps_and_the_sentence_says_why_it_stopped(tmp_
         assert [index.column_summary(i, i + 1)[1] for i in range(8)] == (
             ["prefill", "decode", "mixed", "mixed", "mixed", "decode", "decode", "decode"])
         assert index.column_summary(0, 2)[1] == "prefill" and index.column_summary(0, 8)[1] == "mixed"
+        # s2's three chunks are prefill milestones of its own, beside the decodes of s0 and s1
+        assert [(m.step, m.kind, m.num_tokens) for m in index.milestones(2) if m.kind == "prefill"] == [
+            (2, "prefill", 14), (3, "prefill", 14), (4, "prefill", 12)]
+        assert [m.kind for m in index.milestones(0)] == ["arrive", "prefill", "finish"]
     finally:
         index.close()
     fold = Fold(events)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from tracengine.analysis.stats import stats
 from tracengine.errors import TraceError
 from tracengine.trace.events import (AnyEvent, BlockAllocate, Preempt, RequestAdded, ScheduleDecision, SeqFinish,
-                               StepEnd, TokenSample)
+                                     StepEnd, TokenSample, prefill_flags)
 from tracengine.replay.fold import Fold, FoldState
 from tracengine.trace.tracelog import TraceReader
 from tracengine.tui.explain import explain_step
@@ -156,8 +156,8 @@ class TraceIndex:
             elif type(e) is Preempt:
                 self._milestones.setdefault(e.seq_id, []).append(
                     Milestone(step, "preempt", e.num_computed_tokens, other_seq_id=e.by_seq_id))
-        if decision.phase == "prefill":
-            for ss in decision.seqs:
+        if decision.phase != "decode":      # prefill, or the prefill sequences of a mixed step
+            for ss in (ss for ss, is_prefill in zip(decision.seqs, prefill_flags(decision)) if is_prefill):
                 self._milestones.setdefault(ss.seq_id, []).append(Milestone(
                     step, "prefill", ss.num_tokens, ss.num_cached_tokens,
                     is_first_chunk=ss.seq_id in allocated, is_last_chunk=ss.seq_id not in middle))
