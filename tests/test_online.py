@@ -200,3 +200,14 @@ def test_older_traces_still_read_and_replay(name):
         assert events[0].format_version == 1
         assert all(e.arrival_ns == -1 for e in events if isinstance(e, RequestAdded))
         assert all(e.gap_ns == 0 for e in events if isinstance(e, StepEnd))
+
+
+def test_a_request_still_to_come_can_be_aborted_before_it_enters():
+    sink = ListSink()
+    engine = LLMEngine(Config(num_kvcache_blocks=16, kvcache_block_size=4), SyntheticRunner(), sink)
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), arrival_time=60.0)
+    later = engine.add_request([4, 5, 6], SamplingParams(max_tokens=2), arrival_time=90.0)
+    assert engine.abort_request(0, "abort") is not None and engine.abort_request(7, "abort") is None
+    assert [seq.seq_id for _, _, seq in engine.pending] == [later.seq_id]
+    engine.abort_request(later.seq_id, "abort")
+    assert engine.is_finished() and sink.events == []       # they never entered: nothing recorded
