@@ -78,3 +78,59 @@ def test_simulate_imports_no_torch(tmp_path, roofline):
             "'--hardware', 'H200', '--set', 'num_kvcache_blocks=400']); "
             "assert rc == 0, rc; assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_sweep_rows_equal_the_single_runs(tmp_path, roofline):
+    from tracengine.replay.roofline import ModelShape, RooflineStepTime
+    from tracengine.replay.simulate import simulate, simulate_config, timed_requests
+    from tracengine.replay.sweep import SimulateVariant, parse_sweep, row_of, run_sweep
+    from tracengine.workload import read_workload
+    requests = timed_requests(read_workload(str(DATA / "mooncake_sample.jsonl"), vocab_size=1000, length_scale=0.1))
+    step_time = RooflineStepTime.for_hardware(ModelShape.from_file(roofline), "H100")
+    variants = parse_sweep(["num_kvcache_blocks=30,60", "max_num_seqs=1,4"])
+    assert variants == [{"num_kvcache_blocks": 30, "max_num_seqs": 1}, {"num_kvcache_blocks": 30, "max_num_seqs": 4},
+                        {"num_kvcache_blocks": 60, "max_num_seqs": 1}, {"num_kvcache_blocks": 60, "max_num_seqs": 4}]
+    slo = {"ttft": 0.01}
+    base = {"kvcache_block_size": 4}
+    rows = run_sweep(SimulateVariant(requests, base, step_time, slo), variants, jobs=2)
+    alone = [row_of(stats(simulate(simulate_config({**base, **v}, requests), requests, step_time), slo))
+             for v in variants]
+    assert rows == alone
+    assert len({r["ttft_p99_ms"] for r in rows}) > 1     # the variants differ
+
+
+def test_sweep_on_replay_in_time_and_in_steps(tmp_path, capsys):
+    from tests.test_steptime import CONFIG, TRUTH, bursty_workload, write_trace
+    from tracengine.replay.simulate import run_timed
+    from tracengine.replay.steptime import LinearStepTime
+    from tracengine.replay.sweep import row_of
+    from tracengine.replay.simulate import TimedReplay
+    trace = str(tmp_path / "run.trace")
+    events = run_timed(CONFIG, bursty_workload(n=30), LinearStepTime(TRUTH, gap_ns=30_000))
+    write_trace(trace, events)
+    assert main(["replay", trace, "--sweep", "num_kvcache_blocks=48,96", "--slo", "ttft=20ms", "--jobs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "in simulated time" in out and "goodput/s" in out
+    single = TimedReplay(events)
+    expected = row_of(stats(single.run(single.config({"num_kvcache_blocks": 48}))[0], {"ttft": 0.02}))
+    line = next(line for line in out.splitlines() if line.split()[:1] == ["48"])
+    assert line.split()[1] == f"{expected['throughput']:,.1f}"
+    assert main(["replay", trace, "--sweep", "num_kvcache_blocks=48,96", "--arrivals", "steps"]) == 0
+    assert "recorded arrival steps" in capsys.readouterr().out
+
+
+def test_sweep_errors(tmp_path, roofline, capsys, monkeypatch):
+    sample = str(DATA / "mooncake_sample.jsonl")
+    base = ["simulate", sample, "--roofline", roofline, "--hardware", "H100", "--set", "num_kvcache_blocks=400"]
+    for extra, message in [(["--sweep", "num_kvcache_blocks"], "NAME=V1,V2"),
+                           (["--sweep", "bogus=1,2"], "unknown config field"),
+                           (["--sweep", "max_num_seqs=1", "--sweep", "max_num_seqs=2"], "twice"),
+                           (["--sweep", "max_num_seqs=1,2", "--record", str(tmp_path / "x.trace")], "many"),
+                           (["--plot", str(tmp_path / "p.png")], "with --sweep"),
+                           (["--sweep", "max_num_seqs=1,2", "--plot-figure", "bogus"], "--plot-figure")]:
+        assert main(base + extra) == 2, extra
+        err = capsys.readouterr().err
+        assert err.startswith("tracengine: error:") and message in err and err.count("\n") == 1, (extra, err)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)     # the optional extra, absent
+    assert main(base + ["--sweep", "max_num_seqs=1,2", "--plot", str(tmp_path / "p.png")]) == 2
+    assert "needs matplotlib" in capsys.readouterr().err

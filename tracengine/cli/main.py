@@ -10,7 +10,7 @@ from tracengine.cli.analysis import cmd_export, cmd_stats, cmd_tui
 from tracengine.cli.generate import cmd_generate
 from tracengine.cli.replay import cmd_diff, cmd_replay
 from tracengine.cli.serve import cmd_bench_serve, cmd_serve
-from tracengine.cli.simulate import add_step_time_arguments, cmd_calibrate, cmd_simulate
+from tracengine.cli.simulate import add_step_time_arguments, add_sweep_arguments, cmd_calibrate, cmd_simulate
 from tracengine.cli.trace import cmd_check, cmd_events, cmd_render
 from tracengine.errors import TracengineError
 from tracengine.workload.sources import add_workload_arguments
@@ -160,6 +160,7 @@ def add_replay_commands(sub):
                    help="what-if: requests at their recorded arrival times in simulated time, or at their "
                    "recorded steps (default: time when the trace has arrival times)")
     add_step_time_arguments(p)
+    add_sweep_arguments(p)
     p.add_argument("--json", action="store_true", help="the result as one JSON object")
     p.add_argument("--policy", metavar="MODULE:CLASS",
                    help="the scheduling policy to run: needed for a trace of a policy of one's own (a trace never "
@@ -208,6 +209,7 @@ def add_simulation_commands(sub):
     src.add_argument("--ignore-eos", action="store_true", default=None, help="run every request to its max tokens")
     add_workload_arguments(p.add_argument_group("arrivals and workload files (docs/workloads.md)"))
     add_step_time_arguments(p)
+    add_sweep_arguments(p)
     p.set_defaults(run=cmd_simulate)
 
 

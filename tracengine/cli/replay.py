@@ -37,16 +37,19 @@ def cmd_replay(args) -> int:
     from tracengine.cli.simulate import step_time_from_args
     step_time = step_time_from_args(args)
     timed = args.arrivals == "time" or step_time is not None
-    if not (overrides or args.record or timed):
+    if not (overrides or args.record or timed or args.sweep):
         return run_replay(args.trace, args.json, args.policy)
     if args.arrivals is None:    # time when the trace has arrival times, steps otherwise
         from tracengine.replay.simulate import has_arrivals
         with TraceReader(args.trace) as reader:
             timed = timed or has_arrivals(reader.events())
+    if timed and args.arrivals == "steps":
+        raise TraceError("--step-time and --roofline time a what-if in simulated time; "
+                         "they do not combine with --arrivals steps")
+    if args.sweep:
+        from tracengine.cli.simulate import run_sweep_replay
+        return run_sweep_replay(args.trace, overrides, timed, step_time, args)
     if timed:
-        if args.arrivals == "steps":
-            raise TraceError("--step-time and --roofline time a what-if in simulated time; "
-                             "they do not combine with --arrivals steps")
         from tracengine.cli.simulate import run_timed_whatif
         return run_timed_whatif(args.trace, overrides, args.record, step_time)
     return run_whatif(args.trace, overrides, args.record, args.json, args.policy)

@@ -139,6 +139,27 @@ def timed_table(recorded: dict, self_check: dict, new: dict | None) -> str:
                                for c, cell in enumerate(r)) for r in table)
 
 
+def run_sweep_replay(path, overrides: dict, timed: bool, step_time, args) -> int:
+    from tracengine.replay.simulate import TimedReplay
+    from tracengine.replay.sweep import StepVariant, TimedVariant
+    from tracengine.trace.tracelog import TraceReader
+    variants, slo = sweep_options(args)
+    if args.record:
+        raise TracengineError("--record writes one run; a --sweep makes many")
+    with TraceReader(path) as reader:
+        events = list(reader.events())
+    if timed:
+        replay = TimedReplay(events, step_time, os.path.basename(path))
+        for v in variants:    # refuse an impossible variant before any run
+            replay.config({**overrides, **v})
+        run_variant = TimedVariant(replay, overrides, slo)
+        print(f"sweep of {path} in simulated time; step times: {describe_step_time(replay.step_time, path)}")
+    else:
+        run_variant = StepVariant(events, overrides, slo)
+        print(f"sweep of {path} at the recorded arrival steps (latencies in ms are the what-if runner's)")
+    return print_sweep(run_variant, variants, args)
+
+
 def run_timed_whatif(path, overrides: dict, record, step_time) -> int:
     from tracengine.analysis.stats import stats
     from tracengine.replay.simulate import timed_whatif
@@ -175,18 +196,6 @@ def write_events(path, events):
 DEFAULT_VOCAB_SIZE = 151_936     # Qwen3's: the made-up token ids of a length-only workload stay below it
 
 
-def simulate_config(overrides: dict, requests):
-    """The simulated engine's config: defaults, then --set. max_model_len defaults to the
-    longest request, as no model bounds it; the KV cache has no runner to size it."""
-    from tracengine.engine.config import Config
-    if "num_kvcache_blocks" not in overrides:
-        raise TracengineError("simulate has no GPU to size the KV cache: give --set num_kvcache_blocks=N")
-    values = dict(overrides)
-    if "max_model_len" not in values:
-        values["max_model_len"] = max(len(r.prompt) + r.max_tokens for r in requests)
-    return Config().replace(**values)
-
-
 def workload_for_simulation(args, vocab_size: int):
     from tracengine.workload.sources import workload_requests
     args.workload = args.workload_file or args.workload
@@ -197,18 +206,77 @@ def workload_for_simulation(args, vocab_size: int):
     return workload_requests(args, vocab_size)
 
 
+def add_sweep_arguments(p):
+    g = p.add_argument_group("sweeps (one row per variant, in parallel processes)")
+    g.add_argument("--sweep", action="append", default=[], metavar="NAME=V1,V2,...",
+                   help="run every value of a config field (repeatable: the grid of all of them)")
+    g.add_argument("--jobs", type=int, metavar="N", help="worker processes (default: one per core)")
+    g.add_argument("--slo", action="append", default=[], metavar="NAME=VALUE",
+                   help="goodput objective, e.g. ttft=200ms, tpot=50ms, e2e=2s (repeatable)")
+    g.add_argument("--plot", metavar="OUT.png", help="draw --plot-figure against the first swept value "
+                   "(needs matplotlib: the 'plot' extra)")
+    g.add_argument("--plot-figure", default="ttft_p99_ms",
+                   help="throughput, ttft_p50_ms, ttft_p99_ms, tpot_p50_ms, tpot_p99_ms, e2e_p50_ms, e2e_p99_ms, "
+                   "preemptions or goodput (default ttft_p99_ms)")
+
+
+def sweep_options(args):
+    """(variants, slo) of the sweep flags; variants is None without --sweep."""
+    from tracengine.analysis.stats import parse_slo
+    from tracengine.replay.sweep import FIGURES, parse_sweep
+    slo = dict(parse_slo(text) for text in args.slo) or None
+    if not args.sweep:
+        if args.plot or args.jobs is not None:
+            raise TracengineError("--plot and --jobs go with --sweep")
+        return None, slo
+    if args.plot_figure not in FIGURES:
+        raise TracengineError(f"--plot-figure is one of {', '.join(FIGURES)}, got {args.plot_figure!r}")
+    if args.jobs is not None and args.jobs <= 0:
+        raise TracengineError(f"--jobs must be positive, got {args.jobs}")
+    if args.plot and os.path.exists(args.plot) and not getattr(args, "force", False):
+        raise TracengineError(f"{args.plot} exists; choose another --plot path")
+    return parse_sweep(args.sweep), slo
+
+
+def print_sweep(run_variant, variants, args) -> int:
+    import time
+    from tracengine.replay.sweep import plot_rows, render_rows, run_sweep
+    if args.plot:    # fail before the runs, not after them
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise TracengineError("--plot needs matplotlib: pip install 'tracengine[plot]'") from None
+    start = time.perf_counter()
+    rows = run_sweep(run_variant, variants, args.jobs)
+    jobs = min(args.jobs or os.cpu_count() or 1, len(variants))
+    print(render_rows(variants, rows))
+    print(f"{len(variants)} variants in {time.perf_counter() - start:.2f} s on {jobs} worker"
+          f"{'s' if jobs > 1 else ''}; latencies in ms from arrival, throughput in completion tokens/s")
+    if args.plot:
+        plot_rows(args.plot, variants, rows, args.plot_figure)
+        print(f"wrote {args.plot}")
+    return EXIT_OK
+
+
 def cmd_simulate(args) -> int:
     import time
     from tracengine.engine.config import parse_override
-    from tracengine.replay.simulate import simulate, simulation_header
+    from tracengine.replay.simulate import simulate, simulate_config, simulation_header, timed_requests
     overrides = dict(parse_override(text) for text in args.set)
+    variants, slo = sweep_options(args)
     step_time = step_time_from_args(args)
     if step_time is None:
         raise TracengineError("simulate needs step times: --step-time FILE (tracengine calibrate) or --roofline CONFIG")
+    if args.record and variants is not None:
+        raise TracengineError("--record writes one run; a --sweep makes many")
     if args.record and os.path.exists(args.record) and not args.force:
         raise TracengineError(f"{args.record} exists (--force overwrites it)")
     vocab_size = args.vocab_size or (step_time.model.vocab_size if step_time.kind == "roofline" else DEFAULT_VOCAB_SIZE)
-    requests = workload_for_simulation(args, vocab_size)
+    requests = timed_requests(workload_for_simulation(args, vocab_size))
+    if variants is not None:
+        from tracengine.replay.sweep import SimulateVariant
+        print(f"simulate {len(requests):,} requests with {describe_step_time(step_time)}")
+        return print_sweep(SimulateVariant(requests, overrides, step_time, slo), variants, args)
     config = simulate_config(overrides, requests)
     header = simulation_header(config, step_time)
     from tracengine.analysis.timeline import RequestTimelineSink
@@ -226,7 +294,7 @@ def cmd_simulate(args) -> int:
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     from rich.console import Console
     from tracengine.analysis.stats import render, stats
-    s = stats(sink.timeline)
+    s = stats(sink.timeline, slo)
     print(f"simulated {len(requests):,} requests with {describe_step_time(step_time)}: "
           f"{s['steps']['num_steps']:,} steps in {wall:.2f} s wall, {cpu:.2f} s CPU")
     Console(highlight=False, soft_wrap=False).print(render(s, title="simulated run"))

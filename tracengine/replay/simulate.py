@@ -115,39 +115,66 @@ def has_arrivals(events) -> bool:
     return seen
 
 
+class TimedReplay:
+    """A trace's workload ready to run in simulated time under any config: `run(overrides)`
+    gives the events of one run. Calibrates on the trace itself unless given a model."""
+
+    def __init__(self, events, step_time=None, trace_name: str = ""):
+        self.events = events = list(events)
+        self.workload = workload = extract_workload(events)
+        if any(r.arrival_ns < 0 for r in workload.requests):
+            raise TraceError("the trace has no arrival times (format 1, or recorded without them); "
+                             "use --arrivals steps")
+        self.recorded = Config.from_dict(workload.header.config)
+        self.step_time = step_time
+        self.trace_name = trace_name
+
+    def config(self, overrides: dict) -> Config:
+        """The config of a variant; a request that could never run under it is refused here."""
+        from tracengine.engine.scheduler import Scheduler
+        config = self.recorded.replace(**overrides)
+        check_requests(Scheduler(config), self.workload.requests)
+        return config
+
+    def ensure_step_time(self):
+        if self.step_time is None:
+            try:
+                self.step_time = calibrate(self.events, self.trace_name)
+            except TraceError as exc:
+                raise TraceError(f"{exc}: give --step-time or --roofline, or --arrivals steps") from None
+        return self.step_time
+
+    def run(self, config: Config) -> tuple[list, OutputRunner]:
+        step_time = self.ensure_step_time()
+        header = msgspec.structs.replace(self.workload.header, config=config.to_dict(),
+                                         device=f"simulated ({step_time.kind})", created_at=time.time())
+        runner = OutputRunner(self.workload.outputs, self.workload.middle, 0 if config.eos != 0 else 1)
+        return run_timed(config, self.workload.requests, step_time, runner, header=header), runner
+
+
 def timed_whatif(events, overrides: dict, step_time=None, trace_name: str = "") -> TimedWhatIf:
     """The workload of `events` at its recorded arrival times, in simulated time, under the
     recorded config (the self-check) and with `overrides`; `step_time` defaults to a model
     calibrated on the trace itself."""
-    events = list(events)
-    workload = extract_workload(events)
-    if any(r.arrival_ns < 0 for r in workload.requests):
-        raise TraceError("the trace has no arrival times (format 1, or recorded without them); "
-                         "use --arrivals steps")
-    recorded = Config.from_dict(workload.header.config)
-    config = recorded.replace(**overrides)
-    from tracengine.engine.scheduler import Scheduler
-    check_requests(Scheduler(config), workload.requests)    # before calibrating: say the plainer problem first
-    if step_time is None:
-        try:
-            step_time = calibrate(events, trace_name)
-        except TraceError as exc:
-            raise TraceError(f"{exc}: give --step-time or --roofline, or --arrivals steps") from None
-    header = msgspec.structs.replace(workload.header, device=f"simulated ({step_time.kind})", created_at=time.time())
-    filler = 0 if config.eos != 0 else 1
-
-    def run(cfg):
-        runner = OutputRunner(workload.outputs, workload.middle, filler)
-        out = run_timed(cfg, workload.requests, step_time, runner,
-                        header=msgspec.structs.replace(header, config=cfg.to_dict()))
-        return out, runner
-
-    self_check, _ = run(recorded)
-    new, runner = (self_check, None) if not overrides else run(config)
-    changes = [(name, value, getattr(config, name)) for name, value in recorded.to_dict().items()
+    timed = TimedReplay(events, step_time, trace_name)
+    config = timed.config(overrides)     # before calibrating: say the plainer problem first
+    self_check, _ = timed.run(timed.recorded)
+    new, runner = (self_check, None) if not overrides else timed.run(config)
+    changes = [(name, value, getattr(config, name)) for name, value in timed.recorded.to_dict().items()
                if getattr(config, name) != value]
-    return TimedWhatIf(step_time, events, self_check, new, changes,
+    return TimedWhatIf(timed.step_time, timed.events, self_check, new, changes,
                        len(runner.past_output_seq_ids) if runner is not None else 0)
+
+
+def simulate_config(overrides: dict, requests: list[WorkloadRequest]) -> Config:
+    """A simulated engine's config: defaults, then `overrides`. max_model_len defaults to the
+    longest request, as no model bounds it; the KV cache has no runner to size it."""
+    if "num_kvcache_blocks" not in overrides:
+        raise TracengineError("a simulation has no GPU to size the KV cache: give --set num_kvcache_blocks=N")
+    values = dict(overrides)
+    if "max_model_len" not in values:
+        values["max_model_len"] = max(len(r.prompt_token_ids) + r.max_tokens for r in requests)
+    return Config().replace(**values)
 
 
 def simulation_header(config: Config, step_time) -> TraceHeader:
@@ -157,10 +184,8 @@ def simulation_header(config: Config, step_time) -> TraceHeader:
                                          "simulated"), device=f"simulated ({step_time.kind})")
 
 
-def simulate(config: Config, requests, step_time, sink=None, header: TraceHeader | None = None) -> list:
-    """Workload `Request`s (tracengine.workload) through the scheduler in simulated time,
-    tokens from SyntheticRunner; the events (header first), or with `sink` (a TraceWriter
-    made with `header`, by default `simulation_header`) the header alone."""
+def timed_requests(requests) -> list[WorkloadRequest]:
+    """Workload `Request`s (tracengine.workload) as the simulator's requests."""
     from tracengine.workload.sources import sampling_params
     timed = []
     for i, r in enumerate(requests):
@@ -170,5 +195,13 @@ def simulate(config: Config, requests, step_time, sink=None, header: TraceHeader
         sp = sampling_params(r)
         timed.append(WorkloadRequest(r.prompt, sp.max_tokens, 0, sp.ignore_eos, sp.temperature, seq_id=i,
                                      arrival_ns=round(r.arrival_s * 1e9)))
+    return timed
+
+
+def simulate(config: Config, requests, step_time, sink=None, header: TraceHeader | None = None) -> list:
+    """Workload `Request`s (tracengine.workload, or timed_requests' own) through the scheduler
+    in simulated time, tokens from SyntheticRunner; the events (header first), or with `sink`
+    (a TraceWriter made with `header`, by default `simulation_header`) the header alone."""
+    timed = requests if requests and isinstance(requests[0], WorkloadRequest) else timed_requests(requests)
     header = header if header is not None else simulation_header(config, step_time)
     return run_timed(config, timed, step_time, sink=sink, header=header)

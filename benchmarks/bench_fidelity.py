@@ -1,0 +1,108 @@
+"""Fidelity of the time-aware what-if against real runs.
+
+The real engine (the embedded tiny model on the CPU) serves one Poisson
+workload twice, recorded: under config A and under config B (by default 48
+and 24 KV blocks of 16 tokens). The what-if A -> B in simulated time, with
+the step-time model calibrated on A's own trace, is compared with B as
+recorded: TTFT p50 and p90, end-to-end p50, total duration and preemptions,
+each as a relative error. The self-check is A in simulated time against A
+recorded. Repeated, since this machine is noisy; medians are quoted.
+
+    python benchmarks/bench_fidelity.py [--repeats 3] [--requests 40] [--rate 8]
+        [--a num_kvcache_blocks=48] [--b num_kvcache_blocks=24]"""
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from tracengine.analysis.stats import stats                  # noqa: E402
+from tracengine.engine.config import parse_override          # noqa: E402
+from tracengine.engine.sampling_params import SamplingParams  # noqa: E402
+from tracengine.replay.simulate import timed_whatif          # noqa: E402
+from tracengine.trace.tracelog import TraceReader             # noqa: E402
+from tracengine.workload.arrivals import arrival_times       # noqa: E402
+
+BASE = dict(kvcache_block_size=16, max_num_batched_tokens=256, max_num_seqs=8)
+FIGURES = [("TTFT p50", ("latency", "ttft", "seconds", "p50")), ("TTFT p90", ("latency", "ttft", "seconds", "p90")),
+           ("e2e p50", ("latency", "e2e", "seconds", "p50")), ("duration", ("steps", "total_s")),
+           ("preemptions", ("preemption", "num_preemptions"))]
+
+
+def pick(s, keys):
+    for key in keys:
+        s = s[key]
+    return s
+
+
+def workload(seed: int, n: int, vocab_size: int):
+    """Prompts of 32-264 tokens, a third sharing a 64-token prefix, outputs of 16-96 tokens."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(vocab_size) for _ in range(64)]
+    prompts, sps = [], []
+    for _ in range(n):
+        tail = [rng.randrange(vocab_size) for _ in range(rng.randint(32, 200))]
+        prompts.append((prefix if rng.random() < 1 / 3 else []) + tail)
+        sps.append(SamplingParams(temperature=1.0, max_tokens=rng.randint(16, 96), ignore_eos=True))
+    return prompts, sps
+
+
+def record(path, overrides, prompts, sps, arrivals, seed):
+    from tracengine.engine.llm import LLM
+    with LLM("", **BASE, seed=seed, **overrides) as llm:
+        llm.generate(prompts, sps, record=path, use_tqdm=False, arrival_times=arrivals)
+
+
+def rel(a, b):
+    if b == 0:
+        return 0.0 if a == 0 else float("inf")
+    return (a - b) / b
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--rate", type=float, default=8.0, help="requests per second (Poisson)")
+    parser.add_argument("--a", action="append", default=None, metavar="NAME=VALUE")
+    parser.add_argument("--b", action="append", default=None, metavar="NAME=VALUE")
+    args = parser.parse_args()
+    a = dict(parse_override(t) for t in (args.a or ["num_kvcache_blocks=48"]))
+    b = dict(parse_override(t) for t in (args.b or ["num_kvcache_blocks=24"]))
+    from tracengine.model.loader import load_hf_config, resolve_model_dir
+    vocab_size = load_hf_config(resolve_model_dir("")).vocab_size
+    errors = {"what-if A->B vs B": {name: [] for name, _ in FIGURES}, "self-check A vs A": {name: [] for name, _ in FIGURES}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.repeats):
+            prompts, sps = workload(r, args.requests, vocab_size)
+            arrivals = arrival_times(args.requests, args.rate, 1.0, seed=r)
+            path_a, path_b = os.path.join(tmp, f"a{r}.trace"), os.path.join(tmp, f"b{r}.trace")
+            record(path_a, a, prompts, sps, arrivals, r)
+            record(path_b, b, prompts, sps, arrivals, r)
+            with TraceReader(path_a) as reader:
+                result = timed_whatif(reader.events(), b, None, os.path.basename(path_a))
+            s_a, s_b = stats(path_a), stats(path_b)
+            s_self, s_new = stats(result.self_check), stats(result.new)
+            held = result.step_time.error["held_out"]["total"]
+            print(f"repeat {r}: A {s_a['steps']['num_steps']} steps {s_a['steps']['total_s']:.2f} s "
+                  f"{s_a['preemption']['num_preemptions']} preemptions; B {s_b['steps']['num_steps']} steps "
+                  f"{s_b['steps']['total_s']:.2f} s {s_b['preemption']['num_preemptions']} preemptions; "
+                  f"what-if B {s_new['steps']['num_steps']} steps {s_new['steps']['total_s']:.2f} s "
+                  f"{s_new['preemption']['num_preemptions']} preemptions; step model held-out median error "
+                  f"{held['median_rel']:.1%}, total {held['total_rel']:+.1%}")
+            for name, keys in FIGURES:
+                errors["what-if A->B vs B"][name].append(rel(pick(s_new, keys), pick(s_b, keys)))
+                errors["self-check A vs A"][name].append(rel(pick(s_self, keys), pick(s_a, keys)))
+    print(f"\nrelative error, median over {args.repeats} repeats (each repeat's value in brackets); "
+          f"A = {a}, B = {b}, {args.requests} requests at {args.rate:g}/s")
+    for label, table in errors.items():
+        print(f"{label}:")
+        for name, values in table.items():
+            print(f"  {name:<12} {statistics.median(values):+7.1%}   [{', '.join(f'{v:+.1%}' for v in values)}]")
+
+
+if __name__ == "__main__":
+    main()

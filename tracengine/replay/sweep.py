@@ -1,0 +1,158 @@
+"""Sweeps: one run per point of a grid of config values (`--sweep NAME=V1,V2`,
+repeatable), in parallel worker processes, one row of figures per variant.
+
+Every figure of a row is read from `tracengine stats`' dict of that run
+(analysis/stats.py), so a row equals the stats of the same run made alone.
+A variant is a function of its overrides only; workers are forked from the
+process that prepared the workload (calibrated, read), so nothing is read or
+fitted twice."""
+import itertools
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+from tracengine.engine.config import parse_override
+from tracengine.errors import ConfigError
+
+# (key, column title, format) of a row, after the swept values
+COLUMNS = [("throughput", "tok/s", "{:,.1f}"), ("ttft_p50_ms", "TTFT p50", "{:,.2f}"),
+           ("ttft_p99_ms", "TTFT p99", "{:,.2f}"), ("tpot_p50_ms", "TPOT p50", "{:,.2f}"),
+           ("tpot_p99_ms", "TPOT p99", "{:,.2f}"), ("e2e_p50_ms", "e2e p50", "{:,.2f}"),
+           ("e2e_p99_ms", "e2e p99", "{:,.2f}"), ("preemptions", "preempt", "{:,}"),
+           ("goodput", "goodput/s", "{:,.3f}")]
+FIGURES = [key for key, _, _ in COLUMNS]
+
+
+def parse_sweep(texts: list[str]) -> list[dict]:
+    """The grid of `NAME=V1,V2,...` texts, each value typed as `--set` types it; a name once."""
+    axes, names = [], set()
+    for text in texts:
+        name, sep, raw = text.partition("=")
+        values = [v for v in raw.split(",") if v.strip()] if sep else []
+        if not values:
+            raise ConfigError(f"--sweep expects NAME=V1,V2,..., got {text!r}")
+        parsed = [parse_override(f"{name}={v}") for v in values]
+        if parsed[0][0] in names:
+            raise ConfigError(f"--sweep names {parsed[0][0]} twice")
+        names.add(parsed[0][0])
+        axes.append(parsed)
+    return [dict(point) for point in itertools.product(*axes)]
+
+
+def _ms(seconds):
+    return None if seconds is None else seconds * 1e3
+
+
+def row_of(s: dict) -> dict:
+    """The sweep figures of one run's stats dict (latencies in ms, goodput in requests/s)."""
+    lat = s["latency"]
+    return {"throughput": s["throughput"]["completion_tokens_per_s"],
+            "ttft_p50_ms": _ms(lat["ttft"]["seconds"]["p50"]), "ttft_p99_ms": _ms(lat["ttft"]["seconds"]["p99"]),
+            "tpot_p50_ms": _ms(lat["tpot"]["seconds"]["p50"]), "tpot_p99_ms": _ms(lat["tpot"]["seconds"]["p99"]),
+            "e2e_p50_ms": _ms(lat["e2e"]["seconds"]["p50"]), "e2e_p99_ms": _ms(lat["e2e"]["seconds"]["p99"]),
+            "preemptions": s["preemption"]["num_preemptions"],
+            "goodput": s["goodput"]["requests_per_s"] if s.get("goodput") else None}
+
+
+_VARIANT = None     # the worker's run function, set by the initializer (inherited when forked)
+
+
+def _init(run_variant):
+    global _VARIANT
+    _VARIANT = run_variant
+
+
+def _run(overrides: dict) -> dict:
+    return _VARIANT(overrides)
+
+
+def run_sweep(run_variant, variants: list[dict], jobs: int | None = None) -> list[dict]:
+    """`run_variant(overrides) -> row` for every variant, in `jobs` processes (default one
+    per core); rows in the order of `variants`. One job runs them here, in order."""
+    jobs = min(jobs or os.cpu_count() or 1, len(variants))
+    if jobs <= 1:
+        return [run_variant(v) for v in variants]
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init, initargs=(run_variant,)) as pool:
+        return list(pool.map(_run, variants))
+
+
+def render_rows(variants: list[dict], rows: list[dict]) -> str:
+    names = list(variants[0]) if variants else []
+    show = [c for c in COLUMNS if c[0] != "goodput" or any(r["goodput"] is not None for r in rows)]
+    table = [names + [title for _, title, _ in show]]
+    for v, r in zip(variants, rows):
+        table.append([str(v[n]) for n in names] +
+                     ["-" if r[key] is None else fmt.format(r[key]) for key, _, fmt in show])
+    widths = [max(len(line[c]) for line in table) for c in range(len(table[0]))]
+    return "\n".join("  ".join(cell.rjust(widths[c]) for c, cell in enumerate(line)) for line in table)
+
+
+def plot_rows(path: str, variants: list[dict], rows: list[dict], figure: str):
+    """`figure` against the first swept value, one line per combination of the others."""
+    if figure not in FIGURES:
+        raise ConfigError(f"--plot-figure is one of {', '.join(FIGURES)}, got {figure!r}")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib: pip install 'tracengine[plot]'") from None
+    names = list(variants[0])
+    x_name, others = names[0], names[1:]
+    lines: dict[tuple, list] = {}
+    for v, r in zip(variants, rows):
+        lines.setdefault(tuple(v[n] for n in others), []).append((v[x_name], r[figure]))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, points in lines.items():
+        points = [(x, y) for x, y in points if y is not None]
+        label = ", ".join(f"{n}={value}" for n, value in zip(others, key)) or None
+        ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)
+    ax.set_xlabel(x_name)
+    ax.set_ylabel(dict((k, t) for k, t, _ in COLUMNS)[figure] + ("" if figure in ("throughput", "preemptions",
+                                                                                  "goodput") else " (ms)"))
+    if others:
+        ax.legend()
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+class TimedVariant:
+    """A what-if in simulated time (replay/simulate.TimedReplay) under base + overrides."""
+
+    def __init__(self, timed, base: dict, slo: dict | None = None):
+        self.timed, self.base, self.slo = timed, base, slo
+        timed.ensure_step_time()      # fitted once, before the workers fork
+
+    def __call__(self, overrides: dict) -> dict:
+        from tracengine.analysis.stats import stats
+        events, _ = self.timed.run(self.timed.config({**self.base, **overrides}))
+        return row_of(stats(events, self.slo))
+
+
+class StepVariant:
+    """A step-exact what-if (replay/whatif.py) under base + overrides."""
+
+    def __init__(self, events: list, base: dict, slo: dict | None = None):
+        self.events, self.base, self.slo = events, base, slo
+
+    def __call__(self, overrides: dict) -> dict:
+        from tracengine.analysis.stats import stats
+        from tracengine.replay.whatif import whatif
+        return row_of(stats(whatif(self.events, {**self.base, **overrides}).events, self.slo))
+
+
+class SimulateVariant:
+    """`tracengine simulate` of timed requests under base + overrides."""
+
+    def __init__(self, requests: list, base: dict, step_time, slo: dict | None = None):
+        self.requests, self.base, self.step_time, self.slo = requests, base, step_time, slo
+
+    def __call__(self, overrides: dict) -> dict:
+        from tracengine.analysis.stats import stats
+        from tracengine.replay.simulate import simulate, simulate_config
+        config = simulate_config({**self.base, **overrides}, self.requests)
+        return row_of(stats(simulate(config, self.requests, self.step_time), self.slo))
