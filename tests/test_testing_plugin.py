@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from tracengine import Config
 from tracengine.cli import main
+from tracengine.replay.render import render_steps
+from tracengine.testing import CANNED_WORKLOADS, canned_workload, make_request, run_requests
+from tracengine.trace.events import RequestAdded
 
 ROOT = Path(__file__).parent.parent
 SNAPSHOTS = Path(__file__).parent / "snapshots"
@@ -117,7 +121,40 @@ def test_a_missing_snapshot_says_how_to_create_it(project):
     assert "run pytest with --snapshot-update to create it" in result.stdout.str()
 
 
-@pytest.mark.parametrize("name", ["worked_example", "preemption", "default_mix"])
+GOLDEN = sorted(p.stem for p in (ROOT / "traces").glob("*.trace") if (SNAPSHOTS / f"golden_{p.stem}.txt").exists())
+
+
+def test_every_golden_trace_has_its_table():
+    assert {"worked_example", "preemption", "default_mix", "mixed", "online"} <= set(GOLDEN)
+
+
+@pytest.mark.parametrize("name", GOLDEN)
+def test_trace_snapshot_pins_every_golden_trace(trace_snapshot, name):
+    # every policy (mixed.trace) and arrival times (online.trace): the public fixture holds the golden tables
+    trace_snapshot.snapshot.snapshot_dir = SNAPSHOTS
+    trace_snapshot.assert_match(ROOT / "traces" / f"{name}.trace", f"golden_{name}.txt")
+
+
+@pytest.mark.parametrize("name", CANNED_WORKLOADS)
+@pytest.mark.parametrize("policy", ["prefill_first", "mixed"])
+def test_workload_snapshot_pins_the_canned_tables_under_each_policy(workload_snapshot, name, policy):
+    config, requests, runner = canned_workload(name)
+    workload_snapshot.snapshot.snapshot_dir = SNAPSHOTS
+    workload_snapshot.assert_match(config.replace(scheduling_policy=policy), requests,
+                                   name if policy == "prefill_first" else f"mixed_{name}", eos_at=runner.eos_at)
+
+
+def test_a_workload_with_arrival_times_runs_on_a_simulated_clock():
+    config = Config(num_kvcache_blocks=16, kvcache_block_size=4, max_num_batched_tokens=32, eos=999)
+    requests = [make_request(8, max_tokens=4, arrival_time=0.0), make_request(20, max_tokens=4, arrival_time=0.0025)]
+    events = run_requests(config, requests)
+    added = {e.seq_id: (e.step, e.arrival_ns) for e in events if type(e) is RequestAdded}
+    assert added == {0: (0, 0), 1: (3, 2_500_000)}     # steps of 1 ms: s1 arrives during step 2, enters before 3
+    by_steps = run_requests(config, [make_request(8, max_tokens=4), make_request(20, max_tokens=4, arrival_step=3)])
+    assert render_steps(by_steps).splitlines()[2:] == render_steps(events).splitlines()[2:]
+
+
+@pytest.mark.parametrize("name", GOLDEN)
 def test_render_prints_the_golden_step_tables(name, capsys):
     assert main(["render", str(ROOT / "traces" / f"{name}.trace")]) == 0
     assert capsys.readouterr().out == (SNAPSHOTS / f"golden_{name}.txt").read_text()

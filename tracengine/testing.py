@@ -67,12 +67,17 @@ def constant_step_time(step_ns: int = 1_000_000):
     return LinearStepTime({phase: dict(row) for phase in PHASES}, source={"model": "constant"})
 
 
-def run_requests(config: Config, requests: list[WorkloadRequest], runner=None, step_time=None) -> list:
+def run_requests(config: Config, requests: list[WorkloadRequest], runner=None, step_time=None,
+                 policy: type | str | None = None) -> list:
     """The requests through the real scheduler with the synthetic runner (or
     `runner`); the events, TraceHeader first. With arrival times (any request
     made with `arrival_time`) the clock is simulated by `step_time`, by
-    default every step lasting 1 ms; otherwise requests enter at their steps."""
+    default every step lasting 1 ms; otherwise requests enter at their steps.
+    `policy`: a Scheduler subclass, or None for the one `config.scheduling_policy` names."""
     runner = runner if runner is not None else SyntheticRunner(eos=config.eos, seed=config.seed)
+    if policy is not None:
+        from tracengine.engine.policies import policy_path, scheduler_class
+        config = config.replace(scheduling_policy=policy_path(scheduler_class(config, policy)))
     if any(r.arrival_ns >= 0 for r in requests):
         from tracengine.replay.simulate import check_requests, run_timed
         timed = [r if r.arrival_ns >= 0 else dataclasses.replace(r, arrival_ns=0) for r in requests]
@@ -125,7 +130,7 @@ def table_diff(stored: str, table: str, stored_name: str) -> str:
 class TraceSnapshot(_StepTableSnapshot):
     """A recorded trace, re-executed with the scheduler as it now is."""
 
-    def assert_match(self, trace, name: str | None = None) -> None:
+    def assert_match(self, trace, name: str | None = None, policy: type | str | None = None) -> None:
         """Re-execute the trace at `trace` (a path); on divergence the failure holds
         the divergence report (the step, the expected and the actual event, the
         state around it). Then its step table is compared with the snapshot
@@ -135,7 +140,9 @@ class TraceSnapshot(_StepTableSnapshot):
 
         Accepting a divergence (--snapshot-update) also stores that run as
         `<name>.trace` beside the table; from then on the stored run, not the
-        recorded one, is what must reproduce. The recorded trace is never written."""
+        recorded one, is what must reproduce. The recorded trace is never written.
+        `policy`: the Scheduler subclass to run (a trace recorded with a policy
+        that is not built in names it, and it is never imported on its own)."""
         __tracebackhide__ = True
         from tracengine.replay.reexec import reexecute
         from tracengine.replay.render import divergence_report, render_steps
@@ -149,13 +156,13 @@ class TraceSnapshot(_StepTableSnapshot):
             torn = reader.describe_torn_tail()
         if torn is not None:
             pytest.fail(f"{reference}: {torn}: a snapshot pins a whole trace", pytrace=False)
-        result = reexecute(events)
+        result = reexecute(events, policy)
         notes = []
         if result.ok:
             table = render_steps(events)
         else:
             from tracengine.replay.whatif import whatif
-            rescheduled = whatif(events, {}).events
+            rescheduled = whatif(events, {}, policy=policy).events
             table = render_steps(rescheduled)
             if self.update:
                 self.snapshot.assert_match(_trace_bytes(rescheduled), accepted.name)
@@ -168,14 +175,15 @@ class WorkloadSnapshot(_StepTableSnapshot):
     """A scripted workload through the real scheduler with the synthetic runner."""
 
     def assert_match(self, config: Config, requests: list[WorkloadRequest], name: str,
-                     eos_at: dict[int, int] | None = None, step_time=None) -> None:
+                     eos_at: dict[int, int] | None = None, step_time=None, policy: type | str | None = None) -> None:
         """Run `requests` (see `make_request()`) under `config` and compare the step table
         with the snapshot `name` (.txt added if it has no suffix). `eos_at` maps a
-        seq_id to the completion index at which the synthetic model samples eos."""
+        seq_id to the completion index at which the synthetic model samples eos;
+        `policy` a Scheduler subclass (default: `config.scheduling_policy`)."""
         __tracebackhide__ = True
         from tracengine.replay.render import render_steps
         runner = SyntheticRunner(eos=config.eos, seed=config.seed, eos_at=eos_at)
-        table = render_steps(run_requests(config, requests, runner, step_time))
+        table = render_steps(run_requests(config, requests, runner, step_time, policy))
         self._check(table, name if Path(name).suffix else name + ".txt", [])
 
 
