@@ -12,7 +12,7 @@ from tracengine import Config
 from tracengine.cli import main
 from tracengine.replay.render import render_steps
 from tracengine.testing import CANNED_WORKLOADS, canned_workload, make_request, run_requests
-from tracengine.trace.events import RequestAdded
+from tracengine.trace.events import Preempt, RequestAdded
 
 ROOT = Path(__file__).parent.parent
 SNAPSHOTS = Path(__file__).parent / "snapshots"
@@ -152,6 +152,25 @@ def test_a_workload_with_arrival_times_runs_on_a_simulated_clock():
     assert added == {0: (0, 0), 1: (3, 2_500_000)}     # steps of 1 ms: s1 arrives during step 2, enters before 3
     by_steps = run_requests(config, [make_request(8, max_tokens=4), make_request(20, max_tokens=4, arrival_step=3)])
     assert render_steps(by_steps).splitlines()[2:] == render_steps(events).splitlines()[2:]
+
+
+def test_a_user_policy_class_runs_a_workload():
+    from tracengine.engine.policies import BUILTIN_POLICIES
+
+    class HeadFirst(BUILTIN_POLICIES["prefill_first"]):
+        """The running head gives way instead of the tail."""
+        def preempt(self, seq, by):
+            if seq is not by and self.running:
+                self.running.append(seq)
+                seq = self.running.popleft()
+            super().preempt(seq, by)
+
+    config, requests, runner = canned_workload("preemption_tail")
+    events = run_requests(config, requests, policy=HeadFirst)
+    runs = (events, run_requests(config, requests))
+    first_preempted = [next(e for e in run if type(e) is Preempt).seq_id for run in runs]
+    assert first_preempted == [2, 3]        # at step 1 s1 needs a block: s2 (behind it) gives way, not the tail s3
+    assert events[0].config["scheduling_policy"].endswith(".HeadFirst")
 
 
 @pytest.mark.parametrize("name", GOLDEN)

@@ -42,6 +42,7 @@ import pytest
 from tracengine.engine.config import Config
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.sampling_params import SamplingParams
+from tracengine.errors import TracengineError
 from tracengine.replay.runners import SyntheticRunner, WorkloadRequest, run_workload
 from tracengine.trace.events import StepEnd, WALL_CLOCK_FIELDS
 
@@ -75,15 +76,18 @@ def run_requests(config: Config, requests: list[WorkloadRequest], runner=None, s
     default every step lasting 1 ms; otherwise requests enter at their steps.
     `policy`: a Scheduler subclass, or None for the one `config.scheduling_policy` names."""
     runner = runner if runner is not None else SyntheticRunner(eos=config.eos, seed=config.seed)
-    if policy is not None:
-        from tracengine.engine.policies import policy_path, scheduler_class
-        config = config.replace(scheduling_policy=policy_path(scheduler_class(config, policy)))
     if any(r.arrival_ns >= 0 for r in requests):
-        from tracengine.replay.simulate import check_requests, run_timed
+        from tracengine.engine.policies import BUILTIN_POLICIES, policy_path, scheduler_class
+        from tracengine.replay.simulate import run_timed     # it refuses a request that can never run
+        if policy is not None:
+            name = policy_path(scheduler_class(config, policy))
+            if name not in BUILTIN_POLICIES:
+                raise TracengineError(f"a workload with arrival times runs built-in policies only, not {name}; "
+                                      "give arrival steps")
+            config = config.replace(scheduling_policy=name)
         timed = [r if r.arrival_ns >= 0 else dataclasses.replace(r, arrival_ns=0) for r in requests]
-        check_requests(config, timed)
         return run_timed(config, timed, step_time if step_time is not None else constant_step_time(), runner)
-    return run_workload(config, requests, runner)
+    return run_workload(config, requests, runner, policy=policy)
 
 
 class _StepTableSnapshot:
