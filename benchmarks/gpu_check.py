@@ -1,7 +1,10 @@
 """GPU check: tracengine on CUDA, eager and with CUDA graphs, on the embedded
 tiny model and on a random-weight model of Qwen3-0.6B's shape (written to a
-temporary directory), with a throughput table and two agreement checks
-(CUDA graphs vs eager; tracengine vs transformers on the tiny model).
+temporary directory), with a throughput table and agreement checks
+(CUDA graphs vs eager; tracengine vs transformers on the tiny model; the
+mixed scheduling policy, whose mixed batches take flash-attn's varlen path
+and whose pure decode steps the graphs, vs prefill-first; its row builds the
+run's events to count its mixed steps, so its throughput is not comparable).
 With more than one GPU, a tensor-parallel case runs the same workloads on
 2 ranks (NCCL) and compares tokens and logits with 1 rank; with one GPU it
 is skipped with a note. Runs in a few minutes on one H200; exits 1 with a
@@ -66,14 +69,18 @@ def run_case(model: str, eager: bool, workload: SimpleNamespace, prompts, temper
     sp = SamplingParams(temperature=temperature, max_tokens=workload.output_len, ignore_eos=True)
     _sync(llm.runner.device)
     t = time.perf_counter()
-    outputs = llm.generate(prompts, sp, use_tqdm=False)
+    mixed = engine_args.get("scheduling_policy") == "mixed"     # its run counts its mixed steps
+    if mixed:
+        llm.reset()      # a run's summary folds it from step 0
+    outputs = llm.generate(prompts, sp, use_tqdm=False, summary=mixed)
     _sync(llm.runner.device)
     elapsed = time.perf_counter() - t
     runner = llm.runner
     row = dict(mode="cuda graphs" if runner.graph_runner is not None else "eager", temperature=temperature, dtype=str(runner.dtype)[6:],
                backend=runner.attention_backend, blocks=runner.num_kvcache_blocks, init_s=init_s, run_s=elapsed,
                out_tps=len(prompts) * workload.output_len / elapsed,
-               total_tps=(sum(map(len, prompts)) + len(prompts) * workload.output_len) / elapsed)
+               total_tps=(sum(map(len, prompts)) + len(prompts) * workload.output_len) / elapsed,
+               num_mixed_steps=llm.last_run["steps"]["num_mixed_steps"] if mixed else 0)
     llm.close()
     del llm, runner
     if torch.cuda.is_available():
@@ -169,6 +176,18 @@ def main():
             same = sum(a == b for a, b in zip(outputs[True, 0.0], outputs[False, 0.0]))
             # The modes the two runs really had: on the CPU (--smoke) both are eager.
             agreements.append(f"{label}: greedy outputs identical, {rows[-3]['mode']} and {rows[-2]['mode']}: "
+                              f"{same}/{len(prompts)}")
+            # The mixed policy (vLLM V1's): a budget of a quarter of the prompts' tokens chunks them beside
+            # decodes, so mixed batches take flash-attn's varlen path with the block table and pure decode
+            # steps the CUDA graphs; greedy tokens must be those of prefill-first's schedule.
+            budget = max(workload.max_len, sum(map(len, prompts)) // 4)
+            row, mixed = run_case(model, False, workload, prompts, 0.0,
+                                  dict(engine_args, scheduling_policy="mixed", max_num_batched_tokens=budget))
+            rows.append(dict(model=label, **{**row, "mode": row["mode"] + ", mixed"}))
+            print(_format(rows[-1]), flush=True)
+            same = sum(a == b for a, b in zip(mixed, outputs[False, 0.0]))
+            agreements.append(f"{label}: greedy outputs identical, mixed policy (budget {budget}, "
+                              f"{row['num_mixed_steps']} mixed steps) and prefill-first, {rows[-1]['mode']}: "
                               f"{same}/{len(prompts)}")
             if run_tp:
                 one_rank = {eager: outputs[eager, 0.0] for eager in (True, False)}
