@@ -6,7 +6,7 @@ are read) and the (query, key) pairs it scores (a sequence that computes n
 tokens after c cached ones scores n*c + n(n+1)/2). `LinearStepTime` is a
 least-squares fit of each part of a recorded step's duration (schedule_ns,
 model_ns, postprocess_ns) to [1, tokens, seqs, context, attended], one fit
-per phase, plus the loop's own time between busy steps (the median gap_ns).
+per phase, plus the loop's own time between busy steps (the mean gap_ns).
 A decode step computes one token per sequence and scores its context once,
 so its fit uses [1, seqs, context] (the others are the same columns again). It is fitted
 from a trace by `calibrate`, which holds out every fifth step to measure the
@@ -186,7 +186,8 @@ def calibrate(events, trace_name: str = "") -> LinearStepTime:
         raise TraceError(f"the trace has {len(samples)} steps; calibration needs at least {2 * HOLDOUT_EVERY}")
     train = [s for s in samples if s.step % HOLDOUT_EVERY != HOLDOUT_EVERY - 1]
     held = [s for s in samples if s.step % HOLDOUT_EVERY == HOLDOUT_EVERY - 1]
-    gap_ns = round(_median([s.gap_ns for s in samples if s.busy]))
+    busy_gaps = [s.gap_ns for s in samples if s.busy]
+    gap_ns = round(sum(busy_gaps) / len(busy_gaps)) if busy_gaps else 0   # the mean: gaps add up in the total
     held_out = _errors(LinearStepTime(_fit(train), gap_ns), held)
     model = LinearStepTime(_fit(samples), gap_ns)
     model.error = {"held_out": held_out, "all_steps": _errors(model, samples)}
