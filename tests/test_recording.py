@@ -248,3 +248,32 @@ def test_generate_killed_with_sigkill_leaves_a_readable_trace(tmp_path, capsys):
     listed = capsys.readouterr().out.splitlines()
     assert [int(line.split()[0]) for line in listed] == list(range(num_steps))
     assert [e.step for e in open_trace(path) if type(e) is StepEnd] == list(range(num_steps))
+
+
+@pytest.mark.parametrize("num_frames", [3, 9])
+def test_generate_interrupted_with_sigint_ends_at_the_last_finished_step(tmp_path, capsys, num_frames):
+    # Ctrl-C lands in the middle of a step (most of a step is the model): the trace must end
+    # at the step before it, closed by the end frame, and replay exactly.
+    path = tmp_path / "interrupted.trace"
+    argv = [sys.executable, "-m", "tracengine.cli", "generate", "--record", str(path), "--quiet", "--num-prompts", "4",
+            "--input-len", "16:32", "--output-len", "1000:1000", "--ignore-eos", "--block-size", "16",
+            "--num-kvcache-blocks", "512"]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for_frames(path, num_frames, child, timeout=90)
+        assert child.poll() is None, "generate ended before it was interrupted"
+    finally:
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=60)
+    assert child.returncode == 130 and err.decode().strip().splitlines()[-1] == "tracengine: interrupted"
+    with TraceReader(path) as reader:
+        assert reader.ended and reader.torn_tail is None and reader.corruption is None
+        num_steps = sum(1 for e in reader.events() if type(e) is StepEnd)
+        assert type(list(reader.read_frame(reader.num_frames - 1))[-1]) is StepEnd   # no half step after it
+    assert num_steps >= num_frames - 1
+    assert main(["check", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"{path}: whole"
+    assert main(["replay", str(path)]) == 0
+    assert f"{num_steps} steps" in capsys.readouterr().out
+    assert main(["diff", str(path), str(path)]) == 0

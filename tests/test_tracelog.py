@@ -317,7 +317,7 @@ def test_a_trace_cut_inside_its_header_frame_is_refused(recorded, tmp_path):
     path = recorded[0]
     cut_path = tmp_path / "cut.trace"
     cut_path.write_bytes(path.read_bytes()[:PREAMBLE.size + 20])
-    with pytest.raises(TraceError, match="no complete header frame"):
+    with pytest.raises(TraceError, match="the file ends inside its header frame"):
         TraceReader(cut_path)
 
 

@@ -521,7 +521,7 @@ def header_only(path):
 @pytest.mark.parametrize("content, message", [
     (None, "no such trace"),
     (b"not a trace at all", "not a tracengine trace"),
-    (b"TRCE\x01\x00\x00\x00", "no complete header frame"),
+    (b"TRCE\x01\x00\x00\x00", "the file ends inside its header frame"),
     (header_only, "no complete step to show"),
 ])
 def test_unreadable_trace_is_a_one_line_error_before_the_app_starts(tmp_path, capsys, content, message):

@@ -266,7 +266,8 @@ class TraceReader:
         if not self._frames:
             if self.corruption is not None:
                 raise self.corruption
-            raise TraceError(f"{self.path}: no complete header frame")
+            raise TraceCorruptError(f"{self.path}: the file ends inside its header frame (no complete header)",
+                                    PREAMBLE.size)
         events = self.read_frame(0)
         if len(events) != 1 or type(events[0]) is not TraceHeader:
             raise TraceCorruptError(f"{self.path}: the first frame holds no TraceHeader", PREAMBLE.size)
