@@ -21,8 +21,10 @@ def cmd_serve(args) -> int:
         raise TracengineError(f"--port must be in 0..65535, got {args.port}")
     bind(args.host, args.port).close()     # a port in use fails before the model loads
     overrides = {name: getattr(args, name) for name in CONFIG_FLAGS if getattr(args, name, None) is not None}
-    llm = LLM(args.model, record=args.record, seed=args.seed, **overrides)
+    llm = LLM(args.model, seed=args.seed, **overrides)
     try:
+        if args.record:
+            llm.start_recording(args.record, threaded=args.trace_writer == "thread")
         app = ServeApp(llm, args.host, args.port, args.served_model_name or args.model or "embedded",
                        api_key_of(args))
         print(f"tracengine serve: {app.server.model_name} on {app.url} ({llm.config.num_kvcache_blocks} KV blocks "

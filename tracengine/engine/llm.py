@@ -76,11 +76,15 @@ class LLM(LLMEngine):
             str(self.runner.device), str(torch.__version__), self.config.seed, time.time(),
             self.config.tensor_parallel_size)
 
-    def start_recording(self, path: str):
-        """Record from a clean start (empty prefix cache, step 0), so the trace replays on its own."""
+    def start_recording(self, path: str, threaded: bool = False):
+        """Record from a clean start (empty prefix cache, step 0), so the trace replays on its own.
+        `threaded`: frames are written on a writer thread while the next step runs (the server)."""
         if not self.is_finished():
             raise TracengineError("cannot start recording while requests are in flight")
-        from tracengine.trace.tracelog import TraceWriter
+        if threaded:
+            from tracengine.trace.writer_thread import ThreadedTraceWriter as TraceWriter
+        else:
+            from tracengine.trace.tracelog import TraceWriter
         self.writer = TraceWriter(path, self.trace_header())
         self.reset(self.writer)
 
