@@ -111,11 +111,17 @@ def test_the_summary_is_the_stats_of_the_run(tmp_path):
     llm = LLM("", num_kvcache_blocks=20, kvcache_block_size=4)
     try:
         llm.generate(PROMPTS, GREEDY, use_tqdm=False, record=path, summary=True)
-        recorded = llm.last_run
+        recorded = llm.last_run                        # read back from the trace
+        llm.reset()
+        llm.generate(PROMPTS, GREEDY, use_tqdm=False, summary=True)
+        folded = llm.last_run                          # no trace: folded as the events came
         llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
         assert llm.last_run is None and llm.sink.enabled is False   # not asked for: no events built
     finally:
         llm.close()
     assert recorded == stats(path)
+    for part in ("requests", "tokens", "preemption", "prefix_cache", "kv_blocks", "head_of_line"):
+        assert folded[part] == recorded[part], part
+    assert [r["ttft_steps"] for r in folded["per_request"]] == [r["ttft_steps"] for r in recorded["per_request"]]
     assert recorded["preemption"]["num_preemptions"] > 0
     assert recorded["tokens"]["num_completion_tokens"] == len(PROMPTS) * GREEDY.max_tokens
