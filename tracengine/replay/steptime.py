@@ -21,6 +21,7 @@ import math
 
 from tracengine.errors import TracengineError, TraceError
 from tracengine.trace.events import RequestAdded, ScheduleDecision, SeqFinish, StepEnd, TraceHeader
+from tracengine.trace.tracelog import split_header
 
 FEATURES = ("const", "tokens", "seqs", "context", "attended")
 PHASE_FEATURES = {"prefill": (0, 1, 2, 3, 4), "decode": (0, 2, 3)}   # columns of FEATURES each phase fits
@@ -104,10 +105,7 @@ class StepSample:
 def step_samples(events) -> tuple[TraceHeader, list[StepSample]]:
     """Each step's shape and recorded durations. `busy`: a sequence was in the
     queues when the step before ended, so its gap is the loop's time, not idle."""
-    it = iter(events)
-    header = next(it, None)
-    if not isinstance(header, TraceHeader):
-        raise TraceError("a trace starts with a TraceHeader")
+    header, it = split_header(events)
     samples, decision, num_live, live_at_end = [], None, 0, 0
     for e in it:
         t = type(e)
