@@ -146,6 +146,17 @@ def test_a_user_policy_trace_needs_the_policy_to_replay(tmp_path, capsys):
     # another policy given: the replay names where it departs from the trace
     assert main(["replay", str(trace), "--policy", "prefill_first"]) == 1
     assert "replay diverges at step 0" in capsys.readouterr().out
+    # a what-if to a user policy names it with --set (so it is imported); its trace needs it to replay
+    whatif = tmp_path / "whatif.trace"
+    first = tmp_path / "first.trace"
+    assert main(["generate", "--prompt-lens", "12,3,7", "--max-tokens", "3", "--max-num-seqs", "1",
+                 "--temperature", "0", "--record", str(first), "--quiet"]) == 0
+    assert main(["replay", str(first), "--set", "scheduling_policy=user_policies:ShortestFirst",
+                 "--arrivals", "steps", "--record", str(whatif)]) == 0
+    capsys.readouterr()
+    assert main(["replay", str(whatif)]) == 2
+    assert main(["replay", str(whatif), "--policy", "user_policies:ShortestFirst"]) == 0
+    assert main(["diff", str(whatif), str(trace)]) == 0
 
 
 def test_llm_takes_a_policy_class():
@@ -338,3 +349,15 @@ def test_the_server_runs_the_mixed_policy(tmp_path):
     assert events[0].config["scheduling_policy"] == "mixed"
     assert "mixed" in {d.phase for d in decisions(events)}
     assert reexecute(events).ok
+
+
+def test_a_time_aware_whatif_runs_a_policy_given_by_name():
+    from tracengine.replay.simulate import timed_whatif
+    with TraceReader(TRACES / "mixed.trace") as reader:
+        events = list(reader.events())
+    result = timed_whatif(events, {"scheduling_policy": "user_policies:MixedPreemptingHead"})
+    assert result.new[0].config["scheduling_policy"] == "user_policies:MixedPreemptingHead"
+    assert reexecute(result.self_check).ok                       # the recorded policy, in simulated time
+    assert reexecute(result.new, MixedPreemptingHead).ok
+    with pytest.raises(ConfigError, match="user_policies:MixedPreemptingHead"):
+        reexecute(result.new)                                     # never imported on its own

@@ -51,7 +51,7 @@ def cmd_replay(args) -> int:
         return run_sweep_replay(args.trace, overrides, timed, step_time, args)
     if timed:
         from tracengine.cli.simulate import run_timed_whatif
-        return run_timed_whatif(args.trace, overrides, args.record, step_time)
+        return run_timed_whatif(args.trace, overrides, args.record, step_time, args.policy)
     return run_whatif(args.trace, overrides, args.record, args.json, args.policy)
 
 

@@ -160,14 +160,14 @@ def run_sweep_replay(path, overrides: dict, timed: bool, step_time, args) -> int
     return print_sweep(run_variant, variants, args)
 
 
-def run_timed_whatif(path, overrides: dict, record, step_time) -> int:
+def run_timed_whatif(path, overrides: dict, record, step_time, policy: str | None = None) -> int:
     from tracengine.analysis.stats import stats
     from tracengine.replay.simulate import timed_whatif
     from tracengine.trace.tracelog import TraceReader
     if record and os.path.exists(record):
         raise TracengineError(f"{record} exists; choose another --record path")
     with TraceReader(path) as reader:
-        result = timed_whatif(reader.events(), overrides, step_time, os.path.basename(path))
+        result = timed_whatif(reader.events(), overrides, step_time, os.path.basename(path), policy)
     changes = ", ".join(f"{name} {old} -> {new}" for name, old, new in result.changes) or "no config change"
     print(f"what-if on {path} in simulated time: {changes}")
     print(f"step times: {describe_step_time(result.step_time, path)}")

@@ -29,9 +29,9 @@ class SimulatedEngine(LLMEngine):
     """LLMEngine whose steps take simulated time: `now_ns` is set to a step's
     start before `step()`, which advances it by the model's durations."""
 
-    def __init__(self, config: Config, runner, step_time, sink=NULL_SINK):
+    def __init__(self, config: Config, runner, step_time, sink=NULL_SINK, policy=None):
         self.step_time = step_time
-        super().__init__(config, runner, sink)
+        super().__init__(config, runner, sink, policy=policy)
 
     def reset(self, sink=NULL_SINK):
         super().reset(sink)
@@ -57,12 +57,12 @@ class SimulatedEngine(LLMEngine):
 
 
 def run_timed(config: Config, requests: list[WorkloadRequest], step_time, runner=None, sink=None,
-              header: TraceHeader | None = None, max_steps: int = 10_000_000) -> list:
+              header: TraceHeader | None = None, max_steps: int = 10_000_000, policy=None) -> list:
     """Run `requests` (each with `arrival_ns`) in simulated time; the events, header first.
     With `sink` given (a TraceWriter) the events go there and the list holds the header only."""
     events_sink = sink if sink is not None else ListSink()
     runner = runner if runner is not None else SyntheticRunner(eos=config.eos, seed=config.seed)
-    engine = SimulatedEngine(config, runner, step_time, events_sink)
+    engine = SimulatedEngine(config, runner, step_time, events_sink, policy=policy)   # policy: as LLMEngine's
     check_requests(engine.scheduler, requests)
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_ns)
     gap_ns = step_time.gap_ns
@@ -144,22 +144,29 @@ class TimedReplay:
                 raise TraceError(f"{exc}: give --step-time or --roofline, or --arrivals steps") from None
         return self.step_time
 
-    def run(self, config: Config) -> tuple[list, OutputRunner]:
+    def run(self, config: Config, policy=None) -> tuple[list, OutputRunner]:
         step_time = self.ensure_step_time()
+        if policy is not None:      # the header names the policy that runs
+            from tracengine.engine.policies import policy_path
+            config = config.replace(scheduling_policy=policy if isinstance(policy, str) else policy_path(policy))
         header = msgspec.structs.replace(self.workload.header, config=config.to_dict(),
                                          device=f"simulated ({step_time.kind})", created_at=time.time())
         runner = OutputRunner(self.workload.outputs, self.workload.middle, 0 if config.eos != 0 else 1)
-        return run_timed(config, self.workload.requests, step_time, runner, header=header), runner
+        return run_timed(config, self.workload.requests, step_time, runner, header=header, policy=policy), runner
 
 
-def timed_whatif(events, overrides: dict, step_time=None, trace_name: str = "") -> TimedWhatIf:
+def timed_whatif(events, overrides: dict, step_time=None, trace_name: str = "", policy=None) -> TimedWhatIf:
     """The workload of `events` at its recorded arrival times, in simulated time, under the
     recorded config (the self-check) and with `overrides`; `step_time` defaults to a model
-    calibrated on the trace itself."""
+    calibrated on the trace itself. `policy` (replay --policy): the recorded policy when it is
+    a user's own, and the new run's unless `overrides` names one (as whatif's)."""
+    from tracengine.engine.config import BUILTIN_POLICY_NAMES
     timed = TimedReplay(events, step_time, trace_name)
     config = timed.config(overrides)     # before calibrating: say the plainer problem first
-    self_check, _ = timed.run(timed.recorded)
-    new, runner = (self_check, None) if not overrides else timed.run(config)
+    recorded_policy = None if timed.recorded.scheduling_policy in BUILTIN_POLICY_NAMES else policy
+    self_check, _ = timed.run(timed.recorded, recorded_policy)
+    new, runner = (self_check, None) if not overrides else timed.run(
+        config, overrides.get("scheduling_policy", policy))
     changes = [(name, value, getattr(config, name)) for name, value in timed.recorded.to_dict().items()
                if getattr(config, name) != value]
     return TimedWhatIf(timed.step_time, timed.events, self_check, new, changes,
@@ -204,4 +211,5 @@ def simulate(config: Config, requests, step_time, sink=None, header: TraceHeader
     (a TraceWriter made with `header`, by default `simulation_header`) the header alone."""
     timed = requests if requests and isinstance(requests[0], WorkloadRequest) else timed_requests(requests)
     header = header if header is not None else simulation_header(config, step_time)
-    return run_timed(config, timed, step_time, sink=sink, header=header)
+    # the config comes from the user's flags, not a trace: a policy it names is loaded
+    return run_timed(config, timed, step_time, sink=sink, header=header, policy=config.scheduling_policy)
