@@ -23,7 +23,7 @@ IO = {"os", "io", "pathlib", "shutil", "socket", "subprocess", "tempfile", "glob
 MODEL_SIDE = {"tracengine.model", "tracengine.runner", "tracengine.engine.llm"}
 
 CORE = ["tracengine.engine.scheduler", "tracengine.engine.block_manager", "tracengine.engine.sequence",
-        "tracengine.engine.config"]
+        "tracengine.engine.config", "tracengine.engine.policies"]
 
 
 def modules_of(part: str) -> list[str]:

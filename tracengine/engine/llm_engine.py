@@ -14,7 +14,7 @@ from time import perf_counter_ns, sleep
 
 from tracengine.engine.config import Config
 from tracengine.errors import ConfigError
-from tracengine.trace.events import NULL_SINK, RequestAdded, StepEnd
+from tracengine.trace.events import NULL_SINK, EventSink, RequestAdded, StepEnd
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.engine.policies import policy_path, scheduler_class
 from tracengine.engine.sequence import Sequence
@@ -22,7 +22,8 @@ from tracengine.engine.sequence import Sequence
 
 class LLMEngine:
 
-    def __init__(self, config: Config, runner, sink=NULL_SINK, tokenizer=None, policy: type | str | None = None):
+    def __init__(self, config: Config, runner, sink: EventSink = NULL_SINK, tokenizer=None,
+                 policy: type | str | None = None):
         """`policy`: a Scheduler subclass or a name to load (engine/policies.py); None: the built-in
         policy `config.scheduling_policy` names. The config records the policy's name."""
         self.scheduler_class = scheduler_class(config, policy)
