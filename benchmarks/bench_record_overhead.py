@@ -7,8 +7,8 @@ disturbs less), and so is each adjacent pair. Torch runs on one thread by
 default, for the same reason. Inside the recorded runs the writer's own time
 per frame (encode, deflate, checksum, write and flush) is clocked. Then the
 sink's cost per step without a model: the same schedule through LLMEngine +
-SyntheticRunner with no sink, with events built into a list, and written
-stored and deflated.
+SyntheticRunner with no sink, with events built into a list, folded for
+generate's summary, and written stored and deflated.
 
     python benchmarks/bench_record_overhead.py [--repeats 7] [--requests 16] [--threads 1]
 """
@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tracengine.analysis.timeline import RequestTimelineSink  # noqa: E402
 from tracengine.engine.config import Config  # noqa: E402
 from tracengine.trace.events import NULL_SINK, ListSink  # noqa: E402
 from tracengine.engine.llm_engine import LLMEngine  # noqa: E402
@@ -100,6 +101,7 @@ def sink_costs(config: Config, prompts, sp, tmp: str, repeats: int = 7) -> dict[
     sinks = {
         "no sink": lambda: NULL_SINK,
         "events built (ListSink)": ListSink,
+        "summary (timeline fold)": lambda: RequestTimelineSink(make_header(config)),
         "written, stored": lambda: TraceWriter(path, make_header(config), deflate=False),
         "written, deflated": lambda: TraceWriter(path, make_header(config)),
     }
