@@ -125,7 +125,8 @@ def test_admit_hook_stops_admission_with_its_reason():
     events = run("eos_vs_length", AtMostTwoRunning)
     d0 = decisions(events)[0]
     assert [s.seq_id for s in d0.seqs] == [0, 1]
-    assert (d0.stop_reason, d0.blocked_seq_id) == ("not_admitted", 2)
+    assert (d0.stop_reason, d0.blocked_seq_id) == ("not_admitted", -1)   # a refusal, not a blocked head
+    assert all(d.blocked_seq_id == -1 for d in decisions(events))
     assert reexecute(events, AtMostTwoRunning).ok
 
 

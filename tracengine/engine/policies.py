@@ -98,7 +98,7 @@ class MixedScheduler(Scheduler):
                     break
                 seq = self.waiting[0]
                 if not self.admit(seq):
-                    stop_reason, blocked_seq_id = "not_admitted", seq.seq_id
+                    stop_reason = "not_admitted"   # a policy's refusal, no head-of-line block
                     break
                 num_cached_blocks, num_new_blocks = self.block_manager.num_blocks_needed(seq)
                 if num_new_blocks > self.block_manager.num_free_blocks:

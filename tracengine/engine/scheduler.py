@@ -70,7 +70,7 @@ class Scheduler:
                 break
             if not seq.block_table:    # first schedule, or after preemption
                 if not self.admit(seq):
-                    stop_reason, blocked_seq_id = "not_admitted", seq.seq_id
+                    stop_reason = "not_admitted"   # a policy's refusal, no head-of-line block
                     break
                 # can_allocate, keeping the count of blocks needed for the record
                 num_cached_blocks, num_new_blocks = self.block_manager.num_blocks_needed(seq)

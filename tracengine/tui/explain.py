@@ -89,7 +89,7 @@ def _prefill_stop(decision, budget, max_num_seqs) -> str:
         case "preempted":
             return "a sequence was preempted, so none is admitted this step (as vLLM V1)"
         case "not_admitted":
-            return f"the policy admits no more: head seq {decision.blocked_seq_id} waits"
+            return "the policy admits no more this step"
     return f"stopped: {decision.stop_reason}"
 
 
