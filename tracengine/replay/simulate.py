@@ -66,13 +66,13 @@ def run_timed(config: Config, requests: list[WorkloadRequest], step_time, runner
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _run_timed(config, requests, step_time, runner, sink, header, max_steps)
+        return _run_timed(config, requests, step_time, runner, sink, header, max_steps, policy)
     finally:
         if collecting:
             gc.enable()
 
 
-def _run_timed(config, requests, step_time, runner, sink, header, max_steps) -> list:
+def _run_timed(config, requests, step_time, runner, sink, header, max_steps, policy) -> list:
     events_sink = sink if sink is not None else ListSink()
     runner = runner if runner is not None else SyntheticRunner(eos=config.eos, seed=config.seed)
     engine = SimulatedEngine(config, runner, step_time, events_sink, policy=policy)   # policy: as LLMEngine's
