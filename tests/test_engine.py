@@ -125,3 +125,19 @@ def test_the_summary_is_the_stats_of_the_run(tmp_path):
     assert [r["ttft_steps"] for r in folded["per_request"]] == [r["ttft_steps"] for r in recorded["per_request"]]
     assert recorded["preemption"]["num_preemptions"] > 0
     assert recorded["tokens"]["num_completion_tokens"] == len(PROMPTS) * GREEDY.max_tokens
+
+
+def test_a_second_summary_on_the_same_engine_counts_its_own_run():
+    # the engine's steps and clock go on from the first run; the second summary is of its own run
+    llm = LLM("", num_kvcache_blocks=20, kvcache_block_size=4)
+    try:
+        llm.generate(PROMPTS, GREEDY, use_tqdm=False, summary=True)
+        first = llm.last_run
+        llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False, summary=True)
+        second = llm.last_run
+    finally:
+        llm.close()
+    assert first["requests"]["num_requests"] == len(PROMPTS)
+    assert second["requests"]["num_requests"] == 2 and second["requests"]["num_finished"] == 2
+    assert second["tokens"]["num_completion_tokens"] == 2 * GREEDY.max_tokens
+    assert all(r["ttft_s"] is not None and r["ttft_s"] >= 0 and r["queueing_s"] >= 0 for r in second["per_request"])

@@ -13,6 +13,8 @@ token sampled in step s appears at end_ns(s)."""
 import os
 from dataclasses import dataclass, field
 
+import msgspec
+
 from tracengine.errors import TraceError
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
                                      ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader,
@@ -199,13 +201,19 @@ class RequestTimelineSink:
     figures of a run with no trace file to read them from (generate's summary)."""
     enabled = True
 
-    def __init__(self, header: TraceHeader, inner=None):
-        self.step = 0
+    def __init__(self, header: TraceHeader, inner=None, first_step: int = 0, origin_ns: int = 0):
         self.timeline = RequestTimeline(header)
         self.inner = inner if inner is not None and inner.enabled else None
+        # An engine that ran before counts on from its last step and its own start: this
+        # run's figures count steps from 0 and time from `origin_ns` of the engine's clock.
+        self.first_step = first_step
+        self.origin_ns = origin_ns
 
     def emit(self, event) -> None:
         if self.inner is not None:
-            self.inner.step = self.step
             self.inner.emit(event)
+        if self.first_step or self.origin_ns:
+            event = msgspec.structs.replace(event, step=event.step - self.first_step)
+            if type(event) is RequestAdded and event.arrival_ns >= 0:
+                event = msgspec.structs.replace(event, arrival_ns=max(0, event.arrival_ns - self.origin_ns))
         self.timeline.add(event)

@@ -138,7 +138,8 @@ class LLM(LLMEngine):
         folding = None
         if summary and not record:
             from tracengine.analysis.timeline import RequestTimelineSink
-            folding = RequestTimelineSink(self.trace_header(), inner=self.sink)
+            folding = RequestTimelineSink(self.trace_header(), inner=self.sink, first_step=self.num_steps,
+                                          origin_ns=self.last_step_end_ns - self.start_ns if self.num_steps else 0)
             self.set_sink(folding)
         try:
             outputs = self._generate(token_ids, sampling_params, use_tqdm, arrival_times)
