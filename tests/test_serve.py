@@ -177,6 +177,59 @@ def test_bad_requests_get_an_openai_error_and_the_server_goes_on(served, client,
     assert client.completions.create(model="embedded", prompt="next", max_tokens=2).usage.completion_tokens == 2
 
 
+def test_the_checkpoints_chat_template_is_used_when_it_has_one(served, client):
+    llm = served[1]
+    template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant]"
+    llm.tokenizer.chat_template = template
+    try:
+        whole = client.chat.completions.create(model="embedded", messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=2)
+        with pytest.raises(openai.BadRequestError, match="chat template refused"):
+            llm.tokenizer.chat_template = "{{ raise_exception('no system messages') }}"
+            client.chat.completions.create(model="embedded", messages=[{"role": "user", "content": "hi"}])
+    finally:
+        llm.tokenizer.chat_template = None
+    assert whole.usage.prompt_tokens == len(llm.tokenizer.encode("[user] hi\n[assistant]", add_special_tokens=False))
+
+
+def test_sampling_fields_reach_the_engine(served, client):
+    app, llm, expected, path = served
+    # top_k=1 at temperature 1 samples the most likely token: the greedy output
+    r = client.completions.create(model="embedded", prompt=PROMPTS[2], max_tokens=12, temperature=1.0,
+                                  extra_body={"top_k": 1, "return_token_ids": True})
+    assert r.choices[0].token_ids == expected[2]["token_ids"]
+    seeded = [client.completions.create(model="embedded", prompt=PROMPTS[2], max_tokens=8, seed=7,
+                                        extra_body={"return_token_ids": True}).choices[0].token_ids for _ in range(2)]
+    assert seeded[0] == seeded[1]                 # a request's own seed: the same tokens in any run
+    with pytest.raises(openai.BadRequestError, match="top_p must be in"):
+        client.completions.create(model="embedded", prompt="x", top_p=1.5)
+    with pytest.raises(openai.BadRequestError, match="temperature must be in"):
+        client.completions.create(model="embedded", prompt="x", temperature=-1)
+
+
+def test_a_client_that_disconnects_before_a_whole_response_is_aborted(served):
+    import json
+    import socket
+    app, llm, _, _ = served
+    aborted = 'finished_reason="abort",model_name="embedded"'
+
+    def num_aborted():
+        text = httpx.get(app.url + "/metrics").text
+        return metric(app, "vllm:request_success_total", aborted) if aborted in text else 0.0
+
+    before = num_aborted()
+    body = json.dumps({"model": "embedded", "prompt": list(range(200, 220)), "max_tokens": 100,
+                       "ignore_eos": True}).encode()
+    with socket.create_connection(("127.0.0.1", app.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: "
+                     + str(len(body)).encode() + b"\r\n\r\n" + body)
+        wait_for(lambda: metric(app, "vllm:num_requests_running") > 0 or num_aborted() > before, "it to run")
+    wait_for(lambda: num_aborted() > before, "the abort")
+    wait_for(lambda: llm.is_finished(), "the engine to go idle")
+    assert llm.scheduler.block_manager.num_free_blocks == llm.config.num_kvcache_blocks
+
+
 def test_bad_chat_requests(served, client):
     with pytest.raises(openai.BadRequestError, match="messages must be a non-empty list"):
         client.chat.completions.create(model="embedded", messages=[])

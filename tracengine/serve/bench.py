@@ -61,7 +61,10 @@ def _headers(api_key: str | None) -> dict:
 
 def request_body(request: Request, model: str, chat: bool) -> dict:
     body = {"model": model, "max_tokens": request.max_tokens, "temperature": request.temperature,
-            "ignore_eos": request.ignore_eos, "stream": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": request.ignore_eos, "stream": True, "stream_options": {"include_usage": True},
+            # vLLM's extension: chunks carry their token ids, so a token whose text is held back (half a
+            # character) or empty still counts; a server without it ignores the field, and text counts
+            "return_token_ids": True}
     for name, unset in (("top_k", -1), ("top_p", 1.0), ("seed", -1)):
         if getattr(request, name) != unset:
             body[name] = getattr(request, name)
