@@ -301,3 +301,16 @@ def test_sampling_params_are_recorded_and_shown(tmp_path, capsys, llm):
     code, out, _ = run_cli(capsys, "events", path, "--type", "RequestAdded")
     assert "top_k=20 top_p=0.5 seed=11" in out
     assert run_cli(capsys, "replay", path)[0] == 0
+
+
+def test_outputs_of_calibrate_and_simulate_are_checked_too(tmp_path, capsys, trace):
+    other = tmp_path / "other.json"
+    other.write_text("keep me")
+    assert_refused(capsys, tmp_path, ["calibrate", trace, "-o", other], "exists; give --force")
+    assert_refused(capsys, tmp_path, ["calibrate", trace, "-o", trace, "--force"], "is the trace it reads")
+
+
+def test_replay_json_of_a_timed_what_if_is_refused_not_ignored(tmp_path, capsys, trace):
+    # the trace has arrival times, so a what-if runs in simulated time by default
+    assert_refused(capsys, tmp_path, ["replay", trace, "--set", "num_kvcache_blocks=32", "--json"],
+                   "--json gives the re-execution and the what-if by steps")

@@ -3,6 +3,7 @@
 recorded / simulated / what-if table in ms and steps."""
 import os
 
+from tracengine.cli.outputs import check_outputs
 from tracengine.errors import TracengineError
 
 EXIT_OK = 0
@@ -54,8 +55,7 @@ def describe_step_time(model, trace_path: str = "") -> str:
 def cmd_calibrate(args) -> int:
     from tracengine.replay.steptime import FEATURES, PARTS, PHASES, calibrate, save
     from tracengine.trace.tracelog import TraceReader
-    if args.output and os.path.exists(args.output) and not args.force:
-        raise TracengineError(f"{args.output} exists (--force overwrites it)")
+    check_outputs({"--output": args.output}, {"trace": args.trace}, args.force)
     with TraceReader(args.trace) as reader:
         model = calibrate(reader.events(), os.path.basename(args.trace))
     src, err = model.source, model.error
@@ -164,8 +164,7 @@ def run_timed_whatif(path, overrides: dict, record, step_time, policy: str | Non
     from tracengine.analysis.stats import stats
     from tracengine.replay.simulate import timed_whatif
     from tracengine.trace.tracelog import TraceReader
-    if record and os.path.exists(record):
-        raise TracengineError(f"{record} exists; choose another --record path")
+    # `replay` checked --record (exists without --force, or the input) before calling
     with TraceReader(path) as reader:
         result = timed_whatif(reader.events(), overrides, step_time, os.path.basename(path), policy)
     changes = ", ".join(f"{name} {old} -> {new}" for name, old, new in result.changes) or "no config change"
@@ -233,8 +232,7 @@ def sweep_options(args):
         raise TracengineError(f"--plot-figure is one of {', '.join(FIGURES)}, got {args.plot_figure!r}")
     if args.jobs is not None and args.jobs <= 0:
         raise TracengineError(f"--jobs must be positive, got {args.jobs}")
-    if args.plot and os.path.exists(args.plot) and not getattr(args, "force", False):
-        raise TracengineError(f"{args.plot} exists; choose another --plot path")
+    check_outputs({"--plot": args.plot}, {"trace": getattr(args, "trace", None)}, getattr(args, "force", False))
     return parse_sweep(args.sweep), slo
 
 
@@ -269,8 +267,7 @@ def cmd_simulate(args) -> int:
         raise TracengineError("simulate needs step times: --step-time FILE (tracengine calibrate) or --roofline CONFIG")
     if args.record and variants is not None:
         raise TracengineError("--record writes one run; a --sweep makes many")
-    if args.record and os.path.exists(args.record) and not args.force:
-        raise TracengineError(f"{args.record} exists (--force overwrites it)")
+    check_outputs({"--record": args.record}, {"workload file": args.workload_file}, args.force)
     vocab_size = args.vocab_size or (step_time.model.vocab_size if step_time.kind == "roofline" else DEFAULT_VOCAB_SIZE)
     requests = timed_requests(workload_for_simulation(args, vocab_size))
     if variants is not None:
