@@ -378,10 +378,12 @@ class EventCheck:
         elif t is ScheduleDecision:
             if self.state.decision is not None and self.state.decision.step == self.step:
                 return "a second ScheduleDecision in one step"
-            queue = self.state.waiting if e.phase == "prefill" else self.state.running
-            missing = [ss.seq_id for ss in e.seqs if ss.seq_id not in queue]
+            # decode takes running sequences; prefill waiting ones, and under a policy that mixes
+            # them (mixed) running ones too
+            queues = (self.state.running,) if e.phase == "decode" else (self.state.waiting, self.state.running)
+            missing = [ss.seq_id for ss in e.seqs if not any(ss.seq_id in q for q in queues)]
             if missing:
-                return f"seq {missing[0]} is not {'waiting' if e.phase == 'prefill' else 'running'}"
+                return f"seq {missing[0]} is not {'running' if e.phase == 'decode' else 'waiting or running'}"
             self.scheduled = {ss.seq_id for ss in e.seqs}
         elif t is not StepEnd and e.seq_id not in seqs:
             return f"seq {e.seq_id} was never added"
