@@ -49,8 +49,19 @@ def test_free_block_queue_keeps_the_order_of_a_deque():
     rng = random.Random(0)
     queue, reference, taken = FreeBlockQueue(50), deque(range(50)), []
     for _ in range(2000):
-        op = rng.randrange(3)
-        if op == 0 and reference:
+        op = rng.randrange(5)
+        if op == 3 and reference:        # popleft_many: as that many poplefts
+            n = rng.randrange(len(reference) + 1)
+            got = queue.popleft_many(n)
+            assert got == [reference.popleft() for _ in range(n)]
+            taken += got
+        elif op == 4 and taken:          # extend: as that many appends
+            rng.shuffle(taken)
+            n = rng.randrange(len(taken) + 1)
+            back, taken = taken[:n], taken[n:]
+            queue.extend(back)
+            reference.extend(back)
+        elif op == 0 and reference:
             assert queue.head() == reference[0]
             taken.append(queue.popleft())
             assert taken[-1] == reference.popleft()
@@ -68,6 +79,13 @@ def test_free_block_queue_keeps_the_order_of_a_deque():
         queue.remove(taken[0] if taken else 50)
     with pytest.raises(ValueError, match="not free"):
         queue.remove(-1)
+    with pytest.raises(IndexError):
+        queue.popleft_many(len(queue) + 1)
+    if reference:     # a block already free: refused, the queue whole with those appended before it
+        before = list(queue)
+        with pytest.raises(ValueError, match="already free"):
+            queue.extend(taken[:1] + [reference[0]])
+        assert list(queue) == before + taken[:1] and len(queue) == len(before) + 1
 
 
 def test_empty_free_block_queue():

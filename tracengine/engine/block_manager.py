@@ -126,6 +126,42 @@ class FreeBlockQueue:
         prev[block_id] = -1
         self.num_free -= 1
 
+    # Batches of the above, for a prompt's hundreds of blocks: the same queue as one call per block.
+
+    def popleft_many(self, n: int) -> list[int]:
+        """The first n free blocks, taken out, in order."""
+        if n > self.num_free:
+            raise IndexError(f"{n} blocks asked, {self.num_free} free")
+        prev, nxt, sentinel = self.prev, self.next, self.sentinel
+        block_ids = []
+        take = block_ids.append
+        block_id = nxt[sentinel]
+        for _ in range(n):
+            take(block_id)
+            prev[block_id] = -1
+            block_id = nxt[block_id]
+        nxt[sentinel] = block_id
+        prev[block_id] = sentinel
+        self.num_free -= n
+        return block_ids
+
+    def extend(self, block_ids: list[int]):
+        """Append each of `block_ids`, in order."""
+        prev, nxt, sentinel = self.prev, self.next, self.sentinel
+        last = prev[sentinel]
+        for i, block_id in enumerate(block_ids):
+            if prev[block_id] != -1:
+                nxt[last] = sentinel       # the queue stays whole, holding those appended so far
+                prev[sentinel] = last
+                self.num_free += i
+                raise ValueError(f"block {block_id} is already free")
+            nxt[last] = block_id
+            prev[block_id] = last
+            last = block_id
+        nxt[last] = sentinel
+        prev[sentinel] = last
+        self.num_free += len(block_ids)
+
 
 class Block:
     __slots__ = ("block_id", "ref_count", "hash", "token_ids")
@@ -224,25 +260,28 @@ class BlockManager:
         assert len(cached) >= num_cached_blocks
         self._lookup = None
         blocks, used, free, table = self.blocks, self.used_block_ids, self.free_block_ids, seq.block_table
-        for block_id in cached[:num_cached_blocks]:
+        hits = cached[:num_cached_blocks]
+        remove, use = free.remove, used.add
+        for block_id in hits:
             block = blocks[block_id]
             if block_id in used:
                 block.ref_count += 1
             else:
                 block.ref_count = 1
-                free.remove(block_id)
-                used.add(block_id)
-            table.append(block_id)
+                remove(block_id)
+                use(block_id)
+        # _allocate_block, for all the new blocks at once: a prompt has hundreds
+        new_block_ids = free.popleft_many(seq.num_blocks - num_cached_blocks)
         hash_map = self.hash_to_block_id
-        for _ in range(num_cached_blocks, seq.num_blocks):    # _allocate_block, inlined: a prompt has hundreds
-            block_id = free.popleft()
+        for block_id in new_block_ids:
             block = blocks[block_id]
             assert block.ref_count == 0
             if block.hash != -1 and hash_map.get(block.hash) == block_id:
                 del hash_map[block.hash]   # the cached content is overwritten
             block.ref_count, block.hash, block.token_ids = 1, -1, []
-            used.add(block_id)
-            table.append(block_id)
+        used.update(new_block_ids)
+        table += hits
+        table += new_block_ids
         self._version += 1
         seq.num_cached_tokens = num_cached_blocks * self.block_size
         self.num_hit_blocks += num_cached_blocks
@@ -251,14 +290,16 @@ class BlockManager:
 
     def deallocate(self, seq: Sequence):
         released = seq.block_table[::-1]   # tail first, so prefix blocks stay cached longer
-        blocks, used, free = self.blocks, self.used_block_ids, self.free_block_ids
+        blocks = self.blocks
+        freed = []
         for block_id in released:
             block = blocks[block_id]
             block.ref_count -= 1
             assert block.ref_count >= 0
             if block.ref_count == 0:
-                used.remove(block_id)
-                free.append(block_id)
+                freed.append(block_id)
+        self.used_block_ids.difference_update(freed)
+        self.free_block_ids.extend(freed)   # in release order
         seq.num_cached_tokens = 0
         seq.block_table.clear()
         if self.sink.enabled:
