@@ -8,11 +8,16 @@ default, for the same reason. Inside the recorded runs the writer's own time
 per frame (encode, deflate, checksum, write and flush) is clocked. Then the
 sink's cost per step without a model: the same schedule through LLMEngine +
 SyntheticRunner with no sink, with events built into a list, folded for
-generate's summary, and written stored and deflated.
+generate's summary, and written stored and deflated. Last, writers side by
+side in place (runs alternating, each writer's time per frame clocked inside
+the recorded model runs): the writer as it was before (PreviousTraceWriter:
+a buffered file written and flushed, the frame built in a bytearray, deflate
+level 6), the writer now at level 6, and the writer now (level 1).
 
-    python benchmarks/bench_record_overhead.py [--repeats 7] [--requests 16] [--threads 1]
+    python benchmarks/bench_record_overhead.py [--repeats 7] [--requests 16] [--threads 1] [--writers-only]
 """
 import argparse
+import contextlib
 import os
 import random
 import statistics
@@ -20,6 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -29,7 +36,9 @@ from tracengine.trace.events import NULL_SINK, ListSink  # noqa: E402
 from tracengine.engine.llm_engine import LLMEngine  # noqa: E402
 from tracengine.replay.runners import SyntheticRunner  # noqa: E402
 from tracengine.engine.sampling_params import SamplingParams  # noqa: E402
-from tracengine.trace.tracelog import TraceWriter, make_header  # noqa: E402
+from tracengine.trace import tracelog  # noqa: E402
+from tracengine.trace.tracelog import (DEFLATED, FRAME_HEAD, INFLATE_SLACK, MAX_INFLATE_RATIO,  # noqa: E402
+                                       TraceWriter, make_header, pack_head)
 
 # A small cache and budget, so the run chunks, blocks, preempts and hits the prefix cache;
 # 4 sequences at a time with 64 tokens each: about 300 steps for 16 requests.
@@ -71,6 +80,90 @@ class FrameClock:
 
     def __exit__(self, *exc):
         TraceWriter._write_frame = self._original
+
+
+class PreviousTraceWriter(TraceWriter):
+    """The writer before its frame path was cut down, kept to measure against: the
+    same frames (level 6), built in a bytearray and written to a buffered file,
+    flushed per frame."""
+    deflate_level = 6
+
+    def __init__(self, path, header, deflate: bool = True):
+        self._buffer = bytearray()
+        super().__init__(path, header, deflate)      # the header frame goes to the unbuffered file
+        self._raw, self._file = self._file, open(self._file.fileno(), "wb", closefd=False)
+
+    def _write_frame(self, events) -> None:
+        buffer = self._buffer
+        self._encoder.encode_into(events, buffer, FRAME_HEAD.size)
+        nbytes = len(buffer) - FRAME_HEAD.size
+        word = nbytes
+        if nbytes >= self._min_deflate_bytes:
+            deflater = self._deflater.copy()
+            with memoryview(buffer) as view:
+                deflated = deflater.compress(view[FRAME_HEAD.size:])
+            deflated += deflater.flush()
+            if len(deflated) < nbytes and nbytes <= MAX_INFLATE_RATIO * len(deflated) + INFLATE_SLACK:
+                del buffer[FRAME_HEAD.size:]
+                buffer += deflated
+                word = len(deflated) | DEFLATED
+        with memoryview(buffer) as view:
+            checksum = xxhash.xxh64_intdigest(view[FRAME_HEAD.size:], word >> 31)
+        pack_head(buffer, word, checksum)
+        self._file.write(buffer)
+        self._file.flush()
+
+    def close(self) -> None:
+        if not self._raw.closed:
+            self._file.flush()
+            self._file = self._raw
+            super().close()
+
+
+class Level6TraceWriter(TraceWriter):
+    """The writer now, at the deflate level it had before."""
+    deflate_level = 6
+
+
+WRITERS = {"before (buffered, bytearray, level 6)": PreviousTraceWriter,
+           "now, at level 6": Level6TraceWriter,
+           "now (one unbuffered write, level 1)": TraceWriter}
+
+
+@contextlib.contextmanager
+def recording_with(cls, frame_ns: list):
+    """LLM.generate(record=...) writes with `cls`, each frame's nanoseconds appended to `frame_ns`."""
+    def write_frame(writer, events, _write=cls._write_frame):
+        start = time.perf_counter_ns()
+        _write(writer, events)
+        frame_ns.append(time.perf_counter_ns() - start)
+    clocked = type(cls.__name__, (cls,), {"_write_frame": write_frame})
+    tracelog.TraceWriter = clocked
+    try:
+        yield
+    finally:
+        tracelog.TraceWriter = TraceWriter
+
+
+def writers_in_place(llm, prompts, sp, tmp: str, repeats: int, step_us: float | None):
+    """Each writer's median time per frame inside the recorded model runs, alternating."""
+    per_run = {name: [] for name in WRITERS}
+    sizes = {}
+    names = list(WRITERS)
+    for r in range(repeats):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            frame_ns = []
+            path = os.path.join(tmp, f"writer-{names.index(name)}.trace")
+            with recording_with(WRITERS[name], frame_ns):
+                wall, _, num_steps = model_run(llm, prompts, sp, path)
+            per_run[name].append(sum(frame_ns) / len(frame_ns) / 1000)
+            sizes[name] = os.path.getsize(path)
+            step_us = step_us or 1e6 * wall / num_steps
+    print(f"\nwriters in place ({repeats} recorded runs each, alternating; us per frame: the mean of each run, the median of those):")
+    for name, runs in per_run.items():
+        us = statistics.median(runs)
+        print(f"  {name:<38} {us:7.1f} us  {100 * us / step_us:5.2f}% of a {step_us / 1000:.1f} ms step  "
+              f"trace {sizes[name]:,} B  runs {' '.join(f'{v:.1f}' for v in runs)}")
 
 
 def model_run(llm, prompts, sp, path) -> tuple[float, float, int]:
@@ -119,6 +212,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=7, help="runs of each kind (default 7)")
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--writers-only", action="store_true", help="only the writers side by side")
     args = parser.parse_args(argv)
 
     import torch
@@ -131,6 +225,9 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "run.trace")
         _, _, num_steps = model_run(llm, prompts, sp, None)          # warm-up, not counted
+        if args.writers_only:
+            writers_in_place(llm, prompts, sp, tmp, args.repeats, None)
+            return 0
         print(f"embedded tiny Qwen3 on {llm.runner.device}, {torch.get_num_threads()} torch thread(s), "
               f"{args.requests} requests, {num_steps} steps per run, {args.repeats} runs each, alternating\n")
         for r in range(args.repeats):
@@ -163,6 +260,9 @@ def main(argv=None) -> int:
               f"{100 * writer_us / step_us:.2f}% of a {step_us / 1000:.1f} ms step")
 
         costs = sink_costs(config, prompts, sp, tmp)
+        llm = LLM("", **CONFIG)
+        writers_in_place(llm, prompts, sp, tmp, args.repeats, step_us)
+        llm.close()
     print(f"\nthe sink per step, without a model ({num_steps} steps, best of 7):")
     base = costs["no sink"]
     for name, us in costs.items():

@@ -27,7 +27,7 @@ from tracengine.engine.llm_engine import LLMEngine  # noqa: E402
 from tracengine.replay.runners import SyntheticRunner  # noqa: E402
 from tracengine.engine.sampling_params import SamplingParams  # noqa: E402
 from tracengine.trace.dictionary import DICTIONARY  # noqa: E402
-from tracengine.trace.tracelog import WINDOW_BITS, TraceReader, TraceWriter, make_header, open_trace  # noqa: E402
+from tracengine.trace.tracelog import DEFLATE_LEVEL, WINDOW_BITS, TraceReader, TraceWriter, make_header, open_trace  # noqa: E402
 
 EOS = 0
 NUM_REQUESTS = 200
@@ -96,7 +96,7 @@ def measure(events: list, tmp: str) -> dict:
             steps.append(frame)
             frame = []
     frames = [encoder.encode(f) for f in steps]
-    deflater = zlib.compressobj(6, zlib.DEFLATED, -WINDOW_BITS, 5, zlib.Z_DEFAULT_STRATEGY, DICTIONARY)
+    deflater = zlib.compressobj(DEFLATE_LEVEL, zlib.DEFLATED, -WINDOW_BITS, 5, zlib.Z_DEFAULT_STRATEGY, DICTIONARY)
     inflater = zlib.decompressobj(-WINDOW_BITS, DICTIONARY)
 
     def deflate_all():

@@ -34,7 +34,7 @@ it anew would cost more than deflating the frame. A trace whose frames are
 all stored (as traces written before deflate was added) is a v1 trace too.
 
 The first frame holds only the TraceHeader; each later frame holds one engine
-step's events and is written, and flushed, when that step's StepEnd arrives,
+step's events and is written (one write on an unbuffered file) when that step's StepEnd arrives,
 so a killed process leaves every finished step readable. Closing the writer
 appends the end frame, an empty array (stored, one byte of payload): a
 reader following the file knows the recording is over, and a trace without
@@ -68,6 +68,7 @@ MAGIC = b"TRCE"
 PREAMBLE = struct.Struct("<4sH2x")     # magic, format version, 2 reserved bytes (0)
 FRAME_HEAD = struct.Struct("<IQI")     # length word, xxh64 of the stored payload (seed: the flag), head check
 FRAME_HEAD_V2 = struct.Struct("<IQ")   # versions 1 and 2: no head check
+HEAD_CHECK = struct.Struct("<I")       # v3: xxh32 of the FRAME_HEAD_V2 bytes before it
 DEFLATED = 1 << 31                     # length word flag: the payload is deflated
 LENGTH_MASK = DEFLATED - 1
 MAX_FRAME_BYTES = 64 << 20             # a longer frame is damage, not something to allocate
@@ -75,25 +76,28 @@ MAX_INFLATE_RATIO = 32                 # inflated bytes per stored byte that a v
 MAX_INFLATE_RATIO_V2 = 256             # v1/v2 writers had no bound: a looser one for their (real) frames
 INFLATE_SLACK = 64 << 10               # any frame may inflate to this much
 WINDOW_BITS = 13                       # deflate window of 8 KiB; the dictionary fills it
+DEFLATE_LEVEL = 1                      # the writer's; readers do not depend on it
 MIN_DEFLATE_BYTES = 32                 # smaller payloads are stored as they are
 SCAN_BYTES = 1 << 20                   # the index scan and events() read this much at a time
 _LEADING_BYTES = 32                    # enough payload to hold the first event's tag and step
 END_PAYLOAD = msgspec.msgpack.encode([])   # the end frame's payload: no events
 
 
+def frame_head(word: int, checksum: int) -> bytes:
+    """A v3 frame head: the length word, the payload's checksum, and the head check over both."""
+    head = FRAME_HEAD_V2.pack(word, checksum)
+    return head + HEAD_CHECK.pack(xxhash.xxh32_intdigest(head))
+
+
 def pack_head(buffer, word: int, checksum: int) -> None:
-    """Writes a v3 frame head at the start of `buffer`: the head check covers the length and checksum."""
-    FRAME_HEAD_V2.pack_into(buffer, 0, word, checksum)
-    with memoryview(buffer) as view:
-        head_check = xxhash.xxh32_intdigest(view[:FRAME_HEAD_V2.size])
-    struct.pack_into("<I", buffer, FRAME_HEAD_V2.size, head_check)
+    """Writes a v3 frame head at the start of `buffer` (a bytearray or a writable memoryview)."""
+    buffer[:FRAME_HEAD.size] = frame_head(word, checksum)
 
 
 def frame_bytes(payload: bytes, deflated: bool = False) -> bytes:
-    """A whole v3 frame around a stored payload (the writer builds its own in place)."""
-    head = bytearray(FRAME_HEAD.size)
-    pack_head(head, len(payload) | (DEFLATED if deflated else 0), xxhash.xxh64_intdigest(payload, int(deflated)))
-    return bytes(head) + payload
+    """A whole v3 frame around a stored payload."""
+    word = len(payload) | (DEFLATED if deflated else 0)
+    return frame_head(word, xxhash.xxh64_intdigest(payload, int(deflated))) + payload
 
 
 END_FRAME = frame_bytes(END_PAYLOAD)   # stored
@@ -140,6 +144,7 @@ class TraceWriter:
     """An event sink that writes one frame per step, at its StepEnd. With
     `deflate=False` every payload is stored as it is (benchmarks, tests)."""
     enabled = True
+    deflate_level = DEFLATE_LEVEL
 
     def __init__(self, path, header: TraceHeader, deflate: bool = True):
         if header.format_version != FORMAT_VERSION:   # a header copied from an older trace (what-if, a snapshot)
@@ -147,13 +152,17 @@ class TraceWriter:
         self.header = header
         self._min_deflate_bytes = MIN_DEFLATE_BYTES if deflate else MAX_FRAME_BYTES + 1
         self._encoder = msgspec.msgpack.Encoder()
-        self._buffer = bytearray()
         self._pending: list[Event] = []
         self._last_step_written = -1
-        # primed once; each frame deflates with a copy (no dictionary to load per frame)
-        self._deflater = zlib.compressobj(6, zlib.DEFLATED, -WINDOW_BITS, 5, zlib.Z_DEFAULT_STRATEGY, DICTIONARY)
-        self._file = open(path, "wb")
-        self._file.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION))
+        # primed once; each frame deflates with a copy (no dictionary to load per frame). Level 1:
+        # 17-27% less time per frame than 6 for 1-3% more bytes (BENCHMARKS.md, recording overhead);
+        # inflate reads any level.
+        self._deflater = zlib.compressobj(self.deflate_level, zlib.DEFLATED, -WINDOW_BITS, 5, zlib.Z_DEFAULT_STRATEGY,
+                                          DICTIONARY)
+        # unbuffered: each frame is on the file (in the kernel: a killed process keeps it) when
+        # its write returns, with no flush to call
+        self._file = open(path, "wb", buffering=0)
+        self._write(PREAMBLE.pack(MAGIC, FORMAT_VERSION))
         self._write_frame([header])
 
     def emit(self, event: Event) -> None:
@@ -166,27 +175,29 @@ class TraceWriter:
             self._pending = []
 
     def _write_frame(self, events: list[Event]) -> None:
-        buffer = self._buffer
-        self._encoder.encode_into(events, buffer, FRAME_HEAD.size)
-        nbytes = len(buffer) - FRAME_HEAD.size
+        # Inside the step loop, after a forward pass has evicted the caches: every call and
+        # allocation here is paid cold, so the frame is built from bytes (no buffer to resize
+        # or view) and goes to the file in one write call on an unbuffered file.
+        payload = self._encoder.encode(events)
+        nbytes = len(payload)
         if nbytes > MAX_FRAME_BYTES:
             raise TraceError(f"a frame of {nbytes} bytes exceeds the limit of {MAX_FRAME_BYTES}")
         word = nbytes
         if nbytes >= self._min_deflate_bytes:
             deflater = self._deflater.copy()
-            with memoryview(buffer) as view:
-                deflated = deflater.compress(view[FRAME_HEAD.size:])
-            deflated += deflater.flush()
+            deflated = deflater.compress(payload) + deflater.flush()
             # a payload that deflates past what a reader takes is stored as it is
             if len(deflated) < nbytes and nbytes <= MAX_INFLATE_RATIO * len(deflated) + INFLATE_SLACK:
-                del buffer[FRAME_HEAD.size:]
-                buffer += deflated
+                payload = deflated
                 word = len(deflated) | DEFLATED
-        with memoryview(buffer) as view:
-            checksum = xxhash.xxh64_intdigest(view[FRAME_HEAD.size:], word >> 31)
-        pack_head(buffer, word, checksum)
-        self._file.write(buffer)
-        self._file.flush()
+        self._write(frame_head(word, xxhash.xxh64_intdigest(payload, word >> 31)) + payload)
+
+    def _write(self, data: bytes) -> None:
+        """All of `data`, in one write call but for a short write (a full disk, a signal)."""
+        written = self._file.write(data)
+        while written < len(data):
+            with memoryview(data) as view:
+                written += self._file.write(view[written:])
 
     def close(self) -> None:
         """Ends the trace at the last finished step, then the end frame. Of the events
@@ -205,7 +216,7 @@ class TraceWriter:
         if pending:
             self._write_frame(pending)
         self._pending = []
-        self._file.write(END_FRAME)
+        self._write(END_FRAME)
         self._file.close()
 
     def __enter__(self) -> "TraceWriter":
