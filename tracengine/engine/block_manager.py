@@ -226,11 +226,14 @@ class BlockManager:
         hashes = self._hashes_upto(seq, num_full)
         get, blocks, token_ids, size = self.hash_to_block_id.get, self.blocks, seq.token_ids, self.block_size
         block_ids = []
-        for i in range(num_full):
-            block_id = get(hashes[i])
-            if block_id is None or blocks[block_id].token_ids != token_ids[i * size:(i + 1) * size]:
+        start = 0
+        for h in hashes[:num_full]:
+            block_id = get(h)
+            end = start + size
+            if block_id is None or blocks[block_id].token_ids != token_ids[start:end]:
                 break    # a miss, or a hash collision (the tokens differ)
             block_ids.append(block_id)
+            start = end
         return block_ids
 
     def _hashes_upto(self, seq: Sequence, n: int) -> list[int]:
@@ -246,7 +249,7 @@ class BlockManager:
         block_ids = self._cached_block_ids(seq)
         used = self.used_block_ids
         # a block shared with a live sequence needs no free block
-        num_new_blocks = seq.num_blocks - sum(1 for block_id in block_ids if block_id in used)
+        num_new_blocks = seq.num_blocks - sum(map(used.__contains__, block_ids))
         self._lookup = (seq, self._version, block_ids)
         return len(block_ids), num_new_blocks
 
@@ -320,14 +323,14 @@ class BlockManager:
 
     def hash_blocks(self, seq: Sequence):
         """Register the blocks this step has just filled."""
-        start = seq.num_cached_tokens // self.block_size
-        end = (seq.num_cached_tokens + seq.num_scheduled_tokens) // self.block_size
-        if start == end:
+        size, num_cached_tokens = self.block_size, seq.num_cached_tokens
+        start = num_cached_tokens // size
+        end = (num_cached_tokens + seq.num_scheduled_tokens) // size
+        if start == end:     # most calls: a decoded token that does not fill its block
             return
         self._version += 1
         hashes = self._hashes_upto(seq, end)
-        blocks, table, token_ids, size, hash_map = self.blocks, seq.block_table, seq.token_ids, self.block_size, \
-            self.hash_to_block_id
+        blocks, table, token_ids, hash_map = self.blocks, seq.block_table, seq.token_ids, self.hash_to_block_id
         emit = self.sink.enabled
         for i in range(start, end):
             h = hashes[i]

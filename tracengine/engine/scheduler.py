@@ -102,10 +102,11 @@ class Scheduler:
                                 blocked_seq_id, num_blocks_needed, num_free_blocks)
             return scheduled_seqs, True
 
-        while self.running and len(scheduled_seqs) < self.max_num_seqs:
-            seq = self.running.popleft()
-            while not self.block_manager.can_append(seq):
-                if self.running:
+        running, can_append, may_append = self.running, self.block_manager.can_append, self.block_manager.may_append
+        while running and len(scheduled_seqs) < self.max_num_seqs:
+            seq = running.popleft()
+            while not can_append(seq):
+                if running:
                     self.preempt(self.preempt_victim(seq), by=seq)   # the running tail gives way
                 else:
                     self.preempt(seq, by=seq)                  # nobody else left: itself
@@ -113,7 +114,7 @@ class Scheduler:
             else:
                 seq.num_scheduled_tokens = 1
                 seq.is_prefill = False
-                self.block_manager.may_append(seq)
+                may_append(seq)
                 scheduled_seqs.append(seq)
         stop_reason = "max_num_seqs" if self.running else "running_empty"
         assert scheduled_seqs, "nothing schedulable: check_request should have refused a request"
@@ -147,22 +148,25 @@ class Scheduler:
         """Write the sampled tokens back; returns the sequences that finished."""
         finished = []
         emit = self.sink.enabled
+        # bound once: this loop runs for every token of every sequence
+        hash_blocks, sink_emit, step, eos, max_model_len = \
+            self.block_manager.hash_blocks, self.sink.emit, self.step, self.eos, self.max_model_len
         for seq, token_id in zip(seqs, token_ids):
-            self.block_manager.hash_blocks(seq)
+            hash_blocks(seq)
             seq.num_cached_tokens += seq.num_scheduled_tokens
             seq.num_scheduled_tokens = 0
             if is_prefill and seq.num_cached_tokens < seq.num_tokens:
                 # a middle chunk: its sample is not at the end of the prompt
                 if emit:
-                    self.sink.emit(TokenSample(self.step, seq.seq_id, token_id, False))
+                    sink_emit(TokenSample(step, seq.seq_id, token_id, False))
                 continue
             seq.append_token(token_id)
             if emit:
-                self.sink.emit(TokenSample(self.step, seq.seq_id, token_id, True))
+                sink_emit(TokenSample(step, seq.seq_id, token_id, True))
             reason: FinishReason
-            if not seq.ignore_eos and token_id == self.eos:
+            if not seq.ignore_eos and token_id == eos:
                 reason = "eos"
-            elif seq.num_completion_tokens == seq.max_tokens or seq.num_tokens >= self.max_model_len:
+            elif seq.num_completion_tokens == seq.max_tokens or seq.num_tokens >= max_model_len:
                 reason = "length"
             else:
                 continue

@@ -15,7 +15,7 @@ class Sequence:
     __slots__ = ("seq_id", "status", "token_ids", "last_token", "num_tokens", "num_prompt_tokens",
                  "num_cached_tokens", "num_scheduled_tokens", "is_prefill", "block_table",
                  "block_size", "temperature", "max_tokens", "ignore_eos", "top_k", "top_p", "seed",
-                 "num_preemptions", "finish_reason", "block_hashes")
+                 "num_preemptions", "finish_reason", "block_hashes", "num_completion_tokens")
 
     def __init__(self, seq_id: int, token_ids: list[int], block_size: int,
                  sampling_params: SamplingParams | None = None):
@@ -26,6 +26,7 @@ class Sequence:
         self.last_token = self.token_ids[-1] if self.token_ids else -1   # empty: the scheduler refuses it
         self.num_tokens = len(self.token_ids)
         self.num_prompt_tokens = self.num_tokens
+        self.num_completion_tokens = 0   # num_tokens - num_prompt_tokens, kept: read for every token
         self.num_cached_tokens = 0       # tokens whose KV is in the cache
         self.num_scheduled_tokens = 0    # tokens to compute this step
         self.is_prefill = True           # prefill_first: until first decoded; mixed: while prompt tokens remain
@@ -56,10 +57,6 @@ class Sequence:
         return self.status == SequenceStatus.FINISHED
 
     @property
-    def num_completion_tokens(self):
-        return self.num_tokens - self.num_prompt_tokens
-
-    @property
     def prompt_token_ids(self):
         return self.token_ids[:self.num_prompt_tokens]
 
@@ -79,3 +76,4 @@ class Sequence:
         self.token_ids.append(token_id)
         self.last_token = token_id
         self.num_tokens += 1
+        self.num_completion_tokens += 1

@@ -23,17 +23,22 @@ class SyntheticRunner:
         self.seed = seed
         self.eos = eos
         self.eos_at = eos_at or {}
+        self._prefixes: dict[int, bytes] = {}   # seq_id -> b"{seed}:{seq_id}:", made once per sequence
 
     def token_for(self, seq) -> int:
         position = seq.num_cached_tokens + seq.num_scheduled_tokens
-        if position == seq.num_tokens and self.eos_at.get(seq.seq_id) == seq.num_completion_tokens:
+        if self.eos_at and position == seq.num_tokens and self.eos_at.get(seq.seq_id) == seq.num_completion_tokens:
             return self.eos
-        h = xxhash.xxh64_intdigest(f"{self.seed}:{seq.seq_id}:{position}".encode())
-        token = h % self.vocab_size
+        prefix = self._prefixes.get(seq.seq_id)
+        if prefix is None:
+            prefix = self._prefixes[seq.seq_id] = f"{self.seed}:{seq.seq_id}:".encode()
+        # the hash of f"{seed}:{seq_id}:{position}", its prefix formatted once
+        token = xxhash.xxh64_intdigest(prefix + str(position).encode()) % self.vocab_size
         return token if token != self.eos else (token + 1) % self.vocab_size
 
     def run(self, seqs, is_prefill: bool) -> list[int]:
-        return [self.token_for(seq) for seq in seqs]
+        token_for = self.token_for
+        return [token_for(seq) for seq in seqs]
 
     def exit(self):
         pass
