@@ -314,3 +314,21 @@ def test_replay_json_of_a_timed_what_if_is_refused_not_ignored(tmp_path, capsys,
     # the trace has arrival times, so a what-if runs in simulated time by default
     assert_refused(capsys, tmp_path, ["replay", trace, "--set", "num_kvcache_blocks=32", "--json"],
                    "--json gives the re-execution and the what-if by steps")
+
+
+# --- output into a closed pipe ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", [["check"], ["stats"], ["stats", "--json"], ["replay"]])
+def test_a_closed_output_pipe_ends_quietly(trace, command):
+    """`tracengine check run.trace | head -1`: the reader went away, which is no error of the trace."""
+    import subprocess
+    import sys
+    read_end, write_end = os.pipe()
+    os.close(read_end)                 # every write fails with EPIPE, whatever the timing
+    try:
+        result = subprocess.run([sys.executable, "-m", "tracengine.cli", *command, str(trace)],
+                                stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""

@@ -15,7 +15,12 @@ def cmd_stats(args) -> int:
         print(json.dumps(s, indent=2))
     else:
         from rich.console import Console
-        Console(highlight=False, soft_wrap=False).print(render(s, title=str(args.trace)))
+
+        class TableConsole(Console):
+            def on_broken_pipe(self):   # rich would exit 1 (a failed check here); main ends it quietly
+                raise BrokenPipeError
+
+        TableConsole(highlight=False, soft_wrap=False).print(render(s, title=str(args.trace)))
     return 0
 
 

@@ -4,6 +4,7 @@ The command modules import nothing heavy at the top (the model, torch and
 Textual load inside the command that needs them), so `tracengine events`
 starts without a framework."""
 import argparse
+import os
 import sys
 
 from tracengine.cli.analysis import cmd_export, cmd_stats, cmd_tui
@@ -299,6 +300,9 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args) or EXIT_OK
+    except BrokenPipeError:   # `tracengine check run.trace | head -1`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # so the exit's flush is quiet too
+        return EXIT_OK
     except (TracengineError, OSError) as exc:
         print(f"tracengine: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
