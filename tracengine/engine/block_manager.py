@@ -14,12 +14,15 @@ from tracengine.trace.events import NULL_SINK, EventSink, BlockAllocate, BlockAp
 from tracengine.engine.sequence import Sequence
 
 
+PARENT = struct.Struct("<Q")   # a parent block's digest, as it starts its child's bytes
+
+
 def compute_hash(token_ids: list[int], prefix: int = -1) -> int:
     """xxh64 over the parent block's digest (8 bytes, little-endian) and the
     block's token ids as little-endian int64: the same bytes on every machine."""
     h = xxhash.xxh64()
     if prefix != -1:
-        h.update(prefix.to_bytes(8, "little"))
+        h.update(PARENT.pack(prefix))
     h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
     return h.intdigest()
 
@@ -30,15 +33,15 @@ def compute_hashes(token_ids: list[int], block_size: int, prefix: int = -1, star
     num_tokens = (len(token_ids) - start) // block_size * block_size
     if num_tokens <= 0:
         return []
-    num_bytes = num_tokens * 8
     data = struct.pack(f"<{num_tokens}q", *token_ids[start:start + num_tokens])
-    digest, to_bytes, stride = xxhash.xxh64_intdigest, int.to_bytes, block_size * 8
-    hashes = []
+    digest, pack_parent, stride = xxhash.xxh64_intdigest, PARENT.pack, block_size * 8
+    first = 0
     h = prefix
-    for start in range(0, num_bytes, stride):
-        chunk = data[start:start + stride]
-        h = digest(chunk if h == -1 else to_bytes(h, 8, "little") + chunk)
-        hashes.append(h)
+    if h == -1:          # the first block of a sequence has no parent
+        h = digest(data[:stride])
+        first = stride
+    hashes = [h] if first else []
+    hashes += [h := digest(pack_parent(h) + data[i:i + stride]) for i in range(first, num_tokens * 8, stride)]
     return hashes
 
 

@@ -1,0 +1,90 @@
+"""`bench_simulate.py`'s recorded run (1,000 Mooncake-like requests, block size
+16, 100,000 blocks, the trace written as `simulate --record` writes it) with
+the code of another commit and with this tree, side by side: the runs
+alternate (before, after, before, ...) in fresh processes, each timing one
+simulation in CPU seconds, and the medians are compared. Every run's trace
+is hashed: before and after must write the same events.
+
+    python benchmarks/bench_simulate_compare.py --before REV [--repeats 5] [--requests 1000]"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from bench_simulate import mooncake_like       # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+
+# Run in the tree under test, with only the API both sides have.
+CHILD = r"""
+import gc, sys, time, xxhash
+from tracengine.engine.config import Config
+from tracengine.replay.roofline import ModelShape, RooflineStepTime
+from tracengine.replay.simulate import simulate, simulation_header
+from tracengine.trace.tracelog import TraceReader, TraceWriter
+from tracengine.workload import read_workload
+workload, trace, shape = sys.argv[1], sys.argv[2], eval(sys.argv[3])
+requests = read_workload(workload, vocab_size=shape["vocab_size"])
+config = Config(num_kvcache_blocks=100_000, kvcache_block_size=16,
+                max_model_len=max(len(r.prompt) + r.max_tokens for r in requests))
+step_time = RooflineStepTime.for_hardware(ModelShape.from_hf_config(shape, "Qwen3-8B"), "H200")
+header = simulation_header(config, step_time)
+gc.collect()
+cpu = time.process_time()
+with TraceWriter(trace, header, deflate=False) as writer:
+    simulate(config, requests, step_time, writer, header)
+cpu = time.process_time() - cpu
+with TraceReader(trace) as reader:    # the events after the header (whose created_at differs)
+    start = reader.frames()[1].offset
+with open(trace, "rb") as f:
+    f.seek(start)
+    digest = xxhash.xxh64(f.read())
+print(cpu, digest.hexdigest())
+"""
+
+
+def run_one(tree: str, workload: str, trace: str, shape: dict) -> tuple[float, str]:
+    env = dict(os.environ, PYTHONPATH=tree, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", CHILD, workload, trace, repr(shape)], cwd=tree, env=env,
+                          capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"the run in {tree} failed:\n{done.stderr}")
+    cpu, digest = done.stdout.split()
+    return float(cpu), digest
+
+
+def main():
+    from bench_simulate import QWEN3_8B
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", required=True, help="the commit to compare this tree with")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=1000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        before = os.path.join(tmp, "before")
+        os.mkdir(before)
+        archive = subprocess.run(["git", "-C", ROOT, "archive", args.before], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", before], input=archive, check=True)
+        workload = os.path.join(tmp, "mooncake.jsonl")
+        mooncake_like(workload, args.requests)
+        times = {"before": [], "after": []}
+        digests = set()
+        for _ in range(args.repeats):
+            for name, tree in (("before", before), ("after", ROOT)):
+                cpu, digest = run_one(tree, workload, os.path.join(tmp, f"{name}.trace"), QWEN3_8B)
+                times[name].append(cpu)
+                digests.add(digest)
+        b, a = statistics.median(times["before"]), statistics.median(times["after"])
+        for name in ("before", "after"):
+            print(f"{name:>6}: CPU {statistics.median(times[name]):.2f} s (median of {args.repeats}; runs "
+                  f"{', '.join(f'{t:.2f}' for t in times[name])} s)")
+        print(f"after / before: {a / b:.2f} ({b / a:.2f}x faster); the events "
+              f"{'are identical' if len(digests) == 1 else 'DIFFER'} ({len(digests)} distinct trace hashes)")
+
+
+if __name__ == "__main__":
+    main()
