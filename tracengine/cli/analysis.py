@@ -17,7 +17,7 @@ def cmd_stats(args) -> int:
         from rich.console import Console
 
         class TableConsole(Console):
-            def on_broken_pipe(self):   # rich would exit 1 (a failed check here); main ends it quietly
+            def on_broken_pipe(self):   # rich would exit 1 (a failed check here); main says the pipe closed
                 raise BrokenPipeError
 
         TableConsole(highlight=False, soft_wrap=False).print(render(s, title=str(args.trace)))

@@ -17,6 +17,7 @@ from tracengine.errors import TracengineError
 from tracengine.workload.sources import add_workload_arguments
 
 EXIT_OK, EXIT_FAILED_CHECK, EXIT_BAD_INPUT, EXIT_NOT_ENDED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_PIPE_CLOSED = 141   # 128 + SIGPIPE, what a shell reports for a writer whose reader left
 
 DESCRIPTION = """\
 tracengine runs an LLM inference engine (Qwen3, paged KV cache, prefix caching,
@@ -34,7 +35,8 @@ exit status:
        an output file that exists (give --force to overwrite it)
   3    check only: the trace is intact but has no end frame (still being written,
        or its writer was killed)
-  130  interrupted (Ctrl-C); a trace being recorded ends at the last finished step"""
+  130  interrupted (Ctrl-C); a trace being recorded ends at the last finished step
+  141  the output pipe closed before the command finished (`| head`): no verdict"""
 
 ENGINE_DEFAULTS = "built-in mix: 16-token blocks, 48 blocks, 256-token budget, 8 seqs"
 
@@ -300,9 +302,9 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args) or EXIT_OK
-    except BrokenPipeError:   # `tracengine check run.trace | head -1`: the reader left, nothing is wrong
+    except BrokenPipeError:   # `tracengine diff a b | head -1`: no error to print, but no verdict either
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # so the exit's flush is quiet too
-        return EXIT_OK
+        return EXIT_PIPE_CLOSED
     except (TracengineError, OSError) as exc:
         print(f"tracengine: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
