@@ -318,7 +318,8 @@ def test_replay_json_of_a_timed_what_if_is_refused_not_ignored(tmp_path, capsys,
 
 # --- output into a closed pipe ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("command", [["check"], ["stats"], ["stats", "--json"], ["replay"], ["diff", "--json"]])
+@pytest.mark.parametrize("command", [["check"], ["stats"], ["stats", "--json"], ["replay"], ["diff", "--json"],
+                                     ["events"], ["events", "--json"], ["render"]])
 def test_a_closed_output_pipe_ends_quietly(trace, command):
     """`tracengine diff a b | head -1`: the reader went away, which is no error of the trace, and the
     command did not finish, so it claims neither success (0) nor a failed check (1): 141, as a shell says."""
@@ -335,3 +336,12 @@ def test_a_closed_output_pipe_ends_quietly(trace, command):
         os.close(write_end)
     assert result.returncode == 141, result.stderr
     assert result.stderr == ""
+
+
+@pytest.mark.parametrize("command", [["check"], ["events"], ["stats"], ["render"], ["replay"],
+                                     ["export", "--perfetto", "out.json"]])
+def test_a_directory_given_as_a_trace_is_named(tmp_path, capsys, command):
+    directory = tmp_path / "adir"
+    directory.mkdir()
+    assert main([command[0], str(directory), *command[1:]]) == 2
+    assert capsys.readouterr().err == f"tracengine: error: {directory} is a directory, not a trace\n"

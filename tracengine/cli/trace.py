@@ -63,20 +63,16 @@ def describe_filters(args) -> str:
 def cmd_events(args) -> int:
     with TraceReader(args.trace) as reader:
         num_shown = 0
-        try:
-            if args.json:
-                encode = msgspec.json.Encoder().encode
-                for event in select_events(reader, args):
-                    sys.stdout.write(encode(to_builtins(event)).decode() + "\n")
-                    num_shown += 1
-            else:
-                for event in select_events(reader, args):
-                    sys.stdout.write(format_event(event) + "\n")
-                    num_shown += 1
-            sys.stdout.flush()
-        except BrokenPipeError:   # `tracengine events run.trace | head`
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return EXIT_OK
+        if args.json:
+            encode = msgspec.json.Encoder().encode
+            for event in select_events(reader, args):
+                sys.stdout.write(encode(to_builtins(event)).decode() + "\n")
+                num_shown += 1
+        else:
+            for event in select_events(reader, args):
+                sys.stdout.write(format_event(event) + "\n")
+                num_shown += 1
+        sys.stdout.flush()
         if reader.torn_tail is not None:
             print(f"tracengine: note: {reader.describe_torn_tail()}; the events above are every complete step",
                   file=sys.stderr)
@@ -92,12 +88,8 @@ def cmd_render(args) -> int:
     """The step table of a trace, as the snapshot fixtures of tracengine.testing store it."""
     steps = parse_step_range(args.steps, "--steps") if args.steps is not None else None
     with TraceReader(args.trace) as reader:
-        try:
-            sys.stdout.write(render_steps(reader.events(), steps, args.seq))
-            sys.stdout.flush()
-        except BrokenPipeError:   # `tracengine render run.trace | head`
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return EXIT_OK
+        sys.stdout.write(render_steps(reader.events(), steps, args.seq))
+        sys.stdout.flush()
         if reader.torn_tail is not None:
             print(f"tracengine: note: {reader.describe_torn_tail()}; the table has every complete step",
                   file=sys.stderr)

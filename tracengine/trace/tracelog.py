@@ -48,6 +48,7 @@ checksum mismatch, a payload that does not inflate) and still gives every
 complete frame before it."""
 import bisect
 import os
+import stat
 import struct
 import time
 import zlib
@@ -243,6 +244,8 @@ class TraceReader:
         self._decoder = msgspec.msgpack.Decoder(list[AnyEvent])
         self._fd = os.open(self.path, os.O_RDONLY)
         try:
+            if stat.S_ISDIR(os.fstat(self._fd).st_mode):   # opens on Linux; its reads fail with no name
+                raise TraceError(f"{self.path} is a directory, not a trace")
             self._read_preamble()
             self._frames: list[FrameInfo] = []
             self._end = PREAMBLE.size
