@@ -105,8 +105,8 @@ class LLM(LLMEngine):
         """`summary`: leave this run's figures, `tracengine stats`' dict
         (analysis/stats.py), in `last_run` (otherwise None): read back from the
         trace `record` wrote, after the run, or else folded as the events come
-        (built only because the summary was asked for: 1.5-3 us per sequence per
-        step, BENCHMARKS.md; an unasked-for summary costs the step loop nothing).
+        (built only because the summary was asked for: about 2.7 us per sequence
+        per step, BENCHMARKS.md; an unasked-for summary costs the step loop nothing).
         `arrival_times`: each request's arrival in seconds from the start of this call
         (default: all at once); the engine adds each when its time comes and sleeps while
         nothing is runnable.
