@@ -15,6 +15,7 @@ a buffered file written and flushed, the frame built in a bytearray, deflate
 level 6), the writer now at level 6, and the writer now (level 1).
 
     python benchmarks/bench_record_overhead.py [--repeats 7] [--requests 16] [--threads 1] [--writers-only]
+        [--batched]
 """
 import argparse
 import contextlib
@@ -43,6 +44,8 @@ from tracengine.trace.tracelog import (DEFLATED, FRAME_HEAD, INFLATE_SLACK, MAX_
 # A small cache and budget, so the run chunks, blocks, preempts and hits the prefix cache;
 # 4 sequences at a time with 64 tokens each: about 300 steps for 16 requests.
 CONFIG = dict(kvcache_block_size=16, num_kvcache_blocks=32, max_num_batched_tokens=128, max_num_seqs=4, seed=0)
+# --batched: the server benchmark's engine (bench_serve.py): 32 sequences at a time, bigger frames
+BATCHED_CONFIG = dict(max_model_len=512, max_num_seqs=32, seed=0)
 MAX_TOKENS = 64
 
 
@@ -213,12 +216,15 @@ def main(argv=None) -> int:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--writers-only", action="store_true", help="only the writers side by side")
+    parser.add_argument("--batched", action="store_true",
+                        help="the server benchmark's engine (32 sequences, no small cache); with --requests 48")
     args = parser.parse_args(argv)
+    engine_kwargs = BATCHED_CONFIG if args.batched else CONFIG
 
     import torch
     torch.set_num_threads(args.threads)
     from tracengine.engine.llm import LLM
-    llm = LLM("", **CONFIG)
+    llm = LLM("", **engine_kwargs)
     prompts, sp = build_workload(args.requests, llm.hf_config.vocab_size)
     runs = {False: [], True: []}     # (wall s, cpu s) per run
     frame_us = []                    # the writer's microseconds per frame, per recorded run
@@ -260,7 +266,7 @@ def main(argv=None) -> int:
               f"{100 * writer_us / step_us:.2f}% of a {step_us / 1000:.1f} ms step")
 
         costs = sink_costs(config, prompts, sp, tmp)
-        llm = LLM("", **CONFIG)
+        llm = LLM("", **engine_kwargs)
         writers_in_place(llm, prompts, sp, tmp, args.repeats, step_us)
         llm.close()
     print(f"\nthe sink per step, without a model ({num_steps} steps, best of 7):")
