@@ -162,7 +162,8 @@ def writers_in_place(llm, prompts, sp, tmp: str, repeats: int, step_us: float | 
             per_run[name].append(sum(frame_ns) / len(frame_ns) / 1000)
             sizes[name] = os.path.getsize(path)
             step_us = step_us or 1e6 * wall / num_steps
-    print(f"\nwriters in place ({repeats} recorded runs each, alternating; us per frame: the mean of each run, the median of those):")
+    print(f"\nwriters in place ({repeats} recorded runs each, alternating; us per frame: the mean of each run, "
+          "the median of those):")
     for name, runs in per_run.items():
         us = statistics.median(runs)
         print(f"  {name:<38} {us:7.1f} us  {100 * us / step_us:5.2f}% of a {step_us / 1000:.1f} ms step  "

@@ -27,7 +27,8 @@ from tracengine.engine.llm_engine import LLMEngine  # noqa: E402
 from tracengine.replay.runners import SyntheticRunner  # noqa: E402
 from tracengine.engine.sampling_params import SamplingParams  # noqa: E402
 from tracengine.trace.dictionary import DICTIONARY  # noqa: E402
-from tracengine.trace.tracelog import DEFLATE_LEVEL, WINDOW_BITS, TraceReader, TraceWriter, make_header, open_trace  # noqa: E402
+from tracengine.trace.tracelog import (DEFLATE_LEVEL, WINDOW_BITS, TraceReader, TraceWriter, make_header,  # noqa: E402
+                                       open_trace)
 
 EOS = 0
 NUM_REQUESTS = 200
