@@ -189,6 +189,23 @@ def test_whatif_to_mixed_equals_running_mixed(tmp_path, capsys):
     assert main(["diff", str(first), str(mixed)]) == 1
 
 
+def test_whatif_of_the_default_run_to_mixed_equals_running_mixed(tmp_path, capsys):
+    # The default workload's text prompts are tokenized and added before step 0 starts, so they
+    # arrive over the engine's start-up: step 0 meets all of them, in simulated time as recorded.
+    first, whatif, mixed = tmp_path / "first.trace", tmp_path / "whatif.trace", tmp_path / "mixed.trace"
+    selfcheck = tmp_path / "self.trace"
+    assert main(["generate", "--quiet", "--record", str(first)]) == 0
+    assert main(["generate", "--quiet", "--scheduling-policy", "mixed", "--record", str(mixed)]) == 0
+    assert main(["replay", str(first), "--set", "scheduling_policy=mixed", "--record", str(whatif)]) == 0
+    assert main(["replay", str(first), "--arrivals", "time", "--record", str(selfcheck)]) == 0
+    capsys.readouterr()
+    assert main(["diff", str(whatif), str(mixed)]) == 0
+    assert main(["diff", str(selfcheck), str(first)]) == 0     # the self-check is the recorded schedule
+    with TraceReader(first) as reader:
+        decision = decisions(reader.events())[0]
+    assert decision.num_waiting + decision.num_running == 14    # every request had arrived by step 0
+
+
 def test_a_change_to_mixed_makes_its_golden_trace_diverge(capsys):
     assert main(["replay", str(TRACES / "mixed.trace")]) == 0
     capsys.readouterr()

@@ -58,21 +58,23 @@ class SimulatedEngine(LLMEngine):
 
 
 def run_timed(config: Config, requests: list[WorkloadRequest], step_time, runner=None, sink=None,
-              header: TraceHeader | None = None, max_steps: int = 10_000_000, policy=None) -> list:
+              header: TraceHeader | None = None, max_steps: int = 10_000_000, policy=None,
+              first_step_ns: int = 0) -> list:
     """Run `requests` (each with `arrival_ns`) in simulated time; the events, header first.
-    With `sink` given (a TraceWriter) the events go there and the list holds the header only."""
+    With `sink` given (a TraceWriter) the events go there and the list holds the header only.
+    `first_step_ns`: the earliest start of step 0 (a recording's start-up: see TimedReplay)."""
     # The run keeps millions of tokens in long-lived lists and makes no reference cycles; the
     # collector's full passes over them cost a fifth of a Mooncake-sized run, so it waits.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _run_timed(config, requests, step_time, runner, sink, header, max_steps, policy)
+        return _run_timed(config, requests, step_time, runner, sink, header, max_steps, policy, first_step_ns)
     finally:
         if collecting:
             gc.enable()
 
 
-def _run_timed(config, requests, step_time, runner, sink, header, max_steps, policy) -> list:
+def _run_timed(config, requests, step_time, runner, sink, header, max_steps, policy, first_step_ns) -> list:
     events_sink = sink if sink is not None else ListSink()
     runner = runner if runner is not None else SyntheticRunner(eos=config.eos, seed=config.seed)
     engine = SimulatedEngine(config, runner, step_time, events_sink, policy=policy)   # policy: as LLMEngine's
@@ -81,7 +83,7 @@ def _run_timed(config, requests, step_time, runner, sink, header, max_steps, pol
     gap_ns = step_time.gap_ns
     i, n = 0, len(order)
     while i < n or not engine.is_finished():
-        start = engine.now_ns + gap_ns
+        start = engine.now_ns + gap_ns if engine.num_steps else max(gap_ns, first_step_ns)
         if engine.is_finished():    # idle: the engine sleeps until the next arrival
             start = max(start, requests[order[i]].arrival_ns + gap_ns)
         engine.now_ns = start
@@ -141,6 +143,10 @@ class TimedReplay:
         self.recorded = Config.from_dict(workload.header.config)
         self.step_time = step_time
         self.trace_name = trace_name
+        # Where the recorded step 0 started: what came before it was the engine's start-up
+        # (tokenizing and adding the requests), not scheduling, so no simulated run starts
+        # earlier, and every request that arrived during the start-up meets step 0 as recorded.
+        self.first_step_ns = next((e.gap_ns for e in events if type(e) is StepEnd), 0)
 
     def config(self, overrides: dict) -> Config:
         """The config of a variant; a request that could never run under it is refused here."""
@@ -165,7 +171,8 @@ class TimedReplay:
         header = msgspec.structs.replace(self.workload.header, config=config.to_dict(),
                                          device=f"simulated ({step_time.kind})", created_at=time.time())
         runner = OutputRunner(self.workload.outputs, self.workload.middle, 0 if config.eos != 0 else 1)
-        return run_timed(config, self.workload.requests, step_time, runner, header=header, policy=policy), runner
+        return run_timed(config, self.workload.requests, step_time, runner, header=header, policy=policy,
+                         first_step_ns=self.first_step_ns), runner
 
 
 def timed_whatif(events, overrides: dict, step_time=None, trace_name: str = "", policy=None) -> TimedWhatIf:
