@@ -169,3 +169,39 @@ def test_replay_set_on_a_trace_with_arrivals_runs_in_simulated_time(tmp_path, re
     assert "+0.0%" in duration
     assert main(["replay", trace, "--set", "num_kvcache_blocks=40", "--arrivals", "steps"]) == 0
     assert "in simulated time" not in capsys.readouterr().out
+
+
+def test_whatif_table_figures_are_the_stats_of_each_trace(tmp_path, recorded, capsys):
+    # each row's figure is stats' own under its name: TPOT is TPOT, ITL is ITL
+    import re
+    from tracengine.analysis.stats import stats
+    from tracengine.trace.tracelog import TraceReader
+    trace, whatif = str(tmp_path / "run.trace"), str(tmp_path / "whatif.trace")
+    write_trace(trace, recorded)
+    assert main(["replay", trace, "--set", "num_kvcache_blocks=40", "--record", whatif]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    with TraceReader(trace) as reader:
+        s_recorded = stats(reader.events())
+    with TraceReader(whatif) as reader:
+        s_whatif = stats(reader.events())
+    names = {"TTFT": "ttft", "ITL": "itl", "TPOT": "tpot", "e2e": "e2e"}
+    plain = {"duration ms": (("steps", "total_s"), 1e3), "steps": (("steps", "num_steps"), 1),
+             "prefill steps": (("steps", "num_prefill_steps"), 1),
+             "preemptions": (("preemption", "num_preemptions"), 1),
+             "completion tokens/s": (("throughput", "completion_tokens_per_s"), 1)}
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["recorded", "simulated"]) + 1
+    rows = [re.split(r"\s{2,}", line.strip()) for line in lines[start:] if re.search(r"\s{2,}\S", line)]
+    labels = [r[0] for r in rows]
+    assert {"TPOT p50 ms", "ITL p50 ms", "TTFT p99 ms", "e2e p50 steps"} <= set(labels)
+    for label, value, _sim, _err, new, _change in rows:
+        if label in plain:
+            keys, scale = plain[label]
+        else:
+            name, p, unit = label.split()
+            keys, scale = ("latency", names[name], "seconds" if unit == "ms" else "steps", p), (
+                1e3 if unit == "ms" else 1)
+        for s, cell in ((s_recorded, value), (s_whatif, new)):
+            figure = s
+            for key in keys:
+                figure = figure[key]
+            assert float(cell.replace(",", "")) == pytest.approx(figure * scale, abs=0.051), label

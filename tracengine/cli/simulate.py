@@ -90,22 +90,24 @@ def _pick(s: dict, *keys):
     return value
 
 
-def _ms(value):
-    return None if value is None else value * 1e3
+# (label, keys into a stats dict, scale, format) of each row of the simulated-time table: every
+# figure is `tracengine stats`' own, named as stats names it
+TIMED_ROWS = [("duration ms", ("steps", "total_s"), 1e3, "{:,.1f}"),
+              ("steps", ("steps", "num_steps"), 1, "{:,}"),
+              ("prefill steps", ("steps", "num_prefill_steps"), 1, "{:,}"),
+              ("preemptions", ("preemption", "num_preemptions"), 1, "{:,}"),
+              ("completion tokens/s", ("throughput", "completion_tokens_per_s"), 1, "{:,.1f}")]
+for _name, _label in (("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"), ("e2e", "e2e")):
+    TIMED_ROWS += [(f"{_label} {p} ms", ("latency", _name, "seconds", p), 1e3, "{:,.2f}") for p in ("p50", "p90", "p99")]
+    TIMED_ROWS.append((f"{_label} p50 steps", ("latency", _name, "steps", "p50"), 1, "{:,.1f}"))
 
 
 def timed_rows(s: dict) -> list[tuple[str, float | None, str]]:
     """(label, value, format) rows of a stats dict, for the simulated-time table."""
-    lat = s["latency"]
-    rows = [("duration ms", _ms(_pick(s, "steps", "total_s")), "{:,.1f}"),
-            ("steps", s["steps"]["num_steps"], "{:,}"),
-            ("prefill steps", s["steps"]["num_prefill_steps"], "{:,}"),
-            ("preemptions", s["preemption"]["num_preemptions"], "{:,}"),
-            ("completion tokens/s", _pick(s, "throughput", "completion_tokens_per_s"), "{:,.1f}")]
-    for name, label in (("ttft", "TTFT"), ("itl", "TPOT"), ("e2e", "e2e")):
-        for p in ("p50", "p90", "p99"):
-            rows.append((f"{label} {p} ms", _ms(lat[name]["seconds"][p]), "{:,.2f}"))
-        rows.append((f"{label} p50 steps", lat[name]["steps"]["p50"], "{:,.1f}"))
+    rows = []
+    for label, keys, scale, fmt in TIMED_ROWS:
+        value = _pick(s, *keys)
+        rows.append((label, None if value is None else value * scale, fmt))
     return rows
 
 
