@@ -205,6 +205,20 @@ def test_diff_of_a_trace_and_its_beginning():
     assert (d.a_stats["steps"]["num_steps"], d.b_stats["steps"]["num_steps"]) == (12, 5)
 
 
+def test_diff_reads_a_config_field_an_older_trace_lacks_as_its_default():
+    import msgspec
+    with TraceReader(Path(__file__).parent.parent / "traces" / "format-v1.trace") as reader:
+        old = list(reader.events())
+    assert "scheduling_policy" not in old[0].config
+
+    def with_policy(name):
+        return [msgspec.structs.replace(old[0], config={**old[0].config, "scheduling_policy": name}), *old[1:]]
+    assert diff_traces(old, with_policy("prefill_first")).config_changes == []
+    assert diff_traces(with_policy("prefill_first"), old).config_changes == []
+    assert diff_traces(old, with_policy("mixed")).config_changes == [("scheduling_policy", "prefill_first", "mixed")]
+    assert diff_traces(with_policy("mixed"), old).config_changes == [("scheduling_policy", "mixed", "prefill_first")]
+
+
 def test_whatif_of_an_older_trace_records_a_readable_trace(tmp_path, capsys):
     # the golden traces are format 1: the what-if run is written as the current format, header and preamble alike
     new = tmp_path / "new.trace"

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from tracengine.analysis.stats import stats
 from tracengine.analysis.timeline import RequestTimeline
+from tracengine.engine.config import Config
 
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, ScheduleDecision,
                                      without_wall_clock)
@@ -33,12 +34,19 @@ def scheduling_key(events) -> list[tuple]:
     return [without_wall_clock(e) for e in events if isinstance(e, SCHEDULING_TYPES)]
 
 
+def header_config(header) -> dict:
+    """A trace header's config, a field an older trace lacks read as its Config default (what
+    `replay` and what-if run it with: a format-1 trace's policy is prefill_first)."""
+    return {**Config().to_dict(), **header.config}
+
+
 def diff_traces(a, b) -> TraceDiff:
     """Compare two event streams (TraceHeader first), step by step."""
     (header_a, a), (header_b, b) = split_header(a), split_header(b)
     result = TraceDiff(None)
-    result.config_changes = [(name, value, header_b.config.get(name)) for name, value in header_a.config.items()
-                             if header_b.config.get(name) != value]
+    config_a, config_b = header_config(header_a), header_config(header_b)
+    result.config_changes = [(name, config_a.get(name), config_b.get(name)) for name in {**config_a, **config_b}
+                             if config_a.get(name) != config_b.get(name)]
     timeline_a, timeline_b = RequestTimeline(header_a), RequestTimeline(header_b)
     steps_a, steps_b = iter_steps(a), iter_steps(b)
     step = 0
