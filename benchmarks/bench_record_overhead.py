@@ -12,7 +12,8 @@ generate's summary, and written stored and deflated. Last, writers side by
 side in place (runs alternating, each writer's time per frame clocked inside
 the recorded model runs): the writer as it was before (PreviousTraceWriter:
 a buffered file written and flushed, the frame built in a bytearray, deflate
-level 6), the writer now at level 6, and the writer now (level 1).
+level 6), the writer now at level 6, and the writer now (level 1); then the
+writer's frame by phase, in place.
 
     python benchmarks/bench_record_overhead.py [--repeats 7] [--requests 16] [--threads 1] [--writers-only]
         [--batched]
@@ -39,7 +40,7 @@ from tracengine.replay.runners import SyntheticRunner  # noqa: E402
 from tracengine.engine.sampling_params import SamplingParams  # noqa: E402
 from tracengine.trace import tracelog  # noqa: E402
 from tracengine.trace.tracelog import (DEFLATED, FRAME_HEAD, INFLATE_SLACK, MAX_INFLATE_RATIO,  # noqa: E402
-                                       TraceWriter, make_header, pack_head)
+                                       TraceWriter, frame_head, make_header, pack_head)
 
 # A small cache and budget, so the run chunks, blocks, preempts and hits the prefix cache;
 # 4 sequences at a time with 64 tokens each: about 300 steps for 16 requests.
@@ -131,6 +132,43 @@ class Level6TraceWriter(TraceWriter):
 WRITERS = {"before (buffered, bytearray, level 6)": PreviousTraceWriter,
            "now, at level 6": Level6TraceWriter,
            "now (one unbuffered write, level 1)": TraceWriter}
+
+
+class PhaseClockedTraceWriter(TraceWriter):
+    """The writer now, each phase of its frame clocked (the clock's own calls included)."""
+    phase_ns: dict[str, list[int]] = {}
+
+    def _write_frame(self, events) -> None:
+        clock, phases = time.perf_counter_ns, self.phase_ns
+        t0 = clock()
+        payload = self._encoder.encode(events)
+        t1 = clock()
+        word = nbytes = len(payload)
+        deflater = self._deflater.copy()
+        t2 = clock()
+        deflated = deflater.compress(payload) + deflater.flush()
+        t3 = clock()
+        if len(deflated) < nbytes and nbytes <= MAX_INFLATE_RATIO * len(deflated) + INFLATE_SLACK:
+            payload, word = deflated, len(deflated) | DEFLATED
+        frame = frame_head(word, xxhash.xxh64_intdigest(payload, word >> 31)) + payload
+        t4 = clock()
+        self._write(frame)
+        t5 = clock()
+        for name, start, end in (("encode", t0, t1), ("copy of the primed compressor", t1, t2),
+                                 ("deflate (compress + flush)", t2, t3), ("checksum and head", t3, t4),
+                                 ("write (one call, unbuffered)", t4, t5), ("the frame", t0, t5)):
+            phases.setdefault(name, []).append(end - start)
+
+
+def frame_phases(llm, prompts, sp, tmp: str, repeats: int):
+    """Each phase of the writer's frame inside recorded model runs: medians over all frames."""
+    PhaseClockedTraceWriter.phase_ns = {}
+    for _ in range(repeats):
+        with recording_with(PhaseClockedTraceWriter, []):
+            model_run(llm, prompts, sp, os.path.join(tmp, "phases.trace"))
+    print(f"\nthe writer's frame by phase, in place ({repeats} recorded runs; us, median / mean over frames):")
+    for name, ns in PhaseClockedTraceWriter.phase_ns.items():
+        print(f"  {name:<32} {statistics.median(ns) / 1000:6.1f} / {statistics.mean(ns) / 1000:6.1f} us")
 
 
 @contextlib.contextmanager
@@ -234,6 +272,7 @@ def main(argv=None) -> int:
         _, _, num_steps = model_run(llm, prompts, sp, None)          # warm-up, not counted
         if args.writers_only:
             writers_in_place(llm, prompts, sp, tmp, args.repeats, None)
+            frame_phases(llm, prompts, sp, tmp, args.repeats)
             return 0
         print(f"embedded tiny Qwen3 on {llm.runner.device}, {torch.get_num_threads()} torch thread(s), "
               f"{args.requests} requests, {num_steps} steps per run, {args.repeats} runs each, alternating\n")
@@ -269,6 +308,7 @@ def main(argv=None) -> int:
         costs = sink_costs(config, prompts, sp, tmp)
         llm = LLM("", **engine_kwargs)
         writers_in_place(llm, prompts, sp, tmp, args.repeats, step_us)
+        frame_phases(llm, prompts, sp, tmp, args.repeats)
         llm.close()
     print(f"\nthe sink per step, without a model ({num_steps} steps, best of 7):")
     base = costs["no sink"]
