@@ -205,3 +205,16 @@ def test_whatif_table_figures_are_the_stats_of_each_trace(tmp_path, recorded, ca
             for key in keys:
                 figure = figure[key]
             assert float(cell.replace(",", "")) == pytest.approx(figure * scale, abs=0.051), label
+
+
+def test_time_aware_commands_on_a_torn_trace_say_so(tmp_path, recorded, capsys):
+    from conftest import cut_like_a_kill
+    trace = str(tmp_path / "torn.trace")
+    write_trace(trace, recorded)
+    cut_like_a_kill(trace, 5)
+    for command in (["replay", trace, "--set", "num_kvcache_blocks=40"],
+                    ["replay", trace, "--sweep", "num_kvcache_blocks=40,60", "--jobs", "1"],
+                    ["calibrate", trace]):
+        assert main(command) == 0
+        err = capsys.readouterr().err
+        assert f"tracengine: note: {trace}: torn last frame: " in err, command

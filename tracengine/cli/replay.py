@@ -18,7 +18,8 @@ from tracengine.trace.tracelog import TraceReader, TraceWriter
 EXIT_OK, EXIT_FAILED_CHECK = 0, 1
 
 
-def _note_torn_tail(reader: TraceReader):
+def note_torn_tail(reader: TraceReader):
+    """After reading every event: say on stderr that the trace ends in a torn frame (a killed writer)."""
     if reader.torn_tail is not None:
         print(f"tracengine: note: {reader.path}: {reader.describe_torn_tail()}", file=sys.stderr)
 
@@ -61,7 +62,7 @@ def cmd_replay(args) -> int:
 def show_state(path, step: int) -> int:
     with TraceReader(path) as reader:
         fold = Fold(reader.events())
-        _note_torn_tail(reader)
+        note_torn_tail(reader)
     if not -1 <= step < fold.num_steps:
         raise TraceError(f"{path}: no step {step}; the trace has steps 0..{fold.num_steps - 1} (-1: before the first)")
     print(render_state(fold.state_at(step)), end="")
@@ -71,7 +72,7 @@ def show_state(path, step: int) -> int:
 def run_replay(path, as_json: bool = False, policy: str | None = None) -> int:
     with TraceReader(path) as reader:
         result = reexecute(reader.events(), policy)
-        _note_torn_tail(reader)
+        note_torn_tail(reader)
     if as_json:
         d = result.divergence
         print(json.dumps({
@@ -96,7 +97,7 @@ def run_whatif(path, overrides: dict, record, as_json: bool = False, policy: str
     from tracengine.replay.whatif import whatif
     with TraceReader(path) as reader:
         result = whatif(reader.events(), overrides, policy=policy)
-        _note_torn_tail(reader)
+        note_torn_tail(reader)
     if record:
         write_trace(record, result.events)
     if as_json:
@@ -124,8 +125,8 @@ def write_trace(path, events) -> None:
 def cmd_diff(args) -> int:
     with TraceReader(args.a) as reader_a, TraceReader(args.b) as reader_b:
         d = diff_traces(reader_a.events(), reader_b.events())
-        _note_torn_tail(reader_a)
-        _note_torn_tail(reader_b)
+        note_torn_tail(reader_a)
+        note_torn_tail(reader_b)
     a_sched = [e for e in d.a_events if isinstance(e, SCHEDULING_TYPES)]
     b_sched = [e for e in d.b_events if isinstance(e, SCHEDULING_TYPES)]
     if args.json:

@@ -56,8 +56,10 @@ def cmd_calibrate(args) -> int:
     from tracengine.replay.steptime import FEATURES, PARTS, PHASES, calibrate, save
     from tracengine.trace.tracelog import TraceReader
     check_outputs({"--output": args.output}, {"trace": args.trace}, args.force)
+    from tracengine.cli.replay import note_torn_tail
     with TraceReader(args.trace) as reader:
         model = calibrate(reader.events(), os.path.basename(args.trace))
+        note_torn_tail(reader)
     src, err = model.source, model.error
     print(f"calibrated on {args.trace}: {src['num_steps']} steps of {src['model']} on {src['device']} ({src['dtype']})")
     for label, e in (("held-out steps (every 5th, fitted without them)", err["held_out"]),
@@ -148,8 +150,10 @@ def run_sweep_replay(path, overrides: dict, timed: bool, step_time, args) -> int
     variants, slo = sweep_options(args)
     if args.record:
         raise TracengineError("--record writes one run; a --sweep makes many")
+    from tracengine.cli.replay import note_torn_tail
     with TraceReader(path) as reader:
         events = list(reader.events())
+        note_torn_tail(reader)
     if timed:
         replay = TimedReplay(events, step_time, os.path.basename(path))
         for v in variants:    # refuse an impossible variant before any run
@@ -167,8 +171,10 @@ def run_timed_whatif(path, overrides: dict, record, step_time, policy: str | Non
     from tracengine.replay.simulate import timed_whatif
     from tracengine.trace.tracelog import TraceReader
     # `replay` checked --record (exists without --force, or the input) before calling
+    from tracengine.cli.replay import note_torn_tail
     with TraceReader(path) as reader:
         result = timed_whatif(reader.events(), overrides, step_time, os.path.basename(path), policy)
+        note_torn_tail(reader)
     changes = ", ".join(f"{name} {old} -> {new}" for name, old, new in result.changes) or "no config change"
     print(f"what-if on {path} in simulated time: {changes}")
     print(f"step times: {describe_step_time(result.step_time, path)}")
