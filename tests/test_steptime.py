@@ -218,3 +218,29 @@ def test_time_aware_commands_on_a_torn_trace_say_so(tmp_path, recorded, capsys):
         assert main(command) == 0
         err = capsys.readouterr().err
         assert f"tracengine: note: {trace}: torn last frame: " in err, command
+
+
+def test_time_aware_whatif_and_sweep_in_json(tmp_path, recorded, capsys):
+    from tracengine.analysis.stats import stats
+    from tracengine.replay.sweep import FIGURES, row_of
+    from tracengine.trace.tracelog import TraceReader
+    trace, whatif = str(tmp_path / "run.trace"), str(tmp_path / "whatif.trace")
+    write_trace(trace, recorded)
+    assert main(["replay", trace, "--set", "num_kvcache_blocks=40", "--record", whatif, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert list(d) == ["trace", "arrivals", "step_time", "changes", "recorded", "simulated", "what_if",
+                       "num_past_output", "record"]
+    assert d["arrivals"] == "time" and d["step_time"]["kind"] == "linear" and d["record"] == whatif
+    assert d["changes"] == [{"name": "num_kvcache_blocks", "old": 96, "new": 40}]
+    for key, path in (("recorded", trace), ("what_if", whatif)):
+        with TraceReader(path) as reader:
+            assert d[key] == json.loads(json.dumps(stats(reader.events())))
+    assert d["simulated"]["steps"]["num_steps"] == d["recorded"]["steps"]["num_steps"]   # an exact model
+    assert main(["replay", trace, "--sweep", "num_kvcache_blocks=40,60", "--jobs", "1", "--json"]) == 0
+    sweep = json.loads(capsys.readouterr().out)
+    assert sweep["arrivals"] == "time" and [v["set"] for v in sweep["variants"]] == [
+        {"num_kvcache_blocks": 40}, {"num_kvcache_blocks": 60}]
+    assert list(sweep["variants"][0]["figures"]) == FIGURES
+    assert sweep["variants"][0]["figures"] == json.loads(json.dumps(row_of(d["what_if"])))
+    assert main(["replay", trace, "--arrivals", "time", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["what_if"] is None

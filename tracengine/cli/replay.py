@@ -47,15 +47,12 @@ def cmd_replay(args) -> int:
     if timed and args.arrivals == "steps":
         raise TraceError("--step-time and --roofline time a what-if in simulated time; "
                          "they do not combine with --arrivals steps")
-    if args.json and (timed or args.sweep):
-        raise TraceError("--json gives the re-execution and the what-if by steps; a what-if in simulated time "
-                         "or a sweep prints its table (give --arrivals steps for JSON)")
     if args.sweep:
         from tracengine.cli.simulate import run_sweep_replay
         return run_sweep_replay(args.trace, overrides, timed, step_time, args)
     if timed:
         from tracengine.cli.simulate import run_timed_whatif
-        return run_timed_whatif(args.trace, overrides, args.record, step_time, args.policy)
+        return run_timed_whatif(args.trace, overrides, args.record, step_time, args.policy, args.json)
     return run_whatif(args.trace, overrides, args.record, args.json, args.policy)
 
 

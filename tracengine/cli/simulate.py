@@ -159,14 +159,23 @@ def run_sweep_replay(path, overrides: dict, timed: bool, step_time, args) -> int
         for v in variants:    # refuse an impossible variant before any run
             replay.config({**overrides, **v})
         run_variant = TimedVariant(replay, overrides, slo)
-        print(f"sweep of {path} in simulated time; step times: {describe_step_time(replay.step_time, path)}")
+        meta = {"trace": str(path), "arrivals": "time", "step_time": step_time_json(replay.ensure_step_time(), path)}
+        title = f"sweep of {path} in simulated time; step times: {describe_step_time(replay.step_time, path)}"
     else:
         run_variant = StepVariant(events, overrides, slo)
-        print(f"sweep of {path} at the recorded arrival steps (latencies in ms are the what-if runner's)")
-    return print_sweep(run_variant, variants, args)
+        meta = {"trace": str(path), "arrivals": "steps", "step_time": None}
+        title = f"sweep of {path} at the recorded arrival steps (latencies in ms are the what-if runner's)"
+    if not args.json:
+        print(title)
+    return print_sweep(run_variant, variants, args, {**meta, "overrides": overrides})
 
 
-def run_timed_whatif(path, overrides: dict, record, step_time, policy: str | None = None) -> int:
+def step_time_json(model, trace_path: str = "") -> dict:
+    return {"kind": model.kind, "description": describe_step_time(model, trace_path), **model.to_dict()}
+
+
+def run_timed_whatif(path, overrides: dict, record, step_time, policy: str | None = None,
+                     as_json: bool = False) -> int:
     from tracengine.analysis.stats import stats
     from tracengine.replay.simulate import timed_whatif
     from tracengine.trace.tracelog import TraceReader
@@ -175,11 +184,22 @@ def run_timed_whatif(path, overrides: dict, record, step_time, policy: str | Non
     with TraceReader(path) as reader:
         result = timed_whatif(reader.events(), overrides, step_time, os.path.basename(path), policy)
         note_torn_tail(reader)
+    recorded, self_check = stats(result.recorded), stats(result.self_check)
+    new = stats(result.new) if overrides else None
+    if as_json:
+        import json
+        if record:
+            write_events(record, result.new)
+        print(json.dumps({
+            "trace": str(path), "arrivals": "time", "step_time": step_time_json(result.step_time, path),
+            "changes": [{"name": n, "old": old, "new": new} for n, old, new in result.changes],
+            "recorded": recorded, "simulated": self_check, "what_if": new,
+            "num_past_output": result.num_past_output, "record": record}, indent=2))
+        return EXIT_OK
     changes = ", ".join(f"{name} {old} -> {new}" for name, old, new in result.changes) or "no config change"
     print(f"what-if on {path} in simulated time: {changes}")
     print(f"step times: {describe_step_time(result.step_time, path)}")
-    recorded, self_check = stats(result.recorded), stats(result.self_check)
-    print(timed_table(recorded, self_check, stats(result.new) if overrides else None))
+    print(timed_table(recorded, self_check, new))
     print("simulated: the recorded config in simulated time, so `error` is how far the step-time model "
           "is from this run")
     if result.num_past_output:
@@ -244,7 +264,9 @@ def sweep_options(args):
     return parse_sweep(args.sweep), slo
 
 
-def print_sweep(run_variant, variants, args) -> int:
+def print_sweep(run_variant, variants, args, meta: dict | None = None) -> int:
+    """The sweep's table, or with --json (`meta` given) one object: `meta`'s keys and each
+    variant's overrides with its row of figures (replay.sweep.row_of: stats' own)."""
     import time
     from tracengine.replay.sweep import plot_rows, render_rows, run_sweep
     if args.plot:    # fail before the runs, not after them
@@ -255,6 +277,13 @@ def print_sweep(run_variant, variants, args) -> int:
     start = time.perf_counter()
     rows = run_sweep(run_variant, variants, args.jobs)
     jobs = min(args.jobs or os.cpu_count() or 1, len(variants))
+    if meta is not None and getattr(args, "json", False):
+        import json
+        if args.plot:
+            plot_rows(args.plot, variants, rows, args.plot_figure)
+        print(json.dumps({**meta, "plot": args.plot or None,
+                          "variants": [{"set": v, "figures": r} for v, r in zip(variants, rows)]}, indent=2))
+        return EXIT_OK
     print(render_rows(variants, rows))
     print(f"{len(variants)} variants in {time.perf_counter() - start:.2f} s on {jobs} worker"
           f"{'s' if jobs > 1 else ''}; latencies in ms from arrival, throughput in completion tokens/s")
