@@ -310,10 +310,11 @@ def test_outputs_of_calibrate_and_simulate_are_checked_too(tmp_path, capsys, tra
     assert_refused(capsys, tmp_path, ["calibrate", trace, "-o", trace, "--force"], "is the trace it reads")
 
 
-def test_replay_json_of_a_timed_what_if_is_refused_not_ignored(tmp_path, capsys, trace):
-    # the trace has arrival times, so a what-if runs in simulated time by default
+def test_replay_json_of_a_timed_what_if_on_a_short_trace_is_refused_not_switched(tmp_path, capsys, trace):
+    # the trace has arrival times, so a what-if (JSON or not) runs in simulated time by default,
+    # and 3 steps are too few to calibrate on (tests/test_steptime.py has the JSON itself)
     assert_refused(capsys, tmp_path, ["replay", trace, "--set", "num_kvcache_blocks=32", "--json"],
-                   "--json gives the re-execution and the what-if by steps")
+                   "calibration needs at least 10: give --step-time or --roofline, or --arrivals steps")
 
 
 # --- output into a closed pipe ---------------------------------------------------------------------------
