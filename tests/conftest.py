@@ -62,6 +62,29 @@ def write_trace(path, events):
     return str(path)
 
 
+class Tee:
+    """One sink feeding several: a trace writer and an in-memory list to compare with."""
+    enabled = True
+
+    def __init__(self, *sinks):
+        self.sinks = sinks
+
+    def emit(self, event):
+        for sink in self.sinks:
+            sink.emit(event)
+
+
+def record_every_event_type(path, deflate: bool = True):
+    """Records the every-event-type run to `path`; returns the header, the events emitted, the engine."""
+    from tracengine.testing import every_event_type, every_event_type_config
+    from tracengine.trace.tracelog import TraceWriter, make_header
+    header = make_header(every_event_type_config())
+    events = ListSink()
+    with TraceWriter(path, header, deflate=deflate) as writer:
+        engine = every_event_type(Tee(writer, events))
+    return header, events.events, engine
+
+
 def cut_like_a_kill(path, nbytes: int) -> bytes:
     """Rewrites a closed trace as a writer killed mid-frame leaves it: no end
     frame, and the last step's frame short by `nbytes`. Returns the new bytes."""

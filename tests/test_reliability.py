@@ -18,11 +18,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from conftest import record_every_event_type
 from tracengine.cli import main
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
 from tracengine.replay.fold import EventCheck
-from tracengine.testing import every_event_type, every_event_type_config
-from tracengine.trace.events import (ListSink, ModelInfo, RequestAdded, ScheduledSeq, ScheduleDecision, StepEnd,
+from tracengine.testing import every_event_type_config
+from tracengine.trace.events import (ModelInfo, RequestAdded, ScheduledSeq, ScheduleDecision, StepEnd,
                                      TokenSample, TraceHeader)
 from tracengine.trace.tracelog import (DICTIONARY, END_FRAME, FORMAT_VERSION, FRAME_HEAD, INFLATE_SLACK,
                                        MAX_INFLATE_RATIO, PREAMBLE, WINDOW_BITS, TraceReader, TraceWriter,
@@ -36,24 +37,10 @@ MEMORY_CONSTANT = 8 << 20
 MEMORY_PER_BYTE = 600
 
 
-class Tee:
-    enabled = True
-
-    def __init__(self, *sinks):
-        self.sinks = sinks
-
-    def emit(self, event):
-        for sink in self.sinks:
-            sink.emit(event)
-
-
 def recorded_trace(path: Path, deflate: bool = True) -> list:
     """Records the every-event-type run to `path`; returns its events, header first."""
-    header = make_header(every_event_type_config())
-    events = ListSink()
-    with TraceWriter(path, header, deflate=deflate) as writer:
-        every_event_type(Tee(writer, events))
-    return [header] + events.events
+    header, events, _ = record_every_event_type(path, deflate)
+    return [header] + events
 
 
 @dataclasses.dataclass

@@ -17,14 +17,14 @@ import msgspec
 import pytest
 import xxhash
 
-from conftest import EOS
+from conftest import EOS, record_every_event_type
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
-from tracengine.trace.events import (EVENT_TYPES, BlockAllocate, BlockAppend, BlockFree, BlockHash, ListSink, ModelInfo,
+from tracengine.trace.events import (EVENT_TYPES, BlockAllocate, BlockAppend, BlockFree, BlockHash, ModelInfo,
                                Preempt, RequestAdded, ScheduledSeq, ScheduleDecision, SeqAbort, SeqFinish, StepEnd,
                                TokenSample, TraceHeader)
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.replay.runners import SyntheticRunner
-from tracengine.testing import every_event_type, every_event_type_config
+from tracengine.testing import every_event_type_config
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.trace import tracelog
 from tracengine.trace.dictionary import DICTIONARY, DICTIONARY_XXH64
@@ -34,29 +34,13 @@ from tracengine.trace.tracelog import (DEFLATED, END_FRAME, END_PAYLOAD, FORMAT_
 REPO = Path(__file__).resolve().parents[1]
 
 
-class Tee:
-    """One sink feeding two: the trace writer and an in-memory list to compare with."""
-    enabled = True
-
-    def __init__(self, *sinks):
-        self.sinks = sinks
-
-    def emit(self, event):
-        for sink in self.sinks:
-            sink.emit(event)
-
-
 def small_config():
     return every_event_type_config()
 
 
 def record(path) -> tuple[TraceHeader, list, LLMEngine]:
     """Records the workload to `path`; returns the header, the events emitted, the engine."""
-    header = make_header(small_config())
-    events = ListSink()
-    with TraceWriter(path, header) as writer:
-        engine = every_event_type(Tee(writer, events))
-    return header, events.events, engine
+    return record_every_event_type(path)
 
 
 @pytest.fixture
@@ -460,7 +444,7 @@ import sys, time
 from tracengine.engine.config import Config
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.replay.runners import SyntheticRunner
-from tracengine.testing import every_event_type, every_event_type_config
+from tracengine.testing import every_event_type_config
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.trace.tracelog import TraceWriter, make_header
 
