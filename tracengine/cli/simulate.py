@@ -77,7 +77,7 @@ def cmd_calibrate(args) -> int:
             weights = model.coefficients[phase][part]
             print(f"  {phase:<7} {part:<14} " + "  ".join(f"{w:>12.4g}" for w in weights))
     if args.output:
-        save(model, args.output, force=args.force)
+        save(model, args.output)
         print(f"wrote {args.output}")
     return EXIT_OK
 

@@ -200,10 +200,8 @@ def calibrate(events, trace_name: str = "") -> LinearStepTime:
 # -- files ------------------------------------------------------------------------------------
 
 
-def save(model, path: str, force: bool = False):
-    import os
-    if os.path.exists(path) and not force:
-        raise TracengineError(f"{path} exists (--force overwrites it)")
+def save(model, path: str):
+    """Writes the model's JSON; the command has checked `path` (cli/outputs.py) before the fit."""
     with open(path, "w", encoding="utf-8") as f:
         json.dump(model.to_dict(), f, indent=1)
         f.write("\n")
