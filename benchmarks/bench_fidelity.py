@@ -9,7 +9,11 @@ each as a relative error. The self-check is A in simulated time against A
 recorded. Repeated, since this machine is noisy; medians are quoted.
 
     python benchmarks/bench_fidelity.py [--repeats 3] [--requests 40] [--rate 8]
-        [--a num_kvcache_blocks=48] [--b num_kvcache_blocks=24]"""
+        [--a num_kvcache_blocks=48] [--b num_kvcache_blocks=24] [--traces DIR]
+
+With --traces DIR the recorded runs are kept there, and a run already there is
+read instead of recorded again: the step-time model can then be compared on
+the same recordings, which this noisy machine would not give twice."""
 import argparse
 import os
 import random
@@ -69,6 +73,7 @@ def main():
     parser.add_argument("--rate", type=float, default=8.0, help="requests per second (Poisson)")
     parser.add_argument("--a", action="append", default=None, metavar="NAME=VALUE")
     parser.add_argument("--b", action="append", default=None, metavar="NAME=VALUE")
+    parser.add_argument("--traces", metavar="DIR", help="keep the recorded runs here; reuse those already there")
     args = parser.parse_args()
     a = dict(parse_override(t) for t in (args.a or ["num_kvcache_blocks=48"]))
     b = dict(parse_override(t) for t in (args.b or ["num_kvcache_blocks=24"]))
@@ -76,12 +81,19 @@ def main():
     vocab_size = load_hf_config(resolve_model_dir("")).vocab_size
     errors = {"what-if A->B vs B": {name: [] for name, _ in FIGURES}, "self-check A vs A": {name: [] for name, _ in FIGURES}}
     with tempfile.TemporaryDirectory() as tmp:
+        if args.traces:
+            os.makedirs(args.traces, exist_ok=True)
+        where = args.traces or tmp
+        tag = "-".join(f"{k}={v}" for k, v in sorted({**a, **{f"b.{k}": v for k, v in b.items()}}.items()))
+        tag += f"-n{args.requests}-r{args.rate:g}"
         for r in range(args.repeats):
             prompts, sps = workload(r, args.requests, vocab_size)
             arrivals = arrival_times(args.requests, args.rate, 1.0, seed=r)
-            path_a, path_b = os.path.join(tmp, f"a{r}.trace"), os.path.join(tmp, f"b{r}.trace")
-            record(path_a, a, prompts, sps, arrivals, r)
-            record(path_b, b, prompts, sps, arrivals, r)
+            path_a = os.path.join(where, f"{tag}-a{r}.trace")
+            path_b = os.path.join(where, f"{tag}-b{r}.trace")
+            for path, overrides in ((path_a, a), (path_b, b)):
+                if not os.path.exists(path):
+                    record(path, overrides, prompts, sps, arrivals, r)
             with TraceReader(path_a) as reader:
                 result = timed_whatif(reader.events(), b, None, os.path.basename(path_a))
             s_a, s_b = stats(path_a), stats(path_b)
