@@ -17,9 +17,10 @@ from tracengine.replay.steptime import LinearStepTime, calibrate, load_step_time
 from tracengine.trace.events import StepEnd, without_wall_clock
 from tracengine.trace.tracelog import TraceWriter
 
-# ns per unit of (const, tokens, seqs, context, attended); decode fits (const, seqs, context)
+# ns per unit of (const, tokens, seqs, context, attended); prefill fits (const, tokens, seqs, attended),
+# decode (const, seqs, context)
 TRUTH = {
-    "prefill": {"schedule_ns": [20_000, 10, 500, 3, 0], "model_ns": [1_000_000, 3_000, 20_000, 30, 2],
+    "prefill": {"schedule_ns": [20_000, 10, 500, 0, 0], "model_ns": [1_000_000, 3_000, 20_000, 0, 2],
                 "postprocess_ns": [5_000, 1, 800, 0, 0]},
     "decode": {"schedule_ns": [15_000, 0, 400, 1, 0], "model_ns": [800_000, 0, 50_000, 40, 0],
                "postprocess_ns": [4_000, 0, 700, 0, 0]},
@@ -244,3 +245,20 @@ def test_time_aware_whatif_and_sweep_in_json(tmp_path, recorded, capsys):
     assert sweep["variants"][0]["figures"] == json.loads(json.dumps(row_of(d["what_if"])))
     assert main(["replay", trace, "--arrivals", "time", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["what_if"] is None
+
+
+def test_calibration_recovers_the_wake_up_time_apart_from_the_loop_gap():
+    truth = LinearStepTime(TRUTH, gap_ns=30_000, wake_ns=250_000)
+    events = run_timed(CONFIG, bursty_workload(seed=3), truth)
+    model = calibrate(events)
+    assert (model.gap_ns, model.wake_ns) == (30_000, 250_000)
+    # every step after idle starts the wake-up time after the arrival it admitted first
+    again = timed_whatif(events, {}, truth)
+    assert again.self_check[1:] == events[1:]
+    # a model file saved before wake_ns existed wakes after the loop gap
+    d = model.to_dict()
+    del d["wake_ns"]
+    assert LinearStepTime.from_dict(d).wake_ns == 30_000
+    d["wake_ns"] = -1
+    with pytest.raises(TracengineError, match="wake_ns"):
+        LinearStepTime.from_dict(d)

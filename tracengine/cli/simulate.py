@@ -70,7 +70,8 @@ def cmd_calibrate(args) -> int:
             print(f"  {title:<10} per step: median error {f['median_abs_ms']:.3f} ms ({f['median_rel']:.1%}), "
                   f"mean {f['mean_abs_ms']:.3f} ms; total {f['predicted_ms']:,.1f} ms predicted vs "
                   f"{f['recorded_ms']:,.1f} ms recorded ({f['total_rel']:+.1%})")
-    print(f"loop gap between busy steps: {model.gap_ns / 1e6:.3f} ms")
+    print(f"loop gap between busy steps: {model.gap_ns / 1e6:.3f} ms; from an arrival to the step it wakes "
+          f"an idle engine for: {model.wake_ns / 1e6:.3f} ms")
     print("coefficients, ns per unit: " + ", ".join(FEATURES))
     for phase in PHASES:
         for part in PARTS:

@@ -112,7 +112,7 @@ class RooflineStepTime:
             raise TracengineError(f"the per-step overhead must not be negative, got {overhead_ns}")
         self.model, self.peak_flops, self.bandwidth = model, float(peak_flops), float(bandwidth)
         self.overhead_ns, self.hardware = int(overhead_ns), hardware
-        self.gap_ns = 0
+        self.gap_ns = self.wake_ns = 0
 
     @classmethod
     def for_hardware(cls, model: ModelShape, hardware: str | None = None, peak_tflops: float | None = None,

@@ -3,8 +3,8 @@ entering at their arrival times, each step lasting what a step-time model
 (steptime.py, roofline.py) says instead of what a clock reads.
 
 The loop is the engine's: a step starts the loop's own gap after the last one
-ended, or, when nothing is queued, that gap after the next arrival (the
-engine sleeps until then); every request that has arrived by a step's start
+ended, or, when nothing is queued, the model's wake-up time after the next
+arrival (the engine sleeps until then); every request that has arrived by a step's start
 is added before it. The events are an ordinary trace whose StepEnds hold the
 simulated durations and gaps, so stats, tui, diff, export and replay read it.
 No model and no torch: tokens come from a runner without one (OutputRunner
@@ -80,12 +80,12 @@ def _run_timed(config, requests, step_time, runner, sink, header, max_steps, pol
     engine = SimulatedEngine(config, runner, step_time, events_sink, policy=policy)   # policy: as LLMEngine's
     check_requests(engine.scheduler, requests)
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_ns)
-    gap_ns = step_time.gap_ns
+    gap_ns, wake_ns = step_time.gap_ns, step_time.wake_ns
     i, n = 0, len(order)
     while i < n or not engine.is_finished():
         start = engine.now_ns + gap_ns if engine.num_steps else max(gap_ns, first_step_ns)
-        if engine.is_finished():    # idle: the engine sleeps until the next arrival
-            start = max(start, requests[order[i]].arrival_ns + gap_ns)
+        if engine.is_finished():    # idle: the engine sleeps until the next arrival, and wakes late
+            start = max(start, requests[order[i]].arrival_ns + wake_ns)
         engine.now_ns = start
         while i < n and requests[order[i]].arrival_ns <= start:
             r = requests[order[i]]

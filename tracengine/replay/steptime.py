@@ -4,13 +4,25 @@ A step's shape is four numbers: the tokens it computes, the sequences in its
 batch, the context tokens their attention reads (cached + new, whose K and V
 are read) and the (query, key) pairs it scores (a sequence that computes n
 tokens after c cached ones scores n*c + n(n+1)/2). `LinearStepTime` is a
-least-squares fit of each part of a recorded step's duration (schedule_ns,
-model_ns, postprocess_ns) to [1, tokens, seqs, context, attended], one fit
-per phase, plus the loop's own time between busy steps (the mean gap_ns).
-A decode step computes one token per sequence and scores its context once,
-so its fit uses [1, seqs, context] (the others are the same columns again). It is fitted
-from a trace by `calibrate`, which holds out every fifth step to measure the
-error before fitting on all of them. `roofline.RooflineStepTime` answers the
+linear fit of each part of a recorded step's duration (schedule_ns,
+model_ns, postprocess_ns) to those features, one fit per phase, plus the loop's own time between busy steps (the mean gap_ns) and
+the time an idle engine takes to start a step once a request arrives (the
+mean wake_ns: a sleep overshoots, and at low load it is a part of every TTFT).
+Which features and which fit, by the held-out error on this project's CPU
+recordings (docs/simulation.md, BENCHMARKS.md):
+- prefill: [1, tokens, seqs, attended], least squares. A prefill's context is
+  its tokens plus its cached ones, whose reads `attended` already counts; given
+  both context and tokens (nearly the same column when little is cached) a fit
+  splits one cost between them arbitrarily, and a what-if that chunks prompts
+  extrapolates that split.
+- decode: [1, seqs, context] (one token per sequence: tokens is seqs again and
+  attended is context), least absolute deviations (a median fit). Decode steps
+  of one shape spread widely and with a long slow tail on a shared machine; the
+  mean puts every step above the typical one and a request's decode time with
+  it (its end-to-end p50 came out 6-13% high), the median halves the held-out
+  per-step error. The price: a sum of many decode steps is a few percent low.
+It is fitted from a trace by `calibrate`, which holds out every fifth step to
+measure the error before fitting on all of them. `roofline.RooflineStepTime` answers the
 same `predict` for hardware nobody recorded on. `load_step_time` reads either
 from the JSON that `save` writes.
 
@@ -24,7 +36,8 @@ from tracengine.trace.events import RequestAdded, ScheduleDecision, SeqFinish, S
 from tracengine.trace.tracelog import split_header
 
 FEATURES = ("const", "tokens", "seqs", "context", "attended")
-PHASE_FEATURES = {"prefill": (0, 1, 2, 3, 4), "decode": (0, 2, 3)}   # columns of FEATURES each phase fits
+PHASE_FEATURES = {"prefill": (0, 1, 2, 4), "decode": (0, 2, 3)}   # columns of FEATURES each phase fits
+PHASE_FIT = {"prefill": "least_squares", "decode": "median"}
 PARTS = ("schedule_ns", "model_ns", "postprocess_ns")
 PHASES = ("prefill", "decode")
 HOLDOUT_EVERY = 5          # every fifth step is held out of the fit that measures the error
@@ -48,12 +61,16 @@ def seqs_shape(seqs) -> tuple[int, int, int, int]:
 
 class LinearStepTime:
     """`coefficients[phase][part]` are the weights of FEATURES; a prediction is
-    clipped at 0 ns. `gap_ns`: the loop's time between two steps when it is busy."""
+    clipped at 0 ns. `gap_ns`: the loop's time between two steps when it is busy;
+    `wake_ns`: from a request's arrival to the start of the step it wakes an idle
+    engine for (default: gap_ns)."""
     kind = "linear"
 
-    def __init__(self, coefficients: dict, gap_ns: int = 0, source: dict | None = None, error: dict | None = None):
+    def __init__(self, coefficients: dict, gap_ns: int = 0, source: dict | None = None, error: dict | None = None,
+                 wake_ns: int | None = None):
         self.coefficients = coefficients
         self.gap_ns = int(gap_ns)
+        self.wake_ns = self.gap_ns if wake_ns is None else int(wake_ns)
         self.source = source or {}
         self.error = error or {}
         self._rows = {phase: tuple(tuple(float(w) for w in coefficients[phase][part]) for part in PARTS)
@@ -70,7 +87,7 @@ class LinearStepTime:
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "features": list(FEATURES), "parts": list(PARTS),
-                "coefficients": self.coefficients, "gap_ns": self.gap_ns, "source": self.source,
+                "coefficients": self.coefficients, "gap_ns": self.gap_ns, "wake_ns": self.wake_ns, "source": self.source,
                 "error": self.error}
 
     @classmethod
@@ -88,31 +105,40 @@ class LinearStepTime:
         except (KeyError, TypeError, ValueError):
             raise TracengineError("a linear step-time model needs finite coefficients for each phase "
                                   f"({', '.join(PHASES)}) and part ({', '.join(PARTS)})") from None
-        return cls(coefficients, d.get("gap_ns", 0), d.get("source"), d.get("error"))
+        gap_ns, wake_ns = d.get("gap_ns", 0), d.get("wake_ns")     # models saved before wake_ns: the gap
+        for name, value in (("gap_ns", gap_ns), ("wake_ns", wake_ns)):
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise TracengineError(f"a linear step-time model's {name} is a number of ns >= 0, not {value!r}")
+        return cls(coefficients, gap_ns, d.get("source"), d.get("error"), wake_ns)
 
 
 # -- calibration ------------------------------------------------------------------------------
 
 
 class StepSample:
-    __slots__ = ("step", "is_prefill", "shape", "parts", "gap_ns", "busy")
+    __slots__ = ("step", "is_prefill", "shape", "parts", "gap_ns", "busy", "wake_ns")
 
-    def __init__(self, step, is_prefill, shape, parts, gap_ns, busy):
+    def __init__(self, step, is_prefill, shape, parts, gap_ns, busy, wake_ns=-1):
         self.step, self.is_prefill, self.shape, self.parts = step, is_prefill, shape, parts
-        self.gap_ns, self.busy = gap_ns, busy
+        self.gap_ns, self.busy, self.wake_ns = gap_ns, busy, wake_ns
 
 
 def step_samples(events) -> tuple[TraceHeader, list[StepSample]]:
     """Each step's shape and recorded durations. `busy`: a sequence was in the
-    queues when the step before ended, so its gap is the loop's time, not idle."""
+    queues when the step before ended, so its gap is the loop's time, not idle.
+    `wake_ns`, for a step after idle (not step 0, the run's start-up): from the
+    earliest arrival it admitted (the one the engine slept until) to its start; -1 otherwise."""
     header, it = split_header(events)
     samples, decision, num_live, live_at_end = [], None, 0, 0
+    end_ns, first_arrival_ns = 0, None    # the last step's end, from the run's start
     for e in it:
         t = type(e)
         if t is ScheduleDecision:
             decision = e
         elif t is RequestAdded:
             num_live += 1
+            if e.arrival_ns >= 0 and (first_arrival_ns is None or e.arrival_ns < first_arrival_ns):
+                first_arrival_ns = e.arrival_ns
         elif t is SeqFinish:
             num_live -= 1
         elif t is StepEnd:
@@ -120,11 +146,16 @@ def step_samples(events) -> tuple[TraceHeader, list[StepSample]]:
                 raise TraceError(f"step {e.step} ends without its ScheduleDecision")
             shape = step_shape((s.num_tokens, s.num_cached_tokens) for s in decision.seqs)
             busy = live_at_end > 0
+            start_ns = end_ns + e.gap_ns
+            wake_ns = -1
+            if not busy and samples and first_arrival_ns is not None and first_arrival_ns <= start_ns:
+                wake_ns = start_ns - first_arrival_ns
             # a request added in the gap does not make it idle time: only the queues at the last end do
             samples.append(StepSample(e.step, decision.phase != "decode", shape,
-                                      (e.schedule_ns, e.model_ns, e.postprocess_ns), e.gap_ns, busy))
+                                      (e.schedule_ns, e.model_ns, e.postprocess_ns), e.gap_ns, busy, wake_ns))
+            end_ns = start_ns + e.schedule_ns + e.model_ns + e.postprocess_ns
             live_at_end = num_live
-            decision = None
+            decision, first_arrival_ns = None, None
     return header, samples
 
 
@@ -141,6 +172,8 @@ def _fit(samples: list[StepSample]) -> dict:
         scale = np.maximum(np.abs(x).max(axis=0), 1.0)    # columns of very different sizes: fit them scaled
         y = np.array([s.parts for s in rows], dtype=float)
         w, *_ = np.linalg.lstsq(x / scale, y, rcond=None)
+        if PHASE_FIT[phase] == "median":
+            w = _median_fit(x / scale, y, w)
         full = np.zeros((len(FEATURES), len(PARTS)))
         full[columns] = w / scale[:, None]
         coefficients[phase] = {part: [float(v) for v in full[:, i]] for i, part in enumerate(PARTS)}
@@ -151,6 +184,22 @@ def _fit(samples: list[StepSample]) -> dict:
         if coefficients[phase] is None:
             coefficients[phase] = coefficients[present[0]]
     return coefficients
+
+
+def _median_fit(x, y, w, iterations: int = 100):
+    """Least absolute deviations by iteratively reweighted least squares, from the
+    least-squares weights `w`: each row weighs 1/|residual| (floored at 1 us, so an
+    exact fit stays exact), per column of `y`."""
+    import numpy as np
+    w = w.copy()
+    for _ in range(iterations):
+        weights = 1.0 / np.maximum(np.abs(y - x @ w), 1_000.0)
+        new = np.column_stack([np.linalg.lstsq(x * np.sqrt(weights[:, j:j + 1]), y[:, j] * np.sqrt(weights[:, j]),
+                                               rcond=None)[0] for j in range(y.shape[1])])
+        if np.allclose(new, w, rtol=1e-9, atol=1e-9):
+            return new
+        w = new
+    return w
 
 
 def _median(values):
@@ -186,8 +235,10 @@ def calibrate(events, trace_name: str = "") -> LinearStepTime:
     held = [s for s in samples if s.step % HOLDOUT_EVERY == HOLDOUT_EVERY - 1]
     busy_gaps = [s.gap_ns for s in samples if s.busy]
     gap_ns = round(sum(busy_gaps) / len(busy_gaps)) if busy_gaps else 0   # the mean: gaps add up in the total
-    held_out = _errors(LinearStepTime(_fit(train), gap_ns), held)
-    model = LinearStepTime(_fit(samples), gap_ns)
+    wakes = [s.wake_ns for s in samples if s.wake_ns >= 0]
+    wake_ns = round(sum(wakes) / len(wakes)) if wakes else gap_ns
+    held_out = _errors(LinearStepTime(_fit(train), gap_ns, wake_ns=wake_ns), held)
+    model = LinearStepTime(_fit(samples), gap_ns, wake_ns=wake_ns)
     model.error = {"held_out": held_out, "all_steps": _errors(model, samples)}
     model.source = {"trace": trace_name, "model": header.model.name, "dtype": header.model.dtype,
                     "architecture": header.model.architecture, "device": header.device,
