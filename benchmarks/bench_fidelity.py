@@ -6,7 +6,9 @@ and 24 KV blocks of 16 tokens). The what-if A -> B in simulated time, with
 the step-time model calibrated on A's own trace, is compared with B as
 recorded: TTFT p50 and p90, end-to-end p50, total duration and preemptions,
 each as a relative error. The self-check is A in simulated time against A
-recorded. Repeated, since this machine is noisy; medians are quoted.
+recorded. The noise floor is A recorded a second time against A: how far the
+real engine on this machine is from itself, which no model can beat.
+Repeated, since this machine is noisy; medians are quoted.
 
     python benchmarks/bench_fidelity.py [--repeats 3] [--requests 40] [--rate 8]
         [--a num_kvcache_blocks=48] [--b num_kvcache_blocks=24] [--traces DIR]
@@ -79,7 +81,8 @@ def main():
     b = dict(parse_override(t) for t in (args.b or ["num_kvcache_blocks=24"]))
     from tracengine.model.loader import load_hf_config, resolve_model_dir
     vocab_size = load_hf_config(resolve_model_dir("")).vocab_size
-    errors = {"what-if A->B vs B": {name: [] for name, _ in FIGURES}, "self-check A vs A": {name: [] for name, _ in FIGURES}}
+    errors = {label: {name: [] for name, _ in FIGURES}
+              for label in ("what-if A->B vs B", "self-check A vs A", "noise floor: A again vs A")}
     with tempfile.TemporaryDirectory() as tmp:
         if args.traces:
             os.makedirs(args.traces, exist_ok=True)
@@ -91,12 +94,13 @@ def main():
             arrivals = arrival_times(args.requests, args.rate, 1.0, seed=r)
             path_a = os.path.join(where, f"{tag}-a{r}.trace")
             path_b = os.path.join(where, f"{tag}-b{r}.trace")
-            for path, overrides in ((path_a, a), (path_b, b)):
+            path_again = os.path.join(where, f"{tag}-a{r}-again.trace")
+            for path, overrides in ((path_a, a), (path_b, b), (path_again, a)):
                 if not os.path.exists(path):
                     record(path, overrides, prompts, sps, arrivals, r)
             with TraceReader(path_a) as reader:
                 result = timed_whatif(reader.events(), b, None, os.path.basename(path_a))
-            s_a, s_b = stats(path_a), stats(path_b)
+            s_a, s_b, s_again = stats(path_a), stats(path_b), stats(path_again)
             s_self, s_new = stats(result.self_check), stats(result.new)
             held = result.step_time.error["held_out"]["total"]
             print(f"repeat {r}: A {s_a['steps']['num_steps']} steps {s_a['steps']['total_s']:.2f} s "
@@ -108,6 +112,7 @@ def main():
             for name, keys in FIGURES:
                 errors["what-if A->B vs B"][name].append(rel(pick(s_new, keys), pick(s_b, keys)))
                 errors["self-check A vs A"][name].append(rel(pick(s_self, keys), pick(s_a, keys)))
+                errors["noise floor: A again vs A"][name].append(rel(pick(s_again, keys), pick(s_a, keys)))
     print(f"\nrelative error, median over {args.repeats} repeats (each repeat's value in brackets); "
           f"A = {a}, B = {b}, {args.requests} requests at {args.rate:g}/s")
     for label, table in errors.items():
