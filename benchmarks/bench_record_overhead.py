@@ -5,15 +5,15 @@ machine's drift hits both alike; medians are compared, of wall-clock seconds
 and of this process's CPU seconds (which other load on a shared machine
 disturbs less), and so is each adjacent pair. Torch runs on one thread by
 default, for the same reason. Inside the recorded runs the writer's own time
-per frame (encode, deflate, checksum, write and flush) is clocked. Then the
-sink's cost per step without a model: the same schedule through LLMEngine +
-SyntheticRunner with no sink, with events built into a list, folded for
-generate's summary, and written stored and deflated. Last, writers side by
-side in place (runs alternating, each writer's time per frame clocked inside
-the recorded model runs): the writer as it was before (PreviousTraceWriter:
-a buffered file written and flushed, the frame built in a bytearray, deflate
-level 6), the writer now at level 6, and the writer now (level 1); then the
-writer's frame by phase, in place.
+per frame (encode, checksum, write) is clocked. Then the sink's cost per step
+without a model: the same schedule through LLMEngine + SyntheticRunner with no
+sink, with events built into a list, folded for generate's summary, written
+stored (the writer now, its compaction at close not counted) and deflated in
+the step (the writer before). Last, the two writers side by side in place
+(runs alternating, each writer's time per frame clocked inside the recorded
+model runs): the writer before (InStepDeflateTraceWriter: each frame deflated
+inside the step) and the writer now (frames stored, the trace compacted at
+close, which is clocked too); then the writer's frame by phase, in place.
 
     python benchmarks/bench_record_overhead.py [--repeats 7] [--requests 16] [--threads 1] [--writers-only]
         [--batched]
@@ -39,8 +39,8 @@ from tracengine.engine.llm_engine import LLMEngine  # noqa: E402
 from tracengine.replay.runners import SyntheticRunner  # noqa: E402
 from tracengine.engine.sampling_params import SamplingParams  # noqa: E402
 from tracengine.trace import tracelog  # noqa: E402
-from tracengine.trace.tracelog import (DEFLATED, FRAME_HEAD, INFLATE_SLACK, MAX_INFLATE_RATIO,  # noqa: E402
-                                       TraceWriter, frame_head, make_header, pack_head)
+from tracengine.trace.tracelog import (TraceWriter, deflate_frame, frame_head, make_header,  # noqa: E402
+                                       primed_deflater)
 
 # A small cache and budget, so the run chunks, blocks, preempts and hits the prefix cache;
 # 4 sequences at a time with 64 tokens each: about 300 steps for 16 requests.
@@ -86,52 +86,23 @@ class FrameClock:
         TraceWriter._write_frame = self._original
 
 
-class PreviousTraceWriter(TraceWriter):
-    """The writer before its frame path was cut down, kept to measure against: the
-    same frames (level 6), built in a bytearray and written to a buffered file,
-    flushed per frame."""
-    deflate_level = 6
+class InStepDeflateTraceWriter(TraceWriter):
+    """The writer before compaction, kept to measure against: each frame deflated
+    inside the step as it is written (the same frames as a compacted trace's),
+    nothing done at close."""
 
     def __init__(self, path, header, deflate: bool = True):
-        self._buffer = bytearray()
-        super().__init__(path, header, deflate)      # the header frame goes to the unbuffered file
-        self._raw, self._file = self._file, open(self._file.fileno(), "wb", closefd=False)
+        self._deflater = primed_deflater()
+        super().__init__(path, header, deflate=False)
 
     def _write_frame(self, events) -> None:
-        buffer = self._buffer
-        self._encoder.encode_into(events, buffer, FRAME_HEAD.size)
-        nbytes = len(buffer) - FRAME_HEAD.size
-        word = nbytes
-        if nbytes >= self._min_deflate_bytes:
-            deflater = self._deflater.copy()
-            with memoryview(buffer) as view:
-                deflated = deflater.compress(view[FRAME_HEAD.size:])
-            deflated += deflater.flush()
-            if len(deflated) < nbytes and nbytes <= MAX_INFLATE_RATIO * len(deflated) + INFLATE_SLACK:
-                del buffer[FRAME_HEAD.size:]
-                buffer += deflated
-                word = len(deflated) | DEFLATED
-        with memoryview(buffer) as view:
-            checksum = xxhash.xxh64_intdigest(view[FRAME_HEAD.size:], word >> 31)
-        pack_head(buffer, word, checksum)
-        self._file.write(buffer)
-        self._file.flush()
-
-    def close(self) -> None:
-        if not self._raw.closed:
-            self._file.flush()
-            self._file = self._raw
-            super().close()
+        payload = self._encoder.encode(events)
+        word, payload = deflate_frame(self._deflater, payload)
+        self._write(frame_head(word, xxhash.xxh64_intdigest(payload, word >> 31)) + payload)
 
 
-class Level6TraceWriter(TraceWriter):
-    """The writer now, at the deflate level it had before."""
-    deflate_level = 6
-
-
-WRITERS = {"before (buffered, bytearray, level 6)": PreviousTraceWriter,
-           "now, at level 6": Level6TraceWriter,
-           "now (one unbuffered write, level 1)": TraceWriter}
+WRITERS = {"before: deflated inside the step": InStepDeflateTraceWriter,
+           "now: stored, compacted at close": TraceWriter}
 
 
 class PhaseClockedTraceWriter(TraceWriter):
@@ -143,20 +114,12 @@ class PhaseClockedTraceWriter(TraceWriter):
         t0 = clock()
         payload = self._encoder.encode(events)
         t1 = clock()
-        word = nbytes = len(payload)
-        deflater = self._deflater.copy()
+        frame = frame_head(len(payload), xxhash.xxh64_intdigest(payload)) + payload
         t2 = clock()
-        deflated = deflater.compress(payload) + deflater.flush()
-        t3 = clock()
-        if len(deflated) < nbytes and nbytes <= MAX_INFLATE_RATIO * len(deflated) + INFLATE_SLACK:
-            payload, word = deflated, len(deflated) | DEFLATED
-        frame = frame_head(word, xxhash.xxh64_intdigest(payload, word >> 31)) + payload
-        t4 = clock()
         self._write(frame)
-        t5 = clock()
-        for name, start, end in (("encode", t0, t1), ("copy of the primed compressor", t1, t2),
-                                 ("deflate (compress + flush)", t2, t3), ("checksum and head", t3, t4),
-                                 ("write (one call, unbuffered)", t4, t5), ("the frame", t0, t5)):
+        t3 = clock()
+        for name, start, end in (("encode", t0, t1), ("checksum and head", t1, t2),
+                                 ("write (one call, unbuffered)", t2, t3), ("the frame", t0, t3)):
             phases.setdefault(name, []).append(end - start)
 
 
@@ -164,7 +127,7 @@ def frame_phases(llm, prompts, sp, tmp: str, repeats: int):
     """Each phase of the writer's frame inside recorded model runs: medians over all frames."""
     PhaseClockedTraceWriter.phase_ns = {}
     for _ in range(repeats):
-        with recording_with(PhaseClockedTraceWriter, []):
+        with recording_with(PhaseClockedTraceWriter, [], []):
             model_run(llm, prompts, sp, os.path.join(tmp, "phases.trace"))
     print(f"\nthe writer's frame by phase, in place ({repeats} recorded runs; us, median / mean over frames):")
     for name, ns in PhaseClockedTraceWriter.phase_ns.items():
@@ -172,13 +135,19 @@ def frame_phases(llm, prompts, sp, tmp: str, repeats: int):
 
 
 @contextlib.contextmanager
-def recording_with(cls, frame_ns: list):
-    """LLM.generate(record=...) writes with `cls`, each frame's nanoseconds appended to `frame_ns`."""
+def recording_with(cls, frame_ns: list, compaction_ns: list):
+    """LLM.generate(record=...) writes with `cls`, each frame's nanoseconds appended to `frame_ns`
+    and each compaction's (at close) to `compaction_ns`."""
     def write_frame(writer, events, _write=cls._write_frame):
         start = time.perf_counter_ns()
         _write(writer, events)
         frame_ns.append(time.perf_counter_ns() - start)
-    clocked = type(cls.__name__, (cls,), {"_write_frame": write_frame})
+
+    def compact_closed(writer, _compact=cls._compact_closed):
+        start = time.perf_counter_ns()
+        _compact(writer)
+        compaction_ns.append(time.perf_counter_ns() - start)
+    clocked = type(cls.__name__, (cls,), {"_write_frame": write_frame, "_compact_closed": compact_closed})
     tracelog.TraceWriter = clocked
     try:
         yield
@@ -187,25 +156,34 @@ def recording_with(cls, frame_ns: list):
 
 
 def writers_in_place(llm, prompts, sp, tmp: str, repeats: int, step_us: float | None):
-    """Each writer's median time per frame inside the recorded model runs, alternating."""
+    """Each writer's median time per frame inside the recorded model runs, alternating;
+    and the compaction at close, per frame and per run."""
     per_run = {name: [] for name in WRITERS}
+    compaction = {name: [] for name in WRITERS}     # (us per frame, ms per run)
     sizes = {}
     names = list(WRITERS)
     for r in range(repeats):
         for name in (names if r % 2 == 0 else names[::-1]):
-            frame_ns = []
+            frame_ns, compaction_ns = [], []
             path = os.path.join(tmp, f"writer-{names.index(name)}.trace")
-            with recording_with(WRITERS[name], frame_ns):
+            with recording_with(WRITERS[name], frame_ns, compaction_ns):
                 wall, _, num_steps = model_run(llm, prompts, sp, path)
             per_run[name].append(sum(frame_ns) / len(frame_ns) / 1000)
+            if compaction_ns:
+                compaction[name].append((sum(compaction_ns) / len(frame_ns) / 1000, sum(compaction_ns) / 1e6))
             sizes[name] = os.path.getsize(path)
             step_us = step_us or 1e6 * wall / num_steps
     print(f"\nwriters in place ({repeats} recorded runs each, alternating; us per frame: the mean of each run, "
           "the median of those):")
     for name, runs in per_run.items():
         us = statistics.median(runs)
-        print(f"  {name:<38} {us:7.1f} us  {100 * us / step_us:5.2f}% of a {step_us / 1000:.1f} ms step  "
+        print(f"  {name:<34} {us:7.1f} us  {100 * us / step_us:5.2f}% of a {step_us / 1000:.1f} ms step  "
               f"trace {sizes[name]:,} B  runs {' '.join(f'{v:.1f}' for v in runs)}")
+    for name, runs in compaction.items():
+        if runs:
+            print(f"  {name}: the compaction at close {statistics.median(us for us, _ in runs):.1f} us per frame, "
+                  f"{statistics.median(ms for _, ms in runs):.2f} ms per run of {len(frame_ns)} frames "
+                  "(medians; outside the steps)")
 
 
 def model_run(llm, prompts, sp, path) -> tuple[float, float, int]:
@@ -237,8 +215,8 @@ def sink_costs(config: Config, prompts, sp, tmp: str, repeats: int = 7) -> dict[
         "no sink": lambda: NULL_SINK,
         "events built (ListSink)": ListSink,
         "summary (timeline fold)": lambda: RequestTimelineSink(make_header(config)),
-        "written, stored": lambda: TraceWriter(path, make_header(config), deflate=False),
-        "written, deflated": lambda: TraceWriter(path, make_header(config)),
+        "written, stored (now)": lambda: TraceWriter(path, make_header(config), deflate=False),
+        "written, deflated (before)": lambda: InStepDeflateTraceWriter(path, make_header(config)),
     }
     best = {name: float("inf") for name in sinks}
     synthetic_steps(config, prompts, sp, NULL_SINK)     # warm-up

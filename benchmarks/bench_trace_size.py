@@ -27,7 +27,7 @@ from tracengine.engine.llm_engine import LLMEngine  # noqa: E402
 from tracengine.replay.runners import SyntheticRunner  # noqa: E402
 from tracengine.engine.sampling_params import SamplingParams  # noqa: E402
 from tracengine.trace.dictionary import DICTIONARY  # noqa: E402
-from tracengine.trace.tracelog import (DEFLATE_LEVEL, WINDOW_BITS, TraceReader, TraceWriter, make_header,  # noqa: E402
+from tracengine.trace.tracelog import (WINDOW_BITS, TraceReader, TraceWriter, make_header, primed_deflater,  # noqa: E402
                                        open_trace)
 
 EOS = 0
@@ -97,7 +97,7 @@ def measure(events: list, tmp: str) -> dict:
             steps.append(frame)
             frame = []
     frames = [encoder.encode(f) for f in steps]
-    deflater = zlib.compressobj(DEFLATE_LEVEL, zlib.DEFLATED, -WINDOW_BITS, 5, zlib.Z_DEFAULT_STRATEGY, DICTIONARY)
+    deflater = primed_deflater()
     inflater = zlib.decompressobj(-WINDOW_BITS, DICTIONARY)
 
     def deflate_all():

@@ -1,8 +1,8 @@
 """Instruction counts of the trace writer, for callgrind: writes the events of a
-trace N times with one writer (the writer before its frame path was cut down,
-the writer now at level 6, or the writer now). Run it under callgrind with N
-and with 0 writes; the difference over the frames written is the writer's
-instructions per frame, warm.
+trace N times with one writer (`instep`: each frame deflated inside the step, the
+writer before compaction; `now`: frames stored, the trace compacted at close, its
+compaction included). Run it under callgrind with N and with 0 writes; the
+difference over the frames written is the writer's instructions per frame, warm.
 
     valgrind --tool=callgrind --callgrind-out-file=cg.now.2 python benchmarks/callgrind_writer.py now 2 run.trace
     valgrind --tool=callgrind --callgrind-out-file=cg.now.0 python benchmarks/callgrind_writer.py now 0 run.trace
@@ -16,10 +16,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_record_overhead import Level6TraceWriter, PreviousTraceWriter  # noqa: E402
+from bench_record_overhead import InStepDeflateTraceWriter  # noqa: E402
 from tracengine.trace.tracelog import TraceReader, TraceWriter  # noqa: E402
 
-WRITERS = {"before": PreviousTraceWriter, "level6": Level6TraceWriter, "now": TraceWriter}
+WRITERS = {"instep": InStepDeflateTraceWriter, "now": TraceWriter}
 
 
 def main(argv=None) -> int:

@@ -23,6 +23,7 @@ from tracengine.trace.events import (EVENT_TYPES, BlockAllocate, BlockAppend, Bl
                                Preempt, RequestAdded, ScheduledSeq, ScheduleDecision, SeqAbort, SeqFinish, StepEnd,
                                TokenSample, TraceHeader)
 from tracengine.engine.llm_engine import LLMEngine
+from tracengine.replay.reexec import reexecute
 from tracengine.replay.runners import SyntheticRunner
 from tracengine.testing import every_event_type_config
 from tracengine.engine.sampling_params import SamplingParams
@@ -504,6 +505,8 @@ def test_writer_killed_mid_run_leaves_every_finished_step(tmp_path, capsys):
         torn = reader.torn_tail
     last_step = len(frames) - 2
     assert [e.step for e in open_trace(path) if type(e) is StepEnd] == list(range(last_step + 1))
+    assert not any(word & DEFLATED for word in frame_words(path))   # stored as written: no close, no compaction
+    assert reexecute(open_trace(path)).ok
 
     from tracengine.cli import main
     exit_code = main(["check", str(path)])

@@ -27,29 +27,40 @@ the typed events they decode to (flat lists of scalars; the header's config a
 flat map of scalars) keep the memory a frame takes proportional to its size in
 the file: any file is read or refused in memory proportional to the file.
 
-The writer deflates a frame when that makes it smaller; each frame stays
-decodable on its own (random access, follow mode, a torn tail loses one
-frame). One primed compressor per writer is copied for each frame: priming
-it anew would cost more than deflating the frame. A trace whose frames are
-all stored (as traces written before deflate was added) is a v1 trace too.
+The writer stores each frame as it is written and deflates them all when it
+closes (compaction): the step pays only for encode, checksum and one write
+(BENCHMARKS.md, recording overhead), and deflate runs warm, in one loop, off
+the request path. Each frame stays decodable on its own (random access, follow
+mode, a torn tail loses one frame). A frame is deflated when that makes it
+smaller, with a copy of one primed compressor (priming it anew would cost more
+than deflating the frame). A trace whose frames are all stored (a killed
+writer's, `simulate --record`'s, traces written before deflate was added) is a
+valid trace too, about 1.4x larger (BENCHMARKS.md, trace size).
 
 The first frame holds only the TraceHeader; each later frame holds one engine
-step's events and is written (one write on an unbuffered file) when that step's StepEnd arrives,
-so a killed process leaves every finished step readable. Closing the writer
-appends the end frame, an empty array (stored, one byte of payload): a
-reader following the file knows the recording is over, and a trace without
-it is still being written or was left by a killed writer. Events are
-decoded by one typed msgspec Decoder only. The frame index alone reads a
-frame's first step by hand from its leading bytes (`_leading_step`: an array
-header, an event's header, its tag and step, as msgpack ints), so indexing
-a trace decodes no event; a frame it misreads still fails its typed decode
-when read. A reader reports what it cannot read (a torn last frame, a
+step's events and is written (one write on an unbuffered file) when that
+step's StepEnd arrives, so a killed process leaves every finished step
+readable. Closing the writer appends the end frame, an empty array (stored,
+one byte of payload): a reader following the file knows the recording is
+over, and a trace without it is still being written or was left by a killed
+writer. Then the closed trace is compacted: its deflated copy is written
+beside it (PATH.compacting.tmp), synced, and renamed over it, so the path
+always names a whole trace (the stored one until the rename), and a reader
+that has the old file open reads it to its end frame. A compaction killed
+leaves the stored trace (and its copy, removed by the next writer of the path).
+
+Events are decoded by one typed msgspec Decoder only. The frame index alone
+reads a frame's first step by hand from its leading bytes (`_leading_step`: an
+array header, an event's header, its tag and step, as msgpack ints), so
+indexing a trace decodes no event; a frame it misreads still fails its typed
+decode when read. A reader reports what it cannot read (a torn last frame, a
 checksum mismatch, a payload that does not inflate) and still gives every
 complete frame before it."""
 import bisect
 import os
 import stat
 import struct
+import sys
 import time
 import zlib
 from typing import Callable, Iterator, NamedTuple
@@ -141,28 +152,105 @@ def split_header(events) -> tuple[TraceHeader, Iterator[AnyEvent]]:
     return check_header(next(it, None)), it
 
 
+def deflate_frame(deflater, payload: bytes) -> tuple[int, bytes]:
+    """(length word, stored bytes) of a frame's payload: deflated with a copy of
+    `deflater` (primed: `primed_deflater()`) when that makes it smaller, as it is
+    when not, or when it would inflate past what a reader takes."""
+    nbytes = len(payload)
+    if nbytes >= MIN_DEFLATE_BYTES:
+        deflater = deflater.copy()
+        deflated = deflater.compress(payload) + deflater.flush()
+        if len(deflated) < nbytes and nbytes <= MAX_INFLATE_RATIO * len(deflated) + INFLATE_SLACK:
+            return len(deflated) | DEFLATED, deflated
+    return nbytes, payload
+
+
+def primed_deflater():
+    # Level 1: 17-27% less time per frame than 6 for 1-3% more bytes (BENCHMARKS.md, recording
+    # overhead); inflate reads any level.
+    return zlib.compressobj(DEFLATE_LEVEL, zlib.DEFLATED, -WINDOW_BITS, 5, zlib.Z_DEFAULT_STRATEGY, DICTIONARY)
+
+
+def compaction_temp(path) -> str:
+    """Where the deflated copy of the trace at `path` is written before it replaces it."""
+    return os.fspath(path) + ".compacting.tmp"
+
+
+def compact(path) -> None:
+    """Rewrites the closed trace at `path` with every stored frame deflated where
+    that makes it smaller (`deflate_frame`; deflated frames are copied as they
+    are, no event is decoded): the copy is written to
+    `compaction_temp(path)`, synced, then renamed over `path`, so `path` names a
+    whole trace at every instant, and a reader that has it open keeps reading
+    the old file. Raises OSError or TraceError (the trace left as it was)."""
+    path = os.path.realpath(path)        # a link stays a link to the compacted trace
+    temp = compaction_temp(path)
+    with TraceReader(path) as reader:
+        if not reader.ended or reader.corruption is not None or reader.version != FORMAT_VERSION:
+            raise TraceError(f"{path}: only a whole, closed format {FORMAT_VERSION} trace is compacted")
+        deflater = primed_deflater()
+        try:
+            # buffered: the copy is written in a loop and synced once; O_EXCL: a file of this name
+            # is a killed compaction's, removed first (it never names a trace)
+            _remove_stale(temp)
+            with open(temp, "xb") as out:
+                os.fchmod(out.fileno(), stat.S_IMODE(os.fstat(reader._fd).st_mode))
+                out.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION))
+                for word, stored in reader.stored_frames():
+                    if not word & DEFLATED:
+                        word, stored = deflate_frame(deflater, stored)
+                    out.write(frame_head(word, xxhash.xxh64_intdigest(stored, word >> 31)))
+                    out.write(stored)
+                out.write(END_FRAME)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temp, path)
+        except BaseException:
+            _remove_stale(temp)
+            raise
+    try:    # the rename itself, on the disk
+        directory = os.open(os.path.dirname(path), os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+    except OSError:     # a file system that syncs no directory: the trace is whole either way
+        pass
+
+
+def _remove_stale(temp: str) -> None:
+    try:
+        if stat.S_ISREG(os.lstat(temp).st_mode):
+            os.remove(temp)
+    except FileNotFoundError:
+        pass
+
+
 class TraceWriter:
-    """An event sink that writes one frame per step, at its StepEnd. With
-    `deflate=False` every payload is stored as it is (benchmarks, tests)."""
+    """An event sink that writes one frame per step, at its StepEnd, stored, and
+    compacts the trace when it closes (`compact`: every frame deflated where that
+    makes it smaller). With `deflate=False` the frames stay stored
+    (`simulate --record`, benchmarks, tests). A compaction that fails (a full
+    disk) leaves the stored trace, whole, and says so on stderr."""
     enabled = True
-    deflate_level = DEFLATE_LEVEL
 
     def __init__(self, path, header: TraceHeader, deflate: bool = True):
         if header.format_version != FORMAT_VERSION:   # a header copied from an older trace (what-if, a snapshot)
             header = msgspec.structs.replace(header, format_version=FORMAT_VERSION)
         self.header = header
-        self._min_deflate_bytes = MIN_DEFLATE_BYTES if deflate else MAX_FRAME_BYTES + 1
+        self.path = os.fspath(path)
         self._encoder = msgspec.msgpack.Encoder()
         self._pending: list[Event] = []
         self._last_step_written = -1
-        # primed once; each frame deflates with a copy (no dictionary to load per frame). Level 1:
-        # 17-27% less time per frame than 6 for 1-3% more bytes (BENCHMARKS.md, recording overhead);
-        # inflate reads any level.
-        self._deflater = zlib.compressobj(self.deflate_level, zlib.DEFLATED, -WINDOW_BITS, 5, zlib.Z_DEFAULT_STRATEGY,
-                                          DICTIONARY)
         # unbuffered: each frame is on the file (in the kernel: a killed process keeps it) when
         # its write returns, with no flush to call
         self._file = open(path, "wb", buffering=0)
+        st = os.fstat(self._file.fileno())
+        # a device or a pipe (--record /dev/null) is written, never replaced
+        self._compact = deflate and stat.S_ISREG(st.st_mode)
+        self._identity = (st.st_dev, st.st_ino)
+        if self._compact:
+            _remove_stale(compaction_temp(os.path.realpath(path)))   # a killed compaction's
         self._write(PREAMBLE.pack(MAGIC, FORMAT_VERSION))
         self._write_frame([header])
 
@@ -178,20 +266,13 @@ class TraceWriter:
     def _write_frame(self, events: list[Event]) -> None:
         # Inside the step loop, after a forward pass has evicted the caches: every call and
         # allocation here is paid cold, so the frame is built from bytes (no buffer to resize
-        # or view) and goes to the file in one write call on an unbuffered file.
+        # or view), stored (deflate waits for close), and goes to the file in one write call
+        # on an unbuffered file.
         payload = self._encoder.encode(events)
         nbytes = len(payload)
         if nbytes > MAX_FRAME_BYTES:
             raise TraceError(f"a frame of {nbytes} bytes exceeds the limit of {MAX_FRAME_BYTES}")
-        word = nbytes
-        if nbytes >= self._min_deflate_bytes:
-            deflater = self._deflater.copy()
-            deflated = deflater.compress(payload) + deflater.flush()
-            # a payload that deflates past what a reader takes is stored as it is
-            if len(deflated) < nbytes and nbytes <= MAX_INFLATE_RATIO * len(deflated) + INFLATE_SLACK:
-                payload = deflated
-                word = len(deflated) | DEFLATED
-        self._write(frame_head(word, xxhash.xxh64_intdigest(payload, word >> 31)) + payload)
+        self._write(frame_head(nbytes, xxhash.xxh64_intdigest(payload)) + payload)
 
     def _write(self, data: bytes) -> None:
         """All of `data`, in one write call but for a short write (a full disk, a signal)."""
@@ -204,7 +285,7 @@ class TraceWriter:
         """Ends the trace at the last finished step, then the end frame. Of the events
         after it, those between steps (requests added or aborted) are written as a
         frame; a step that began and did not finish (an interrupt, an error in the
-        model) leaves nothing, so the trace never holds half a step."""
+        model) leaves nothing, so the trace never holds half a step. Then compacts it."""
         if self._file.closed:
             return
         pending = self._pending
@@ -219,6 +300,20 @@ class TraceWriter:
         self._pending = []
         self._write(END_FRAME)
         self._file.close()
+        if self._compact:
+            self._compact_closed()
+
+    def _compact_closed(self) -> None:
+        # The stored trace is whole and ended: a compaction that fails leaves it as it is, and
+        # the recording succeeded all the same.
+        try:
+            st = os.stat(self.path)
+            if (st.st_dev, st.st_ino) != self._identity:
+                raise TraceError("the path names another file now")
+            compact(self.path)
+        except (OSError, TraceError) as exc:
+            print(f"tracengine: warning: {self.path} is kept with its frames stored, not deflated ({exc})",
+                  file=sys.stderr)
 
     def __enter__(self) -> "TraceWriter":
         return self
@@ -387,6 +482,14 @@ class TraceReader:
 
     def _decode_frame(self, i: int, data: bytes, pos: int) -> list[AnyEvent]:
         """Frame i's events from `data`, which holds the frame at `pos`."""
+        word, stored = self._stored(i, data, pos)
+        try:
+            return self._decoder.decode(self._inflate(stored, i) if word & DEFLATED else stored)
+        except msgspec.DecodeError as exc:
+            raise self._damaged(i, f"does not decode ({exc})") from None
+
+    def _stored(self, i: int, data: bytes, pos: int) -> tuple[int, bytes]:
+        """(length word, stored payload) of frame i from `data`, which holds the frame at `pos`."""
         frame = self._frames[i]
         end = pos + self._head.size + frame.nbytes
         if len(data) < end:
@@ -395,10 +498,7 @@ class TraceReader:
         stored = data[pos + self._head.size:end]
         if word & LENGTH_MASK != frame.nbytes or xxhash.xxh64_intdigest(stored, word >> 31) != checksum:
             raise TraceCorruptError(f"{self.path}: frame {i} changed since it was indexed", frame.offset, frame.step)
-        try:
-            return self._decoder.decode(self._inflate(stored, i) if word & DEFLATED else stored)
-        except msgspec.DecodeError as exc:
-            raise self._damaged(i, f"does not decode ({exc})") from None
+        return word, stored
 
     def _inflate(self, stored: bytes, i: int) -> bytes:
         inflater = zlib.decompressobj(-WINDOW_BITS, DICTIONARY)   # primes as fast as a copy would
@@ -422,6 +522,19 @@ class TraceReader:
     def events(self, start_frame: int = 0) -> Iterator[AnyEvent]:
         """Events of the indexed frames from `start_frame`; then raises the
         corruption that ended the index, if any. A torn tail is not raised."""
+        for i, data, pos in self._frame_slices(start_frame):
+            yield from self._decode_frame(i, data, pos)
+        if self.corruption is not None:
+            raise self.corruption
+
+    def stored_frames(self, start_frame: int = 0) -> Iterator[tuple[int, bytes]]:
+        """(length word, stored payload) of each indexed frame from `start_frame`,
+        neither inflated nor decoded (compaction copies them)."""
+        for i, data, pos in self._frame_slices(start_frame):
+            yield self._stored(i, data, pos)
+
+    def _frame_slices(self, start_frame: int) -> Iterator[tuple[int, bytes, int]]:
+        """(i, data, pos) for each indexed frame from `start_frame`: `data` holds frame i at `pos`."""
         i = start_frame
         while i < len(self._frames):
             # one read for the frames in the next SCAN_BYTES (at least one frame)
@@ -435,10 +548,8 @@ class TraceReader:
             end = frames[last - 1].offset + head_size + frames[last - 1].nbytes
             data = os.pread(self._fd, end - first.offset, first.offset)
             for j in range(i, last):
-                yield from self._decode_frame(j, data, frames[j].offset - first.offset)
+                yield j, data, frames[j].offset - first.offset
             i = last
-        if self.corruption is not None:
-            raise self.corruption
 
     def step_frame(self, step: int) -> int:
         """Index of the first frame at `step` or later (len(frames()) if none)."""
