@@ -10,12 +10,14 @@ Poisson arrivals at several rates by the bench-serve client (in this process).
    before it sends and stops when the SSE chunk is read. The table prints the
    differences (client - trace).
 2. Recording overhead: the same load at saturation (every request at 0) on a
-   server without --record, with --record (frames written inside the step, the
-   default, as generate) and with --record --trace-writer thread (on a writer
-   thread). Runs alternate so drift hits each alike; medians of the
-   completion-token throughput compared. Then in-process, with the same
-   engine: the time the step loop spends in the sink at each StepEnd, for both
-   writers, against the step's duration.
+   server without and with --record (frames written stored inside the step;
+   the trace compacted when the server stops, after the load). Runs alternate
+   so drift hits each alike; medians of the completion-token throughput and
+   of the server's CPU per token compared. Then in-process, with the same
+   engine: the time the step loop spends in the sink at each StepEnd, for the
+   writer before (deflating each frame in the step) and the writer now,
+   against the step's duration, and the writer's close (the compaction) per
+   frame.
 
     python benchmarks/bench_serve.py [--num-prompts 48] [--rates 4,16,inf] [--repeats 3]
 """
@@ -34,6 +36,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from tracengine.analysis.stats import stats  # noqa: E402
 from tracengine.serve.bench import figures, run_benchmark  # noqa: E402
@@ -134,8 +137,7 @@ def side_by_side(args, tmp: Path):
 def recording_overhead(args, tmp: Path):
     print(f"2. recording overhead at saturation: {args.num_prompts} requests at once, {args.repeats} alternating "
           "rounds\n")
-    variants = {"no --record": [], "--record (inside the step)": ["--record", "{path}"],
-                "--record --trace-writer thread": ["--record", "{path}", "--trace-writer", "thread"]}
+    variants = {"no --record": [], "--record": ["--record", "{path}"]}
     throughput = {name: [] for name in variants}
     cpu_per_token = {name: [] for name in variants}
     requests = workload(args.num_prompts, math.inf, seed=1)
@@ -165,20 +167,30 @@ def recording_overhead(args, tmp: Path):
 
 
 def in_step_cost(args, tmp: Path):
-    """The step loop's time inside the sink at StepEnd (where a frame is written or handed over)."""
+    """The step loop's time inside the sink at StepEnd (where a frame is written), for the writer
+    before (deflating in the step) and the writer now; and the writer's close (the compaction),
+    per frame."""
+    from bench_record_overhead import InStepDeflateTraceWriter
     from tracengine.engine.llm import LLM
     from tracengine.engine.sampling_params import SamplingParams
+    from tracengine.trace import tracelog
     import torch
     torch.set_num_threads(1)
     llm = LLM("", max_model_len=512, max_num_seqs=32)
     requests = workload(args.num_prompts, math.inf, seed=2)
     prompts = [r.prompt for r in requests]
     sps = [SamplingParams(0.0, r.max_tokens, True) for r in requests]
+    writers = {"before: deflated inside the step": InStepDeflateTraceWriter,
+               "now: stored inside the step": tracelog.TraceWriter}
     print("  in the step loop (the same engine, in process, torch on one thread): time in the sink's StepEnd")
-    results = {}
+    results = {name: [] for name in writers}
     for r in range(args.repeats):
-        for threaded in ((False, True) if r % 2 == 0 else (True, False)):
-            llm.start_recording(str(tmp / f"step-cost-{threaded}-{r}.trace"), threaded=threaded)
+        for name in (list(writers) if r % 2 == 0 else list(reversed(writers))):
+            original, tracelog.TraceWriter = tracelog.TraceWriter, writers[name]
+            try:
+                llm.start_recording(str(tmp / f"step-cost-{list(writers).index(name)}-{r}.trace"))
+            finally:
+                tracelog.TraceWriter = original
             writer = llm.writer
             spent, num_frames = [0], [0]
 
@@ -201,14 +213,16 @@ def in_step_cost(args, tmp: Path):
                 llm.step()
             elapsed = time.perf_counter_ns() - start
             llm.writer = writer
+            start = time.perf_counter_ns()
             llm.stop_recording()
-            results.setdefault(threaded, []).append((spent[0] / num_frames[0], elapsed / llm.num_steps))
-    for threaded, runs in results.items():
-        per_frame = statistics.median(a for a, _ in runs)
-        per_step = statistics.median(b for _, b in runs)
-        name = "writer thread (hand-over)" if threaded else "inside the step (TraceWriter)"
-        print(f"  {name:<32} {per_frame / 1e3:7.1f} us per StepEnd, {per_frame / per_step:6.2%} of a "
-              f"{per_step / 1e6:.2f} ms step")
+            close_ns = time.perf_counter_ns() - start
+            results[name].append((spent[0] / num_frames[0], elapsed / llm.num_steps, close_ns / num_frames[0]))
+    for name, runs in results.items():
+        per_frame = statistics.median(a for a, _, _ in runs)
+        per_step = statistics.median(b for _, b, _ in runs)
+        close = statistics.median(c for _, _, c in runs)
+        print(f"  {name:<36} {per_frame / 1e3:7.1f} us per StepEnd, {per_frame / per_step:6.2%} of a "
+              f"{per_step / 1e6:.2f} ms step; close {close / 1e3:5.1f} us per frame")
     llm.close()
 
 

@@ -39,7 +39,7 @@ def served(tmp_path_factory):
     greedy = SamplingParams(temperature=0.0, max_tokens=12)
     expected = llm.generate(PROMPTS, greedy, use_tqdm=False)      # before serving: the same engine, alone
     path = tmp_path_factory.mktemp("serve") / "served.trace"
-    llm.start_recording(str(path), threaded=True)     # as tracengine serve records
+    llm.start_recording(str(path))     # as tracengine serve records
     app = ServeApp(llm, "127.0.0.1", 0, "embedded", api_key=KEY, max_body_bytes=64 << 10).start()
     yield app, llm, expected, path
     app.stop()

@@ -257,9 +257,6 @@ def add_serve_commands(sub):
                    "(default: $TRACENGINE_API_KEY if set, else no key)")
     p.add_argument("--record", metavar="PATH", help="write the trace of everything served to PATH")
     p.add_argument("--force", action="store_true", help="overwrite --record PATH if it exists")
-    p.add_argument("--trace-writer", choices=("step", "thread"), default="step",
-                   help="write each step's frame inside the step, as generate does (default), or on a writer "
-                   "thread while the next step runs (docs/serve.md: it pays only when the step leaves the GIL free)")
     p.add_argument("--seed", type=int, default=0, help="seed of sampling (default 0)")
     add_engine_arguments(p)
     p.set_defaults(run=cmd_serve)

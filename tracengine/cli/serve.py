@@ -24,7 +24,7 @@ def cmd_serve(args) -> int:
     llm = LLM(args.model, seed=args.seed, **overrides)
     try:
         if args.record:
-            llm.start_recording(args.record, threaded=args.trace_writer == "thread")
+            llm.start_recording(args.record)
         app = ServeApp(llm, args.host, args.port, args.served_model_name or args.model or "embedded",
                        api_key_of(args))
         print(f"tracengine serve: {app.server.model_name} on {app.url} ({llm.config.num_kvcache_blocks} KV blocks "

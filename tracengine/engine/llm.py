@@ -76,15 +76,11 @@ class LLM(LLMEngine):
             str(self.runner.device), str(torch.__version__), self.config.seed, time.time(),
             self.config.tensor_parallel_size)
 
-    def start_recording(self, path: str, threaded: bool = False):
-        """Record from a clean start (empty prefix cache, step 0), so the trace replays on its own.
-        `threaded`: frames are written on a writer thread while the next step runs (the server)."""
+    def start_recording(self, path: str):
+        """Record from a clean start (empty prefix cache, step 0), so the trace replays on its own."""
         if not self.is_finished():
             raise TracengineError("cannot start recording while requests are in flight")
-        if threaded:
-            from tracengine.trace.writer_thread import ThreadedTraceWriter as TraceWriter
-        else:
-            from tracengine.trace.tracelog import TraceWriter
+        from tracengine.trace.tracelog import TraceWriter
         self.writer = TraceWriter(path, self.trace_header())
         self.reset(self.writer)
 
