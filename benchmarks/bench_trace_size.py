@@ -2,7 +2,8 @@
 JSON Lines (`msgspec.json.encode(to_builtins(e))`, one per line, as
 `tracengine events --json` prints them), with frames stored as they are and
 deflated with the preset dictionary, side by side; and how fast events are
-written and read either way. Workloads of 200 requests through LLMEngine +
+written and read either way (written deflated: stored frames, then the
+writer's compaction at close, which is also timed alone, per frame). Workloads of 200 requests through LLMEngine +
 SyntheticRunner, no model; traces given on the command line (a recorded
 `tracengine generate --record run.trace`) are rewritten both ways too.
 
@@ -11,6 +12,7 @@ SyntheticRunner, no model; traces given on the command line (a recorded
 import collections
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -27,8 +29,8 @@ from tracengine.engine.llm_engine import LLMEngine  # noqa: E402
 from tracengine.replay.runners import SyntheticRunner  # noqa: E402
 from tracengine.engine.sampling_params import SamplingParams  # noqa: E402
 from tracengine.trace.dictionary import DICTIONARY  # noqa: E402
-from tracengine.trace.tracelog import (WINDOW_BITS, TraceReader, TraceWriter, make_header, primed_deflater,  # noqa: E402
-                                       open_trace)
+from tracengine.trace.tracelog import (WINDOW_BITS, TraceReader, TraceWriter, compact, make_header,  # noqa: E402
+                                       open_trace, primed_deflater)
 
 EOS = 0
 NUM_REQUESTS = 200
@@ -83,11 +85,14 @@ def measure(events: list, tmp: str) -> dict:
                 writer.emit(event)
 
     best = collections.defaultdict(lambda: float("inf"))
+    copy = os.path.join(tmp, "compacted.trace")
     for _ in range(REPEATS):
         for deflate in (False, True):
             best["write", deflate] = min(best["write", deflate], timed(lambda: write(deflate)))
             best["read", deflate] = min(best["read", deflate],
                                         timed(lambda: sum(1 for _ in open_trace(paths[deflate]))))
+        shutil.copyfile(paths[False], copy)
+        best["compact"] = min(best["compact"], timed(lambda: compact(copy)))   # the writer's close, alone
 
     encoder = msgspec.msgpack.Encoder()
     steps, frame = [], []
@@ -120,7 +125,7 @@ def measure(events: list, tmp: str) -> dict:
                 write_stored=num_events / best["write", False], write_deflated=num_events / best["write", True],
                 read_stored=num_events / best["read", False], read_deflated=num_events / best["read", True],
                 encode_us=1e6 * best["encode"] / len(frames), deflate_us=1e6 * best["deflate"] / len(frames),
-                inflate_us=1e6 * best["inflate"] / len(frames))
+                inflate_us=1e6 * best["inflate"] / len(frames), compact_us=1e6 * best["compact"] / len(frames))
 
 
 def by_type(events: list) -> dict[str, tuple[int, int, int]]:
@@ -155,11 +160,11 @@ def main(traces: list[str]):
               f"{m['jsonl_bytes'] / m['deflated_bytes']:>5.1f}x")
 
     print(f"\n{'trace':<14} {'write ev/s stored':>17} {'deflated':>9} {'read ev/s stored':>16} {'deflated':>9}   "
-          f"{'per frame: encode':>17} {'deflate':>8} {'inflate':>8}")
+          f"{'per frame: encode':>17} {'deflate':>8} {'inflate':>8} {'compact':>8}")
     for name, m in results.items():
         print(f"{name:<14} {m['write_stored']:>17,.0f} {m['write_deflated']:>9,.0f} {m['read_stored']:>16,.0f} "
               f"{m['read_deflated']:>9,.0f}   {m['encode_us']:>15.1f}us {m['deflate_us']:>6.1f}us "
-              f"{m['inflate_us']:>6.1f}us")
+              f"{m['inflate_us']:>6.1f}us {m['compact_us']:>6.1f}us")
 
     print(f"\nby event type ({next(iter(sources))}; msgpack without framing or deflate):")
     print(f"{'type':<18} {'events':>7} {'B/event':>8} {'JSONL B/event':>14} {'ratio':>6} {'share of trace':>15}")
