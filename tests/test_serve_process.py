@@ -1,6 +1,7 @@
 """`tracengine serve` as a process: a signal during traffic aborts the requests in flight,
 closes the socket and the trace (end frame), exits 0; `check` calls the trace whole and
-`replay` reproduces it. And `tracengine tui --follow` shows a running server's steps."""
+`replay` reproduces it. And `tracengine tui --follow` shows a running server's steps, and
+the end of the recording across the compaction at close."""
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 
 from tracengine.cli import main
 from tracengine.trace.events import SeqAbort, SeqFinish
-from tracengine.trace.tracelog import TraceReader, open_trace
+from tracengine.trace.tracelog import DEFLATED, TraceReader, open_trace
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINE_FLAGS = ["--max-model-len", "256", "--num-kvcache-blocks", "64", "--max-num-seqs", "4"]
@@ -75,11 +76,42 @@ def test_a_signal_during_traffic_closes_the_trace_whole(tmp_path, sig, capsys):
         httpx.get(url + "/health")
     with TraceReader(path) as reader:
         assert reader.ended and reader.torn_tail is None and reader.corruption is None
+        words = [word for word, _ in reader.stored_frames()]
+    # compacted when the server stopped: most frames deflated (a tiny one stays stored), no copy left
+    assert sum(1 for word in words if word & DEFLATED) > len(words) // 2
+    assert os.listdir(tmp_path) == ["live.trace"]
     events = list(open_trace(path))
     aborts = [e for e in events if type(e) is SeqAbort]
     assert [e.reason for e in aborts] == ["shutdown"] * 3 and not any(type(e) is SeqFinish for e in events)
     capsys.readouterr()
     assert main(["check", str(path)]) == 0
+    assert main(["replay", str(path)]) == 0
+    assert "reproduced exactly" in capsys.readouterr().out
+
+
+def test_a_killed_server_leaves_every_finished_step_stored(tmp_path, capsys):
+    path = tmp_path / "killed.trace"
+    proc, url = start_server(path)
+    try:
+        started, outs = threading.Event(), []
+
+        def cut_off():
+            with pytest.raises(httpx.TransportError):       # the server dies mid-stream
+                stream(url, 10, 200, started, outs)
+        client = threading.Thread(target=cut_off)
+        client.start()
+        assert started.wait(60)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+        client.join(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    with TraceReader(path) as reader:
+        assert not reader.ended and reader.corruption is None and reader.num_frames > 1
+        assert not any(word & DEFLATED for word, _ in reader.stored_frames())   # never closed: stored
+    capsys.readouterr()
     assert main(["replay", str(path)]) == 0
     assert "reproduced exactly" in capsys.readouterr().out
 
@@ -124,6 +156,16 @@ async def test_tui_follow_sees_a_running_servers_steps(tmp_path):
                 await pilot.pause(0.02)
             assert tui.num_steps >= 6 and tui.live        # 1 prefill + 5 decode steps, still recording
             assert tui.step == tui.num_steps - 1          # the view follows the newest step
+            before = os.stat(path).st_ino
+            app.stop()
+            llm.close()                                   # the end frame, then the compacted copy renamed over
+            assert os.stat(path).st_ino != before
+            for _ in range(3000):
+                if not tui.live:
+                    break
+                await pilot.pause(0.02)
+            assert not tui.live and tui.note == "recording ended"     # the old file's end frame
+            assert tui.num_steps == llm.num_steps
     finally:
         app.stop()
         llm.close()
