@@ -5,7 +5,7 @@ from collections import deque
 import pytest
 import xxhash
 
-from tracengine.engine.block_manager import BlockManager, FreeBlockQueue, compute_hash, compute_hashes
+from tracengine.engine.block_manager import BlockManager, FreeBlockQueue, compute_hash, compute_hashes, pack_tokens
 from tracengine.trace.events import BlockAllocate, BlockHash, ListSink
 from tracengine.engine.sequence import Sequence
 
@@ -49,8 +49,14 @@ def test_free_block_queue_keeps_the_order_of_a_deque():
     rng = random.Random(0)
     queue, reference, taken = FreeBlockQueue(50), deque(range(50)), []
     for _ in range(2000):
-        op = rng.randrange(5)
-        if op == 3 and reference:        # popleft_many: as that many poplefts
+        op = rng.randrange(6)
+        if op == 5 and reference:        # remove_many: as that many removes
+            gone = rng.sample(list(reference), rng.randrange(len(reference) + 1))
+            queue.remove_many(gone)
+            for block_id in gone:
+                reference.remove(block_id)
+            taken += gone
+        elif op == 3 and reference:        # popleft_many: as that many poplefts
             n = rng.randrange(len(reference) + 1)
             got = queue.popleft_many(n)
             assert got == [reference.popleft() for _ in range(n)]
@@ -86,6 +92,11 @@ def test_free_block_queue_keeps_the_order_of_a_deque():
         with pytest.raises(ValueError, match="already free"):
             queue.extend(taken[:1] + [reference[0]])
         assert list(queue) == before + taken[:1] and len(queue) == len(before) + 1
+        # a block not free: refused, the queue whole without those removed before it
+        before = list(queue)
+        with pytest.raises(ValueError, match="not free"):
+            queue.remove_many([before[0], taken[-1] if len(taken) > 1 else 50])
+        assert list(queue) == before[1:] and len(queue) == len(before) - 1
 
 
 def test_empty_free_block_queue():
@@ -170,3 +181,20 @@ def test_may_append_takes_a_block_only_at_a_boundary_and_events():
     allocate = sink.events[0]
     assert isinstance(allocate, BlockAllocate) and allocate.block_ids == [0]
     assert isinstance(sink.events[1], BlockHash) and sink.events[1].hash == compute_hash([1, 2, 3, 4])
+
+
+@pytest.mark.parametrize("colliding", [0, 1, 2])
+def test_a_hash_collision_ends_the_hits_at_the_block_whose_tokens_differ(colliding):
+    """A cached block under the prompt's hash but holding other tokens (a collision, made
+    here by changing what the block holds) is a miss, and so is every block after it."""
+    manager = BlockManager(16, 4)
+    a = seq_of(0, list(range(17)))               # 4 full blocks and a partial one
+    fill(manager, a)
+    block = manager.blocks[a.block_table[colliding]]
+    block.data = pack_tokens([99, 98, 97, 96])
+    assert block.token_ids == [99, 98, 97, 96]
+    b = seq_of(1, list(range(17)))
+    assert manager.num_blocks_needed(b)[0] == colliding
+    manager.allocate(b, colliding)
+    assert b.block_table[:colliding] == a.block_table[:colliding]
+    assert not set(b.block_table[colliding:]) & set(a.block_table)

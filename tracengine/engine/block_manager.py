@@ -7,6 +7,8 @@ free block takes it out of the middle of the queue, so the queue is doubly
 linked (as vLLM's FreeKVCacheBlockQueue): every operation is O(1), and a
 step costs the same with 1,000 blocks as with 100,000."""
 import struct
+from itertools import filterfalse
+from operator import attrgetter
 
 import xxhash
 
@@ -27,13 +29,22 @@ def compute_hash(token_ids: list[int], prefix: int = -1) -> int:
     return h.intdigest()
 
 
+def pack_tokens(token_ids: list[int]) -> bytes:
+    """Token ids as the little-endian int64s that compute_hash hashes."""
+    return struct.pack(f"<{len(token_ids)}q", *token_ids)
+
+
 def compute_hashes(token_ids: list[int], block_size: int, prefix: int = -1, start: int = 0) -> list[int]:
     """The chained hashes of the full blocks of `token_ids[start:]`, each equal to
     `compute_hash(block, parent)`: the tokens are packed once, not per block."""
     num_tokens = (len(token_ids) - start) // block_size * block_size
     if num_tokens <= 0:
         return []
-    data = struct.pack(f"<{num_tokens}q", *token_ids[start:start + num_tokens])
+    return hash_packed(pack_tokens(token_ids[start:start + num_tokens]), block_size, prefix)
+
+
+def hash_packed(data: bytes, block_size: int, prefix: int = -1) -> list[int]:
+    """compute_hashes of tokens already packed (`pack_tokens`), whole blocks of them."""
     digest, pack_parent, stride = xxhash.xxh64_intdigest, PARENT.pack, block_size * 8
     first = 0
     h = prefix
@@ -41,7 +52,7 @@ def compute_hashes(token_ids: list[int], block_size: int, prefix: int = -1, star
         h = digest(data[:stride])
         first = stride
     hashes = [h] if first else []
-    hashes += [h := digest(pack_parent(h) + data[i:i + stride]) for i in range(first, num_tokens * 8, stride)]
+    hashes += [h := digest(pack_parent(h) + data[i:i + stride]) for i in range(first, len(data), stride)]
     return hashes
 
 
@@ -148,6 +159,20 @@ class FreeBlockQueue:
         self.num_free -= n
         return block_ids
 
+    def remove_many(self, block_ids: list[int]):
+        """Remove each of `block_ids` (distinct, each free), in order."""
+        prev, nxt, end = self.prev, self.next, self.sentinel
+        for i, block_id in enumerate(block_ids):
+            if not 0 <= block_id < end or prev[block_id] == -1:
+                self.num_free -= i         # the queue stays whole, without those removed so far
+                raise ValueError(f"block {block_id} is not free")
+            before = prev[block_id]
+            after = nxt[block_id]
+            nxt[before] = after
+            prev[after] = before
+            prev[block_id] = -1
+        self.num_free -= len(block_ids)
+
     def extend(self, block_ids: list[int]):
         """Append each of `block_ids`, in order."""
         prev, nxt, sentinel = self.prev, self.next, self.sentinel
@@ -167,22 +192,28 @@ class FreeBlockQueue:
 
 
 class Block:
-    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+    """A KV block. A cached block keeps the tokens it holds packed (`data`, as
+    pack_tokens packs them): the prefix-cache check compares a prompt's blocks
+    with them as bytes, hundreds of blocks in one comparison."""
+    __slots__ = ("block_id", "ref_count", "hash", "data")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_count = 0
         self.hash = -1
-        self.token_ids: list[int] = []
+        self.data = b""
 
-    def update(self, hash: int, token_ids: list[int]):
-        self.hash = hash
-        self.token_ids = token_ids
+    @property
+    def token_ids(self) -> list[int]:
+        return list(struct.unpack(f"<{len(self.data) // 8}q", self.data))
 
     def reset(self):
         self.ref_count = 1
         self.hash = -1
-        self.token_ids = []
+        self.data = b""
+
+
+_DATA = attrgetter("data")
 
 
 class BlockManager:
@@ -227,24 +258,33 @@ class BlockManager:
         if num_full <= 0:
             return []
         hashes = self._hashes_upto(seq, num_full)
-        get, blocks, token_ids, size = self.hash_to_block_id.get, self.blocks, seq.token_ids, self.block_size
-        block_ids = []
-        start = 0
-        for h in hashes[:num_full]:
-            block_id = get(h)
-            end = start + size
-            if block_id is None or blocks[block_id].token_ids != token_ids[start:end]:
-                break    # a miss, or a hash collision (the tokens differ)
-            block_ids.append(block_id)
-            start = end
+        block_ids = list(map(self.hash_to_block_id.get, hashes[:num_full]))
+        if None in block_ids:
+            del block_ids[block_ids.index(None):]    # the first miss
+        if block_ids:
+            # A hash collision: a cached block whose tokens differ. All the blocks at once, as
+            # bytes (comparing hundreds of int lists costs more than hashing them).
+            blocks, data = self.blocks, seq.block_data
+            stored = b"".join(map(_DATA, map(blocks.__getitem__, block_ids)))
+            if stored != data[:len(stored)]:
+                stride = self.block_size * 8
+                for i, block_id in enumerate(block_ids):
+                    if blocks[block_id].data != data[i * stride:(i + 1) * stride]:
+                        del block_ids[i:]
+                        break
         return block_ids
 
     def _hashes_upto(self, seq: Sequence, n: int) -> list[int]:
-        """seq.block_hashes with at least its first n full blocks hashed."""
+        """seq.block_hashes with at least its first n full blocks hashed (and packed, in
+        seq.block_data)."""
         hashes = seq.block_hashes
         if len(hashes) < n:   # every full block at once: packing the tokens is the cost
-            hashes += compute_hashes(seq.token_ids, self.block_size, hashes[-1] if hashes else -1,
-                                     len(hashes) * self.block_size)
+            size = self.block_size
+            start = len(hashes) * size
+            num_tokens = (seq.num_tokens - start) // size * size
+            data = pack_tokens(seq.token_ids[start:start + num_tokens])
+            hashes += hash_packed(data, size, hashes[-1] if hashes else -1)
+            seq.block_data += data
         return hashes
 
     def num_blocks_needed(self, seq: Sequence) -> tuple[int, int]:
@@ -267,15 +307,13 @@ class BlockManager:
         self._lookup = None
         blocks, used, free, table = self.blocks, self.used_block_ids, self.free_block_ids, seq.block_table
         hits = cached[:num_cached_blocks]
-        remove, use = free.remove, used.add
-        for block_id in hits:
-            block = blocks[block_id]
-            if block_id in used:
-                block.ref_count += 1
-            else:
-                block.ref_count = 1
-                remove(block_id)
-                use(block_id)
+        # The hits in bulk: a hit shared with a live sequence gains a reference, a free one
+        # (ref count 0) leaves the free queue for the used set, with its one reference.
+        free_hits = list(dict.fromkeys(filterfalse(used.__contains__, hits)))
+        for block in map(blocks.__getitem__, hits):
+            block.ref_count += 1
+        free.remove_many(free_hits)
+        used.update(free_hits)
         # _allocate_block, for all the new blocks at once: a prompt has hundreds
         new_block_ids = free.popleft_many(seq.num_blocks - num_cached_blocks)
         hash_map = self.hash_to_block_id
@@ -284,7 +322,7 @@ class BlockManager:
             assert block.ref_count == 0
             if block.hash != -1 and hash_map.get(block.hash) == block_id:
                 del hash_map[block.hash]   # the cached content is overwritten
-            block.ref_count, block.hash, block.token_ids = 1, -1, []
+            block.ref_count, block.hash, block.data = 1, -1, b""
         used.update(new_block_ids)
         table += hits
         table += new_block_ids
@@ -301,8 +339,8 @@ class BlockManager:
         for block_id in released:
             block = blocks[block_id]
             block.ref_count -= 1
-            assert block.ref_count >= 0
-            if block.ref_count == 0:
+            if block.ref_count <= 0:
+                assert block.ref_count == 0
                 freed.append(block_id)
         self.used_block_ids.difference_update(freed)
         self.free_block_ids.extend(freed)   # in release order
@@ -329,17 +367,16 @@ class BlockManager:
         size, num_cached_tokens = self.block_size, seq.num_cached_tokens
         start = num_cached_tokens // size
         end = (num_cached_tokens + seq.num_scheduled_tokens) // size
-        if start == end:     # most calls: a decoded token that does not fill its block
+        if start == end:     # a decoded token that does not fill its block
             return
         self._version += 1
-        hashes = self._hashes_upto(seq, end)
-        blocks, table, token_ids, hash_map = self.blocks, seq.block_table, seq.token_ids, self.hash_to_block_id
-        emit = self.sink.enabled
-        for i in range(start, end):
-            h = hashes[i]
-            block_id = table[i]
-            block = blocks[block_id]
-            block.hash, block.token_ids = h, token_ids[i * size:(i + 1) * size]
-            hash_map[h] = block_id
-            if emit:
-                self.sink.emit(BlockHash(self.step, seq.seq_id, block_id, h))
+        hashes = self._hashes_upto(seq, end)[start:end]
+        block_ids = seq.block_table[start:end]
+        data, stride = seq.block_data, size * 8
+        for block, h, i in zip(map(self.blocks.__getitem__, block_ids), hashes, range(start * stride, end * stride, stride)):
+            block.hash, block.data = h, data[i:i + stride]
+        self.hash_to_block_id.update(zip(hashes, block_ids))
+        if self.sink.enabled:
+            emit, step, seq_id = self.sink.emit, self.step, seq.seq_id
+            for block_id, h in zip(block_ids, hashes):
+                emit(BlockHash(step, seq_id, block_id, h))

@@ -15,7 +15,8 @@ class Sequence:
     __slots__ = ("seq_id", "status", "token_ids", "last_token", "num_tokens", "num_prompt_tokens",
                  "num_cached_tokens", "num_scheduled_tokens", "is_prefill", "block_table",
                  "block_size", "temperature", "max_tokens", "ignore_eos", "top_k", "top_p", "seed",
-                 "num_preemptions", "finish_reason", "block_hashes", "num_completion_tokens")
+                 "num_preemptions", "finish_reason", "block_hashes", "block_data",
+                 "num_completion_tokens")
 
     def __init__(self, seq_id: int, token_ids: list[int], block_size: int,
                  sampling_params: SamplingParams | None = None):
@@ -41,6 +42,7 @@ class Sequence:
         self.num_preemptions = 0
         self.finish_reason = ""      # "eos" or "length" once finished
         self.block_hashes: list[int] = []   # chained hashes of full blocks: tokens only ever append
+        self.block_data = bytearray()        # those blocks' tokens, packed as they were hashed
 
     def __len__(self):
         return self.num_tokens
