@@ -149,10 +149,11 @@ class Scheduler:
         finished = []
         emit = self.sink.enabled
         # bound once: this loop runs for every token of every sequence
-        hash_blocks, sink_emit, step, eos, max_model_len = \
-            self.block_manager.hash_blocks, self.sink.emit, self.step, self.eos, self.max_model_len
+        hash_blocks, sink_emit, step, eos, max_model_len, block_size = self.block_manager.hash_blocks, \
+            self.sink.emit, self.step, self.eos, self.max_model_len, self.block_size
         for seq, token_id in zip(seqs, token_ids):
-            hash_blocks(seq)
+            if seq.num_cached_tokens % block_size + seq.num_scheduled_tokens >= block_size:
+                hash_blocks(seq)     # a block filled this step (a decoded token mostly fills none)
             seq.num_cached_tokens += seq.num_scheduled_tokens
             seq.num_scheduled_tokens = 0
             if is_prefill and seq.num_cached_tokens < seq.num_tokens:

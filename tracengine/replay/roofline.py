@@ -90,14 +90,24 @@ class ModelShape:
         """K and V of one token in every layer."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
+    @property
+    def flops_per(self) -> tuple[int, int, int]:
+        """FLOPs per token computed, per sequence (the LM head, on its last token only) and per
+        (query, key) pair scored."""
+        return (2 * self.num_layers * self.layer_matmul_params, 2 * self.lm_head_params,
+                4 * self.num_layers * self.num_heads * self.head_dim)
+
+    @property
+    def weight_bytes(self) -> int:
+        """The weights a step reads once."""
+        return (self.num_layers * self.layer_matmul_params + self.lm_head_params) * self.dtype_bytes
+
     def flops(self, num_tokens: int, num_seqs: int, attended: int) -> int:
-        return (2 * self.num_layers * self.layer_matmul_params * num_tokens
-                + 2 * self.lm_head_params * num_seqs
-                + 4 * self.num_layers * self.num_heads * self.head_dim * attended)
+        per_token, per_seq, per_pair = self.flops_per
+        return per_token * num_tokens + per_seq * num_seqs + per_pair * attended
 
     def bytes_moved(self, num_tokens: int, context: int) -> int:
-        weights = (self.num_layers * self.layer_matmul_params + self.lm_head_params) * self.dtype_bytes
-        return weights + self.kv_bytes_per_token * (context + num_tokens)
+        return self.weight_bytes + self.kv_bytes_per_token * (context + num_tokens)
 
 
 class RooflineStepTime:
@@ -113,6 +123,8 @@ class RooflineStepTime:
         self.model, self.peak_flops, self.bandwidth = model, float(peak_flops), float(bandwidth)
         self.overhead_ns, self.hardware = int(overhead_ns), hardware
         self.gap_ns = self.wake_ns = 0
+        # model.flops and model.bytes_moved, their coefficients worked out once: predict runs every step
+        self._coefficients = (*model.flops_per, model.weight_bytes, model.kv_bytes_per_token)
 
     @classmethod
     def for_hardware(cls, model: ModelShape, hardware: str | None = None, peak_tflops: float | None = None,
@@ -132,9 +144,9 @@ class RooflineStepTime:
 
     def predict(self, is_prefill: bool, num_tokens: int, num_seqs: int, context: int,
                 attended: int) -> tuple[int, int, int]:
-        m = self.model
-        seconds = max(m.flops(num_tokens, num_seqs, attended) / self.peak_flops,
-                      m.bytes_moved(num_tokens, context) / self.bandwidth)
+        per_token, per_seq, per_pair, weight_bytes, kv_bytes_per_token = self._coefficients
+        seconds = max((per_token * num_tokens + per_seq * num_seqs + per_pair * attended) / self.peak_flops,
+                      (weight_bytes + kv_bytes_per_token * (context + num_tokens)) / self.bandwidth)
         return self.overhead_ns, round(seconds * 1e9), 0
 
     @property

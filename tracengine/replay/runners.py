@@ -25,20 +25,23 @@ class SyntheticRunner:
         self.eos_at = eos_at or {}
         self._prefixes: dict[int, bytes] = {}   # seq_id -> b"{seed}:{seq_id}:", made once per sequence
 
-    def token_for(self, seq) -> int:
-        position = seq.num_cached_tokens + seq.num_scheduled_tokens
-        if self.eos_at and position == seq.num_tokens and self.eos_at.get(seq.seq_id) == seq.num_completion_tokens:
-            return self.eos
-        prefix = self._prefixes.get(seq.seq_id)
-        if prefix is None:
-            prefix = self._prefixes[seq.seq_id] = f"{self.seed}:{seq.seq_id}:".encode()
-        # the hash of f"{seed}:{seq_id}:{position}", its prefix formatted once
-        token = xxhash.xxh64_intdigest(prefix + str(position).encode()) % self.vocab_size
-        return token if token != self.eos else (token + 1) % self.vocab_size
-
     def run(self, seqs, is_prefill: bool) -> list[int]:
-        token_for = self.token_for
-        return [token_for(seq) for seq in seqs]
+        # One loop for the batch, no call per sequence: a simulation samples every token here.
+        eos, eos_at, vocab_size, prefixes, digest = self.eos, self.eos_at, self.vocab_size, self._prefixes, \
+            xxhash.xxh64_intdigest
+        tokens = []
+        for seq in seqs:
+            position = seq.num_cached_tokens + seq.num_scheduled_tokens
+            if eos_at and position == seq.num_tokens and eos_at.get(seq.seq_id) == seq.num_completion_tokens:
+                tokens.append(eos)
+                continue
+            prefix = prefixes.get(seq.seq_id)
+            if prefix is None:
+                prefix = prefixes[seq.seq_id] = f"{self.seed}:{seq.seq_id}:".encode()
+            # the hash of f"{seed}:{seq_id}:{position}", its prefix formatted once
+            token = digest(b"%b%d" % (prefix, position)) % vocab_size
+            tokens.append(token if token != eos else (token + 1) % vocab_size)
+        return tokens
 
     def exit(self):
         pass

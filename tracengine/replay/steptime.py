@@ -30,6 +30,7 @@ Models live here in replay/ beside what-if, the other user of recorded runs;
 they use numpy (for the fit) and no torch."""
 import json
 import math
+from operator import attrgetter
 
 from tracengine.errors import TracengineError, TraceError
 from tracengine.trace.events import RequestAdded, ScheduleDecision, SeqFinish, StepEnd, TraceHeader
@@ -56,7 +57,14 @@ def step_shape(pairs) -> tuple[int, int, int, int]:
 
 def seqs_shape(seqs) -> tuple[int, int, int, int]:
     """The shape of a scheduled batch of `Sequence`s (before postprocess)."""
+    num_seqs = len(seqs)
+    if list(map(_NUM_SCHEDULED, seqs)).count(1) == num_seqs:   # one token each: a decode batch, in sums
+        context = sum(map(_NUM_CACHED, seqs)) + num_seqs   # each scores its context and itself once
+        return num_seqs, num_seqs, context, context
     return step_shape((s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs)
+
+
+_NUM_SCHEDULED, _NUM_CACHED = attrgetter("num_scheduled_tokens"), attrgetter("num_cached_tokens")
 
 
 class LinearStepTime:
