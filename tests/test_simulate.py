@@ -134,3 +134,26 @@ def test_sweep_errors(tmp_path, roofline, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)     # the optional extra, absent
     assert main(base + ["--sweep", "max_num_seqs=1,2", "--plot", str(tmp_path / "p.png")]) == 2
     assert "needs matplotlib" in capsys.readouterr().err
+
+
+def test_synthetic_runner_tokens_hash_seed_seq_and_position():
+    """Each token is xxh64 of "{seed}:{seq_id}:{position}" modulo the vocabulary (eos stepped over),
+    whatever the batch; `eos_at` puts eos at a completion index."""
+    import xxhash
+    from tracengine.engine.sequence import Sequence
+    from tracengine.replay.runners import SyntheticRunner
+    seqs = []
+    for seq_id, (num_tokens, num_cached, num_scheduled) in enumerate([(10, 9, 1), (30, 0, 30), (30, 0, 12), (5, 4, 1)]):
+        seq = Sequence(seq_id, list(range(num_tokens)), 4)
+        seq.num_cached_tokens, seq.num_scheduled_tokens = num_cached, num_scheduled
+        seqs.append(seq)
+    runner = SyntheticRunner(vocab_size=50, seed=7, eos=3)
+    expected = [xxhash.xxh64_intdigest(f"7:{s.seq_id}:{s.num_cached_tokens + s.num_scheduled_tokens}".encode()) % 50
+                for s in seqs]
+    expected = [t if t != 3 else 4 for t in expected]
+    assert runner.run(seqs, False) == expected
+    assert [runner.run([s], False)[0] for s in reversed(seqs)] == expected[::-1]   # batching changes nothing
+    seqs[3].num_completion_tokens = 2
+    eos_runner = SyntheticRunner(vocab_size=50, seed=7, eos=3, eos_at={3: 2, 2: 0})
+    # seq 3 is at its completion index 2; seq 2 computes a middle chunk, which samples no eos
+    assert eos_runner.run(seqs, False) == expected[:3] + [3]

@@ -13,7 +13,8 @@ from tracengine.replay.reexec import reexecute
 from tracengine.replay.roofline import HARDWARE, ModelShape, RooflineStepTime
 from tracengine.replay.runners import WorkloadRequest
 from tracengine.replay.simulate import run_timed, timed_whatif
-from tracengine.replay.steptime import LinearStepTime, calibrate, load_step_time, step_shape
+from tracengine.engine.sequence import Sequence
+from tracengine.replay.steptime import LinearStepTime, calibrate, load_step_time, seqs_shape, step_shape
 from tracengine.trace.events import StepEnd, without_wall_clock
 from tracengine.trace.tracelog import TraceWriter
 
@@ -49,6 +50,19 @@ def recorded():
 def test_step_shape_counts_context_and_scored_pairs():
     # 3 tokens after 5 cached: context 8, pairs 3*5 + (1+2+3) = 21; a decode of 1 after 9: 10 and 10
     assert step_shape([(3, 5), (1, 9)]) == (4, 2, 18, 31)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_seqs_shape_of_a_batch_is_its_step_shape(seed):
+    """seqs_shape sums a decode batch (one token each) without a loop: the same shape."""
+    rng = random.Random(seed)
+    seqs = []
+    for i in range(rng.randrange(1, 9)):
+        seq = Sequence(i, [1] * 40, 4)
+        seq.num_cached_tokens = rng.randrange(40)
+        seq.num_scheduled_tokens = 1 if seed % 2 else rng.choice([0, 1, 1, 2, 7])
+        seqs.append(seq)
+    assert seqs_shape(seqs) == step_shape((s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs)
 
 
 def test_calibration_recovers_known_coefficients(recorded):
@@ -125,6 +139,13 @@ def test_roofline_step_is_the_larger_bound_plus_overhead():
     assert roof.predict(True, 5, 2, 9, 7) == (500, 12288, 0)
     slow_memory = RooflineStepTime(m, peak_flops=1e12, bandwidth=1e8, overhead_ns=0)
     assert slow_memory.predict(False, 5, 2, 9, 7) == (0, 29120, 0)     # 2912 bytes / 1e8 B/s
+    rng = random.Random(0)     # predict's coefficients, worked out once, are flops' and bytes_moved's
+    for peak, bandwidth in ((1e9, 1e9), (1e12, 1e8), HARDWARE["H200"]):
+        roof = RooflineStepTime(m, peak, bandwidth, 7)
+        for _ in range(200):
+            tokens, seqs, context, attended = (rng.randrange(1, 10**6) for _ in range(4))
+            seconds = max(m.flops(tokens, seqs, attended) / peak, m.bytes_moved(tokens, context) / bandwidth)
+            assert roof.predict(True, tokens, seqs, context, attended) == (7, round(seconds * 1e9), 0)
     h200 = RooflineStepTime.for_hardware(m, "H200", bandwidth_tbs=2.0)
     assert h200.peak_flops == HARDWARE["H200"][0] and h200.bandwidth == 2e12
     with pytest.raises(TracengineError, match="presets"):
