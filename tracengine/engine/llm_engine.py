@@ -57,7 +57,7 @@ class LLMEngine:
         arrival time is still to come enters the waiting queue at the first step that starts
         after it; one that arrived earlier (a server's queue) enters now, and keeps its time."""
         sp = sampling_params if sampling_params is not None else SamplingParams()
-        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt   # Sequence copies it
         seq = Sequence(self.next_seq_id if seq_id is None else seq_id, token_ids,
                        self.config.kvcache_block_size, sp)
         self.scheduler.check_request(seq.num_prompt_tokens, seq.max_tokens)
