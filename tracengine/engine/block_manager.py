@@ -224,6 +224,7 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK):
         self.block_size = block_size
+        self._pack_block = struct.Struct(f"<{block_size}q").pack   # pack_tokens of one block
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.hash_to_block_id: dict[int, int] = {}
         self.free_block_ids = FreeBlockQueue(num_blocks)
@@ -286,8 +287,12 @@ class BlockManager:
             size = self.block_size
             start = len(hashes) * size
             num_tokens = (seq.num_tokens - start) // size * size
-            data = pack_tokens(seq.token_ids[start:start + num_tokens])
-            hashes += hash_packed(data, size, hashes[-1] if hashes else -1)
+            if num_tokens == size and hashes:    # the one block a decode fills: hash_packed's set-up is most of it
+                data = self._pack_block(*seq.token_ids[start:start + size])
+                hashes.append(xxhash.xxh64_intdigest(PARENT.pack(hashes[-1]) + data))
+            else:
+                data = pack_tokens(seq.token_ids[start:start + num_tokens])
+                hashes += hash_packed(data, size, hashes[-1] if hashes else -1)
             seq.block_data += data
         return hashes
 
