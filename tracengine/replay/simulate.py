@@ -82,9 +82,12 @@ def _run_timed(config, requests, step_time, runner, sink, header, max_steps, pol
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_ns)
     gap_ns, wake_ns = step_time.gap_ns, step_time.wake_ns
     i, n = 0, len(order)
-    while i < n or not engine.is_finished():
+    while True:
+        idle = engine.is_finished()
+        if idle and i == n:
+            break
         start = engine.now_ns + gap_ns if engine.num_steps else max(gap_ns, first_step_ns)
-        if engine.is_finished():    # idle: the engine sleeps until the next arrival, and wakes late
+        if idle:    # the engine sleeps until the next arrival, and wakes late
             start = max(start, requests[order[i]].arrival_ns + wake_ns)
         engine.now_ns = start
         while i < n and requests[order[i]].arrival_ns <= start:
