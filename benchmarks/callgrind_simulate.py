@@ -107,7 +107,7 @@ def figures(tree: str, workload: str, requests: int, only, num_prefill_blocks: i
                                             - instructions(tree, "prefill", 1, workload)) / num_prefill_blocks
     if "steploop" in only:
         for num_seqs in (8, 1):
-            out[f"step loop, {num_seqs} sequences (M instructions a run)"] = (
+            out[f"step loop, {num_seqs} sequence{'s' * (num_seqs > 1)} (M instructions a run)"] = (
                 instructions(tree, f"steploop{num_seqs}", 4, workload)
                 - instructions(tree, f"steploop{num_seqs}", 1, workload)) / 3 / 1e6
     return out
