@@ -198,23 +198,24 @@ class FreeBlockQueue:
 class Block:
     """A KV block. A cached block keeps the tokens it holds packed (`data`, as
     pack_tokens packs them): the prefix-cache check compares a prompt's blocks
-    with them as bytes, hundreds of blocks in one comparison."""
-    __slots__ = ("block_id", "ref_count", "hash", "data")
+    with them as bytes, hundreds of blocks in one comparison. Its ref count
+    lives in its manager's `ref_counts` list, which a prompt's hundreds of
+    blocks are counted in without touching each Block."""
+    __slots__ = ("block_id", "hash", "data", "_ref_counts")
 
-    def __init__(self, block_id: int):
+    def __init__(self, block_id: int, ref_counts: list[int]):
         self.block_id = block_id
-        self.ref_count = 0
         self.hash = -1
         self.data = b""
+        self._ref_counts = ref_counts
+
+    @property
+    def ref_count(self) -> int:
+        return self._ref_counts[self.block_id]
 
     @property
     def token_ids(self) -> list[int]:
         return list(struct.unpack(f"<{len(self.data) // 8}q", self.data))
-
-    def reset(self):
-        self.ref_count = 1
-        self.hash = -1
-        self.data = b""
 
 
 _DATA = attrgetter("data")
@@ -225,7 +226,8 @@ class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK):
         self.block_size = block_size
         self._pack_block = struct.Struct(f"<{block_size}q").pack   # pack_tokens of one block
-        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.ref_counts = [0] * num_blocks   # per block id: the block tables holding it
+        self.blocks = [Block(i, self.ref_counts) for i in range(num_blocks)]
         self.hash_to_block_id: dict[int, int] = {}
         self.free_block_ids = FreeBlockQueue(num_blocks)
         self.used_block_ids: set[int] = set()
@@ -244,10 +246,11 @@ class BlockManager:
     def _allocate_block(self) -> int:
         block_id = self.free_block_ids.popleft()
         block = self.blocks[block_id]
-        assert block.ref_count == 0
+        assert self.ref_counts[block_id] == 0
         if block.hash != -1 and self.hash_to_block_id.get(block.hash) == block_id:
             del self.hash_to_block_id[block.hash]   # the cached content is overwritten
-        block.reset()
+        self.ref_counts[block_id] = 1
+        block.hash, block.data = -1, b""
         self.used_block_ids.add(block_id)
         return block_id
 
@@ -315,13 +318,14 @@ class BlockManager:
         assert len(cached) >= num_cached_blocks
         self._lookup = None
         blocks, used, free, table = self.blocks, self.used_block_ids, self.free_block_ids, seq.block_table
+        ref_counts = self.ref_counts
         hits = cached[:num_cached_blocks]
         # The hits in bulk: a hit shared with a live sequence gains a reference, a free one
         # (ref count 0) leaves the free queue for the used set, with its one reference. (The
         # queue left is the same whatever order its blocks are taken out in.)
         free_hits = set(hits).difference(used)
-        for block in map(blocks.__getitem__, hits):
-            block.ref_count += 1
+        for block_id in hits:
+            ref_counts[block_id] += 1
         free.remove_many(free_hits)
         used.update(free_hits)
         # _allocate_block, for all the new blocks at once: a prompt has hundreds
@@ -329,10 +333,11 @@ class BlockManager:
         hash_map = self.hash_to_block_id
         for block_id in new_block_ids:
             block = blocks[block_id]
-            assert block.ref_count == 0
+            assert ref_counts[block_id] == 0
             if block.hash != -1 and hash_map.get(block.hash) == block_id:
                 del hash_map[block.hash]   # the cached content is overwritten
-            block.ref_count, block.hash, block.data = 1, -1, b""
+            ref_counts[block_id] = 1
+            block.hash, block.data = -1, b""
         used.update(new_block_ids)
         table += hits
         table += new_block_ids
@@ -344,13 +349,12 @@ class BlockManager:
 
     def deallocate(self, seq: Sequence):
         released = seq.block_table[::-1]   # tail first, so prefix blocks stay cached longer
-        blocks = self.blocks
+        ref_counts = self.ref_counts
         freed = []
         for block_id in released:
-            block = blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count <= 0:
-                assert block.ref_count == 0
+            ref_counts[block_id] -= 1
+            if ref_counts[block_id] <= 0:
+                assert ref_counts[block_id] == 0
                 freed.append(block_id)
         self.used_block_ids.difference_update(freed)
         self.free_block_ids.extend(freed)   # in release order
