@@ -8,7 +8,10 @@ recorded: TTFT p50 and p90, end-to-end p50, total duration and preemptions,
 each as a relative error. The self-check is A in simulated time against A
 recorded. The noise floor is A recorded a second time against A: how far the
 real engine on this machine is from itself, which no model can beat.
-Repeated, since this machine is noisy; medians are quoted.
+Repeated, since this machine is noisy: each figure's median over the repeats,
+and the figures of all the repeats' requests pooled (TTFT and end-to-end
+percentiles over every request of every repeat, durations and preemptions
+summed), which a slow spell in one recording moves less.
 
     python benchmarks/bench_fidelity.py [--repeats 3] [--requests 40] [--rate 8]
         [--a num_kvcache_blocks=48] [--b num_kvcache_blocks=24] [--traces DIR]
@@ -25,7 +28,8 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tracengine.analysis.stats import stats                  # noqa: E402
+from tracengine.analysis.stats import percentile, request_figures, stats   # noqa: E402
+from tracengine.analysis.timeline import load                 # noqa: E402
 from tracengine.engine.config import parse_override          # noqa: E402
 from tracengine.engine.sampling_params import SamplingParams  # noqa: E402
 from tracengine.replay.simulate import timed_whatif          # noqa: E402
@@ -62,6 +66,27 @@ def record(path, overrides, prompts, sps, arrivals, seed):
         llm.generate(prompts, sps, record=path, use_tqdm=False, arrival_times=arrivals)
 
 
+class Pool:
+    """One run's requests and totals, over every repeat."""
+
+    def __init__(self):
+        self.ttft, self.e2e, self.duration, self.preemptions = [], [], 0.0, 0
+
+    def add(self, trace):
+        t = load(trace)
+        figures = [request_figures(t, req) for req in t.requests.values()]
+        self.ttft += [f["ttft_s"] for f in figures if f["ttft_s"] is not None]
+        self.e2e += [f["e2e_s"] for f in figures if f["e2e_s"] is not None]
+        s = stats(t)
+        self.duration += s["steps"]["total_s"]
+        self.preemptions += s["preemption"]["num_preemptions"]
+
+    def figures(self) -> dict:
+        ttft, e2e = sorted(self.ttft), sorted(self.e2e)
+        return {"TTFT p50": percentile(ttft, 50), "TTFT p90": percentile(ttft, 90), "e2e p50": percentile(e2e, 50),
+                "duration": self.duration, "preemptions": self.preemptions}
+
+
 def rel(a, b):
     if b == 0:
         return 0.0 if a == 0 else float("inf")
@@ -83,6 +108,7 @@ def main():
     vocab_size = load_hf_config(resolve_model_dir("")).vocab_size
     errors = {label: {name: [] for name, _ in FIGURES}
               for label in ("what-if A->B vs B", "self-check A vs A", "noise floor: A again vs A")}
+    pools = {name: Pool() for name in ("A", "B", "A again", "self-check", "what-if")}
     with tempfile.TemporaryDirectory() as tmp:
         if args.traces:
             os.makedirs(args.traces, exist_ok=True)
@@ -102,6 +128,9 @@ def main():
                 result = timed_whatif(reader.events(), b, None, os.path.basename(path_a))
             s_a, s_b, s_again = stats(path_a), stats(path_b), stats(path_again)
             s_self, s_new = stats(result.self_check), stats(result.new)
+            for name, trace in (("A", path_a), ("B", path_b), ("A again", path_again),
+                                ("self-check", result.self_check), ("what-if", result.new)):
+                pools[name].add(trace)
             held = result.step_time.error["held_out"]["total"]
             print(f"repeat {r}: A {s_a['steps']['num_steps']} steps {s_a['steps']['total_s']:.2f} s "
                   f"{s_a['preemption']['num_preemptions']} preemptions; B {s_b['steps']['num_steps']} steps "
@@ -119,6 +148,13 @@ def main():
         print(f"{label}:")
         for name, values in table.items():
             print(f"  {name:<12} {statistics.median(values):+7.1%}   [{', '.join(f'{v:+.1%}' for v in values)}]")
+    print(f"\nrelative error of the figures pooled over the {args.repeats} repeats "
+          f"({len(pools['A'].ttft)} requests a run):")
+    fig = {name: pool.figures() for name, pool in pools.items()}
+    print(f"  {'':<12} {'what-if vs B':>13} {'self-check':>11} {'noise floor':>12}")
+    for name, _ in FIGURES:
+        print(f"  {name:<12} {rel(fig['what-if'][name], fig['B'][name]):+13.1%} "
+              f"{rel(fig['self-check'][name], fig['A'][name]):+11.1%} {rel(fig['A again'][name], fig['A'][name]):+12.1%}")
 
 
 if __name__ == "__main__":
