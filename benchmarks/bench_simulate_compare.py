@@ -48,6 +48,15 @@ print(cpu, digest.hexdigest())
 """
 
 
+def checkout(commit: str, tmp: str) -> str:
+    """The tree of `commit`, extracted into a new folder under `tmp`."""
+    tree = os.path.join(tmp, "before")
+    os.mkdir(tree)
+    archive = subprocess.run(["git", "-C", ROOT, "archive", commit], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    return tree
+
+
 def run_one(tree: str, workload: str, trace: str, shape: dict) -> tuple[float, str]:
     env = dict(os.environ, PYTHONPATH=tree, OMP_NUM_THREADS="1")
     done = subprocess.run([sys.executable, "-c", CHILD, workload, trace, repr(shape)], cwd=tree, env=env,
@@ -66,10 +75,7 @@ def main():
     parser.add_argument("--requests", type=int, default=1000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        before = os.path.join(tmp, "before")
-        os.mkdir(before)
-        archive = subprocess.run(["git", "-C", ROOT, "archive", args.before], check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", before], input=archive, check=True)
+        before = checkout(args.before, tmp)
         workload = os.path.join(tmp, "mooncake.jsonl")
         mooncake_like(workload, args.requests)
         times = {"before": [], "after": []}

@@ -127,12 +127,10 @@ def main():
         sys.exit("valgrind is not installed")
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     from bench_simulate import QWEN3_8B, mooncake_like
+    from bench_simulate_compare import checkout
     from tracengine.workload import read_workload
     with tempfile.TemporaryDirectory() as tmp:
-        before = os.path.join(tmp, "before")
-        os.mkdir(before)
-        archive = subprocess.run(["git", "-C", ROOT, "archive", args.before], check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", before], input=archive, check=True)
+        before = checkout(args.before, tmp)
         workload = os.path.join(tmp, "mooncake.jsonl")
         mooncake_like(workload)        # bench_simulate's 1,000 requests, of which the first are run
         num_prefill_blocks = sum(len(r.prompt) // 16

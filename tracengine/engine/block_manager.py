@@ -133,15 +133,7 @@ class FreeBlockQueue:
         self.num_free += 1
 
     def remove(self, block_id: int):
-        prev, nxt = self.prev, self.next
-        if not 0 <= block_id < self.sentinel or prev[block_id] == -1:
-            raise ValueError(f"block {block_id} is not free")
-        before = prev[block_id]
-        after = nxt[block_id]
-        nxt[before] = after
-        prev[after] = before
-        prev[block_id] = -1
-        self.num_free -= 1
+        self.remove_many((block_id,))
 
     # Batches of the above, for a prompt's hundreds of blocks: the same queue as one call per block.
 
