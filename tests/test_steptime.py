@@ -297,3 +297,16 @@ def test_decode_fit_is_not_pulled_up_by_rare_stalls(recorded):
     shape = (8, 8, 400, 400)      # a decode of 8 sequences, 400 tokens of context
     typical = LinearStepTime(TRUTH).predict(False, *shape)[1]
     assert model.predict(False, *shape)[1] == pytest.approx(typical, rel=0.02)
+
+
+@pytest.mark.parametrize("content", [b"\x89PNG\r\n\x1a\n\x00", None])
+def test_a_step_time_file_that_is_binary_or_missing_is_a_one_line_error(tmp_path, content, capsys):
+    path = tmp_path / "st.json"
+    if content is not None:
+        path.write_bytes(content)
+    for flags in (["--step-time", str(path)], ["--roofline", str(path), "--hardware", "H200"]):
+        workload = tmp_path / "w.jsonl"
+        workload.write_text('{"timestamp": 0, "input_length": 100, "output_length": 10, "hash_ids": [0]}\n')
+        assert main(["simulate", str(workload), *flags, "--set", "num_kvcache_blocks=100"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{path}: not a" in err

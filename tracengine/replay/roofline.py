@@ -12,11 +12,10 @@ the memory bandwidth, plus a fixed overhead per step:
 What it leaves out (docs/simulation.md): activations, kernel efficiency and
 launch gaps (it is a lower bound on time), tensor parallelism and its
 collectives, MoE, sampling, and the CPU side beyond the fixed overhead."""
-import json
 import math
 from dataclasses import asdict, dataclass
 
-from tracengine.errors import TracengineError
+from tracengine.errors import TracengineError, load_json_object
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "fp8": 1, "int8": 1}
 
@@ -62,13 +61,7 @@ class ModelShape:
         import os
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
-        try:
-            with open(path, encoding="utf-8") as f:
-                config = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise TracengineError(f"{path}: not a model config.json ({exc.msg})") from None
-        if not isinstance(config, dict):
-            raise TracengineError(f"{path}: not a model config.json (expected a JSON object)")
+        config = load_json_object(path, "a model config.json")
         try:
             return cls.from_hf_config(config, os.path.basename(os.path.dirname(os.path.abspath(path))))
         except TracengineError as exc:

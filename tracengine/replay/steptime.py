@@ -37,7 +37,7 @@ import json
 import math
 from operator import attrgetter
 
-from tracengine.errors import TracengineError, TraceError
+from tracengine.errors import TracengineError, TraceError, load_json_object
 from tracengine.trace.events import RequestAdded, ScheduleDecision, SeqFinish, StepEnd, TraceHeader
 from tracengine.trace.tracelog import split_header
 
@@ -286,13 +286,7 @@ def save(model, path: str):
 
 def load_step_time(path: str):
     """A step-time model from its JSON (a calibrated linear model or a roofline)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except json.JSONDecodeError as exc:
-        raise TracengineError(f"{path}: not a step-time model (invalid JSON: {exc.msg})") from None
-    if not isinstance(d, dict):
-        raise TracengineError(f"{path}: not a step-time model (expected a JSON object)")
+    d = load_json_object(path, "a step-time model")
     kind = d.get("kind")
     try:
         if kind == LinearStepTime.kind:
