@@ -97,6 +97,19 @@ def cut_like_a_kill(path, nbytes: int) -> bytes:
     return data
 
 
+def batched_and_alone(llm, prompts, params) -> tuple[list, list]:
+    """The token ids of `prompts` generated together (with the run's summary in
+    llm.last_run), and of each generated alone on a reset engine."""
+    batched = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False, summary=True)]
+    summary = llm.last_run
+    alone = []
+    for prompt, sp in zip(prompts, params):
+        llm.reset()
+        alone.append(llm.generate([prompt], sp, use_tqdm=False)[0]["token_ids"])
+    llm.last_run = summary
+    return batched, alone
+
+
 @pytest.fixture
 def sink():
     return ListSink()

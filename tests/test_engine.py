@@ -3,6 +3,7 @@ import pytest
 
 from tracengine import LLM, SamplingParams
 from tracengine.errors import ConfigError, RequestError
+from conftest import batched_and_alone
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 PROMPTS = [
@@ -68,12 +69,8 @@ def test_many_requests_of_mixed_lengths_give_their_tokens_alone():
     config = dict(num_kvcache_blocks=512, kvcache_block_size=16, max_num_batched_tokens=1024, max_num_seqs=32)
     llm = LLM("", **config)
     try:
-        batched = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False, summary=True)]
+        batched, alone = batched_and_alone(llm, prompts, params)
         assert llm.last_run["steps"]["num_prefill_steps"] > 1   # the budget split the prompts
-        alone = []
-        for prompt, sp in zip(prompts, params):
-            llm.reset()
-            alone.append(llm.generate([prompt], sp, use_tqdm=False)[0]["token_ids"])
     finally:
         llm.close()
     assert batched == alone

@@ -19,6 +19,7 @@ from tracengine.trace.events import Preempt, ScheduleDecision, TokenSample, pref
 from tracengine.trace.tracelog import TraceReader
 
 from user_policies import AtMostTwoRunning, MixedPreemptingHead, ShortestFirst
+from conftest import batched_and_alone
 
 SNAPSHOT_DIR = Path(__file__).parent / "snapshots"
 TRACES = Path(__file__).parent.parent / "traces"
@@ -229,12 +230,8 @@ def test_mixed_batches_on_the_real_engine_give_each_request_its_tokens_alone():
     llm = LLM("", num_kvcache_blocks=64, kvcache_block_size=4, max_num_batched_tokens=16,
               scheduling_policy="mixed")
     try:
-        batched = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False, summary=True)]
+        batched, alone = batched_and_alone(llm, prompts, params)
         assert llm.last_run["steps"]["num_mixed_steps"] > 3
-        alone = []
-        for prompt, sp in zip(prompts, params):
-            llm.reset()
-            alone.append(llm.generate([prompt], sp, use_tqdm=False)[0]["token_ids"])
     finally:
         llm.close()
     assert batched == alone

@@ -220,13 +220,18 @@ def test_generate_record_then_check(tmp_path, capsys):
     assert [(s.seq_id, s.num_tokens) for s in first.seqs] == [(0, 20)]    # the seeds' worked example
 
 
-def test_generate_killed_with_sigkill_leaves_a_readable_trace(tmp_path, capsys):
-    path = tmp_path / "killed.trace"
+def start_long_generate(path, stderr):
+    """`generate --record path` in a child process, on 4 requests long enough to be stopped mid-run."""
     argv = [sys.executable, "-m", "tracengine.cli", "generate", "--record", str(path), "--quiet", "--num-prompts", "4",
             "--input-len", "16:32", "--output-len", "1000:1000", "--ignore-eos", "--block-size", "16",
             "--num-kvcache-blocks", "512"]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+
+
+def test_generate_killed_with_sigkill_leaves_a_readable_trace(tmp_path, capsys):
+    path = tmp_path / "killed.trace"
+    child = start_long_generate(path, stderr=subprocess.DEVNULL)
     try:
         wait_for_frames(path, 6, child, timeout=90)
         assert child.poll() is None, "generate ended before it was killed"
@@ -255,11 +260,7 @@ def test_generate_interrupted_with_sigint_ends_at_the_last_finished_step(tmp_pat
     # Ctrl-C lands in the middle of a step (most of a step is the model): the trace must end
     # at the step before it, closed by the end frame, and replay exactly.
     path = tmp_path / "interrupted.trace"
-    argv = [sys.executable, "-m", "tracengine.cli", "generate", "--record", str(path), "--quiet", "--num-prompts", "4",
-            "--input-len", "16:32", "--output-len", "1000:1000", "--ignore-eos", "--block-size", "16",
-            "--num-kvcache-blocks", "512"]
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = start_long_generate(path, stderr=subprocess.PIPE)
     try:
         wait_for_frames(path, num_frames, child, timeout=90)
         assert child.poll() is None, "generate ended before it was interrupted"
