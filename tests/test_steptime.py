@@ -161,6 +161,9 @@ def test_roofline_config_errors(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(TINY))
     assert ModelShape.from_file(str(tmp_path)).num_layers == 2
+    assert ModelShape.from_file(str(tmp_path)).name == tmp_path.name      # a checkpoint: its directory
+    (tmp_path / "qwen3-8b.json").write_text(json.dumps(TINY))
+    assert ModelShape.from_file(str(tmp_path / "qwen3-8b.json")).name == "qwen3-8b"   # a file of its own
 
 
 def write_trace(path, events):

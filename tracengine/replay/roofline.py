@@ -62,8 +62,11 @@ class ModelShape:
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
         config = load_json_object(path, "a model config.json")
+        # a checkpoint's config.json is named by its directory, any other file by itself
+        stem, _ = os.path.splitext(os.path.basename(path))
+        name = os.path.basename(os.path.dirname(os.path.abspath(path))) if stem == "config" else stem
         try:
-            return cls.from_hf_config(config, os.path.basename(os.path.dirname(os.path.abspath(path))))
+            return cls.from_hf_config(config, name)
         except TracengineError as exc:
             raise TracengineError(f"{path}: {exc}") from None
 
