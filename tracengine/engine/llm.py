@@ -175,9 +175,10 @@ class LLM(LLMEngine):
                 scheduled, finished, is_prefill = self.step()
                 seconds = (self.last_step_end_ns - self.last_step_start_ns) / 1e9   # without idle waits
                 progress.update(self.num_batched_tokens, is_prefill, seconds, len(finished))
-                for seq in scheduled:
-                    if seq.seq_id not in first_token_ns and seq.num_completion_tokens:
-                        first_token_ns[seq.seq_id] = self.last_step_end_ns
+                if is_prefill:   # a first token ends a prompt; a decode-only step samples none
+                    for seq in scheduled:
+                        if seq.seq_id not in first_token_ns and seq.num_completion_tokens:
+                            first_token_ns[seq.seq_id] = self.last_step_end_ns
                 for seq in finished:
                     finish_ns[seq.seq_id] = self.last_step_end_ns
 
