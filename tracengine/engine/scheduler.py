@@ -30,6 +30,7 @@ class Scheduler:
         self.running: deque[Sequence] = deque()   # prefilled, decoding
         self.sink = sink
         self.step = 0   # the engine's step, stamped on events: set by `begin_step`
+        self.num_preemptions = 0   # over the scheduler's life (a server's metrics read it)
 
     def begin_step(self, step: int):
         self.step = self.block_manager.step = step
@@ -141,6 +142,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.is_prefill = True
         seq.num_preemptions += 1
+        self.num_preemptions += 1
         self.block_manager.deallocate(seq)
         self.waiting.appendleft(seq)
 

@@ -24,7 +24,7 @@ class Output(NamedTuple):
 class ServeRequest:
     """One prompt of an HTTP request, between the handler and the engine loop."""
     __slots__ = ("prompt_token_ids", "sampling_params", "arrival_time", "queue", "event_loop", "seq",
-                 "num_delivered", "num_preemptions", "first_token_ns", "last_token_ns", "done")
+                 "num_delivered", "first_token_ns", "last_token_ns", "done")
 
     def __init__(self, prompt_token_ids: list[int], sampling_params: SamplingParams, arrival_time: float,
                  queue: asyncio.Queue, event_loop: asyncio.AbstractEventLoop):
@@ -35,7 +35,6 @@ class ServeRequest:
         self.event_loop = event_loop
         self.seq = None                      # the engine's Sequence, once added
         self.num_delivered = 0               # completion tokens sent to the queue
-        self.num_preemptions = 0
         self.first_token_ns = 0
         self.last_token_ns = 0
         self.done = False                    # the last Output has been sent
@@ -156,7 +155,7 @@ class EngineLoop:
 
     def _step(self, deliveries: list) -> None:
         llm = self.llm
-        num_running = len(llm.scheduler.running)
+        num_preemptions = llm.scheduler.num_preemptions
         scheduled, finished, is_prefill = llm.step()
         now_ns = perf_counter_ns()
         live, metrics = self._live, self.metrics
@@ -179,14 +178,7 @@ class EngineLoop:
                     metrics.request_finished(request, reason)
             deliveries.append((request, Output(token_ids, reason)))
         if metrics is not None:
-            num_preemptions = 0
-            if not is_prefill and len(scheduled) < num_running:
-                for seq in llm.scheduler.waiting:      # preempted this step: back in waiting
-                    request = live.get(seq.seq_id)
-                    if request is not None and seq.num_preemptions != request.num_preemptions:
-                        num_preemptions += seq.num_preemptions - request.num_preemptions
-                        request.num_preemptions = seq.num_preemptions
-            metrics.step(llm, is_prefill, num_new_tokens, num_preemptions)
+            metrics.step(llm, is_prefill, num_new_tokens, llm.scheduler.num_preemptions - num_preemptions)
 
     def _deliver(self, deliveries: list) -> None:
         """One call into each event loop for the step's outputs."""
