@@ -1,5 +1,4 @@
 """Errors a user can cause. Anything else is a bug and keeps its traceback."""
-import json
 
 
 class TracengineError(Exception):
@@ -36,20 +35,3 @@ class TraceCorruptError(TraceError):
         super().__init__(message + where)
         self.offset = offset
         self.step = step
-
-
-def load_json_object(path: str, what: str, error: type = TracengineError) -> dict:
-    """The JSON object in the file at `path`; anything else (no such file, not text, not
-    JSON, not an object) is `error("{path}: not {what} (why)")`, one line."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except OSError as exc:
-        raise error(f"{path}: not {what} ({exc.strerror or exc})") from None
-    except UnicodeDecodeError:
-        raise error(f"{path}: not {what} (not UTF-8 text)") from None
-    except json.JSONDecodeError as exc:
-        raise error(f"{path}: not {what} (not valid JSON: {exc.msg})") from None
-    if not isinstance(value, dict):
-        raise error(f"{path}: not {what} (expected a JSON object)")
-    return value

@@ -15,7 +15,7 @@ collectives, MoE, sampling, and the CPU side beyond the fixed overhead."""
 import math
 from dataclasses import asdict, dataclass
 
-from tracengine.errors import TracengineError, load_json_object
+from tracengine.errors import TracengineError
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "fp8": 1, "int8": 1}
 
@@ -61,6 +61,7 @@ class ModelShape:
         import os
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
+        from tracengine.replay.steptime import load_json_object
         config = load_json_object(path, "a model config.json")
         # a checkpoint's config.json is named by its directory, any other file by itself
         stem, _ = os.path.splitext(os.path.basename(path))
