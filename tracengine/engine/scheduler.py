@@ -104,8 +104,16 @@ class Scheduler:
             return scheduled_seqs, True
 
         running, can_append, may_append = self.running, self.block_manager.can_append, self.block_manager.may_append
-        while running and len(scheduled_seqs) < self.max_num_seqs:
+        max_num_seqs, take, block_size = self.max_num_seqs, scheduled_seqs.append, self.block_size
+        while running and len(scheduled_seqs) < max_num_seqs:
             seq = running.popleft()
+            if (seq.num_tokens - 1) % block_size:
+                # Its token lands in its last block: can_append holds and may_append has nothing
+                # to do. Only the first token of a block asks them (below): two calls a token saved.
+                seq.num_scheduled_tokens = 1
+                seq.is_prefill = False
+                take(seq)
+                continue
             while not can_append(seq):
                 if running:
                     self.preempt(self.preempt_victim(seq), by=seq)   # the running tail gives way
@@ -116,7 +124,7 @@ class Scheduler:
                 seq.num_scheduled_tokens = 1
                 seq.is_prefill = False
                 may_append(seq)
-                scheduled_seqs.append(seq)
+                take(seq)
         stop_reason = "max_num_seqs" if self.running else "running_empty"
         assert scheduled_seqs, "nothing schedulable: check_request should have refused a request"
         self.running.extendleft(reversed(scheduled_seqs))
@@ -154,11 +162,12 @@ class Scheduler:
         hash_blocks, sink_emit, step, eos, max_model_len, block_size = self.block_manager.hash_blocks, \
             self.sink.emit, self.step, self.eos, self.max_model_len, self.block_size
         for seq, token_id in zip(seqs, token_ids):
-            if seq.num_cached_tokens % block_size + seq.num_scheduled_tokens >= block_size:
+            num_cached_tokens, num_scheduled_tokens = seq.num_cached_tokens, seq.num_scheduled_tokens
+            if num_cached_tokens % block_size + num_scheduled_tokens >= block_size:
                 hash_blocks(seq)     # a block filled this step (a decoded token mostly fills none)
-            seq.num_cached_tokens += seq.num_scheduled_tokens
+            seq.num_cached_tokens = num_cached_tokens = num_cached_tokens + num_scheduled_tokens
             seq.num_scheduled_tokens = 0
-            if is_prefill and seq.num_cached_tokens < seq.num_tokens:
+            if is_prefill and num_cached_tokens < seq.num_tokens:
                 # a middle chunk: its sample is not at the end of the prompt
                 if emit:
                     sink_emit(TokenSample(step, seq.seq_id, token_id, False))

@@ -43,7 +43,7 @@ class SimulatedEngine(LLMEngine):
         scheduler = self.scheduler
         scheduler.begin_step(self.num_steps)
         seqs, is_prefill = scheduler.schedule()
-        shape = seqs_shape(seqs)
+        shape = seqs_shape(seqs, is_prefill)
         self.num_batched_tokens = shape[0]
         token_ids = self.runner.run(seqs, is_prefill)
         schedule_ns, model_ns, postprocess_ns = self.step_time.predict(is_prefill, *shape)

@@ -61,10 +61,11 @@ def step_shape(pairs) -> tuple[int, int, int, int]:
     return num_tokens, num_seqs, context, attended
 
 
-def seqs_shape(seqs) -> tuple[int, int, int, int]:
-    """The shape of a scheduled batch of `Sequence`s (before postprocess)."""
+def seqs_shape(seqs, is_prefill: bool = True) -> tuple[int, int, int, int]:
+    """The shape of a scheduled batch of `Sequence`s (before postprocess). A batch the scheduler
+    calls decode (`is_prefill` False) computes one token each, so its shape is two sums."""
     num_seqs = len(seqs)
-    if list(map(_NUM_SCHEDULED, seqs)).count(1) == num_seqs:   # one token each: a decode batch, in sums
+    if not is_prefill or list(map(_NUM_SCHEDULED, seqs)).count(1) == num_seqs:
         context = sum(map(_NUM_CACHED, seqs)) + num_seqs   # each scores its context and itself once
         return num_seqs, num_seqs, context, context
     return step_shape((s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs)
