@@ -198,3 +198,85 @@ def test_a_hash_collision_ends_the_hits_at_the_block_whose_tokens_differ(collidi
     manager.allocate(b, colliding)
     assert b.block_table[:colliding] == a.block_table[:colliding]
     assert not set(b.block_table[colliding:]) & set(a.block_table)
+
+
+def chain_of(token_ids, block_size, digest):
+    """The chained hashes of token_ids' full blocks, one block at a time, under `digest`."""
+    hashes, parent = [], -1
+    for i in range(len(token_ids) // block_size):
+        data = pack_tokens(token_ids[i * block_size:(i + 1) * block_size])
+        parent = digest((b"" if parent == -1 else parent.to_bytes(8, "little")) + data)
+        hashes.append(parent)
+    return hashes
+
+
+def shared_prefix_prompts(rng, block_size, num_prompts):
+    """Prompts that continue, branch from and repeat earlier ones, parting inside blocks and
+    at their edges, with the tokens of a few prompts decoded on between prompts."""
+    prompts = []
+    for _ in range(num_prompts):
+        if prompts and rng.random() < 0.8:
+            base = rng.choice(prompts)
+            cut = rng.choice([len(base), rng.randrange(len(base) + 1),
+                              rng.randrange(len(base) // block_size + 1) * block_size])
+            prompt = base[:cut] + [rng.randrange(50) for _ in range(rng.choice([0, 1, block_size, 3 * block_size + 2]))]
+        else:
+            prompt = [rng.randrange(50) for _ in range(rng.randrange(1, 8 * block_size))]
+        prompts.append(prompt or [1])
+    return prompts
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+@pytest.mark.parametrize("colliding", [False, True])
+def test_hashes_copied_from_earlier_prompts_equal_the_chain(block_size, colliding, monkeypatch):
+    """Prompts sharing prefixes with earlier ones copy those hashes instead of hashing: each
+    equals the chain block by block, also when the digest collides everywhere (4 values),
+    so that equal hashes say nothing of equal tokens, and with a registry of few blocks."""
+    real = xxhash.xxh64_intdigest
+    digest = (lambda data: real(data) & 3) if colliding else real
+    monkeypatch.setattr(xxhash, "xxh64_intdigest", digest)
+    rng = random.Random(block_size * 2 + colliding)
+    for max_branch_blocks in (None, 3 * block_size):
+        manager = BlockManager(64, block_size)
+        if max_branch_blocks is not None:
+            manager.max_branch_blocks = max_branch_blocks
+        for seq_id, prompt in enumerate(shared_prefix_prompts(rng, block_size, 120)):
+            seq = seq_of(seq_id, prompt, block_size)
+            if len(prompt) >= block_size:     # as the scheduler asks: every full block at once
+                manager.block_hash(seq, len(prompt) // block_size - 1)
+            for _ in range(rng.choice([0, 0, 1, 2 * block_size])):    # decoded tokens, hashed as blocks fill
+                seq.append_token(rng.randrange(50))
+            manager._hashes_upto(seq, seq.num_tokens // block_size)
+            assert seq.block_hashes == chain_of(seq.token_ids, block_size, digest)
+            assert bytes(seq.block_data) == pack_tokens(seq.token_ids[:len(seq.block_hashes) * block_size])
+            assert manager._num_branch_blocks <= manager.max_branch_blocks
+        assert len(manager._branches) <= manager.max_branch_blocks
+
+
+def test_a_conversations_next_turn_hashes_only_where_it_meets_and_leaves_the_last(monkeypatch):
+    """Each turn extends the one before: it hashes the block where it meets the earlier turn
+    and its own new blocks, and the registry keeps one entry for the conversation."""
+    calls = []
+    real = xxhash.xxh64_intdigest
+    monkeypatch.setattr(xxhash, "xxh64_intdigest", lambda data: calls.append(1) or real(data))
+    manager = BlockManager(1024, 4)
+    prompt = list(range(40))                     # 10 blocks
+    for turn in range(5):
+        calls.clear()
+        seq = seq_of(turn, prompt)
+        manager.block_hash(seq, len(prompt) // 4 - 1)
+        assert len(calls) == (10 if turn == 0 else 1 + 3)     # the meeting block and 3 new ones
+        assert seq.block_hashes == compute_hashes(prompt, 4)
+        prompt = prompt + list(range(100 * turn, 100 * turn + 12))
+    assert len(manager._branches) == 1
+
+
+def test_the_registry_forgets_the_oldest_prompts_past_its_bound():
+    manager = BlockManager(8, 4)
+    manager.max_branch_blocks = 10
+    for seq_id in range(6):
+        seq = seq_of(seq_id, [seq_id * 1000 + t for t in range(12)])   # 3 blocks, nothing shared
+        manager.block_hash(seq, 2)
+        assert manager._num_branch_blocks == min(seq_id + 1, 3) * 3
+    manager.block_hash(seq_of(6, list(range(44))), 10)     # more blocks than the bound: not kept
+    assert manager._num_branch_blocks == 9 and len(manager._branches) == 3

@@ -7,6 +7,7 @@ free block takes it out of the middle of the queue, so the queue is doubly
 linked (as vLLM's FreeKVCacheBlockQueue): every operation is O(1), and a
 step costs the same with 1,000 blocks as with 100,000."""
 import struct
+from collections import OrderedDict
 from operator import attrgetter
 
 import xxhash
@@ -213,6 +214,21 @@ class Block:
 _DATA = attrgetter("data")
 
 
+def _first_difference(data: bytearray, other: bytearray, lo: int, hi: int, stride: int) -> int:
+    """The first block in [lo, hi) whose bytes differ between `data` and `other`, or hi: a
+    binary search of bytes comparisons (memcmp, no copy), the whole range first."""
+    with memoryview(other) as view:
+        if data.startswith(view[lo * stride:hi * stride], lo * stride):
+            return hi
+        while hi - lo > 1:      # [lo, hi) holds a difference; the blocks before lo are equal
+            mid = (lo + hi) // 2
+            if data.startswith(view[lo * stride:mid * stride], lo * stride):
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+
 class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK):
@@ -224,6 +240,12 @@ class BlockManager:
         self.free_block_ids = FreeBlockQueue(num_blocks)
         self.used_block_ids: set[int] = set()
         self.num_hit_blocks = 0   # prefix-cache hits, in blocks, over the manager's life
+        # Sequences whose hashes later prompts copy (`_hash_new_blocks`): key -> (block_data,
+        # block_hashes, the block it began at, its blocks when added); the oldest forgotten first
+        # past four times the pool's blocks held (a block's bytes and its hash each).
+        self._branches: OrderedDict[int, tuple[bytearray, list[int], int, int]] = OrderedDict()
+        self._num_branch_blocks = 0
+        self.max_branch_blocks = 4 * num_blocks
         # The last lookup (seq, version, block ids): allocate reuses it while no block has been
         # handed out or filled since (`_version` counts those changes).
         self._lookup = None
@@ -285,11 +307,60 @@ class BlockManager:
             if num_tokens == size and hashes:    # the one block a decode fills: hash_packed's set-up is most of it
                 data = self._pack_block(*seq.token_ids[start:start + size])
                 hashes.append(xxhash.xxh64_intdigest(PARENT.pack(hashes[-1]) + data))
+                seq.block_data += data
             else:
-                data = pack_tokens(seq.token_ids[start:start + num_tokens])
-                hashes += hash_packed(data, size, hashes[-1] if hashes else -1)
-            seq.block_data += data
+                seq.block_data += pack_tokens(seq.token_ids[start:start + num_tokens])
+                self._hash_new_blocks(seq, start // size + num_tokens // size)
         return hashes
+
+    def _hash_new_blocks(self, seq: Sequence, end: int):
+        """Extend seq.block_hashes to its first `end` blocks (packed in seq.block_data already),
+        copying the hashes of the blocks it shares with an earlier sequence instead of hashing
+        them: a block's hash depends only on the bytes of the blocks up to it, so once one
+        hash equals that sequence's, the next blocks whose bytes equal its have its hashes.
+        The earlier sequences are found in `_branches` by the hash of the block at which each
+        began hashing its own; a prompt that shares a long prefix (a conversation's next turn)
+        hashes one block where it meets that sequence and the blocks after the point where they part."""
+        hashes, data = seq.block_hashes, seq.block_data
+        branches, stride = self._branches, self.block_size * 8
+        i = len(hashes)
+        superseded = -1    # the key of a branch this sequence has followed to its end
+        while i < end:
+            # hash block i ourselves: where this sequence meets or leaves a branch
+            if i:
+                h = xxhash.xxh64_intdigest(PARENT.pack(hashes[-1]) + data[i * stride:(i + 1) * stride])
+            else:
+                h = xxhash.xxh64_intdigest(data[:stride])
+            hashes.append(h)
+            branch = branches.get(h)
+            if branch is None or branch[2] != i:
+                # nobody began at this block: the rest is this sequence's own
+                hashes += hash_packed(data[(i + 1) * stride:end * stride], self.block_size, h)
+                if superseded != -1:    # it carries on the branch it followed to its end: one entry, the longer
+                    self._add_branch(superseded, seq, branches[superseded][2])
+                else:
+                    self._add_branch(h, seq, i)
+                return
+            other_data, other_hashes = branch[0], branch[1]
+            limit = min(len(other_hashes), end)
+            j = i + 1 if i + 1 >= limit else _first_difference(data, other_data, i + 1, limit, stride)
+            hashes += other_hashes[i + 1:j]
+            superseded = h if j == len(other_hashes) else -1
+            i = j
+
+    def _add_branch(self, key: int, seq: Sequence, start: int):
+        """Remember seq as the branch that began at block `start` (whose hash is `key`), the
+        oldest branches forgotten past `max_branch_blocks` blocks held."""
+        branches = self._branches
+        num_blocks = len(seq.block_hashes)
+        if key in branches:
+            self._num_branch_blocks -= branches.pop(key)[3]
+        if num_blocks > self.max_branch_blocks:
+            return
+        self._num_branch_blocks += num_blocks
+        while self._num_branch_blocks > self.max_branch_blocks:
+            self._num_branch_blocks -= branches.popitem(last=False)[1][3]
+        branches[key] = (seq.block_data, seq.block_hashes, start, num_blocks)
 
     def num_blocks_needed(self, seq: Sequence) -> tuple[int, int]:
         """(cached leading blocks, free blocks needed) for a first allocation."""
