@@ -166,6 +166,13 @@ class RequestTimeline:
     def end_ns(self, step: int) -> int:
         return self._ends[step] if step < len(self._ends) else self.total_ns
 
+    def ends_ns(self, steps: list[int]) -> list[int]:
+        """end_ns of each of `steps` (ascending, as a request's token steps are), in one pass."""
+        ends = self._ends
+        if not steps or steps[-1] < len(ends):
+            return list(map(ends.__getitem__, steps))
+        return [self.end_ns(step) for step in steps]
+
     def idle_gaps(self) -> list[tuple[int, int, int]]:
         """(step, from_ns, to_ns) for each gap the engine spent idle: no request was in
         flight when it began (every request added before the step had finished or been
