@@ -8,7 +8,7 @@ linked (as vLLM's FreeKVCacheBlockQueue): every operation is O(1), and a
 step costs the same with 1,000 blocks as with 100,000."""
 import struct
 from collections import OrderedDict
-from operator import attrgetter
+from operator import countOf
 
 import xxhash
 
@@ -191,27 +191,32 @@ class FreeBlockQueue:
 class Block:
     """A KV block. A cached block keeps the tokens it holds packed (`data`, as
     pack_tokens packs them): the prefix-cache check compares a prompt's blocks
-    with them as bytes, hundreds of blocks in one comparison. Its ref count
-    lives in its manager's `ref_counts` list, which a prompt's hundreds of
-    blocks are counted in without touching each Block."""
-    __slots__ = ("block_id", "hash", "data", "_ref_counts")
+    with them as bytes, hundreds of blocks in one comparison. Its ref count and
+    its bytes live in its manager's lists `ref_counts` and `block_bytes`, which a
+    prompt's hundreds of blocks are counted and joined in without touching each Block."""
+    __slots__ = ("block_id", "hash", "_ref_counts", "_data")
 
-    def __init__(self, block_id: int, ref_counts: list[int]):
+    def __init__(self, block_id: int, ref_counts: list[int], data: list[bytes]):
         self.block_id = block_id
         self.hash = -1
-        self.data = b""
         self._ref_counts = ref_counts
+        self._data = data
 
     @property
     def ref_count(self) -> int:
         return self._ref_counts[self.block_id]
 
     @property
+    def data(self) -> bytes:
+        return self._data[self.block_id]
+
+    @data.setter
+    def data(self, data: bytes):
+        self._data[self.block_id] = data
+
+    @property
     def token_ids(self) -> list[int]:
         return list(struct.unpack(f"<{len(self.data) // 8}q", self.data))
-
-
-_DATA = attrgetter("data")
 
 
 def _first_difference(data: bytearray, other: bytearray, lo: int, hi: int, stride: int) -> int:
@@ -234,11 +239,12 @@ class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK):
         self.block_size = block_size
         self._pack_block = struct.Struct(f"<{block_size}q").pack   # pack_tokens of one block
+        self._cut_blocks = struct.Struct(f"{block_size * 8}s").iter_unpack    # packed blocks, one by one
         self.ref_counts = [0] * num_blocks   # per block id: the block tables holding it
-        self.blocks = [Block(i, self.ref_counts) for i in range(num_blocks)]
+        self.block_bytes = [b""] * num_blocks    # per block id: the tokens a cached block holds, packed
+        self.blocks = [Block(i, self.ref_counts, self.block_bytes) for i in range(num_blocks)]
         self.hash_to_block_id: dict[int, int] = {}
         self.free_block_ids = FreeBlockQueue(num_blocks)
-        self.used_block_ids: set[int] = set()
         self.num_hit_blocks = 0   # prefix-cache hits, in blocks, over the manager's life
         # Sequences whose hashes later prompts copy (`_hash_new_blocks`): key -> (block_data,
         # block_hashes, the block it began at, its blocks when added); the oldest forgotten first
@@ -257,6 +263,11 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return self.free_block_ids.num_free
 
+    @property
+    def used_block_ids(self) -> set[int]:
+        """The blocks some block table holds (those not free)."""
+        return {block_id for block_id, n in enumerate(self.ref_counts) if n}
+
     def _allocate_block(self) -> int:
         block_id = self.free_block_ids.popleft()
         block = self.blocks[block_id]
@@ -264,8 +275,8 @@ class BlockManager:
         if block.hash != -1 and self.hash_to_block_id.get(block.hash) == block_id:
             del self.hash_to_block_id[block.hash]   # the cached content is overwritten
         self.ref_counts[block_id] = 1
-        block.hash, block.data = -1, b""
-        self.used_block_ids.add(block_id)
+        block.hash = -1
+        self.block_bytes[block_id] = b""
         return block_id
 
     def block_hash(self, seq: Sequence, i: int) -> int:
@@ -286,12 +297,11 @@ class BlockManager:
         if block_ids:
             # A hash collision: a cached block whose tokens differ. All the blocks at once, as
             # bytes (comparing hundreds of int lists costs more than hashing them).
-            blocks, data = self.blocks, seq.block_data
-            stored = b"".join(map(_DATA, map(blocks.__getitem__, block_ids)))
-            if stored != data[:len(stored)]:
+            block_bytes, data = self.block_bytes, seq.block_data
+            if not data.startswith(b"".join(map(block_bytes.__getitem__, block_ids))):
                 stride = self.block_size * 8
                 for i, block_id in enumerate(block_ids):
-                    if blocks[block_id].data != data[i * stride:(i + 1) * stride]:
+                    if block_bytes[block_id] != data[i * stride:(i + 1) * stride]:
                         del block_ids[i:]
                         break
         return block_ids
@@ -309,12 +319,18 @@ class BlockManager:
                 hashes.append(xxhash.xxh64_intdigest(PARENT.pack(hashes[-1]) + data))
                 seq.block_data += data
             else:
-                seq.block_data += pack_tokens(seq.token_ids[start:start + num_tokens])
-                self._hash_new_blocks(seq, start // size + num_tokens // size)
+                # a prompt's tokens packed whole, its partial block cut off after: slicing the list costs more
+                token_ids = seq.token_ids
+                packed = pack_tokens(token_ids[start:] if start else token_ids)
+                if len(packed) > num_tokens * 8:
+                    packed = packed[:num_tokens * 8]
+                seq.block_data += packed
+                self._hash_new_blocks(seq, packed, start // size + num_tokens // size)
         return hashes
 
-    def _hash_new_blocks(self, seq: Sequence, end: int):
-        """Extend seq.block_hashes to its first `end` blocks (packed in seq.block_data already),
+    def _hash_new_blocks(self, seq: Sequence, packed: bytes, end: int):
+        """Extend seq.block_hashes to its first `end` blocks (`packed` holds the bytes of those
+        not hashed yet, appended to seq.block_data already),
         copying the hashes of the blocks it shares with an earlier sequence instead of hashing
         them: a block's hash depends only on the bytes of the blocks up to it, so once one
         hash equals that sequence's, the next blocks whose bytes equal its have its hashes.
@@ -335,7 +351,8 @@ class BlockManager:
             branch = branches.get(h)
             if branch is None or branch[2] != i:
                 # nobody began at this block: the rest is this sequence's own
-                hashes += hash_packed(data[(i + 1) * stride:end * stride], self.block_size, h)
+                first = end - len(packed) // stride    # packed's first block
+                hashes += hash_packed(memoryview(packed)[(i + 1 - first) * stride:], self.block_size, h)
                 if superseded != -1:    # it carries on the branch it followed to its end: one entry, the longer
                     self._add_branch(superseded, seq, branches[superseded][2])
                 else:
@@ -365,9 +382,8 @@ class BlockManager:
     def num_blocks_needed(self, seq: Sequence) -> tuple[int, int]:
         """(cached leading blocks, free blocks needed) for a first allocation."""
         block_ids = self._cached_block_ids(seq)
-        used = self.used_block_ids
-        # a block shared with a live sequence needs no free block
-        num_new_blocks = seq.num_blocks - sum(map(used.__contains__, block_ids))
+        # a block shared with a live sequence (a ref count above 0) needs no free block
+        num_new_blocks = seq.num_blocks - len(block_ids) + countOf(map(self.ref_counts.__getitem__, block_ids), 0)
         self._lookup = (seq, self._version, block_ids)
         return len(block_ids), num_new_blocks
 
@@ -380,28 +396,30 @@ class BlockManager:
             cached = self._cached_block_ids(seq)
         assert len(cached) >= num_cached_blocks
         self._lookup = None
-        blocks, used, free, table = self.blocks, self.used_block_ids, self.free_block_ids, seq.block_table
-        ref_counts = self.ref_counts
+        blocks, free, table, ref_counts = self.blocks, self.free_block_ids, seq.block_table, self.ref_counts
         hits = cached[:num_cached_blocks]
         # The hits in bulk: a hit shared with a live sequence gains a reference, a free one
-        # (ref count 0) leaves the free queue for the used set, with its one reference. (The
-        # queue left is the same whatever order its blocks are taken out in.)
-        free_hits = set(hits).difference(used)
+        # (ref count 0) leaves the free queue with its one reference. (The queue left is the
+        # same whatever order its blocks are taken out in.)
+        free_hits = []
         for block_id in hits:
-            ref_counts[block_id] += 1
+            if ref_counts[block_id]:
+                ref_counts[block_id] += 1
+            else:
+                ref_counts[block_id] = 1
+                free_hits.append(block_id)
         free.remove_many(free_hits)
-        used.update(free_hits)
         # _allocate_block, for all the new blocks at once: a prompt has hundreds
         new_block_ids = free.popleft_many(seq.num_blocks - num_cached_blocks)
-        hash_map = self.hash_to_block_id
-        for block_id in new_block_ids:
+        hash_map, block_bytes = self.hash_to_block_id, self.block_bytes
+        for block_id in new_block_ids:    # free, so each has ref count 0
             block = blocks[block_id]
-            assert ref_counts[block_id] == 0
-            if block.hash != -1 and hash_map.get(block.hash) == block_id:
-                del hash_map[block.hash]   # the cached content is overwritten
+            if block.hash != -1:
+                if hash_map.get(block.hash) == block_id:
+                    del hash_map[block.hash]   # the cached content is overwritten
+                block.hash = -1
+                block_bytes[block_id] = b""
             ref_counts[block_id] = 1
-            block.hash, block.data = -1, b""
-        used.update(new_block_ids)
         table += hits
         table += new_block_ids
         self._version += 1
@@ -415,11 +433,10 @@ class BlockManager:
         ref_counts = self.ref_counts
         freed = []
         for block_id in released:
-            ref_counts[block_id] -= 1
-            if ref_counts[block_id] <= 0:
-                assert ref_counts[block_id] == 0
+            n = ref_counts[block_id] - 1
+            ref_counts[block_id] = n
+            if not n:
                 freed.append(block_id)
-        self.used_block_ids.difference_update(freed)
         self.free_block_ids.extend(freed)   # in release order
         seq.num_cached_tokens = 0
         seq.block_table.clear()
@@ -449,9 +466,10 @@ class BlockManager:
         self._version += 1
         hashes = self._hashes_upto(seq, end)[start:end]
         block_ids = seq.block_table[start:end]
-        data, stride = seq.block_data, size * 8
-        for block, h, i in zip(map(self.blocks.__getitem__, block_ids), hashes, range(start * stride, end * stride, stride)):
-            block.hash, block.data = h, data[i:i + stride]
+        blocks, block_bytes, stride = self.blocks, self.block_bytes, size * 8
+        for block_id, h, (data,) in zip(block_ids, hashes, self._cut_blocks(seq.block_data[start * stride:end * stride])):
+            blocks[block_id].hash = h
+            block_bytes[block_id] = data
         self.hash_to_block_id.update(zip(hashes, block_ids))
         if self.sink.enabled:
             emit, step, seq_id = self.sink.emit, self.step, seq.seq_id
