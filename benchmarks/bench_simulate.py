@@ -7,7 +7,9 @@ conversation trace: mean prompt about 13,700 tokens, mean output about 350,
 arrivals over about 330 s, long shared prefixes): conversations whose turns
 extend the turn before, each on one of a few system prompts, as hash ids of
 512-token blocks. Step times: a roofline of a Qwen3-8B-shaped model on an
-H200. Block size 16, 100,000 blocks.
+H200. Block size 16, 100,000 blocks. Timed recorded (as `simulate --record` writes),
+and recorded with the events also folded live into the run's figures (what the
+command does for the summary it prints), alternately.
 
 Then the cost per simulated step at 1,000, 10,000 and 100,000 blocks, on the
 same workload cut to a twentieth of its lengths (so that it fits 1,000
@@ -26,6 +28,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tracengine.analysis.stats import stats                       # noqa: E402
+from tracengine.analysis.timeline import RequestTimelineSink       # noqa: E402
 from tracengine.engine.config import Config                       # noqa: E402
 from tracengine.replay.roofline import ModelShape, RooflineStepTime   # noqa: E402
 from tracengine.replay.simulate import simulate, simulation_header   # noqa: E402
@@ -73,7 +76,9 @@ def mooncake_like(path: str, num_requests: int = 1000, seed: int = 0, duration_s
         f.write("\n".join(lines) + "\n")
 
 
-def run(requests, num_blocks, record_dir=None):
+def run(requests, num_blocks, record_dir=None, fold=False):
+    """One simulation; `fold`: its events also folded live into the run's figures, as
+    `tracengine simulate` does for the summary it prints."""
     config = Config(num_kvcache_blocks=num_blocks, kvcache_block_size=16,
                     max_model_len=max(len(r.prompt) + r.max_tokens for r in requests))
     step_time = RooflineStepTime.for_hardware(ModelShape.from_hf_config(QWEN3_8B, "Qwen3-8B"), "H200")
@@ -85,7 +90,7 @@ def run(requests, num_blocks, record_dir=None):
     else:
         path = os.path.join(record_dir, f"sim-{num_blocks}.trace")
         with TraceWriter(path, header, deflate=False) as writer:    # as `simulate --record` writes
-            simulate(config, requests, step_time, writer, header)
+            simulate(config, requests, step_time, RequestTimelineSink(header, writer) if fold else writer, header)
         events = path
     return time.perf_counter() - wall, time.process_time() - cpu, events
 
@@ -118,11 +123,12 @@ def main():
         output = statistics.mean(r.max_tokens for r in requests)
         print(f"workload: {len(requests)} requests, mean prompt {prompt:,.0f} tokens, mean output {output:,.0f}, "
               f"arrivals over {requests[-1].arrival_s:.0f} s (read in {read_s:.2f} s, not counted below)")
-        walls, cpus = [], []
-        for _ in range(args.repeats):
+        walls, cpus, folded = [], [], []
+        for _ in range(args.repeats):      # alternately: recorded, and recorded and folded as the command does
             wall, cpu, path = run(requests, 100_000, tmp)
             walls.append(wall)
             cpus.append(cpu)
+            folded.append(run(requests, 100_000, tmp, fold=True)[1])
         s = stats(path)
         size = os.path.getsize(path)
         print(f"simulated {s['steps']['num_steps']:,} steps, {s['steps']['total_s']:.1f} s of serving, "
@@ -131,6 +137,8 @@ def main():
         print(f"recorded, 100,000 blocks: wall {statistics.median(walls):.2f} s, CPU {statistics.median(cpus):.2f} s "
               f"(median of {args.repeats}; runs {', '.join(f'{w:.2f}' for w in walls)} s) "
               f"vs Dynamo mocker {DYNAMO_SECONDS} s: {statistics.median(walls) / DYNAMO_SECONDS:.2f}x its time")
+        print(f"recorded and folded live, as `tracengine simulate --record` runs: CPU {statistics.median(folded):.2f} s "
+              f"(runs {', '.join(f'{c:.2f}' for c in folded)} s)")
         wall, cpu, events = run(requests, 100_000)
         print(f"not recorded (events in memory), 100,000 blocks: wall {wall:.2f} s, CPU {cpu:.2f} s")
 

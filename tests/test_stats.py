@@ -362,3 +362,25 @@ def test_slo_on_the_command_line(tmp_path, capsys):
         assert main(["stats", str(path), "--slo", bad]) == 2
         err = capsys.readouterr().err
         assert err.startswith("tracengine: error: --slo expects NAME=VALUE") and err.count("\n") == 1
+
+
+def test_an_event_naming_an_unknown_request_is_a_trace_error():
+    """Every event that names a sequence must come after its RequestAdded: a trace where one
+    does not (spliced, or written by something else) is refused, naming the event, whatever
+    its type; the block-level events no figure reads are not checked."""
+    from tracengine.analysis.timeline import fold
+    from tracengine.errors import TraceError
+    from tracengine.trace.events import (BlockAllocate, Preempt, ScheduleDecision, ScheduledSeq, SeqAbort,
+                                         SeqFinish, TokenSample)
+    header = make_header(make_config())
+    known = RequestAdded(0, 1, [1, 2, 3], 4, 1.0, False)
+    for event in (ScheduleDecision(0, "decode", [ScheduledSeq(1, 1, 3), ScheduledSeq(7, 1, 3)], 2, "running_empty"),
+                  ScheduleDecision(0, "mixed", [ScheduledSeq(1, 1, 3), ScheduledSeq(7, 2, 0)], 3, "waiting_empty",
+                                   num_decode_seqs=1),
+                  TokenSample(0, 7, 5, True), BlockAllocate(0, 7, [1], 0), Preempt(0, 7, 7, [1], 4),
+                  SeqFinish(0, 7, "length", 4, 1), SeqAbort(0, 7, "client", "running", 4, 1)):
+        with pytest.raises(TraceError, match=f"{type(event).__name__} at step 0 names seq_id 7, which no "
+                                             f"RequestAdded introduced"):
+            fold([header, known, event])
+        assert fold([header, known, RequestAdded(0, 7, [1], 4, 1.0, False), event]).requests.keys() == {1, 7}
+    assert fold([header, known, TokenSample(0, 7, 5, False)]).requests.keys() == {1}   # a middle chunk's: not folded

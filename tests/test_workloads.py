@@ -232,3 +232,15 @@ def test_unknown_format_name_and_empty_file(tmp_path):
 def test_the_workload_readers_import_no_torch():
     code = "import sys, tracengine.workload.sources; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_mooncake_block_tokens_are_pinned():
+    """A hash id's made-up tokens are part of every simulation of a Mooncake file: the same
+    ids give the same tokens in every version, so traces of one workload compare."""
+    import struct
+    import xxhash
+    from tracengine.workload.formats import block_token_ids
+    assert block_token_ids(0, 8, 1000) == (237, 998, 356, 514, 205, 92, 970, 122)
+    tokens = block_token_ids(123456, 512, 151936)
+    assert len(tokens) == 512 and max(tokens) == 151772
+    assert xxhash.xxh64_hexdigest(struct.pack("<512q", *tokens)) == "de4c306c9cbf420b"

@@ -28,6 +28,7 @@ Percentiles interpolate linearly between closest ranks (numpy's default).
 The JSON keys are stable (`stats_version` changes if one is renamed or
 removed); docs/stats.md lists them."""
 import math
+from operator import sub
 
 from tracengine.analysis.timeline import RequestTimeline, load
 from tracengine.errors import TracengineError
@@ -131,10 +132,11 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> dict:
                 "seconds": summarize([r[f"{name}_s"] for r in per_request if r[f"{name}_s"] is not None])}
 
     itl_steps, itl_s = [], []
-    for req in t.requests.values():
-        for a, b in zip(req.token_steps, req.token_steps[1:]):
-            itl_steps.append(b - a)
-            itl_s.append((t.end_ns(b) - t.end_ns(a)) / NS)
+    for req in t.requests.values():     # per token: C-level maps where a call per token would do
+        steps = req.token_steps
+        ends = t.ends_ns(steps)
+        itl_steps += map(sub, steps[1:], steps)
+        itl_s += [(b - a) / NS for a, b in zip(ends, ends[1:])]
 
     phase_tokens = {"prefill": 0, "decode": 0, "mixed": 0}
     phase_ns = {"prefill": 0, "decode": 0, "mixed": 0}

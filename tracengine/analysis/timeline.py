@@ -12,17 +12,14 @@ start of the step it was added before (format 1, whose gaps read as 0); a
 token sampled in step s appears at end_ns(s)."""
 import os
 from dataclasses import dataclass, field
+from itertools import repeat
 
 import msgspec
 
 from tracengine.errors import TraceError
-from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
+from tracengine.trace.events import (BlockAllocate, Preempt, RequestAdded,
                                      ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader,
                                      prefill_flags)
-
-# Block-level events that no figure needs (the free counts come from StepEnd).
-_NOT_FOLDED = frozenset({BlockHash, BlockAppend, BlockFree})
-
 
 @dataclass(slots=True)
 class StepRecord:
@@ -74,51 +71,79 @@ class RequestTimeline:
         self._decision: ScheduleDecision | None = None
         self._starts: list[int] = []    # each step's start and end on the time axis
         self._ends: list[int] = []
+        # What each event type adds, by exact type; the block-level events (hashes, appends,
+        # frees) add nothing: no figure needs them (the free counts come from StepEnd).
+        self._fold = {TraceHeader: self.__init__, RequestAdded: self._request_added,
+                      ScheduleDecision: self._decision_made, BlockAllocate: self._allocated,
+                      Preempt: self._preempted, TokenSample: self._token_sampled, SeqFinish: self._finished,
+                      SeqAbort: self._aborted, StepEnd: self._step_ended}
 
     def add(self, event) -> None:
-        if type(event) in _NOT_FOLDED:
-            return
-        match event:
-            case TraceHeader():
-                self.__init__(event)
-            case RequestAdded(step=step, seq_id=seq_id, prompt_token_ids=prompt, arrival_ns=arrival_ns):
-                self.requests[seq_id] = RequestRecord(seq_id, step, len(prompt), len(prompt), arrival_ns)
-            case ScheduleDecision():
-                self._decision = event
-                for s, is_prefill in zip(event.seqs, prefill_flags(event)):   # a mixed step holds both
-                    self._request(s.seq_id, event).scheduled.append(
-                        (event.step, "prefill" if is_prefill else "decode", s.num_tokens))
-            case BlockAllocate():
-                self.allocations.append(event)
-                self.num_lookup_tokens += self._request(event.seq_id, event).num_tokens
-            case Preempt():
-                self._request(event.seq_id, event).preempts.append(event)
-            case TokenSample(kept=True):
-                req = self._request(event.seq_id, event)
-                req.token_steps.append(event.step)
-                req.num_tokens += 1
-            case SeqFinish():
-                req = self._request(event.seq_id, event)
-                req.finish_step, req.finish_reason = event.step, event.reason
-            case SeqAbort():
-                self._request(event.seq_id, event).abort = event
-            case StepEnd():
-                decision, self._decision = self._decision, None
-                if decision is None or decision.step != event.step or event.step != len(self.steps):
-                    raise TraceError(f"step {event.step} ends without its ScheduleDecision "
-                                     f"(expected step {len(self.steps)})")
-                record = StepRecord(decision, event)
-                self.steps.append(record)
-                start = self.total_ns + event.gap_ns
-                self._starts.append(start)
-                self._ends.append(start + record.duration_ns)
+        # By exact type, one dict lookup: a run folded live (generate, simulate) pays this per event.
+        fold = self._fold.get(type(event))
+        if fold is not None:
+            fold(event)
+
+    def _request_added(self, event: RequestAdded) -> None:
+        num_prompt_tokens = len(event.prompt_token_ids)
+        self.requests[event.seq_id] = RequestRecord(event.seq_id, event.step, num_prompt_tokens, num_prompt_tokens,
+                                                    event.arrival_ns)
+
+    def _decision_made(self, event: ScheduleDecision) -> None:
+        self._decision = event
+        step, requests = event.step, self.requests
+        # a mixed step holds both; the others one phase for all
+        phases = (["prefill" if f else "decode" for f in prefill_flags(event)] if event.phase == "mixed"
+                  else repeat(event.phase))
+        for s, phase in zip(event.seqs, phases):
+            req = requests.get(s.seq_id)     # this loop runs per scheduled token of a decode: no call
+            if req is None:
+                raise self._unknown(s.seq_id, event)
+            req.scheduled.append((step, phase, s.num_tokens))
+
+    def _allocated(self, event: BlockAllocate) -> None:
+        self.allocations.append(event)
+        self.num_lookup_tokens += self._request(event.seq_id, event).num_tokens
+
+    def _preempted(self, event: Preempt) -> None:
+        self._request(event.seq_id, event).preempts.append(event)
+
+    def _token_sampled(self, event: TokenSample) -> None:
+        if event.kept:
+            req = self.requests.get(event.seq_id)
+            if req is None:
+                raise self._unknown(event.seq_id, event)
+            req.token_steps.append(event.step)
+            req.num_tokens += 1
+
+    def _finished(self, event: SeqFinish) -> None:
+        req = self._request(event.seq_id, event)
+        req.finish_step, req.finish_reason = event.step, event.reason
+
+    def _aborted(self, event: SeqAbort) -> None:
+        self._request(event.seq_id, event).abort = event
+
+    def _step_ended(self, event: StepEnd) -> None:
+        decision, self._decision = self._decision, None
+        if decision is None or decision.step != event.step or event.step != len(self.steps):
+            raise TraceError(f"step {event.step} ends without its ScheduleDecision "
+                             f"(expected step {len(self.steps)})")
+        record = StepRecord(decision, event)
+        self.steps.append(record)
+        start = self.total_ns + event.gap_ns
+        self._starts.append(start)
+        self._ends.append(start + record.duration_ns)
 
     def _request(self, seq_id: int, event) -> RequestRecord:
         req = self.requests.get(seq_id)
         if req is None:
-            raise TraceError(f"{type(event).__name__} at step {event.step} names seq_id {seq_id}, "
-                             f"which no RequestAdded introduced")
+            raise self._unknown(seq_id, event)
         return req
+
+    @staticmethod
+    def _unknown(seq_id: int, event) -> TraceError:
+        return TraceError(f"{type(event).__name__} at step {event.step} names seq_id {seq_id}, "
+                          f"which no RequestAdded introduced")
 
     @property
     def num_steps(self) -> int:
@@ -140,6 +165,13 @@ class RequestTimeline:
 
     def end_ns(self, step: int) -> int:
         return self._ends[step] if step < len(self._ends) else self.total_ns
+
+    def ends_ns(self, steps: list[int]) -> list[int]:
+        """end_ns of each of `steps` (ascending, as a request's token steps are), in one pass."""
+        ends = self._ends
+        if not steps or steps[-1] < len(ends):
+            return list(map(ends.__getitem__, steps))
+        return [self.end_ns(step) for step in steps]
 
     def idle_gaps(self) -> list[tuple[int, int, int]]:
         """(step, from_ns, to_ns) for each gap the engine spent idle: no request was in
@@ -208,6 +240,12 @@ class RequestTimelineSink:
         # run's figures count steps from 0 and time from `origin_ns` of the engine's clock.
         self.first_step = first_step
         self.origin_ns = origin_ns
+        if not (first_step or origin_ns):    # the usual run: every event as it is, one call less each
+            self.emit = self.timeline.add if self.inner is None else self._emit_both
+
+    def _emit_both(self, event) -> None:
+        self.inner.emit(event)
+        self.timeline.add(event)
 
     def emit(self, event) -> None:
         if self.inner is not None:
