@@ -241,11 +241,14 @@ class RequestTimelineSink:
         self.first_step = first_step
         self.origin_ns = origin_ns
         if not (first_step or origin_ns):    # the usual run: every event as it is, one call less each
+            self._fold = self.timeline._fold
             self.emit = self.timeline.add if self.inner is None else self._emit_both
 
     def _emit_both(self, event) -> None:
         self.inner.emit(event)
-        self.timeline.add(event)
+        fold = self._fold.get(type(event))     # the timeline's add, one call less an event
+        if fold is not None:
+            fold(event)
 
     def emit(self, event) -> None:
         if self.inner is not None:
