@@ -464,9 +464,18 @@ class BlockManager:
         if start == end:     # a decoded token that does not fill its block
             return
         self._version += 1
+        stride = size * 8
+        if end - start == 1:    # the block a decode fills: the loops' set-up is most of it
+            h, block_id = self._hashes_upto(seq, end)[start], seq.block_table[start]
+            self.blocks[block_id].hash = h
+            self.block_bytes[block_id] = bytes(seq.block_data[start * stride:end * stride])
+            self.hash_to_block_id[h] = block_id
+            if self.sink.enabled:
+                self.sink.emit(BlockHash(self.step, seq.seq_id, block_id, h))
+            return
         hashes = self._hashes_upto(seq, end)[start:end]
         block_ids = seq.block_table[start:end]
-        blocks, block_bytes, stride = self.blocks, self.block_bytes, size * 8
+        blocks, block_bytes = self.blocks, self.block_bytes
         for block_id, h, (data,) in zip(block_ids, hashes, self._cut_blocks(seq.block_data[start * stride:end * stride])):
             blocks[block_id].hash = h
             block_bytes[block_id] = data
