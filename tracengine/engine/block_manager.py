@@ -437,6 +437,8 @@ class BlockManager:
             ref_counts[block_id] = n
             if not n:
                 freed.append(block_id)
+            elif n < 0:     # checked only for a block still shared: the freed ones pay nothing
+                raise AssertionError(f"block {block_id} released more often than it was taken")
         self.free_block_ids.extend(freed)   # in release order
         seq.num_cached_tokens = 0
         seq.block_table.clear()
