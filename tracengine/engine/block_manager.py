@@ -5,7 +5,14 @@ tail, so the least recently freed block is reused first and a freed block
 keeps its hash (a prefix-cache hit) until it is handed out again. A hit on a
 free block takes it out of the middle of the queue, so the queue is doubly
 linked (as vLLM's FreeKVCacheBlockQueue): every operation is O(1), and a
-step costs the same with 1,000 blocks as with 100,000."""
+step costs the same with 1,000 blocks as with 100,000.
+
+A block's hash chains over the blocks before it (compute_hash), so a prompt
+that repeats an earlier sequence's first blocks has that sequence's hashes
+for them: a bounded registry of earlier sequences (`_hash_new_blocks`) lets a
+conversation's next turn copy them, found by comparing bytes, and hash only
+where it meets that sequence and where it parts from it. The values are the
+chain's either way."""
 import struct
 from collections import OrderedDict
 from operator import countOf
