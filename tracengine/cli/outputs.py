@@ -1,6 +1,8 @@
 """Files a command writes: never one that exists (unless --force), never a
-directory, never one of the command's own inputs, and never two outputs in one."""
+directory, never one of the command's own inputs, and never two outputs in one.
+And the note a command prints about a trace it read that ends torn."""
 import os
+import sys
 
 from tracengine.errors import TracengineError
 
@@ -28,3 +30,9 @@ def check_outputs(outputs: dict[str, str | None], inputs: dict[str, str | None] 
                 raise TracengineError(f"{flag} and {other_flag} name the same file {path!r}")
         if os.path.lexists(path) and not force:
             raise TracengineError(f"{flag} {path!r} exists; give --force to overwrite it")
+
+
+def note_torn_tail(reader) -> None:
+    """After reading every event: say on stderr that the trace ends in a torn frame (a killed writer)."""
+    if reader.torn_tail is not None:
+        print(f"tracengine: note: {reader.path}: {reader.describe_torn_tail()}", file=sys.stderr)

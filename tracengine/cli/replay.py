@@ -2,9 +2,8 @@
 `tracengine diff`. Exit 0 when a check holds, 1 when it does not; bad input
 raises a TracengineError (exit 2 in cli.py)."""
 import json
-import sys
 
-from tracengine.cli.outputs import check_outputs
+from tracengine.cli.outputs import check_outputs, note_torn_tail
 from tracengine.engine.config import parse_override
 from tracengine.errors import TraceError
 from tracengine.replay.diff import SCHEDULING_TYPES, diff_traces
@@ -16,12 +15,6 @@ from tracengine.trace.events import to_builtins
 from tracengine.trace.tracelog import TraceReader, TraceWriter
 
 EXIT_OK, EXIT_FAILED_CHECK = 0, 1
-
-
-def note_torn_tail(reader: TraceReader):
-    """After reading every event: say on stderr that the trace ends in a torn frame (a killed writer)."""
-    if reader.torn_tail is not None:
-        print(f"tracengine: note: {reader.path}: {reader.describe_torn_tail()}", file=sys.stderr)
 
 
 def _event_json(event):

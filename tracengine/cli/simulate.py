@@ -56,7 +56,7 @@ def cmd_calibrate(args) -> int:
     from tracengine.replay.steptime import FEATURES, PARTS, PHASES, calibrate, save
     from tracengine.trace.tracelog import TraceReader
     check_outputs({"--output": args.output}, {"trace": args.trace}, args.force)
-    from tracengine.cli.replay import note_torn_tail
+    from tracengine.cli.outputs import note_torn_tail
     with TraceReader(args.trace) as reader:
         model = calibrate(reader.events(), os.path.basename(args.trace))
         note_torn_tail(reader)
@@ -151,7 +151,7 @@ def run_sweep_replay(path, overrides: dict, timed: bool, step_time, args) -> int
     variants, slo = sweep_options(args)
     if args.record:
         raise TracengineError("--record writes one run; a --sweep makes many")
-    from tracengine.cli.replay import note_torn_tail
+    from tracengine.cli.outputs import note_torn_tail
     with TraceReader(path) as reader:
         events = list(reader.events())
         note_torn_tail(reader)
@@ -181,7 +181,7 @@ def run_timed_whatif(path, overrides: dict, record, step_time, policy: str | Non
     from tracengine.replay.simulate import timed_whatif
     from tracengine.trace.tracelog import TraceReader
     # `replay` checked --record (exists without --force, or the input) before calling
-    from tracengine.cli.replay import note_torn_tail
+    from tracengine.cli.outputs import note_torn_tail
     with TraceReader(path) as reader:
         result = timed_whatif(reader.events(), overrides, step_time, os.path.basename(path), policy)
         note_torn_tail(reader)

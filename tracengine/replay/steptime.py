@@ -38,6 +38,7 @@ import math
 from operator import attrgetter
 
 from tracengine.errors import TracengineError, TraceError
+from tracengine.replay.jsonfile import load_json_object
 from tracengine.trace.events import RequestAdded, ScheduleDecision, SeqFinish, StepEnd, TraceHeader
 from tracengine.trace.tracelog import split_header
 
@@ -283,24 +284,6 @@ def save(model, path: str):
     with open(path, "w", encoding="utf-8") as f:
         json.dump(model.to_dict(), f, indent=1)
         f.write("\n")
-
-
-def load_json_object(path: str, what: str) -> dict:
-    """The JSON object in the file at `path` (a step-time model, a model's config.json);
-    anything else (no such file, not text, not JSON, not an object) is one line:
-    "{path}: not {what} (why)"."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except OSError as exc:
-        raise TracengineError(f"{path}: not {what} ({exc.strerror or exc})") from None
-    except UnicodeDecodeError:
-        raise TracengineError(f"{path}: not {what} (not UTF-8 text)") from None
-    except json.JSONDecodeError as exc:
-        raise TracengineError(f"{path}: not {what} (not valid JSON: {exc.msg})") from None
-    if not isinstance(value, dict):
-        raise TracengineError(f"{path}: not {what} (expected a JSON object)")
-    return value
 
 
 def load_step_time(path: str):
