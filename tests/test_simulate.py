@@ -157,3 +157,39 @@ def test_synthetic_runner_tokens_hash_seed_seq_and_position():
     eos_runner = SyntheticRunner(vocab_size=50, seed=7, eos=3, eos_at={3: 2, 2: 0})
     # seq 3 is at its completion index 2; seq 2 computes a middle chunk, which samples no eos
     assert eos_runner.run(seqs, False) == expected[:3] + [3]
+
+
+def test_progress_counts_finished_requests_and_simulated_time(roofline):
+    """run_timed reports every PROGRESS_EVERY steps and at the end: finished requests never
+    fall and end at all of them, the simulated time ends at the trace's own end; without a
+    callback the events are the same."""
+    from tracengine.engine.config import Config
+    from tracengine.replay import simulate as simulation
+    from tracengine.replay.roofline import ModelShape, RooflineStepTime
+    from tracengine.replay.runners import WorkloadRequest
+    from tracengine.trace.events import without_wall_clock
+    requests = [WorkloadRequest(list(range(i, i + 40)), 30 + i, 0, True, seq_id=i, arrival_ns=i * 2_000_000)
+                for i in range(40)]
+    config = Config(num_kvcache_blocks=64, kvcache_block_size=16, max_num_seqs=4, max_model_len=256)
+    step_time = RooflineStepTime.for_hardware(ModelShape.from_hf_config(TINY, "tiny"), "H100")
+    calls = []
+    events = simulation.run_timed(config, requests, step_time, on_progress=lambda *call: calls.append(call))
+    num_steps = sum(type(e).__name__ == "StepEnd" for e in events)
+    assert num_steps > simulation.PROGRESS_EVERY     # more than one report before the last
+    assert len(calls) == num_steps // simulation.PROGRESS_EVERY + 1
+    finished = [n for n, _ in calls]
+    assert finished == sorted(finished) and finished[-1] == len(requests) and finished[0] < len(requests)
+    assert calls[-1][1] == int(round(stats(events)["steps"]["total_s"] * 1e9))
+    plain = simulation.run_timed(config, requests, step_time)
+    assert list(map(without_wall_clock, plain[1:])) == list(map(without_wall_clock, events[1:]))
+
+
+def test_simulate_shows_progress_on_stderr_unless_quiet(tmp_path, roofline, capsys):
+    argv = ["simulate", str(DATA / "mooncake_sample.jsonl"), "--roofline", roofline, "--hardware", "H100",
+            "--set", "num_kvcache_blocks=400"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "Simulating" in captured.err and "4/4" in captured.err and "Simulating" not in captured.out
+    assert main(argv + ["--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "simulated 4 requests" in captured.out

@@ -200,6 +200,7 @@ def add_simulation_commands(sub):
                    help="a config field (repeatable); num_kvcache_blocks is required, e.g. num_kvcache_blocks=100000")
     p.add_argument("--record", metavar="PATH", help="write the simulated run's trace to PATH")
     p.add_argument("--force", action="store_true", help="overwrite --record if it exists")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (it goes to stderr)")
     p.add_argument("--vocab-size", type=int, metavar="N",
                    help="token ids of a length-only workload stay below N (default: the roofline model's, else 151936)")
     src = p.add_argument_group("synthetic workload (instead of a WORKLOAD file)")

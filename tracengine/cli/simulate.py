@@ -2,6 +2,7 @@
 `tracengine replay --set` (docs/simulation.md): the step-time flags, and the
 recorded / simulated / what-if table in ms and steps."""
 import os
+from contextlib import contextmanager
 
 from tracengine.cli.outputs import check_outputs
 from tracengine.errors import TracengineError
@@ -294,6 +295,35 @@ def print_sweep(run_variant, variants, args, meta: dict | None = None) -> int:
     return EXIT_OK
 
 
+@contextmanager
+def simulation_progress(num_requests: int, enabled: bool = True):
+    """A progress bar on stderr (the results go to stdout): finished requests and the simulated
+    time so far. Yields the run's `on_progress` (None when disabled: the loop then checks nothing);
+    the bar starts at its first report, so a run refused before its first step prints none."""
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    progress = Progress(TextColumn("Simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("{task.fields[simulated_s]:,.1f} s simulated"),
+                        console=Console(stderr=True), transient=False)
+    task = None
+
+    def on_progress(num_finished: int, now_ns: int):
+        nonlocal task
+        if task is None:
+            progress.start()
+            task = progress.add_task("simulate", total=num_requests, simulated_s=0.0)
+        progress.update(task, completed=num_finished, simulated_s=now_ns / 1e9)
+
+    try:
+        yield on_progress
+    finally:
+        if task is not None:
+            progress.stop()
+
+
 def cmd_simulate(args) -> int:
     import time
     from tracengine.engine.config import parse_override
@@ -315,18 +345,19 @@ def cmd_simulate(args) -> int:
     config = simulate_config(overrides, requests)
     header = simulation_header(config, step_time)
     from tracengine.analysis.timeline import RequestTimelineSink
-    wall, cpu = time.perf_counter(), time.process_time()
-    if args.record:
-        from tracengine.trace.tracelog import TraceWriter
-        # stored as they are: a simulated prompt's made-up tokens hardly deflate, and deflating
-        # them costs more than simulating (docs/simulation.md)
-        with TraceWriter(args.record, header, deflate=False) as writer:
-            sink = RequestTimelineSink(header, writer)
-            simulate(config, requests, step_time, sink, header)
-    else:
-        sink = RequestTimelineSink(header)
-        simulate(config, requests, step_time, sink, header)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    with simulation_progress(len(requests), enabled=not args.quiet) as on_progress:
+        wall, cpu = time.perf_counter(), time.process_time()
+        if args.record:
+            from tracengine.trace.tracelog import TraceWriter
+            # stored as they are: a simulated prompt's made-up tokens hardly deflate, and deflating
+            # them costs more than simulating (docs/simulation.md)
+            with TraceWriter(args.record, header, deflate=False) as writer:
+                sink = RequestTimelineSink(header, writer)
+                simulate(config, requests, step_time, sink, header, on_progress)
+        else:
+            sink = RequestTimelineSink(header)
+            simulate(config, requests, step_time, sink, header, on_progress)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     from rich.console import Console
     from tracengine.analysis.stats import render, stats
     s = stats(sink.timeline, slo)

@@ -57,24 +57,30 @@ class SimulatedEngine(LLMEngine):
         return seqs, finished, is_prefill
 
 
+PROGRESS_EVERY = 512     # steps between two calls of a run's `on_progress`
+
+
 def run_timed(config: Config, requests: list[WorkloadRequest], step_time, runner=None, sink=None,
               header: TraceHeader | None = None, max_steps: int = 10_000_000, policy=None,
-              first_step_ns: int = 0) -> list:
+              first_step_ns: int = 0, on_progress=None) -> list:
     """Run `requests` (each with `arrival_ns`) in simulated time; the events, header first.
     With `sink` given (a TraceWriter) the events go there and the list holds the header only.
-    `first_step_ns`: the earliest start of step 0 (a recording's start-up: see TimedReplay)."""
+    `first_step_ns`: the earliest start of step 0 (a recording's start-up: see TimedReplay).
+    `on_progress(num_finished, now_ns)`: called every PROGRESS_EVERY steps and at the end."""
     # The run keeps millions of tokens in long-lived lists and makes no reference cycles; the
     # collector's full passes over them cost a fifth of a Mooncake-sized run, so it waits.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _run_timed(config, requests, step_time, runner, sink, header, max_steps, policy, first_step_ns)
+        return _run_timed(config, requests, step_time, runner, sink, header, max_steps, policy, first_step_ns,
+                          on_progress)
     finally:
         if collecting:
             gc.enable()
 
 
-def _run_timed(config, requests, step_time, runner, sink, header, max_steps, policy, first_step_ns) -> list:
+def _run_timed(config, requests, step_time, runner, sink, header, max_steps, policy, first_step_ns,
+               on_progress) -> list:
     events_sink = sink if sink is not None else ListSink()
     runner = runner if runner is not None else SyntheticRunner(eos=config.eos, seed=config.seed)
     engine = SimulatedEngine(config, runner, step_time, events_sink, policy=policy)   # policy: as LLMEngine's
@@ -82,6 +88,7 @@ def _run_timed(config, requests, step_time, runner, sink, header, max_steps, pol
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_ns)
     gap_ns, wake_ns = step_time.gap_ns, step_time.wake_ns
     i, n = 0, len(order)
+    num_finished = 0
     while True:
         idle = engine.is_finished()
         if idle and i == n:
@@ -95,9 +102,13 @@ def _run_timed(config, requests, step_time, runner, sink, header, max_steps, pol
             engine.add_request(r.prompt_token_ids, SamplingParams(r.temperature, r.max_tokens, r.ignore_eos),
                                seq_id=order[i] if r.seq_id is None else r.seq_id, arrival_time=r.arrival_ns / 1e9)
             i += 1
-        engine.step()
+        num_finished += len(engine.step()[1])
         if engine.num_steps >= max_steps:
             raise TracengineError(f"the simulation did not finish in {max_steps} steps")
+        if on_progress is not None and not engine.num_steps % PROGRESS_EVERY:
+            on_progress(num_finished, engine.now_ns)
+    if on_progress is not None:
+        on_progress(num_finished, engine.now_ns)
     head = header if header is not None else make_header(config)
     return [head] if sink is not None else [head, *events_sink.events]
 
@@ -228,11 +239,14 @@ def timed_requests(requests) -> list[WorkloadRequest]:
     return timed
 
 
-def simulate(config: Config, requests, step_time, sink=None, header: TraceHeader | None = None) -> list:
+def simulate(config: Config, requests, step_time, sink=None, header: TraceHeader | None = None,
+             on_progress=None) -> list:
     """Workload `Request`s (tracengine.workload, or timed_requests' own) through the scheduler
     in simulated time, tokens from SyntheticRunner; the events (header first), or with `sink`
-    (a TraceWriter made with `header`, by default `simulation_header`) the header alone."""
+    (a TraceWriter made with `header`, by default `simulation_header`) the header alone.
+    `on_progress`: as run_timed's."""
     timed = requests if requests and isinstance(requests[0], WorkloadRequest) else timed_requests(requests)
     header = header if header is not None else simulation_header(config, step_time)
     # the config comes from the user's flags, not a trace: a policy it names is loaded
-    return run_timed(config, timed, step_time, sink=sink, header=header, policy=config.scheduling_policy)
+    return run_timed(config, timed, step_time, sink=sink, header=header, policy=config.scheduling_policy,
+                     on_progress=on_progress)
