@@ -67,6 +67,8 @@ class MixedScheduler(Scheduler):
             seq = self.running.popleft()
             if seq.is_prefill:         # the rest of its prompt, or the chunk the budget leaves
                 seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_cached_tokens, token_budget)
+            elif (seq.num_tokens - 1) % self.block_size:
+                seq.num_scheduled_tokens = 1    # its token lands in its last block: no block to find
             else:
                 while not self.block_manager.can_append(seq):
                     preempted = True
