@@ -59,7 +59,7 @@ class MixedScheduler(Scheduler):
         token_budget = self.max_num_batched_tokens
         stop_reason: StopReason | None = None
         blocked_seq_id, num_blocks_needed = -1, 0
-        preempted = False
+        num_preemptions = self.num_preemptions
 
         # Running first: each gets the tokens it needs to catch up.
         scheduled_running: list[Sequence] = []
@@ -67,21 +67,10 @@ class MixedScheduler(Scheduler):
             seq = self.running.popleft()
             if seq.is_prefill:         # the rest of its prompt, or the chunk the budget leaves
                 seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_cached_tokens, token_budget)
-            elif (seq.num_tokens - 1) % self.block_size:
-                seq.num_scheduled_tokens = 1    # its token lands in its last block: no block to find
+            elif (seq.num_tokens - 1) % self.block_size or self._append_slot(seq):
+                seq.num_scheduled_tokens = 1    # in its last block, or in the block it was just given
             else:
-                while not self.block_manager.can_append(seq):
-                    preempted = True
-                    if self.running:
-                        self.preempt(self.preempt_victim(seq), by=seq)   # the running tail gives way
-                    else:
-                        self.preempt(seq, by=seq)                        # nobody else left: itself
-                        break
-                else:
-                    seq.num_scheduled_tokens = 1
-                    self.block_manager.may_append(seq)
-                if seq.status is SequenceStatus.WAITING:
-                    break
+                break                           # it preempted itself
             self._take(seq, scheduled_seqs, prefill_flags)
             token_budget -= seq.num_scheduled_tokens
             scheduled_running.append(seq)
@@ -90,7 +79,7 @@ class MixedScheduler(Scheduler):
                 stop_reason = "budget_exhausted"
         self.running.extendleft(reversed(scheduled_running))
 
-        if preempted:
+        if self.num_preemptions != num_preemptions:   # V1 admits nothing in a step that preempted
             stop_reason = "preempted"
         elif stop_reason is None:
             # Then waiting, in FIFO order, into the budget left.

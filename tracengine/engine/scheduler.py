@@ -103,28 +103,16 @@ class Scheduler:
                                 blocked_seq_id, num_blocks_needed, num_free_blocks)
             return scheduled_seqs, True
 
-        running, can_append, may_append = self.running, self.block_manager.can_append, self.block_manager.may_append
-        max_num_seqs, take, block_size = self.max_num_seqs, scheduled_seqs.append, self.block_size
+        running, max_num_seqs, take, block_size = self.running, self.max_num_seqs, scheduled_seqs.append, self.block_size
         while running and len(scheduled_seqs) < max_num_seqs:
             seq = running.popleft()
-            if (seq.num_tokens - 1) % block_size:
-                # Its token lands in its last block: can_append holds and may_append has nothing
-                # to do. Only the first token of a block asks them (below): two calls a token saved.
-                seq.num_scheduled_tokens = 1
-                seq.is_prefill = False
-                take(seq)
-                continue
-            while not can_append(seq):
-                if running:
-                    self.preempt(self.preempt_victim(seq), by=seq)   # the running tail gives way
-                else:
-                    self.preempt(seq, by=seq)                  # nobody else left: itself
-                    break
-            else:
-                seq.num_scheduled_tokens = 1
-                seq.is_prefill = False
-                may_append(seq)
-                take(seq)
+            # A token that lands in its sequence's last block needs nothing of the block manager:
+            # only one that starts a block asks for room (one call a block, not two a token).
+            if not (seq.num_tokens - 1) % block_size and not self._append_slot(seq):
+                continue        # it preempted itself: nobody was left behind it
+            seq.num_scheduled_tokens = 1
+            seq.is_prefill = False
+            take(seq)
         stop_reason = "max_num_seqs" if self.running else "running_empty"
         assert scheduled_seqs, "nothing schedulable: check_request should have refused a request"
         self.running.extendleft(reversed(scheduled_seqs))
@@ -141,6 +129,19 @@ class Scheduler:
             self.step, phase, [ScheduledSeq(s.seq_id, s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs],
             num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,
             num_free_blocks, len(self.waiting), len(self.running), num_decode_seqs))
+
+    def _append_slot(self, seq: Sequence) -> bool:
+        """Room for the token of decoding `seq` that starts a block (the seeds' loop): a free
+        block, the running tail preempted for one while there is none, `seq` itself when nobody
+        is left behind it (False then)."""
+        while not self.block_manager.can_append(seq):
+            if self.running:
+                self.preempt(self.preempt_victim(seq), by=seq)   # the running tail gives way
+            else:
+                self.preempt(seq, by=seq)                        # nobody else left: itself
+                return False
+        self.block_manager.may_append(seq)
+        return True
 
     def preempt(self, seq: Sequence, by: Sequence):
         """Recomputation: free the KV and go back to the head of waiting."""
