@@ -199,8 +199,7 @@ def compact(path) -> None:
                 for word, stored in reader.stored_frames():
                     if not word & DEFLATED:
                         word, stored = deflate_frame(deflater, stored)
-                    out.write(frame_head(word, xxhash.xxh64_intdigest(stored, word >> 31)))
-                    out.write(stored)
+                    out.write(frame_bytes(stored, bool(word & DEFLATED)))
                 out.write(END_FRAME)
                 out.flush()
                 os.fsync(out.fileno())
@@ -272,7 +271,7 @@ class TraceWriter:
         nbytes = len(payload)
         if nbytes > MAX_FRAME_BYTES:
             raise TraceError(f"a frame of {nbytes} bytes exceeds the limit of {MAX_FRAME_BYTES}")
-        self._write(frame_head(nbytes, xxhash.xxh64_intdigest(payload)) + payload)
+        self._write(frame_bytes(payload))
 
     def _write(self, data: bytes) -> None:
         """All of `data`, in one write call but for a short write (a full disk, a signal)."""
