@@ -185,11 +185,10 @@ def _fit(samples: list[StepSample]) -> dict:
             continue
         columns = list(PHASE_FEATURES[phase])
         x = np.array([(1.0, *s.shape) for s in rows])[:, columns]
-        scale = np.maximum(np.abs(x).max(axis=0), 1.0)    # columns of very different sizes: fit them scaled
         y = np.array([s.parts for s in rows], dtype=float)
         if PHASE_FIT[phase] == "median":
             x, y = _window_sums(x, DECODE_WINDOW), _window_sums(y, DECODE_WINDOW)
-            scale = np.maximum(np.abs(x).max(axis=0), 1.0)
+        scale = np.maximum(np.abs(x).max(axis=0), 1.0)    # columns of very different sizes: fit them scaled
         w, *_ = np.linalg.lstsq(x / scale, y, rcond=None)
         if PHASE_FIT[phase] == "median":
             w = _median_fit(x / scale, y, w)
