@@ -14,7 +14,7 @@ from tracengine.replay.roofline import HARDWARE, ModelShape, RooflineStepTime
 from tracengine.replay.runners import WorkloadRequest
 from tracengine.replay.simulate import run_timed, timed_whatif
 from tracengine.engine.sequence import Sequence
-from tracengine.replay.steptime import LinearStepTime, calibrate, load_step_time, seqs_shape, step_shape
+from tracengine.replay.steptime import FEATURES, LinearStepTime, calibrate, load_step_time, seqs_shape, step_shape
 from tracengine.trace.events import StepEnd, without_wall_clock
 from tracengine.trace.tracelog import TraceWriter
 
@@ -313,3 +313,21 @@ def test_a_step_time_file_that_is_binary_or_missing_is_a_one_line_error(tmp_path
         assert main(["simulate", str(workload), *flags, "--set", "num_kvcache_blocks=100"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"{path}: not a" in err
+
+
+def test_a_feature_the_recording_never_varied_gets_no_weight():
+    """Every prefill of one sequence: the seqs column is the constant again. The fit gives it
+    weight 0 (the constant keeps the cost) instead of splitting one weight between the two,
+    which a what-if batching several prompts a step would extrapolate; predictions of the
+    recorded shapes are exact all the same."""
+    requests = [WorkloadRequest(list(range(i, i + 10 + 7 * i)), 5, ignore_eos=True, arrival_ns=i * 50_000_000)
+                for i in range(12)]      # far apart: one prompt a prefill step
+    events = run_timed(CONFIG, requests, LinearStepTime(TRUTH, gap_ns=30_000))
+    model = calibrate(events)
+    seqs = FEATURES.index("seqs")
+    for part, weights in TRUTH["prefill"].items():
+        fitted = model.coefficients["prefill"][part]
+        assert fitted[seqs] == 0, part
+        assert fitted[0] == pytest.approx(weights[0] + weights[seqs], rel=1e-6), part   # the constant holds both
+        assert fitted[1] == pytest.approx(weights[1], rel=1e-6) and fitted[4] == pytest.approx(weights[4], rel=1e-6)
+    assert model.error["held_out"]["total"]["total_rel"] == pytest.approx(0, abs=1e-9)

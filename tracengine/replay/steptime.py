@@ -185,6 +185,11 @@ def _fit(samples: list[StepSample]) -> dict:
             continue
         columns = list(PHASE_FEATURES[phase])
         x = np.array([(1.0, *s.shape) for s in rows])[:, columns]
+        # A feature the recording never varied (every prefill one sequence) is the constant again:
+        # least squares would split one weight between the two, and a what-if that varies it
+        # (several prompts a step) would extrapolate the split. Left out, its weight is 0.
+        varying = [k for k in range(len(columns)) if k == 0 or np.ptp(x[:, k]) > 0]
+        columns, x = [columns[k] for k in varying], x[:, varying]
         y = np.array([s.parts for s in rows], dtype=float)
         if PHASE_FIT[phase] == "median":
             x, y = _window_sums(x, DECODE_WINDOW), _window_sums(y, DECODE_WINDOW)
