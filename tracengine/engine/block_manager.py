@@ -196,34 +196,61 @@ class FreeBlockQueue:
 
 
 class Block:
-    """A KV block. A cached block keeps the tokens it holds packed (`data`, as
-    pack_tokens packs them): the prefix-cache check compares a prompt's blocks
-    with them as bytes, hundreds of blocks in one comparison. Its ref count and
-    its bytes live in its manager's lists `ref_counts` and `block_bytes`, which a
-    prompt's hundreds of blocks are counted and joined in without touching each Block."""
-    __slots__ = ("block_id", "hash", "_ref_counts", "_data")
+    """A view of one KV block of a BlockManager, whose lists hold its state per block id: its
+    ref count (`ref_counts`), the hash of the tokens it holds or -1 (`hash_of`) and, cached,
+    those tokens packed (`block_bytes`, as pack_tokens packs them: the prefix-cache check
+    compares a prompt's blocks with them as bytes, hundreds of blocks in one comparison). A
+    prompt's hundreds of blocks are counted, reset and joined in those lists without an
+    object per block, and a pool of 100,000 blocks costs three lists to make."""
+    __slots__ = ("block_id", "_manager")
 
-    def __init__(self, block_id: int, ref_counts: list[int], data: list[bytes]):
+    def __init__(self, block_id: int, manager: "BlockManager"):
         self.block_id = block_id
-        self.hash = -1
-        self._ref_counts = ref_counts
-        self._data = data
+        self._manager = manager
 
     @property
     def ref_count(self) -> int:
-        return self._ref_counts[self.block_id]
+        return self._manager.ref_counts[self.block_id]
+
+    @property
+    def hash(self) -> int:
+        return self._manager.hash_of[self.block_id]
+
+    @hash.setter
+    def hash(self, value: int):
+        self._manager.hash_of[self.block_id] = value
 
     @property
     def data(self) -> bytes:
-        return self._data[self.block_id]
+        return self._manager.block_bytes[self.block_id]
 
     @data.setter
     def data(self, data: bytes):
-        self._data[self.block_id] = data
+        self._manager.block_bytes[self.block_id] = data
 
     @property
     def token_ids(self) -> list[int]:
         return list(struct.unpack(f"<{len(self.data) // 8}q", self.data))
+
+
+class BlockViews:
+    """`BlockManager.blocks`: the pool's blocks by id, each a `Block` view made when asked for."""
+    __slots__ = ("_manager",)
+
+    def __init__(self, manager: "BlockManager"):
+        self._manager = manager
+
+    def __len__(self) -> int:
+        return len(self._manager.ref_counts)
+
+    def __getitem__(self, block_id: int) -> Block:
+        if not 0 <= block_id < len(self._manager.ref_counts):
+            raise IndexError(f"no block {block_id}")
+        return Block(block_id, self._manager)
+
+    def __iter__(self):
+        manager = self._manager
+        return (Block(block_id, manager) for block_id in range(len(manager.ref_counts)))
 
 
 def _first_difference(data: bytearray, other: bytearray, lo: int, hi: int, stride: int) -> int:
@@ -248,8 +275,9 @@ class BlockManager:
         self._pack_block = struct.Struct(f"<{block_size}q").pack   # pack_tokens of one block
         self._cut_blocks = struct.Struct(f"{block_size * 8}s").iter_unpack    # packed blocks, one by one
         self.ref_counts = [0] * num_blocks   # per block id: the block tables holding it
+        self.hash_of = [-1] * num_blocks     # per block id: the hash of the full block it holds, or -1
         self.block_bytes = [b""] * num_blocks    # per block id: the tokens a cached block holds, packed
-        self.blocks = [Block(i, self.ref_counts, self.block_bytes) for i in range(num_blocks)]
+        self.blocks = BlockViews(self)
         self.hash_to_block_id: dict[int, int] = {}
         self.free_block_ids = FreeBlockQueue(num_blocks)
         self.num_hit_blocks = 0   # prefix-cache hits, in blocks, over the manager's life
@@ -277,13 +305,14 @@ class BlockManager:
 
     def _allocate_block(self) -> int:
         block_id = self.free_block_ids.popleft()
-        block = self.blocks[block_id]
         assert self.ref_counts[block_id] == 0
-        if block.hash != -1 and self.hash_to_block_id.get(block.hash) == block_id:
-            del self.hash_to_block_id[block.hash]   # the cached content is overwritten
+        h = self.hash_of[block_id]
+        if h != -1:
+            if self.hash_to_block_id.get(h) == block_id:
+                del self.hash_to_block_id[h]   # the cached content is overwritten
+            self.hash_of[block_id] = -1
+            self.block_bytes[block_id] = b""
         self.ref_counts[block_id] = 1
-        block.hash = -1
-        self.block_bytes[block_id] = b""
         return block_id
 
     def block_hash(self, seq: Sequence, i: int) -> int:
@@ -403,7 +432,7 @@ class BlockManager:
             cached = self._cached_block_ids(seq)
         assert len(cached) >= num_cached_blocks
         self._lookup = None
-        blocks, free, table, ref_counts = self.blocks, self.free_block_ids, seq.block_table, self.ref_counts
+        free, table, ref_counts = self.free_block_ids, seq.block_table, self.ref_counts
         hits = cached[:num_cached_blocks]
         # The hits in bulk: a hit shared with a live sequence gains a reference, a free one
         # (ref count 0) leaves the free queue with its one reference. (The queue left is the
@@ -418,13 +447,13 @@ class BlockManager:
         free.remove_many(free_hits)
         # _allocate_block, for all the new blocks at once: a prompt has hundreds
         new_block_ids = free.popleft_many(seq.num_blocks - num_cached_blocks)
-        hash_map, block_bytes = self.hash_to_block_id, self.block_bytes
+        hash_map, hash_of, block_bytes = self.hash_to_block_id, self.hash_of, self.block_bytes
         for block_id in new_block_ids:    # free, so each has ref count 0
-            block = blocks[block_id]
-            if block.hash != -1:
-                if hash_map.get(block.hash) == block_id:
-                    del hash_map[block.hash]   # the cached content is overwritten
-                block.hash = -1
+            h = hash_of[block_id]
+            if h != -1:
+                if hash_map.get(h) == block_id:
+                    del hash_map[h]   # the cached content is overwritten
+                hash_of[block_id] = -1
                 block_bytes[block_id] = b""
             ref_counts[block_id] = 1
         table += hits
@@ -476,7 +505,7 @@ class BlockManager:
         stride = size * 8
         if end - start == 1:    # the block a decode fills: the loops' set-up is most of it
             h, block_id = self._hashes_upto(seq, end)[start], seq.block_table[start]
-            self.blocks[block_id].hash = h
+            self.hash_of[block_id] = h
             self.block_bytes[block_id] = bytes(seq.block_data[start * stride:end * stride])
             self.hash_to_block_id[h] = block_id
             if self.sink.enabled:
@@ -484,9 +513,9 @@ class BlockManager:
             return
         hashes = self._hashes_upto(seq, end)[start:end]
         block_ids = seq.block_table[start:end]
-        blocks, block_bytes = self.blocks, self.block_bytes
+        hash_of, block_bytes = self.hash_of, self.block_bytes
         for block_id, h, (data,) in zip(block_ids, hashes, self._cut_blocks(seq.block_data[start * stride:end * stride])):
-            blocks[block_id].hash = h
+            hash_of[block_id] = h
             block_bytes[block_id] = data
         self.hash_to_block_id.update(zip(hashes, block_ids))
         if self.sink.enabled:
