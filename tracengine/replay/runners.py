@@ -13,6 +13,17 @@ from tracengine.engine.sampling_params import SamplingParams
 from tracengine.trace.tracelog import make_header
 
 
+# b"%d" % position, made once per position and shared by every runner: formatting a number is
+# most of the cost of a synthetic token
+_DECIMALS: list[bytes] = [b"%d" % i for i in range(1024)]
+
+
+def _decimal(position: int) -> bytes:
+    """b"%d" % position, growing _DECIMALS to twice its size or past position."""
+    _DECIMALS.extend(b"%d" % i for i in range(len(_DECIMALS), max(position + 1, 2 * len(_DECIMALS))))
+    return _DECIMALS[position]
+
+
 class SyntheticRunner:
     """A stand-in model: each token is a hash of (seed, seq_id, position), so
     like the real model it does not depend on batching, chunking or preemption.
@@ -27,8 +38,8 @@ class SyntheticRunner:
 
     def run(self, seqs, is_prefill: bool) -> list[int]:
         # One loop for the batch, no call per sequence: a simulation samples every token here.
-        eos, eos_at, vocab_size, prefixes, digest = self.eos, self.eos_at, self.vocab_size, self._prefixes, \
-            xxhash.xxh64_intdigest
+        eos, eos_at, vocab_size, prefixes, digest, decimals = self.eos, self.eos_at, self.vocab_size, \
+            self._prefixes, xxhash.xxh64_intdigest, _DECIMALS
         tokens = []
         for seq in seqs:
             position = seq.num_cached_tokens + seq.num_scheduled_tokens
@@ -38,8 +49,11 @@ class SyntheticRunner:
             prefix = prefixes.get(seq.seq_id)
             if prefix is None:
                 prefix = prefixes[seq.seq_id] = f"{self.seed}:{seq.seq_id}:".encode()
-            # the hash of f"{seed}:{seq_id}:{position}", its prefix formatted once
-            token = digest(b"%b%d" % (prefix, position)) % vocab_size
+            # the hash of f"{seed}:{seq_id}:{position}", its prefix and the position formatted once
+            try:
+                token = digest(prefix + decimals[position]) % vocab_size
+            except IndexError:
+                token = digest(prefix + _decimal(position)) % vocab_size
             tokens.append(token if token != eos else (token + 1) % vocab_size)
         return tokens
 
