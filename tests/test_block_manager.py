@@ -5,7 +5,8 @@ from collections import deque
 import pytest
 import xxhash
 
-from tracengine.engine.block_manager import BlockManager, FreeBlockQueue, compute_hash, compute_hashes, pack_tokens
+from tracengine.engine.block_manager import (LOOKUP_RUN, BlockManager, FreeBlockQueue, compute_hash, compute_hashes,
+                                            pack_tokens)
 from tracengine.trace.events import BlockAllocate, BlockHash, ListSink
 from tracengine.engine.sequence import Sequence
 
@@ -280,3 +281,22 @@ def test_the_registry_forgets_the_oldest_prompts_past_its_bound():
         assert manager._num_branch_blocks == min(seq_id + 1, 3) * 3
     manager.block_hash(seq_of(6, list(range(44))), 10)     # more blocks than the bound: not kept
     assert manager._num_branch_blocks == 9 and len(manager._branches) == 3
+
+
+@pytest.mark.parametrize("first_miss", [0, 1, LOOKUP_RUN - 1, LOOKUP_RUN, LOOKUP_RUN + 1, 2 * LOOKUP_RUN + 3, None])
+def test_the_hits_end_at_the_first_miss_wherever_the_lookup_runs_end(first_miss):
+    """The prefix cache is looked up a run of LOOKUP_RUN blocks at a time: the hits are the
+    cached blocks up to the first one missing, at a run's edge or inside one, and none after it
+    though the blocks after it are still cached (as when that one block alone was reused)."""
+    num_blocks = 2 * LOOKUP_RUN + 10
+    manager = BlockManager(4 * num_blocks, 1)
+    a = seq_of(0, list(range(num_blocks + 1)), block_size=1)
+    fill(manager, a)
+    if first_miss is not None:
+        del manager.hash_to_block_id[a.block_hashes[first_miss]]
+    hits = num_blocks if first_miss is None else first_miss
+    b = seq_of(1, list(range(num_blocks + 1)), block_size=1)
+    assert manager.num_blocks_needed(b) == (hits, b.num_blocks - hits)
+    manager.allocate(b, hits)
+    assert b.block_table[:hits] == a.block_table[:hits]
+    assert not set(b.block_table[hits:]) & set(a.block_table)

@@ -23,7 +23,8 @@ from tracengine.trace.events import NULL_SINK, EventSink, BlockAllocate, BlockAp
 from tracengine.engine.sequence import Sequence
 
 
-PARENT = struct.Struct("<Q")   # a parent block's digest, as it starts its child's bytes
+PARENT = struct.Struct("<Q")
+LOOKUP_RUN = 64     # blocks looked up in the prefix cache at a time   # a parent block's digest, as it starts its child's bytes
 
 
 def compute_hash(token_ids: list[int], prefix: int = -1) -> int:
@@ -327,9 +328,16 @@ class BlockManager:
         if num_full <= 0:
             return []
         hashes = self._hashes_upto(seq, num_full)
-        block_ids = list(map(self.hash_to_block_id.get, hashes[:num_full]))
-        if None in block_ids:
-            del block_ids[block_ids.index(None):]    # the first miss
+        # Looked up a run of blocks at a time, up to the first miss: the prompt's own blocks after
+        # it (a conversation's new turn) are not looked up. A lookup in a map of 100,000 hashes
+        # is a cache miss or two.
+        get, block_ids = self.hash_to_block_id.get, []
+        for start in range(0, num_full, LOOKUP_RUN):
+            run = list(map(get, hashes[start:min(start + LOOKUP_RUN, num_full)]))
+            if None in run:
+                block_ids += run[:run.index(None)]    # the first miss
+                break
+            block_ids += run
         if block_ids:
             # A hash collision: a cached block whose tokens differ. All the blocks at once, as
             # bytes (comparing hundreds of int lists costs more than hashing them).
