@@ -216,6 +216,7 @@ class ListSink:
 
     def __init__(self):
         self.events: list[Event] = []
+        self.emit = self.events.append     # the list's own method: no Python call per event
 
     def emit(self, event: Event) -> None:
         self.events.append(event)
