@@ -193,3 +193,22 @@ def test_simulate_shows_progress_on_stderr_unless_quiet(tmp_path, roofline, caps
     assert main(argv + ["--quiet"]) == 0
     captured = capsys.readouterr()
     assert captured.err == "" and "simulated 4 requests" in captured.out
+
+
+def test_simulated_arrivals_later_than_the_machine_clock_enter(monkeypatch):
+    """A request arriving later in simulated time than the machine's clock reads (its time
+    since boot) is let in at its simulated arrival, not held for a real time to come."""
+    from tracengine.engine import llm_engine
+    from tracengine.engine.config import Config
+    from tracengine.replay.runners import WorkloadRequest
+    from tracengine.replay.simulate import run_timed
+    from tracengine.replay.steptime import LinearStepTime
+    from tracengine.trace.events import RequestAdded
+    from tests.test_steptime import TRUTH
+    monkeypatch.setattr(llm_engine, "perf_counter_ns", lambda: 10**9)     # a machine up for one second
+    hour = 3600 * 10**9
+    requests = [WorkloadRequest([1, 2, 3, 4, 5], 3, ignore_eos=True, arrival_ns=t) for t in (0, hour, 2 * hour)]
+    config = Config(num_kvcache_blocks=16, kvcache_block_size=4, eos=999)
+    events = run_timed(config, requests, LinearStepTime(TRUTH))
+    assert [e.arrival_ns for e in events if type(e) is RequestAdded] == [0, hour, 2 * hour]
+    assert stats(events)["requests"]["num_finished"] == 3

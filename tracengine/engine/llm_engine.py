@@ -62,13 +62,17 @@ class LLMEngine:
                        self.config.kvcache_block_size, sp)
         self.scheduler.check_request(seq.num_prompt_tokens, seq.max_tokens)
         self.next_seq_id = max(self.next_seq_id, seq.seq_id + 1)
-        now_ns = perf_counter_ns() - self.start_ns
+        now_ns = self.clock_ns()
         arrival_ns = now_ns if arrival_time is None else round(arrival_time * 1e9)
         if arrival_ns > now_ns:
             heapq.heappush(self.pending, (arrival_ns, seq.seq_id, seq))
         else:
             self.enter(seq, arrival_ns)
         return seq
+
+    def clock_ns(self) -> int:
+        """Now, in ns from the run's start: what decides whether a request has arrived yet."""
+        return perf_counter_ns() - self.start_ns
 
     def abort_request(self, seq_id: int, reason: str) -> Sequence | None:
         """Between steps: see Scheduler.abort. None when the sequence is in no queue. A request

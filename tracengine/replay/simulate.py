@@ -38,6 +38,11 @@ class SimulatedEngine(LLMEngine):
         super().reset(sink)
         self.start_ns = self.last_step_end_ns = self.now_ns = 0
 
+    def clock_ns(self) -> int:
+        # simulated time, not the machine's: on its clock (the time since boot) a request
+        # arriving later than the uptime would wait, forever, for a time to come
+        return self.now_ns
+
     def step(self):
         """schedule -> run -> postprocess -> StepEnd, as LLMEngine.step, timed by the model."""
         scheduler = self.scheduler
