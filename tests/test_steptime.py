@@ -331,3 +331,41 @@ def test_a_feature_the_recording_never_varied_gets_no_weight():
         assert fitted[0] == pytest.approx(weights[0] + weights[seqs], rel=1e-6), part   # the constant holds both
         assert fitted[1] == pytest.approx(weights[1], rel=1e-6) and fitted[4] == pytest.approx(weights[4], rel=1e-6)
     assert model.error["held_out"]["total"]["total_rel"] == pytest.approx(0, abs=1e-9)
+
+
+SHAPE = {"name": "m", "hidden_size": 8, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "head_dim": 4,
+         "intermediate_size": 16, "vocab_size": 10, "dtype_bytes": 2}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"source": "run.trace"}, "source and error are JSON objects"),
+    ({"error": [1]}, "source and error are JSON objects"),
+    ({"source": {"model": 5}}, "source model is a string"),
+    ({"kind": "roofline", "model": {**SHAPE, "hidden_size": "8"}, "peak_flops": 1e12, "bandwidth": 1e12},
+     "hidden_size must be a positive integer"),
+    ({"kind": "roofline", "model": {**SHAPE, "num_layers": -2}, "peak_flops": 1e12, "bandwidth": 1e12},
+     "num_layers must be a positive integer"),
+    ({"kind": "roofline", "model": SHAPE, "peak_flops": 1e12, "bandwidth": 1e12, "overhead_ns": float("nan")},
+     "overhead is a number of ns"),
+    ({"kind": "roofline", "model": SHAPE, "peak_flops": 1e12, "bandwidth": 1e12, "hardware": [1]},
+     "hardware is a name"),
+])
+def test_a_step_time_file_with_a_field_of_the_wrong_kind_is_refused(tmp_path, recorded, change, message):
+    """Refused when read, in one line: not a traceback in the run, nor a trace whose header
+    (named from the model's source) cannot be read back."""
+    path = tmp_path / "st.json"
+    path.write_text(json.dumps({**calibrate(recorded).to_dict(), **change}))
+    with pytest.raises(TracengineError, match=message):
+        load_step_time(str(path))
+
+
+def test_roofline_flags_and_configs_of_the_wrong_kind_are_refused():
+    m = ModelShape.from_hf_config(TINY)
+    for overhead in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(TracengineError, match="--overhead-ms"):
+            RooflineStepTime.for_hardware(m, "H200", overhead_ms=overhead)
+    with pytest.raises(TracengineError, match="unknown dtype"):
+        ModelShape.from_hf_config(dict(TINY, torch_dtype=["bfloat16"]))
+    # null, as some configs write it, is the default: head_dim hidden / heads, KV heads the heads
+    loose = ModelShape.from_hf_config(dict(TINY, head_dim=None, num_key_value_heads=None))
+    assert (loose.head_dim, loose.num_kv_heads) == (4, 2)

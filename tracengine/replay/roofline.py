@@ -13,7 +13,7 @@ What it leaves out (docs/simulation.md): activations, kernel efficiency and
 launch gaps (it is a lower bound on time), tensor parallelism and its
 collectives, MoE, sampling, and the CPU side beyond the fixed overhead."""
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from tracengine.errors import TracengineError
 
@@ -44,13 +44,13 @@ class ModelShape:
     @classmethod
     def from_hf_config(cls, config: dict, name: str = "") -> "ModelShape":
         def get(key, default=None):
-            value = config.get(key, default)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise TracengineError(f"model config: {key} must be a positive integer, got {value!r}")
+            value = config.get(key)
+            value = default if value is None else value    # a config may write null for "the default"
+            _check_positive_int(value, f"model config: {key}")
             return value
         hidden, heads = get("hidden_size"), get("num_attention_heads")
         dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
-        if dtype not in DTYPE_BYTES:
+        if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
             raise TracengineError(f"model config: unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
         return cls(name, hidden, get("num_hidden_layers"), heads, get("num_key_value_heads", heads),
                    get("head_dim", hidden // heads), get("intermediate_size"), get("vocab_size"),
@@ -107,6 +107,11 @@ class ModelShape:
         return self.weight_bytes + self.kv_bytes_per_token * (context + num_tokens)
 
 
+def _check_positive_int(value, what: str):
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise TracengineError(f"{what} must be a positive integer, got {value!r}")
+
+
 class RooflineStepTime:
     kind = "roofline"
 
@@ -115,8 +120,9 @@ class RooflineStepTime:
         if not (peak_flops > 0 and math.isfinite(peak_flops)) or not (bandwidth > 0 and math.isfinite(bandwidth)):
             raise TracengineError(f"a roofline needs positive peak FLOP/s and bandwidth, got {peak_flops!r}, "
                                   f"{bandwidth!r}")
-        if overhead_ns < 0:
-            raise TracengineError(f"the per-step overhead must not be negative, got {overhead_ns}")
+        if not (isinstance(overhead_ns, (int, float)) and not isinstance(overhead_ns, bool)
+                and math.isfinite(overhead_ns)) or overhead_ns < 0:
+            raise TracengineError(f"the per-step overhead is a number of ns >= 0, got {overhead_ns!r}")
         self.model, self.peak_flops, self.bandwidth = model, float(peak_flops), float(bandwidth)
         self.overhead_ns, self.hardware = int(overhead_ns), hardware
         self.gap_ns = self.wake_ns = 0
@@ -136,6 +142,8 @@ class RooflineStepTime:
             bandwidth = bandwidth_tbs * 1e12
         if peak is None or bandwidth is None:
             raise TracengineError("a roofline needs --hardware or both --peak-tflops and --bandwidth-tbs")
+        if overhead_ms is not None and not (math.isfinite(overhead_ms) and overhead_ms >= 0):
+            raise TracengineError(f"--overhead-ms is a number of ms >= 0, got {overhead_ms!r}")
         overhead = DEFAULT_OVERHEAD_NS if overhead_ms is None else round(overhead_ms * 1e6)
         return cls(model, peak, bandwidth, overhead, hardware or "custom")
 
@@ -158,7 +166,19 @@ class RooflineStepTime:
     def from_dict(cls, d: dict) -> "RooflineStepTime":
         try:
             model = ModelShape(**d["model"])
-            return cls(model, d["peak_flops"], d["bandwidth"], d.get("overhead_ns", DEFAULT_OVERHEAD_NS),
-                       d.get("hardware", ""))
+            peak_flops, bandwidth = d["peak_flops"], d["bandwidth"]
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (peak_flops, bandwidth)):
+                raise TypeError
         except (KeyError, TypeError):
             raise TracengineError("a roofline model needs model (its shape), peak_flops and bandwidth") from None
+        for field in fields(ModelShape):     # counts the cost multiplies by, and a name for the header
+            value = getattr(model, field.name)
+            if field.name == "name":
+                if not isinstance(value, str):
+                    raise TracengineError(f"a roofline model's model name is a string, got {value!r}")
+            else:
+                _check_positive_int(value, f"a roofline model's {field.name}")
+        hardware = d.get("hardware", "")
+        if not isinstance(hardware, str):
+            raise TracengineError(f"a roofline model's hardware is a name, got {hardware!r}")
+        return cls(model, peak_flops, bandwidth, d.get("overhead_ns", DEFAULT_OVERHEAD_NS), hardware)

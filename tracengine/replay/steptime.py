@@ -125,7 +125,14 @@ class LinearStepTime:
         for name, value in (("gap_ns", gap_ns), ("wake_ns", wake_ns)):
             if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise TracengineError(f"a linear step-time model's {name} is a number of ns >= 0, not {value!r}")
-        return cls(coefficients, gap_ns, d.get("source"), d.get("error"), wake_ns)
+        source, error = d.get("source") or {}, d.get("error") or {}
+        if not isinstance(source, dict) or not isinstance(error, dict):
+            raise TracengineError("a linear step-time model's source and error are JSON objects")
+        for name in ("trace", "model", "device", "dtype"):    # a simulated trace's header names them
+            if not isinstance(source.get(name, ""), str):
+                raise TracengineError(f"a linear step-time model's source {name} is a string, "
+                                      f"not {source[name]!r}")
+        return cls(coefficients, gap_ns, source, error, wake_ns)
 
 
 # -- calibration ------------------------------------------------------------------------------
