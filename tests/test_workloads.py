@@ -229,6 +229,16 @@ def test_unknown_format_name_and_empty_file(tmp_path):
         read_workload(str(empty), vocab_size=VOCAB)
 
 
+@pytest.mark.parametrize("head, format", [(b"TRCE\x03\x00\x80\x81", None), (MOONCAKE.read_bytes(), "mooncake"),
+                                           (AZURE.read_bytes(), "azure")])
+def test_a_workload_file_that_is_not_utf8_is_a_one_line_error(tmp_path, head, format):
+    """Bytes that are not text (a trace given for a workload), at its start or past its first line."""
+    path = tmp_path / "w.bin"
+    path.write_bytes(head + b"\n\xff\xfe\n" + b"x" * 20_000)
+    with pytest.raises(TracengineError, match="w.bin: not a workload file .not UTF-8"):
+        read_workload(str(path), format, vocab_size=VOCAB)
+
+
 def test_the_workload_readers_import_no_torch():
     code = "import sys, tracengine.workload.sources; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -63,7 +63,7 @@ def read_workload(path: str, format: str | None = None, *, vocab_size: int, max_
     parse = {"mooncake": _mooncake, "azure": _azure, "tracengine": _tracengine}[format]
     requests = []
     with open(path, encoding="utf-8", newline="") as f:
-        for request in parse(f, path, vocab_size, length_scale, seed):
+        for request in parse(_text_lines(f, path), path, vocab_size, length_scale, seed):
             if requests and request.arrival_s < requests[-1].arrival_s:
                 raise TracengineError(f"{request.source}: arrival time goes back ({request.arrival_s:g} s after "
                                       f"{requests[-1].arrival_s:g} s on the line before): timestamps must not decrease")
@@ -85,7 +85,7 @@ def read_workload(path: str, format: str | None = None, *, vocab_size: int, max_
 def detect_format(path: str) -> str:
     """The format of a workload file, from its first non-blank line."""
     with open(path, encoding="utf-8", newline="") as f:
-        for number, line in enumerate(f, 1):
+        for number, line in enumerate(_text_lines(f, path), 1):
             if line.strip():
                 break
         else:
@@ -105,6 +105,15 @@ def detect_format(path: str) -> str:
         return "azure"
     raise TracengineError(f"{path}:{number}: unknown workload format (not Mooncake JSONL, an Azure CSV or "
                           f"tracengine JSONL); name it with --workload-format {{{','.join(FORMATS)}}}")
+
+
+def _text_lines(f, path: str):
+    """The lines of the text file `f`; bytes that are not UTF-8 (a trace given for a
+    workload, a compressed file) are one line naming the file."""
+    try:
+        yield from f
+    except UnicodeDecodeError:
+        raise TracengineError(f"{path}: not a workload file (not UTF-8 text: JSONL or CSV)") from None
 
 
 def scale_length(n: int, length_scale: float) -> int:
