@@ -212,3 +212,31 @@ def test_simulated_arrivals_later_than_the_machine_clock_enter(monkeypatch):
     events = run_timed(config, requests, LinearStepTime(TRUTH))
     assert [e.arrival_ns for e in events if type(e) is RequestAdded] == [0, hour, 2 * hour]
     assert stats(events)["requests"]["num_finished"] == 3
+
+
+def test_flags_that_one_would_silently_win_over_or_that_do_nothing_are_refused(tmp_path, roofline, capsys):
+    """A value given twice, a field both --set and swept, an objective twice, and the sweep's
+    flags on a replay without --sweep (where nothing read them) are one-line errors."""
+    from tests.test_steptime import CONFIG, TRUTH, bursty_workload, write_trace
+    from tracengine.replay.simulate import run_timed
+    from tracengine.replay.steptime import LinearStepTime
+    trace = str(tmp_path / "run.trace")
+    write_trace(trace, run_timed(CONFIG, bursty_workload(n=12), LinearStepTime(TRUTH, gap_ns=30_000)))
+    sample = str(DATA / "mooncake_sample.jsonl")
+    simulate = ["simulate", sample, "--roofline", roofline, "--hardware", "H100", "--set", "num_kvcache_blocks=400"]
+    for argv, message in [
+        (simulate + ["--sweep", "max_num_seqs=1,2,1"], "the value 1 twice"),
+        (simulate + ["--sweep", "num_kvcache_blocks=400,800"], "--set and --sweep both name num_kvcache_blocks"),
+        (["replay", trace, "--set", "block_size=8", "--sweep", "kvcache_block_size=4,16"],
+         "both name kvcache_block_size"),
+        (simulate + ["--sweep", "max_num_seqs=1,2", "--slo", "ttft=1s", "--slo", "TTFT=2s"], "--slo names ttft twice"),
+        (["stats", trace, "--slo", "e2e=1s", "--slo", "e2e=2s"], "--slo names e2e twice"),
+        (["replay", trace, "--set", "num_kvcache_blocks=48", "--slo", "ttft=20ms"], "go with --sweep"),
+        (["replay", trace, "--plot", str(tmp_path / "p.png")], "go with --sweep"),
+        (["replay", trace, "--arrivals", "steps", "--set", "num_kvcache_blocks=48", "--jobs", "2"], "go with --sweep"),
+        (["replay", trace, "--state", "2", "--sweep", "num_kvcache_blocks=48,96"], "--state"),
+    ]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("tracengine: error:") and message in err and err.count("\n") == 1, (argv, err)
+    assert not (tmp_path / "p.png").exists()

@@ -55,6 +55,17 @@ def parse_slo(text: str) -> tuple[str, float]:
     return name, seconds
 
 
+def parse_slos(texts: list[str]) -> dict[str, float]:
+    """The objectives of repeated `--slo` flags, each name once (a second would silently win)."""
+    slo = {}
+    for text in texts:
+        name, seconds = parse_slo(text)
+        if name in slo:
+            raise TracengineError(f"--slo names {name} twice")
+        slo[name] = seconds
+    return slo
+
+
 def percentile(sorted_values: list[float], p: float) -> float:
     """Linear interpolation between closest ranks; `sorted_values` is non-empty and sorted."""
     rank = (len(sorted_values) - 1) * p / 100

@@ -8,8 +8,8 @@ from tracengine.errors import TraceError
 
 
 def cmd_stats(args) -> int:
-    from tracengine.analysis.stats import parse_slo, render, stats
-    slo = dict(parse_slo(text) for text in args.slo)
+    from tracengine.analysis.stats import parse_slos, render, stats
+    slo = parse_slos(args.slo)
     s = stats(args.trace, slo or None)
     if args.json:
         print(json.dumps(s, indent=2))

@@ -24,9 +24,13 @@ def _event_json(event):
 def cmd_replay(args) -> int:
     overrides = dict(parse_override(text) for text in args.set)
     if args.state is not None:
-        if overrides or args.record or args.json:
-            raise TraceError("--state shows the recorded state; it does not combine with --set, --record or --json")
+        if overrides or args.record or args.json or args.sweep:
+            raise TraceError("--state shows the recorded state; it does not combine with --set, --sweep, --record "
+                             "or --json")
         return show_state(args.trace, args.state)
+    if not args.sweep and (args.slo or args.plot or args.jobs is not None):
+        raise TraceError("--slo, --plot and --jobs go with --sweep (for one run's goodput: --record it and "
+                         "`tracengine stats --slo`)")
     check_outputs({"--record": args.record}, {"trace": args.trace}, args.force)
     from tracengine.cli.simulate import step_time_from_args
     step_time = step_time_from_args(args)

@@ -149,7 +149,7 @@ def run_sweep_replay(path, overrides: dict, timed: bool, step_time, args) -> int
     from tracengine.replay.simulate import TimedReplay
     from tracengine.replay.sweep import StepVariant, TimedVariant
     from tracengine.trace.tracelog import TraceReader
-    variants, slo = sweep_options(args)
+    variants, slo = sweep_options(args, overrides)
     if args.record:
         raise TracengineError("--record writes one run; a --sweep makes many")
     from tracengine.cli.outputs import note_torn_tail
@@ -249,11 +249,12 @@ def add_sweep_arguments(p):
                    "preemptions or goodput (default ttft_p99_ms)")
 
 
-def sweep_options(args):
-    """(variants, slo) of the sweep flags; variants is None without --sweep."""
-    from tracengine.analysis.stats import parse_slo
+def sweep_options(args, overrides: dict):
+    """(variants, slo) of the sweep flags; variants is None without --sweep. `overrides`: the
+    --set fields, which no --sweep may name too (one of the two would silently win)."""
+    from tracengine.analysis.stats import parse_slos
     from tracengine.replay.sweep import FIGURES, parse_sweep
-    slo = dict(parse_slo(text) for text in args.slo) or None
+    slo = parse_slos(args.slo) or None
     if not args.sweep:
         if args.plot or args.jobs is not None:
             raise TracengineError("--plot and --jobs go with --sweep")
@@ -263,7 +264,11 @@ def sweep_options(args):
     if args.jobs is not None and args.jobs <= 0:
         raise TracengineError(f"--jobs must be positive, got {args.jobs}")
     check_outputs({"--plot": args.plot}, {"trace": getattr(args, "trace", None)}, getattr(args, "force", False))
-    return parse_sweep(args.sweep), slo
+    variants = parse_sweep(args.sweep)
+    both = [name for name in variants[0] if name in overrides]
+    if both:
+        raise TracengineError(f"--set and --sweep both name {', '.join(both)}; give its values to --sweep alone")
+    return variants, slo
 
 
 def print_sweep(run_variant, variants, args, meta: dict | None = None) -> int:
@@ -329,7 +334,7 @@ def cmd_simulate(args) -> int:
     from tracengine.engine.config import parse_override
     from tracengine.replay.simulate import simulate, simulate_config, simulation_header, timed_requests
     overrides = dict(parse_override(text) for text in args.set)
-    variants, slo = sweep_options(args)
+    variants, slo = sweep_options(args, overrides)
     step_time = step_time_from_args(args)
     if step_time is None:
         raise TracengineError("simulate needs step times: --step-time FILE (tracengine calibrate) or --roofline CONFIG")

@@ -34,6 +34,11 @@ def parse_sweep(texts: list[str]) -> list[dict]:
         parsed = [parse_override(f"{name}={v}") for v in values]
         if parsed[0][0] in names:
             raise ConfigError(f"--sweep names {parsed[0][0]} twice")
+        seen = set()
+        for _, value in parsed:     # a value twice is the same run twice, and two equal rows
+            if value in seen:
+                raise ConfigError(f"--sweep gives {parsed[0][0]} the value {value!r} twice")
+            seen.add(value)
         names.add(parsed[0][0])
         axes.append(parsed)
     return [dict(point) for point in itertools.product(*axes)]
