@@ -310,6 +310,20 @@ def test_outputs_of_calibrate_and_simulate_are_checked_too(tmp_path, capsys, tra
     assert_refused(capsys, tmp_path, ["calibrate", trace, "-o", trace, "--force"], "is the trace it reads")
 
 
+def test_an_output_in_a_directory_that_does_not_exist_is_refused_before_the_run(tmp_path, capsys, trace):
+    missing = tmp_path / "no" / "such"
+    for argv in (["generate", *TINY, "--record", missing / "x.trace"],
+                 ["replay", trace, "--arrivals", "steps", "--sweep", "num_kvcache_blocks=32,64",
+                  "--plot", missing / "p.png"],
+                 ["export", trace, "--perfetto", missing / "x.json"]):
+        assert_refused(capsys, tmp_path, argv, f"there is no directory '{missing}'")
+
+
+def test_a_goodput_plot_without_an_objective_is_refused(tmp_path, capsys, trace):
+    assert_refused(capsys, tmp_path, ["replay", trace, "--arrivals", "steps", "--sweep", "num_kvcache_blocks=32,64",
+                                      "--plot", tmp_path / "p.png", "--plot-figure", "goodput"], "needs an --slo")
+
+
 def test_replay_json_of_a_timed_what_if_on_a_short_trace_is_refused_not_switched(tmp_path, capsys, trace):
     # the trace has arrival times, so a what-if (JSON or not) runs in simulated time by default,
     # and 3 steps are too few to calibrate on (tests/test_steptime.py has the JSON itself)

@@ -22,6 +22,9 @@ def check_outputs(outputs: dict[str, str | None], inputs: dict[str, str | None] 
     for i, (flag, path) in enumerate(given):
         if os.path.isdir(path):
             raise TracengineError(f"{flag} {path!r} is a directory")
+        folder = os.path.dirname(path) or "."
+        if not os.path.isdir(folder):    # said now, not after a run (a sweep, a fit) that is then lost
+            raise TracengineError(f"{flag} {path!r}: there is no directory {folder!r}")
         for name, source in (inputs or {}).items():
             if source and _same_file(path, source):
                 raise TracengineError(f"{flag} {path!r} is the {name} it reads; write to another file")

@@ -261,6 +261,8 @@ def sweep_options(args, overrides: dict):
         return None, slo
     if args.plot_figure not in FIGURES:
         raise TracengineError(f"--plot-figure is one of {', '.join(FIGURES)}, got {args.plot_figure!r}")
+    if args.plot and args.plot_figure == "goodput" and not slo:
+        raise TracengineError("--plot-figure goodput needs an --slo objective (without one no run has a goodput)")
     if args.jobs is not None and args.jobs <= 0:
         raise TracengineError(f"--jobs must be positive, got {args.jobs}")
     check_outputs({"--plot": args.plot}, {"trace": getattr(args, "trace", None)}, getattr(args, "force", False))
