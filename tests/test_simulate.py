@@ -240,3 +240,18 @@ def test_flags_that_one_would_silently_win_over_or_that_do_nothing_are_refused(t
         err = capsys.readouterr().err
         assert err.startswith("tracengine: error:") and message in err and err.count("\n") == 1, (argv, err)
     assert not (tmp_path / "p.png").exists()
+
+
+def test_the_workload_file_is_never_the_record_and_is_given_once(tmp_path, roofline, capsys):
+    workload = tmp_path / "w.jsonl"
+    workload.write_bytes((DATA / "mooncake_sample.jsonl").read_bytes())
+    base = ["simulate", "--roofline", roofline, "--hardware", "H100", "--set", "num_kvcache_blocks=400"]
+    for argv, message in [(["--workload", str(workload), "--record", str(workload), "--force"],
+                           "is the workload file it reads"),
+                          ([str(workload), "--workload", str(DATA / "azure_sample.csv")], "once")]:
+        assert main(base + argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("tracengine: error:") and message in err and err.count("\n") == 1, (argv, err)
+    assert workload.read_bytes() == (DATA / "mooncake_sample.jsonl").read_bytes()
+    assert main(base + ["--workload", str(workload), "--quiet"]) == 0
+    assert "simulated 4 requests" in capsys.readouterr().out

@@ -227,7 +227,6 @@ DEFAULT_VOCAB_SIZE = 151_936     # Qwen3's: the made-up token ids of a length-on
 
 def workload_for_simulation(args, vocab_size: int):
     from tracengine.workload.sources import workload_requests
-    args.workload = args.workload_file or args.workload
     args.prompt = args.prompts_file = None     # text prompts need a tokenizer: simulate has none
     args.temperature = None                    # no model samples: the synthetic runner's tokens
     if not args.workload and getattr(args, "num_prompts", None) is None and not getattr(args, "prompt_lens", None):
@@ -342,7 +341,10 @@ def cmd_simulate(args) -> int:
         raise TracengineError("simulate needs step times: --step-time FILE (tracengine calibrate) or --roofline CONFIG")
     if args.record and variants is not None:
         raise TracengineError("--record writes one run; a --sweep makes many")
-    check_outputs({"--record": args.record}, {"workload file": args.workload_file}, args.force)
+    if args.workload_file and args.workload:
+        raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
+    args.workload = args.workload_file or args.workload
+    check_outputs({"--record": args.record}, {"workload file": args.workload}, args.force)
     vocab_size = args.vocab_size or (step_time.model.vocab_size if step_time.kind == "roofline" else DEFAULT_VOCAB_SIZE)
     requests = timed_requests(workload_for_simulation(args, vocab_size))
     if variants is not None:
