@@ -255,3 +255,30 @@ def test_the_workload_file_is_never_the_record_and_is_given_once(tmp_path, roofl
     assert workload.read_bytes() == (DATA / "mooncake_sample.jsonl").read_bytes()
     assert main(base + ["--workload", str(workload), "--quiet"]) == 0
     assert "simulated 4 requests" in capsys.readouterr().out
+
+
+def test_no_output_overwrites_a_step_time_model_or_config_it_reads(tmp_path, roofline, capsys):
+    """--record and --plot are checked against every input (the model and config too), even
+    with --force; a --plot whose extension is not an image format is said before the runs."""
+    from tracengine.replay.steptime import LinearStepTime, save
+    from tests.test_steptime import TRUTH
+    model = str(tmp_path / "st.json")
+    save(LinearStepTime(TRUTH), model)
+    kept = {path: Path(path).read_bytes() for path in (model, roofline)}
+    sample = str(DATA / "mooncake_sample.jsonl")
+    sweep = ["--sweep", "max_num_seqs=1,2", "--force"]
+    for argv, message in [
+        ([sample, "--step-time", model, "--set", "num_kvcache_blocks=400", "--record", model, "--force"],
+         "is the step-time model it reads"),
+        ([sample, "--roofline", roofline, "--hardware", "H100", "--set", "num_kvcache_blocks=400",
+          "--record", roofline, "--force"], "is the model config it reads"),
+        ([sample, "--roofline", str(Path(roofline).parent), "--hardware", "H100", "--set", "num_kvcache_blocks=400",
+          *sweep, "--plot", roofline], "is the model config it reads"),
+        ([sample, "--step-time", model, "--set", "num_kvcache_blocks=400", *sweep, "--plot", str(tmp_path / "p")],
+         "name the image format by the extension"),
+    ]:
+        assert main(["simulate", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("tracengine: error:") and message in err and err.count("\n") == 1, (argv, err)
+    assert {path: Path(path).read_bytes() for path in kept} == kept
+    assert not (tmp_path / "p").exists() and not (tmp_path / "p.png").exists()

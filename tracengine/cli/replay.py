@@ -31,8 +31,8 @@ def cmd_replay(args) -> int:
     if not args.sweep and (args.slo or args.plot or args.jobs is not None):
         raise TraceError("--slo, --plot and --jobs go with --sweep (for one run's goodput: --record it and "
                          "`tracengine stats --slo`)")
-    check_outputs({"--record": args.record}, {"trace": args.trace}, args.force)
-    from tracengine.cli.simulate import step_time_from_args
+    from tracengine.cli.simulate import input_files, step_time_from_args
+    check_outputs({"--record": args.record}, input_files(args), args.force)
     step_time = step_time_from_args(args)
     timed = args.arrivals == "time" or step_time is not None
     if not (overrides or args.record or timed or args.sweep):

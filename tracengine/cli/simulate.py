@@ -20,6 +20,15 @@ def add_step_time_arguments(p):
     g.add_argument("--overhead-ms", type=float, metavar="X", help="roofline fixed time per step (default 1 ms)")
 
 
+def input_files(args) -> dict:
+    """The files a replay or simulate command reads, by name, for check_outputs: no output is one of them."""
+    roofline = getattr(args, "roofline", None)
+    if roofline and os.path.isdir(roofline):
+        roofline = os.path.join(roofline, "config.json")
+    return {"trace": getattr(args, "trace", None), "workload file": getattr(args, "workload", None),
+            "step-time model": getattr(args, "step_time", None), "model config": roofline}
+
+
 def step_time_from_args(args):
     """The model the flags name, or None (a what-if then calibrates on its own trace)."""
     from tracengine.replay.roofline import ModelShape, RooflineStepTime
@@ -264,12 +273,26 @@ def sweep_options(args, overrides: dict):
         raise TracengineError("--plot-figure goodput needs an --slo objective (without one no run has a goodput)")
     if args.jobs is not None and args.jobs <= 0:
         raise TracengineError(f"--jobs must be positive, got {args.jobs}")
-    check_outputs({"--plot": args.plot}, {"trace": getattr(args, "trace", None)}, getattr(args, "force", False))
+    check_outputs({"--plot": args.plot}, input_files(args), getattr(args, "force", False))
+    if args.plot:
+        check_plot_format(args.plot)
     variants = parse_sweep(args.sweep)
     both = [name for name in variants[0] if name in overrides]
     if both:
         raise TracengineError(f"--set and --sweep both name {', '.join(both)}; give its values to --sweep alone")
     return variants, slo
+
+
+PLOT_FORMATS = ("png", "svg", "pdf", "jpg", "jpeg", "eps", "ps", "tif", "tiff", "webp")   # matplotlib's own
+
+
+def check_plot_format(path: str):
+    """The image format is the --plot file's extension; one matplotlib does not write is said
+    before the runs (without one it would write PATH.png, beside the file that was checked)."""
+    extension = os.path.splitext(path)[1].lstrip(".").lower()
+    if extension not in PLOT_FORMATS:
+        raise TracengineError(f"--plot {path!r}: name the image format by the extension, one of "
+                              f"{', '.join('.' + f for f in PLOT_FORMATS)}")
 
 
 def print_sweep(run_variant, variants, args, meta: dict | None = None) -> int:
@@ -334,6 +357,9 @@ def cmd_simulate(args) -> int:
     import time
     from tracengine.engine.config import parse_override
     from tracengine.replay.simulate import simulate, simulate_config, simulation_header, timed_requests
+    if args.workload_file and args.workload:
+        raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
+    args.workload = args.workload_file or args.workload
     overrides = dict(parse_override(text) for text in args.set)
     variants, slo = sweep_options(args, overrides)
     step_time = step_time_from_args(args)
@@ -341,10 +367,7 @@ def cmd_simulate(args) -> int:
         raise TracengineError("simulate needs step times: --step-time FILE (tracengine calibrate) or --roofline CONFIG")
     if args.record and variants is not None:
         raise TracengineError("--record writes one run; a --sweep makes many")
-    if args.workload_file and args.workload:
-        raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
-    args.workload = args.workload_file or args.workload
-    check_outputs({"--record": args.record}, {"workload file": args.workload}, args.force)
+    check_outputs({"--record": args.record}, input_files(args), args.force)
     vocab_size = args.vocab_size or (step_time.model.vocab_size if step_time.kind == "roofline" else DEFAULT_VOCAB_SIZE)
     requests = timed_requests(workload_for_simulation(args, vocab_size))
     if variants is not None:
