@@ -282,3 +282,19 @@ def test_no_output_overwrites_a_step_time_model_or_config_it_reads(tmp_path, roo
         assert err.startswith("tracengine: error:") and message in err and err.count("\n") == 1, (argv, err)
     assert {path: Path(path).read_bytes() for path in kept} == kept
     assert not (tmp_path / "p").exists() and not (tmp_path / "p.png").exists()
+
+
+def test_vocab_size_and_a_cache_too_large_for_memory_are_one_line_errors(roofline, capsys, monkeypatch):
+    base = ["simulate", "--num-prompts", "3", "--roofline", roofline, "--hardware", "H100",
+            "--set", "num_kvcache_blocks=400", "--quiet"]
+    for size in ("0", "-2"):     # 0 was taken as "not given", -2 a traceback from the token draw
+        assert main(base + ["--vocab-size", size]) == 2
+        assert capsys.readouterr().err == f"tracengine: error: --vocab-size must be positive, got {size}\n"
+
+    def too_large(*args, **kwargs):     # what a list of 10**10 block ref counts raises
+        raise MemoryError
+    import tracengine.replay.simulate
+    monkeypatch.setattr(tracengine.replay.simulate, "simulate_config", too_large)
+    assert main(base) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tracengine: error: out of memory") and err.count("\n") == 1

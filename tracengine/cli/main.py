@@ -306,6 +306,10 @@ def main(argv=None) -> int:
     except (TracengineError, OSError) as exc:
         print(f"tracengine: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except MemoryError:    # a config this machine cannot hold (num_kvcache_blocks=10000000000): no traceback
+        print("tracengine: error: out of memory: the config or input is too large for this machine",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("tracengine: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -368,7 +368,11 @@ def cmd_simulate(args) -> int:
     if args.record and variants is not None:
         raise TracengineError("--record writes one run; a --sweep makes many")
     check_outputs({"--record": args.record}, input_files(args), args.force)
-    vocab_size = args.vocab_size or (step_time.model.vocab_size if step_time.kind == "roofline" else DEFAULT_VOCAB_SIZE)
+    vocab_size = args.vocab_size
+    if vocab_size is None:
+        vocab_size = step_time.model.vocab_size if step_time.kind == "roofline" else DEFAULT_VOCAB_SIZE
+    elif vocab_size <= 0:
+        raise TracengineError(f"--vocab-size must be positive, got {vocab_size}")
     requests = timed_requests(workload_for_simulation(args, vocab_size))
     if variants is not None:
         from tracengine.replay.sweep import SimulateVariant
