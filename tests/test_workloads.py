@@ -153,6 +153,7 @@ def test_command_line_arrivals_for_any_source():
 
 @pytest.mark.parametrize("argv, message", [
     (["--num-prompts", "3", "--time-scale", "2"], "apply to a --workload file"),
+    (["--num-prompts", "3", "--workload-format", "azure"], "apply to a --workload file"),   # was ignored
     (["--num-prompts", "3", "--burstiness", "0.5"], "give a rate"),
     (["--workload", str(AZURE), "--num-prompts", "3"], "choose one of"),
     (["--workload", str(AZURE), "--max-requests", "0"], "--max-requests must be positive"),

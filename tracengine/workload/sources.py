@@ -184,8 +184,8 @@ def workload_requests(args, vocab_size: int, max_model_len: int | None = None) -
             if ignore_eos is not None:
                 r.ignore_eos = ignore_eos
     else:
-        if time_scale != 1.0 or length_scale != 1.0:
-            raise TracengineError("--time-scale and --length-scale apply to a --workload file")
+        if time_scale != 1.0 or length_scale != 1.0 or getattr(args, "workload_format", None):
+            raise TracengineError("--time-scale, --length-scale and --workload-format apply to a --workload file")
         prompts, sps = build_workload(args, vocab_size)
         requests = [Request(p, sp.max_tokens, 0.0, sp.temperature, sp.ignore_eos) for p, sp in zip(prompts, sps)]
         requests = requests[:max_requests]
