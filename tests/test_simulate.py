@@ -298,3 +298,13 @@ def test_vocab_size_and_a_cache_too_large_for_memory_are_one_line_errors(rooflin
     assert main(base) == 2
     err = capsys.readouterr().err
     assert err.startswith("tracengine: error: out of memory") and err.count("\n") == 1
+
+
+def test_an_impossible_variant_of_a_simulate_sweep_is_refused_before_any_run(roofline, capsys, monkeypatch):
+    from tracengine.replay import sweep
+    ran = []
+    run = sweep.SimulateVariant.__call__
+    monkeypatch.setattr(sweep.SimulateVariant, "__call__", lambda self, v: ran.append(v) or run(self, v))
+    assert main(["simulate", str(DATA / "mooncake_sample.jsonl"), "--roofline", roofline, "--hardware", "H100",
+                 "--sweep", "num_kvcache_blocks=400,2", "--jobs", "1", "--quiet"]) == 2
+    assert "can never run" in capsys.readouterr().err and ran == []

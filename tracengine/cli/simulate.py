@@ -375,7 +375,11 @@ def cmd_simulate(args) -> int:
         raise TracengineError(f"--vocab-size must be positive, got {vocab_size}")
     requests = timed_requests(workload_for_simulation(args, vocab_size))
     if variants is not None:
+        from tracengine.engine.scheduler import Scheduler
+        from tracengine.replay.simulate import check_requests
         from tracengine.replay.sweep import SimulateVariant
+        for v in variants:    # refuse an impossible variant before any run, not after the others
+            check_requests(Scheduler(simulate_config({**overrides, **v}, requests)), requests)
         print(f"simulate {len(requests):,} requests with {describe_step_time(step_time)}")
         return print_sweep(SimulateVariant(requests, overrides, step_time, slo), variants, args)
     config = simulate_config(overrides, requests)
