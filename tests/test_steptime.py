@@ -369,3 +369,26 @@ def test_roofline_flags_and_configs_of_the_wrong_kind_are_refused():
     # null, as some configs write it, is the default: head_dim hidden / heads, KV heads the heads
     loose = ModelShape.from_hf_config(dict(TINY, head_dim=None, num_key_value_heads=None))
     assert (loose.head_dim, loose.num_kv_heads) == (4, 2)
+
+
+def test_the_self_check_counts_the_sequences_it_ran_past_their_recorded_output():
+    """An aborted request runs on in the simulated runs, past its recorded tokens: the note
+    says so for the self-check alone (--arrivals time, no --set) as for a what-if."""
+    from tracengine.engine.llm_engine import LLMEngine
+    from tracengine.engine.sampling_params import SamplingParams
+    from tracengine.replay.runners import SyntheticRunner
+    from tracengine.trace.events import ListSink
+    from tracengine.trace.tracelog import make_header
+    sink = ListSink()
+    engine = LLMEngine(CONFIG, SyntheticRunner(eos=CONFIG.eos), sink)
+    for i in range(3):
+        engine.add_request([1 + i, 2, 3, 4, 5], SamplingParams(1.0, 12, True), arrival_time=0.0)
+    for _ in range(4):
+        engine.step()
+    engine.abort_request(0, "client")
+    while not engine.is_finished():
+        engine.step()
+    events = [make_header(CONFIG), *sink.events]
+    model = LinearStepTime(TRUTH)
+    assert timed_whatif(events, {}, model).num_past_output == 1
+    assert timed_whatif(events, {"num_kvcache_blocks": 64}, model).num_past_output == 1

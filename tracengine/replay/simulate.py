@@ -203,13 +203,12 @@ def timed_whatif(events, overrides: dict, step_time=None, trace_name: str = "", 
     timed = TimedReplay(events, step_time, trace_name)
     config = timed.config(overrides)     # before calibrating: say the plainer problem first
     recorded_policy = None if timed.recorded.scheduling_policy in BUILTIN_POLICY_NAMES else policy
-    self_check, _ = timed.run(timed.recorded, recorded_policy)
-    new, runner = (self_check, None) if not overrides else timed.run(
+    self_check, check_runner = timed.run(timed.recorded, recorded_policy)
+    new, runner = (self_check, check_runner) if not overrides else timed.run(
         config, overrides.get("scheduling_policy", policy))
     changes = [(name, value, getattr(config, name)) for name, value in timed.recorded.to_dict().items()
                if getattr(config, name) != value]
-    return TimedWhatIf(timed.step_time, timed.events, self_check, new, changes,
-                       len(runner.past_output_seq_ids) if runner is not None else 0)
+    return TimedWhatIf(timed.step_time, timed.events, self_check, new, changes, len(runner.past_output_seq_ids))
 
 
 def simulate_config(overrides: dict, requests: list[WorkloadRequest]) -> Config:
