@@ -392,3 +392,23 @@ def test_the_self_check_counts_the_sequences_it_ran_past_their_recorded_output()
     model = LinearStepTime(TRUTH)
     assert timed_whatif(events, {}, model).num_past_output == 1
     assert timed_whatif(events, {"num_kvcache_blocks": 64}, model).num_past_output == 1
+
+
+def test_no_fitted_weight_is_negative_so_a_longer_step_never_costs_less(recorded):
+    """Times that fall as a batch grows (noise, in a real recording of short prompts) would fit
+    a negative weight, and a simulation of long prompts would extrapolate it to 0 ns steps."""
+    falling = {phase: {part: list(w) for part, w in parts.items()} for phase, parts in TRUTH.items()}
+    falling["prefill"]["model_ns"][4] = -20          # attended pairs make a prefill shorter
+    falling["decode"]["model_ns"][3] = -100          # and context a decode
+    events = run_timed(CONFIG, bursty_workload(), LinearStepTime(falling, gap_ns=30_000))
+    model = calibrate(events)
+    for phase in ("prefill", "decode"):
+        for part, weights in model.coefficients[phase].items():
+            assert all(w >= 0 for w in weights), (phase, part, weights)
+    short, long = model.predict(True, 100, 1, 100, 5050), model.predict(True, 3000, 1, 3000, 4501500)
+    assert sum(long) >= sum(short) > 0
+    assert sum(model.predict(False, 8, 8, 24_000, 24_000)) >= sum(model.predict(False, 8, 8, 800, 800)) > 0
+    # weights the recording supports (all of them non-negative) are recovered as before
+    exact = calibrate(recorded)
+    assert exact.coefficients["prefill"]["model_ns"] == pytest.approx(TRUTH["prefill"]["model_ns"], rel=1e-6,
+                                                                         abs=1e-3)

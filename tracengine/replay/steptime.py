@@ -26,6 +26,8 @@ recordings (docs/simulation.md, BENCHMARKS.md):
   decodes, totals 12% short on a loaded machine). A latency is a sum of steps:
   the median of sums of 16 lies between the two, and put every figure of the
   fidelity benchmark within 8% on quiet recordings.
+No weight is negative (a feature whose fitted weight would be is left out and the rest
+refitted): a longer step never costs less, where a simulation extrapolates past the recording.
 It is fitted from a trace by `calibrate`, which holds out every fifth step to
 measure the error before fitting on all of them. `roofline.RooflineStepTime` answers the
 same `predict` for hardware nobody recorded on. `load_step_time` reads either
@@ -201,9 +203,8 @@ def _fit(samples: list[StepSample]) -> dict:
         if PHASE_FIT[phase] == "median":
             x, y = _window_sums(x, DECODE_WINDOW), _window_sums(y, DECODE_WINDOW)
         scale = np.maximum(np.abs(x).max(axis=0), 1.0)    # columns of very different sizes: fit them scaled
-        w, *_ = np.linalg.lstsq(x / scale, y, rcond=None)
-        if PHASE_FIT[phase] == "median":
-            w = _median_fit(x / scale, y, w)
+        w = np.column_stack([_nonnegative_fit(x / scale, y[:, j], PHASE_FIT[phase] == "median")
+                             for j in range(y.shape[1])])
         full = np.zeros((len(FEATURES), len(PARTS)))
         full[columns] = w / scale[:, None]
         coefficients[phase] = {part: [float(v) for v in full[:, i]] for i, part in enumerate(PARTS)}
@@ -214,6 +215,27 @@ def _fit(samples: list[StepSample]) -> dict:
         if coefficients[phase] is None:
             coefficients[phase] = coefficients[present[0]]
     return coefficients
+
+
+def _nonnegative_fit(x, y, median: bool):
+    """The weights of one part, none negative: more tokens, sequences or context never make a step
+    shorter, and a negative weight (noise in a recording of short prompts: attention's share of
+    a prefill is small there) made long prompts cost less than short ones, down to 0 ns, where a
+    simulation extrapolates. The most negative column is left out and the rest refitted until
+    no weight is negative (least squares, or the median fit for decode)."""
+    import numpy as np
+    active = list(range(x.shape[1]))
+    while True:
+        xa = x[:, active]
+        w, *_ = np.linalg.lstsq(xa, y[:, None], rcond=None)
+        if median:
+            w = _median_fit(xa, y[:, None], w)
+        w = w[:, 0]
+        if (w >= 0).all() or len(active) == 1:
+            full = np.zeros(x.shape[1])
+            full[active] = np.maximum(w, 0.0)
+            return full
+        active.pop(int(np.argmin(w)))
 
 
 def _window_sums(a, window: int):
