@@ -308,3 +308,17 @@ def test_an_impossible_variant_of_a_simulate_sweep_is_refused_before_any_run(roo
     assert main(["simulate", str(DATA / "mooncake_sample.jsonl"), "--roofline", roofline, "--hardware", "H100",
                  "--sweep", "num_kvcache_blocks=400,2", "--jobs", "1", "--quiet"]) == 2
     assert "can never run" in capsys.readouterr().err and ran == []
+
+
+def test_a_simulated_time_past_the_traces_integers_is_a_one_line_error(tmp_path, capsys):
+    """A model whose loop gap is 10**30 ns: the run's times outgrow the trace's 64-bit fields;
+    the recording stops with one line and ends, whole, at the last step it could write."""
+    from tracengine.replay.steptime import LinearStepTime, save
+    from tests.test_steptime import TRUTH
+    model, out = str(tmp_path / "st.json"), str(tmp_path / "sim.trace")
+    save(LinearStepTime(TRUTH, gap_ns=10**30), model)
+    assert main(["simulate", "--num-prompts", "3", "--step-time", model, "--set", "num_kvcache_blocks=100",
+                 "--quiet", "--record", out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tracengine: error:") and "64-bit" in err and err.count("\n") == 1
+    assert main(["check", out]) == 0

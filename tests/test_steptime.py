@@ -364,6 +364,8 @@ def test_roofline_flags_and_configs_of_the_wrong_kind_are_refused():
     for overhead in (float("nan"), float("inf"), -1.0):
         with pytest.raises(TracengineError, match="--overhead-ms"):
             RooflineStepTime.for_hardware(m, "H200", overhead_ms=overhead)
+    with pytest.raises(TracengineError, match="at least 1"):     # 1e-300 TFLOP/s: every step infinite
+        RooflineStepTime.for_hardware(m, peak_tflops=1e-300, bandwidth_tbs=1.0)
     with pytest.raises(TracengineError, match="unknown dtype"):
         ModelShape.from_hf_config(dict(TINY, torch_dtype=["bfloat16"]))
     # null, as some configs write it, is the default: head_dim hidden / heads, KV heads the heads

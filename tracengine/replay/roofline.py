@@ -117,8 +117,9 @@ class RooflineStepTime:
 
     def __init__(self, model: ModelShape, peak_flops: float, bandwidth: float,
                  overhead_ns: int = DEFAULT_OVERHEAD_NS, hardware: str = ""):
-        if not (peak_flops > 0 and math.isfinite(peak_flops)) or not (bandwidth > 0 and math.isfinite(bandwidth)):
-            raise TracengineError(f"a roofline needs positive peak FLOP/s and bandwidth, got {peak_flops!r}, "
+        # at least 1 FLOP/s and 1 B/s: below, a step's seconds overflow a float to infinity
+        if not (peak_flops >= 1 and math.isfinite(peak_flops)) or not (bandwidth >= 1 and math.isfinite(bandwidth)):
+            raise TracengineError(f"a roofline needs peak FLOP/s and bandwidth of at least 1, got {peak_flops!r}, "
                                   f"{bandwidth!r}")
         if not (isinstance(overhead_ns, (int, float)) and not isinstance(overhead_ns, bool)
                 and math.isfinite(overhead_ns)) or overhead_ns < 0:

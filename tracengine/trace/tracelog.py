@@ -267,7 +267,10 @@ class TraceWriter:
         # allocation here is paid cold, so the frame is built from bytes (no buffer to resize
         # or view), stored (deflate waits for close), and goes to the file in one write call
         # on an unbuffered file.
-        payload = self._encoder.encode(events)
+        try:
+            payload = self._encoder.encode(events)
+        except OverflowError as exc:    # a simulated time past 2**64 ns (a step-time model's absurd scale)
+            raise TraceError(f"a number of the run does not fit the trace's 64-bit integers ({exc})") from None
         nbytes = len(payload)
         if nbytes > MAX_FRAME_BYTES:
             raise TraceError(f"a frame of {nbytes} bytes exceeds the limit of {MAX_FRAME_BYTES}")
