@@ -322,3 +322,26 @@ def test_a_simulated_time_past_the_traces_integers_is_a_one_line_error(tmp_path,
     err = capsys.readouterr().err
     assert err.startswith("tracengine: error:") and "64-bit" in err and err.count("\n") == 1
     assert main(["check", out]) == 0
+
+
+def test_a_sweep_of_a_trace_of_ones_own_policy_runs_it_under_replay_policy(tmp_path, capsys):
+    """--policy reaches every variant, in simulated time and at the recorded steps; a swept
+    scheduling_policy wins over it. Each row is the single what-if's."""
+    from tests.test_steptime import CONFIG, TRUTH, bursty_workload, write_trace
+    from tracengine.replay.simulate import TimedReplay, run_timed
+    from tracengine.replay.steptime import LinearStepTime
+    from tracengine.replay.sweep import row_of
+    from user_policies import ShortestFirst
+    trace = str(tmp_path / "own.trace")
+    events = run_timed(CONFIG, bursty_workload(n=24), LinearStepTime(TRUTH, gap_ns=30_000), policy=ShortestFirst)
+    write_trace(trace, events)
+    policy = ["--policy", "user_policies:ShortestFirst", "--jobs", "1"]
+    assert main(["replay", trace, "--sweep", "num_kvcache_blocks=48,96", *policy]) == 0
+    out = capsys.readouterr().out
+    timed = TimedReplay(events)
+    alone = row_of(stats(timed.run(timed.config({"num_kvcache_blocks": 48}), ShortestFirst)[0]))
+    assert next(line for line in out.splitlines() if line.split()[:1] == ["48"]).split()[3] == \
+        f"{alone['ttft_p99_ms']:,.2f}"
+    assert main(["replay", trace, "--arrivals", "steps", "--sweep", "num_kvcache_blocks=48,96", *policy]) == 0
+    assert main(["replay", trace, "--sweep", "scheduling_policy=mixed,prefill_first", *policy]) == 0
+    assert "mixed" in capsys.readouterr().out

@@ -169,11 +169,11 @@ def run_sweep_replay(path, overrides: dict, timed: bool, step_time, args) -> int
         replay = TimedReplay(events, step_time, os.path.basename(path))
         for v in variants:    # refuse an impossible variant before any run
             replay.config({**overrides, **v})
-        run_variant = TimedVariant(replay, overrides, slo)
+        run_variant = TimedVariant(replay, overrides, slo, args.policy)
         meta = {"trace": str(path), "arrivals": "time", "step_time": step_time_json(replay.ensure_step_time(), path)}
         title = f"sweep of {path} in simulated time; step times: {describe_step_time(replay.step_time, path)}"
     else:
-        run_variant = StepVariant(events, overrides, slo)
+        run_variant = StepVariant(events, overrides, slo, args.policy)
         meta = {"trace": str(path), "arrivals": "steps", "step_time": None}
         title = f"sweep of {path} at the recorded arrival steps (latencies in ms are the what-if runner's)"
     if not args.json:

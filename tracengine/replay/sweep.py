@@ -125,29 +125,38 @@ def plot_rows(path: str, variants: list[dict], rows: list[dict], figure: str):
     plt.close(fig)
 
 
-class TimedVariant:
-    """A what-if in simulated time (replay/simulate.TimedReplay) under base + overrides."""
+def _variant_policy(overrides: dict, policy):
+    """replay --policy, unless the variant names its own scheduling_policy (a swept one wins)."""
+    return overrides.get("scheduling_policy", policy)
 
-    def __init__(self, timed, base: dict, slo: dict | None = None):
-        self.timed, self.base, self.slo = timed, base, slo
+
+class TimedVariant:
+    """A what-if in simulated time (replay/simulate.TimedReplay) under base + overrides.
+    `policy`: replay --policy (a trace of one's own policy needs it)."""
+
+    def __init__(self, timed, base: dict, slo: dict | None = None, policy=None):
+        self.timed, self.base, self.slo, self.policy = timed, base, slo, policy
         timed.ensure_step_time()      # fitted once, before the workers fork
 
     def __call__(self, overrides: dict) -> dict:
         from tracengine.analysis.stats import stats
-        events, _ = self.timed.run(self.timed.config({**self.base, **overrides}))
+        merged = {**self.base, **overrides}
+        events, _ = self.timed.run(self.timed.config(merged), _variant_policy(merged, self.policy))
         return row_of(stats(events, self.slo))
 
 
 class StepVariant:
-    """A step-exact what-if (replay/whatif.py) under base + overrides."""
+    """A step-exact what-if (replay/whatif.py) under base + overrides; `policy`: as TimedVariant's."""
 
-    def __init__(self, events: list, base: dict, slo: dict | None = None):
-        self.events, self.base, self.slo = events, base, slo
+    def __init__(self, events: list, base: dict, slo: dict | None = None, policy=None):
+        self.events, self.base, self.slo, self.policy = events, base, slo, policy
 
     def __call__(self, overrides: dict) -> dict:
         from tracengine.analysis.stats import stats
         from tracengine.replay.whatif import whatif
-        return row_of(stats(whatif(self.events, {**self.base, **overrides}).events, self.slo))
+        merged = {**self.base, **overrides}
+        return row_of(stats(whatif(self.events, merged, policy=_variant_policy(merged, self.policy)).events,
+                            self.slo))
 
 
 class SimulateVariant:
