@@ -353,6 +353,24 @@ def test_a_closed_output_pipe_ends_quietly(trace, command):
     assert result.stderr == ""
 
 
+def test_a_closed_output_pipe_ends_simulate_quietly_too(tmp_path):
+    """simulate prints its stats table through rich, which on its own exits 1 on a closed pipe."""
+    import subprocess
+    import sys
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                  "intermediate_size": 128, "vocab_size": 1000}))
+    # the reader takes the first line and goes (`| head -1`): the table after it meets the closed pipe
+    p = subprocess.Popen([sys.executable, "-m", "tracengine.cli", "simulate", "--num-prompts", "3",
+                          "--roofline", str(config), "--hardware", "H100", "--set", "num_kvcache_blocks=100",
+                          "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().startswith("simulated 3 requests")
+    p.stdout.close()
+    assert p.wait(timeout=120) == 141
+    with p.stderr:
+        assert p.stderr.read() == ""
+
+
 @pytest.mark.parametrize("command", [["check"], ["events"], ["stats"], ["render"], ["replay"],
                                      ["export", "--perfetto", "out.json"]])
 def test_a_directory_given_as_a_trace_is_named(tmp_path, capsys, command):

@@ -14,13 +14,8 @@ def cmd_stats(args) -> int:
     if args.json:
         print(json.dumps(s, indent=2))
     else:
-        from rich.console import Console
-
-        class TableConsole(Console):
-            def on_broken_pipe(self):   # rich would exit 1 (a failed check here); main says the pipe closed
-                raise BrokenPipeError
-
-        TableConsole(highlight=False, soft_wrap=False).print(render(s, title=str(args.trace)))
+        from tracengine.cli.outputs import table_console
+        table_console().print(render(s, title=str(args.trace)))
     return 0
 
 

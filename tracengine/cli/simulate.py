@@ -398,12 +398,12 @@ def cmd_simulate(args) -> int:
             sink = RequestTimelineSink(header)
             simulate(config, requests, step_time, sink, header, on_progress)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    from rich.console import Console
     from tracengine.analysis.stats import render, stats
+    from tracengine.cli.outputs import table_console
     s = stats(sink.timeline, slo)
     print(f"simulated {len(requests):,} requests with {describe_step_time(step_time)}: "
           f"{s['steps']['num_steps']:,} steps in {wall:.2f} s wall, {cpu:.2f} s CPU")
-    Console(highlight=False, soft_wrap=False).print(render(s, title="simulated run"))
+    table_console().print(render(s, title="simulated run"))
     if args.record:
         print(f"wrote {args.record}")
     return EXIT_OK
