@@ -345,3 +345,17 @@ def test_a_sweep_of_a_trace_of_ones_own_policy_runs_it_under_replay_policy(tmp_p
     assert main(["replay", trace, "--arrivals", "steps", "--sweep", "num_kvcache_blocks=48,96", *policy]) == 0
     assert main(["replay", trace, "--sweep", "scheduling_policy=mixed,prefill_first", *policy]) == 0
     assert "mixed" in capsys.readouterr().out
+
+
+def test_an_impossible_variant_of_a_step_exact_sweep_is_refused_before_any_run(tmp_path, capsys, monkeypatch):
+    from tests.test_steptime import CONFIG, TRUTH, bursty_workload, write_trace
+    from tracengine.replay import sweep
+    from tracengine.replay.simulate import run_timed
+    from tracengine.replay.steptime import LinearStepTime
+    trace = str(tmp_path / "run.trace")
+    write_trace(trace, run_timed(CONFIG, bursty_workload(n=12), LinearStepTime(TRUTH, gap_ns=30_000)))
+    ran = []
+    run = sweep.StepVariant.__call__
+    monkeypatch.setattr(sweep.StepVariant, "__call__", lambda self, v: ran.append(v) or run(self, v))
+    assert main(["replay", trace, "--arrivals", "steps", "--sweep", "num_kvcache_blocks=96,2", "--jobs", "1"]) == 2
+    assert "can never run" in capsys.readouterr().err and ran == []

@@ -173,6 +173,10 @@ def run_sweep_replay(path, overrides: dict, timed: bool, step_time, args) -> int
         meta = {"trace": str(path), "arrivals": "time", "step_time": step_time_json(replay.ensure_step_time(), path)}
         title = f"sweep of {path} in simulated time; step times: {describe_step_time(replay.step_time, path)}"
     else:
+        from tracengine.replay.whatif import extract_workload, whatif_config
+        workload = extract_workload(events)
+        for v in variants:    # refuse an impossible variant before any run
+            whatif_config(workload, {**overrides, **v})
         run_variant = StepVariant(events, overrides, slo, args.policy)
         meta = {"trace": str(path), "arrivals": "steps", "step_time": None}
         title = f"sweep of {path} at the recorded arrival steps (latencies in ms are the what-if runner's)"

@@ -59,15 +59,9 @@ def extract_workload(events) -> RecordedWorkload:
     return RecordedWorkload(header, requests, outputs, middle, timeline)
 
 
-def whatif(events, overrides: dict, max_steps: int | None = None, policy: type | str | None = None) -> WhatIfResult:
-    """Run the workload of `events` under the header's config with `overrides`. The scheduling
-    policy: `policy` if given, else `overrides["scheduling_policy"]` (a name the user gave, so
-    a module:Class is imported), else the recorded one if it is built in."""
-    workload = extract_workload(events)
-    recorded = Config.from_dict(workload.header.config)
-    config = recorded.replace(**overrides)
-    if policy is None and "scheduling_policy" in overrides:
-        policy = overrides["scheduling_policy"]
+def whatif_config(workload: RecordedWorkload, overrides: dict) -> Config:
+    """The recorded config with `overrides`; a recorded request that could never run under it is refused."""
+    config = Config.from_dict(workload.header.config).replace(**overrides)
     check = Scheduler(config)
     for r in workload.requests:
         try:
@@ -75,6 +69,18 @@ def whatif(events, overrides: dict, max_steps: int | None = None, policy: type |
         except RequestError as exc:
             raise RequestError(f"request s{r.seq_id} (arrived before step {r.arrival_step}) can never run "
                                f"under the new config: {exc}") from None
+    return config
+
+
+def whatif(events, overrides: dict, max_steps: int | None = None, policy: type | str | None = None) -> WhatIfResult:
+    """Run the workload of `events` under the header's config with `overrides`. The scheduling
+    policy: `policy` if given, else `overrides["scheduling_policy"]` (a name the user gave, so
+    a module:Class is imported), else the recorded one if it is built in."""
+    workload = extract_workload(events)
+    recorded = Config.from_dict(workload.header.config)
+    config = whatif_config(workload, overrides)
+    if policy is None and "scheduling_policy" in overrides:
+        policy = overrides["scheduling_policy"]
     runner = OutputRunner(workload.outputs, workload.middle, filler=0 if config.eos != 0 else 1)
     if max_steps is None:
         max_steps = 100 * max(workload.timeline.num_steps, 1) + 10_000
