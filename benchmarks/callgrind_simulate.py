@@ -57,11 +57,12 @@ def child(kind: str, size: int, workload: str, shape: dict):
         from tracengine.engine.block_manager import BlockManager
         from tracengine.engine.sequence import Sequence
         from tracengine.trace.events import ListSink
+        # No collection at all: one here would cost in proportion to the prompts made, and
+        # differ between two trees by what else is alive, not by the block manager's work.
+        gc.disable()
         seqs = [Sequence(i, r.prompt, 16) for i, r in enumerate(requests[:size])]
         del requests
         manager = BlockManager(100_000, 16, ListSink())
-        gc.collect()
-        gc.disable()
         live = []
         for seq in seqs:
             num_cached_blocks, _ = manager.num_blocks_needed(seq)
