@@ -414,3 +414,29 @@ def test_no_fitted_weight_is_negative_so_a_longer_step_never_costs_less(recorded
     exact = calibrate(recorded)
     assert exact.coefficients["prefill"]["model_ns"] == pytest.approx(TRUTH["prefill"]["model_ns"], rel=1e-6,
                                                                          abs=1e-3)
+
+
+def test_features_the_recording_never_varied_are_named_where_the_model_is_used(tmp_path, recorded, capsys):
+    """Every request at once: one prefill step, whose time the model can only give as a constant,
+    so a what-if's prefills of other sizes are all timed as that one; the self-check, of the same
+    one prefill, cannot show it. calibrate, the what-if and simulate say so."""
+    from tracengine.replay.steptime import unvaried_note
+    at_once = [WorkloadRequest([i + 1] * 10, 12, ignore_eos=True, arrival_ns=0) for i in range(3)]
+    events = run_timed(CONFIG, at_once, LinearStepTime(TRUTH, gap_ns=30_000))
+    model = calibrate(events)
+    assert model.source["num_steps_by_phase"]["prefill"] == 1
+    assert model.source["unvaried"]["prefill"] == ["tokens", "seqs", "attended"]
+    note = unvaried_note(model)
+    assert note.startswith("note: the calibration recording never varied the prefill steps' tokens, seqs, "
+                           "attended (1 step)")
+    assert unvaried_note(calibrate(recorded)) is None            # every feature varied
+    trace, saved = str(tmp_path / "once.trace"), str(tmp_path / "st.json")
+    write_trace(trace, events)
+    assert main(["calibrate", trace, "-o", saved]) == 0
+    assert note in capsys.readouterr().out
+    assert unvaried_note(load_step_time(saved)) == note          # kept in the saved model
+    assert main(["replay", trace, "--set", "max_num_seqs=1"]) == 0
+    assert note in capsys.readouterr().out
+    assert main(["simulate", "--num-prompts", "3", "--step-time", saved, "--set", "num_kvcache_blocks=100",
+                 "--quiet"]) == 0
+    assert note in capsys.readouterr().out

@@ -63,7 +63,7 @@ def describe_step_time(model, trace_path: str = "") -> str:
 
 
 def cmd_calibrate(args) -> int:
-    from tracengine.replay.steptime import FEATURES, PARTS, PHASES, calibrate, save
+    from tracengine.replay.steptime import FEATURES, PARTS, PHASES, calibrate, save, unvaried_note
     from tracengine.trace.tracelog import TraceReader
     check_outputs({"--output": args.output}, {"trace": args.trace}, args.force)
     from tracengine.cli.outputs import note_torn_tail
@@ -87,6 +87,9 @@ def cmd_calibrate(args) -> int:
         for part in PARTS:
             weights = model.coefficients[phase][part]
             print(f"  {phase:<7} {part:<14} " + "  ".join(f"{w:>12.4g}" for w in weights))
+    note = unvaried_note(model)
+    if note:
+        print(note)
     if args.output:
         save(model, args.output)
         print(f"wrote {args.output}")
@@ -182,7 +185,19 @@ def run_sweep_replay(path, overrides: dict, timed: bool, step_time, args) -> int
         title = f"sweep of {path} at the recorded arrival steps (latencies in ms are the what-if runner's)"
     if not args.json:
         print(title)
-    return print_sweep(run_variant, variants, args, {**meta, "overrides": overrides})
+    rc = print_sweep(run_variant, variants, args, {**meta, "overrides": overrides})
+    if timed and not args.json:
+        print_unvaried_note(replay.step_time)
+    return rc
+
+
+def print_unvaried_note(model):
+    """The features the model's calibration recording never varied: the self-check cannot show
+    what a what-if that varies them gets wrong."""
+    from tracengine.replay.steptime import unvaried_note
+    note = unvaried_note(model)
+    if note:
+        print(note)
 
 
 def step_time_json(model, trace_path: str = "") -> dict:
@@ -217,6 +232,7 @@ def run_timed_whatif(path, overrides: dict, record, step_time, policy: str | Non
     print(timed_table(recorded, self_check, new))
     print("simulated: the recorded config in simulated time, so `error` is how far the step-time model "
           "is from this run")
+    print_unvaried_note(result.step_time)
     if result.num_past_output:
         print(f"note: {result.num_past_output} sequences ran past their recorded output (filler tokens)")
     if record:
@@ -385,7 +401,9 @@ def cmd_simulate(args) -> int:
         for v in variants:    # refuse an impossible variant before any run, not after the others
             check_requests(Scheduler(simulate_config({**overrides, **v}, requests)), requests)
         print(f"simulate {len(requests):,} requests with {describe_step_time(step_time)}")
-        return print_sweep(SimulateVariant(requests, overrides, step_time, slo), variants, args)
+        rc = print_sweep(SimulateVariant(requests, overrides, step_time, slo), variants, args)
+        print_unvaried_note(step_time)
+        return rc
     config = simulate_config(overrides, requests)
     header = simulation_header(config, step_time)
     from tracengine.analysis.timeline import RequestTimelineSink
@@ -408,6 +426,7 @@ def cmd_simulate(args) -> int:
     print(f"simulated {len(requests):,} requests with {describe_step_time(step_time)}: "
           f"{s['steps']['num_steps']:,} steps in {wall:.2f} s wall, {cpu:.2f} s CPU")
     table_console().print(render(s, title="simulated run"))
+    print_unvaried_note(step_time)
     if args.record:
         print(f"wrote {args.record}")
     return EXIT_OK

@@ -287,6 +287,44 @@ def _errors(model: LinearStepTime, samples: list[StepSample]) -> dict:
     return out
 
 
+def unvaried_features(samples: list[StepSample]) -> dict:
+    """`num_steps_by_phase` and `unvaried`: per phase, the features its steps never varied (all of
+    them for a phase with one step or none), which the fit gives no weight: a what-if that varies
+    them (prefills of other sizes, several prompts a step) is timed as if it did not."""
+    counts, unvaried = {}, {}
+    for phase in PHASES:
+        shapes = [s.shape for s in samples if s.is_prefill == (phase == "prefill")]
+        counts[phase] = len(shapes)
+        unvaried[phase] = [FEATURES[k] for k in PHASE_FEATURES[phase][1:]
+                           if len({shape[k - 1] for shape in shapes}) <= 1]
+    return {"num_steps_by_phase": counts, "unvaried": unvaried}
+
+
+def unvaried_note(model) -> str | None:
+    """One line on the features a linear model's recording never varied, or None (a roofline, a
+    model saved without this, a recording that varied every feature)."""
+    source = getattr(model, "source", None) or {}
+    counts, unvaried = source.get("num_steps_by_phase"), source.get("unvaried")
+    if not isinstance(counts, dict) or not isinstance(unvaried, dict):
+        return None
+    unvaried_parts, missing = [], []
+    for phase in PHASES:
+        n, names = counts.get(phase), unvaried.get(phase)
+        if not isinstance(n, int) or isinstance(n, bool):    # a hand-made file: say nothing
+            continue
+        if n == 0:
+            missing.append(phase)
+        elif isinstance(names, list) and names:
+            unvaried_parts.append(f"the {phase} steps' {', '.join(map(str, names))} ({n:,} step{'s' if n != 1 else ''})")
+    notes = []
+    if unvaried_parts:
+        notes.append(f"the calibration recording never varied {' or '.join(unvaried_parts)}: the model gives them "
+                     "no weight, and times a run that varies them as if it did not")
+    for phase in missing:
+        notes.append(f"the calibration recording has no {phase} steps: {phase} borrows the other phase's fit")
+    return "\n".join(f"note: {note}" for note in notes) or None
+
+
 def calibrate(events, trace_name: str = "") -> LinearStepTime:
     """Fit a LinearStepTime to a recorded trace; `error` holds the held-out errors."""
     header, samples = step_samples(events)
@@ -303,7 +341,7 @@ def calibrate(events, trace_name: str = "") -> LinearStepTime:
     model.error = {"held_out": held_out, "all_steps": _errors(model, samples)}
     model.source = {"trace": trace_name, "model": header.model.name, "dtype": header.model.dtype,
                     "architecture": header.model.architecture, "device": header.device,
-                    "num_steps": len(samples),
+                    "num_steps": len(samples), **unvaried_features(samples),
                     "config": {k: header.config.get(k) for k in ("kvcache_block_size", "max_num_batched_tokens",
                                                                  "max_num_seqs", "tensor_parallel_size")}}
     return model
