@@ -9,13 +9,15 @@ import pytest
 from tracengine.cli.main import main
 from tracengine.engine.config import Config
 from tracengine.errors import TracengineError
+from tracengine.analysis.timeline import RequestTimeline
 from tracengine.replay.reexec import reexecute
 from tracengine.replay.roofline import HARDWARE, ModelShape, RooflineStepTime
 from tracengine.replay.runners import WorkloadRequest
 from tracengine.replay.simulate import run_timed, timed_whatif
+from tracengine.replay.whatif import whatif
 from tracengine.engine.sequence import Sequence
 from tracengine.replay.steptime import FEATURES, LinearStepTime, calibrate, load_step_time, seqs_shape, step_shape
-from tracengine.trace.events import StepEnd, without_wall_clock
+from tracengine.trace.events import SeqAbort, StepEnd, without_wall_clock
 from tracengine.trace.tracelog import TraceWriter
 
 # ns per unit of (const, tokens, seqs, context, attended); prefill fits (const, tokens, seqs, attended),
@@ -373,27 +375,50 @@ def test_roofline_flags_and_configs_of_the_wrong_kind_are_refused():
     assert (loose.head_dim, loose.num_kv_heads) == (4, 2)
 
 
-def test_the_self_check_counts_the_sequences_it_ran_past_their_recorded_output():
-    """An aborted request runs on in the simulated runs, past its recorded tokens: the note
-    says so for the self-check alone (--arrivals time, no --set) as for a what-if."""
-    from tracengine.engine.llm_engine import LLMEngine
-    from tracengine.engine.sampling_params import SamplingParams
-    from tracengine.replay.runners import SyntheticRunner
-    from tracengine.trace.events import ListSink
-    from tracengine.trace.tracelog import make_header
-    sink = ListSink()
-    engine = LLMEngine(CONFIG, SyntheticRunner(eos=CONFIG.eos), sink)
-    for i in range(3):
-        engine.add_request([1 + i, 2, 3, 4, 5], SamplingParams(1.0, 12, True), arrival_time=0.0)
-    for _ in range(4):
-        engine.step()
-    engine.abort_request(0, "client")
-    while not engine.is_finished():
-        engine.step()
-    events = [make_header(CONFIG), *sink.events]
-    model = LinearStepTime(TRUTH)
-    assert timed_whatif(events, {}, model).num_past_output == 1
-    assert timed_whatif(events, {"num_kvcache_blocks": 64}, model).num_past_output == 1
+def recording_with_clients_that_leave():
+    """A run in time (the exact model's) in which two clients leave before their requests end."""
+    requests = bursty_workload(seed=3, n=30)
+    for r, leave_ns in ((requests[2], 4_000_000), (requests[9], 45_000_000)):
+        r.max_tokens, r.abort_ns = 40, r.arrival_ns + leave_ns
+    return run_timed(CONFIG, requests, LinearStepTime(TRUTH, gap_ns=30_000))
+
+
+def aborts(events):
+    return [(e.step, e.seq_id, e.reason, e.num_completion_tokens) for e in events if type(e) is SeqAbort]
+
+
+def test_a_client_that_left_the_recording_leaves_the_what_if_when_it_left():
+    """A recorded SeqAbort is replayed: the request is taken out of the time-aware self-check and
+    what-if when its client left (and of a step-exact what-if before the step it left at), not run
+    on past its recorded tokens to its max_tokens."""
+    recorded = recording_with_clients_that_leave()
+    left = aborts(recorded)
+    assert [seq_id for _, seq_id, _, _ in left] == [2, 9] and all(n < 40 for *_, n in left)
+    model = LinearStepTime(TRUTH, gap_ns=30_000)
+    result = timed_whatif(recorded, {}, model)
+    assert result.self_check[1:] == recorded[1:]       # the aborts where they were, every event the same
+    assert result.num_past_output == 0
+    assert reexecute(result.self_check).ok
+    # under a bigger budget each either leaves at the time it left, or has finished by then
+    bigger = timed_whatif(recorded, {"max_num_batched_tokens": 256}, model)
+    before, after = RequestTimeline(), RequestTimeline()
+    for e in recorded:
+        before.add(e)
+    for e in bigger.new:
+        after.add(e)
+    for _, seq_id, _, _ in left:
+        left_ns = before.start_ns(before.requests[seq_id].abort.step)
+        new = after.requests[seq_id]
+        if new.abort is not None:
+            assert after.start_ns(new.abort.step) == min(
+                after.start_ns(rec.step) for rec in after.steps if after.start_ns(rec.step) >= left_ns)
+        else:
+            assert after.end_ns(new.finish_step) <= left_ns
+    assert [seq_id for _, seq_id, _, _ in aborts(bigger.new)] == [2]    # 9 finished before its client left
+    assert reexecute(bigger.new).ok
+    step_exact = whatif(recorded, {})
+    assert aborts(step_exact.events) == left
+    assert step_exact.new["requests"] == step_exact.original["requests"]
 
 
 def test_no_fitted_weight_is_negative_so_a_longer_step_never_costs_less(recorded):

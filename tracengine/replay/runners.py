@@ -122,6 +122,32 @@ class WorkloadRequest:
     temperature: float = 1.0
     seq_id: int | None = None     # None: its index in the workload
     arrival_ns: int = -1          # when it arrives in time (simulation), ns from the start; -1: not known
+    # When its client leaves (a recorded SeqAbort), if it is still running then: before step
+    # `abort_step` of a step-exact run, at `abort_ns` (ns from the start) of a run in time; -1: never.
+    abort_step: int = -1
+    abort_ns: int = -1
+    abort_reason: str = "client"
+
+
+class Departures:
+    """The requests whose clients leave, by when (`abort_step` or `abort_ns`): `abort(engine, now)`
+    takes out, as the recording did, each one due by `now` that is still queued (one that finished
+    first has nothing to take out)."""
+
+    def __init__(self, requests: list[WorkloadRequest], when: str):
+        self._due = sorted((getattr(r, when), i if r.seq_id is None else r.seq_id, r.abort_reason)
+                           for i, r in enumerate(requests) if getattr(r, when) >= 0)
+        self._next = 0
+
+    def due(self, now: int) -> bool:
+        return self._next < len(self._due) and self._due[self._next][0] <= now
+
+    def abort(self, engine, now: int) -> None:
+        due = self._due
+        while self._next < len(due) and due[self._next][0] <= now:
+            _, seq_id, reason = due[self._next]
+            engine.abort_request(seq_id, reason)
+            self._next += 1
 
 
 def run_workload(config: Config, requests: list[WorkloadRequest], runner=None, sink: ListSink | None = None,
@@ -134,6 +160,7 @@ def run_workload(config: Config, requests: list[WorkloadRequest], runner=None, s
     runner = runner if runner is not None else SyntheticRunner(eos=config.eos, seed=config.seed)
     engine = LLMEngine(config, runner, sink, policy=policy)
     pending = sorted(range(len(requests)), key=lambda i: requests[i].arrival_step)
+    leaving = Departures(requests, "abort_step")
     next_request = 0
     while next_request < len(pending) or not engine.is_finished():
         now = engine.num_steps
@@ -145,6 +172,10 @@ def run_workload(config: Config, requests: list[WorkloadRequest], runner=None, s
             engine.add_request(r.prompt_token_ids, SamplingParams(r.temperature, r.max_tokens, r.ignore_eos),
                                seq_id=i if r.seq_id is None else r.seq_id)
             next_request += 1
+        if leaving.due(engine.num_steps):
+            leaving.abort(engine, engine.num_steps)
+            if engine.is_finished():
+                continue
         engine.step()
         if on_step is not None:
             on_step(engine)

@@ -19,7 +19,7 @@ from tracengine.engine.config import Config
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.errors import RequestError, TracengineError, TraceError
-from tracengine.replay.runners import OutputRunner, SyntheticRunner, WorkloadRequest
+from tracengine.replay.runners import Departures, OutputRunner, SyntheticRunner, WorkloadRequest
 from tracengine.replay.steptime import calibrate, seqs_shape
 from tracengine.replay.whatif import extract_workload
 from tracengine.trace.events import NULL_SINK, ListSink, ModelInfo, StepEnd, TraceHeader
@@ -93,6 +93,7 @@ def _run_timed(config, requests, step_time, runner, sink, header, max_steps, pol
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_ns)
     gap_ns, wake_ns = step_time.gap_ns, step_time.wake_ns
     i, n = 0, len(order)
+    leaving = Departures(requests, "abort_ns")
     num_finished = 0
     while True:
         idle = engine.is_finished()
@@ -107,6 +108,10 @@ def _run_timed(config, requests, step_time, runner, sink, header, max_steps, pol
             engine.add_request(r.prompt_token_ids, SamplingParams(r.temperature, r.max_tokens, r.ignore_eos),
                                seq_id=order[i] if r.seq_id is None else r.seq_id, arrival_time=r.arrival_ns / 1e9)
             i += 1
+        if leaving.due(start):      # the clients that left by now, as they left the recording
+            leaving.abort(engine, start)
+            if engine.is_finished():
+                continue
         num_finished += len(engine.step()[1])
         if engine.num_steps >= max_steps:
             raise TracengineError(f"the simulation did not finish in {max_steps} steps")

@@ -56,6 +56,10 @@ def extract_workload(events) -> RecordedWorkload:
             requests.append(WorkloadRequest(list(e.prompt_token_ids), e.max_tokens, e.step, e.ignore_eos,
                                             e.temperature, seq_id=e.seq_id, arrival_ns=e.arrival_ns))
             outputs[e.seq_id] = []
+    for r in requests:      # a client that left: it leaves the new run when it left this one
+        abort = timeline.requests[r.seq_id].abort
+        if abort is not None:
+            r.abort_step, r.abort_ns, r.abort_reason = abort.step, timeline.start_ns(abort.step), abort.reason
     return RecordedWorkload(header, requests, outputs, middle, timeline)
 
 
