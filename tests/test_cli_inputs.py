@@ -5,6 +5,7 @@ Python API's prompts and sampling parameters."""
 import json
 import os
 import shutil
+import threading
 
 import pytest
 
@@ -64,6 +65,29 @@ def test_force_overwrites(tmp_path, capsys, trace):
     assert json.loads(other.read_text())["traceEvents"]
     assert run_cli(capsys, "generate", *TINY, "--record", other, "--force")[0] == 0
     assert run_cli(capsys, "check", other)[0] == 0
+
+
+def test_a_device_or_a_pipe_is_written_in_place_without_force(tmp_path, capsys, trace):
+    """Only a regular file that exists needs --force: a device or a named pipe is written in
+    place (no writer replaces it); a link to a regular file still needs it."""
+    for argv in (["generate", *TINY, "--record", os.devnull], ["generate", *TINY, "--output", os.devnull],
+                 ["replay", trace, "--arrivals", "steps", "--set", "num_kvcache_blocks=32", "--record", os.devnull],
+                 ["export", trace, "--perfetto", os.devnull]):
+        code, out, err = run_cli(capsys, *argv)
+        assert code == 0 and not err, (argv, err)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    read = []
+    reader = threading.Thread(target=lambda: read.append(fifo.read_bytes()))
+    reader.start()
+    code, _, err = run_cli(capsys, "export", trace, "--perfetto", fifo)
+    reader.join(timeout=60)
+    assert code == 0 and not err and json.loads(read[0])["traceEvents"]
+    assert fifo.is_fifo()
+    target = tmp_path / "kept.json"
+    target.write_text("keep me")
+    (tmp_path / "link.json").symlink_to(target)
+    assert_refused(capsys, tmp_path, ["export", trace, "--perfetto", tmp_path / "link.json"], "exists; give --force")
 
 
 def test_an_output_is_never_an_input(tmp_path, capsys, trace):

@@ -20,10 +20,15 @@ def cmd_generate(args) -> int:
         requests = workload_requests(args, llm.hf_config.vocab_size, llm.config.max_model_len)
         prompts = [check_fits(llm, r) for r in requests]
         timed = not (math.isinf(args.request_rate) and args.workload is None)
+        # a device or a pipe (--record /dev/null) cannot be read back for the summary: it is
+        # recorded here and the summary folded as the events come, as for a run not recorded
+        in_place = bool(args.record) and os.path.exists(args.record) and not os.path.isfile(args.record)
+        if in_place:
+            llm.start_recording(args.record)
         start = time.perf_counter()
-        outputs = llm.generate(prompts, [sampling_params(r) for r in requests], record=args.record,
-                               use_tqdm=not args.quiet, arrival_times=[r.arrival_s for r in requests] if timed else None,
-                               summary=True)
+        outputs = llm.generate(prompts, [sampling_params(r) for r in requests],
+                               record=None if in_place else args.record, use_tqdm=not args.quiet,
+                               arrival_times=[r.arrival_s for r in requests] if timed else None, summary=True)
         elapsed = time.perf_counter() - start
     finally:
         llm.close()

@@ -1,7 +1,9 @@
-"""Files a command writes: never one that exists (unless --force), never a
+"""Files a command writes: never a regular file that exists (unless --force;
+a device or a pipe, `--record /dev/null`, is written in place, never replaced), never a
 directory, never one of the command's own inputs, and never two outputs in one.
 And the note a command prints about a trace it read that ends torn."""
 import os
+import stat
 import sys
 
 from tracengine.errors import TracengineError
@@ -12,6 +14,17 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.samefile(a, b)
     except OSError:   # one of them does not exist (yet): compare where they would be
         return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _is_file_to_keep(path: str) -> bool:
+    """An existing regular file (or a link to one, or a link to nothing), which writing would
+    replace; a device or a named pipe is written in place, as every writer of a command does."""
+    if not os.path.lexists(path):
+        return False
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return True
 
 
 def check_outputs(outputs: dict[str, str | None], inputs: dict[str, str | None] | None = None,
@@ -31,7 +44,7 @@ def check_outputs(outputs: dict[str, str | None], inputs: dict[str, str | None] 
         for other_flag, other in given[:i]:
             if _same_file(path, other):
                 raise TracengineError(f"{flag} and {other_flag} name the same file {path!r}")
-        if os.path.lexists(path) and not force:
+        if not force and _is_file_to_keep(path):
             raise TracengineError(f"{flag} {path!r} exists; give --force to overwrite it")
 
 
