@@ -72,6 +72,21 @@ def test_simulate_errors_are_one_line(tmp_path, roofline, capsys):
         assert err.startswith("tracengine: error:") and message in err and err.count("\n") == 1, (argv, err)
 
 
+def test_hardware_presets_are_named_in_any_case(roofline, capsys):
+    sample = str(DATA / "mooncake_sample.jsonl")
+    outs = []
+    for name in ("H200", "h200"):
+        assert main(["simulate", sample, "--roofline", roofline, "--hardware", name, "--quiet",
+                     "--set", "num_kvcache_blocks=400"]) == 0
+        outs.append(capsys.readouterr().out)
+    assert "on H200 (989.5 TFLOP/s, 4.8 TB/s" in outs[1]
+    assert [line for line in outs[0].splitlines() if " s wall" not in line] == \
+        [line for line in outs[1].splitlines() if " s wall" not in line]
+    assert main(["simulate", sample, "--roofline", roofline, "--hardware", "h300", "--set", "num_kvcache_blocks=400"]) == 2
+    err = capsys.readouterr().err
+    assert err == "tracengine: error: unknown hardware 'h300'; presets: H200, H100, H100-PCIe, A100\n"
+
+
 def test_simulate_imports_no_torch(tmp_path, roofline):
     code = ("import sys; from tracengine.cli.main import main; "
             f"rc = main(['simulate', {str(DATA / 'mooncake_sample.jsonl')!r}, '--roofline', {roofline!r}, "

@@ -150,7 +150,11 @@ def test_roofline_step_is_the_larger_bound_plus_overhead():
             assert roof.predict(True, tokens, seqs, context, attended) == (7, round(seconds * 1e9), 0)
     h200 = RooflineStepTime.for_hardware(m, "H200", bandwidth_tbs=2.0)
     assert h200.peak_flops == HARDWARE["H200"][0] and h200.bandwidth == 2e12
-    with pytest.raises(TracengineError, match="presets"):
+    for name in ("h200", "H200", "h100-pcie"):     # a preset in any case, named as the preset
+        roof = RooflineStepTime.for_hardware(m, name)
+        assert (roof.peak_flops, roof.bandwidth) == HARDWARE[name.upper().replace("PCIE", "PCIe")]
+        assert roof.hardware == name.upper().replace("PCIE", "PCIe")
+    with pytest.raises(TracengineError, match="presets: H200, H100, H100-PCIe, A100"):
         RooflineStepTime.for_hardware(m, "TPU")
     with pytest.raises(TracengineError, match="both"):
         RooflineStepTime.for_hardware(m, None, peak_tflops=100)

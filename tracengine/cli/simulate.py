@@ -14,7 +14,7 @@ def add_step_time_arguments(p):
     g = p.add_argument_group("step time (simulated time; docs/simulation.md)")
     g.add_argument("--step-time", metavar="FILE", help="a step-time model from `tracengine calibrate` (JSON)")
     g.add_argument("--roofline", metavar="CONFIG", help="a roofline from a model's config.json (or its directory)")
-    g.add_argument("--hardware", help="roofline hardware preset: H200, H100, H100-PCIe, A100")
+    g.add_argument("--hardware", help="roofline hardware preset: H200, H100, H100-PCIe, A100 (any case)")
     g.add_argument("--peak-tflops", type=float, metavar="X", help="roofline peak dense TFLOP/s (overrides the preset)")
     g.add_argument("--bandwidth-tbs", type=float, metavar="X", help="roofline memory bandwidth in TB/s")
     g.add_argument("--overhead-ms", type=float, metavar="X", help="roofline fixed time per step (default 1 ms)")

@@ -134,8 +134,11 @@ class RooflineStepTime:
     def for_hardware(cls, model: ModelShape, hardware: str | None = None, peak_tflops: float | None = None,
                      bandwidth_tbs: float | None = None, overhead_ms: float | None = None) -> "RooflineStepTime":
         """A preset (HARDWARE) with any figure replaced by a flag; without a preset both figures are needed."""
-        if hardware is not None and hardware not in HARDWARE:
-            raise TracengineError(f"unknown hardware {hardware!r}; presets: {', '.join(HARDWARE)}")
+        if hardware is not None:     # a preset by any case: h200 is the H200
+            preset = next((name for name in HARDWARE if name.lower() == hardware.lower()), None)
+            if preset is None:
+                raise TracengineError(f"unknown hardware {hardware!r}; presets: {', '.join(HARDWARE)}")
+            hardware = preset
         peak, bandwidth = HARDWARE.get(hardware, (None, None))
         if peak_tflops is not None:
             peak = peak_tflops * 1e12
