@@ -33,6 +33,9 @@ def test_simulate_writes_a_trace_that_reads_replays_and_shows_in_stats(tmp_path,
     with TraceReader(out) as reader:
         events = list(reader.events())
     assert events[0].config["num_kvcache_blocks"] == 400 and events[0].device == "simulated (roofline)"
+    assert events[0].model.dtype == "bfloat16"     # the config's torch_dtype, whose bytes the roofline counts
+    from tracengine.tui.widgets.header import describe_trace
+    assert "(simulated, bfloat16) on simulated (roofline)" in describe_trace("sim.trace", events[0])
     assert replay(events).ok
     s = stats(out)
     assert s["requests"]["num_finished"] == 4
@@ -44,6 +47,28 @@ def test_simulate_writes_a_trace_that_reads_replays_and_shows_in_stats(tmp_path,
     assert main(["simulate", str(DATA / "mooncake_sample.jsonl"), "--roofline", roofline, "--hardware", "H100",
                  "--set", "num_kvcache_blocks=400", "--record", out]) == 2
     assert "exists" in capsys.readouterr().err
+
+
+def test_a_roofline_names_its_dtype_in_the_trace_and_in_its_json(tmp_path, roofline, capsys):
+    """The header's dtype is the config's (float32 here: 4 bytes a weight); a roofline saved as
+    JSON keeps it, and one saved before it had a name gives its size."""
+    from tracengine.replay.roofline import ModelShape, RooflineStepTime
+    config = tmp_path / "f32.json"
+    config.write_text(json.dumps(dict(TINY, torch_dtype="float32")))
+    out = str(tmp_path / "f32.trace")
+    assert main(["simulate", str(DATA / "mooncake_sample.jsonl"), "--roofline", str(config), "--hardware", "h100",
+                 "--quiet", "--set", "num_kvcache_blocks=400", "--record", out]) == 0
+    with TraceReader(out) as reader:
+        assert reader.header.model.dtype == "float32"
+    capsys.readouterr()
+    assert main(["stats", out]) == 0 and "4 requests" in capsys.readouterr().out
+    roof = RooflineStepTime.for_hardware(ModelShape.from_file(str(config)), "H100")
+    again = RooflineStepTime.from_dict(json.loads(json.dumps(roof.to_dict())))
+    assert again.model.dtype == "float32" and again.model.dtype_bytes == 4
+    old = roof.to_dict()
+    del old["model"]["dtype"]
+    older = RooflineStepTime.from_dict(old)
+    assert older.source["dtype"] == "4-byte"
 
 
 def test_simulate_synthetic_workload_at_a_request_rate(tmp_path, roofline, capsys):

@@ -355,6 +355,8 @@ SHAPE = {"name": "m", "hidden_size": 8, "num_layers": 2, "num_heads": 2, "num_kv
      "overhead is a number of ns"),
     ({"kind": "roofline", "model": SHAPE, "peak_flops": 1e12, "bandwidth": 1e12, "hardware": [1]},
      "hardware is a name"),
+    ({"kind": "roofline", "model": {**SHAPE, "dtype": "float32"}, "peak_flops": 1e12, "bandwidth": 1e12},
+     "dtype is one of"),
 ])
 def test_a_step_time_file_with_a_field_of_the_wrong_kind_is_refused(tmp_path, recorded, change, message):
     """Refused when read, in one line: not a traceback in the run, nor a trace whose header

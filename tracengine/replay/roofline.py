@@ -40,6 +40,7 @@ class ModelShape:
     intermediate_size: int
     vocab_size: int
     dtype_bytes: int
+    dtype: str = ""     # the config's torch_dtype, whose bytes dtype_bytes is ("": a model saved without it)
 
     @classmethod
     def from_hf_config(cls, config: dict, name: str = "") -> "ModelShape":
@@ -54,7 +55,7 @@ class ModelShape:
             raise TracengineError(f"model config: unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
         return cls(name, hidden, get("num_hidden_layers"), heads, get("num_key_value_heads", heads),
                    get("head_dim", hidden // heads), get("intermediate_size"), get("vocab_size"),
-                   DTYPE_BYTES[dtype])
+                   DTYPE_BYTES[dtype], dtype)
 
     @classmethod
     def from_file(cls, path: str) -> "ModelShape":
@@ -160,7 +161,9 @@ class RooflineStepTime:
 
     @property
     def source(self) -> dict:
-        return {"model": self.model.name, "device": self.hardware, "dtype_bytes": self.model.dtype_bytes}
+        # the dtype a simulated trace's header names: the one the weights' and KV's bytes are of
+        return {"model": self.model.name, "device": self.hardware,
+                "dtype": self.model.dtype or f"{self.model.dtype_bytes}-byte", "dtype_bytes": self.model.dtype_bytes}
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "model": asdict(self.model), "hardware": self.hardware,
@@ -180,6 +183,10 @@ class RooflineStepTime:
             if field.name == "name":
                 if not isinstance(value, str):
                     raise TracengineError(f"a roofline model's model name is a string, got {value!r}")
+            elif field.name == "dtype":
+                if not isinstance(value, str) or (value and DTYPE_BYTES.get(value) != model.dtype_bytes):
+                    raise TracengineError(f"a roofline model's dtype is one of {', '.join(DTYPE_BYTES)} with "
+                                          f"its dtype_bytes, got {value!r}")
             else:
                 _check_positive_int(value, f"a roofline model's {field.name}")
         hardware = d.get("hardware", "")
