@@ -275,6 +275,11 @@ def test_flags_that_one_would_silently_win_over_or_that_do_nothing_are_refused(t
         (["replay", trace, "--plot", str(tmp_path / "p.png")], "go with --sweep"),
         (["replay", trace, "--arrivals", "steps", "--set", "num_kvcache_blocks=48", "--jobs", "2"], "go with --sweep"),
         (["replay", trace, "--state", "2", "--sweep", "num_kvcache_blocks=48,96"], "--state"),
+        (simulate + ["--sweep", "max_num_seqs=1,2", "--plot-figure", "ttft_p50_ms"], "--plot-figure goes with --plot"),
+        (simulate + ["--plot-figure", "ttft_p50_ms"], "--plot-figure goes with --plot"),
+        (["replay", trace, "--sweep", "num_kvcache_blocks=48,96", "--plot-figure", "e2e_p50_ms"],
+         "--plot-figure goes with --plot"),
+        (["replay", trace, "--set", "num_kvcache_blocks=48", "--plot-figure", "e2e_p50_ms"], "--plot-figure goes with"),
     ]:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err

@@ -22,16 +22,18 @@ def _event_json(event):
 
 
 def cmd_replay(args) -> int:
+    from tracengine.cli.simulate import check_plot_figure
+    check_plot_figure(args)
     overrides = dict(parse_override(text) for text in args.set)
     if args.state is not None:
         if overrides or args.record or args.json or args.sweep:
             raise TraceError("--state shows the recorded state; it does not combine with --set, --sweep, --record "
                              "or --json")
         return show_state(args.trace, args.state)
+    from tracengine.cli.simulate import input_files, step_time_from_args
     if not args.sweep and (args.slo or args.plot or args.jobs is not None):
         raise TraceError("--slo, --plot and --jobs go with --sweep (for one run's goodput: --record it and "
                          "`tracengine stats --slo`)")
-    from tracengine.cli.simulate import input_files, step_time_from_args
     check_outputs({"--record": args.record}, input_files(args), args.force)
     step_time = step_time_from_args(args)
     timed = args.arrivals == "time" or step_time is not None

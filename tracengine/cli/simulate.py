@@ -272,9 +272,8 @@ def add_sweep_arguments(p):
                    help="goodput objective, e.g. ttft=200ms, tpot=50ms, e2e=2s (repeatable)")
     g.add_argument("--plot", metavar="OUT.png", help="draw --plot-figure against the first swept value "
                    "(needs matplotlib: the 'plot' extra)")
-    g.add_argument("--plot-figure", default="ttft_p99_ms",
-                   help="throughput, ttft_p50_ms, ttft_p99_ms, tpot_p50_ms, tpot_p99_ms, e2e_p50_ms, e2e_p99_ms, "
-                   "preemptions or goodput (default ttft_p99_ms)")
+    g.add_argument("--plot-figure", help="the figure --plot draws: throughput, ttft_p50_ms, ttft_p99_ms, tpot_p50_ms, "
+                   "tpot_p99_ms, e2e_p50_ms, e2e_p99_ms, preemptions or goodput (default ttft_p99_ms)")
 
 
 def sweep_options(args, overrides: dict):
@@ -282,11 +281,13 @@ def sweep_options(args, overrides: dict):
     --set fields, which no --sweep may name too (one of the two would silently win)."""
     from tracengine.analysis.stats import parse_slos
     from tracengine.replay.sweep import FIGURES, parse_sweep
+    check_plot_figure(args)
     slo = parse_slos(args.slo) or None
     if not args.sweep:
         if args.plot or args.jobs is not None:
             raise TracengineError("--plot and --jobs go with --sweep")
         return None, slo
+    args.plot_figure = args.plot_figure or "ttft_p99_ms"
     if args.plot_figure not in FIGURES:
         raise TracengineError(f"--plot-figure is one of {', '.join(FIGURES)}, got {args.plot_figure!r}")
     if args.plot and args.plot_figure == "goodput" and not slo:
@@ -301,6 +302,12 @@ def sweep_options(args, overrides: dict):
     if both:
         raise TracengineError(f"--set and --sweep both name {', '.join(both)}; give its values to --sweep alone")
     return variants, slo
+
+
+def check_plot_figure(args):
+    """--plot-figure names what --plot draws: without --plot nothing would read it."""
+    if args.plot_figure is not None and not args.plot:
+        raise TracengineError("--plot-figure goes with --plot (it names the figure the plot draws)")
 
 
 PLOT_FORMATS = ("png", "svg", "pdf", "jpg", "jpeg", "eps", "ps", "tif", "tiff", "webp")   # matplotlib's own
