@@ -344,8 +344,13 @@ def test_an_output_in_a_directory_that_does_not_exist_is_refused_before_the_run(
 
 
 def test_a_goodput_plot_without_an_objective_is_refused(tmp_path, capsys, trace):
+    assert_refused(capsys, tmp_path, ["simulate", "--num-prompts", "3", "--roofline", EMBEDDED_MODEL_DIR,
+                                      "--hardware", "H100", "--set", "num_kvcache_blocks=64",
+                                      "--sweep", "max_num_seqs=1,2", "--plot", tmp_path / "p.png",
+                                      "--plot-figure", "goodput"], "needs an --slo")
+    # a step-exact sweep has no goodput at all (objectives are times; its figures are in steps)
     assert_refused(capsys, tmp_path, ["replay", trace, "--arrivals", "steps", "--sweep", "num_kvcache_blocks=32,64",
-                                      "--plot", tmp_path / "p.png", "--plot-figure", "goodput"], "needs an --slo")
+                                      "--plot", tmp_path / "p.png", "--plot-figure", "goodput"], "is one of")
 
 
 def test_replay_json_of_a_timed_what_if_on_a_short_trace_is_refused_not_switched(tmp_path, capsys, trace):

@@ -159,6 +159,48 @@ def test_sweep_on_replay_in_time_and_in_steps(tmp_path, capsys):
     assert "recorded arrival steps" in capsys.readouterr().out
 
 
+def test_a_step_exact_sweep_gives_its_figures_in_steps(tmp_path, capsys):
+    """A step-exact what-if has no time of its own (its durations are the replayer's wall clock),
+    so its sweep's rows, table, JSON and plot are in steps, as `stats` counts them, the same
+    on every run; goodput objectives (times) and a figure in ms are refused."""
+    from tests.test_steptime import CONFIG, TRUTH, bursty_workload, write_trace
+    from tracengine.replay.simulate import run_timed
+    from tracengine.replay.steptime import LinearStepTime
+    from tracengine.replay.whatif import whatif
+    trace = str(tmp_path / "run.trace")
+    events = run_timed(CONFIG, bursty_workload(n=30), LinearStepTime(TRUTH, gap_ns=30_000))
+    write_trace(trace, events)
+    argv = ["replay", trace, "--arrivals", "steps", "--sweep", "num_kvcache_blocks=48,96", "--jobs", "1"]
+    tables = []
+    for _ in range(2):
+        assert main(argv) == 0
+        tables.append([line for line in capsys.readouterr().out.splitlines() if " variants in " not in line])
+    assert tables[0] == tables[1]
+    header = tables[0][1].split()
+    assert header[:3] == ["num_kvcache_blocks", "tok/step", "TTFT"] and "tok/s" not in header
+    assert header.count("steps") == 6
+    assert main(argv + ["--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["arrivals"] == "steps"
+    for variant in got["variants"]:
+        s = stats(whatif(events, variant["set"]).events)
+        figures = variant["figures"]
+        assert figures["tokens_per_step"] == s["tokens"]["num_completion_tokens"] / s["steps"]["num_steps"]
+        for name in ("ttft", "tpot", "e2e"):
+            assert figures[f"{name}_p50_steps"] == s["latency"][name]["steps"]["p50"]
+            assert figures[f"{name}_p99_steps"] == s["latency"][name]["steps"]["p99"]
+        assert figures["preemptions"] == s["preemption"]["num_preemptions"]
+        assert not any(key.endswith("_ms") or key in ("throughput", "goodput") for key in figures)
+    line = next(line for line in tables[0] if line.split()[:1] == ["48"]).split()
+    assert line[1] == f"{got['variants'][0]['figures']['tokens_per_step']:,.2f}"
+    assert line[3] == f"{got['variants'][0]['figures']['ttft_p99_steps']:,.1f}"
+    for extra, message in [(["--slo", "ttft=1s"], "a step-exact sweep"),
+                           (["--plot", str(tmp_path / "p.png"), "--plot-figure", "ttft_p99_ms"], "ttft_p99_steps")]:
+        assert main(argv + extra) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("tracengine: error:") and message in err and err.count("\n") == 1, err
+
+
 def test_sweep_errors(tmp_path, roofline, capsys, monkeypatch):
     sample = str(DATA / "mooncake_sample.jsonl")
     base = ["simulate", sample, "--roofline", roofline, "--hardware", "H100", "--set", "num_kvcache_blocks=400"]

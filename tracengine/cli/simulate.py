@@ -159,9 +159,9 @@ def timed_table(recorded: dict, self_check: dict, new: dict | None) -> str:
 
 def run_sweep_replay(path, overrides: dict, timed: bool, step_time, args) -> int:
     from tracengine.replay.simulate import TimedReplay
-    from tracengine.replay.sweep import StepVariant, TimedVariant
+    from tracengine.replay.sweep import IN_STEPS, IN_TIME, StepVariant, TimedVariant
     from tracengine.trace.tracelog import TraceReader
-    variants, slo = sweep_options(args, overrides)
+    variants, slo = sweep_options(args, overrides, IN_TIME if timed else IN_STEPS)
     if args.record:
         raise TracengineError("--record writes one run; a --sweep makes many")
     from tracengine.cli.outputs import note_torn_tail
@@ -180,9 +180,10 @@ def run_sweep_replay(path, overrides: dict, timed: bool, step_time, args) -> int
         workload = extract_workload(events)
         for v in variants:    # refuse an impossible variant before any run
             whatif_config(workload, {**overrides, **v})
-        run_variant = StepVariant(events, overrides, slo, args.policy)
+        run_variant = StepVariant(events, overrides, args.policy)
         meta = {"trace": str(path), "arrivals": "steps", "step_time": None}
-        title = f"sweep of {path} at the recorded arrival steps (latencies in ms are the what-if runner's)"
+        title = (f"sweep of {path} at the recorded arrival steps, in steps (a step-exact what-if has no time: "
+                 f"for ms, sweep in simulated time)")
     if not args.json:
         print(title)
     rc = print_sweep(run_variant, variants, args, {**meta, "overrides": overrides})
@@ -273,23 +274,31 @@ def add_sweep_arguments(p):
     g.add_argument("--plot", metavar="OUT.png", help="draw --plot-figure against the first swept value "
                    "(needs matplotlib: the 'plot' extra)")
     g.add_argument("--plot-figure", help="the figure --plot draws: throughput, ttft_p50_ms, ttft_p99_ms, tpot_p50_ms, "
-                   "tpot_p99_ms, e2e_p50_ms, e2e_p99_ms, preemptions or goodput (default ttft_p99_ms)")
+                   "tpot_p99_ms, e2e_p50_ms, e2e_p99_ms, preemptions or goodput (default ttft_p99_ms); of a "
+                   "step-exact sweep: tokens_per_step, ttft_p50_steps, ttft_p99_steps, tpot_p50_steps, "
+                   "tpot_p99_steps, e2e_p50_steps, e2e_p99_steps or preemptions (default ttft_p99_steps)")
 
 
-def sweep_options(args, overrides: dict):
+def sweep_options(args, overrides: dict, figures=None):
     """(variants, slo) of the sweep flags; variants is None without --sweep. `overrides`: the
-    --set fields, which no --sweep may name too (one of the two would silently win)."""
+    --set fields, which no --sweep may name too (one of the two would silently win). `figures`:
+    the sweep's (replay.sweep.IN_TIME, the default, or IN_STEPS), which --plot-figure names one of."""
     from tracengine.analysis.stats import parse_slos
-    from tracengine.replay.sweep import FIGURES, parse_sweep
+    from tracengine.replay.sweep import IN_STEPS, IN_TIME, parse_sweep
+    figures = figures or IN_TIME
     check_plot_figure(args)
     slo = parse_slos(args.slo) or None
     if not args.sweep:
         if args.plot or args.jobs is not None:
             raise TracengineError("--plot and --jobs go with --sweep")
         return None, slo
-    args.plot_figure = args.plot_figure or "ttft_p99_ms"
-    if args.plot_figure not in FIGURES:
-        raise TracengineError(f"--plot-figure is one of {', '.join(FIGURES)}, got {args.plot_figure!r}")
+    if slo and figures is IN_STEPS:
+        raise TracengineError("--slo objectives are times, and a step-exact sweep (--arrivals steps, or a trace "
+                              "without arrival times) has none: its figures are in steps")
+    args.plot_figure = args.plot_figure or figures.default_figure
+    if args.plot_figure not in figures.names:
+        of = " of a step-exact sweep (in steps)" if figures is IN_STEPS else ""
+        raise TracengineError(f"--plot-figure{of} is one of {', '.join(figures.names)}, got {args.plot_figure!r}")
     if args.plot and args.plot_figure == "goodput" and not slo:
         raise TracengineError("--plot-figure goodput needs an --slo objective (without one no run has a goodput)")
     if args.jobs is not None and args.jobs <= 0:
@@ -324,7 +333,8 @@ def check_plot_format(path: str):
 
 def print_sweep(run_variant, variants, args, meta: dict | None = None) -> int:
     """The sweep's table, or with --json (`meta` given) one object: `meta`'s keys and each
-    variant's overrides with its row of figures (replay.sweep.row_of: stats' own)."""
+    variant's overrides with its row of figures (replay.sweep.row_of or step_row_of: stats' own;
+    which, `run_variant.figures` says)."""
     import time
     from tracengine.replay.sweep import plot_rows, render_rows, run_sweep
     if args.plot:    # fail before the runs, not after them
@@ -338,15 +348,15 @@ def print_sweep(run_variant, variants, args, meta: dict | None = None) -> int:
     if meta is not None and getattr(args, "json", False):
         import json
         if args.plot:
-            plot_rows(args.plot, variants, rows, args.plot_figure)
+            plot_rows(args.plot, variants, rows, args.plot_figure, run_variant.figures)
         print(json.dumps({**meta, "plot": args.plot or None,
                           "variants": [{"set": v, "figures": r} for v, r in zip(variants, rows)]}, indent=2))
         return EXIT_OK
-    print(render_rows(variants, rows))
+    print(render_rows(variants, rows, run_variant.figures))
     print(f"{len(variants)} variants in {time.perf_counter() - start:.2f} s on {jobs} worker"
-          f"{'s' if jobs > 1 else ''}; latencies in ms from arrival, throughput in completion tokens/s")
+          f"{'s' if jobs > 1 else ''}; {run_variant.figures.units}")
     if args.plot:
-        plot_rows(args.plot, variants, rows, args.plot_figure)
+        plot_rows(args.plot, variants, rows, args.plot_figure, run_variant.figures)
         print(f"wrote {args.plot}")
     return EXIT_OK
 

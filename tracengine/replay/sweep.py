@@ -2,7 +2,9 @@
 repeatable), in parallel worker processes, one row of figures per variant.
 
 Every figure of a row is read from `tracengine stats`' dict of that run
-(analysis/stats.py), so a row equals the stats of the same run made alone.
+(analysis/stats.py), so a row equals the stats of the same run made alone: in
+ms and tokens/s in simulated time, in steps for a step-exact sweep (whose runs
+have no time of their own).
 A variant is a function of its overrides only; workers are forked from the
 process that prepared the workload (calibrated, read), so nothing is read or
 fitted twice."""
@@ -10,17 +12,44 @@ import itertools
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 
 from tracengine.engine.config import parse_override
 from tracengine.errors import ConfigError
 
-# (key, column title, format) of a row, after the swept values
+# (key, column title, format) of a row in simulated time, after the swept values
 COLUMNS = [("throughput", "tok/s", "{:,.1f}"), ("ttft_p50_ms", "TTFT p50", "{:,.2f}"),
            ("ttft_p99_ms", "TTFT p99", "{:,.2f}"), ("tpot_p50_ms", "TPOT p50", "{:,.2f}"),
            ("tpot_p99_ms", "TPOT p99", "{:,.2f}"), ("e2e_p50_ms", "e2e p50", "{:,.2f}"),
            ("e2e_p99_ms", "e2e p99", "{:,.2f}"), ("preemptions", "preempt", "{:,}"),
            ("goodput", "goodput/s", "{:,.3f}")]
 FIGURES = [key for key, _, _ in COLUMNS]
+# A step-exact sweep's (--arrivals steps): its runs have no time of their own (their step
+# durations are the what-if replayer's wall clock, not serving), so its figures are in steps,
+# as `tracengine stats` counts them, and have no goodput (objectives are times)
+STEP_COLUMNS = [("tokens_per_step", "tok/step", "{:,.2f}"), ("ttft_p50_steps", "TTFT p50 steps", "{:,.1f}"),
+                ("ttft_p99_steps", "TTFT p99 steps", "{:,.1f}"), ("tpot_p50_steps", "TPOT p50 steps", "{:,.2f}"),
+                ("tpot_p99_steps", "TPOT p99 steps", "{:,.2f}"), ("e2e_p50_steps", "e2e p50 steps", "{:,.1f}"),
+                ("e2e_p99_steps", "e2e p99 steps", "{:,.1f}"), ("preemptions", "preempt", "{:,}")]
+STEP_FIGURES = [key for key, _, _ in STEP_COLUMNS]
+
+
+@dataclass(frozen=True)
+class SweepFigures:
+    """What a kind of sweep shows: its columns, the figure --plot draws by default, and its units."""
+    columns: list
+    default_figure: str
+    units: str
+
+    @property
+    def names(self) -> list[str]:
+        return [key for key, _, _ in self.columns]
+
+
+IN_TIME = SweepFigures(COLUMNS, "ttft_p99_ms", "latencies in ms from arrival, throughput in completion tokens/s")
+IN_STEPS = SweepFigures(STEP_COLUMNS, "ttft_p99_steps",
+                        "latencies in steps from the step a request was added, throughput in completion tokens "
+                        "per step")
 
 
 def parse_sweep(texts: list[str]) -> list[dict]:
@@ -59,6 +88,14 @@ def row_of(s: dict) -> dict:
             "goodput": s["goodput"]["requests_per_s"] if s.get("goodput") else None}
 
 
+def step_row_of(s: dict) -> dict:
+    """The step-exact sweep figures of one run's stats dict (latencies in steps)."""
+    lat, num_steps = s["latency"], s["steps"]["num_steps"]
+    return {"tokens_per_step": s["tokens"]["num_completion_tokens"] / num_steps if num_steps else None,
+            **{f"{name}_{p}_steps": lat[name]["steps"][p] for name in ("ttft", "tpot", "e2e") for p in ("p50", "p99")},
+            "preemptions": s["preemption"]["num_preemptions"]}
+
+
 _VARIANT = None     # the worker's run function, set by the initializer (inherited when forked)
 
 
@@ -83,9 +120,9 @@ def run_sweep(run_variant, variants: list[dict], jobs: int | None = None) -> lis
         return list(pool.map(_run, variants))
 
 
-def render_rows(variants: list[dict], rows: list[dict]) -> str:
+def render_rows(variants: list[dict], rows: list[dict], figures: SweepFigures = IN_TIME) -> str:
     names = list(variants[0]) if variants else []
-    show = [c for c in COLUMNS if c[0] != "goodput" or any(r["goodput"] is not None for r in rows)]
+    show = [c for c in figures.columns if c[0] != "goodput" or any(r["goodput"] is not None for r in rows)]
     table = [names + [title for _, title, _ in show]]
     for v, r in zip(variants, rows):
         table.append([str(v[n]) for n in names] +
@@ -94,10 +131,10 @@ def render_rows(variants: list[dict], rows: list[dict]) -> str:
     return "\n".join("  ".join(cell.rjust(widths[c]) for c, cell in enumerate(line)) for line in table)
 
 
-def plot_rows(path: str, variants: list[dict], rows: list[dict], figure: str):
+def plot_rows(path: str, variants: list[dict], rows: list[dict], figure: str, figures: SweepFigures = IN_TIME):
     """`figure` against the first swept value, one line per combination of the others."""
-    if figure not in FIGURES:
-        raise ConfigError(f"--plot-figure is one of {', '.join(FIGURES)}, got {figure!r}")
+    if figure not in figures.names:
+        raise ConfigError(f"--plot-figure is one of {', '.join(figures.names)}, got {figure!r}")
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -115,8 +152,7 @@ def plot_rows(path: str, variants: list[dict], rows: list[dict], figure: str):
         label = ", ".join(f"{n}={value}" for n, value in zip(others, key)) or None
         ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)
     ax.set_xlabel(x_name)
-    ax.set_ylabel(dict((k, t) for k, t, _ in COLUMNS)[figure] + ("" if figure in ("throughput", "preemptions",
-                                                                                  "goodput") else " (ms)"))
+    ax.set_ylabel(dict((k, t) for k, t, _ in figures.columns)[figure] + (" (ms)" if figure.endswith("_ms") else ""))
     if others:
         ax.legend()
     ax.grid(True, alpha=0.3)
@@ -133,6 +169,7 @@ def _variant_policy(overrides: dict, policy):
 class TimedVariant:
     """A what-if in simulated time (replay/simulate.TimedReplay) under base + overrides.
     `policy`: replay --policy (a trace of one's own policy needs it)."""
+    figures = IN_TIME
 
     def __init__(self, timed, base: dict, slo: dict | None = None, policy=None):
         self.timed, self.base, self.slo, self.policy = timed, base, slo, policy
@@ -146,21 +183,23 @@ class TimedVariant:
 
 
 class StepVariant:
-    """A step-exact what-if (replay/whatif.py) under base + overrides; `policy`: as TimedVariant's."""
+    """A step-exact what-if (replay/whatif.py) under base + overrides, its figures in steps
+    (IN_STEPS); `policy`: as TimedVariant's."""
+    figures = IN_STEPS
 
-    def __init__(self, events: list, base: dict, slo: dict | None = None, policy=None):
-        self.events, self.base, self.slo, self.policy = events, base, slo, policy
+    def __init__(self, events: list, base: dict, policy=None):
+        self.events, self.base, self.policy = events, base, policy
 
     def __call__(self, overrides: dict) -> dict:
         from tracengine.analysis.stats import stats
         from tracengine.replay.whatif import whatif
         merged = {**self.base, **overrides}
-        return row_of(stats(whatif(self.events, merged, policy=_variant_policy(merged, self.policy)).events,
-                            self.slo))
+        return step_row_of(stats(whatif(self.events, merged, policy=_variant_policy(merged, self.policy)).events))
 
 
 class SimulateVariant:
     """`tracengine simulate` of timed requests under base + overrides."""
+    figures = IN_TIME
 
     def __init__(self, requests: list, base: dict, step_time, slo: dict | None = None):
         self.requests, self.base, self.step_time, self.slo = requests, base, step_time, slo
