@@ -30,18 +30,20 @@ def check_block_invariants(scheduler):
     bm = scheduler.block_manager
     num_blocks = len(bm.blocks)
     free = list(bm.free_block_ids)
-    # free and used partition the pool
-    assert len(free) == len(set(free))
-    assert set(free).isdisjoint(bm.used_block_ids)
-    assert set(free) | bm.used_block_ids == set(range(num_blocks))
-    # ref counts are >= 0 and count the block tables that hold the block
+    # the blocks some live block table holds (counted here, not read from the manager)
     live = [*scheduler.waiting, *scheduler.running]
     occurrences = [0] * num_blocks
     for seq in live:
         for block_id in seq.block_table:
             occurrences[block_id] += 1
+    used = {block_id for block_id, n in enumerate(occurrences) if n}
+    # free and used partition the pool
+    assert len(free) == len(set(free))
+    assert set(free).isdisjoint(used)
+    assert set(free) | used == set(range(num_blocks))
+    # ref counts are >= 0 and count the block tables that hold the block
     assert [b.ref_count for b in bm.blocks] == occurrences
-    assert all((b.ref_count > 0) == (b.block_id in bm.used_block_ids) for b in bm.blocks)
+    assert all((b.ref_count > 0) == (b.block_id in used) for b in bm.blocks)
     # every hash entry points at a block holding a full block of tokens under that hash
     for h, block_id in bm.hash_to_block_id.items():
         block = bm.blocks[block_id]

@@ -23,8 +23,8 @@ from tracengine.trace.events import NULL_SINK, EventSink, BlockAllocate, BlockAp
 from tracengine.engine.sequence import Sequence
 
 
-PARENT = struct.Struct("<Q")
-LOOKUP_RUN = 64     # blocks looked up in the prefix cache at a time   # a parent block's digest, as it starts its child's bytes
+PARENT = struct.Struct("<Q")   # a parent block's digest, as it starts its child's bytes
+LOOKUP_RUN = 64     # blocks looked up in the prefix cache at a time
 
 
 def compute_hash(token_ids: list[int], prefix: int = -1) -> int:
@@ -217,10 +217,6 @@ class Block:
     def hash(self) -> int:
         return self._manager.hash_of[self.block_id]
 
-    @hash.setter
-    def hash(self, value: int):
-        self._manager.hash_of[self.block_id] = value
-
     @property
     def data(self) -> bytes:
         return self._manager.block_bytes[self.block_id]
@@ -298,11 +294,6 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int:
         return self.free_block_ids.num_free
-
-    @property
-    def used_block_ids(self) -> set[int]:
-        """The blocks some block table holds (those not free)."""
-        return {block_id for block_id, n in enumerate(self.ref_counts) if n}
 
     def _allocate_block(self) -> int:
         block_id = self.free_block_ids.popleft()
