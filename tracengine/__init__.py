@@ -14,8 +14,9 @@ One folder per part, in the order events flow:
   cli/       the parser and every command's function
 nano-vllm keeps everything in two folders; tracengine has four more parts (trace, replay,
 analysis, tui) that must not import the engine's torch side, and folders make that visible.
-`errors.py` is shared by every part; `testing.py` holds the fixtures and the opt-in pytest
-plugin for scheduling snapshot tests (tracengine's own and a user's)."""
+`errors.py` is shared by every part, `jsonfile.py` by the parts that read JSON files;
+`testing.py` holds the fixtures and the opt-in pytest plugin for scheduling snapshot tests
+(tracengine's own and a user's)."""
 __version__ = "0.1.0"
 
 __all__ = ["LLM", "SamplingParams", "Config", "open_trace", "stats", "__version__"]

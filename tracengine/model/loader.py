@@ -6,7 +6,6 @@ cuts its piece. Loaders get safetensors slices, not tensors, so a
 tensor-parallel rank reads only the rows or columns of its own shard.
 Whatever a user can get wrong about a directory raises ModelError with a
 one-line message naming the directory."""
-import json
 import os
 from glob import glob
 
@@ -15,6 +14,7 @@ from safetensors import safe_open
 from torch import nn
 
 from tracengine.errors import ModelError
+from tracengine.jsonfile import load_json_object
 from tracengine.model import EMBEDDED_MODEL_DIR
 from tracengine.model.layers import rope_theta_of
 from tracengine.model.linear import default_weight_loader
@@ -88,13 +88,7 @@ def load_hf_config(path: str):
     config_file = os.path.join(path, "config.json")
     if not os.path.isfile(config_file):
         raise ModelError(f"no config.json in model directory {path}")
-    try:
-        with open(config_file, encoding="utf-8") as f:
-            raw = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelError(f"config.json in {path} is not valid JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise ModelError(f"config.json in {path} is not a JSON object")
+    raw = load_json_object(config_file, "a model config", ModelError)
     architectures = raw.get("architectures") or []
     if raw.get("model_type") != "qwen3" or (architectures and SUPPORTED_ARCHITECTURE not in architectures):
         raise ModelError(f"unsupported model in {path}: model_type={raw.get('model_type')!r}, "

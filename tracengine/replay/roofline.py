@@ -62,7 +62,7 @@ class ModelShape:
         import os
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
-        from tracengine.replay.jsonfile import load_json_object
+        from tracengine.jsonfile import load_json_object
         config = load_json_object(path, "a model config.json")
         # a checkpoint's config.json is named by its directory, any other file by itself
         stem, _ = os.path.splitext(os.path.basename(path))

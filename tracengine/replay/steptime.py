@@ -40,7 +40,7 @@ import math
 from operator import attrgetter
 
 from tracengine.errors import TracengineError, TraceError
-from tracengine.replay.jsonfile import load_json_object
+from tracengine.jsonfile import load_json_object
 from tracengine.trace.events import RequestAdded, ScheduleDecision, SeqFinish, StepEnd, TraceHeader
 from tracengine.trace.tracelog import split_header
 
