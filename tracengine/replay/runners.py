@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import xxhash
 
 from tracengine.engine.config import Config
-from tracengine.errors import TracengineError
+from tracengine.errors import RequestError, TracengineError
 from tracengine.trace.events import ListSink
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.sampling_params import SamplingParams
@@ -127,6 +127,17 @@ class WorkloadRequest:
     abort_step: int = -1
     abort_ns: int = -1
     abort_reason: str = "client"
+
+
+def check_requests(scheduler, requests: list[WorkloadRequest], under: str = "the config"):
+    """Refuse, before a run and naming it, a request that could never run under the scheduler's config."""
+    for r in requests:
+        try:
+            scheduler.check_request(len(r.prompt_token_ids), r.max_tokens)
+        except RequestError as exc:
+            arriving = f"at {r.arrival_ns / 1e9:.3f} s" if r.arrival_ns >= 0 else f"before step {r.arrival_step}"
+            raise RequestError(f"request s{r.seq_id} (arriving {arriving}) can never run under {under}: {exc}") \
+                from None
 
 
 class Departures:

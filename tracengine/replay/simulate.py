@@ -18,8 +18,8 @@ import msgspec
 from tracengine.engine.config import Config
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.sampling_params import SamplingParams
-from tracengine.errors import RequestError, TracengineError, TraceError
-from tracengine.replay.runners import Departures, OutputRunner, SyntheticRunner, WorkloadRequest
+from tracengine.errors import TracengineError, TraceError
+from tracengine.replay.runners import Departures, OutputRunner, SyntheticRunner, WorkloadRequest, check_requests
 from tracengine.replay.steptime import calibrate, seqs_shape
 from tracengine.replay.whatif import extract_workload
 from tracengine.trace.events import NULL_SINK, ListSink, ModelInfo, StepEnd, TraceHeader
@@ -121,15 +121,6 @@ def _run_timed(config, requests, step_time, runner, sink, header, max_steps, pol
         on_progress(num_finished, engine.now_ns)
     head = header if header is not None else make_header(config)
     return [head] if sink is not None else [head, *events_sink.events]
-
-
-def check_requests(scheduler, requests: list[WorkloadRequest]):
-    """Refuse, before the run and naming it, a request that could never run under the scheduler's config."""
-    for r in requests:
-        try:
-            scheduler.check_request(len(r.prompt_token_ids), r.max_tokens)
-        except RequestError as exc:
-            raise RequestError(f"request s{r.seq_id} can never run under the config: {exc}") from None
 
 
 @dataclass

@@ -110,7 +110,11 @@ def _run(overrides: dict) -> dict:
 
 def run_sweep(run_variant, variants: list[dict], jobs: int | None = None) -> list[dict]:
     """`run_variant(overrides) -> row` for every variant, in `jobs` processes (default one
-    per core); rows in the order of `variants`. One job runs them here, in order."""
+    per core); rows in the order of `variants`. One job runs them here, in order. A variant
+    that could never run (`run_variant.check`) is refused before any runs, not in its worker
+    after the others."""
+    for v in variants:
+        run_variant.check(v)
     jobs = min(jobs or os.cpu_count() or 1, len(variants))
     if jobs <= 1:
         return [run_variant(v) for v in variants]
@@ -175,6 +179,9 @@ class TimedVariant:
         self.timed, self.base, self.slo, self.policy = timed, base, slo, policy
         timed.ensure_step_time()      # fitted once, before the workers fork
 
+    def check(self, overrides: dict):
+        self.timed.config({**self.base, **overrides})
+
     def __call__(self, overrides: dict) -> dict:
         from tracengine.analysis.stats import stats
         merged = {**self.base, **overrides}
@@ -188,7 +195,13 @@ class StepVariant:
     figures = IN_STEPS
 
     def __init__(self, events: list, base: dict, policy=None):
+        from tracengine.replay.whatif import extract_workload
         self.events, self.base, self.policy = events, base, policy
+        self.workload = extract_workload(events)     # what check checks the variants against
+
+    def check(self, overrides: dict):
+        from tracengine.replay.whatif import whatif_config
+        whatif_config(self.workload, {**self.base, **overrides})
 
     def __call__(self, overrides: dict) -> dict:
         from tracengine.analysis.stats import stats
@@ -203,6 +216,12 @@ class SimulateVariant:
 
     def __init__(self, requests: list, base: dict, step_time, slo: dict | None = None):
         self.requests, self.base, self.step_time, self.slo = requests, base, step_time, slo
+
+    def check(self, overrides: dict):
+        from tracengine.engine.scheduler import Scheduler
+        from tracengine.replay.runners import check_requests
+        from tracengine.replay.simulate import simulate_config
+        check_requests(Scheduler(simulate_config({**self.base, **overrides}, self.requests)), self.requests)
 
     def __call__(self, overrides: dict) -> dict:
         from tracengine.analysis.stats import stats

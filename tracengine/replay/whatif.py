@@ -10,10 +10,9 @@ import msgspec
 from tracengine.analysis.stats import stats
 from tracengine.analysis.timeline import RequestTimeline
 from tracengine.engine.config import Config
-from tracengine.errors import RequestError
 from tracengine.trace.events import RequestAdded, ScheduleDecision, TokenSample, TraceHeader
 from tracengine.trace.tracelog import split_header
-from tracengine.replay.runners import OutputRunner, WorkloadRequest, run_workload
+from tracengine.replay.runners import OutputRunner, WorkloadRequest, check_requests, run_workload
 from tracengine.engine.scheduler import Scheduler
 
 
@@ -66,13 +65,7 @@ def extract_workload(events) -> RecordedWorkload:
 def whatif_config(workload: RecordedWorkload, overrides: dict) -> Config:
     """The recorded config with `overrides`; a recorded request that could never run under it is refused."""
     config = Config.from_dict(workload.header.config).replace(**overrides)
-    check = Scheduler(config)
-    for r in workload.requests:
-        try:
-            check.check_request(len(r.prompt_token_ids), r.max_tokens)
-        except RequestError as exc:
-            raise RequestError(f"request s{r.seq_id} (arrived before step {r.arrival_step}) can never run "
-                               f"under the new config: {exc}") from None
+    check_requests(Scheduler(config), workload.requests, "the new config")
     return config
 
 
