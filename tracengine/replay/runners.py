@@ -1,6 +1,7 @@
 """Runners without a model, for replay, what-if and simulation. They answer
 `run(seqs, is_prefill)` like the model runner, from a script instead of
 logits; `run_workload` drives the engine's step loop with one of them."""
+import math
 from dataclasses import dataclass
 
 import xxhash
@@ -141,17 +142,15 @@ def check_requests(scheduler, requests: list[WorkloadRequest], under: str = "the
 
 
 class Departures:
-    """The requests whose clients leave, by when (`abort_step` or `abort_ns`): `abort(engine, now)`
-    takes out, as the recording did, each one due by `now` that is still queued (one that finished
-    first has nothing to take out)."""
+    """The requests whose clients leave, by when (`abort_step` or `abort_ns`): once `next_due`
+    (the earliest, or infinity) has come, `abort(engine, now)` takes out, as the recording did,
+    each one due by `now` that is still queued (one that finished first has nothing to take out)."""
 
     def __init__(self, requests: list[WorkloadRequest], when: str):
         self._due = sorted((getattr(r, when), i if r.seq_id is None else r.seq_id, r.abort_reason)
                            for i, r in enumerate(requests) if getattr(r, when) >= 0)
         self._next = 0
-
-    def due(self, now: int) -> bool:
-        return self._next < len(self._due) and self._due[self._next][0] <= now
+        self.next_due = self._due[0][0] if self._due else math.inf   # read every step: no call
 
     def abort(self, engine, now: int) -> None:
         due = self._due
@@ -159,6 +158,7 @@ class Departures:
             _, seq_id, reason = due[self._next]
             engine.abort_request(seq_id, reason)
             self._next += 1
+        self.next_due = due[self._next][0] if self._next < len(due) else math.inf
 
 
 def run_workload(config: Config, requests: list[WorkloadRequest], runner=None, sink: ListSink | None = None,
@@ -183,7 +183,7 @@ def run_workload(config: Config, requests: list[WorkloadRequest], runner=None, s
             engine.add_request(r.prompt_token_ids, SamplingParams(r.temperature, r.max_tokens, r.ignore_eos),
                                seq_id=i if r.seq_id is None else r.seq_id)
             next_request += 1
-        if leaving.due(engine.num_steps):
+        if leaving.next_due <= engine.num_steps:
             leaving.abort(engine, engine.num_steps)
             if engine.is_finished():
                 continue

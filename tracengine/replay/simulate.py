@@ -108,7 +108,7 @@ def _run_timed(config, requests, step_time, runner, sink, header, max_steps, pol
             engine.add_request(r.prompt_token_ids, SamplingParams(r.temperature, r.max_tokens, r.ignore_eos),
                                seq_id=order[i] if r.seq_id is None else r.seq_id, arrival_time=r.arrival_ns / 1e9)
             i += 1
-        if leaving.due(start):      # the clients that left by now, as they left the recording
+        if leaving.next_due <= start:      # the clients that left by now, as they left the recording
             leaving.abort(engine, start)
             if engine.is_finished():
                 continue
