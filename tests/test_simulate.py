@@ -139,6 +139,29 @@ def test_sweep_rows_equal_the_single_runs(tmp_path, roofline):
     assert len({r["ttft_p99_ms"] for r in rows}) > 1     # the variants differ
 
 
+def test_a_sweeps_plot_draws_the_figure_against_the_first_swept_value(tmp_path, roofline, monkeypatch):
+    """--plot: the figure against the first swept value, one line per value of the others,
+    through the rows' own figures; and the command writes the image it names."""
+    pytest.importorskip("matplotlib")     # the 'plot' extra; the dev install has it
+    from matplotlib.figure import Figure
+    from tracengine.replay.sweep import plot_rows
+    drawn, savefig = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), savefig(fig, *a, **k))[1])
+    variants = [{"num_kvcache_blocks": b, "max_num_seqs": n} for b in (30, 60) for n in (1, 4)]
+    rows = [{"ttft_p99_ms": y} for y in (10.0, 20.0, 30.0, None)]     # None: a run with no such figure
+    plot_rows(str(tmp_path / "p.svg"), variants, rows, "ttft_p99_ms")
+    ax = drawn[0].axes[0]
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("num_kvcache_blocks", "TTFT p99 (ms)")
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
+    assert lines == {"max_num_seqs=1": ([30, 60], [10.0, 30.0]), "max_num_seqs=4": ([30], [20.0])}
+    png = tmp_path / "p.png"
+    assert main(["simulate", str(DATA / "mooncake_sample.jsonl"), "--roofline", roofline, "--hardware", "H100",
+                 "--set", "num_kvcache_blocks=400", "--sweep", "max_num_seqs=1,2", "--plot", str(png),
+                 "--quiet"]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert drawn[1].axes[0].get_ylabel() == "TTFT p99 (ms)"      # the default figure
+
+
 def test_sweep_on_replay_in_time_and_in_steps(tmp_path, capsys):
     from tests.test_steptime import CONFIG, TRUTH, bursty_workload, write_trace
     from tracengine.replay.simulate import run_timed
