@@ -229,22 +229,28 @@ def shared_prefix_prompts(rng, block_size, num_prompts):
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 @pytest.mark.parametrize("colliding", [False, True])
-def test_hashes_copied_from_earlier_prompts_equal_the_chain(block_size, colliding, monkeypatch):
+@pytest.mark.parametrize("packed", [False, True])
+def test_hashes_copied_from_earlier_prompts_equal_the_chain(block_size, colliding, packed, monkeypatch):
     """Prompts sharing prefixes with earlier ones copy those hashes instead of hashing: each
     equals the chain block by block, also when the digest collides everywhere (4 values),
-    so that equal hashes say nothing of equal tokens, and with a registry of few blocks."""
+    so that equal hashes say nothing of equal tokens, and with a registry of few blocks.
+    `packed`: prompts that come packed (Sequence's packed_prompt), some hashed only once
+    decoded tokens follow them."""
     real = xxhash.xxh64_intdigest
     digest = (lambda data: real(data) & 3) if colliding else real
     monkeypatch.setattr(xxhash, "xxh64_intdigest", digest)
-    rng = random.Random(block_size * 2 + colliding)
+    rng = random.Random(block_size * 2 + colliding + 4 * packed)
     for max_branch_blocks in (None, 3 * block_size):
         manager = BlockManager(64, block_size)
         if max_branch_blocks is not None:
             manager.max_branch_blocks = max_branch_blocks
         for seq_id, prompt in enumerate(shared_prefix_prompts(rng, block_size, 120)):
-            seq = seq_of(seq_id, prompt, block_size)
-            if len(prompt) >= block_size:     # as the scheduler asks: every full block at once
-                manager.block_hash(seq, len(prompt) // block_size - 1)
+            seq = Sequence(seq_id, prompt, block_size, packed_prompt=pack_tokens(prompt) if packed else None)
+            num_full = len(prompt) // block_size
+            # as the scheduler asks: every full block at once (a packed prompt, at times, only
+            # after decoded tokens: packed in part)
+            if num_full and not (packed and rng.random() < 0.5):
+                manager.block_hash(seq, num_full - 1)
             for _ in range(rng.choice([0, 0, 1, 2 * block_size])):    # decoded tokens, hashed as blocks fill
                 seq.append_token(rng.randrange(50))
             manager._hashes_upto(seq, seq.num_tokens // block_size)
@@ -252,6 +258,11 @@ def test_hashes_copied_from_earlier_prompts_equal_the_chain(block_size, collidin
             assert bytes(seq.block_data) == pack_tokens(seq.token_ids[:len(seq.block_hashes) * block_size])
             assert manager._num_branch_blocks <= manager.max_branch_blocks
         assert len(manager._branches) <= manager.max_branch_blocks
+
+
+def test_a_packed_prompt_must_be_the_whole_prompt():
+    with pytest.raises(ValueError, match="a packed prompt of 16 bytes for 3 tokens"):
+        Sequence(0, [1, 2, 3], 4, packed_prompt=pack_tokens([1, 2]))
 
 
 def test_a_conversations_next_turn_hashes_only_where_it_meets_and_leaves_the_last(monkeypatch):

@@ -469,3 +469,26 @@ def test_an_impossible_variant_of_a_step_exact_sweep_is_refused_before_any_run(t
     monkeypatch.setattr(sweep.StepVariant, "__call__", lambda self, v: ran.append(v) or run(self, v))
     assert main(["replay", trace, "--arrivals", "steps", "--sweep", "num_kvcache_blocks=96,2", "--jobs", "1"]) == 2
     assert "can never run" in capsys.readouterr().err and ran == []
+
+
+@pytest.mark.parametrize("num_blocks, budget", [(400, 512), (60, 64)])
+def test_prompts_that_come_packed_give_the_run_of_prompts_packed_by_the_block_manager(num_blocks, budget):
+    """Mooncake's prompts come packed (the block manager packs none of them): the same events,
+    with preemptions and chunked prefills, at two block sizes."""
+    import dataclasses
+    from tracengine.engine.config import Config
+    from tracengine.replay.roofline import ModelShape, RooflineStepTime
+    from tracengine.replay.simulate import simulate
+    from tracengine.workload import read_workload
+    step_time = RooflineStepTime.for_hardware(ModelShape.from_hf_config(TINY, "tiny"), "H100")
+    requests = [dataclasses.replace(r, max_tokens=60) for r in
+                read_workload(str(DATA / "mooncake_sample.jsonl"), vocab_size=1000, length_scale=0.5) * 3]
+    assert all(r.packed_prompt is not None for r in requests)
+    unpacked = [dataclasses.replace(r, packed_prompt=None) for r in requests]
+    for block_size in (4, 16):
+        config = Config(num_kvcache_blocks=num_blocks * 16 // block_size, kvcache_block_size=block_size,
+                        max_num_batched_tokens=budget, max_model_len=1024)
+        events = simulate(config, requests, step_time)
+        assert events[1:] == simulate(config, unpacked, step_time)[1:]     # the header apart: its created_at
+        kinds = {type(e).__name__ for e in events}
+        assert "BlockHash" in kinds and ("Preempt" in kinds) == (num_blocks == 60)

@@ -343,29 +343,39 @@ class BlockManager:
 
     def _hashes_upto(self, seq: Sequence, n: int) -> list[int]:
         """seq.block_hashes with at least its first n full blocks hashed (and packed, in
-        seq.block_data)."""
+        seq.block_data, which holds more for a prompt that came packed: Sequence's packed_prompt)."""
         hashes = seq.block_hashes
         if len(hashes) < n:   # every full block at once: packing the tokens is the cost
             size = self.block_size
             start = len(hashes) * size
             num_tokens = (seq.num_tokens - start) // size * size
-            if num_tokens == size and hashes:    # the one block a decode fills: hash_packed's set-up is most of it
-                data = self._pack_block(*seq.token_ids[start:start + size])
-                hashes.append(xxhash.xxh64_intdigest(PARENT.pack(hashes[-1]) + data))
-                seq.block_data += data
+            data, end = seq.block_data, start + num_tokens
+            if num_tokens == size and hashes:
+                # the one block a decode fills: hash_packed's set-up is most of it
+                block = self._pack_block(*seq.token_ids[start:end])
+                hashes.append(xxhash.xxh64_intdigest(PARENT.pack(hashes[-1]) + block))
+                data += block
             else:
-                # a prompt's tokens packed whole, its partial block cut off after: slicing the list costs more
-                token_ids = seq.token_ids
-                packed = pack_tokens(token_ids[start:] if start else token_ids)
-                if len(packed) > num_tokens * 8:
-                    packed = packed[:num_tokens * 8]
-                seq.block_data += packed
-                self._hash_new_blocks(seq, packed, start // size + num_tokens // size)
+                # Tokens packed: as many as hashed, or, before a prompt that came packed is first
+                # hashed, its full blocks.
+                have = len(data) // 8
+                if have == start:
+                    # the tokens packed whole, their partial block cut off after: slicing the list costs more
+                    token_ids = seq.token_ids
+                    packed = pack_tokens(token_ids[start:] if start else token_ids)
+                    if len(packed) > num_tokens * 8:
+                        packed = memoryview(packed)[:num_tokens * 8]
+                    data += packed
+                else:
+                    if have < end:
+                        data += pack_tokens(seq.token_ids[have:end])
+                    packed = data[start * 8:end * 8]
+                self._hash_new_blocks(seq, packed, end // size)
         return hashes
 
-    def _hash_new_blocks(self, seq: Sequence, packed: bytes, end: int):
+    def _hash_new_blocks(self, seq: Sequence, packed, end: int):
         """Extend seq.block_hashes to its first `end` blocks (`packed` holds the bytes of those
-        not hashed yet, appended to seq.block_data already),
+        not hashed yet, in seq.block_data already),
         copying the hashes of the blocks it shares with an earlier sequence instead of hashing
         them: a block's hash depends only on the bytes of the blocks up to it, so once one
         hash equals that sequence's, the next blocks whose bytes equal its have its hashes.

@@ -19,7 +19,9 @@ class Sequence:
                  "num_completion_tokens")
 
     def __init__(self, seq_id: int, token_ids: list[int], block_size: int,
-                 sampling_params: SamplingParams | None = None):
+                 sampling_params: SamplingParams | None = None, packed_prompt: bytes | None = None):
+        """`packed_prompt`: the prompt as the block manager packs it (block_manager.pack_tokens),
+        from a workload that has it for less than packing it costs (Mooncake's blocks)."""
         sp = sampling_params if sampling_params is not None else SamplingParams()
         self.seq_id = seq_id
         self.status = SequenceStatus.WAITING
@@ -43,6 +45,10 @@ class Sequence:
         self.finish_reason = ""      # "eos" or "length" once finished
         self.block_hashes: list[int] = []   # chained hashes of full blocks: tokens only ever append
         self.block_data = bytearray()        # those blocks' tokens, packed as they were hashed
+        if packed_prompt is not None:        # ... and the prompt's other full blocks, to be hashed
+            if len(packed_prompt) != 8 * self.num_tokens:
+                raise ValueError(f"a packed prompt of {len(packed_prompt)} bytes for {self.num_tokens} tokens")
+            self.block_data += memoryview(packed_prompt)[:self.num_tokens // block_size * block_size * 8]
 
     def __len__(self):
         return self.num_tokens

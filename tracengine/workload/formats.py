@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 
+from tracengine.engine.block_manager import pack_tokens
 from tracengine.errors import TracengineError
 
 FORMATS = ("mooncake", "azure", "tracengine")
@@ -36,6 +37,9 @@ class Request:
     top_p: float = 1.0
     seed: int = -1             # -1: none of its own
     source: str = ""           # FILE:LINE it was read from, for messages
+    # the token ids packed as the block manager packs them, where the format makes that cheap
+    # (Mooncake: per hash id, once): a simulation then packs none of them itself
+    packed_prompt: bytes | None = None
 
 
 def read_workload(path: str, format: str | None = None, *, vocab_size: int, max_requests: int | None = None,
@@ -163,6 +167,12 @@ def block_token_ids(block_id: int, num_tokens: int, vocab_size: int) -> tuple[in
     return tuple([v % vocab_size for v in struct.unpack(f"<{num_tokens}I", raw)])   # a list first: faster
 
 
+@lru_cache(maxsize=4096)
+def block_packed(block_id: int, num_tokens: int, vocab_size: int) -> bytes:
+    """block_token_ids packed as the block manager packs a prompt (pack_tokens)."""
+    return pack_tokens(block_token_ids(block_id, num_tokens, vocab_size))
+
+
 def _mooncake(f, path, vocab_size, length_scale, seed):
     # A scaled block keeps ceil(512 * X) tokens, so the scaled prompt still fits in its
     # hash ids and requests that share ids still share prefixes.
@@ -179,13 +189,15 @@ def _mooncake(f, path, vocab_size, length_scale, seed):
             raise TracengineError(f"{where}: input_length {input_length} needs {needed} hash_ids of "
                                   f"{MOONCAKE_BLOCK_TOKENS} tokens, got {len(hash_ids)}")
         num_tokens = scale_length(input_length, length_scale)
+        block_ids = [_integer(hash_id, "a hash id", where, 0) for hash_id in hash_ids[:-(-num_tokens // block_len)]]
         prompt = []
-        for hash_id in hash_ids[:-(-num_tokens // block_len)]:
-            prompt.extend(block_token_ids(_integer(hash_id, "a hash id", where, 0), block_len, vocab_size))
+        for block_id in block_ids:
+            prompt.extend(block_token_ids(block_id, block_len, vocab_size))
         del prompt[num_tokens:]
+        packed = b"".join([block_packed(block_id, block_len, vocab_size) for block_id in block_ids])
         # An output length of 0 still samples the first token, as every engine does.
         yield Request(prompt, scale_length(max(output_length, 1), length_scale), timestamp / 1000.0,
-                      ignore_eos=True, source=where)
+                      ignore_eos=True, source=where, packed_prompt=packed[:num_tokens * 8])
 
 
 def _azure(f, path, vocab_size, length_scale, seed):
