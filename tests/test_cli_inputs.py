@@ -112,6 +112,16 @@ def test_nothing_is_written_before_the_run_is_validated(tmp_path, capsys, argv, 
     old.write_bytes(b"an older trace")
     assert_refused(capsys, tmp_path, ["generate", "--quiet", *argv, "--record", old, "--force"], match)
     assert_refused(capsys, tmp_path, ["generate", "--quiet", *argv, "--record", tmp_path / "new.trace"], match)
+    # a named pipe is recorded in place: refused before anything is written to it
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    read = []
+    reader = threading.Thread(target=lambda: read.append(fifo.read_bytes()))
+    reader.start()
+    with open(fifo, "wb"):    # the reader sees an end even if nothing else opens the pipe
+        code, _, err = run_cli(capsys, "generate", "--quiet", *argv, "--record", fifo)
+    reader.join(timeout=60)
+    assert code == 2 and match in err and read == [b""]
 
 
 # --- inputs that gave tracebacks or were ignored -----------------------------------------------------------

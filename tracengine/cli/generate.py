@@ -69,15 +69,14 @@ def run_summary(llm, elapsed: float, record: str | None, output: str | None) -> 
 
 
 def check_fits(llm, request):
-    """The prompt of a request read from a file, refused before the run, naming its line, if
-    it could never be served (other sources are refused as the engine adds them)."""
-    if not request.source:
-        return request.prompt
+    """The prompt of a request as token ids, refused before the run (and before a recording
+    on a device or a pipe has written anything) if it could never be served; one read from
+    a file names its line."""
     prompt = llm.tokenizer.encode(request.prompt) if isinstance(request.prompt, str) else request.prompt
     try:
         llm.scheduler.check_request(len(prompt), request.max_tokens)
     except RequestError as exc:
-        raise RequestError(f"{request.source}: {exc}") from None
+        raise RequestError(f"{request.source}: {exc}" if request.source else str(exc)) from None
     return prompt
 
 
