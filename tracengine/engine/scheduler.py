@@ -173,13 +173,17 @@ class Scheduler:
                 if emit:
                     sink_emit(TokenSample(step, seq.seq_id, token_id, False))
                 continue
-            seq.append_token(token_id)
+            # Sequence.append_token, inline: a call for every sampled token costs more than the four lines
+            seq.token_ids.append(token_id)
+            seq.last_token = token_id
+            num_tokens = seq.num_tokens = seq.num_tokens + 1
+            num_completion_tokens = seq.num_completion_tokens = seq.num_completion_tokens + 1
             if emit:
                 sink_emit(TokenSample(step, seq.seq_id, token_id, True))
             reason: FinishReason
             if not seq.ignore_eos and token_id == eos:
                 reason = "eos"
-            elif seq.num_completion_tokens == seq.max_tokens or seq.num_tokens >= max_model_len:
+            elif num_completion_tokens == seq.max_tokens or num_tokens >= max_model_len:
                 reason = "length"
             else:
                 continue

@@ -80,7 +80,7 @@ class Sequence:
         assert 0 <= i < self.num_blocks
         return self.token_ids[i * self.block_size:(i + 1) * self.block_size]
 
-    def append_token(self, token_id: int):
+    def append_token(self, token_id: int):     # Scheduler.postprocess has these lines inline
         self.token_ids.append(token_id)
         self.last_token = token_id
         self.num_tokens += 1
