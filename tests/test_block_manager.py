@@ -234,7 +234,7 @@ def test_hashes_copied_from_earlier_prompts_equal_the_chain(block_size, collidin
     """Prompts sharing prefixes with earlier ones copy those hashes instead of hashing: each
     equals the chain block by block, also when the digest collides everywhere (4 values),
     so that equal hashes say nothing of equal tokens, and with a registry of few blocks.
-    `packed`: prompts that come packed (Sequence's packed_prompt), some hashed only once
+    `packed`: prompts that come packed (Sequence's packed_blocks), some hashed only once
     decoded tokens follow them."""
     real = xxhash.xxh64_intdigest
     digest = (lambda data: real(data) & 3) if colliding else real
@@ -245,7 +245,9 @@ def test_hashes_copied_from_earlier_prompts_equal_the_chain(block_size, collidin
         if max_branch_blocks is not None:
             manager.max_branch_blocks = max_branch_blocks
         for seq_id, prompt in enumerate(shared_prefix_prompts(rng, block_size, 120)):
-            seq = Sequence(seq_id, prompt, block_size, packed_prompt=pack_tokens(prompt) if packed else None)
+            # in pieces, with bytes past the prompt's (as a Mooncake prompt's last hash id block)
+            pieces = (pack_tokens(prompt[:3]), pack_tokens(prompt[3:] + [7, 7]))
+            seq = Sequence(seq_id, prompt, block_size, packed_blocks=pieces if packed else None)
             num_full = len(prompt) // block_size
             # as the scheduler asks: every full block at once (a packed prompt, at times, only
             # after decoded tokens: packed in part)
@@ -260,9 +262,9 @@ def test_hashes_copied_from_earlier_prompts_equal_the_chain(block_size, collidin
         assert len(manager._branches) <= manager.max_branch_blocks
 
 
-def test_a_packed_prompt_must_be_the_whole_prompt():
+def test_a_packed_prompt_must_hold_the_whole_prompt():
     with pytest.raises(ValueError, match="a packed prompt of 16 bytes for 3 tokens"):
-        Sequence(0, [1, 2, 3], 4, packed_prompt=pack_tokens([1, 2]))
+        Sequence(0, [1, 2, 3], 4, packed_blocks=[pack_tokens([1, 2])])
 
 
 def test_a_conversations_next_turn_hashes_only_where_it_meets_and_leaves_the_last(monkeypatch):

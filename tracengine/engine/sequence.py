@@ -19,9 +19,10 @@ class Sequence:
                  "num_completion_tokens")
 
     def __init__(self, seq_id: int, token_ids: list[int], block_size: int,
-                 sampling_params: SamplingParams | None = None, packed_prompt: bytes | None = None):
-        """`packed_prompt`: the prompt as the block manager packs it (block_manager.pack_tokens),
-        from a workload that has it for less than packing it costs (Mooncake's blocks)."""
+                 sampling_params: SamplingParams | None = None, packed_blocks=None):
+        """`packed_blocks`: pieces of bytes whose join starts with the prompt packed as the
+        block manager packs it (block_manager.pack_tokens), from a workload that has them for
+        less than packing costs (a Mooncake prompt: its hash ids' blocks, each packed once)."""
         sp = sampling_params if sampling_params is not None else SamplingParams()
         self.seq_id = seq_id
         self.status = SequenceStatus.WAITING
@@ -45,10 +46,12 @@ class Sequence:
         self.finish_reason = ""      # "eos" or "length" once finished
         self.block_hashes: list[int] = []   # chained hashes of full blocks: tokens only ever append
         self.block_data = bytearray()        # those blocks' tokens, packed as they were hashed
-        if packed_prompt is not None:        # ... and the prompt's other full blocks, to be hashed
-            if len(packed_prompt) != 8 * self.num_tokens:
-                raise ValueError(f"a packed prompt of {len(packed_prompt)} bytes for {self.num_tokens} tokens")
-            self.block_data += memoryview(packed_prompt)[:self.num_tokens // block_size * block_size * 8]
+        if packed_blocks is not None:        # ... and the prompt's other full blocks, to be hashed
+            data = bytearray().join(packed_blocks)
+            if len(data) < 8 * self.num_tokens:
+                raise ValueError(f"a packed prompt of {len(data)} bytes for {self.num_tokens} tokens")
+            del data[self.num_tokens // block_size * block_size * 8:]
+            self.block_data = data
 
     def __len__(self):
         return self.num_tokens

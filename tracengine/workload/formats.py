@@ -6,6 +6,7 @@ token ids, max_tokens, sampling fields, arrival in seconds from the start of
 the run) for the engine, the simulator and the serving benchmark alike. Every
 malformed line is a one-line `TracengineError` naming FILE:LINE."""
 import csv
+import gc
 import json
 import math
 import random
@@ -37,9 +38,10 @@ class Request:
     top_p: float = 1.0
     seed: int = -1             # -1: none of its own
     source: str = ""           # FILE:LINE it was read from, for messages
-    # the token ids packed as the block manager packs them, where the format makes that cheap
-    # (Mooncake: per hash id, once): a simulation then packs none of them itself
-    packed_prompt: bytes | None = None
+    # The token ids packed as the block manager packs them, where the format makes that cheap:
+    # a Mooncake prompt's hash ids' blocks, each packed once (their join starts with the
+    # prompt's tokens). A simulation then packs none of them itself.
+    packed_blocks: tuple[bytes, ...] | None = None
 
 
 def read_workload(path: str, format: str | None = None, *, vocab_size: int, max_requests: int | None = None,
@@ -65,6 +67,24 @@ def read_workload(path: str, format: str | None = None, *, vocab_size: int, max_
     if vocab_size <= 0:
         raise TracengineError(f"vocab size must be positive, got {vocab_size}")
     parse = {"mooncake": _mooncake, "azure": _azure, "tracengine": _tracengine}[format]
+    # The prompts are millions of ints in lists that make no reference cycles; the collector's
+    # passes over them, as they grow, cost a tenth of reading a Mooncake trace, so it waits.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        requests = _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_len)
+    finally:
+        if collecting:
+            gc.enable()
+    if not requests:
+        raise TracengineError(f"{path}: no requests")
+    origin = requests[0].arrival_s if format in ("mooncake", "azure") else 0.0
+    for request in requests:
+        request.arrival_s = (request.arrival_s - origin) / time_scale
+    return requests
+
+
+def _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_len) -> list[Request]:
     requests = []
     with open(path, encoding="utf-8", newline="") as f:
         for request in parse(_text_lines(f, path), path, vocab_size, length_scale, seed):
@@ -78,11 +98,6 @@ def read_workload(path: str, format: str | None = None, *, vocab_size: int, max_
             requests.append(request)
             if len(requests) == max_requests:
                 break
-    if not requests:
-        raise TracengineError(f"{path}: no requests")
-    origin = requests[0].arrival_s if format in ("mooncake", "azure") else 0.0
-    for request in requests:
-        request.arrival_s = (request.arrival_s - origin) / time_scale
     return requests
 
 
@@ -194,10 +209,10 @@ def _mooncake(f, path, vocab_size, length_scale, seed):
         for block_id in block_ids:
             prompt.extend(block_token_ids(block_id, block_len, vocab_size))
         del prompt[num_tokens:]
-        packed = b"".join([block_packed(block_id, block_len, vocab_size) for block_id in block_ids])
+        packed = tuple([block_packed(block_id, block_len, vocab_size) for block_id in block_ids])
         # An output length of 0 still samples the first token, as every engine does.
         yield Request(prompt, scale_length(max(output_length, 1), length_scale), timestamp / 1000.0,
-                      ignore_eos=True, source=where, packed_prompt=packed[:num_tokens * 8])
+                      ignore_eos=True, source=where, packed_blocks=packed)
 
 
 def _azure(f, path, vocab_size, length_scale, seed):
