@@ -68,7 +68,7 @@ def read_workload(path: str, format: str | None = None, *, vocab_size: int, max_
         raise TracengineError(f"vocab size must be positive, got {vocab_size}")
     parse = {"mooncake": _mooncake, "azure": _azure, "tracengine": _tracengine}[format]
     # The prompts are millions of ints in lists that make no reference cycles; the collector's
-    # passes over them, as they grow, cost a tenth of reading a Mooncake trace, so it waits.
+    # passes over them, as they grow, cost a few percent of reading a Mooncake trace, so it waits.
     collecting = gc.isenabled()
     gc.disable()
     try:
