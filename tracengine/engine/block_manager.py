@@ -357,25 +357,18 @@ class BlockManager:
                 data += block
             else:
                 # Tokens packed: as many as hashed, or, before a prompt that came packed is first
-                # hashed, its full blocks.
+                # hashed, its full blocks. The rest packed whole, their partial block cut off
+                # after: slicing the list costs more.
                 have = len(data) // 8
-                if have == start:
-                    # the tokens packed whole, their partial block cut off after: slicing the list costs more
+                if have < end:
                     token_ids = seq.token_ids
-                    packed = pack_tokens(token_ids[start:] if start else token_ids)
-                    if len(packed) > num_tokens * 8:
-                        packed = memoryview(packed)[:num_tokens * 8]
-                    data += packed
-                else:
-                    if have < end:
-                        data += pack_tokens(seq.token_ids[have:end])
-                    packed = data[start * 8:end * 8]
-                self._hash_new_blocks(seq, packed, end // size)
+                    packed = pack_tokens(token_ids[have:] if have else token_ids)
+                    data += packed if len(packed) == (end - have) * 8 else memoryview(packed)[:(end - have) * 8]
+                self._hash_new_blocks(seq, end // size)
         return hashes
 
-    def _hash_new_blocks(self, seq: Sequence, packed, end: int):
-        """Extend seq.block_hashes to its first `end` blocks (`packed` holds the bytes of those
-        not hashed yet, in seq.block_data already),
+    def _hash_new_blocks(self, seq: Sequence, end: int):
+        """Extend seq.block_hashes to its first `end` blocks (seq.block_data holds their bytes),
         copying the hashes of the blocks it shares with an earlier sequence instead of hashing
         them: a block's hash depends only on the bytes of the blocks up to it, so once one
         hash equals that sequence's, the next blocks whose bytes equal its have its hashes.
@@ -396,8 +389,8 @@ class BlockManager:
             branch = branches.get(h)
             if branch is None or branch[2] != i:
                 # nobody began at this block: the rest is this sequence's own
-                first = end - len(packed) // stride    # packed's first block
-                hashes += hash_packed(memoryview(packed)[(i + 1 - first) * stride:], self.block_size, h)
+                with memoryview(data) as view:
+                    hashes += hash_packed(view[(i + 1) * stride:end * stride], self.block_size, h)
                 if superseded != -1:    # it carries on the branch it followed to its end: one entry, the longer
                     self._add_branch(superseded, seq, branches[superseded][2])
                 else:

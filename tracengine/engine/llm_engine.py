@@ -53,7 +53,7 @@ class LLMEngine:
 
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
                     seq_id: int | None = None, arrival_time: float | None = None,
-                    packed_blocks=None) -> Sequence:
+                    packed_blocks: tuple[bytes, ...] | None = None) -> Sequence:
         """`arrival_time`: seconds from the start of the run (default: now). A request whose
         arrival time is still to come enters the waiting queue at the first step that starts
         after it; one that arrived earlier (a server's queue) enters now, and keeps its time.

@@ -1,5 +1,6 @@
 """Per-request state. The engine numbers sequences and passes the block
 size in: no process-wide counters, so two engines and a replay agree."""
+from collections.abc import Iterable
 from enum import Enum, auto
 
 from tracengine.engine.sampling_params import SamplingParams
@@ -19,7 +20,8 @@ class Sequence:
                  "num_completion_tokens")
 
     def __init__(self, seq_id: int, token_ids: list[int], block_size: int,
-                 sampling_params: SamplingParams | None = None, packed_blocks=None):
+                 sampling_params: SamplingParams | None = None,
+                 packed_blocks: Iterable[bytes] | None = None):
         """`packed_blocks`: pieces of bytes whose join starts with the prompt packed as the
         block manager packs it (block_manager.pack_tokens), from a workload that has them for
         less than packing costs (a Mooncake prompt: its hash ids' blocks, each packed once)."""
