@@ -197,7 +197,7 @@ class StepVariant:
     def __init__(self, events: list, base: dict, policy=None):
         from tracengine.replay.whatif import extract_workload
         self.events, self.base, self.policy = events, base, policy
-        self.workload = extract_workload(events)     # what check checks the variants against
+        self.workload = extract_workload(events)     # once: what check checks and every variant runs
 
     def check(self, overrides: dict):
         from tracengine.replay.whatif import whatif_config
@@ -207,7 +207,8 @@ class StepVariant:
         from tracengine.analysis.stats import stats
         from tracengine.replay.whatif import whatif
         merged = {**self.base, **overrides}
-        return step_row_of(stats(whatif(self.events, merged, policy=_variant_policy(merged, self.policy)).events))
+        result = whatif(self.events, merged, policy=_variant_policy(merged, self.policy), workload=self.workload)
+        return step_row_of(stats(result.events))
 
 
 class SimulateVariant:

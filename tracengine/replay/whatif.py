@@ -69,11 +69,13 @@ def whatif_config(workload: RecordedWorkload, overrides: dict) -> Config:
     return config
 
 
-def whatif(events, overrides: dict, max_steps: int | None = None, policy: type | str | None = None) -> WhatIfResult:
+def whatif(events, overrides: dict, max_steps: int | None = None, policy: type | str | None = None,
+           workload: RecordedWorkload | None = None) -> WhatIfResult:
     """Run the workload of `events` under the header's config with `overrides`. The scheduling
     policy: `policy` if given, else `overrides["scheduling_policy"]` (a name the user gave, so
-    a module:Class is imported), else the recorded one if it is built in."""
-    workload = extract_workload(events)
+    a module:Class is imported), else the recorded one if it is built in. `workload`: the
+    events' extract_workload, when the caller has it (a sweep runs one workload many times)."""
+    workload = workload if workload is not None else extract_workload(events)
     recorded = Config.from_dict(workload.header.config)
     config = whatif_config(workload, overrides)
     if policy is None and "scheduling_policy" in overrides:
