@@ -46,41 +46,65 @@ def test_compute_hashes_equals_the_chain_of_compute_hash(block_size):
 
 
 def test_free_block_queue_keeps_the_order_of_a_deque():
-    """Random popleft/append/remove against collections.deque: same order, same length."""
+    """Random popleft/append/remove and the batches that count references (acquire, release)
+    against collections.deque: same order, same length."""
     rng = random.Random(0)
     queue, reference, taken = FreeBlockQueue(50), deque(range(50)), []
+    ref_counts = [0] * 50      # what acquire and release count; the blocks taken one by one hold 1
     for _ in range(2000):
-        op = rng.randrange(6)
-        if op == 5 and reference:        # remove_many: as that many removes
+        op = rng.randrange(7)
+        if op == 5 and reference:        # acquire of free blocks: as that many removes
             gone = rng.sample(list(reference), rng.randrange(len(reference) + 1))
-            queue.remove_many(gone)
+            shared = rng.sample(taken, rng.randrange(len(taken) + 1))     # they gain a reference
+            order = gone + shared
+            rng.shuffle(order)
+            queue.acquire(order, ref_counts)
             for block_id in gone:
                 reference.remove(block_id)
+            assert all(ref_counts[b] == 1 for b in gone) and all(ref_counts[b] == 2 for b in shared)
+            queue.release(shared, ref_counts)     # back to one reference: none joins the queue
+            assert all(ref_counts[b] == 1 for b in shared)
             taken += gone
         elif op == 3 and reference:        # popleft_many: as that many poplefts
             n = rng.randrange(len(reference) + 1)
             got = queue.popleft_many(n)
             assert got == [reference.popleft() for _ in range(n)]
+            for block_id in got:
+                ref_counts[block_id] = 1
             taken += got
-        elif op == 4 and taken:          # extend: as that many appends
+        elif op == 4 and taken:          # release of blocks held once: as that many appends
             rng.shuffle(taken)
             n = rng.randrange(len(taken) + 1)
             back, taken = taken[:n], taken[n:]
-            queue.extend(back)
+            queue.release(back, ref_counts)
             reference.extend(back)
+            assert all(ref_counts[b] == 0 for b in back)
         elif op == 0 and reference:
             assert queue.head() == reference[0]
             taken.append(queue.popleft())
+            ref_counts[taken[-1]] = 1
             assert taken[-1] == reference.popleft()
         elif op == 1 and taken:
             block_id = taken.pop(rng.randrange(len(taken)))
             queue.append(block_id)
+            ref_counts[block_id] = 0
             reference.append(block_id)
         elif op == 2 and reference:
             block_id = rng.choice(reference)
             queue.remove(block_id)
+            ref_counts[block_id] = 1
+            taken.append(block_id)
             reference.remove(block_id)
+        elif op == 6 and taken:          # a block released twice in one batch: the second refused
+            block_id = rng.choice(taken)
+            before = list(queue)
+            with pytest.raises(ValueError, match="released more often"):
+                queue.release([block_id, block_id], ref_counts)
+            taken.remove(block_id)
+            reference.append(block_id)
+            assert list(queue) == before + [block_id] and ref_counts[block_id] == 0
         assert len(queue) == len(reference) and list(queue) == list(reference)
+        assert [b for b in range(50) if not ref_counts[b]] == sorted(reference)
     assert list(queue.copy()) == list(reference)
     with pytest.raises(ValueError, match="not free"):
         queue.remove(taken[0] if taken else 50)
@@ -88,15 +112,11 @@ def test_free_block_queue_keeps_the_order_of_a_deque():
         queue.remove(-1)
     with pytest.raises(IndexError):
         queue.popleft_many(len(queue) + 1)
-    if reference:     # a block already free: refused, the queue whole with those appended before it
-        before = list(queue)
-        with pytest.raises(ValueError, match="already free"):
-            queue.extend(taken[:1] + [reference[0]])
-        assert list(queue) == before + taken[:1] and len(queue) == len(before) + 1
-        # a block not free: refused, the queue whole without those removed before it
-        before = list(queue)
+    if reference and taken:     # a block with no reference that is not free: refused, the queue
+        before = list(queue)    # whole without those taken before it
+        ref_counts[taken[0]] = 0
         with pytest.raises(ValueError, match="not free"):
-            queue.remove_many([before[0], taken[-1] if len(taken) > 1 else 50])
+            queue.acquire([before[0], taken[0]], ref_counts)
         assert list(queue) == before[1:] and len(queue) == len(before) - 1
 
 

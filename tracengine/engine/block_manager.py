@@ -142,9 +142,18 @@ class FreeBlockQueue:
         self.num_free += 1
 
     def remove(self, block_id: int):
-        self.remove_many((block_id,))
+        prev, nxt = self.prev, self.next
+        if not 0 <= block_id < self.sentinel or prev[block_id] == -1:
+            raise ValueError(f"block {block_id} is not free")
+        before, after = prev[block_id], nxt[block_id]
+        nxt[before] = after
+        prev[after] = before
+        prev[block_id] = -1
+        self.num_free -= 1
 
-    # Batches of the above, for a prompt's hundreds of blocks: the same queue as one call per block.
+    # Batches, for a prompt's hundreds of blocks: the same queue as one call per block. The
+    # ref counts change in the same pass as the queue (a block is free when it has none): one
+    # loop a block, not two.
 
     def popleft_many(self, n: int) -> list[int]:
         """The first n free blocks, taken out, in order."""
@@ -163,37 +172,50 @@ class FreeBlockQueue:
         self.num_free -= n
         return block_ids
 
-    def remove_many(self, block_ids):
-        """Remove each of `block_ids` (distinct, each free): the queue left is the same
-        in any order."""
-        prev, nxt, end = self.prev, self.next, self.sentinel
-        for i, block_id in enumerate(block_ids):
-            if not 0 <= block_id < end or prev[block_id] == -1:
-                self.num_free -= i         # the queue stays whole, without those removed so far
-                raise ValueError(f"block {block_id} is not free")
+    def acquire(self, block_ids, ref_counts: list[int]):
+        """A reference more to each of `block_ids` (distinct): one that had none leaves the
+        queue. The queue left is the same in any order."""
+        prev, nxt = self.prev, self.next
+        num_taken = 0
+        for block_id in block_ids:
+            if ref_counts[block_id]:
+                ref_counts[block_id] += 1
+                continue
             before = prev[block_id]
+            if before == -1:     # the queue stays whole, without those taken so far
+                self.num_free -= num_taken
+                raise ValueError(f"block {block_id} has no reference and is not free")
             after = nxt[block_id]
             nxt[before] = after
             prev[after] = before
             prev[block_id] = -1
-        self.num_free -= len(block_ids)
+            ref_counts[block_id] = 1
+            num_taken += 1
+        self.num_free -= num_taken
 
-    def extend(self, block_ids: list[int]):
-        """Append each of `block_ids`, in order."""
+    def release(self, block_ids, ref_counts: list[int]):
+        """A reference less to each of `block_ids`: those left with none are appended, in order."""
         prev, nxt, sentinel = self.prev, self.next, self.sentinel
         last = prev[sentinel]
-        for i, block_id in enumerate(block_ids):
-            if prev[block_id] != -1:
-                nxt[last] = sentinel       # the queue stays whole, holding those appended so far
-                prev[sentinel] = last
-                self.num_free += i
-                raise ValueError(f"block {block_id} is already free")
+        num_kept = 0
+        for block_id in block_ids:
+            n = ref_counts[block_id] - 1
+            ref_counts[block_id] = n
+            if n:
+                if n < 0:      # the queue stays whole, holding those appended so far
+                    ref_counts[block_id] = 0
+                    nxt[last] = sentinel
+                    prev[sentinel] = last
+                    self.num_free = sum(1 for _ in self)
+                    raise ValueError(f"block {block_id} released more often than it was taken")
+                num_kept += 1
+                continue
             nxt[last] = block_id
             prev[block_id] = last
             last = block_id
         nxt[last] = sentinel
         prev[sentinel] = last
-        self.num_free += len(block_ids)
+        self.num_free += len(block_ids) - num_kept
 
 
 class Block:
@@ -439,14 +461,7 @@ class BlockManager:
         # The hits in bulk: a hit shared with a live sequence gains a reference, a free one
         # (ref count 0) leaves the free queue with its one reference. (The queue left is the
         # same whatever order its blocks are taken out in.)
-        free_hits = []
-        for block_id in hits:
-            if ref_counts[block_id]:
-                ref_counts[block_id] += 1
-            else:
-                ref_counts[block_id] = 1
-                free_hits.append(block_id)
-        free.remove_many(free_hits)
+        free.acquire(hits, ref_counts)
         # _allocate_block, for all the new blocks at once: a prompt has hundreds
         new_block_ids = free.popleft_many(seq.num_blocks - num_cached_blocks)
         hash_map, hash_of, block_bytes = self.hash_to_block_id, self.hash_of, self.block_bytes
@@ -468,16 +483,7 @@ class BlockManager:
 
     def deallocate(self, seq: Sequence):
         released = seq.block_table[::-1]   # tail first, so prefix blocks stay cached longer
-        ref_counts = self.ref_counts
-        freed = []
-        for block_id in released:
-            n = ref_counts[block_id] - 1
-            ref_counts[block_id] = n
-            if not n:
-                freed.append(block_id)
-            elif n < 0:     # checked only for a block still shared: the freed ones pay nothing
-                raise AssertionError(f"block {block_id} released more often than it was taken")
-        self.free_block_ids.extend(freed)   # in release order
+        self.free_block_ids.release(released, self.ref_counts)   # the freed ones in release order
         seq.num_cached_tokens = 0
         seq.block_table.clear()
         if self.sink.enabled:
