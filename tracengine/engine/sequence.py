@@ -4,6 +4,7 @@ from collections.abc import Iterable
 from enum import Enum, auto
 
 from tracengine.engine.sampling_params import SamplingParams
+from tracengine.trace.encoded import EncodedTokens
 
 
 class SequenceStatus(Enum):
@@ -17,7 +18,7 @@ class Sequence:
                  "num_cached_tokens", "num_scheduled_tokens", "is_prefill", "block_table",
                  "block_size", "temperature", "max_tokens", "ignore_eos", "top_k", "top_p", "seed",
                  "num_preemptions", "finish_reason", "block_hashes", "block_data",
-                 "num_completion_tokens")
+                 "num_completion_tokens", "_prompt")
 
     def __init__(self, seq_id: int, token_ids: list[int], block_size: int,
                  sampling_params: SamplingParams | None = None,
@@ -29,6 +30,8 @@ class Sequence:
         self.seq_id = seq_id
         self.status = SequenceStatus.WAITING
         self.token_ids = list(token_ids)
+        # a read-only prompt with its encoding is handed on as it is (prompt_token_ids), not copied
+        self._prompt = token_ids if type(token_ids) is EncodedTokens else None
         self.last_token = self.token_ids[-1] if self.token_ids else -1   # empty: the scheduler refuses it
         self.num_tokens = len(self.token_ids)
         self.num_prompt_tokens = self.num_tokens
@@ -71,7 +74,7 @@ class Sequence:
 
     @property
     def prompt_token_ids(self):
-        return self.token_ids[:self.num_prompt_tokens]
+        return self.token_ids[:self.num_prompt_tokens] if self._prompt is None else self._prompt
 
     @property
     def completion_token_ids(self):

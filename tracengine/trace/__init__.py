@@ -1,1 +1,1 @@
-"""The trace: the event vocabulary (events.py), the file format (tracelog.py) and its deflate dictionary."""
+"""The trace: the event vocabulary (events.py), the file format (tracelog.py), its deflate dictionary, and token ids that carry their encoding (encoded.py)."""

@@ -70,7 +70,8 @@ import xxhash
 
 from tracengine import __version__
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
-from tracengine.trace.events import AnyEvent, Event, ModelInfo, StepEnd, TraceHeader
+from tracengine.trace.encoded import EncodedTokens
+from tracengine.trace.events import AnyEvent, Event, ModelInfo, RequestAdded, StepEnd, TraceHeader
 from tracengine.trace.dictionary import DICTIONARY
 
 FORMAT_VERSION = 3
@@ -267,6 +268,11 @@ class TraceWriter:
         # allocation here is paid cold, so the frame is built from bytes (no buffer to resize
         # or view), stored (deflate waits for close), and goes to the file in one write call
         # on an unbuffered file.
+        for i, event in enumerate(events):   # the requests a step adds come first in its frame
+            if type(event) is not RequestAdded:
+                break
+            if type(event.prompt_token_ids) is EncodedTokens:     # the same bytes, copied
+                events[i] = msgspec.structs.replace(event, prompt_token_ids=msgspec.Raw(event.prompt_token_ids.msgpack()))
         try:
             payload = self._encoder.encode(events)
         except OverflowError as exc:    # a simulated time past 2**64 ns (a step-time model's absurd scale)

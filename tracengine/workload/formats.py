@@ -17,6 +17,7 @@ from functools import lru_cache
 
 from tracengine.engine.block_manager import pack_tokens
 from tracengine.errors import TracengineError
+from tracengine.trace.encoded import EncodedTokens, encoded_items
 
 FORMATS = ("mooncake", "azure", "tracengine")
 MOONCAKE_BLOCK_TOKENS = 512          # each Mooncake hash id names a block of 512 prompt tokens
@@ -174,7 +175,6 @@ def _number(value, name: str, where: str) -> float:
     return float(value)
 
 
-@lru_cache(maxsize=4096)
 def block_token_ids(block_id: int, num_tokens: int, vocab_size: int) -> tuple[int, ...]:
     """The made-up tokens of a named block: the same id gives the same tokens in every
     request and every run, so prompts that share ids share prefixes."""
@@ -183,9 +183,11 @@ def block_token_ids(block_id: int, num_tokens: int, vocab_size: int) -> tuple[in
 
 
 @lru_cache(maxsize=4096)
-def block_packed(block_id: int, num_tokens: int, vocab_size: int) -> bytes:
-    """block_token_ids packed as the block manager packs a prompt (pack_tokens)."""
-    return pack_tokens(block_token_ids(block_id, num_tokens, vocab_size))
+def _mooncake_block(block_id: int, num_tokens: int, vocab_size: int) -> tuple[tuple[int, ...], bytes, bytes]:
+    """A named block's tokens, made once: as token ids, as the trace encodes them
+    (trace.encoded.encoded_items) and packed as the block manager packs a prompt (pack_tokens)."""
+    tokens = block_token_ids(block_id, num_tokens, vocab_size)
+    return tokens, encoded_items(tokens), pack_tokens(tokens)
 
 
 def _mooncake(f, path, vocab_size, length_scale, seed):
@@ -205,11 +207,10 @@ def _mooncake(f, path, vocab_size, length_scale, seed):
                                   f"{MOONCAKE_BLOCK_TOKENS} tokens, got {len(hash_ids)}")
         num_tokens = scale_length(input_length, length_scale)
         block_ids = [_integer(hash_id, "a hash id", where, 0) for hash_id in hash_ids[:-(-num_tokens // block_len)]]
-        prompt = []
-        for block_id in block_ids:
-            prompt.extend(block_token_ids(block_id, block_len, vocab_size))
-        del prompt[num_tokens:]
-        packed = tuple([block_packed(block_id, block_len, vocab_size) for block_id in block_ids])
+        blocks = [_mooncake_block(block_id, block_len, vocab_size) for block_id in block_ids]
+        # with the blocks' encodings: recorded, the prompt is copied, not encoded
+        prompt = EncodedTokens.from_pieces(blocks, num_tokens)
+        packed = tuple([block[2] for block in blocks])
         # An output length of 0 still samples the first token, as every engine does.
         yield Request(prompt, scale_length(max(output_length, 1), length_scale), timestamp / 1000.0,
                       ignore_eos=True, source=where, packed_blocks=packed)
