@@ -20,7 +20,9 @@ _DECIMALS: list[bytes] = [b"%d" % i for i in range(1024)]
 
 
 def _decimal(position: int) -> bytes:
-    """b"%d" % position, growing _DECIMALS to twice its size or past position."""
+    """b"%d" % position, growing _DECIMALS to twice its size or past position when it is short."""
+    if position < len(_DECIMALS):
+        return _DECIMALS[position]
     _DECIMALS.extend(b"%d" % i for i in range(len(_DECIMALS), max(position + 1, 2 * len(_DECIMALS))))
     return _DECIMALS[position]
 
@@ -47,16 +49,22 @@ class SyntheticRunner:
             if eos_at and position == seq.num_tokens and eos_at.get(seq.seq_id) == seq.num_completion_tokens:
                 tokens.append(eos)
                 continue
-            prefix = prefixes.get(seq.seq_id)
-            if prefix is None:
-                prefix = prefixes[seq.seq_id] = f"{self.seed}:{seq.seq_id}:".encode()
-            # the hash of f"{seed}:{seq_id}:{position}", its prefix and the position formatted once
+            # the hash of f"{seed}:{seq_id}:{position}", its prefix and the position formatted once;
+            # a new sequence or a position past _DECIMALS is the exception, not a test every token
             try:
-                token = digest(prefix + decimals[position]) % vocab_size
-            except IndexError:
-                token = digest(prefix + _decimal(position)) % vocab_size
-            tokens.append(token if token != eos else (token + 1) % vocab_size)
+                token = digest(prefixes[seq.seq_id] + decimals[position]) % vocab_size
+            except (KeyError, IndexError):
+                token = digest(self._prefix(seq.seq_id) + _decimal(position)) % vocab_size
+            if token == eos:
+                token = (token + 1) % vocab_size
+            tokens.append(token)
         return tokens
+
+    def _prefix(self, seq_id: int) -> bytes:
+        prefix = self._prefixes.get(seq_id)
+        if prefix is None:
+            prefix = self._prefixes[seq_id] = f"{self.seed}:{seq_id}:".encode()
+        return prefix
 
     def exit(self):
         pass
