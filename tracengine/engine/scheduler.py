@@ -159,16 +159,36 @@ class Scheduler:
         """Write the sampled tokens back; returns the sequences that finished."""
         finished = []
         emit = self.sink.enabled
-        # bound once: this loop runs for every token of every sequence
+        # bound once: these loops run for every token of every sequence
         hash_blocks, sink_emit, step, eos, max_model_len, block_size = self.block_manager.hash_blocks, \
             self.sink.emit, self.step, self.eos, self.max_model_len, self.block_size
+        if not is_prefill:
+            # A decode batch, most of a run's steps: the loop below with one token each
+            # (num_scheduled_tokens 1) and no middle chunk to check: every sample ends its sequence.
+            for seq, token_id in zip(seqs, token_ids):
+                num_cached_tokens = seq.num_cached_tokens + 1
+                if not num_cached_tokens % block_size:
+                    hash_blocks(seq)     # the token filled its block
+                seq.num_cached_tokens = num_cached_tokens
+                seq.num_scheduled_tokens = 0
+                seq.token_ids.append(token_id)
+                seq.last_token = token_id
+                num_tokens = seq.num_tokens = seq.num_tokens + 1
+                num_completion_tokens = seq.num_completion_tokens = seq.num_completion_tokens + 1
+                if emit:
+                    sink_emit(TokenSample(step, seq.seq_id, token_id, True))
+                if token_id == eos and not seq.ignore_eos:
+                    self._finish(seq, "eos", finished)
+                elif num_completion_tokens == seq.max_tokens or num_tokens >= max_model_len:
+                    self._finish(seq, "length", finished)
+            return finished
         for seq, token_id in zip(seqs, token_ids):
             num_cached_tokens, num_scheduled_tokens = seq.num_cached_tokens, seq.num_scheduled_tokens
             if num_cached_tokens % block_size + num_scheduled_tokens >= block_size:
-                hash_blocks(seq)     # a block filled this step (a decoded token mostly fills none)
+                hash_blocks(seq)     # a block filled this step
             seq.num_cached_tokens = num_cached_tokens = num_cached_tokens + num_scheduled_tokens
             seq.num_scheduled_tokens = 0
-            if is_prefill and num_cached_tokens < seq.num_tokens:
+            if num_cached_tokens < seq.num_tokens:
                 # a middle chunk: its sample is not at the end of the prompt
                 if emit:
                     sink_emit(TokenSample(step, seq.seq_id, token_id, False))
@@ -180,22 +200,21 @@ class Scheduler:
             num_completion_tokens = seq.num_completion_tokens = seq.num_completion_tokens + 1
             if emit:
                 sink_emit(TokenSample(step, seq.seq_id, token_id, True))
-            reason: FinishReason
-            if not seq.ignore_eos and token_id == eos:
-                reason = "eos"
+            if token_id == eos and not seq.ignore_eos:
+                self._finish(seq, "eos", finished)
             elif num_completion_tokens == seq.max_tokens or num_tokens >= max_model_len:
-                reason = "length"
-            else:
-                continue
-            seq.status = SequenceStatus.FINISHED
-            seq.finish_reason = reason
-            if emit:
-                self.sink.emit(SeqFinish(self.step, seq.seq_id, reason, seq.num_prompt_tokens,
-                                         seq.num_completion_tokens))
-            self.block_manager.deallocate(seq)
-            self.running.remove(seq)
-            finished.append(seq)
+                self._finish(seq, "length", finished)
         return finished
+
+    def _finish(self, seq: Sequence, reason: FinishReason, finished: list[Sequence]):
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        if self.sink.enabled:
+            self.sink.emit(SeqFinish(self.step, seq.seq_id, reason, seq.num_prompt_tokens,
+                                     seq.num_completion_tokens))
+        self.block_manager.deallocate(seq)
+        self.running.remove(seq)
+        finished.append(seq)
 
     def abort(self, seq_id: int, reason: AbortReason) -> Sequence | None:
         """Take a sequence out of whichever queue holds it and free its blocks, as vLLM's
