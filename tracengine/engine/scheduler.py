@@ -6,6 +6,7 @@ seeds' algorithm). Each exit of the prefill and decode loops is named by the
 overrides the hooks at the end (docs/policies.md); engine/policies.py holds
 `mixed` and the lookup of a policy by name."""
 from collections import deque
+from itertools import islice
 
 from tracengine.engine.block_manager import BlockManager
 from tracengine.engine.config import Config
@@ -103,22 +104,42 @@ class Scheduler:
                                 blocked_seq_id, num_blocks_needed, num_free_blocks)
             return scheduled_seqs, True
 
-        running, max_num_seqs, take, block_size = self.running, self.max_num_seqs, scheduled_seqs.append, self.block_size
-        while running and len(scheduled_seqs) < max_num_seqs:
-            seq = running.popleft()
-            # A token that lands in its sequence's last block needs nothing of the block manager:
-            # only one that starts a block asks for room (one call a block, not two a token).
-            if not (seq.num_tokens - 1) % block_size and not self._append_slot(seq):
-                continue        # it preempted itself: nobody was left behind it
+        # Decode: the first max_num_seqs of running, one token each. A token that lands in its
+        # sequence's last block needs nothing of the block manager: only one that starts a block
+        # asks for room (one call a block, not two a token). While every one finds room, running
+        # keeps its order, so the batch is read off it without taking anything out.
+        block_manager, block_size = self.block_manager, self.block_size
+        scheduled_seqs = list(islice(self.running, self.max_num_seqs))
+        for seq in scheduled_seqs:
+            if not (seq.num_tokens - 1) % block_size:
+                if not block_manager.can_append(seq):
+                    scheduled_seqs = self._decode_preempting(scheduled_seqs[:scheduled_seqs.index(seq)])
+                    break
+                block_manager.may_append(seq)
             seq.num_scheduled_tokens = 1
             seq.is_prefill = False
-            take(seq)
-        stop_reason = "max_num_seqs" if self.running else "running_empty"
+        stop_reason = "max_num_seqs" if len(self.running) > len(scheduled_seqs) else "running_empty"
         assert scheduled_seqs, "nothing schedulable: check_request should have refused a request"
-        self.running.extendleft(reversed(scheduled_seqs))
         self._emit_decision("decode", scheduled_seqs, len(scheduled_seqs), stop_reason,
                             blocked_seq_id, num_blocks_needed, num_free_blocks)
         return scheduled_seqs, False
+
+    def _decode_preempting(self, scheduled_seqs: list[Sequence]) -> list[Sequence]:
+        """The rest of a decode batch from the first sequence that finds no free block, by the
+        seeds' loop: `running` without the sequences scheduled so far, so that a preemption
+        takes its tail (see preempt_victim); then the batch back at its head."""
+        running = self.running
+        for _ in scheduled_seqs:
+            running.popleft()
+        while running and len(scheduled_seqs) < self.max_num_seqs:
+            seq = running.popleft()
+            if not (seq.num_tokens - 1) % self.block_size and not self._append_slot(seq):
+                continue        # it preempted itself: nobody was left behind it
+            seq.num_scheduled_tokens = 1
+            seq.is_prefill = False
+            scheduled_seqs.append(seq)
+        running.extendleft(reversed(scheduled_seqs))
+        return scheduled_seqs
 
     def _emit_decision(self, phase: Phase, seqs, num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,
                        num_free_blocks, num_decode_seqs: int = 0):
