@@ -40,25 +40,24 @@ class SyntheticRunner:
         self._prefixes: dict[int, bytes] = {}   # seq_id -> b"{seed}:{seq_id}:", made once per sequence
 
     def run(self, seqs, is_prefill: bool) -> list[int]:
-        # Each token is the hash of f"{seed}:{seq_id}:{position}", position = num_cached_tokens +
-        # num_scheduled_tokens, from the prefix and the position formatted once: a comprehension
-        # for the batch, as a simulation samples every token here. A new sequence or a position
-        # past _DECIMALS is the exception, not a test every token.
-        prefixes, decimals, digest, vocab_size = self._prefixes, _DECIMALS, xxhash.xxh64_intdigest, self.vocab_size
-        try:
-            tokens = [digest(prefixes[s.seq_id] + decimals[s.num_cached_tokens + s.num_scheduled_tokens]) % vocab_size
-                      for s in seqs]
-        except (KeyError, IndexError):
-            tokens = [digest(self._prefix(s.seq_id) + _decimal(s.num_cached_tokens + s.num_scheduled_tokens))
-                      % vocab_size for s in seqs]
-        eos, eos_at = self.eos, self.eos_at
-        if eos in tokens:       # a hash that lands on eos is the token after it: eos comes from eos_at only
-            tokens = [t if t != eos else (t + 1) % vocab_size for t in tokens]
-        if eos_at:
-            for i, seq in enumerate(seqs):
-                if (seq.num_cached_tokens + seq.num_scheduled_tokens == seq.num_tokens
-                        and eos_at.get(seq.seq_id) == seq.num_completion_tokens):
-                    tokens[i] = eos
+        # One loop for the batch, no call per sequence: a simulation samples every token here.
+        eos, eos_at, vocab_size, prefixes, digest, decimals = self.eos, self.eos_at, self.vocab_size, \
+            self._prefixes, xxhash.xxh64_intdigest, _DECIMALS
+        tokens = []
+        for seq in seqs:
+            position = seq.num_cached_tokens + seq.num_scheduled_tokens
+            if eos_at and position == seq.num_tokens and eos_at.get(seq.seq_id) == seq.num_completion_tokens:
+                tokens.append(eos)
+                continue
+            # the hash of f"{seed}:{seq_id}:{position}", its prefix and the position formatted once;
+            # a new sequence or a position past _DECIMALS is the exception, not a test every token
+            try:
+                token = digest(prefixes[seq.seq_id] + decimals[position]) % vocab_size
+            except (KeyError, IndexError):
+                token = digest(self._prefix(seq.seq_id) + _decimal(position)) % vocab_size
+            if token == eos:
+                token = (token + 1) % vocab_size
+            tokens.append(token)
         return tokens
 
     def _prefix(self, seq_id: int) -> bytes:
