@@ -184,17 +184,18 @@ class Scheduler:
         hash_blocks, sink_emit, step, eos, max_model_len, block_size = self.block_manager.hash_blocks, \
             self.sink.emit, self.step, self.eos, self.max_model_len, self.block_size
         if not is_prefill:
-            # A decode batch, most of a run's steps: the loop below with one token each
-            # (num_scheduled_tokens 1) and no middle chunk to check: every sample ends its sequence.
+            # A decode batch, most of a run's steps: the loop below with one token each, a
+            # sequence's last (num_cached_tokens is num_tokens - 1, as prepare_decode computes it),
+            # and no middle chunk to check: every sample ends its sequence.
             for seq, token_id in zip(seqs, token_ids):
-                num_cached_tokens = seq.num_cached_tokens + 1
-                if not num_cached_tokens % block_size:
+                num_tokens = seq.num_tokens     # all cached now: the last token was computed this step
+                if not num_tokens % block_size:
                     hash_blocks(seq)     # the token filled its block
-                seq.num_cached_tokens = num_cached_tokens
+                seq.num_cached_tokens = num_tokens
                 seq.num_scheduled_tokens = 0
                 seq.token_ids.append(token_id)
                 seq.last_token = token_id
-                num_tokens = seq.num_tokens = seq.num_tokens + 1
+                seq.num_tokens = num_tokens = num_tokens + 1
                 num_completion_tokens = seq.num_completion_tokens = seq.num_completion_tokens + 1
                 if emit:
                     sink_emit(TokenSample(step, seq.seq_id, token_id, True))
