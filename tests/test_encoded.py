@@ -47,7 +47,7 @@ def test_a_sequence_hands_on_an_encoded_prompt_and_decodes_into_its_own_list():
     prompt = EncodedTokens([5, 6, 7], (encoded_items([5, 6, 7]),))
     seq = Sequence(0, prompt, 2)
     seq.token_ids.append(8)
-    assert seq.prompt_token_ids is prompt and prompt == [5, 6, 7]
+    assert seq.prompt_token_ids is prompt and prompt == [5, 6, 7] and type(seq.token_ids) is list
     plain = Sequence(1, [5, 6, 7], 2)
     assert plain.prompt_token_ids == [5, 6, 7] and plain.prompt_token_ids is not plain.token_ids
 

@@ -29,9 +29,12 @@ class Sequence:
         sp = sampling_params if sampling_params is not None else SamplingParams()
         self.seq_id = seq_id
         self.status = SequenceStatus.WAITING
-        self.token_ids = list(token_ids)
-        # a read-only prompt with its encoding is handed on as it is (prompt_token_ids), not copied
-        self._prompt = token_ids if type(token_ids) is EncodedTokens else None
+        if type(token_ids) is EncodedTokens:
+            # a read-only prompt with its encoding is handed on as it is (prompt_token_ids), not
+            # copied; list() would copy a list subclass item by item, list.copy as a list
+            self._prompt, self.token_ids = token_ids, list.copy(token_ids)
+        else:
+            self._prompt, self.token_ids = None, list(token_ids)
         self.last_token = self.token_ids[-1] if self.token_ids else -1   # empty: the scheduler refuses it
         self.num_tokens = len(self.token_ids)
         self.num_prompt_tokens = self.num_tokens
