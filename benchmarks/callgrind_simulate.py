@@ -7,7 +7,7 @@ a small one, so start-up and reading the workload cancel out:
                minus that of 1 request; in all
     decode     64 sequences of 16 prompt tokens decoding 500 tokens each, simulated and
                recorded, minus 1 token each; per decoded token
-    prefill    the prompts of 300 of the Mooncake requests through the BlockManager alone
+    prefill    the prompts of 300 of the Mooncake requests, not packed, through the BlockManager alone
                (lookup, allocate, hash, free; 12 live at a time) minus 1 prompt; per prompt block
     steploop   the engine's step loop (run_workload, events in memory), 8 and 1 sequences of
                100-token prompts decoding 200 tokens, 4 runs minus 1; per run
@@ -60,7 +60,7 @@ def child(kind: str, size: int, workload: str, shape: dict):
         # No collection at all: one here would cost in proportion to the prompts made, and
         # differ between two trees by what else is alive, not by the block manager's work.
         gc.disable()
-        seqs = [Sequence(i, r.prompt, 16) for i, r in enumerate(requests[:size])]
+        seqs = [Sequence(i, list(r.prompt), 16) for i, r in enumerate(requests[:size])]   # not packed, as before
         del requests
         manager = BlockManager(100_000, 16, ListSink())
         live = []

@@ -8,6 +8,7 @@ import xxhash
 from tracengine.engine.block_manager import (LOOKUP_RUN, BlockManager, FreeBlockQueue, compute_hash, compute_hashes,
                                             pack_tokens)
 from tracengine.trace.events import BlockAllocate, BlockHash, ListSink
+from tracengine.trace.encoded import EncodedTokens, encoded_items
 from tracengine.engine.sequence import Sequence
 
 
@@ -254,7 +255,7 @@ def test_hashes_copied_from_earlier_prompts_equal_the_chain(block_size, collidin
     """Prompts sharing prefixes with earlier ones copy those hashes instead of hashing: each
     equals the chain block by block, also when the digest collides everywhere (4 values),
     so that equal hashes say nothing of equal tokens, and with a registry of few blocks.
-    `packed`: prompts that come packed (Sequence's packed_blocks), some hashed only once
+    `packed`: prompts that come packed (EncodedTokens' packed), some hashed only once
     decoded tokens follow them."""
     real = xxhash.xxh64_intdigest
     digest = (lambda data: real(data) & 3) if colliding else real
@@ -267,7 +268,9 @@ def test_hashes_copied_from_earlier_prompts_equal_the_chain(block_size, collidin
         for seq_id, prompt in enumerate(shared_prefix_prompts(rng, block_size, 120)):
             # in pieces, with bytes past the prompt's (as a Mooncake prompt's last hash id block)
             pieces = (pack_tokens(prompt[:3]), pack_tokens(prompt[3:] + [7, 7]))
-            seq = Sequence(seq_id, prompt, block_size, packed_blocks=pieces if packed else None)
+            if packed:
+                prompt = EncodedTokens(prompt, (encoded_items(prompt),), pieces)
+            seq = Sequence(seq_id, prompt, block_size)
             num_full = len(prompt) // block_size
             # as the scheduler asks: every full block at once (a packed prompt, at times, only
             # after decoded tokens: packed in part)
@@ -284,7 +287,7 @@ def test_hashes_copied_from_earlier_prompts_equal_the_chain(block_size, collidin
 
 def test_a_packed_prompt_must_hold_the_whole_prompt():
     with pytest.raises(ValueError, match="a packed prompt of 16 bytes for 3 tokens"):
-        Sequence(0, [1, 2, 3], 4, packed_blocks=[pack_tokens([1, 2])])
+        Sequence(0, EncodedTokens([1, 2, 3], (encoded_items([1, 2, 3]),), [pack_tokens([1, 2])]), 4)
 
 
 def test_a_conversations_next_turn_hashes_only_where_it_meets_and_leaves_the_last(monkeypatch):

@@ -479,12 +479,13 @@ def test_prompts_that_come_packed_give_the_run_of_prompts_packed_by_the_block_ma
     from tracengine.engine.config import Config
     from tracengine.replay.roofline import ModelShape, RooflineStepTime
     from tracengine.replay.simulate import simulate
+    from tracengine.trace.encoded import EncodedTokens
     from tracengine.workload import read_workload
     step_time = RooflineStepTime.for_hardware(ModelShape.from_hf_config(TINY, "tiny"), "H100")
     requests = [dataclasses.replace(r, max_tokens=60) for r in
                 read_workload(str(DATA / "mooncake_sample.jsonl"), vocab_size=1000, length_scale=0.5) * 3]
-    assert all(r.packed_blocks is not None for r in requests)
-    unpacked = [dataclasses.replace(r, packed_blocks=None) for r in requests]
+    assert all(type(r.prompt) is EncodedTokens and r.prompt.packed for r in requests)
+    unpacked = [dataclasses.replace(r, prompt=list(r.prompt)) for r in requests]
     for block_size in (4, 16):
         config = Config(num_kvcache_blocks=num_blocks * 16 // block_size, kvcache_block_size=block_size,
                         max_num_batched_tokens=budget, max_model_len=1024)

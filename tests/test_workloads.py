@@ -86,8 +86,8 @@ def test_mooncake_prompts_are_built_from_hash_ids():
 def test_mooncake_prompts_come_packed_as_the_block_manager_packs_them(length_scale):
     from tracengine.engine.block_manager import pack_tokens
     requests = read_workload(str(MOONCAKE), vocab_size=VOCAB, length_scale=length_scale)
-    assert all(b"".join(r.packed_blocks).startswith(pack_tokens(r.prompt)) for r in requests)
-    assert any(len(b"".join(r.packed_blocks)) > 8 * len(r.prompt) for r in requests)   # a last block cut
+    assert all(b"".join(r.prompt.packed).startswith(pack_tokens(r.prompt)) for r in requests)
+    assert any(len(b"".join(r.prompt.packed)) > 8 * len(r.prompt) for r in requests)   # a last block cut
 
 
 @pytest.mark.parametrize("block_size", [4, 16])

@@ -365,7 +365,7 @@ class BlockManager:
 
     def _hashes_upto(self, seq: Sequence, n: int) -> list[int]:
         """seq.block_hashes with at least its first n full blocks hashed (and packed, in
-        seq.block_data, which holds more for a prompt that came packed: Sequence's packed_blocks)."""
+        seq.block_data, which holds more for a prompt that came packed: EncodedTokens' packed)."""
         hashes = seq.block_hashes
         if len(hashes) < n:   # every full block at once: packing the tokens is the cost
             size = self.block_size

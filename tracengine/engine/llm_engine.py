@@ -52,16 +52,14 @@ class LLMEngine:
         self.start_ns = self.last_step_end_ns = perf_counter_ns()
 
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
-                    seq_id: int | None = None, arrival_time: float | None = None,
-                    packed_blocks: tuple[bytes, ...] | None = None) -> Sequence:
+                    seq_id: int | None = None, arrival_time: float | None = None) -> Sequence:
         """`arrival_time`: seconds from the start of the run (default: now). A request whose
         arrival time is still to come enters the waiting queue at the first step that starts
-        after it; one that arrived earlier (a server's queue) enters now, and keeps its time.
-        `packed_blocks`: the token ids' prompt packed, if the caller has it (see Sequence)."""
+        after it; one that arrived earlier (a server's queue) enters now, and keeps its time."""
         sp = sampling_params if sampling_params is not None else SamplingParams()
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt   # Sequence copies it
         seq = Sequence(self.next_seq_id if seq_id is None else seq_id, token_ids,
-                       self.config.kvcache_block_size, sp, packed_blocks)
+                       self.config.kvcache_block_size, sp)
         self.scheduler.check_request(seq.num_prompt_tokens, seq.max_tokens)
         self.next_seq_id = max(self.next_seq_id, seq.seq_id + 1)
         now_ns = self.clock_ns()

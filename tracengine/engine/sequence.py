@@ -1,6 +1,5 @@
 """Per-request state. The engine numbers sequences and passes the block
 size in: no process-wide counters, so two engines and a replay agree."""
-from collections.abc import Iterable
 from enum import Enum, auto
 
 from tracengine.engine.sampling_params import SamplingParams
@@ -21,15 +20,14 @@ class Sequence:
                  "num_completion_tokens", "_prompt")
 
     def __init__(self, seq_id: int, token_ids: list[int], block_size: int,
-                 sampling_params: SamplingParams | None = None,
-                 packed_blocks: Iterable[bytes] | None = None):
-        """`packed_blocks`: pieces of bytes whose join starts with the prompt packed as the
-        block manager packs it (block_manager.pack_tokens), from a workload that has them for
-        less than packing costs (a Mooncake prompt: its hash ids' blocks, each packed once)."""
+                 sampling_params: SamplingParams | None = None):
+        """`token_ids`: a list, or EncodedTokens (trace/encoded.py), a prompt that a workload
+        reader has already encoded and packed, block by block."""
         sp = sampling_params if sampling_params is not None else SamplingParams()
         self.seq_id = seq_id
         self.status = SequenceStatus.WAITING
-        if type(token_ids) is EncodedTokens:
+        encoded = type(token_ids) is EncodedTokens
+        if encoded:
             # a read-only prompt with its encoding is handed on as it is (prompt_token_ids), not
             # copied; list() would copy a list subclass item by item, list.copy as a list
             self._prompt, self.token_ids = token_ids, list.copy(token_ids)
@@ -54,8 +52,8 @@ class Sequence:
         self.finish_reason = ""      # "eos" or "length" once finished
         self.block_hashes: list[int] = []   # chained hashes of full blocks: tokens only ever append
         self.block_data = bytearray()        # those blocks' tokens, packed as they were hashed
-        if packed_blocks is not None:        # ... and the prompt's other full blocks, to be hashed
-            data = bytearray().join(packed_blocks)
+        if encoded and token_ids.packed:      # ... and the prompt's other full blocks, to be hashed
+            data = bytearray().join(token_ids.packed)
             if len(data) < 8 * self.num_tokens:
                 raise ValueError(f"a packed prompt of {len(data)} bytes for {self.num_tokens} tokens")
             del data[self.num_tokens // block_size * block_size * 8:]

@@ -136,7 +136,6 @@ class WorkloadRequest:
     abort_step: int = -1
     abort_ns: int = -1
     abort_reason: str = "client"
-    packed_blocks: tuple[bytes, ...] | None = None     # the prompt packed, when the workload has it (see Sequence)
 
 
 def check_requests(scheduler, requests: list[WorkloadRequest], under: str = "the config"):
@@ -190,7 +189,7 @@ def run_workload(config: Config, requests: list[WorkloadRequest], runner=None, s
             i = pending[next_request]
             r = requests[i]
             engine.add_request(r.prompt_token_ids, SamplingParams(r.temperature, r.max_tokens, r.ignore_eos),
-                               seq_id=i if r.seq_id is None else r.seq_id, packed_blocks=r.packed_blocks)
+                               seq_id=i if r.seq_id is None else r.seq_id)
             next_request += 1
         if leaving.next_due <= engine.num_steps:
             leaving.abort(engine, engine.num_steps)

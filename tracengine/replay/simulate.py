@@ -106,8 +106,7 @@ def _run_timed(config, requests, step_time, runner, sink, header, max_steps, pol
         while i < n and requests[order[i]].arrival_ns <= start:
             r = requests[order[i]]
             engine.add_request(r.prompt_token_ids, SamplingParams(r.temperature, r.max_tokens, r.ignore_eos),
-                               seq_id=order[i] if r.seq_id is None else r.seq_id, arrival_time=r.arrival_ns / 1e9,
-                               packed_blocks=r.packed_blocks)
+                               seq_id=order[i] if r.seq_id is None else r.seq_id, arrival_time=r.arrival_ns / 1e9)
             i += 1
         if leaving.next_due <= start:      # the clients that left by now, as they left the recording
             leaving.abort(engine, start)
@@ -236,7 +235,7 @@ def timed_requests(requests) -> list[WorkloadRequest]:
                                   "simulate takes token ids (prompt_token_ids) or lengths")
         sp = sampling_params(r)
         timed.append(WorkloadRequest(r.prompt, sp.max_tokens, 0, sp.ignore_eos, sp.temperature, seq_id=i,
-                                     arrival_ns=round(r.arrival_s * 1e9), packed_blocks=r.packed_blocks))
+                                     arrival_ns=round(r.arrival_s * 1e9)))
     return timed
 
 

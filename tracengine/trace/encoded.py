@@ -1,11 +1,15 @@
-"""Token ids that carry their msgpack encoding, so that a trace writer copies
-bytes instead of encoding every token: recording a Mooncake workload's prompts
-(13.9 million tokens for 1,000 requests) was an eighth of its simulation.
+"""Token ids that carry the two encodings a run makes of a prompt, made once per
+shared block by a workload reader instead of once per prompt: a Mooncake
+prompt is its hash ids' 512-token blocks, and 1,000 prompts hold 13.9 million
+tokens but 3 million distinct ones.
 
-The encoding is in pieces (`parts`): a Mooncake prompt is its hash ids'
-512-token blocks, each encoded once by the reader, however many prompts hold
-it. Joined after the array's header they are the bytes msgspec writes for the
-list, so the trace is the same byte for byte either way (TraceWriter)."""
+- `parts`, their msgpack encoding in pieces: joined after the array's header
+  they are the bytes msgspec writes for the list, so a trace writer copies
+  them instead of encoding every token (it was an eighth of a recorded
+  simulation), and the trace is the same byte for byte (TraceWriter);
+- `packed`, pieces whose join starts with the tokens packed as the block
+  manager hashes them (block_manager.pack_tokens): a Sequence takes them as
+  its block bytes, and the block manager packs none of the prompt."""
 import msgspec
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -31,21 +35,22 @@ def _read_only(self, *args, **kwargs):
 
 
 class EncodedTokens(list):
-    """A read-only list of token ids with `parts`, the pieces of its items' encoding
-    (encoded_items of consecutive slices of it). In memory it is the list; `msgpack()`
-    is its encoding."""
-    __slots__ = ("parts",)
+    """A read-only list of token ids with `parts` (encoded_items of consecutive slices of
+    it) and `packed` (pieces whose join starts with pack_tokens of it; empty: not given).
+    In memory it is the list; `msgpack()` is its encoding."""
+    __slots__ = ("parts", "packed")
 
-    def __init__(self, token_ids=(), parts: tuple[bytes, ...] = ()):
+    def __init__(self, token_ids, parts: tuple[bytes, ...], packed: tuple[bytes, ...] = ()):
         list.__init__(self, token_ids)
         self.parts = tuple(parts)
+        self.packed = tuple(packed)
 
     @classmethod
     def from_pieces(cls, pieces, num_tokens: int) -> "EncodedTokens":
-        """The first `num_tokens` of the concatenated pieces, each a sequence whose first two
-        items are token ids and their encoded_items; only the last piece may be cut (it is
-        encoded again, cut)."""
-        tokens = cls()
+        """The first `num_tokens` of the concatenated pieces, each (token ids, encoded_items of
+        them, pack_tokens of them); only the last piece may be cut (its encoding is made
+        again, cut; its packing stays whole, longer than the tokens)."""
+        tokens = cls((), ())
         for piece in pieces:
             list.extend(tokens, piece[0])
         parts = [piece[1] for piece in pieces]
@@ -57,14 +62,15 @@ class EncodedTokens(list):
             list.__delitem__(tokens, slice(num_tokens, None))
             parts[-1] = encoded_items(last[:len(last) - cut])
         tokens.parts = tuple(parts)
+        tokens.packed = tuple([piece[2] for piece in pieces])
         return tokens
 
     def msgpack(self) -> bytes:
         """The bytes msgspec's msgpack encoder writes for this list."""
         return array_header(len(self)) + b"".join(self.parts)
 
-    def __reduce__(self):        # pickled (sweep workers) as it is, parts and all
-        return EncodedTokens, (list(self), self.parts)
+    def __reduce__(self):        # pickled (sweep workers) as it is, its encodings and all
+        return EncodedTokens, (list(self), self.parts, self.packed)
 
     append = extend = insert = pop = remove = clear = sort = reverse = _read_only
     __setitem__ = __delitem__ = __iadd__ = __imul__ = _read_only

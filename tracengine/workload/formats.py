@@ -39,10 +39,6 @@ class Request:
     top_p: float = 1.0
     seed: int = -1             # -1: none of its own
     source: str = ""           # FILE:LINE it was read from, for messages
-    # The token ids packed as the block manager packs them, where the format makes that cheap:
-    # a Mooncake prompt's hash ids' blocks, each packed once (their join starts with the
-    # prompt's tokens). A simulation then packs none of them itself.
-    packed_blocks: tuple[bytes, ...] | None = None
 
 
 def read_workload(path: str, format: str | None = None, *, vocab_size: int, max_requests: int | None = None,
@@ -208,12 +204,11 @@ def _mooncake(f, path, vocab_size, length_scale, seed):
         num_tokens = scale_length(input_length, length_scale)
         block_ids = [_integer(hash_id, "a hash id", where, 0) for hash_id in hash_ids[:-(-num_tokens // block_len)]]
         blocks = [_mooncake_block(block_id, block_len, vocab_size) for block_id in block_ids]
-        # with the blocks' encodings: recorded, the prompt is copied, not encoded
+        # with the blocks' encodings: the block manager packs none of it, a recording copies it
         prompt = EncodedTokens.from_pieces(blocks, num_tokens)
-        packed = tuple([block[2] for block in blocks])
         # An output length of 0 still samples the first token, as every engine does.
         yield Request(prompt, scale_length(max(output_length, 1), length_scale), timestamp / 1000.0,
-                      ignore_eos=True, source=where, packed_blocks=packed)
+                      ignore_eos=True, source=where)
 
 
 def _azure(f, path, vocab_size, length_scale, seed):
