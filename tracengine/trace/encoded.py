@@ -27,7 +27,7 @@ def array_header(length: int) -> bytes:
 def encoded_items(token_ids) -> bytes:
     """The msgpack encoding of `token_ids`' items, without the array's head: pieces that
     join into the encoding of their concatenation."""
-    return _encode(list(token_ids))[len(array_header(len(token_ids))):]
+    return _encode(token_ids)[len(array_header(len(token_ids))):]     # a tuple encodes as an array too
 
 
 def _read_only(self, *args, **kwargs):
