@@ -47,14 +47,26 @@ def test_they_are_read_only_and_survive_a_pickle_and_a_copy():
         assert other.packed == tokens.packed
 
 
-def test_a_sequence_hands_on_an_encoded_prompt_and_decodes_into_its_own_list():
+def test_a_sequence_keeps_an_encoded_prompt_and_decodes_into_its_own_list():
     prompt = EncodedTokens([5, 6, 7], (encoded_items([5, 6, 7]),), (pack_tokens([5, 6, 7, 8]),))
     seq = Sequence(0, prompt, 2)
     assert bytes(seq.block_data) == pack_tokens([5, 6])     # its full block, taken from the packing
-    seq.token_ids.append(8)
-    assert seq.prompt_token_ids is prompt and prompt == [5, 6, 7] and type(seq.token_ids) is list
-    plain = Sequence(1, [5, 6, 7], 2)
-    assert plain.prompt_token_ids == [5, 6, 7] and plain.prompt_token_ids is not plain.token_ids
+    assert seq.prompt is prompt and seq.prompt_token_ids is prompt     # kept, not copied
+    seq.append_token(8)
+    seq.append_token(9)
+    assert prompt == [5, 6, 7] and seq.completion == [8, 9] and seq.token_ids == [5, 6, 7, 8, 9]
+    assert seq.completion_token_ids == [8, 9] and seq.completion_token_ids is not seq.completion
+    # token_ids[start:end] across the prompt's end, by tokens() and by subscript, and the blocks
+    for start in range(6):
+        for end in range(start, 6):
+            assert seq.tokens(start, end) == seq[start:end] == [5, 6, 7, 8, 9][start:end]
+    assert [seq[i] for i in range(-5, 5)] == [5, 6, 7, 8, 9] * 2 and seq[::2] == [5, 7, 9]
+    assert [seq.block(i) for i in range(seq.num_blocks)] == [[5, 6], [7, 8], [9]]
+    tokens = [5, 6, 7]
+    plain = Sequence(1, tokens, 2)
+    tokens.append(99)        # the caller's list changes: the sequence copied it
+    plain.append_token(8)
+    assert plain.prompt_token_ids == [5, 6, 7] and plain.token_ids == [5, 6, 7, 8]
 
 
 def test_mooncake_prompts_carry_their_encoding():

@@ -374,7 +374,7 @@ class BlockManager:
             data, end = seq.block_data, start + num_tokens
             if num_tokens == size and hashes:
                 # the one block a decode fills: hash_packed's set-up is most of it
-                block = self._pack_block(*seq.token_ids[start:end])
+                block = self._pack_block(*seq.tokens(start, end))
                 hashes.append(xxhash.xxh64_intdigest(PARENT.pack(hashes[-1]) + block))
                 data += block
             else:
@@ -383,8 +383,7 @@ class BlockManager:
                 # after: slicing the list costs more.
                 have = len(data) // 8
                 if have < end:
-                    token_ids = seq.token_ids
-                    packed = pack_tokens(token_ids[have:] if have else token_ids)
+                    packed = pack_tokens(seq.tokens(have, seq.num_tokens))
                     data += packed if len(packed) == (end - have) * 8 else memoryview(packed)[:(end - have) * 8]
                 self._hash_new_blocks(seq, end // size)
         return hashes

@@ -205,7 +205,7 @@ class Scheduler:
                 seq.num_cached_tokens = num_tokens
                 seq.num_scheduled_tokens = 0
             # Sequence.append_token, inline: a call for every sampled token costs more than the four lines
-            seq.token_ids.append(token_id)
+            seq.completion.append(token_id)
             seq.last_token = token_id
             seq.num_tokens = num_tokens = num_tokens + 1
             num_completion_tokens = seq.num_completion_tokens = seq.num_completion_tokens + 1

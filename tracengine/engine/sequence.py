@@ -13,11 +13,11 @@ class SequenceStatus(Enum):
 
 
 class Sequence:
-    __slots__ = ("seq_id", "status", "token_ids", "last_token", "num_tokens", "num_prompt_tokens",
+    __slots__ = ("seq_id", "status", "prompt", "completion", "last_token", "num_tokens", "num_prompt_tokens",
                  "num_cached_tokens", "num_scheduled_tokens", "is_prefill", "block_table",
                  "block_size", "temperature", "max_tokens", "ignore_eos", "top_k", "top_p", "seed",
                  "num_preemptions", "finish_reason", "block_hashes", "block_data",
-                 "num_completion_tokens", "_prompt")
+                 "num_completion_tokens")
 
     def __init__(self, seq_id: int, token_ids: list[int], block_size: int,
                  sampling_params: SamplingParams | None = None):
@@ -27,14 +27,13 @@ class Sequence:
         self.seq_id = seq_id
         self.status = SequenceStatus.WAITING
         encoded = type(token_ids) is EncodedTokens
-        if encoded:
-            # a read-only prompt with its encoding is handed on as it is (prompt_token_ids), not
-            # copied; list() would copy a list subclass item by item, list.copy as a list
-            self._prompt, self.token_ids = token_ids, list.copy(token_ids)
-        else:
-            self._prompt, self.token_ids = None, list(token_ids)
-        self.last_token = self.token_ids[-1] if self.token_ids else -1   # empty: the scheduler refuses it
-        self.num_tokens = len(self.token_ids)
+        # Tokens only ever append, to `completion`: a read-only prompt with its encoding is kept as it
+        # is, never copied (a 13,000-token prompt's copy, and its freeing, cost more than its hashing);
+        # a list is copied, as its owner may change it.
+        self.prompt = token_ids if encoded else list(token_ids)
+        self.completion: list[int] = []
+        self.last_token = self.prompt[-1] if self.prompt else -1   # empty: the scheduler refuses it
+        self.num_tokens = len(self.prompt)
         self.num_prompt_tokens = self.num_tokens
         self.num_completion_tokens = 0   # num_tokens - num_prompt_tokens, kept: read for every token
         self.num_cached_tokens = 0       # tokens whose KV is in the cache
@@ -63,7 +62,12 @@ class Sequence:
         return self.num_tokens
 
     def __getitem__(self, key):
-        return self.token_ids[key]
+        if isinstance(key, slice):
+            start, stop, stride = key.indices(self.num_tokens)
+            return self.tokens(start, stop) if stride == 1 else self.token_ids[key]
+        if key < 0:
+            key += self.num_tokens
+        return self.prompt[key] if key < self.num_prompt_tokens else self.completion[key - self.num_prompt_tokens]
 
     def __repr__(self):
         return (f"Sequence(seq_id={self.seq_id}, status={self.status.name}, num_tokens={self.num_tokens}, "
@@ -74,12 +78,28 @@ class Sequence:
         return self.status == SequenceStatus.FINISHED
 
     @property
+    def token_ids(self) -> list[int]:
+        """All the tokens, prompt and completion, as a new list."""
+        return [*self.prompt, *self.completion]
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        """token_ids[start:end] (0 <= start <= end <= num_tokens) without joining the prompt and
+        completion first. The whole prompt is the sequence's own list: read it, never change it."""
+        n = self.num_prompt_tokens
+        if end <= n:
+            return self.prompt if start == 0 and end == n else self.prompt[start:end]
+        if start >= n:
+            return self.completion[start - n:end - n]
+        return self.prompt[start:] + self.completion[:end - n]
+
+    @property
     def prompt_token_ids(self):
-        return self.token_ids[:self.num_prompt_tokens] if self._prompt is None else self._prompt
+        """The prompt: the sequence's own list (or the read-only EncodedTokens it was given)."""
+        return self.prompt
 
     @property
     def completion_token_ids(self):
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.completion[:]
 
     @property
     def num_blocks(self):
@@ -87,10 +107,10 @@ class Sequence:
 
     def block(self, i: int) -> list[int]:
         assert 0 <= i < self.num_blocks
-        return self.token_ids[i * self.block_size:(i + 1) * self.block_size]
+        return self.tokens(i * self.block_size, min((i + 1) * self.block_size, self.num_tokens))
 
     def append_token(self, token_id: int):     # Scheduler.postprocess has these lines inline
-        self.token_ids.append(token_id)
+        self.completion.append(token_id)
         self.last_token = token_id
         self.num_tokens += 1
         self.num_completion_tokens += 1

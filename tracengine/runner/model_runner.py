@@ -202,7 +202,7 @@ class ModelRunner:
             assert seq.block_size == self.block_size, f"seq {seq.seq_id}: block size {seq.block_size}"
             start, end = seq.num_cached_tokens, seq.num_cached_tokens + seq.num_scheduled_tokens
             assert start < end <= seq.num_tokens, f"seq {seq.seq_id}: cannot compute tokens [{start}, {end})"
-            input_ids.extend(seq.token_ids[start:end])
+            input_ids.extend(seq.tokens(start, end))
             positions.extend(range(start, end))
             cu_seqlens_q.append(cu_seqlens_q[-1] + end - start)
             cu_seqlens_k.append(cu_seqlens_k[-1] + end)

@@ -165,7 +165,7 @@ class EngineLoop:
             n = seq.num_completion_tokens
             if request is None or n == request.num_delivered:
                 continue                  # a middle chunk: no token yet
-            token_ids = seq.token_ids[seq.num_prompt_tokens + request.num_delivered:]
+            token_ids = seq.completion[request.num_delivered:]
             num_new_tokens += len(token_ids)
             if metrics is not None:
                 metrics.tokens(request, now_ns)
