@@ -6,7 +6,6 @@ token ids, max_tokens, sampling fields, arrival in seconds from the start of
 the run) for the engine, the simulator and the serving benchmark alike. Every
 malformed line is a one-line `TracengineError` naming FILE:LINE."""
 import csv
-import gc
 import json
 import math
 import random
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 
+from tracengine.collector import collector_paused
 from tracengine.engine.block_manager import pack_tokens
 from tracengine.errors import TracengineError
 from tracengine.trace.encoded import EncodedTokens, encoded_items
@@ -64,15 +64,8 @@ def read_workload(path: str, format: str | None = None, *, vocab_size: int, max_
     if vocab_size <= 0:
         raise TracengineError(f"vocab size must be positive, got {vocab_size}")
     parse = {"mooncake": _mooncake, "azure": _azure, "tracengine": _tracengine}[format]
-    # The prompts are millions of ints in lists that make no reference cycles; the collector's
-    # passes over them, as they grow, cost a few percent of reading a Mooncake trace, so it waits.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():    # the prompts: millions of ints in lists, in no cycle
         requests = _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_len)
-    finally:
-        if collecting:
-            gc.enable()
     if not requests:
         raise TracengineError(f"{path}: no requests")
     origin = requests[0].arrival_s if format in ("mooncake", "azure") else 0.0
