@@ -151,6 +151,29 @@ def test_close_writes_the_events_of_an_unfinished_step(tmp_path):
         assert [type(e) for e in reader.read_frame(2)] == [RequestAdded]
 
 
+@pytest.mark.parametrize("cut", [0, 1, 15, 16, 17, -1])
+def test_a_frame_written_short_is_written_whole_after(tmp_path, monkeypatch, cut):
+    """A frame's head and payload go out in one gathered write; where the kernel takes only
+    part of them (a full pipe, a signal), the rest follows and the trace is the same."""
+    writev = os.writev
+
+    def short_writev(fd, buffers):    # every other frame's write stops `cut` bytes in
+        short_writev.calls += 1
+        if short_writev.calls % 2:
+            data = b"".join(buffers)
+            return os.write(fd, data[:cut if cut >= 0 else len(data) - 1])
+        return writev(fd, buffers)
+    short_writev.calls = 0
+    monkeypatch.setattr(tracelog.os, "writev", short_writev)
+    cut_path = tmp_path / "cut.trace"
+    _, events, _ = record_every_event_type(cut_path, deflate=False)    # the writer's own frames, as written
+    assert short_writev.calls > 4
+    monkeypatch.undo()
+    with TraceReader(cut_path) as reader:
+        assert reader.ended and reader.corruption is None and reader.torn_tail is None
+        assert [e for e in reader.events() if type(e) is not TraceHeader] == events
+
+
 def frame_words(path) -> list[int]:
     """The length word of every frame: bit 31 says deflated."""
     data = Path(path).read_bytes()

@@ -109,8 +109,12 @@ def pack_head(buffer, word: int, checksum: int) -> None:
 
 def frame_bytes(payload: bytes, deflated: bool = False) -> bytes:
     """A whole v3 frame around a stored payload."""
-    word = len(payload) | (DEFLATED if deflated else 0)
-    return frame_head(word, xxhash.xxh64_intdigest(payload, int(deflated))) + payload
+    return stored_frame_head(payload, deflated) + payload
+
+
+def stored_frame_head(payload: bytes, deflated: bool = False) -> bytes:
+    """The v3 frame head of a stored payload: frame_bytes without the payload copied after it."""
+    return frame_head(len(payload) | (DEFLATED if deflated else 0), xxhash.xxh64_intdigest(payload, int(deflated)))
 
 
 END_FRAME = frame_bytes(END_PAYLOAD)   # stored
@@ -245,6 +249,7 @@ class TraceWriter:
         # unbuffered: each frame is on the file (in the kernel: a killed process keeps it) when
         # its write returns, with no flush to call
         self._file = open(path, "wb", buffering=0)
+        self._fd = self._file.fileno()
         st = os.fstat(self._file.fileno())
         # a device or a pipe (--record /dev/null) is written, never replaced
         self._compact = deflate and stat.S_ISREG(st.st_mode)
@@ -280,7 +285,11 @@ class TraceWriter:
         nbytes = len(payload)
         if nbytes > MAX_FRAME_BYTES:
             raise TraceError(f"a frame of {nbytes} bytes exceeds the limit of {MAX_FRAME_BYTES}")
-        self._write(frame_bytes(payload))
+        # head and payload in one call, gathered by the kernel: a frame is not copied to be joined
+        head = stored_frame_head(payload)
+        written = os.writev(self._fd, (head, payload))
+        if written < len(head) + len(payload):     # a short write: the rest as _write writes
+            self._write((head + payload)[written:])
 
     def _write(self, data: bytes) -> None:
         """All of `data`, in one write call but for a short write (a full disk, a signal)."""
