@@ -83,12 +83,14 @@ def run(requests, num_blocks, record_dir=None, fold=False):
                     max_model_len=max(len(r.prompt) + r.max_tokens for r in requests))
     step_time = RooflineStepTime.for_hardware(ModelShape.from_hf_config(QWEN3_8B, "Qwen3-8B"), "H200")
     header = simulation_header(config, step_time)
+    path = None if record_dir is None else os.path.join(record_dir, f"sim-{num_blocks}.trace")
+    if path is not None and os.path.exists(path):
+        os.remove(path)      # a new file, as `simulate --record` writes one: the last run's is not truncated in the time
     wall, cpu = time.perf_counter(), time.process_time()
     if record_dir is None:
         events = simulate(config, requests, step_time)
         path = None
     else:
-        path = os.path.join(record_dir, f"sim-{num_blocks}.trace")
         with TraceWriter(path, header, deflate=False) as writer:    # as `simulate --record` writes
             simulate(config, requests, step_time, RequestTimelineSink(header, writer) if fold else writer, header)
         events = path

@@ -82,7 +82,9 @@ def main():
         digests = set()
         for _ in range(args.repeats):
             for name, tree in (("before", before), ("after", ROOT)):
-                cpu, digest = run_one(tree, workload, os.path.join(tmp, f"{name}.trace"), QWEN3_8B)
+                trace = os.path.join(tmp, f"{name}.trace")
+                cpu, digest = run_one(tree, workload, trace, QWEN3_8B)
+                os.remove(trace)     # a new file each run, as `simulate --record` writes: no truncation timed
                 times[name].append(cpu)
                 digests.add(digest)
         b, a = statistics.median(times["before"]), statistics.median(times["after"])
