@@ -384,3 +384,35 @@ def test_an_event_naming_an_unknown_request_is_a_trace_error():
             fold([header, known, event])
         assert fold([header, known, RequestAdded(0, 7, [1], 4, 1.0, False), event]).requests.keys() == {1, 7}
     assert fold([header, known, TokenSample(0, 7, 5, False)]).requests.keys() == {1}   # a middle chunk's: not folded
+
+
+@pytest.mark.parametrize("with_writer", [False, True])
+def test_a_live_fold_gives_the_figures_of_its_events_and_is_freed_with_its_sink(tmp_path, with_writer):
+    """RequestTimelineSink (generate's and simulate's summary) folds as the events come: the same
+    figures as the events folded after, passed on to a writer unchanged, and no reference cycle:
+    with the collector off, the sink and its timeline go when the last reference does."""
+    import gc
+    import weakref
+    from tracengine.analysis.timeline import RequestTimelineSink
+    from tracengine.trace.tracelog import TraceReader
+    events = preemption_case()
+    path = tmp_path / "run.trace"
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        writer = TraceWriter(path, events[0]) if with_writer else None
+        sink = RequestTimelineSink(events[0], writer)
+        for event in events[1:]:
+            sink.emit(event)
+        if writer is not None:
+            writer.close()
+            with TraceReader(path) as reader:
+                assert list(reader.events())[1:] == events[1:]
+        figures = stats(sink.timeline)
+        assert figures == stats(events) and figures["preemption"]["num_preemptions"] > 0
+        gone = weakref.ref(sink), weakref.ref(sink.timeline)
+        del sink, writer
+        assert [ref() for ref in gone] == [None, None]
+    finally:
+        if collecting:
+            gc.enable()

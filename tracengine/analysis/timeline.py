@@ -71,18 +71,12 @@ class RequestTimeline:
         self._decision: ScheduleDecision | None = None
         self._starts: list[int] = []    # each step's start and end on the time axis
         self._ends: list[int] = []
-        # What each event type adds, by exact type; the block-level events (hashes, appends,
-        # frees) add nothing: no figure needs them (the free counts come from StepEnd).
-        self._fold = {TraceHeader: self.__init__, RequestAdded: self._request_added,
-                      ScheduleDecision: self._decision_made, BlockAllocate: self._allocated,
-                      Preempt: self._preempted, TokenSample: self._token_sampled, SeqFinish: self._finished,
-                      SeqAbort: self._aborted, StepEnd: self._step_ended}
 
     def add(self, event) -> None:
         # By exact type, one dict lookup: a run folded live (generate, simulate) pays this per event.
-        fold = self._fold.get(type(event))
+        fold = FOLD.get(type(event))
         if fold is not None:
-            fold(event)
+            fold(self, event)
 
     def _request_added(self, event: RequestAdded) -> None:
         num_prompt_tokens = len(event.prompt_token_ids)
@@ -205,6 +199,16 @@ class RequestTimeline:
         return req.arrival_ns if req.arrival_ns >= 0 else self.start_ns(req.added_step)
 
 
+# What each event type adds to a timeline, by exact type; the block-level events (hashes, appends,
+# frees) add nothing: no figure needs them (the free counts come from StepEnd). Functions, not a
+# timeline's bound methods: a table of those on the timeline would hold it in a reference cycle,
+# alive after the run until the collector's next full pass (a command's exit: 0.1-0.2 s).
+FOLD = {TraceHeader: RequestTimeline.__init__, RequestAdded: RequestTimeline._request_added,
+        ScheduleDecision: RequestTimeline._decision_made, BlockAllocate: RequestTimeline._allocated,
+        Preempt: RequestTimeline._preempted, TokenSample: RequestTimeline._token_sampled,
+        SeqFinish: RequestTimeline._finished, SeqAbort: RequestTimeline._aborted, StepEnd: RequestTimeline._step_ended}
+
+
 def fold(events) -> RequestTimeline:
     timeline = RequestTimeline()
     for event in events:
@@ -227,6 +231,17 @@ def load(path_or_events) -> RequestTimeline:
     return timeline
 
 
+def _emit_both(inner_emit, timeline):
+    """An emit that passes an event on and folds it, the timeline's add inline (a call less an
+    event); a closure over the two, not a sink's bound method kept on the sink (a cycle)."""
+    def emit(event) -> None:
+        inner_emit(event)
+        fold = FOLD.get(type(event))
+        if fold is not None:
+            fold(timeline, event)
+    return emit
+
+
 class RequestTimelineSink:
     """An event sink that folds what it is given into a RequestTimeline as it comes,
     and passes it on to `inner` (a trace writer) if there is one: the run
@@ -241,14 +256,7 @@ class RequestTimelineSink:
         self.first_step = first_step
         self.origin_ns = origin_ns
         if not (first_step or origin_ns):    # the usual run: every event as it is, one call less each
-            self._fold = self.timeline._fold
-            self.emit = self.timeline.add if self.inner is None else self._emit_both
-
-    def _emit_both(self, event) -> None:
-        self.inner.emit(event)
-        fold = self._fold.get(type(event))     # the timeline's add, one call less an event
-        if fold is not None:
-            fold(event)
+            self.emit = self.timeline.add if self.inner is None else _emit_both(self.inner.emit, self.timeline)
 
     def emit(self, event) -> None:
         if self.inner is not None:
