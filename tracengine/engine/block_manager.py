@@ -383,7 +383,8 @@ class BlockManager:
                 # after: slicing the list costs more.
                 have = len(data) // 8
                 if have < end:
-                    packed = pack_tokens(seq.tokens(have, seq.num_tokens))
+                    whole = not have and not seq.completion     # the prompt as it is: no slice of it
+                    packed = pack_tokens(seq.prompt if whole else seq.tokens(have, seq.num_tokens))
                     data += packed if len(packed) == (end - have) * 8 else memoryview(packed)[:(end - have) * 8]
                 self._hash_new_blocks(seq, end // size)
         return hashes

@@ -63,8 +63,7 @@ class Sequence:
 
     def __getitem__(self, key):
         if isinstance(key, slice):
-            start, stop, stride = key.indices(self.num_tokens)
-            return self.tokens(start, stop) if stride == 1 else self.token_ids[key]
+            return self.token_ids[key]
         if key < 0:
             key += self.num_tokens
         return self.prompt[key] if key < self.num_prompt_tokens else self.completion[key - self.num_prompt_tokens]
@@ -83,11 +82,11 @@ class Sequence:
         return [*self.prompt, *self.completion]
 
     def tokens(self, start: int, end: int) -> list[int]:
-        """token_ids[start:end] (0 <= start <= end <= num_tokens) without joining the prompt and
-        completion first. The whole prompt is the sequence's own list: read it, never change it."""
+        """token_ids[start:end] (0 <= start <= end <= num_tokens), a new list, without joining the
+        prompt and completion first."""
         n = self.num_prompt_tokens
         if end <= n:
-            return self.prompt if start == 0 and end == n else self.prompt[start:end]
+            return self.prompt[start:end]
         if start >= n:
             return self.completion[start - n:end - n]
         return self.prompt[start:] + self.completion[:end - n]
