@@ -493,3 +493,48 @@ def test_prompts_that_come_packed_give_the_run_of_prompts_packed_by_the_block_ma
         assert events[1:] == simulate(config, unpacked, step_time)[1:]     # the header apart: its created_at
         kinds = {type(e).__name__ for e in events}
         assert "BlockHash" in kinds and ("Preempt" in kinds) == (num_blocks == 60)
+
+
+def test_a_run_leaves_nothing_for_the_collector(tmp_path):
+    """The engine, scheduler, block manager and event sinks make no reference cycle: with the
+    collector off, as a simulation runs, a run's pool of blocks and its live fold go when it
+    ends, not at the collector's next pass (which would walk 100,000-slot lists and every step)."""
+    import gc
+    from tracengine.analysis.timeline import RequestTimeline, RequestTimelineSink
+    from tracengine.engine.block_manager import BlockManager
+    from tracengine.engine.config import Config
+    from tracengine.engine.llm_engine import LLMEngine
+    from tracengine.engine.sampling_params import SamplingParams
+    from tracengine.replay.runners import SyntheticRunner, WorkloadRequest, run_workload
+    from tracengine.replay.simulate import run_timed
+    from tracengine.replay.steptime import LinearStepTime
+    from tracengine.trace.tracelog import TraceWriter, make_header
+    from tests.test_steptime import TRUTH
+
+    def alive(kind):
+        return [o for o in gc.get_objects() if type(o) is kind]
+
+    config = Config(num_kvcache_blocks=12, kvcache_block_size=4, max_num_batched_tokens=16, eos=999)
+    requests = [WorkloadRequest(list(range(i, i + 9)), 6, ignore_eos=True, arrival_ns=i * 1000) for i in range(5)]
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        gc.collect()
+        assert not alive(BlockManager) and not alive(RequestTimeline)
+        with TraceWriter(tmp_path / "sim.trace", make_header(config), deflate=False) as writer:
+            sink = RequestTimelineSink(make_header(config), writer)
+            run_timed(config, requests, LinearStepTime(TRUTH), sink=sink)
+        assert sink.timeline.num_steps and not alive(BlockManager)
+        assert stats(tmp_path / "sim.trace")["preemption"]["num_preemptions"] > 0     # the pool ran out
+        del sink
+        assert not alive(RequestTimeline)
+        run_workload(config, requests, SyntheticRunner(eos=999))
+        engine = LLMEngine(config, SyntheticRunner(eos=999))
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=4))
+        engine.step()
+        assert engine.scheduler.block_manager.blocks[0].ref_count == 1    # the views still read the pool
+        del engine
+        assert not alive(BlockManager)
+    finally:
+        if collecting:
+            gc.enable()

@@ -47,7 +47,7 @@ class Scheduler:
             raise RequestError(f"prompt of {num_prompt_tokens} tokens is longer than max_model_len={self.max_model_len}")
         longest = min(num_prompt_tokens + max_tokens, self.max_model_len)
         num_blocks = (longest + self.block_size - 1) // self.block_size
-        num_total = len(self.block_manager.blocks)
+        num_total = self.block_manager.num_blocks
         if num_blocks > num_total:
             raise RequestError(
                 f"request of {num_prompt_tokens} prompt + {max_tokens} max tokens needs {num_blocks} KV blocks "
