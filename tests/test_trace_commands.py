@@ -165,3 +165,35 @@ def test_missing_file_not_a_trace_and_other_version_exit_2(tmp_path, capsys, com
     assert exit_code == 2
     assert err == (f"tracengine: error: {newer}: trace format version {FORMAT_VERSION + 1}, "
                    f"this tracengine reads versions 1 to {FORMAT_VERSION}\n")
+
+
+def test_batch_commands_run_without_collector_passes_and_give_it_back(trace, capsys, tmp_path):
+    """A command that reads a trace and writes figures or a trace runs with the collector paused
+    (its events are in no reference cycle: a pass over them frees nothing), and leaves it as it
+    found it, after an error too."""
+    import gc
+    import sys
+    trace = trace[0]
+    passes = []
+
+    def count(phase, info):      # a pass started inside a command (not in parsing its arguments)
+        frame = sys._getframe(1)
+        while frame is not None and not frame.f_code.co_name.startswith("cmd_"):
+            frame = frame.f_back
+        if phase == "start" and frame is not None:
+            passes.append(frame.f_code.co_name)
+    gc.callbacks.append(count)
+    try:
+        for argv in (["stats", str(trace)], ["replay", str(trace), "--set", "num_kvcache_blocks=64"],
+                     ["export", str(trace), "--perfetto", str(tmp_path / "p.json")], ["check", str(trace)]):
+            gc.collect()
+            passes.clear()
+            assert main(argv) == 0, argv
+            assert passes == [] and gc.isenabled(), argv
+        assert main(["stats", str(tmp_path / "missing.trace")]) == 2 and gc.isenabled()
+        gc.disable()       # a caller that had it off finds it off
+        assert main(["stats", str(trace)]) == 0 and not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.callbacks.remove(count)
+    capsys.readouterr()

@@ -385,7 +385,6 @@ def simulation_progress(num_requests: int, enabled: bool = True):
 
 
 def cmd_simulate(args) -> int:
-    from tracengine.collector import collector_paused
     from tracengine.engine.config import parse_override
     from tracengine.replay.simulate import timed_requests
     if args.workload_file and args.workload:
@@ -404,16 +403,9 @@ def cmd_simulate(args) -> int:
         vocab_size = step_time.model.vocab_size if step_time.kind == "roofline" else DEFAULT_VOCAB_SIZE
     elif vocab_size <= 0:
         raise TracengineError(f"--vocab-size must be positive, got {vocab_size}")
-    # The workload's millions of tokens make no reference cycle, nor does a run: the collector
-    # stays off from reading them to the summary, and they are freed before it is back on (each of
-    # its passes over them, 0.15 s for a Mooncake trace's 1,000, would free nothing). A sweep
-    # runs with it on, as do the workers it forks.
-    with collector_paused():
-        requests = timed_requests(workload_for_simulation(args, vocab_size))
-        if variants is None:
-            rc = simulate_one(args, requests, overrides, step_time, slo)
-            del requests
-            return rc
+    requests = timed_requests(workload_for_simulation(args, vocab_size))
+    if variants is None:
+        return simulate_one(args, requests, overrides, step_time, slo)
     from tracengine.replay.sweep import SimulateVariant
     print(f"simulate {len(requests):,} requests with {describe_step_time(step_time)}")
     rc = print_sweep(SimulateVariant(requests, overrides, step_time, slo), variants, args)
