@@ -39,20 +39,22 @@ def cmd_replay(args) -> int:
     timed = args.arrivals == "time" or step_time is not None
     if not (overrides or args.record or timed or args.sweep):
         return run_replay(args.trace, args.json, args.policy)
-    if args.arrivals is None:    # time when the trace has arrival times, steps otherwise
-        from tracengine.replay.simulate import has_arrivals
-        with TraceReader(args.trace) as reader:
-            timed = timed or has_arrivals(reader.events())
     if timed and args.arrivals == "steps":
         raise TraceError("--step-time and --roofline time a what-if in simulated time; "
                          "they do not combine with --arrivals steps")
+    with TraceReader(args.trace) as reader:    # read once, for the arrivals and the runs
+        events = list(reader.events())
+        note_torn_tail(reader)
+    if args.arrivals is None:    # time when the trace has arrival times, steps otherwise
+        from tracengine.replay.simulate import has_arrivals
+        timed = timed or has_arrivals(events)
     if args.sweep:
         from tracengine.cli.simulate import run_sweep_replay
-        return run_sweep_replay(args.trace, overrides, timed, step_time, args)
+        return run_sweep_replay(args.trace, events, overrides, timed, step_time, args)
     if timed:
         from tracengine.cli.simulate import run_timed_whatif
-        return run_timed_whatif(args.trace, overrides, args.record, step_time, args.policy, args.json)
-    return run_whatif(args.trace, overrides, args.record, args.json, args.policy)
+        return run_timed_whatif(args.trace, events, overrides, args.record, step_time, args.policy, args.json)
+    return run_whatif(args.trace, events, overrides, args.record, args.json, args.policy)
 
 
 def show_state(path, step: int) -> int:
@@ -89,11 +91,10 @@ def run_replay(path, as_json: bool = False, policy: str | None = None) -> int:
     return EXIT_FAILED_CHECK
 
 
-def run_whatif(path, overrides: dict, record, as_json: bool = False, policy: str | None = None) -> int:
+def run_whatif(path, events, overrides: dict, record, as_json: bool = False, policy: str | None = None) -> int:
+    """`events`: those of the trace at `path`, read."""
     from tracengine.replay.whatif import whatif
-    with TraceReader(path) as reader:
-        result = whatif(reader.events(), overrides, policy=policy)
-        note_torn_tail(reader)
+    result = whatif(events, overrides, policy=policy)
     if record:
         write_trace(record, result.events)
     if as_json:

@@ -157,17 +157,13 @@ def timed_table(recorded: dict, self_check: dict, new: dict | None) -> str:
                                for c, cell in enumerate(r)) for r in table)
 
 
-def run_sweep_replay(path, overrides: dict, timed: bool, step_time, args) -> int:
+def run_sweep_replay(path, events: list, overrides: dict, timed: bool, step_time, args) -> int:
+    """`events`: those of the trace at `path`, read."""
     from tracengine.replay.simulate import TimedReplay
     from tracengine.replay.sweep import IN_STEPS, IN_TIME, StepVariant, TimedVariant
-    from tracengine.trace.tracelog import TraceReader
     variants, slo = sweep_options(args, overrides, IN_TIME if timed else IN_STEPS)
     if args.record:
         raise TracengineError("--record writes one run; a --sweep makes many")
-    from tracengine.cli.outputs import note_torn_tail
-    with TraceReader(path) as reader:
-        events = list(reader.events())
-        note_torn_tail(reader)
     if timed:
         replay = TimedReplay(events, step_time, os.path.basename(path))
         run_variant = TimedVariant(replay, overrides, slo, args.policy)
@@ -199,16 +195,13 @@ def step_time_json(model, trace_path: str = "") -> dict:
     return {"kind": model.kind, "description": describe_step_time(model, trace_path), **model.to_dict()}
 
 
-def run_timed_whatif(path, overrides: dict, record, step_time, policy: str | None = None,
+def run_timed_whatif(path, events: list, overrides: dict, record, step_time, policy: str | None = None,
                      as_json: bool = False) -> int:
+    """`events`: those of the trace at `path`, read."""
     from tracengine.analysis.stats import stats
     from tracengine.replay.simulate import timed_whatif
-    from tracengine.trace.tracelog import TraceReader
     # `replay` checked --record (exists without --force, or the input) before calling
-    from tracengine.cli.outputs import note_torn_tail
-    with TraceReader(path) as reader:
-        result = timed_whatif(reader.events(), overrides, step_time, os.path.basename(path), policy)
-        note_torn_tail(reader)
+    result = timed_whatif(events, overrides, step_time, os.path.basename(path), policy)
     recorded, self_check = stats(result.recorded), stats(result.self_check)
     new = stats(result.new) if overrides else None
     if as_json:
