@@ -9,13 +9,12 @@ import msgspec
 
 from tracengine.analysis.stats import stats
 from tracengine.analysis.timeline import RequestTimeline
-from tracengine.engine.block_manager import pack_tokens
 from tracengine.engine.config import Config
-from tracengine.trace.encoded import EncodedTokens, encoded_items
 from tracengine.trace.events import RequestAdded, ScheduleDecision, TokenSample, TraceHeader
 from tracengine.trace.tracelog import split_header
 from tracengine.replay.runners import OutputRunner, WorkloadRequest, check_requests, run_workload
 from tracengine.engine.scheduler import Scheduler
+from tracengine.workload.formats import encoded_prompt
 
 
 @dataclass
@@ -56,9 +55,7 @@ def extract_workload(events) -> RecordedWorkload:
         elif t is RequestAdded:
             # encoded and packed once, read-only: no run of the workload (a what-if has two, a sweep
             # one a variant) copies, packs or, recording, encodes the prompt again
-            prompt = e.prompt_token_ids
-            prompt = EncodedTokens(prompt, (encoded_items(prompt),), (pack_tokens(prompt),))
-            requests.append(WorkloadRequest(prompt, e.max_tokens, e.step, e.ignore_eos,
+            requests.append(WorkloadRequest(encoded_prompt(e.prompt_token_ids), e.max_tokens, e.step, e.ignore_eos,
                                             e.temperature, seq_id=e.seq_id, arrival_ns=e.arrival_ns))
             outputs[e.seq_id] = []
     for r in requests:      # a client that left: it leaves the new run when it left this one

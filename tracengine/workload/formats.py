@@ -171,6 +171,12 @@ def block_token_ids(block_id: int, num_tokens: int, vocab_size: int) -> tuple[in
     return tuple([v % vocab_size for v in struct.unpack(f"<{num_tokens}I", raw)])   # a list first: faster
 
 
+def encoded_prompt(token_ids: list[int]) -> EncodedTokens:
+    """A prompt of token ids as a reader hands it over: read-only, encoded as the trace encodes it
+    and packed as the block manager hashes it, once (no run copies, packs or encodes it again)."""
+    return EncodedTokens(token_ids, (encoded_items(token_ids),), (pack_tokens(token_ids),))
+
+
 @lru_cache(maxsize=4096)
 def _mooncake_block(block_id: int, num_tokens: int, vocab_size: int) -> tuple[tuple[int, ...], bytes, bytes]:
     """A named block's tokens, made once: as token ids, as the trace encodes them
@@ -242,7 +248,7 @@ def _azure(f, path, vocab_size, length_scale, seed):
         # The trace has lengths only: each request gets tokens of its own (no shared prefixes).
         num_tokens = scale_length(lengths[0], length_scale)
         raw = random.Random(f"azure:{seed}:{reader.line_num}").randbytes(4 * num_tokens)
-        prompt = [v % vocab_size for v in struct.unpack(f"<{num_tokens}I", raw)]
+        prompt = encoded_prompt([v % vocab_size for v in struct.unpack(f"<{num_tokens}I", raw)])
         yield Request(prompt, scale_length(max(lengths[1], 1), length_scale), arrival_s, ignore_eos=True,
                       source=where)
 
@@ -273,7 +279,7 @@ def _tracengine(f, path, vocab_size, length_scale, seed):
                     raise TracengineError(f"{where}: token id {token!r} is outside the vocabulary of {vocab_size}")
             if length_scale > 1.0:
                 raise TracengineError(f"{where}: --length-scale above 1 cannot lengthen given token ids")
-            prompt = prompt[:scale_length(len(prompt), length_scale)]
+            prompt = encoded_prompt(prompt[:scale_length(len(prompt), length_scale)])
         max_tokens = _integer(record.get("max_tokens", DEFAULT_MAX_TOKENS), "max_tokens", where, 1)
         temperature = _number(record.get("temperature", 1.0), "temperature", where)
         if temperature < 0:
