@@ -62,6 +62,9 @@ def test_a_sequence_keeps_an_encoded_prompt_and_decodes_into_its_own_list():
             assert seq.tokens(start, end) == seq[start:end] == [5, 6, 7, 8, 9][start:end]
     assert [seq[i] for i in range(-5, 5)] == [5, 6, 7, 8, 9] * 2 and seq[::2] == [5, 7, 9]
     assert seq.tokens(0, 3) is not prompt and seq[:3] is not prompt     # new lists, as slices are
+    for out_of_range in (5, -6):
+        with pytest.raises(IndexError):
+            seq[out_of_range]
     assert [seq.block(i) for i in range(seq.num_blocks)] == [[5, 6], [7, 8], [9]]
     tokens = [5, 6, 7]
     plain = Sequence(1, tokens, 2)

@@ -66,6 +66,8 @@ class Sequence:
             return self.token_ids[key]
         if key < 0:
             key += self.num_tokens
+            if key < 0:
+                raise IndexError("sequence index out of range")
         return self.prompt[key] if key < self.num_prompt_tokens else self.completion[key - self.num_prompt_tokens]
 
     def __repr__(self):
