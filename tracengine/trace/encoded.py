@@ -1,7 +1,8 @@
-"""Token ids that carry the two encodings a run makes of a prompt, made once per
-shared block by a workload reader instead of once per prompt: a Mooncake
-prompt is its hash ids' 512-token blocks, and 1,000 prompts hold 13.9 million
-tokens but 3 million distinct ones.
+"""Token ids that carry the two encodings a run makes of a prompt, made once by the
+reader that hands the prompt over instead of by every run that takes it: per
+shared block for a Mooncake prompt (its hash ids' 512-token blocks; 1,000 prompts
+hold 13.9 million tokens but 3 million distinct ones), in one piece for the
+other readers' prompts and a recorded workload's (workload.formats.encoded_prompt).
 
 - `parts`, their msgpack encoding in pieces: joined after the array's header
   they are the bytes msgspec writes for the list, so a trace writer copies
