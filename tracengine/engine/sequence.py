@@ -28,8 +28,8 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         encoded = type(token_ids) is EncodedTokens
         # Tokens only ever append, to `completion`: a read-only prompt with its encoding is kept as it
-        # is, never copied (a 13,000-token prompt's copy, and its freeing, cost more than its hashing);
-        # a list is copied, as its owner may change it.
+        # is, never copied (a 13,000-token prompt's copy and its freeing cost about what its hashing
+        # does); a list is copied, as its owner may change it.
         self.prompt = token_ids if encoded else list(token_ids)
         self.completion: list[int] = []
         self.last_token = self.prompt[-1] if self.prompt else -1   # empty: the scheduler refuses it
