@@ -250,7 +250,7 @@ class TraceWriter:
         # its write returns, with no flush to call
         self._file = open(path, "wb", buffering=0)
         self._fd = self._file.fileno()
-        st = os.fstat(self._file.fileno())
+        st = os.fstat(self._fd)
         # a device or a pipe (--record /dev/null) is written, never replaced
         self._compact = deflate and stat.S_ISREG(st.st_mode)
         self._identity = (st.st_dev, st.st_ino)
