@@ -378,8 +378,9 @@ def simulation_progress(num_requests: int, enabled: bool = True):
 
 
 def cmd_simulate(args) -> int:
+    import time
     from tracengine.engine.config import parse_override
-    from tracengine.replay.simulate import timed_requests
+    from tracengine.replay.simulate import simulate, simulate_config, simulation_header, timed_requests
     if args.workload_file and args.workload:
         raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
     args.workload = args.workload_file or args.workload
@@ -397,19 +398,12 @@ def cmd_simulate(args) -> int:
     elif vocab_size <= 0:
         raise TracengineError(f"--vocab-size must be positive, got {vocab_size}")
     requests = timed_requests(workload_for_simulation(args, vocab_size))
-    if variants is None:
-        return simulate_one(args, requests, overrides, step_time, slo)
-    from tracengine.replay.sweep import SimulateVariant
-    print(f"simulate {len(requests):,} requests with {describe_step_time(step_time)}")
-    rc = print_sweep(SimulateVariant(requests, overrides, step_time, slo), variants, args)
-    print_unvaried_note(step_time)
-    return rc
-
-
-def simulate_one(args, requests, overrides: dict, step_time, slo) -> int:
-    """One simulated run of `requests`, recorded if asked, and its summary."""
-    import time
-    from tracengine.replay.simulate import simulate, simulate_config, simulation_header
+    if variants is not None:
+        from tracengine.replay.sweep import SimulateVariant
+        print(f"simulate {len(requests):,} requests with {describe_step_time(step_time)}")
+        rc = print_sweep(SimulateVariant(requests, overrides, step_time, slo), variants, args)
+        print_unvaried_note(step_time)
+        return rc
     config = simulate_config(overrides, requests)
     header = simulation_header(config, step_time)
     from tracengine.analysis.timeline import RequestTimelineSink
