@@ -174,6 +174,31 @@ def test_a_frame_written_short_is_written_whole_after(tmp_path, monkeypatch, cut
         assert [e for e in reader.events() if type(e) is not TraceHeader] == events
 
 
+def test_frames_before_and_after_a_frame_longer_than_the_writers_buffer_read_back(tmp_path, monkeypatch):
+    """Every frame is encoded into the writer's one buffer; a frame past FRAME_BUFFER_BYTES
+    (a step that adds long prompts) is not kept, and the frames around it are written
+    whole, each its own length."""
+    monkeypatch.setattr(tracelog, "FRAME_BUFFER_BYTES", 100)
+    path = tmp_path / "run.trace"
+    config = small_config()
+    with TraceWriter(path, make_header(config), deflate=False) as writer:
+        engine = LLMEngine(config, SyntheticRunner(eos=EOS), writer)
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=3))
+        engine.step()
+        engine.add_request(list(range(1000, 1020)), SamplingParams(max_tokens=2))     # a frame over 100 bytes
+        while not engine.is_finished():
+            engine.step()
+        kept = sys.getsizeof(writer._payload)     # its memory, not only its length
+    assert kept < 2 * 100      # the long frame's buffer was not kept
+    with TraceReader(path) as reader:
+        assert reader.ended and reader.corruption is None
+        payloads = [f.nbytes for f in reader.frames()]
+        events = list(reader.events())
+    assert max(payloads) > 100 > min(payloads)
+    prompts = [e.prompt_token_ids for e in events if type(e) is RequestAdded]
+    assert prompts == [[1, 2, 3], list(range(1000, 1020))]
+    assert sum(type(e) is StepEnd for e in events) == engine.num_steps
+
 def frame_words(path) -> list[int]:
     """The length word of every frame: bit 31 says deflated."""
     data = Path(path).read_bytes()

@@ -85,6 +85,7 @@ HEAD_CHECK = struct.Struct("<I")       # v3: xxh32 of the FRAME_HEAD_V2 bytes be
 DEFLATED = 1 << 31                     # length word flag: the payload is deflated
 LENGTH_MASK = DEFLATED - 1
 MAX_FRAME_BYTES = 64 << 20             # a longer frame is damage, not something to allocate
+FRAME_BUFFER_BYTES = 1 << 20           # a writer's frame buffer is kept up to this size
 MAX_INFLATE_RATIO = 32                 # inflated bytes per stored byte that a v3 writer writes, and a reader takes
 MAX_INFLATE_RATIO_V2 = 256             # v1/v2 writers had no bound: a looser one for their (real) frames
 INFLATE_SLACK = 64 << 10               # any frame may inflate to this much
@@ -244,6 +245,10 @@ class TraceWriter:
         self.header = header
         self.path = os.fspath(path)
         self._encoder = msgspec.msgpack.Encoder()
+        # every frame is encoded into this one buffer (encode_into keeps its memory): a new
+        # payload per frame grew by reallocation as msgspec wrote it, some seven times for a
+        # frame of a few KB
+        self._payload = bytearray()
         self._pending: list[Event] = []
         self._last_step_written = -1
         # unbuffered: each frame is on the file (in the kernel: a killed process keeps it) when
@@ -270,19 +275,22 @@ class TraceWriter:
 
     def _write_frame(self, events: list[Event]) -> None:
         # Inside the step loop, after a forward pass has evicted the caches: every call and
-        # allocation here is paid cold, so the frame is built from bytes (no buffer to resize
-        # or view), stored (deflate waits for close), and goes to the file in one write call
-        # on an unbuffered file.
+        # allocation here is paid cold, so the frame is encoded into the writer's one buffer,
+        # stored (deflate waits for close), and goes to the file in one write call on an
+        # unbuffered file.
         for i, event in enumerate(events):   # the requests a step adds come first in its frame
             if type(event) is not RequestAdded:
                 break
             if type(event.prompt_token_ids) is EncodedTokens:     # the same bytes, copied
                 events[i] = msgspec.structs.replace(event, prompt_token_ids=msgspec.Raw(event.prompt_token_ids.msgpack()))
+        payload = self._payload
         try:
-            payload = self._encoder.encode(events)
+            self._encoder.encode_into(events, payload)
         except OverflowError as exc:    # a simulated time past 2**64 ns (a step-time model's absurd scale)
             raise TraceError(f"a number of the run does not fit the trace's 64-bit integers ({exc})") from None
         nbytes = len(payload)
+        if nbytes > FRAME_BUFFER_BYTES:     # a frame of long prompts: its memory is not kept
+            self._payload = bytearray()
         if nbytes > MAX_FRAME_BYTES:
             raise TraceError(f"a frame of {nbytes} bytes exceeds the limit of {MAX_FRAME_BYTES}")
         # head and payload in one call, gathered by the kernel: a frame is not copied to be joined
