@@ -76,9 +76,17 @@ def mooncake_like(path: str, num_requests: int = 1000, seed: int = 0, duration_s
         f.write("\n".join(lines) + "\n")
 
 
-def run(requests, num_blocks, record_dir=None, fold=False):
+class NoEvents:
+    """A sink that is off: the scheduler builds no event (what a run costs without recording)."""
+    enabled = False
+
+    def emit(self, event):
+        pass
+
+
+def run(requests, num_blocks, record_dir=None, fold=False, build_events=True):
     """One simulation; `fold`: its events also folded live into the run's figures, as
-    `tracengine simulate` does for the summary it prints."""
+    `tracengine simulate` does for the summary it prints; `build_events=False`: no event built."""
     config = Config(num_kvcache_blocks=num_blocks, kvcache_block_size=16,
                     max_model_len=max(len(r.prompt) + r.max_tokens for r in requests))
     step_time = RooflineStepTime.for_hardware(ModelShape.from_hf_config(QWEN3_8B, "Qwen3-8B"), "H200")
@@ -87,7 +95,10 @@ def run(requests, num_blocks, record_dir=None, fold=False):
     if path is not None and os.path.exists(path):
         os.remove(path)      # a new file, as `simulate --record` writes one: the last run's is not truncated in the time
     wall, cpu = time.perf_counter(), time.process_time()
-    if record_dir is None:
+    if not build_events:
+        simulate(config, requests, step_time, NoEvents(), header)
+        events = None
+    elif record_dir is None:
         events = simulate(config, requests, step_time)
         path = None
     else:
@@ -143,6 +154,10 @@ def main():
               f"(runs {', '.join(f'{c:.2f}' for c in folded)} s)")
         wall, cpu, events = run(requests, 100_000)
         print(f"not recorded (events in memory), 100,000 blocks: wall {wall:.2f} s, CPU {cpu:.2f} s")
+        del events
+        floor = [run(requests, 100_000, build_events=False)[1] for _ in range(args.repeats)]
+        print(f"no events at all (the scheduler, block manager and runner alone): CPU "
+              f"{statistics.median(floor):.2f} s (runs {', '.join(f'{c:.2f}' for c in floor)} s)")
 
         short = read_workload(workload, vocab_size=QWEN3_8B["vocab_size"], length_scale=0.05)
         print("cost per step, the workload at 1/20 of its lengths (recorded); the block pool's one-time "
