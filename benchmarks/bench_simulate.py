@@ -32,6 +32,7 @@ from tracengine.analysis.timeline import RequestTimelineSink       # noqa: E402
 from tracengine.engine.config import Config                       # noqa: E402
 from tracengine.replay.roofline import ModelShape, RooflineStepTime   # noqa: E402
 from tracengine.replay.simulate import simulate, simulation_header   # noqa: E402
+from tracengine.trace.events import NULL_SINK                     # noqa: E402
 from tracengine.trace.tracelog import TraceWriter                 # noqa: E402
 from tracengine.workload import read_workload                     # noqa: E402
 
@@ -76,14 +77,6 @@ def mooncake_like(path: str, num_requests: int = 1000, seed: int = 0, duration_s
         f.write("\n".join(lines) + "\n")
 
 
-class NoEvents:
-    """A sink that is off: the scheduler builds no event (what a run costs without recording)."""
-    enabled = False
-
-    def emit(self, event):
-        pass
-
-
 def run(requests, num_blocks, record_dir=None, fold=False, build_events=True):
     """One simulation; `fold`: its events also folded live into the run's figures, as
     `tracengine simulate` does for the summary it prints; `build_events=False`: no event built."""
@@ -96,7 +89,7 @@ def run(requests, num_blocks, record_dir=None, fold=False, build_events=True):
         os.remove(path)      # a new file, as `simulate --record` writes one: the last run's is not truncated in the time
     wall, cpu = time.perf_counter(), time.process_time()
     if not build_events:
-        simulate(config, requests, step_time, NoEvents(), header)
+        simulate(config, requests, step_time, NULL_SINK, header)     # a sink that is off: no event built
         events = None
     elif record_dir is None:
         events = simulate(config, requests, step_time)

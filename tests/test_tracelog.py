@@ -199,6 +199,7 @@ def test_frames_before_and_after_a_frame_longer_than_the_writers_buffer_read_bac
     assert prompts == [[1, 2, 3], list(range(1000, 1020))]
     assert sum(type(e) is StepEnd for e in events) == engine.num_steps
 
+
 def frame_words(path) -> list[int]:
     """The length word of every frame: bit 31 says deflated."""
     data = Path(path).read_bytes()
