@@ -320,19 +320,113 @@ def test_the_registry_forgets_the_oldest_prompts_past_its_bound():
 
 
 @pytest.mark.parametrize("first_miss", [0, 1, LOOKUP_RUN - 1, LOOKUP_RUN, LOOKUP_RUN + 1, 2 * LOOKUP_RUN + 3, None])
-def test_the_hits_end_at_the_first_miss_wherever_the_lookup_runs_end(first_miss):
+@pytest.mark.parametrize("identity_hits", [True, False])
+def test_the_hits_end_at_the_first_miss_wherever_the_lookup_runs_end(first_miss, identity_hits):
     """The prefix cache is looked up a run of LOOKUP_RUN blocks at a time: the hits are the
     cached blocks up to the first one missing, at a run's edge or inside one, and none after it
-    though the blocks after it are still cached (as when that one block alone was reused)."""
+    though the blocks after it are still cached (as when that one block alone was reused). The
+    same with the hits by hash identity first (`_known_hits`), and with the map alone."""
     num_blocks = 2 * LOOKUP_RUN + 10
     manager = BlockManager(4 * num_blocks, 1)
+    manager.identity_hits = identity_hits
     a = seq_of(0, list(range(num_blocks + 1)), block_size=1)
     fill(manager, a)
-    if first_miss is not None:
-        del manager.hash_to_block_id[a.block_hashes[first_miss]]
+    if first_miss is not None:      # what reusing that one block does to the prefix cache
+        block_id = a.block_table[first_miss]
+        del manager.hash_to_block_id[manager.hash_of[block_id]]
+        manager.hash_of[block_id] = -1
     hits = num_blocks if first_miss is None else first_miss
     b = seq_of(1, list(range(num_blocks + 1)), block_size=1)
     assert manager.num_blocks_needed(b) == (hits, b.num_blocks - hits)
     manager.allocate(b, hits)
     assert b.block_table[:hits] == a.block_table[:hits]
     assert not set(b.block_table[hits:]) & set(a.block_table)
+
+
+class CountingMap(dict):
+    """A prefix-cache map that counts its lookups."""
+    num_gets = 0
+
+    def get(self, key, default=None):
+        self.num_gets += 1
+        return super().get(key, default)
+
+
+def test_a_next_turn_takes_the_earlier_turns_blocks_by_hash_identity_without_a_lookup():
+    """A conversation's next turn copied the earlier turn's hash objects: the blocks of the earlier
+    turn's table that still hold them are hits with no lookup in the map and no token comparison;
+    the turn looks up the map from the first block that was reused since."""
+    manager = BlockManager(64, 4)
+    manager.hash_to_block_id = CountingMap(manager.hash_to_block_id)
+    a = seq_of(0, list(range(41)))                   # 10 full blocks
+    fill(manager, a)
+    manager.deallocate(a)                            # finished: its blocks stay cached, free
+    manager.hash_to_block_id.num_gets = 0
+    b = seq_of(1, list(range(41)) + [7] * 8)         # 12 full blocks to look for
+    assert manager.num_blocks_needed(b)[0] == 10
+    assert manager.hash_to_block_id.num_gets == 2    # only those past the earlier turn's
+    assert b.peer_blocks[:10] == [manager.hash_to_block_id[h] for h in a.block_hashes]
+    manager.allocate(b, 10)
+    # block 6 of the two turns reused: the next turn's identity hits end there, the map says it is a miss
+    reused = b.block_table[6]
+    del manager.hash_to_block_id[manager.hash_of[reused]]
+    manager.hash_of[reused] = -1
+    manager.hash_to_block_id.num_gets = 0
+    c = seq_of(2, list(range(41)) + [7] * 8)
+    assert manager.num_blocks_needed(c)[0] == 6
+    assert manager.hash_to_block_id.num_gets == 12 - 6
+
+
+def test_a_hash_filled_twice_maps_to_the_later_block_and_the_earlier_is_no_identity_hit():
+    """Two sequences with the same prompt prefilled in one step both fill its blocks: the map
+    keeps the later one's, as a plain update would. The earlier blocks still hold the hash's value
+    but in an int of their own, so a third prompt that copied the earlier one's hashes gets the
+    later one's blocks, as the map gives them."""
+    manager = BlockManager(64, 4)
+    prompt = list(range(17))
+    a, b = seq_of(0, prompt), seq_of(1, prompt)
+    for seq in (a, b):          # both looked up and allocated before either is computed
+        manager.allocate(seq, manager.num_blocks_needed(seq)[0])
+    assert b.peer_blocks is a.block_table and not set(a.block_table) & set(b.block_table)
+    for seq in (a, b):
+        seq.num_scheduled_tokens = seq.num_tokens
+        manager.hash_blocks(seq)
+    assert [manager.hash_to_block_id[h] for h in a.block_hashes] == b.block_table[:4]
+    assert [manager.hash_of[i] for i in a.block_table[:4]] == a.block_hashes       # the values kept
+    assert not any(manager.hash_of[i] is h for i, h in zip(a.block_table, a.block_hashes))
+    c = seq_of(2, prompt + [5])
+    manager.num_blocks_needed(c)
+    c.peer_blocks = a.block_table           # as if it had copied a's hashes
+    assert manager.num_blocks_needed(c)[0] == 4
+    manager.allocate(c, 4)
+    assert c.block_table[:4] == b.block_table[:4]
+
+
+def test_a_hash_with_no_int_of_its_own_turns_identity_hits_off(monkeypatch):
+    """CPython shares one int object for each value up to 256: a block hashed to one is not told
+    apart by identity, so the manager takes every hit through the map from then on."""
+    real = xxhash.xxh64_intdigest
+    monkeypatch.setattr(xxhash, "xxh64_intdigest", lambda data: real(data) & 255)
+    manager = BlockManager(64, 4)
+    a = seq_of(0, list(range(9)))
+    fill(manager, a)
+    assert not manager.identity_hits
+    b = seq_of(1, list(range(9)))
+    assert manager.num_blocks_needed(b)[0] == 2
+
+
+def test_a_hash_that_collides_inside_one_prompt_leaves_only_the_last_block_an_identity_hit(monkeypatch):
+    """Blocks 2, 3 and 4 of one prompt collide, under a hash an earlier block holds already: the
+    map ends at block 4, and every earlier holder of the hash, the prompt's own blocks 2 and 3
+    among them, keeps it in an int of its own. A prompt copying this one's hashes has its hits by
+    identity up to block 2 and then, through the map, a collision there: two hits."""
+    values = {5: 2 ** 40 + 1, 6: 2 ** 40 + 2}       # by a block's token: the rest collide
+    monkeypatch.setattr(xxhash, "xxh64_intdigest", lambda data: values.get(data[-8], 2 ** 40 + 3))
+    manager = BlockManager(64, 1)
+    fill(manager, seq_of(0, [7, 1], block_size=1))     # its first block holds the colliding hash
+    a = seq_of(1, [5, 6, 7, 8, 9], block_size=1)
+    fill(manager, a)
+    assert manager.hash_to_block_id[2 ** 40 + 3] == a.block_table[4]
+    assert [manager.hash_of[b] is h for b, h in zip(a.block_table, a.block_hashes)] == [True, True, False, False, True]
+    b = seq_of(2, [5, 6, 7, 8, 9, 10], block_size=1)
+    assert manager.num_blocks_needed(b)[0] == 2

@@ -12,10 +12,16 @@ that repeats an earlier sequence's first blocks has that sequence's hashes
 for them: a bounded registry of earlier sequences (`_hash_new_blocks`) lets a
 conversation's next turn copy them, found by comparing bytes, and hash only
 where it meets that sequence and where it parts from it. The values are the
-chain's either way."""
+chain's either way.
+
+The hashes copied are the earlier sequence's own int objects, so the blocks of
+its table that still hold those very objects are prefix-cache hits found
+without a lookup (`_known_hits`): the next turn of a conversation reads its
+hundreds of hits off the last turn's table."""
 import struct
 from collections import OrderedDict
-from operator import countOf
+from itertools import compress, count, islice
+from operator import countOf, is_not
 
 import xxhash
 
@@ -25,6 +31,10 @@ from tracengine.engine.sequence import Sequence
 
 PARENT = struct.Struct("<Q")   # a parent block's digest, as it starts its child's bytes
 LOOKUP_RUN = 64     # blocks looked up in the prefix cache at a time
+SMALL_INT_MAX = 256     # CPython keeps one shared int object for each of -5 to 256
+# Whether two ints made apart are two objects, as CPython's are (past SMALL_INT_MAX); an
+# interpreter whose `is` compares ints by value (PyPy) gets no hits by identity (_known_hits).
+DISTINCT_INTS = int("1099511627776") is not int("1099511627776")
 
 
 def compute_hash(token_ids: list[int], prefix: int = -1) -> int:
@@ -245,6 +255,8 @@ class Block:
 
     @data.setter
     def data(self, data: bytes):
+        # other tokens under the same hash (a collision, in tests): no sequence's hash object vouches for them
+        self._manager._disown(self.block_id)
         self._manager.block_bytes[self.block_id] = data
 
     @property
@@ -309,6 +321,9 @@ class BlockManager:
         # handed out or filled since (`_version` counts those changes).
         self._lookup = None
         self._version = 0
+        # Whether a block holding the very hash object a sequence holds is a hit without a
+        # lookup (_known_hits): off for good once a hash that has no int of its own is registered.
+        self.identity_hits = DISTINCT_INTS
         self.sink = sink
         self.step = 0   # stamped on events; the scheduler sets it each step
 
@@ -351,27 +366,48 @@ class BlockManager:
         if num_full <= 0:
             return []
         hashes = self._hashes_upto(seq, num_full)
-        # Looked up a run of blocks at a time, up to the first miss: the prompt's own blocks after
-        # it (a conversation's new turn) are not looked up. A lookup in a map of 100,000 hashes
-        # is a cache miss or two.
-        get, block_ids = self.hash_to_block_id.get, []
-        for start in range(0, num_full, LOOKUP_RUN):
+        block_ids = self._known_hits(seq, hashes, num_full)
+        known = len(block_ids)
+        # The rest looked up a run of blocks at a time, up to the first miss: the prompt's own
+        # blocks after it (a conversation's new turn) are not looked up.
+        get = self.hash_to_block_id.get
+        for start in range(known, num_full, LOOKUP_RUN):
             run = list(map(get, hashes[start:min(start + LOOKUP_RUN, num_full)]))
             if None in run:
                 block_ids += run[:run.index(None)]    # the first miss
                 break
             block_ids += run
-        if block_ids:
+        if len(block_ids) > known:
             # A hash collision: a cached block whose tokens differ. All the blocks at once, as
             # bytes (comparing hundreds of int lists costs more than hashing them).
-            block_bytes, data = self.block_bytes, seq.block_data
-            if not data.startswith(b"".join(map(block_bytes.__getitem__, block_ids))):
-                stride = self.block_size * 8
-                for i, block_id in enumerate(block_ids):
-                    if block_bytes[block_id] != data[i * stride:(i + 1) * stride]:
+            block_bytes, data, stride = self.block_bytes, seq.block_data, self.block_size * 8
+            if not data.startswith(b"".join(map(block_bytes.__getitem__, islice(block_ids, known, None))),
+                                   known * stride):
+                for i in range(known, len(block_ids)):
+                    if block_bytes[block_ids[i]] != data[i * stride:(i + 1) * stride]:
                         del block_ids[i:]
                         break
+            # tokens found equal: the sequence takes the blocks' hash objects, for _known_hits
+            hashes[known:len(block_ids)] = map(self.hash_of.__getitem__, islice(block_ids, known, None))
         return block_ids
+
+    def _known_hits(self, seq: Sequence, hashes: list[int], num_full: int) -> list[int]:
+        """The leading blocks of the table of the sequence whose hashes seq copied last
+        (`peer_blocks`) that hold, as their hash, the very int object seq holds for that block:
+        hits without a lookup in the map or a comparison of tokens. A hash object is made
+        where a block is hashed and passed on only between blocks whose tokens were compared
+        equal (`_hash_new_blocks`, the hits of `_cached_block_ids`), so a block holding it holds
+        seq's tokens; and while `identity_hits` holds, a block holding a hash is the one the map
+        maps it to (`_supersede` keeps that so). A block since reused holds another object, or
+        none: the hits go on from there through the map, as they would have. A lookup in a map
+        of 100,000 hashes costs a cache miss or two in the map's index and its entries; this
+        reads one list slot a block."""
+        peer = seq.peer_blocks
+        if not peer or not self.identity_hits:
+            return []
+        n = min(num_full, len(peer))
+        held = map(self.hash_of.__getitem__, islice(peer, n))
+        return peer[:next(compress(count(), map(is_not, held, hashes)), n)]
 
     def _hashes_upto(self, seq: Sequence, n: int) -> list[int]:
         """seq.block_hashes with at least its first n full blocks hashed (and packed, in
@@ -429,6 +465,9 @@ class BlockManager:
                     self._add_branch(h, seq, i)
                 return
             other_data, other_hashes = branch[0], branch[1]
+            seq.peer_blocks = branch[4]
+            if data[i * stride:(i + 1) * stride] == other_data[i * stride:(i + 1) * stride]:
+                hashes[-1] = other_hashes[i]
             limit = min(len(other_hashes), end)
             j = i + 1 if i + 1 >= limit else _first_difference(data, other_data, i + 1, limit, stride)
             hashes += other_hashes[i + 1:j]
@@ -447,7 +486,7 @@ class BlockManager:
         self._num_branch_blocks += num_blocks
         while self._num_branch_blocks > self.max_branch_blocks:
             self._num_branch_blocks -= branches.popitem(last=False)[1][3]
-        branches[key] = (seq.block_data, seq.block_hashes, start, num_blocks)
+        branches[key] = (seq.block_data, seq.block_hashes, start, num_blocks, seq.block_table)
 
     def num_blocks_needed(self, seq: Sequence) -> tuple[int, int]:
         """(cached leading blocks, free blocks needed) for a first allocation."""
@@ -495,7 +534,7 @@ class BlockManager:
         released = seq.block_table[::-1]   # tail first, so prefix blocks stay cached longer
         self.free_block_ids.release(released, self.ref_counts)   # the freed ones in release order
         seq.num_cached_tokens = 0
-        seq.block_table.clear()
+        seq.block_table = []
         if self.sink.enabled:
             self.sink.emit(BlockFree(self.step, seq.seq_id, released))
 
@@ -512,6 +551,31 @@ class BlockManager:
             if self.sink.enabled:
                 self.sink.emit(BlockAppend(self.step, seq.seq_id, block_id))
 
+    def _supersede(self, hashes: list[int], block_ids: list[int], held: list[int]):
+        """After `hash_to_block_id.setdefault` of `hashes` to the blocks just filled: a hash some
+        block already held now maps to the new block, as an update would have it, and the block
+        that held it keeps the value in an int of its own (`_disown`), so that `_known_hits`
+        never takes it. A hash the interpreter keeps one shared int for (0 to SMALL_INT_MAX,
+        one in 10**16 of them) cannot be made an int of its own: hits go through the map."""
+        hash_map, earlier = self.hash_to_block_id, {}
+        for h, block_id, other in zip(hashes, block_ids, held):
+            # a hash twice in the batch (a collision): the block after the earlier one of the batch
+            other = earlier.get(h, other)
+            earlier[h] = block_id
+            if other != block_id:
+                hash_map[h] = block_id
+                self._disown(other)
+            if h <= SMALL_INT_MAX:
+                self.identity_hits = False
+
+    def _disown(self, block_id: int):
+        """The block's hash as an int object no sequence holds (its value unchanged)."""
+        h = self.hash_of[block_id]
+        if h != -1:
+            self.hash_of[block_id] = h + 0     # a new int: no shared int above SMALL_INT_MAX
+            if h <= SMALL_INT_MAX:
+                self.identity_hits = False
+
     def hash_blocks(self, seq: Sequence):
         """Register the blocks this step has just filled."""
         size, num_cached_tokens = self.block_size, seq.num_cached_tokens
@@ -525,7 +589,9 @@ class BlockManager:
             h, block_id = self._hashes_upto(seq, end)[start], seq.block_table[start]
             self.hash_of[block_id] = h
             self.block_bytes[block_id] = bytes(seq.block_data[start * stride:end * stride])
-            self.hash_to_block_id[h] = block_id
+            held = self.hash_to_block_id.setdefault(h, block_id)
+            if held != block_id or h <= SMALL_INT_MAX:
+                self._supersede([h], [block_id], [held])
             if self.sink.enabled:
                 self.sink.emit(BlockHash(self.step, seq.seq_id, block_id, h))
             return
@@ -535,7 +601,10 @@ class BlockManager:
         for block_id, h, (data,) in zip(block_ids, hashes, self._cut_blocks(seq.block_data[start * stride:end * stride])):
             hash_of[block_id] = h
             block_bytes[block_id] = data
-        self.hash_to_block_id.update(zip(hashes, block_ids))
+        # setdefault, not update: one probe a block that also says which hashes a block held already
+        held = list(map(self.hash_to_block_id.setdefault, hashes, block_ids))
+        if held != block_ids or min(hashes) <= SMALL_INT_MAX:
+            self._supersede(hashes, block_ids, held)
         if self.sink.enabled:
             emit, step, seq_id = self.sink.emit, self.step, seq.seq_id
             for block_id, h in zip(block_ids, hashes):

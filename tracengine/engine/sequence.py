@@ -17,7 +17,7 @@ class Sequence:
                  "num_cached_tokens", "num_scheduled_tokens", "is_prefill", "block_table",
                  "block_size", "temperature", "max_tokens", "ignore_eos", "top_k", "top_p", "seed",
                  "num_preemptions", "finish_reason", "block_hashes", "block_data",
-                 "num_completion_tokens")
+                 "num_completion_tokens", "peer_blocks")
 
     def __init__(self, seq_id: int, token_ids: list[int], block_size: int,
                  sampling_params: SamplingParams | None = None):
@@ -51,6 +51,7 @@ class Sequence:
         self.finish_reason = ""      # "eos" or "length" once finished
         self.block_hashes: list[int] = []   # chained hashes of full blocks: tokens only ever append
         self.block_data = bytearray()        # those blocks' tokens, packed as they were hashed
+        self.peer_blocks = None
         if encoded and token_ids.packed:      # ... and the prompt's other full blocks, to be hashed
             data = bytearray().join(token_ids.packed)
             if len(data) < 8 * self.num_tokens:
