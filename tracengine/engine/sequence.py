@@ -51,7 +51,7 @@ class Sequence:
         self.finish_reason = ""      # "eos" or "length" once finished
         self.block_hashes: list[int] = []   # chained hashes of full blocks: tokens only ever append
         self.block_data = bytearray()        # those blocks' tokens, packed as they were hashed
-        self.peer_blocks = None
+        self.peer_blocks = None     # the table of the sequence whose hashes it copied last: BlockManager._known_hits
         if encoded and token_ids.packed:      # ... and the prompt's other full blocks, to be hashed
             data = bytearray().join(token_ids.packed)
             if len(data) < 8 * self.num_tokens:
