@@ -534,7 +534,7 @@ class BlockManager:
         released = seq.block_table[::-1]   # tail first, so prefix blocks stay cached longer
         self.free_block_ids.release(released, self.ref_counts)   # the freed ones in release order
         seq.num_cached_tokens = 0
-        seq.block_table = []
+        seq.block_table = []     # a new list: the branch registry keeps the old, where a next turn's hits are
         if self.sink.enabled:
             self.sink.emit(BlockFree(self.step, seq.seq_id, released))
 
@@ -552,11 +552,10 @@ class BlockManager:
                 self.sink.emit(BlockAppend(self.step, seq.seq_id, block_id))
 
     def _supersede(self, hashes: list[int], block_ids: list[int], held: list[int]):
-        """After `hash_to_block_id.setdefault` of `hashes` to the blocks just filled: a hash some
-        block already held now maps to the new block, as an update would have it, and the block
-        that held it keeps the value in an int of its own (`_disown`), so that `_known_hits`
-        never takes it. A hash the interpreter keeps one shared int for (0 to SMALL_INT_MAX,
-        one in 10**16 of them) cannot be made an int of its own: hits go through the map."""
+        """After `hash_to_block_id.setdefault` of `hashes` to the blocks just filled, where some
+        block already held one of them: the hash now maps to the new block, as an update would
+        have it, and the block that held it keeps the value in an int of its own (`_disown`), so
+        that `_known_hits` never takes it."""
         hash_map, earlier = self.hash_to_block_id, {}
         for h, block_id, other in zip(hashes, block_ids, held):
             # a hash twice in the batch (a collision): the block after the earlier one of the batch
@@ -565,16 +564,14 @@ class BlockManager:
             if other != block_id:
                 hash_map[h] = block_id
                 self._disown(other)
-            if h <= SMALL_INT_MAX:
-                self.identity_hits = False
 
     def _disown(self, block_id: int):
-        """The block's hash as an int object no sequence holds (its value unchanged)."""
+        """The block's hash as an int object no sequence holds (its value unchanged). A hash the
+        interpreter keeps one shared int for (0 to SMALL_INT_MAX, one in 10**16 of them) has
+        none of its own; registering one turned `identity_hits` off (hash_blocks)."""
         h = self.hash_of[block_id]
         if h != -1:
             self.hash_of[block_id] = h + 0     # a new int: no shared int above SMALL_INT_MAX
-            if h <= SMALL_INT_MAX:
-                self.identity_hits = False
 
     def hash_blocks(self, seq: Sequence):
         """Register the blocks this step has just filled."""
@@ -590,8 +587,10 @@ class BlockManager:
             self.hash_of[block_id] = h
             self.block_bytes[block_id] = bytes(seq.block_data[start * stride:end * stride])
             held = self.hash_to_block_id.setdefault(h, block_id)
-            if held != block_id or h <= SMALL_INT_MAX:
+            if held != block_id:
                 self._supersede([h], [block_id], [held])
+            if h <= SMALL_INT_MAX:
+                self.identity_hits = False
             if self.sink.enabled:
                 self.sink.emit(BlockHash(self.step, seq.seq_id, block_id, h))
             return
@@ -603,8 +602,10 @@ class BlockManager:
             block_bytes[block_id] = data
         # setdefault, not update: one probe a block that also says which hashes a block held already
         held = list(map(self.hash_to_block_id.setdefault, hashes, block_ids))
-        if held != block_ids or min(hashes) <= SMALL_INT_MAX:
+        if held != block_ids:
             self._supersede(hashes, block_ids, held)
+        if min(hashes) <= SMALL_INT_MAX:
+            self.identity_hits = False
         if self.sink.enabled:
             emit, step, seq_id = self.sink.emit, self.step, seq.seq_id
             for block_id, h in zip(block_ids, hashes):
