@@ -69,10 +69,11 @@ class LLM(LLMEngine):
     def trace_header(self) -> TraceHeader:
         import torch
         from tracengine.trace.tracelog import FORMAT_VERSION
-        architectures = getattr(self.hf_config, "architectures", None) or ["Qwen3ForCausalLM"]
+        from tracengine.model.registry import architecture_of
         return TraceHeader(
             FORMAT_VERSION, __version__, self.config.to_dict(),
-            ModelInfo(Path(self.model_dir).name, str(self.runner.dtype).removeprefix("torch."), architectures[0]),
+            ModelInfo(Path(self.model_dir).name, str(self.runner.dtype).removeprefix("torch."),
+                      architecture_of(self.hf_config)),
             str(self.runner.device), str(torch.__version__), self.config.seed, time.time(),
             self.config.tensor_parallel_size)
 

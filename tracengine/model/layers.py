@@ -1,6 +1,8 @@
-"""Norm, rotary embedding and activation. Reductions and rotations run in
-float32 whatever the model dtype, as Hugging Face's Qwen3 does, so a bfloat16
-model stays close to its reference."""
+"""Norm, rotary embedding (plain, and Llama 3's scaled) and activation.
+Reductions and rotations run in float32 whatever the model dtype, as
+Hugging Face's models do, so a bfloat16 model stays close to its reference."""
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -35,18 +37,41 @@ class RMSNorm(nn.Module):
         return rms_norm(residual, self.weight, self.eps), residual
 
 
-def rope_theta_of(hf_config) -> float:
-    """rope_theta from any Qwen3 config layout: transformers 5 nests it in
-    `rope_parameters`, older releases keep `rope_theta` (and maybe `rope_scaling`)."""
+ROPE_TYPES = ("default", "llama3")
+
+
+def rope_parameters_of(hf_config) -> dict:
+    """The rotary embedding's parameters from any config layout, with
+    "rope_type" and "rope_theta" always set: transformers 5 nests them in
+    `rope_parameters`, older releases keep `rope_theta` and maybe `rope_scaling`.
+    Types other than ROPE_TYPES raise ModelError."""
+    theta = getattr(hf_config, "rope_theta", None) or 1e6
     for name in ("rope_parameters", "rope_scaling"):
         params = getattr(hf_config, name, None)
         if isinstance(params, dict):
             rope_type = params.get("rope_type", params.get("type", "default"))
-            if rope_type != "default":
-                raise ModelError(f"rope type {rope_type!r} is not supported; only default rotary embeddings")
-            if "rope_theta" in params:
-                return float(params["rope_theta"])
-    return float(getattr(hf_config, "rope_theta", 1e6))
+            if rope_type not in ROPE_TYPES:
+                raise ModelError(f"rope type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
+            return {**params, "rope_type": rope_type, "rope_theta": float(params.get("rope_theta") or theta)}
+    return {"rope_type": "default", "rope_theta": float(theta)}
+
+
+def rope_inv_freq(head_size: int, rope: dict) -> torch.Tensor:
+    """Each rotated pair's angular frequency, float32 [head_size // 2]. Llama 3
+    ("llama3") keeps the high frequencies, divides the low ones by `factor`
+    and blends smoothly in between, as Meta's reference does."""
+    base = rope["rope_theta"]
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_size, 2, dtype=torch.float32) / head_size))
+    if rope["rope_type"] != "llama3":
+        return inv_freq
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old_context_len = rope["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_context_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= old_context_len / high) & (wavelen <= old_context_len / low)
+    return torch.where(is_medium, smoothed, scaled)
 
 
 class RotaryEmbedding(nn.Module):
@@ -54,10 +79,11 @@ class RotaryEmbedding(nn.Module):
     sin precomputed in float32 for every position. One instance is shared by
     all layers: the table is the same and can be large (positions x head_dim)."""
 
-    def __init__(self, head_size: int, max_position_embeddings: int, base: float):
+    def __init__(self, head_size: int, max_position_embeddings: int, rope: dict):
+        """`rope`: rope_parameters_of(hf_config)."""
         super().__init__()
         self.head_size = head_size
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_size, 2, dtype=torch.float32) / head_size))
+        inv_freq = rope_inv_freq(head_size, rope)
         t = torch.arange(max_position_embeddings, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)
         # Non-persistent: derived from the config, never in a checkpoint.

@@ -27,6 +27,11 @@ def get_tp_rank_size() -> tuple[int, int]:
     return _TP_LAYOUT.get()[:2]
 
 
+def get_tp_comm():
+    """The communicator of the layout being built; None outside `tp_layout`."""
+    return _TP_LAYOUT.get()[2]
+
+
 @contextmanager
 def tp_layout(rank: int, size: int, comm=None):
     """Layers constructed inside hold the shard of `rank` out of `size` and
@@ -124,6 +129,13 @@ class LinearBase(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
+class ReplicatedLinear(LinearBase):
+    """Every rank holds the whole weight (a MoE router: each rank routes alike)."""
+
+    def weight_loader(self, param: nn.Parameter, loaded):
+        copy_weight(param.data, loaded)
+
+
 class ColumnParallelLinear(LinearBase):
     """Splits the output features; the output stays sharded (no gather)."""
 
@@ -183,10 +195,13 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 
 class RowParallelLinear(LinearBase):
-    """Splits the input features; partial outputs are summed across ranks."""
+    """Splits the input features; partial outputs are summed across ranks
+    (unless `reduce_results` is False: the caller sums several first, as the
+    MoE block does with its experts' outputs)."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, **tp):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, reduce_results: bool = True, **tp):
         super().__init__(input_size, output_size, bias, tp_dim=1, **tp)
+        self.reduce_results = reduce_results
 
     def weight_loader(self, param: nn.Parameter, loaded):
         if param.dim() == 1:
@@ -197,7 +212,7 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
-        if self.tp_size > 1:
+        if self.tp_size > 1 and self.reduce_results:
             self.comm.all_reduce(y)
         return y
 

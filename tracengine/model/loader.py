@@ -16,10 +16,10 @@ from torch import nn
 from tracengine.errors import ModelError
 from tracengine.jsonfile import load_json_object
 from tracengine.model import EMBEDDED_MODEL_DIR
-from tracengine.model.layers import rope_theta_of
+from tracengine.model.layers import rope_parameters_of
 from tracengine.model.linear import default_weight_loader
+from tracengine.model.registry import architecture_of, check_model_config
 
-SUPPORTED_ARCHITECTURE = "Qwen3ForCausalLM"
 # Buffers that some checkpoints carry but the model derives from its config.
 IGNORED_WEIGHT_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -81,18 +81,19 @@ def weight_files(path: str) -> list[str]:
 
 
 def load_hf_config(path: str):
-    """The transformers config of a Qwen3 checkpoint directory, checked first
-    so that a bad directory fails with one line rather than a traceback."""
+    """The transformers config of a checkpoint directory of a supported
+    architecture (registry.py), checked first so that a bad directory fails
+    with one line rather than a traceback."""
     if not os.path.isdir(path):
         raise ModelError(f"model directory not found: {path}")
     config_file = os.path.join(path, "config.json")
     if not os.path.isfile(config_file):
         raise ModelError(f"no config.json in model directory {path}")
     raw = load_json_object(config_file, "a model config", ModelError)
-    architectures = raw.get("architectures") or []
-    if raw.get("model_type") != "qwen3" or (architectures and SUPPORTED_ARCHITECTURE not in architectures):
-        raise ModelError(f"unsupported model in {path}: model_type={raw.get('model_type')!r}, "
-                         f"architectures={architectures}; only {SUPPORTED_ARCHITECTURE} is supported")
+    try:
+        architecture_of(raw)
+    except ModelError as e:
+        raise ModelError(f"{e} (in {path})") from None
     if not weight_files(path):
         raise ModelError(f"no *.safetensors weights in model directory {path}")
 
@@ -102,11 +103,8 @@ def load_hf_config(path: str):
     except (OSError, ValueError, TypeError, KeyError) as e:
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(f"cannot read config.json in {path}: {first_line}") from None
-    if getattr(hf_config, "use_sliding_window", False):
-        raise ModelError(f"sliding-window attention (use_sliding_window in {path}) is not supported")
-    if getattr(hf_config, "hidden_act", "silu") != "silu":
-        raise ModelError(f"hidden_act {hf_config.hidden_act!r} in {path} is not supported; only silu")
-    rope_theta_of(hf_config)   # raises for rope types other than the default
+    check_model_config(hf_config, path)
+    rope_parameters_of(hf_config)   # raises for rope types not implemented
     return hf_config
 
 

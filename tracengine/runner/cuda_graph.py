@@ -11,7 +11,7 @@ On the CPU there is nothing to capture: the same buffers and buckets run
 eagerly, which lets the tests check the padding on a machine without CUDA."""
 import torch
 
-from tracengine.runner.context import Context, forward_context
+from tracengine.model.context import Context, forward_context
 
 MAX_GRAPH_BATCH_SIZE = 512
 

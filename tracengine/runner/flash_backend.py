@@ -4,7 +4,7 @@ its paged kernels require. Each layer's cache is [num_blocks, block_size,
 num_kv_heads, head_dim], flash-attn's paged layout."""
 import torch
 
-from tracengine.runner.context import Context
+from tracengine.model.context import Context
 
 
 def flash_attn_usable(device: torch.device, block_size: int) -> bool:

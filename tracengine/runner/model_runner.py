@@ -15,11 +15,12 @@ import torch
 from tracengine.engine.config import Config
 from tracengine.engine.sequence import Sequence
 from tracengine.errors import ConfigError
-from tracengine.model.linear import local_num_kv_heads, tp_layout
+from tracengine.model.linear import tp_layout
+from tracengine.model.attention import Attention
+from tracengine.model.context import Context, forward_context
 from tracengine.model.loader import load_hf_config, load_model, resolve_model_dir
-from tracengine.model.qwen3 import Qwen3ForCausalLM, head_dim_of
-from tracengine.runner.attention import Attention, kv_cache_shape
-from tracengine.runner.context import Context, forward_context
+from tracengine.model.registry import check_max_model_len, model_class
+from tracengine.runner.attention import BACKENDS, kv_cache_shape
 from tracengine.runner.cuda_graph import MAX_GRAPH_BATCH_SIZE, CUDAGraphRunner
 from tracengine.runner.device import default_dtype, rank_device, resolve_device, resolve_dtype
 from tracengine.runner.flash_backend import flash_attn_usable
@@ -36,7 +37,8 @@ class ModelRunner:
     def __init__(self, config: Config, hf_config=None, use_cuda_graph: bool | None = None, rank: int = 0,
                  comm=None):
         """`hf_config` defaults to the one in the model directory. CUDA graphs
-        are used on CUDA unless `config.enforce_eager`; `use_cuda_graph=True`
+        are used on CUDA unless `config.enforce_eager` or the model's forward
+        takes data-dependent paths (MoE routing); `use_cuda_graph=True`
         on the CPU runs the same bucketed decode path eagerly (for tests).
         With `config.tensor_parallel_size` > 1, each rank builds its shard
         with its `rank` and `comm` (tp_comm.py): rank 0 a TensorParallelRunner,
@@ -50,16 +52,18 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype, self.device, self.hf_config)
         self.block_size = config.kvcache_block_size
         self.max_model_len = min(config.max_model_len, self.hf_config.max_position_embeddings)
+        check_max_model_len(self.hf_config, self.max_model_len)
         with tp_layout(rank, self.tp_size, comm), default_dtype(self.dtype), torch.device(self.device):
-            self.model = Qwen3ForCausalLM(self.hf_config)
+            self.model = model_class(self.hf_config)(self.hf_config)
         load_model(self.model, self.model_dir)
         self.sampler = Sampler(self.device)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.attention_backend = "flash" if flash_attn_usable(self.device, self.block_size) else "torch"
         for layer in self.attention_layers:
-            layer.backend = self.attention_backend
+            layer.backend = BACKENDS[self.attention_backend]
         if use_cuda_graph is None:
-            use_cuda_graph = self.device.type == "cuda" and not config.enforce_eager
+            use_cuda_graph = (self.device.type == "cuda" and not config.enforce_eager
+                              and self.model.supports_cuda_graphs)
         self.kv_cache = None
         self.scratch_slot = 0   # set by allocate_kv_cache; warmup forwards have no cache to store into
         # The torch backend on the CPU plans its attention (torch_plans.py); the decode copies only when eager.
@@ -92,9 +96,9 @@ class ModelRunner:
         return math.ceil(self.max_model_len / self.block_size)
 
     def _cache_shape(self, num_blocks: int) -> tuple[int, ...]:
-        num_kv_heads = local_num_kv_heads(self.hf_config.num_key_value_heads, self.tp_size)
+        layer = self.attention_layers[0]   # every layer holds as many KV heads (this rank's) of one size
         return (2, len(self.attention_layers)) + kv_cache_shape(self.attention_backend, num_blocks, self.block_size,
-                                                                num_kv_heads, head_dim_of(self.hf_config))
+                                                                layer.num_kv_heads, layer.head_dim)
 
     @property
     def block_bytes(self) -> int:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tracengine.runner.context import Context
+from tracengine.model.attention import sdpa_gqa
+from tracengine.model.context import Context
 from tracengine.runner.torch_plans import KVCopyPlan, PrefillGroups
 
 
@@ -58,14 +59,6 @@ class CopiesMetadata:
     plan: KVCopyPlan
     block_rows: torch.Tensor | None = None   # refill, in the copies' row order
     copy_rows: torch.Tensor | None = None    # reuse: [B, Hkv] row ([-1, head_dim] view) of the copies
-
-
-def flat_views(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[num_blocks, Hkv, bs, D] as [-1, D] (a row per slot and head) and as
-    [num_blocks * Hkv, bs * D] (a row per block and head); an empty cache as is."""
-    if cache.dim() != 4:
-        return cache, cache
-    return cache.view(-1, cache.size(-1)), cache.view(cache.size(0) * cache.size(1), -1)
 
 
 def _store_rows(slot_mapping: torch.Tensor, block_size: int, num_kv_heads: int) -> torch.Tensor:
@@ -169,20 +162,6 @@ def _grid(q_start: torch.Tensor, seqlen_q: torch.Tensor, seqlen_k: torch.Tensor,
     allowed = torch.arange(max_k, device=device)[None, None, :] <= q_pos[:, :, None]
     return Grid(num_seqs, q_index, out_index, None, _block_rows(block_tables, num_kv_heads),
                 _additive(allowed, dtype)[:, None], positions)
-
-
-# Grouped-query attention inside SDPA (torch >= 2.5) reads each KV head once
-# for the query heads that share it; older releases get repeated K/V.
-_SDPA_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
-
-
-def sdpa_gqa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **kwargs) -> torch.Tensor:
-    """SDPA over [B, H, L, D] queries and [B, Hkv, K, D] keys and values."""
-    if _SDPA_GQA:
-        return F.scaled_dot_product_attention(query, key, value, enable_gqa=True, **kwargs)
-    group = query.size(1) // key.size(1)
-    return F.scaled_dot_product_attention(query, key.repeat_interleave(group, 1), value.repeat_interleave(group, 1),
-                                          **kwargs)
 
 
 def _gather_blocks(blocks: torch.Tensor, block_rows: torch.Tensor, num_seqs: int, num_kv_heads: int,

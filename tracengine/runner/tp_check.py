@@ -19,8 +19,9 @@ def check_tensor_parallel(config: Config, hf_config, device: torch.device):
     if num_kv_heads % size and size % num_kv_heads:
         raise ConfigError(f"{name} and the model's {num_kv_heads} KV heads divide neither way "
                           f"(each rank needs whole KV heads, or a KV head replicated over whole ranks)")
-    for what in ("intermediate_size", "vocab_size"):
-        if getattr(hf_config, what) % size:
+    # A MoE model splits each expert's intermediate features like a dense MLP's.
+    for what in ("intermediate_size", "moe_intermediate_size", "vocab_size"):
+        if getattr(hf_config, what, None) and getattr(hf_config, what) % size:
             raise ConfigError(f"{name} does not divide the model's {what} {getattr(hf_config, what)}")
     if not dist.is_available():
         raise ConfigError(f"{name} needs torch.distributed, which this torch build lacks")

@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 
 from tracengine.engine.config import Config
 from tracengine.errors import WorkerError
-from tracengine.runner.context import Context
+from tracengine.model.context import Context
 from tracengine.runner.device import cpu_threads_per_rank
 from tracengine.runner.tp_check import check_tensor_parallel
 from tracengine.runner.tp_comm import COLLECTIVE_TIMEOUT_S, CollectiveError, Communicator, tcp_store

@@ -12,7 +12,7 @@ import torch
 
 from tracengine.engine.config import Config
 from tracengine.model.loader import load_hf_config, resolve_model_dir
-from tracengine.runner.context import Context
+from tracengine.model.context import Context
 from tracengine.runner.device import resolve_device
 from tracengine.runner.model_runner import ModelRunner
 from tracengine.runner.tp_group import TensorParallelGroup

@@ -8,7 +8,7 @@ from dataclasses import fields
 
 import torch
 
-from tracengine.runner.context import Context
+from tracengine.model.context import Context
 from tracengine.runner.tp_comm import Communicator
 from tracengine.runner.torch_plans import KVCopyPlan, PrefillGroups
 
