@@ -155,20 +155,33 @@ def test_malformed_config_json(tmp_path):
     assert_one_line(excinfo)
 
 
-@pytest.mark.parametrize("changes", [{"model_type": "llama", "architectures": ["LlamaForCausalLM"]},
-                                     {"architectures": ["Qwen3ForSequenceClassification"]}])
-def test_wrong_architecture(tmp_path, changes):
+SUPPORTED = ("LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+             "Qwen3MoeForCausalLM")
+
+
+@pytest.mark.parametrize("changes, name", [
+    ({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, "GPT2LMHeadModel"),
+    ({"architectures": ["Qwen3ForSequenceClassification"]}, "Qwen3ForSequenceClassification"),
+    ({"model_type": "gpt2", "architectures": []}, "model_type 'gpt2'"),   # no architectures: named by model_type
+])
+def test_wrong_architecture(tmp_path, changes, name):
     path = copy_embedded(tmp_path)
     edit_config(path, **changes)
-    with pytest.raises(ModelError, match="only Qwen3ForCausalLM is supported") as excinfo:
+    with pytest.raises(ModelError) as excinfo:
         load_hf_config(str(path))
-    assert_one_line(excinfo)
+    assert str(excinfo.value) == f"unsupported architecture {name}; supported: {SUPPORTED} (in {path})"
+
+
+def test_a_config_without_architectures_is_named_by_its_model_type(tmp_path):
+    path = copy_embedded(tmp_path)
+    edit_config(path, architectures=None)
+    assert load_hf_config(str(path)).model_type == "qwen3"
 
 
 def test_unsupported_rope_type(tmp_path):
     path = copy_embedded(tmp_path)
     edit_config(path, rope_scaling={"rope_type": "linear", "factor": 2.0})
-    with pytest.raises(ModelError, match="rope type 'linear' is not supported"):
+    with pytest.raises(ModelError, match="rope type 'linear' is not supported; supported: default, llama3"):
         load_hf_config(str(path))
 
 

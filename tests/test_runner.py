@@ -13,7 +13,7 @@ import torch
 
 from tracengine.engine.config import Config
 from tracengine.errors import ConfigError
-from tracengine.runner.context import get_context
+from tracengine.model.context import get_context
 from tracengine.runner.cuda_graph import graph_batch_sizes
 from tracengine.runner.model_runner import ModelRunner
 from tracengine.runner.sampler import CDF_CHUNK, Sampler, inverse_cdf, sample_seed

@@ -169,7 +169,7 @@ def test_a_killed_worker_raises_worker_error():
 
 @pytest.mark.parametrize("plan", ["none", "groups", "copies"])
 def test_the_wire_carries_every_context_field_and_cpu_plan(plan):
-    from tracengine.runner.context import Context
+    from tracengine.model.context import Context
     from tracengine.runner.torch_plans import KVCopyPlan, PrefillGroups
     from tracengine.runner.tp_wire import decode_step, encode_step, is_exit
     context = Context(plan != "copies", torch.tensor([0, 3, 5], dtype=torch.int32), None, 3, 9,

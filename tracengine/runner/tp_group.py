@@ -227,7 +227,13 @@ def _plain_config(hf_config):
     unpickling a transformers config would import transformers in every
     worker, seconds of start-up."""
     to_dict = getattr(hf_config, "to_dict", None)
-    return SimpleNamespace(**to_dict()) if to_dict is not None else hf_config
+    if to_dict is None:
+        return hf_config
+    plain = SimpleNamespace(**to_dict())
+    # and the other names the config answers to (Qwen3-MoE's num_experts is stored as num_local_experts)
+    for alias, name in getattr(hf_config, "attribute_map", {}).items():
+        setattr(plain, alias, getattr(hf_config, name))
+    return plain
 
 
 def _describe_exit(exitcode: int) -> str:
