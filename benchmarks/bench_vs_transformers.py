@@ -17,6 +17,11 @@ ratio. One output length (`--output-len 64`) takes the padding of outputs
 out of the comparison and leaves only prefill padding and the cost of a step.
 
     python benchmarks/bench_vs_transformers.py [--num-prompts 128] [--input-len 64:512] [--output-len 64:512]
+    python benchmarks/bench_vs_transformers.py --architecture LlamaForCausalLM   # a tiny random checkpoint
+
+`--architecture NAME` runs on a tiny random checkpoint of that architecture
+(tracengine/model/tiny.py: hidden 64, 2 layers, 512 positions, written to a
+temporary directory) instead of --model; `--architecture all` runs each in turn.
 
 tracengine runs through tracengine.llm.LLM (scheduler, block manager,
 runner), with a fresh scheduler each round so no round hits the previous
@@ -28,7 +33,9 @@ import argparse
 import copy
 import math
 import random
+import shutil
 import statistics
+import tempfile
 import time
 
 import torch
@@ -87,7 +94,7 @@ class TransformersSide:
     def __init__(self, model: str, prompts: list[list[int]], output_lens: list[int], device: torch.device,
                  dtype: torch.dtype, pad_id: int, batch_size: int = 0):
         import transformers
-        self.model = transformers.Qwen3ForCausalLM.from_pretrained(resolve_model_dir(model), dtype=dtype)
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(resolve_model_dir(model), dtype=dtype)
         self.model = self.model.to(device).eval()
         batch_size = batch_size or len(prompts)
         self.batches = [self._pad(prompts[i:i + batch_size], output_lens[i:i + batch_size], pad_id, device)
@@ -155,6 +162,8 @@ def timed(side, device: torch.device) -> tuple[list[list[int]], float, float]:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="", help="model directory (default: the embedded tiny model)")
+    parser.add_argument("--architecture", metavar="NAME",
+                        help="a tiny random checkpoint of this architecture instead of --model (all: each in turn)")
     parser.add_argument("--num-prompts", type=int, default=128)
     parser.add_argument("--input-len", default="64:512", help="prompt tokens, MIN:MAX or one length")
     parser.add_argument("--output-len", default="64:512", help="output tokens per request, MIN:MAX or one length")
@@ -176,7 +185,25 @@ def main():
         parser.error(str(e))
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.architecture is None:
+        run(args, (in_low, in_high), (out_low, out_high))
+        return
+    from tracengine.model.tiny import TINY, write_tiny_checkpoint
+    architectures = list(TINY) if args.architecture == "all" else [args.architecture]
+    if not set(architectures) <= set(TINY):
+        parser.error(f"--architecture is one of {', '.join(TINY)} or all")
+    for architecture in architectures:
+        args.model = tempfile.mkdtemp(prefix="tracengine-bench-")
+        try:
+            write_tiny_checkpoint(args.model, architecture)
+            print(f"--- {architecture} (tiny random checkpoint)")
+            run(copy.copy(args), (in_low, in_high), (out_low, out_high))
+        finally:
+            shutil.rmtree(args.model, ignore_errors=True)
 
+
+def run(args, input_len: tuple[int, int], output_len: tuple[int, int]):
+    (in_low, in_high), (out_low, out_high) = input_len, output_len
     hf_config = load_hf_config(resolve_model_dir(args.model))
     prompts = make_workload(args.num_prompts, in_low, in_high, hf_config.vocab_size, args.seed)
     output_lens = make_output_lens(args.num_prompts, out_low, out_high, args.seed)

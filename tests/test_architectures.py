@@ -3,7 +3,8 @@ random checkpoint that transformers writes (model/tiny.py: no download):
 logits through the paged runner (a chunked prefill reading its cached
 prefix, then a decode), and greedy tokens identical to `generate` through
 the engine under prefix caching, chunked prefill and preemption, with both
-scheduling policies and on two tensor-parallel ranks (gloo)."""
+scheduling policies and on two tensor-parallel ranks (gloo); and the
+roofline's weight counts against the model's own parameters."""
 import pytest
 import torch
 import transformers
@@ -13,8 +14,11 @@ from tracengine.cli import main
 from tracengine.engine.config import Config
 from tracengine.engine.sequence import Sequence
 from tracengine.errors import ConfigError
+from tracengine.model.loader import load_hf_config
+from tracengine.model.registry import model_class
 from tracengine.model.tiny import TINY, write_tiny_checkpoint
 from tracengine.runner.model_runner import ModelRunner
+from tracengine.sim.roofline import ModelShape
 from tracengine.trace.tracelog import open_trace
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -117,3 +121,19 @@ def test_a_sliding_window_shorter_than_max_model_len_is_refused(tmp_path):
     llm = LLM(path, kvcache_block_size=4, num_kvcache_blocks=16, max_model_len=32)   # every sequence fits the window
     assert llm.config.max_model_len == 32
     llm.close()
+
+
+def test_the_roofline_counts_the_models_own_weights(checkpoint):
+    architecture, path, _, _ = checkpoint
+    shape = ModelShape.from_file(path)
+    hf_config = load_hf_config(path)
+    with torch.device("meta"):
+        model = model_class(hf_config)(hf_config)
+    # matmul weights (2-D) by name, a tied LM head under its own name too; embeddings are looked up, not read whole
+    weights = {name: p.numel() for name, p in model.named_parameters(remove_duplicate=False)
+               if p.dim() == 2 and "embed_tokens" not in name}
+    experts = sum(n for name, n in weights.items() if ".experts." in name)
+    assert sum(weights.values()) - experts == shape.weight_bytes // shape.dtype_bytes   # float32: 4 bytes
+    assert experts == shape.expert_bytes // shape.dtype_bytes * shape.num_experts
+    num_sparse = sum(type(m).__name__ == "SparseMoeBlock" for m in model.modules())
+    assert shape.num_sparse_layers == num_sparse == (1 if architecture == "Qwen3MoeForCausalLM" else 0)

@@ -472,3 +472,35 @@ def test_features_the_recording_never_varied_are_named_where_the_model_is_used(t
     assert main(["simulate", "--num-prompts", "3", "--step-time", saved, "--set", "num_kvcache_blocks=100",
                  "--quiet"]) == 0
     assert note in capsys.readouterr().out
+
+
+def test_roofline_counts_only_the_experts_a_moe_step_uses():
+    # 4 layers, 3 of them sparse: 8 experts of 4 features, top 2; layer 1 (in mlp_only_layers) dense
+    moe = ModelShape.from_hf_config(dict(TINY, num_hidden_layers=4, num_experts=8, num_experts_per_tok=2,
+                                         moe_intermediate_size=4, mlp_only_layers=[1], decoder_sparse_step=1))
+    assert (moe.num_experts, moe.num_experts_per_tok, moe.num_sparse_layers) == (8, 2, 3)
+    # attention 192 (576 - 384 of the dense MLP); a sparse layer: router 8*8 = 64, an expert 3*8*4 = 96
+    assert (moe.attention_params, moe.sparse_layer_shared_params, moe.expert_params) == (192, 256, 96)
+    # a token: one dense layer 576, three sparse 256 + 2 experts * 96 = 448 each: 576 + 1344 = 1920
+    assert moe.active_params_per_token == 1920
+    assert moe.flops(5, 2, 7) == 2 * 1920 * 5 + 320 + 4 * 4 * 2 * 4 * 7
+    # every step reads (576 + 3 * 256 + 80) * 2 bytes = 2848; each expert hit, 3 layers * 96 * 2 = 576 more
+    assert (moe.weight_bytes, moe.expert_bytes) == (2848, 576)
+    assert moe.experts_hit(1) == pytest.approx(2)                       # one token: its top 2
+    assert moe.experts_hit(1000) == pytest.approx(8)                    # a long prefill: all 8
+    assert moe.experts_hit(3) == pytest.approx(8 * (1 - 0.75 ** 3))     # each expert missed with 6/8 per token
+    # one decode token: weights, 2 experts, KV of 9 context + 1 new (2 * 4 layers * 4 dims * 2 bytes = 64 a token)
+    assert moe.bytes_moved(1, 9) == pytest.approx(2848 + 576 * 2 + 64 * 10)
+    roof = RooflineStepTime(moe, peak_flops=1e15, bandwidth=1e9, overhead_ns=0)
+    assert roof.predict(False, 1, 1, 9, 10) == (0, round(moe.bytes_moved(1, 9)), 0)   # memory-bound, 1 B/ns
+    loaded = RooflineStepTime.from_dict(json.loads(json.dumps(roof.to_dict())))
+    assert loaded.model == moe and loaded.predict(True, 40, 3, 90, 500) == roof.predict(True, 40, 3, 90, 500)
+    # transformers saves Qwen3-MoE's expert count as num_local_experts
+    saved = dict(TINY, num_local_experts=8, num_experts_per_tok=2, moe_intermediate_size=4, mlp_only_layers=[])
+    assert ModelShape.from_hf_config(saved).num_sparse_layers == 2
+    with pytest.raises(TracengineError, match="num_experts_per_tok 9 is more than num_experts 8"):
+        ModelShape.from_hf_config(dict(saved, num_experts_per_tok=9))
+    bad = roof.to_dict()
+    bad["model"]["num_sparse_layers"] = 0
+    with pytest.raises(TracengineError, match="all 0 \\(a dense model\\) or a MoE's"):
+        RooflineStepTime.from_dict(bad)

@@ -3,15 +3,23 @@
 A step costs the larger of its FLOPs over the peak FLOP/s and its bytes over
 the memory bandwidth, plus a fixed overhead per step:
 
-- FLOPs: 2 x (the layers' matmul weights) per computed token, 2 x vocab x
-  hidden per sequence (the logits of its last position only), and 4 x heads x
-  head_dim per scored (query, key) pair in each layer (QK^T and PV).
-- bytes: every weight once per step (layers and LM head), and the K and V of
-  each context token read and of each computed token written, in every layer.
+- FLOPs: 2 x (the matmul weights a token goes through) per computed token,
+  2 x vocab x hidden per sequence (the logits of its last position only), and
+  4 x heads x head_dim per scored (query, key) pair in each layer (QK^T and PV).
+  In a MoE model's sparse layers a token goes through the router and its
+  top-k experts only (Qwen3-MoE: num_experts_per_tok of num_experts).
+- bytes: every weight but the experts once per step (layers, routers and LM
+  head); of the experts, those the step's tokens hit, expected as if tokens
+  route uniformly (E x (1 - (1 - k/E)^tokens) per sparse layer: k for one
+  token, nearly all of them for a long prefill); and the K and V of each
+  context token read and of each computed token written, in every layer.
 
-What it leaves out (docs/simulation.md): activations, kernel efficiency and
-launch gaps (it is a lower bound on time), tensor parallelism and its
-collectives, MoE, sampling, and the CPU side beyond the fixed overhead."""
+The shape comes from a checkpoint's config.json, of any architecture the
+engine runs (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE): they share the layer
+layout counted here. What it leaves out (docs/simulation.md): activations,
+biases and norms, kernel efficiency and launch gaps (it is a lower bound on
+time), tensor parallelism and its collectives, sampling, and the CPU side
+beyond the fixed overhead."""
 import math
 from dataclasses import asdict, dataclass, fields
 
@@ -26,6 +34,7 @@ HARDWARE = {
     "H100-PCIe": (756e12, 2.0e12),   # H100 PCIe: 756 TFLOPS BF16 dense, 2.0 TB/s HBM2e
     "A100": (312e12, 2.039e12),      # A100 SXM 80 GB: 312 TFLOPS BF16 dense, 2.039 TB/s HBM2e
 }
+MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "num_sparse_layers")
 DEFAULT_OVERHEAD_NS = 1_000_000      # 1 ms per step: the scheduler and the framework's launch work
 
 
@@ -41,6 +50,13 @@ class ModelShape:
     vocab_size: int
     dtype_bytes: int
     dtype: str = ""     # the config's torch_dtype, whose bytes dtype_bytes is ("": a model saved without it)
+    # A MoE model (Qwen3-MoE) routes each token to num_experts_per_tok of num_experts experts (gated MLPs
+    # of moe_intermediate_size) in num_sparse_layers of its layers; the others, and a dense model's, have
+    # one MLP of intermediate_size. All 0 for a dense model.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    num_sparse_layers: int = 0
 
     @classmethod
     def from_hf_config(cls, config: dict, name: str = "") -> "ModelShape":
@@ -53,9 +69,21 @@ class ModelShape:
         dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
         if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
             raise TracengineError(f"model config: unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
-        return cls(name, hidden, get("num_hidden_layers"), heads, get("num_key_value_heads", heads),
+        num_layers = get("num_hidden_layers")
+        moe = (0, 0, 0, 0)
+        # transformers writes Qwen3-MoE's num_experts as num_local_experts (Mixtral's name, whose experts
+        # have no size of their own: intermediate_size)
+        experts_key = "num_experts" if config.get("num_experts") is not None else "num_local_experts"
+        if config.get(experts_key):
+            num_experts, top_k = get(experts_key), get("num_experts_per_tok")
+            if top_k > num_experts:
+                raise TracengineError(f"model config: num_experts_per_tok {top_k} is more than num_experts "
+                                      f"{num_experts}")
+            moe = (num_experts, top_k, get("moe_intermediate_size", config.get("intermediate_size")),
+                   _num_sparse_layers(num_layers, get("decoder_sparse_step", 1), config.get("mlp_only_layers")))
+        return cls(name, hidden, num_layers, heads, get("num_key_value_heads", heads),
                    get("head_dim", hidden // heads), get("intermediate_size"), get("vocab_size"),
-                   DTYPE_BYTES[dtype], dtype)
+                   DTYPE_BYTES[dtype], dtype, *moe)
 
     @classmethod
     def from_file(cls, path: str) -> "ModelShape":
@@ -73,11 +101,32 @@ class ModelShape:
             raise TracengineError(f"{path}: {exc}") from None
 
     @property
-    def layer_matmul_params(self) -> int:
-        """Weights of one layer's matmuls: q, k, v, o and the gated MLP."""
+    def attention_params(self) -> int:
+        """Weights of one layer's q, k, v and o projections."""
         h, d = self.hidden_size, self.head_dim
-        attn = h * self.num_heads * d + 2 * h * self.num_kv_heads * d + self.num_heads * d * h
-        return attn + 3 * h * self.intermediate_size
+        return h * self.num_heads * d + 2 * h * self.num_kv_heads * d + self.num_heads * d * h
+
+    @property
+    def layer_matmul_params(self) -> int:
+        """Weights of one dense layer's matmuls: q, k, v, o and the gated MLP."""
+        return self.attention_params + 3 * self.hidden_size * self.intermediate_size
+
+    @property
+    def sparse_layer_shared_params(self) -> int:
+        """Weights of a sparse layer's matmuls that every token goes through: attention and the router."""
+        return self.attention_params + self.hidden_size * self.num_experts
+
+    @property
+    def expert_params(self) -> int:
+        """Weights of one expert, a gated MLP."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def active_params_per_token(self) -> int:
+        """Matmul weights one token goes through in all layers: in a sparse layer its top-k experts only."""
+        dense, sparse = self.num_layers - self.num_sparse_layers, self.num_sparse_layers
+        return (dense * self.layer_matmul_params
+                + sparse * (self.sparse_layer_shared_params + self.num_experts_per_tok * self.expert_params))
 
     @property
     def lm_head_params(self) -> int:
@@ -92,20 +141,44 @@ class ModelShape:
     def flops_per(self) -> tuple[int, int, int]:
         """FLOPs per token computed, per sequence (the LM head, on its last token only) and per
         (query, key) pair scored."""
-        return (2 * self.num_layers * self.layer_matmul_params, 2 * self.lm_head_params,
+        return (2 * self.active_params_per_token, 2 * self.lm_head_params,
                 4 * self.num_layers * self.num_heads * self.head_dim)
 
     @property
     def weight_bytes(self) -> int:
-        """The weights a step reads once."""
-        return (self.num_layers * self.layer_matmul_params + self.lm_head_params) * self.dtype_bytes
+        """The weights every step reads once: all but the experts."""
+        dense, sparse = self.num_layers - self.num_sparse_layers, self.num_sparse_layers
+        return (dense * self.layer_matmul_params + sparse * self.sparse_layer_shared_params
+                + self.lm_head_params) * self.dtype_bytes
+
+    @property
+    def expert_bytes(self) -> int:
+        """One expert's weights in every sparse layer."""
+        return self.num_sparse_layers * self.expert_params * self.dtype_bytes
+
+    def experts_hit(self, num_tokens: int) -> float:
+        """Experts per sparse layer a step's tokens are expected to hit, routed uniformly."""
+        if not self.num_sparse_layers:
+            return 0.0
+        return self.num_experts * (1 - (1 - self.num_experts_per_tok / self.num_experts) ** num_tokens)
 
     def flops(self, num_tokens: int, num_seqs: int, attended: int) -> int:
         per_token, per_seq, per_pair = self.flops_per
         return per_token * num_tokens + per_seq * num_seqs + per_pair * attended
 
-    def bytes_moved(self, num_tokens: int, context: int) -> int:
-        return self.weight_bytes + self.kv_bytes_per_token * (context + num_tokens)
+    def bytes_moved(self, num_tokens: int, context: int) -> float:
+        return (self.weight_bytes + self.expert_bytes * self.experts_hit(num_tokens)
+                + self.kv_bytes_per_token * (context + num_tokens))
+
+
+def _num_sparse_layers(num_layers: int, sparse_step: int, mlp_only_layers) -> int:
+    """Layers with routed experts, by Qwen3-MoE's rule (model/qwen3_moe.py builds them by the same):
+    every sparse_step-th, except the mlp_only_layers."""
+    if not (isinstance(mlp_only_layers, list) and all(isinstance(i, int) for i in mlp_only_layers)):
+        if mlp_only_layers is not None:
+            raise TracengineError(f"model config: mlp_only_layers is a list of layer indices, got {mlp_only_layers!r}")
+        mlp_only_layers = []
+    return sum(1 for i in range(num_layers) if i not in mlp_only_layers and (i + 1) % sparse_step == 0)
 
 
 def _check_positive_int(value, what: str):
@@ -130,6 +203,7 @@ class RooflineStepTime:
         self.gap_ns = self.wake_ns = 0
         # model.flops and model.bytes_moved, their coefficients worked out once: predict runs every step
         self._coefficients = (*model.flops_per, model.weight_bytes, model.kv_bytes_per_token)
+        self._moe = model.num_sparse_layers > 0
 
     @classmethod
     def for_hardware(cls, model: ModelShape, hardware: str | None = None, peak_tflops: float | None = None,
@@ -155,6 +229,8 @@ class RooflineStepTime:
     def predict(self, is_prefill: bool, num_tokens: int, num_seqs: int, context: int,
                 attended: int) -> tuple[int, int, int]:
         per_token, per_seq, per_pair, weight_bytes, kv_bytes_per_token = self._coefficients
+        if self._moe:
+            weight_bytes += self.model.expert_bytes * self.model.experts_hit(num_tokens)
         seconds = max((per_token * num_tokens + per_seq * num_seqs + per_pair * attended) / self.peak_flops,
                       (weight_bytes + kv_bytes_per_token * (context + num_tokens)) / self.bandwidth)
         return self.overhead_ns, round(seconds * 1e9), 0
@@ -187,8 +263,16 @@ class RooflineStepTime:
                 if not isinstance(value, str) or (value and DTYPE_BYTES.get(value) != model.dtype_bytes):
                     raise TracengineError(f"a roofline model's dtype is one of {', '.join(DTYPE_BYTES)} with "
                                           f"its dtype_bytes, got {value!r}")
+            elif field.name in MOE_FIELDS:
+                if value != 0:
+                    _check_positive_int(value, f"a roofline model's {field.name}")
             else:
                 _check_positive_int(value, f"a roofline model's {field.name}")
+        moe = [getattr(model, name) for name in MOE_FIELDS]
+        if any(moe) and not (all(moe) and model.num_experts_per_tok <= model.num_experts
+                             and model.num_sparse_layers <= model.num_layers):
+            raise TracengineError(f"a roofline model's {', '.join(MOE_FIELDS)} are all 0 (a dense model) or a "
+                                  f"MoE's (top-k at most the experts, sparse layers at most the layers), got {moe}")
         hardware = d.get("hardware", "")
         if not isinstance(hardware, str):
             raise TracengineError(f"a roofline model's hardware is a name, got {hardware!r}")
