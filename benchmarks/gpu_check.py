@@ -7,8 +7,13 @@ and whose pure decode steps the graphs, vs prefill-first; its row builds the
 run's events to count its mixed steps, so its throughput is not comparable).
 With more than one GPU, a tensor-parallel case runs the same workloads on
 2 ranks (NCCL) and compares tokens and logits with 1 rank; with one GPU it
-is skipped with a note. Runs in a few minutes on one H200; exits 1 with a
-message without CUDA.
+is skipped with a note. Then each architecture of the registry (Llama,
+Mistral, Qwen2, Qwen3, Qwen3-MoE) on its tiny random checkpoint
+(tracengine/model/tiny.py): float32 on the torch backend, eager and with
+CUDA graphs (Qwen3-MoE's routing keeps it eager), greedy tokens against
+transformers generate; with flash-attn, a bfloat16 row on it too; and the
+two-rank case. Runs in a few minutes on one H200; exits 1 with a message
+without CUDA.
 
     python benchmarks/gpu_check.py            # on a CUDA machine
     python benchmarks/gpu_check.py --smoke    # the same code paths on the CPU, small shapes (TP over gloo)
@@ -106,6 +111,44 @@ def prefill_logits(model: str, engine_args: dict, prompts, tensor_parallel_size:
     return logits
 
 
+def architecture_cases(tmp: str, device: str, smoke: bool, flash: bool, run_tp: bool, rows: list,
+                       agreements: list):
+    """Each architecture's tiny checkpoint: greedy tokens against transformers (float32), eager and graphs."""
+    from tracengine.model.tiny import SHAPE, TINY, write_tiny_checkpoint
+    workload = SimpleNamespace(num_prompts=64, min_len=32, max_len=192, output_len=64)
+    if smoke:
+        workload = SimpleNamespace(num_prompts=4, min_len=8, max_len=24, output_len=6)
+    for architecture in TINY:
+        path = write_tiny_checkpoint(os.path.join(tmp, architecture), architecture)
+        label = f"{architecture} (tiny)"
+        prompts = make_workload(workload.num_prompts, workload.min_len, workload.max_len, SHAPE["vocab_size"], seed=0)
+        engine_args = dict(device=device, dtype="float32", max_model_len=workload.max_len + workload.output_len,
+                           max_num_seqs=workload.num_prompts, max_num_batched_tokens=4096,
+                           gpu_memory_utilization=0.3, kvcache_block_size=16)
+        outputs = {}
+        for eager in (True, False):
+            row, outputs[eager] = run_case(path, eager, workload, prompts, 0.0, engine_args)
+            rows.append(dict(model=label, **row))
+            print(_format(rows[-1]), flush=True)
+        side = TransformersSide(path, prompts, [workload.output_len] * len(prompts), torch.device(device),
+                                torch.float32, pad_id=0)
+        theirs = side.generate()
+        for eager, mode in ((True, rows[-2]["mode"]), (False, rows[-1]["mode"])):
+            same = sum(a == b for a, b in zip(outputs[eager], theirs))
+            agreements.append(f"{label}: greedy outputs identical to transformers generate, {mode}: "
+                              f"{same}/{len(prompts)}")
+        if flash:   # bfloat16 on flash-attn's paged kernels: its rounding differs, so agreement is a count
+            row, bf16 = run_case(path, False, workload, prompts, 0.0,
+                                 dict(engine_args, dtype="bfloat16", kvcache_block_size=256))
+            rows.append(dict(model=label, **row))
+            print(_format(rows[-1]), flush=True)
+            same = sum(a == b for a, b in zip(bf16, theirs))
+            agreements.append(f"{label}: bfloat16 on flash-attn, greedy outputs as float32 transformers': "
+                              f"{same}/{len(prompts)}")
+        if run_tp:
+            tensor_parallel_case(label, path, workload, prompts, engine_args, outputs, rows, agreements)
+
+
 def tensor_parallel_case(label: str, model: str, workload, prompts, engine_args: dict, one_rank: dict,
                          rows: list, agreements: list):
     """Two ranks against one: greedy tokens (eager and CUDA graphs) and prefill logits.
@@ -200,6 +243,7 @@ def main():
                 same = sum(a == b for a, b in zip(outputs[False, 0.0], theirs))
                 agreements.append(f"{label}: greedy outputs identical to transformers generate: "
                                   f"{same}/{len(prompts)}")
+        architecture_cases(tmp, device, args.smoke, flash, run_tp, rows, agreements)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print()

@@ -92,6 +92,10 @@ def test_greedy_tokens_match_transformers_generate(checkpoint, policy, tmp_path,
     assert header.model.architecture == architecture
     capsys.readouterr()
     assert main(["replay", trace]) == 0   # re-executed with no model, as any trace
+    if policy == "prefill_first":         # and, as any trace, run under another config and calibrated from
+        assert main(["replay", trace, "--set", "num_kvcache_blocks=40"]) == 0
+        assert main(["calibrate", trace, "-o", str(tmp_path / "steptime.json")]) == 0
+        assert "wrote" in capsys.readouterr().out
 
 
 def test_two_ranks_match_transformers_generate(checkpoint):

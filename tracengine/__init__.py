@@ -3,7 +3,7 @@
 One folder per part, in the order events flow:
   engine/    sequence, block manager, scheduler, the step loop and `LLM` (nano-vllm's engine/)
   runner/    tensors: model runner, KV cache, attention backends, sampler, CUDA graphs, tensor parallel
-  model/     Qwen3 layers, the Hugging Face loader, the embedded tiny model
+  model/     the architectures (a registry), layers, attention, the Hugging Face loader, the embedded tiny model
   trace/     the event vocabulary and the trace file
   replay/    re-execution, fold, what-if, diff, the runners without a model, and simulation in
              simulated time (step-time models, roofline, simulate, sweeps): it re-runs the same scheduler

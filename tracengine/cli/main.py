@@ -22,12 +22,12 @@ EXIT_OK, EXIT_FAILED_CHECK, EXIT_BAD_INPUT, EXIT_NOT_ENDED, EXIT_INTERRUPTED = 0
 EXIT_PIPE_CLOSED = 141   # 128 + SIGPIPE, what a shell reports for a writer whose reader left
 
 DESCRIPTION = """\
-tracengine runs an LLM inference engine (Qwen3, paged KV cache, prefix caching,
-continuous batching, chunked prefill, preemption by recomputation) and records
-every scheduling decision, block allocation, preemption and sampled token as a
-typed event in a compact trace. A trace replays exactly, runs again under
-another config (what-if), and can be listed, checked, compared, summarised,
-exported and stepped through."""
+tracengine runs an LLM inference engine (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE;
+paged KV cache, prefix caching, continuous batching, chunked prefill, preemption
+by recomputation) and records every scheduling decision, block allocation,
+preemption and sampled token as a typed event in a compact trace. A trace
+replays exactly, runs again under another config (what-if), and can be listed,
+checked, compared, summarised, exported and stepped through."""
 
 EXIT_CODES = """\
 exit status:
@@ -104,7 +104,7 @@ def add_generate(sub):
                    "preemption and prefix-cache hits, or a --workload file of timed requests) and print a\n"
                    "summary; --record writes the trace. --request-rate makes any workload's requests arrive\n"
                    "over time (the engine sleeps while nothing is runnable).")
-    p.add_argument("--model", default="", help="a Hugging Face Qwen3 checkpoint directory "
+    p.add_argument("--model", default="", help="a Hugging Face checkpoint directory: Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE "
                    "(default: the embedded tiny model)")
     p.add_argument("--record", metavar="PATH", help="write the trace of the run to PATH")
     p.add_argument("--output", metavar="PATH", help="write every request's result to PATH as JSONL: prompt, text, "
@@ -250,7 +250,7 @@ def add_serve_commands(sub):
                    "Serve the engine over HTTP with OpenAI's API (POST /v1/completions, /v1/chat/completions,\n"
                    "streamed or not; GET /v1/models, /health, /metrics), recording the traffic with --record.\n"
                    "SIGINT or SIGTERM aborts the requests in flight, closes the trace and exits 0 (docs/serve.md).")
-    p.add_argument("--model", default="", help="a Hugging Face Qwen3 checkpoint directory "
+    p.add_argument("--model", default="", help="a Hugging Face checkpoint directory: Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE "
                    "(default: the embedded tiny model)")
     p.add_argument("--served-model-name", metavar="NAME",
                    help="the name clients send as `model` (default: --model as given, or 'embedded')")
