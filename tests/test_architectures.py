@@ -115,13 +115,17 @@ def test_two_ranks_match_transformers_generate(checkpoint):
     assert [out["token_ids"] for out in outputs] == expected
 
 
-def test_a_sliding_window_shorter_than_max_model_len_is_refused(tmp_path):
+def test_a_sliding_window_shorter_than_max_model_len_is_refused(tmp_path, capsys):
     path = write_tiny_checkpoint(str(tmp_path), "MistralForCausalLM", sliding_window=32)
+    # max_model_len: the default 4096, clipped to the model's 512 positions
+    message = ("max_model_len=512 is longer than the model's sliding window of 32 tokens, and "
+               "sliding-window attention is not implemented; set max_model_len to at most 32")
     with pytest.raises(ConfigError) as excinfo:
         LLM(path, kvcache_block_size=4, num_kvcache_blocks=16)
-    # max_model_len: the default 4096, clipped to the model's 512 positions
-    assert str(excinfo.value) == ("max_model_len=512 is longer than the model's sliding window of 32 tokens, and "
-                                  "sliding-window attention is not implemented; set max_model_len to at most 32")
+    assert str(excinfo.value) == message
+    capsys.readouterr()
+    assert main(["generate", "--quiet", "--model", path, "--prompt-lens", "5", "--tensor-parallel-size", "2"]) == 2
+    assert capsys.readouterr().err == f"tracengine: error: {message}\n"   # refused before a worker starts
     llm = LLM(path, kvcache_block_size=4, num_kvcache_blocks=16, max_model_len=32)   # every sequence fits the window
     assert llm.config.max_model_len == 32
     llm.close()

@@ -17,10 +17,12 @@ class LLM(LLMEngine):
         """`scheduling_policy`: prefill_first, mixed, a Scheduler subclass or its module:Class."""
         config = build_config(model, **kwargs)
         from tracengine.model.loader import load_hf_config, resolve_model_dir
+        from tracengine.model.registry import check_max_model_len
         from tracengine.runner import make_runner
         self.model_dir = resolve_model_dir(config.model)
         self.hf_config = load_hf_config(self.model_dir)
         config.max_model_len = min(config.max_model_len, self.hf_config.max_position_embeddings)
+        check_max_model_len(self.hf_config, config.max_model_len)   # before any tensor-parallel worker starts
         tokenizer = load_tokenizer(self.model_dir)
         if config.eos == -1 and tokenizer.eos_token_id is not None:
             config.eos = tokenizer.eos_token_id
