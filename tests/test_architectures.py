@@ -15,8 +15,8 @@ from tracengine.engine.config import Config
 from tracengine.engine.sequence import Sequence
 from tracengine.errors import ConfigError
 from tracengine.model.loader import load_hf_config
-from tracengine.model.registry import model_class
-from tracengine.model.tiny import TINY, write_tiny_checkpoint
+from tracengine.model.registry import check_max_model_len, model_class, sliding_window_of
+from tracengine.model.tiny import TINY, tiny_hf_config, write_tiny_checkpoint
 from tracengine.runner.model_runner import ModelRunner
 from tracengine.sim.roofline import ModelShape
 from tracengine.trace.tracelog import open_trace
@@ -145,3 +145,20 @@ def test_the_roofline_counts_the_models_own_weights(checkpoint):
     assert experts == shape.expert_bytes // shape.dtype_bytes * shape.num_experts
     num_sparse = sum(type(m).__name__ == "SparseMoeBlock" for m in model.modules())
     assert shape.num_sparse_layers == num_sparse == (1 if architecture == "Qwen3MoeForCausalLM" else 0)
+
+
+@pytest.mark.parametrize("architecture, changes, window", [
+    ("MistralForCausalLM", dict(sliding_window=32), 32),
+    ("MistralForCausalLM", dict(sliding_window=None), None),
+    ("Qwen2ForCausalLM", dict(sliding_window=32), None),    # use_sliding_window is off
+    # Qwen2 slides from layer max_window_layers on: from layer 1 of 2, or none
+    ("Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=32, max_window_layers=1), 32),
+    ("Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=32, max_window_layers=2), None),
+])
+def test_the_sliding_window_is_the_one_the_reference_applies(architecture, changes, window):
+    hf_config = tiny_hf_config(architecture, **changes)
+    assert sliding_window_of(hf_config) == window
+    check_max_model_len(hf_config, 32)   # a window as long as every sequence is causal attention
+    if window is not None:
+        with pytest.raises(ConfigError, match="max_model_len=33 is longer than the model's sliding window of 32"):
+            check_max_model_len(hf_config, 33)

@@ -42,16 +42,19 @@ def check_model_config(hf_config, path: str):
         raise ModelError(f"hidden_act {hf_config.hidden_act!r} in {path} is not supported; only silu")
     if getattr(hf_config, "mlp_bias", False):
         raise ModelError(f"mlp_bias in {path} is not supported")
-    if getattr(hf_config, "use_sliding_window", False) and getattr(hf_config, "sliding_window", None) is None:
-        raise ModelError(f"use_sliding_window in {path} without a sliding_window")
 
 
 def sliding_window_of(hf_config) -> int | None:
-    """The attention window the reference applies, if any: Mistral's
-    `sliding_window`; for Qwen's, only with `use_sliding_window`."""
+    """The attention window the reference applies in some layer, if any:
+    Mistral's `sliding_window`; Qwen's only where `layer_types` (transformers 5)
+    names a sliding layer, or else with `use_sliding_window`."""
+    window = getattr(hf_config, "sliding_window", None)
+    layer_types = getattr(hf_config, "layer_types", None)
+    if isinstance(layer_types, list):
+        return window if "sliding_attention" in layer_types else None
     if hasattr(hf_config, "use_sliding_window") and not hf_config.use_sliding_window:
         return None
-    return getattr(hf_config, "sliding_window", None)
+    return window
 
 
 def check_max_model_len(hf_config, max_model_len: int):
