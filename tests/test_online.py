@@ -12,7 +12,7 @@ from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.replay.reexec import reexecute
 from tracengine.sim.runners import SyntheticRunner
-from tracengine.trace.events import BlockAllocate, ListSink, RequestAdded, ScheduleDecision, StepEnd
+from tracengine.trace.events import ListSink, RequestAdded, ScheduleDecision, StepEnd
 from tracengine.trace.tracelog import FORMAT_VERSION, open_trace
 from tracengine.workload import arrival_times
 

@@ -19,7 +19,7 @@ from tracengine.replay.whatif import whatif
 from tracengine.engine.sequence import Sequence
 from tracengine.sim.steptime import FEATURES, LinearStepTime, calibrate, load_step_time, seqs_shape, step_shape
 from tracengine.trace.events import SeqAbort, StepEnd, without_wall_clock
-from tracengine.trace.tracelog import TraceWriter
+from tracengine.trace.tracelog import write_trace
 
 # ns per unit of (const, tokens, seqs, context, attended); prefill fits (const, tokens, seqs, attended),
 # decode (const, seqs, context)
@@ -173,10 +173,6 @@ def test_roofline_config_errors(tmp_path):
     assert ModelShape.from_file(str(tmp_path / "qwen3-8b.json")).name == "qwen3-8b"   # a file of its own
 
 
-def write_trace(path, events):
-    with TraceWriter(path, events[0]) as w:
-        for e in events[1:]:
-            w.emit(e)
 
 
 def test_calibrate_command_writes_the_model_and_refuses_to_overwrite(tmp_path, recorded, capsys):
@@ -240,7 +236,7 @@ def test_whatif_table_figures_are_the_stats_of_each_trace(tmp_path, recorded, ca
 
 
 def test_time_aware_commands_on_a_torn_trace_say_so(tmp_path, recorded, capsys):
-    from conftest import cut_like_a_kill
+    from helpers import cut_like_a_kill
     trace = str(tmp_path / "torn.trace")
     write_trace(trace, recorded)
     cut_like_a_kill(trace, 5)

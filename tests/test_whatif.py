@@ -16,7 +16,7 @@ from tracengine.replay.whatif import extract_workload, whatif
 from tracengine.engine.scheduler import Scheduler
 from tracengine.trace.tracelog import FORMAT_VERSION, TraceReader
 
-from conftest import run_canned, write_trace
+from helpers import run_canned, write_trace
 
 
 def preemptions(figures: dict) -> int:
