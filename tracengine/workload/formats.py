@@ -13,7 +13,6 @@ import struct
 from datetime import datetime
 from functools import lru_cache
 
-from tracengine.collector import collector_paused
 from tracengine.engine.request import Request
 from tracengine.engine.block_manager import pack_tokens
 from tracengine.errors import TracengineError
@@ -50,8 +49,7 @@ def read_workload(path: str, format: str | None = None, *, vocab_size: int, max_
     if vocab_size <= 0:
         raise TracengineError(f"vocab size must be positive, got {vocab_size}")
     parse = {"mooncake": _mooncake, "azure": _azure, "tracengine": _tracengine}[format]
-    with collector_paused():    # the prompts: millions of ints in lists, in no cycle
-        requests = _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_len)
+    requests = _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_len)
     if not requests:
         raise TracengineError(f"{path}: no requests")
     origin = requests[0].arrival_ns if format in ("mooncake", "azure") else 0
@@ -154,7 +152,7 @@ def block_token_ids(block_id: int, num_tokens: int, vocab_size: int) -> tuple[in
     """The made-up tokens of a named block: the same id gives the same tokens in every
     request and every run, so prompts that share ids share prefixes."""
     raw = random.Random(block_id).randbytes(4 * num_tokens)
-    return tuple([v % vocab_size for v in struct.unpack(f"<{num_tokens}I", raw)])   # a list first: faster
+    return tuple(v % vocab_size for v in struct.unpack(f"<{num_tokens}I", raw))
 
 
 def encoded_prompt(token_ids: list[int]) -> EncodedTokens:
