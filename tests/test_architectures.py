@@ -162,3 +162,10 @@ def test_the_sliding_window_is_the_one_the_reference_applies(architecture, chang
     if window is not None:
         with pytest.raises(ConfigError, match="max_model_len=33 is longer than the model's sliding window of 32"):
             check_max_model_len(hf_config, 33)
+
+
+def test_a_moe_expert_width_the_ranks_cannot_split_is_refused():
+    from tracengine.runner.tp_check import check_tensor_parallel
+    hf_config = tiny_hf_config("Qwen3MoeForCausalLM", moe_intermediate_size=33)   # experts are split, not dealt out
+    with pytest.raises(ConfigError, match="tensor_parallel_size=2 does not divide the model's moe_intermediate_size 33"):
+        check_tensor_parallel(Config(tensor_parallel_size=2), hf_config, torch.device("cpu"))

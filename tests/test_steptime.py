@@ -500,3 +500,15 @@ def test_roofline_counts_only_the_experts_a_moe_step_uses():
     bad["model"]["num_sparse_layers"] = 0
     with pytest.raises(TracengineError, match="all 0 \\(a dense model\\) or a MoE's"):
         RooflineStepTime.from_dict(bad)
+
+
+def test_roofline_of_qwen3_30b_a3b_counts_its_published_sizes():
+    # Qwen3-30B-A3B's config.json shape; its model card: 30.5B parameters, 3.3B activated
+    config = dict(hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                  intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+                  vocab_size=151936, decoder_sparse_step=1, mlp_only_layers=[], torch_dtype="bfloat16")
+    m = ModelShape.from_hf_config(config, "Qwen3-30B-A3B")
+    embedding = m.vocab_size * m.hidden_size      # untied: looked up, not multiplied, but counted in the card's sizes
+    total = m.weight_bytes // 2 + m.expert_bytes // 2 * m.num_experts + embedding
+    active = m.active_params_per_token + m.lm_head_params + embedding
+    assert round(total / 1e9, 1) == 30.5 and round(active / 1e9, 1) == 3.4   # 3.35: the card rounds down, norms aside
