@@ -2,6 +2,7 @@
 size in: no process-wide counters, so two engines and a replay agree."""
 from enum import Enum, auto
 
+from tracengine.engine.block_hasher import compute_hashes
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.trace.encoded import EncodedTokens
 
@@ -16,13 +17,12 @@ class Sequence:
     __slots__ = ("seq_id", "status", "prompt", "completion", "last_token", "num_tokens", "num_prompt_tokens",
                  "num_cached_tokens", "num_scheduled_tokens", "is_prefill", "block_table",
                  "block_size", "temperature", "max_tokens", "ignore_eos", "top_k", "top_p", "seed",
-                 "num_preemptions", "finish_reason", "block_hashes", "block_data",
-                 "num_completion_tokens", "peer_blocks")
+                 "num_preemptions", "finish_reason", "block_hashes", "num_completion_tokens")
 
     def __init__(self, seq_id: int, token_ids: list[int], block_size: int,
                  sampling_params: SamplingParams | None = None):
         """`token_ids`: a list, or EncodedTokens (trace/encoded.py), a prompt that a workload
-        reader has already encoded and packed, block by block."""
+        reader has already encoded for the trace."""
         sp = sampling_params if sampling_params is not None else SamplingParams()
         self.seq_id = seq_id
         self.status = SequenceStatus.WAITING
@@ -49,15 +49,9 @@ class Sequence:
         self.seed = sp.seed
         self.num_preemptions = 0
         self.finish_reason = ""      # "eos" or "length" once finished
-        self.block_hashes: list[int] = []   # chained hashes of full blocks: tokens only ever append
-        self.block_data = bytearray()        # those blocks' tokens, packed as they were hashed
-        self.peer_blocks = None     # the table of the sequence whose hashes it copied last: BlockManager._known_hits
-        if encoded and token_ids.packed:      # ... and the prompt's other full blocks, to be hashed
-            data = bytearray().join(token_ids.packed)
-            if len(data) < 8 * self.num_tokens:
-                raise ValueError(f"a packed prompt of {len(data)} bytes for {self.num_tokens} tokens")
-            del data[self.num_tokens // block_size * block_size * 8:]
-            self.block_data = data
+        # The chained hashes of its full blocks (block_hasher.py), as vLLM's Request.block_hashes:
+        # the prompt's now, a block filled by decoding when it is registered (hash_full_blocks).
+        self.block_hashes: list[int] = compute_hashes(self.prompt, block_size)
 
     def __len__(self):
         return self.num_tokens
@@ -74,6 +68,20 @@ class Sequence:
     def __repr__(self):
         return (f"Sequence(seq_id={self.seq_id}, status={self.status.name}, num_tokens={self.num_tokens}, "
                 f"num_cached_tokens={self.num_cached_tokens}, block_table={self.block_table})")
+
+    @property
+    def has_tokens(self) -> bool:
+        """Whether its token ids are known (the prefix cache compares them)."""
+        return True
+
+    def hash_full_blocks(self) -> list[int]:
+        """block_hashes, extended over the full blocks filled since they were last hashed
+        (tokens only ever append)."""
+        hashes, size = self.block_hashes, self.block_size
+        start = len(hashes) * size
+        if self.num_tokens - start >= size:
+            hashes += compute_hashes(self.tokens(start, self.num_tokens), size, hashes[-1] if hashes else -1)
+        return hashes
 
     @property
     def is_finished(self):

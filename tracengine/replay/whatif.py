@@ -53,8 +53,8 @@ def extract_workload(events) -> RecordedWorkload:
                 for s in e.seqs:
                     positions[s.seq_id] = s.num_cached_tokens + s.num_tokens
         elif t is RequestAdded:
-            # encoded and packed once, read-only: no run of the workload (a what-if has two, a sweep
-            # one a variant) copies, packs or, recording, encodes the prompt again
+            # encoded once, read-only: no run of the workload (a what-if has two, a sweep
+            # one a variant) copies or, recording, encodes the prompt again
             requests.append(WorkloadRequest(encoded_prompt(e.prompt_token_ids), e.max_tokens, e.step, e.ignore_eos,
                                             e.temperature, seq_id=e.seq_id, arrival_ns=e.arrival_ns))
             outputs[e.seq_id] = []

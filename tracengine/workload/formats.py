@@ -15,7 +15,6 @@ from datetime import datetime
 from functools import lru_cache
 
 from tracengine.collector import collector_paused
-from tracengine.engine.block_manager import pack_tokens
 from tracengine.errors import TracengineError
 from tracengine.trace.encoded import EncodedTokens, encoded_items
 
@@ -172,17 +171,17 @@ def block_token_ids(block_id: int, num_tokens: int, vocab_size: int) -> tuple[in
 
 
 def encoded_prompt(token_ids: list[int]) -> EncodedTokens:
-    """A prompt of token ids as a reader hands it over: read-only, encoded as the trace encodes it
-    and packed as the block manager hashes it, once (no run copies, packs or encodes it again)."""
-    return EncodedTokens(token_ids, (encoded_items(token_ids),), (pack_tokens(token_ids),))
+    """A prompt of token ids as a reader hands it over: read-only, encoded as the trace encodes it,
+    once (no run copies or encodes it again)."""
+    return EncodedTokens(token_ids, (encoded_items(token_ids),))
 
 
 @lru_cache(maxsize=4096)
-def _mooncake_block(block_id: int, num_tokens: int, vocab_size: int) -> tuple[tuple[int, ...], bytes, bytes]:
-    """A named block's tokens, made once: as token ids, as the trace encodes them
-    (trace.encoded.encoded_items) and packed as the block manager packs a prompt (pack_tokens)."""
+def _mooncake_block(block_id: int, num_tokens: int, vocab_size: int) -> tuple[tuple[int, ...], bytes]:
+    """A named block's tokens, made once: as token ids and as the trace encodes them
+    (trace.encoded.encoded_items)."""
     tokens = block_token_ids(block_id, num_tokens, vocab_size)
-    return tokens, encoded_items(tokens), pack_tokens(tokens)
+    return tokens, encoded_items(tokens)
 
 
 def _mooncake(f, path, vocab_size, length_scale, seed):
@@ -203,7 +202,7 @@ def _mooncake(f, path, vocab_size, length_scale, seed):
         num_tokens = scale_length(input_length, length_scale)
         block_ids = [_integer(hash_id, "a hash id", where, 0) for hash_id in hash_ids[:-(-num_tokens // block_len)]]
         blocks = [_mooncake_block(block_id, block_len, vocab_size) for block_id in block_ids]
-        # with the blocks' encodings: the block manager packs none of it, a recording copies it
+        # with the blocks' encodings: a recording copies them
         prompt = EncodedTokens.from_pieces(blocks, num_tokens)
         # An output length of 0 still samples the first token, as every engine does.
         yield Request(prompt, scale_length(max(output_length, 1), length_scale), timestamp / 1000.0,
