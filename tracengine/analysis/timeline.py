@@ -79,7 +79,7 @@ class RequestTimeline:
             fold(self, event)
 
     def _request_added(self, event: RequestAdded) -> None:
-        num_prompt_tokens = len(event.prompt_token_ids)
+        num_prompt_tokens = event.num_prompt_tokens
         self.requests[event.seq_id] = RequestRecord(event.seq_id, event.step, num_prompt_tokens, num_prompt_tokens,
                                                     event.arrival_ns)
 

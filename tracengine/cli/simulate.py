@@ -43,7 +43,7 @@ def workload_for_simulation(args, workload: str | None, vocab_size: int):
     if not workload and args.num_prompts is None and not args.prompt_lens:
         raise TracengineError("simulate needs a WORKLOAD file, --num-prompts or --prompt-lens")
     # text prompts need a tokenizer, and there is no model to sample with a temperature
-    return workload_requests(workload_spec(args, workload=workload), vocab_size)
+    return workload_requests(workload_spec(args, workload=workload), vocab_size, hash_id_prompts=True)
 
 
 def simulation_progress(num_requests: int, enabled: bool = True) -> RequestProgress:

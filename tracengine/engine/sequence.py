@@ -3,6 +3,7 @@ size in: no process-wide counters, so two engines and a replay agree."""
 from enum import Enum, auto
 
 from tracengine.engine.block_hasher import compute_hashes
+from tracengine.engine.hash_id_prompt import HashIdPrompt
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.trace.encoded import EncodedTokens
 
@@ -17,16 +18,17 @@ class Sequence:
     __slots__ = ("seq_id", "status", "prompt", "completion", "last_token", "num_tokens", "num_prompt_tokens",
                  "num_cached_tokens", "num_scheduled_tokens", "is_prefill", "block_table",
                  "block_size", "temperature", "max_tokens", "ignore_eos", "top_k", "top_p", "seed",
-                 "num_preemptions", "finish_reason", "block_hashes", "num_completion_tokens")
+                 "num_preemptions", "finish_reason", "block_hashes", "num_completion_tokens",
+                 "has_tokens")
 
     def __init__(self, seq_id: int, token_ids: list[int], block_size: int,
                  sampling_params: SamplingParams | None = None):
-        """`token_ids`: a list, or EncodedTokens (trace/encoded.py), a prompt that a workload
-        reader has already encoded for the trace."""
+        """`token_ids`: a list, EncodedTokens (trace/encoded.py: a prompt that a workload reader
+        has already encoded for the trace) or a HashIdPrompt (a prompt known by its hash ids)."""
         sp = sampling_params if sampling_params is not None else SamplingParams()
         self.seq_id = seq_id
         self.status = SequenceStatus.WAITING
-        encoded = type(token_ids) is EncodedTokens
+        encoded = isinstance(token_ids, (EncodedTokens, HashIdPrompt))
         # Tokens only ever append, to `completion`: a read-only prompt with its encoding is kept as it
         # is, never copied (a 13,000-token prompt's copy and its freeing cost about what its hashing
         # does); a list is copied, as its owner may change it.
@@ -51,7 +53,10 @@ class Sequence:
         self.finish_reason = ""      # "eos" or "length" once finished
         # The chained hashes of its full blocks (block_hasher.py), as vLLM's Request.block_hashes:
         # the prompt's now, a block filled by decoding when it is registered (hash_full_blocks).
-        self.block_hashes: list[int] = compute_hashes(self.prompt, block_size)
+        # A hash-id prompt has its hashes from its hash ids, and no tokens for the prefix cache to compare.
+        self.has_tokens = not isinstance(token_ids, HashIdPrompt)
+        self.block_hashes: list[int] = (compute_hashes(self.prompt, block_size) if self.has_tokens
+                                        else token_ids.block_hashes(block_size))
 
     def __len__(self):
         return self.num_tokens
@@ -68,11 +73,6 @@ class Sequence:
     def __repr__(self):
         return (f"Sequence(seq_id={self.seq_id}, status={self.status.name}, num_tokens={self.num_tokens}, "
                 f"num_cached_tokens={self.num_cached_tokens}, block_table={self.block_table})")
-
-    @property
-    def has_tokens(self) -> bool:
-        """Whether its token ids are known (the prefix cache compares them)."""
-        return True
 
     def hash_full_blocks(self) -> list[int]:
         """block_hashes, extended over the full blocks filled since they were last hashed
@@ -104,7 +104,7 @@ class Sequence:
 
     @property
     def prompt_token_ids(self):
-        """The prompt: the sequence's own list (or the read-only EncodedTokens it was given)."""
+        """The prompt: the sequence's own list (or the read-only EncodedTokens or HashIdPrompt it was given)."""
         return self.prompt
 
     @property

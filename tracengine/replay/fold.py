@@ -95,7 +95,7 @@ class _Projection:
     # -- events, as the scheduler and block manager produced them ------------------------------
 
     def request_added(self, e: RequestAdded):
-        n = len(e.prompt_token_ids)
+        n = e.num_prompt_tokens
         self.seqs[e.seq_id] = SeqState(e.seq_id, WAITING, n, n, arrival_step=e.step, block_table=[])
         self.waiting.append(e.seq_id)
 

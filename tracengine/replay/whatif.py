@@ -14,6 +14,7 @@ from tracengine.trace.events import RequestAdded, ScheduleDecision, TokenSample,
 from tracengine.trace.tracelog import split_header
 from tracengine.sim.runners import WorkloadRequest, check_requests, run_workload
 from tracengine.engine.scheduler import Scheduler
+from tracengine.engine.hash_id_prompt import request_prompt
 from tracengine.workload.formats import encoded_prompt
 
 
@@ -89,7 +90,8 @@ def extract_workload(events) -> RecordedWorkload:
         elif t is RequestAdded:
             # encoded once, read-only: no run of the workload (a what-if has two, a sweep
             # one a variant) copies or, recording, encodes the prompt again
-            requests.append(WorkloadRequest(encoded_prompt(e.prompt_token_ids), e.max_tokens, e.step, e.ignore_eos,
+            prompt = request_prompt(e) if e.prompt_hash_ids else encoded_prompt(e.prompt_token_ids)
+            requests.append(WorkloadRequest(prompt, e.max_tokens, e.step, e.ignore_eos,
                                             e.temperature, seq_id=e.seq_id, arrival_ns=e.arrival_ns))
             outputs[e.seq_id] = []
     for r in requests:      # a client that left: it leaves the new run when it left this one
