@@ -109,3 +109,22 @@ def test_a_trace_of_hash_id_requests_replays_diffs_and_whatifs_exactly(tmp_path)
     assert scheduling(same.events) == scheduling(read)
     assert main(["replay", str(path)]) == 0 and main(["diff", str(path), str(path)]) == 0
     assert main(["stats", str(path)]) == 0
+
+
+@pytest.mark.parametrize("policy", ["prefill_first", "mixed"])
+def test_the_lean_live_fold_gives_the_figures_of_the_whole_one(policy):
+    """simulate folds its run live keeping only what stats() reads: the same figures as the
+    fold of every event (per request too), with preemptions, hits and mixed steps."""
+    from tracengine.analysis.stats import stats
+    from tracengine.analysis.timeline import RequestTimeline
+    rng = random.Random(5)
+    config = Config(num_kvcache_blocks=14, kvcache_block_size=16, max_num_batched_tokens=48, max_num_seqs=6,
+                    max_model_len=256, scheduling_policy=policy)
+    events = run_workload(config, workload(conversation_prompts(rng, 30, 16), rng), SyntheticRunner(eos=-1))
+    whole, lean = RequestTimeline(events[0]), RequestTimeline(events[0], lean=True)
+    for e in events[1:]:
+        whole.add(e)
+        lean.add(e)
+    assert stats(lean) == stats(whole) == stats(events)
+    assert stats(lean)["preemption"]["num_preemptions"] and stats(lean)["prefix_cache"]["num_hit_blocks"]
+    assert all(not r.scheduled for r in lean.requests.values())

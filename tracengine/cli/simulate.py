@@ -90,10 +90,10 @@ def run(args) -> int:
             # stored as they are: a simulated prompt's made-up tokens hardly deflate, and deflating
             # them costs more than simulating (docs/simulation.md)
             with TraceWriter(args.record, header, deflate=False) as writer:
-                sink = RequestTimelineSink(header, writer)
+                sink = RequestTimelineSink(header, writer, lean=True)
                 simulate(config, requests, step_time, sink, header, on_progress)
         else:
-            sink = RequestTimelineSink(header)
+            sink = RequestTimelineSink(header, lean=True)
             simulate(config, requests, step_time, sink, header, on_progress)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     from tracengine.analysis.stats import render, stats
