@@ -13,7 +13,8 @@ from tracengine.engine.sequence import Sequence
 from tracengine.replay.diff import diff_traces
 from tracengine.replay.reexec import reexecute
 from tracengine.replay.whatif import whatif
-from tracengine.sim.runners import SyntheticRunner, WorkloadRequest, run_workload
+from tracengine.engine.request import Request
+from tracengine.sim.runners import SyntheticRunner, run_workload
 from tracengine.trace.events import RequestAdded, without_wall_clock
 from tracengine.trace.tracelog import FORMAT_VERSION, TraceReader, write_trace
 
@@ -61,7 +62,7 @@ def test_a_hash_id_prompt_refuses_lengths_its_hash_ids_cannot_hold():
 
 
 def workload(prompts, rng):
-    return [WorkloadRequest(p, rng.randrange(1, 40), arrival_step=i // 3, ignore_eos=True, seq_id=i)
+    return [Request(p, rng.randrange(1, 40), ignore_eos=True, seq_id=i, arrival_step=i // 3)
             for i, p in enumerate(prompts)]
 
 
