@@ -95,9 +95,12 @@ def conversation_workload(path: str, num_requests: int, seed: int = 0, duration_
             "repeated": num_repeated / num_ids, "duration_s": records[-1]["timestamp"] / 1000}
 
 
+FEATURES = ("const", "tokens", "seqs", "context", "attended")     # tracengine.sim.steptime's
+PARTS = ("schedule_ns", "model_ns", "postprocess_ns")
+
+
 def fixed_step_time(path: str):
     """tracengine's linear step-time model with only the two constants."""
-    from tracengine.sim.steptime import FEATURES, PARTS
 
     def phase(ms):
         return {part: [ms * 1e6 if part == "model_ns" and f == "const" else 0.0 for f in FEATURES] for part in PARTS}
@@ -114,8 +117,9 @@ def tracengine_argv(workload: str, step_time: str, block_size: int, record: str 
     return argv + (["--record", record, "--force"] if record else [])
 
 
-def timed(argv: list[str]) -> tuple[float, float]:
-    """(wall seconds, peak RSS in MB) of a whole process."""
+def timed(argv: list[str]) -> tuple[float, float, float]:
+    """(wall seconds, peak RSS in MB, CPU seconds) of a whole process. This process stays small
+    (it imports no tracengine): a child's peak RSS counts what it was forked with."""
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=ROOT)
@@ -125,16 +129,26 @@ def timed(argv: list[str]) -> tuple[float, float]:
     if proc.returncode:
         raise SystemExit(f"{argv[0]} failed: {proc.stderr.read().decode()[-2000:]}")
     proc.stderr.close()
-    return wall, usage.ru_maxrss / 1024
+    return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
+
+
+FIGURES = r"""
+import json, sys
+from tracengine.analysis.stats import stats
+s = stats(sys.argv[1])
+lat = s["latency"]
+print(json.dumps({"duration_ms": s["steps"]["total_s"] * 1e3,
+                  **{f"{name}_{q}_ms": lat[name]["seconds"][q] * 1e3 for name in ("ttft", "tpot", "e2e")
+                     for q in ("p50", "p99")},
+                  "cache_hit_rate": s["prefix_cache"]["token_hit_rate"],
+                  "preemptions": s["preemption"]["num_preemptions"]}))
+"""
 
 
 def tracengine_figures(trace: str) -> dict:
-    from tracengine.analysis.stats import stats
-    s = stats(trace)
-    lat = s["latency"]
-    return {"duration_ms": s["steps"]["total_s"] * 1e3,
-            **{f"{name}_{q}_ms": lat[name]["seconds"][q] * 1e3 for name in ("ttft", "tpot", "e2e") for q in ("p50", "p99")},
-            "cache_hit_rate": s["prefix_cache"]["token_hit_rate"], "preemptions": s["preemption"]["num_preemptions"]}
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return json.loads(subprocess.run([sys.executable, "-c", FIGURES, trace], env=env, cwd=ROOT, check=True,
+                                     capture_output=True, text=True).stdout)
 
 
 def dynamo_figures(summary: dict) -> dict:
@@ -151,7 +165,6 @@ def main():
     parser.add_argument("--block-sizes", default="16", help="comma-separated KV block sizes (default 16)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    sys.path.insert(0, ROOT)
     with tempfile.TemporaryDirectory() as tmp:
         step_time = os.path.join(tmp, "fixed.json")
         fixed_step_time(step_time)
@@ -176,13 +189,13 @@ def main():
                 timed(tracengine_argv(workload, step_time, block_size, trace))    # for its figures, not timed
                 with open(summary_path) as f:
                     figures = {"tracengine": tracengine_figures(trace), "dynamo": dynamo_figures(json.load(f))}
-                med = {side: (statistics.median(w for w, _ in r), statistics.median(m for _, m in r))
-                       for side, r in runs.items()}
+                med = {side: [statistics.median(run[k] for run in r) for k in range(3)] for side, r in runs.items()}
                 print(f"\nblock size {block_size}, {num_requests:,} requests (median of {args.repeats}, alternating):")
                 for side in ("tracengine", "dynamo"):
-                    print(f"  {side:<10}  wall {med[side][0]:6.2f} s   peak RSS {med[side][1]:7.1f} MB   "
-                          f"(runs {', '.join(f'{w:.2f}' for w, _ in runs[side])} s)")
+                    print(f"  {side:<10}  wall {med[side][0]:6.2f} s   CPU {med[side][2]:6.2f} s   peak RSS "
+                          f"{med[side][1]:7.1f} MB   (wall of the runs {', '.join(f'{run[0]:.2f}' for run in runs[side])} s)")
                 print(f"  tracengine / dynamo: wall {med['tracengine'][0] / med['dynamo'][0]:.2f}x, "
+                      f"CPU {med['tracengine'][2] / med['dynamo'][2]:.2f}x, "
                       f"peak RSS {med['tracengine'][1] / med['dynamo'][1]:.2f}x; "
                       f"tracengine per request {med['tracengine'][0] / num_requests * 1e3:.2f} ms")
                 print(f"  {'figure':<16} {'tracengine':>12} {'dynamo':>12} {'difference':>11}")
