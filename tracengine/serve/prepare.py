@@ -51,14 +51,15 @@ class RequestPreparer:
                            type="NotFoundError", param="model", code="model_not_found")
 
     def check_token_ids(self, token_ids: list[int], max_tokens: int) -> None:
-        vocab_size = self.llm.hf_config.vocab_size
-        bad = next((t for t in token_ids if not 0 <= t < vocab_size), None)
-        if bad is not None:
-            raise APIError(400, f"token id {bad} is outside the model's vocabulary of {vocab_size}", param="prompt")
+        # the size first: a prompt far over max_model_len is refused without a pass over its ids
         try:
             self.llm.scheduler.check_request(len(token_ids), max_tokens)
         except RequestError as exc:
             raise APIError(400, str(exc)) from None
+        vocab_size = self.llm.hf_config.vocab_size
+        bad = next((t for t in token_ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise APIError(400, f"token id {bad} is outside the model's vocabulary of {vocab_size}", param="prompt")
 
     def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
         tokenizer = self.llm.tokenizer
