@@ -135,6 +135,18 @@ def test_whatif_gives_a_request_that_asked_for_the_whole_context_what_fits_there
     assert result.new["requests"]["num_finished"] == 2
 
 
+def test_replay_set_in_time_gives_the_whole_context_request_what_fits_there(tmp_path, capsys):
+    path = tmp_path / "timed.trace"
+    with LLM("", **CONFIG) as llm:
+        whole = SamplingParams(temperature=0.0, max_tokens=NUM_CACHE_TOKENS - 10, ignore_eos=True)
+        short = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+        llm.generate([list(range(1, 11)), list(range(20, 30))], [whole, short], record=str(path), use_tqdm=False,
+                     arrival_times=[0.0, 0.01])
+    # arrival times: the what-if runs in simulated time, as on a server's trace
+    assert main(["replay", str(path), "--set", "num_kvcache_blocks=6", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["what_if"]["tokens"]["num_completion_tokens"] == 86 + 20
+
+
 # -- 3: seeds are checked up front -----------------------------------------------------------------
 
 @pytest.mark.parametrize("seed", [1 << 63, -1, 2 ** 70])
