@@ -197,6 +197,21 @@ def test_a_deeply_nested_body_is_a_400_with_a_json_error(served, route):
     assert httpx.get(served[0].url + "/health").status_code == 200
 
 
+def test_a_server_bug_is_a_500_with_a_json_body(served):
+    app = served[0]
+    preparer = app.server.preparer
+
+    def broken(raw, cls):
+        raise RuntimeError("a bug")
+    preparer.prepare = broken
+    try:
+        response = httpx.post(app.url + "/v1/completions", json={"model": "embedded", "prompt": "x"})
+    finally:
+        del preparer.prepare
+    assert response.status_code == 500 and response.json()["error"]["type"] == "internal_error"
+    assert httpx.get(app.url + "/health").status_code == 200
+
+
 # -- 7: arrival is when the request is whole -------------------------------------------------------
 
 def test_arrival_is_stamped_when_the_body_is_whole(served, client):

@@ -125,11 +125,7 @@ class Server:
     async def _generate(self, request: Request, cls) -> Response:
         try:
             self.check_auth(request)
-            raw = await self.read_body(request)
-            if self.preparer.stopping:
-                raise APIError(503, "the server is shutting down", type="service_unavailable")
-            body, prepared = await asyncio.get_running_loop().run_in_executor(
-                self.preparer.executor, self.preparer.prepare, raw, cls)
+            body, prepared = await self.preparer.run(await self.read_body(request), cls)
             queue: asyncio.Queue = asyncio.Queue()
             event_loop = asyncio.get_running_loop()
             requests = [ServeRequest(token_ids, sp, queue, event_loop) for token_ids, sp in prepared]
@@ -277,6 +273,11 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
     return json_response(APIError(exc.status_code, str(exc.detail)).body(), exc.status_code)
 
 
+async def _server_error(request: Request, exc: Exception) -> Response:
+    # a bug: the client gets OpenAI's error object, and the log keeps the traceback
+    return json_response(APIError(500, "internal server error", type="internal_error").body(), 500)
+
+
 def build_app(server: Server) -> Starlette:
     routes = [
         Route("/v1/completions", server.completions, methods=["POST"]),
@@ -285,4 +286,4 @@ def build_app(server: Server) -> Starlette:
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.metrics_text, methods=["GET"]),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _server_error})

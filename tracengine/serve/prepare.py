@@ -6,6 +6,7 @@ takes the tokenizer about half a second, and on the event loop that half second
 would stall every other client's stream, /health and /metrics (the tokenizer
 releases the GIL while it works). One thread, as vLLM's API server has: requests
 are prepared in the order they came, and a stream waits for none of them."""
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 from tracengine.engine.sampling_params import SamplingParams
@@ -21,6 +22,12 @@ class RequestPreparer:
         self.model_name = model_name
         self.stopping = False      # set at shutdown: a body still queued here is refused, not tokenized
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tracengine-tokenizer")
+
+    async def run(self, raw: bytes, cls) -> tuple[object, list[tuple[list[int], SamplingParams]]]:
+        """`prepare` in the tokenizer thread, awaited from the event loop."""
+        if self.stopping:     # the executor is shut down: it takes nothing new
+            raise APIError(503, "the server is shutting down", type="service_unavailable")
+        return await asyncio.get_running_loop().run_in_executor(self.executor, self.prepare, raw, cls)
 
     def prepare(self, raw: bytes, cls) -> tuple[object, list[tuple[list[int], SamplingParams]]]:
         """The body as `cls` and, for each of its prompts, its token ids and sampling
