@@ -141,7 +141,7 @@ def test_replay_set_in_time_gives_the_whole_context_request_what_fits_there(tmp_
         whole = SamplingParams(temperature=0.0, max_tokens=NUM_CACHE_TOKENS - 10, ignore_eos=True)
         short = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
         llm.generate([list(range(1, 11)), list(range(20, 30))], [whole, short], record=str(path), use_tqdm=False,
-                     arrival_times=[0.0, 0.01])
+                     arrival_ns=[0, 10_000_000])
     # arrival times: the what-if runs in simulated time, as on a server's trace
     assert main(["replay", str(path), "--set", "num_kvcache_blocks=6", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["what_if"]["tokens"]["num_completion_tokens"] == 86 + 20

@@ -107,7 +107,7 @@ def context_len(config: Config) -> int:
     return min(config.max_model_len, config.num_kvcache_blocks * config.kvcache_block_size)
 
 
-def requests_under(workload: RecordedWorkload, config: Config) -> list[WorkloadRequest]:
+def requests_under(workload: RecordedWorkload, config: Config) -> list[Request]:
     """The workload's requests as they ask under `config`. A request whose prompt and max_tokens
     were exactly all the context there was asked for all of it (the server's default for a chat
     request without max_tokens), so under `config` it asks for all the context there is;
@@ -115,7 +115,7 @@ def requests_under(workload: RecordedWorkload, config: Config) -> list[WorkloadR
     recorded_len, new_len = context_len(Config.from_dict(workload.header.config)), context_len(config)
     requests = []
     for r in workload.requests:
-        num_prompt_tokens = len(r.prompt_token_ids)
+        num_prompt_tokens = len(r.prompt)
         whole = new_len - num_prompt_tokens
         if num_prompt_tokens + r.max_tokens == recorded_len and whole > 0 and whole != r.max_tokens:
             r = replace(r, max_tokens=whole)      # the prompt is shared, not copied
