@@ -17,7 +17,7 @@ from tracengine.engine.sampling_params import SamplingParams
 from tracengine.errors import ConfigError
 from tracengine.replay.whatif import whatif
 from tracengine.serve.server import ServeApp
-from tracengine.trace.events import RequestAdded, SeqAbort
+from tracengine.trace.events import RequestAdded
 from tracengine.trace.tracelog import open_trace
 
 # a KV cache of 8 blocks of 16 tokens holds 128 tokens, half of max_model_len

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.errors import RequestError
-from tracengine.serve.protocol import (APIError, ChatBody, CompletionBody, chat_messages, completion_prompts,
+from tracengine.serve.protocol import (APIError, CompletionBody, chat_messages, completion_prompts,
                                        decode_body, plain_chat_prompt, refuse_unsupported, request_sampling)
 
 
