@@ -52,6 +52,15 @@ class RequestAdded(Event, tag=1):
     top_k: int = -1           # -1: all tokens
     top_p: float = 1.0
     seed: int = -1            # the request's own sampling seed; -1: none
+    # Format version 4: a prompt known by its hash ids (engine/hash_id_prompt.py) has no token ids
+    # here (prompt_token_ids is empty): its hash ids, its length and the tokens each hash id names.
+    prompt_hash_ids: list[int] = msgspec.field(default_factory=list)
+    num_hash_id_prompt_tokens: int = 0
+    hash_id_block_tokens: int = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.num_hash_id_prompt_tokens if self.prompt_hash_ids else len(self.prompt_token_ids)
 
 
 class ScheduledSeq(msgspec.Struct, frozen=True, gc=False, array_like=True):
