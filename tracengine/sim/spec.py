@@ -1,0 +1,196 @@
+"""A sweep's variants as data: what every variant of a sweep shares (`SweepSpec`: the kind
+of run, the source's digest, the --set fields, the step-time model, the objectives, the
+policy), what one variant changes (`Variant`: config fields, and for a capacity search a
+request rate), and the input they all read (`Source`: a trace or workload file's bytes, or
+the flags of a synthetic workload, named by a digest of its content).
+
+A variant is a function of (spec, source, variant) alone, so any process that holds the
+source gives the same row: a forked worker, a Ray worker on another node, this process.
+The source is read once per process (`PreparedSources`) and, on a node that did not read
+it, written once to a file named by its digest."""
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+from tracengine.errors import TracengineError
+
+# The flags of `simulate` that shape its workload (workload/sources.workload_requests reads them)
+WORKLOAD_ARGS = ("workload_format", "max_requests", "time_scale", "length_scale", "request_rate", "burstiness",
+                 "seed", "num_prompts", "input_len", "output_len", "prompt_lens", "max_tokens", "temperature",
+                 "ignore_eos")
+KINDS = ("simulate", "timed", "steps")     # simulate a workload; a trace's what-if in time; one in steps
+
+
+@dataclass(frozen=True)
+class Source:
+    """The input of every variant: `kind` "trace" (a trace file) or "workload" (a workload
+    file, or none for a synthetic one); `data` the file's bytes; `params` how it is read."""
+    kind: str
+    data: bytes
+    params: dict = field(default_factory=dict)
+    digest: str = ""
+
+    @classmethod
+    def of(cls, kind: str, path: str | None, params: dict | None = None) -> "Source":
+        data = b""
+        if path is not None:
+            with open(path, "rb") as f:
+                data = f.read()
+        params = dict(params or {})
+        h = hashlib.sha256(data)
+        h.update(json.dumps([kind, params], sort_keys=True).encode())
+        return cls(kind, data, params, h.hexdigest())
+
+    def without_data(self) -> "Source":
+        """What a task is sent beside the data, which goes once per node."""
+        return dataclasses.replace(self, data=b"")
+
+
+def workload_source(args, vocab_size: int) -> Source:
+    """The Source of `simulate`'s workload flags (a file's bytes, or the synthetic workload's flags)."""
+    params = {name: getattr(args, name, None) for name in WORKLOAD_ARGS}
+    params["vocab_size"] = vocab_size
+    if isinstance(params["request_rate"], float) and math.isinf(params["request_rate"]):
+        params["request_rate"] = None        # JSON has no inf: None is the flag's default, all at once
+    return Source.of("workload", args.workload, params)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One run of a sweep: config fields over the spec's base, and a capacity search's request rate."""
+    overrides: dict
+    request_rate: float | None = None
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """What every variant of a sweep shares; small, so it travels with each task."""
+    kind: str                     # one of KINDS
+    source: str                   # the Source's digest
+    base: dict                    # the --set fields
+    step_time: dict | None        # the step-time model's to_dict() (None for a step-exact what-if)
+    slo: dict | None = None       # objectives in seconds
+    policy: str | None = None     # replay --policy
+
+    def key(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def step_time_of(d: dict):
+    from tracengine.replay.roofline import RooflineStepTime
+    from tracengine.replay.steptime import LinearStepTime
+    return RooflineStepTime.from_dict(d) if d["kind"] == "roofline" else LinearStepTime.from_dict(d)
+
+
+def source_file(source: Source, data: bytes) -> str:
+    """The file of a source on this node: the temporary directory's copy named by its digest,
+    written once per node (a rename, so no process reads a half-written copy)."""
+    folder = os.path.join(tempfile.gettempdir(), "tracengine-sources")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, source.digest)
+    if not os.path.exists(path):
+        fd, partial = tempfile.mkstemp(dir=folder, prefix=source.digest[:16])
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(partial, path)
+    return path
+
+
+def read_source(source: Source, path: str | None, trace_name: str = ""):
+    """What the variants of a source read: a trace's events, or a workload's timed requests."""
+    if source.kind == "trace":
+        from tracengine.trace.tracelog import TraceReader
+        with TraceReader(path) as reader:
+            return list(reader.events())
+    from tracengine.replay.simulate import timed_requests
+    from tracengine.workload.sources import workload_requests
+    params = dict(source.params)
+    vocab_size = params.pop("vocab_size")
+    if params["request_rate"] is None:
+        params["request_rate"] = math.inf
+    args = argparse.Namespace(**params, workload=path, prompt=None, prompts_file=None)
+    return timed_requests(workload_requests(args, vocab_size))
+
+
+class PreparedSources:
+    """Each process's sources, read once, by digest: a digest names the content, so an entry
+    can never be another source's. `fetch()` gives the bytes where they are not here yet."""
+
+    def __init__(self):
+        self._read: dict[str, object] = {}
+        self._runs: dict[tuple, object] = {}
+
+    def add(self, source: Source, value):
+        self._read[source.digest] = value
+
+    def get(self, source: Source, fetch):
+        if source.digest not in self._read:
+            data = source.data or fetch()
+            path = source_file(source, data) if data else None
+            self._read[source.digest] = read_source(source, path)
+        return self._read[source.digest]
+
+    def runner(self, spec: SweepSpec, source: Source, fetch):
+        """The sweep's variant object (replay/sweep.py) over this source, made once per spec."""
+        key = json.dumps(spec.key(), sort_keys=True)
+        if key not in self._runs:
+            self._runs[key] = make_runner(spec, self.get(source, fetch))
+        return self._runs[key]
+
+
+PREPARED = PreparedSources()      # this process's: what a forked worker inherits, a Ray worker fills
+
+
+def make_runner(spec: SweepSpec, read):
+    from tracengine.replay.sweep import SimulateVariant, StepVariant, TimedVariant
+    if spec.kind == "steps":
+        return StepVariant(read, spec.base, spec.policy)
+    step_time = step_time_of(spec.step_time)
+    if spec.kind == "timed":
+        from tracengine.replay.simulate import TimedReplay
+        return TimedVariant(TimedReplay(read, step_time), spec.base, spec.slo, spec.policy)
+    return SimulateVariant(read, spec.base, step_time, spec.slo)
+
+
+def run_variant(spec: SweepSpec, source: Source, variant: Variant, fetch=None) -> dict:
+    """The row of one variant: the figures of replay/sweep.py (row_of or step_row_of); a
+    capacity search's probe (a request rate) adds the share of requests that met every objective."""
+    runner = PREPARED.runner(spec, source, fetch)
+    if variant.request_rate is None:
+        return runner(variant.overrides)
+    from tracengine.analysis.stats import stats
+    from tracengine.replay.simulate import simulate, simulate_config
+    from tracengine.replay.sweep import row_of
+    if spec.kind != "simulate":
+        raise TracengineError("a capacity search runs `simulate` workloads")
+    requests = at_rate(runner.requests, variant.request_rate, source.params)
+    config = simulate_config({**spec.base, **variant.overrides}, requests)
+    s = stats(simulate(config, requests, runner.step_time), spec.slo)
+    return {**row_of(s), "good_request_share": s["goodput"]["good_request_share"] if s["goodput"] else None}
+
+
+def native_rate(requests, params: dict) -> float | None:
+    """A workload's own request rate: --request-rate's, or for a file whose arrivals are spread
+    out, its requests after the first over the span of their arrivals; None when all arrive at once."""
+    if params.get("request_rate") is not None:
+        return params["request_rate"]
+    arrivals = [r.arrival_ns for r in requests]
+    span_s = (max(arrivals) - min(arrivals)) / 1e9
+    return (len(arrivals) - 1) / span_s if span_s > 0 else None
+
+
+def at_rate(requests, rate: float, params: dict) -> list:
+    """The requests arriving at `rate` per second: a file's own arrivals scaled in time, or
+    (a synthetic workload, or one given --request-rate) drawn at the rate as --request-rate draws them."""
+    from tracengine.workload.arrivals import arrival_times
+    own = native_rate(requests, params) if params.get("request_rate") is None else None
+    if own is not None:
+        factor = own / rate
+        return [dataclasses.replace(r, arrival_ns=round(r.arrival_ns * factor)) for r in requests]
+    times = arrival_times(len(requests), rate, params.get("burstiness") or 1.0, params.get("seed") or 0)
+    return [dataclasses.replace(r, arrival_ns=round(t * 1e9)) for r, t in zip(requests, times)]
