@@ -15,6 +15,13 @@ EOS = 999
 pytest_plugins = ["pytester", "tracengine.testing"]
 
 
+@pytest.fixture(autouse=True)
+def sweep_cache_dir(tmp_path_factory, monkeypatch):
+    """Sweeps keep their rows in a result cache (sim/cache.py); a test's go to a directory of its
+    own, never to the user's cache, and no test reads another's."""
+    monkeypatch.setenv("TRACENGINE_CACHE_DIR", str(tmp_path_factory.mktemp("sweep-cache")))
+
+
 def make_config(**overrides) -> Config:
     values = dict(num_kvcache_blocks=64, kvcache_block_size=4, max_num_batched_tokens=64,
                   max_num_seqs=16, max_model_len=1024, eos=EOS)

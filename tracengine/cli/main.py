@@ -13,6 +13,7 @@ from tracengine.cli.generate import cmd_generate
 from tracengine.cli.replay import cmd_diff, cmd_replay
 from tracengine.cli.serve import cmd_bench_serve, cmd_serve
 from tracengine.cli.simulate import add_step_time_arguments, add_sweep_arguments, cmd_calibrate, cmd_simulate
+from tracengine.cli.sweeps import add_search_arguments
 from tracengine.cli.trace import cmd_check, cmd_events, cmd_render
 from tracengine.collector import collector_paused
 from tracengine.errors import TracengineError
@@ -216,6 +217,7 @@ def add_simulation_commands(sub):
     add_workload_arguments(p.add_argument_group("arrivals and workload files (docs/workloads.md)"))
     add_step_time_arguments(p)
     add_sweep_arguments(p)
+    add_search_arguments(p)
     p.set_defaults(run=cmd_simulate)
 
 

@@ -24,7 +24,9 @@ def _event_json(event):
 
 def cmd_replay(args) -> int:
     from tracengine.cli.simulate import check_plot_figure
+    from tracengine.cli.sweeps import check_executor_flags
     check_plot_figure(args)
+    check_executor_flags(args, bool(args.sweep))
     overrides = dict(parse_override(text) for text in args.set)
     if args.state is not None:
         if overrides or args.record or args.json or args.sweep:

@@ -5,6 +5,7 @@ import os
 from contextlib import contextmanager
 
 from tracengine.cli.outputs import check_outputs
+from tracengine.cli.sweeps import add_executor_arguments, check_executor_flags
 from tracengine.errors import TracengineError
 
 EXIT_OK = 0
@@ -159,27 +160,27 @@ def timed_table(recorded: dict, self_check: dict, new: dict | None) -> str:
 
 def run_sweep_replay(path, events: list, overrides: dict, timed: bool, step_time, args) -> int:
     """`events`: those of the trace at `path`, read."""
-    from tracengine.replay.timed import TimedReplay
+    from tracengine.replay.sweeps import prepare_timed, prepare_steps
+    from tracengine.sim.spec import PreparedSources, Source
     from tracengine.sim.sweep import IN_STEPS, IN_TIME
-    from tracengine.replay.timed import StepVariant, TimedVariant
     variants, slo = sweep_options(args, overrides, IN_TIME if timed else IN_STEPS)
     if args.record:
         raise TracengineError("--record writes one run; a --sweep makes many")
+    source, prepared = Source.of("trace", path), PreparedSources()
     if timed:
-        replay = TimedReplay(events, step_time, os.path.basename(path))
-        run_variant = TimedVariant(replay, overrides, slo, args.policy)
-        meta = {"trace": str(path), "arrivals": "time", "step_time": step_time_json(replay.ensure_step_time(), path)}
-        title = f"sweep of {path} in simulated time; step times: {describe_step_time(replay.step_time, path)}"
+        spec, model = prepare_timed(prepared, source, events, step_time, os.path.basename(path), overrides, slo, args.policy)
+        meta = {"trace": str(path), "arrivals": "time", "step_time": step_time_json(model, path)}
+        title = f"sweep of {path} in simulated time; step times: {describe_step_time(model, path)}"
     else:
-        run_variant = StepVariant(events, overrides, args.policy)
+        spec = prepare_steps(prepared, source, events, overrides, args.policy)
         meta = {"trace": str(path), "arrivals": "steps", "step_time": None}
         title = (f"sweep of {path} at the recorded arrival steps, in steps (a step-exact what-if has no time: "
                  f"for ms, sweep in simulated time)")
     if not args.json:
         print(title)
-    rc = print_sweep(run_variant, variants, args, {**meta, "overrides": overrides})
+    rc = print_sweep(spec, source, prepared, variants, args, {**meta, "overrides": overrides})
     if timed and not args.json:
-        print_unvaried_note(replay.step_time)
+        print_unvaried_note(model)
     return rc
 
 
@@ -265,6 +266,7 @@ def add_sweep_arguments(p):
                    "tpot_p99_ms, e2e_p50_ms, e2e_p99_ms, preemptions or goodput (default ttft_p99_ms); of a "
                    "step-exact sweep: tokens_per_step, ttft_p50_steps, ttft_p99_steps, tpot_p50_steps, "
                    "tpot_p99_steps, e2e_p50_steps, e2e_p99_steps or preemptions (default ttft_p99_steps)")
+    add_executor_arguments(g)
 
 
 def sweep_options(args, overrides: dict, figures=None):
@@ -276,6 +278,7 @@ def sweep_options(args, overrides: dict, figures=None):
     figures = figures or IN_TIME
     check_plot_figure(args)
     slo = parse_slos(args.slo) or None
+    check_executor_flags(args, bool(args.sweep))
     if not args.sweep:
         if args.plot or args.jobs is not None:
             raise TracengineError("--plot and --jobs go with --sweep")
@@ -319,32 +322,27 @@ def check_plot_format(path: str):
                               f"{', '.join('.' + f for f in PLOT_FORMATS)}")
 
 
-def print_sweep(run_variant, variants, args, meta: dict | None = None) -> int:
-    """The sweep's table, or with --json (`meta` given) one object: `meta`'s keys and each
-    variant's overrides with its row of figures (replay.sweep.row_of or step_row_of: stats' own;
-    which, `run_variant.figures` says)."""
-    import time
-    from tracengine.sim.sweep import plot_rows, render_rows, run_sweep
+def print_sweep(spec, source, prepared, variants, args, meta: dict | None = None) -> int:
+    """The sweep's table, or with --json (`meta` given) one object: `meta`'s keys, where the
+    rows came from, and each variant's overrides with its row of figures (sim.sweep.row_of or
+    step_row_of: stats' own; which, the variant object's `figures` says)."""
+    from tracengine.cli.sweeps import require_matplotlib, run_sweep_rows
+    from tracengine.sim.sweep import plot_rows, render_rows
     if args.plot:    # fail before the runs, not after them
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise TracengineError("--plot needs matplotlib: pip install 'tracengine[plot]'") from None
-    start = time.perf_counter()
-    rows = run_sweep(run_variant, variants, args.jobs)
-    jobs = min(args.jobs or os.cpu_count() or 1, len(variants))
+        require_matplotlib()
+    figures = prepared.runner(spec, source, None).figures
+    rows, line, where = run_sweep_rows(spec, source, prepared, variants, args)
     if meta is not None and getattr(args, "json", False):
         import json
         if args.plot:
-            plot_rows(args.plot, variants, rows, args.plot_figure, run_variant.figures)
-        print(json.dumps({**meta, "plot": args.plot or None,
+            plot_rows(args.plot, variants, rows, args.plot_figure, figures)
+        print(json.dumps({**meta, **where, "plot": args.plot or None,
                           "variants": [{"set": v, "figures": r} for v, r in zip(variants, rows)]}, indent=2))
         return EXIT_OK
-    print(render_rows(variants, rows, run_variant.figures))
-    print(f"{len(variants)} variants in {time.perf_counter() - start:.2f} s on {jobs} worker"
-          f"{'s' if jobs > 1 else ''}; {run_variant.figures.units}")
+    print(render_rows(variants, rows, figures))
+    print(f"{line}; {figures.units}")
     if args.plot:
-        plot_rows(args.plot, variants, rows, args.plot_figure, run_variant.figures)
+        plot_rows(args.plot, variants, rows, args.plot_figure, figures)
         print(f"wrote {args.plot}")
     return EXIT_OK
 
@@ -386,7 +384,11 @@ def cmd_simulate(args) -> int:
         raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
     args.workload = args.workload_file or args.workload
     overrides = dict(parse_override(text) for text in args.set)
-    variants, slo = sweep_options(args, overrides)
+    if args.search:
+        check_executor_flags(args, True)
+        variants, slo = None, None
+    else:
+        variants, slo = sweep_options(args, overrides)
     step_time = step_time_from_args(args)
     if step_time is None:
         raise TracengineError("simulate needs step times: --step-time FILE (tracengine calibrate) or --roofline CONFIG")
@@ -399,10 +401,16 @@ def cmd_simulate(args) -> int:
     elif vocab_size <= 0:
         raise TracengineError(f"--vocab-size must be positive, got {vocab_size}")
     requests = timed_requests(workload_for_simulation(args, vocab_size))
-    if variants is not None:
-        from tracengine.sim.sweep import SimulateVariant
+    if args.search or variants is not None:
+        from tracengine.sim.spec import SIMULATE, PreparedSources, SweepSpec, workload_source
+        source, prepared = workload_source(args, vocab_size), PreparedSources()
+        prepared.add(source, requests)
+        if args.search:
+            from tracengine.cli.sweeps import cmd_search
+            return cmd_search(args, overrides, step_time, requests, source, prepared)
         print(f"simulate {len(requests):,} requests with {describe_step_time(step_time)}")
-        rc = print_sweep(SimulateVariant(requests, overrides, step_time, slo), variants, args)
+        rc = print_sweep(SweepSpec(SIMULATE, source.digest, overrides, step_time.to_dict(), slo), source, prepared,
+                         variants, args)
         print_unvaried_note(step_time)
         return rc
     config = simulate_config(overrides, requests)

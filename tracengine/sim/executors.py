@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from tracengine.errors import TracengineError
 from tracengine.sim.cache import ResultCache, variant_key
-from tracengine.sim.spec import PREPARED, Source, SweepSpec, Variant, run_variant
+from tracengine.sim.spec import PreparedSources, Source, SweepSpec, Variant, run_variant
 
 EXECUTORS = ("local", "ray")
 TIMED_OUT = "timed_out_s"      # the key of a timed-out row: the limit it ran past, in seconds
@@ -48,30 +48,32 @@ def is_timed_out(row: dict) -> bool:
     return TIMED_OUT in row
 
 
-def run_one(spec: SweepSpec, source: Source, variant: Variant, timeout: float | None, fetch=None) -> dict:
+def run_one(spec: SweepSpec, source: Source, variant: Variant, timeout: float | None, prepared: PreparedSources,
+            fetch=None) -> dict:
     """A variant's row, or {TIMED_OUT: timeout}. The source is read before the clock starts:
     the first variant of a worker is not charged for it."""
-    PREPARED.runner(spec, source, fetch)
+    prepared.runner(spec, source, fetch)
     try:
         with time_limit(timeout):
-            return run_variant(spec, source, variant, fetch)
+            return run_variant(spec, source, variant, prepared, fetch)
     except VariantTimeout:
         return {TIMED_OUT: timeout}
 
 
 # -- local --------------------------------------------------------------------------------------
 
-_LOCAL_SOURCE = None      # a local worker's source, set by its initializer (with fork, already read)
+_LOCAL = None      # a local worker's (source, prepared), set by its initializer (forked: read already)
 
 
-def _init_local(source: Source):
-    global _LOCAL_SOURCE
-    _LOCAL_SOURCE = source
+def _init_local(source: Source, prepared: PreparedSources):
+    global _LOCAL
+    _LOCAL = (source, prepared)
 
 
 def _run_local(task) -> dict:
     spec, variant, timeout = task
-    return run_one(spec, _LOCAL_SOURCE, variant, timeout)
+    source, prepared = _LOCAL
+    return run_one(spec, source, variant, timeout, prepared)
 
 
 class LocalExecutor:
@@ -92,17 +94,23 @@ class LocalExecutor:
     def num_workers(self, num_variants: int) -> int:
         return max(1, min(self.jobs or os.cpu_count() or 1, num_variants))
 
-    def run(self, spec: SweepSpec, source: Source, variants: list[Variant], timeout: float | None) -> list[dict]:
+    def run(self, spec: SweepSpec, source: Source, variants: list[Variant], timeout: float | None,
+            prepared: PreparedSources) -> list[dict]:
         jobs = self.num_workers(len(variants))
         if jobs <= 1:
-            return [run_one(spec, source, v, timeout) for v in variants]
-        methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-        with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_local, initargs=(source,)) as pool:
+            return [run_one(spec, source, v, timeout, prepared) for v in variants]
+        fork = "fork" in multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("fork" if fork else "spawn")
+        # forked, a worker has what this process read; spawned, it reads the bytes it is sent
+        initargs = (source, prepared if fork else PreparedSources())
+        with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_local, initargs=initargs) as pool:
             return list(pool.map(_run_local, [(spec, v, timeout) for v in variants]))
 
 
 # -- ray ----------------------------------------------------------------------------------------
+
+
+_RAY_WORKER = PreparedSources()     # a Ray worker process's: the last source it was sent
 
 
 def _ray_task(spec: SweepSpec, source: Source, data_ref: list, variant: Variant, timeout: float | None) -> dict:
@@ -112,7 +120,7 @@ def _ray_task(spec: SweepSpec, source: Source, data_ref: list, variant: Variant,
     def fetch():
         import ray
         return ray.get(data_ref[0])
-    return run_one(spec, source, variant, timeout, fetch)
+    return run_one(spec, source, variant, timeout, _RAY_WORKER, fetch)
 
 
 class RayExecutor:
@@ -159,7 +167,9 @@ class RayExecutor:
             self._refs[source.digest] = ray.put(source.data)
         return self._refs[source.digest]
 
-    def run(self, spec: SweepSpec, source: Source, variants: list[Variant], timeout: float | None) -> list[dict]:
+    def run(self, spec: SweepSpec, source: Source, variants: list[Variant], timeout: float | None,
+            prepared: PreparedSources) -> list[dict]:
+        """`prepared`: this process's, which Ray workers do not share."""
         import ray
         task = ray.remote(_ray_task).options(num_cpus=1, max_retries=0)
         data_ref = [self.put(source)]
@@ -187,17 +197,18 @@ class SweepRun:
     num_computed: int         # rows run now (timed-out ones included)
 
 
-def run_variants(spec: SweepSpec, source: Source, variants: list[Variant], executor,
+def run_variants(spec: SweepSpec, source: Source, variants: list[Variant], executor, prepared: PreparedSources,
                  cache: ResultCache | None = None, timeout: float | None = None) -> SweepRun:
     """Every variant's row: from `cache` where it has it, the rest run on `executor` and stored.
-    A variant that could never run is refused here, before any runs."""
-    runner = PREPARED.runner(spec, source, None)
+    `prepared`: the sweep's, with its source read (or read here). A variant that could never
+    run is refused here, before any runs."""
+    runner = prepared.runner(spec, source, None)
     for v in variants:
         runner.check(v.overrides)
     keys = [variant_key(spec, v) for v in variants] if cache is not None else [None] * len(variants)
     rows = [cache.get(k) if cache is not None else None for k in keys]
     todo = [i for i, row in enumerate(rows) if row is None]
-    computed = executor.run(spec, source, [variants[i] for i in todo], timeout) if todo else []
+    computed = executor.run(spec, source, [variants[i] for i in todo], timeout, prepared) if todo else []
     for i, row in zip(todo, computed):
         rows[i] = row
         if cache is not None and not is_timed_out(row):

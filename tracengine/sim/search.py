@@ -71,9 +71,10 @@ class CapacitySearch:
     num_computed: int               # of them, not read from the cache
 
 
-def search_rates(spec, source, configs: list[dict], executor, goodput: float, precision: float, start_rate: float,
-                 cache=None, timeout=None) -> CapacitySearch:
-    """The capacity of each config (overrides over the spec's base), probes on `executor`."""
+def search_rates(spec, source, configs: list[dict], executor, prepared, goodput: float, precision: float,
+                 start_rate: float, cache=None, timeout=None) -> CapacitySearch:
+    """The capacity of each config (overrides over the spec's base), probes on `executor`;
+    `prepared`: as run_variants'."""
     if not spec.slo:
         raise TracengineError("--search needs an objective: --slo ttft=2s (tpot, e2e; repeatable)")
     if not 0 < goodput <= 1:
@@ -99,7 +100,8 @@ def search_rates(spec, source, configs: list[dict], executor, goodput: float, pr
             break
         per_config = max(1, num_workers // len(active))
         batch = [(s, k) for s in active for k in s.proposals(per_config) if k not in s.probes]
-        run = run_variants(spec, source, [Variant(s.overrides, rate(k)) for s, k in batch], executor, cache, timeout)
+        run = run_variants(spec, source, [Variant(s.overrides, rate(k)) for s, k in batch], executor, prepared,
+                           cache, timeout)
         num_probes, num_computed = num_probes + len(batch), num_computed + run.num_computed
         for s in active:
             s.update({k: row for (t, k), row in zip(batch, run.rows) if t is s}, passes)

@@ -1,5 +1,5 @@
-"""A sweep's variants as data: what every variant of a sweep shares (`SweepSpec`: the kind
-of run, the source's digest, the --set fields, the step-time model, the objectives, the
+"""A sweep's variants as data: what every variant of a sweep shares (`SweepSpec`: what makes
+its runs, the source's digest, the --set fields, the step-time model, the objectives, the
 policy), what one variant changes (`Variant`: config fields, and for a capacity search a
 request rate), and the input they all read (`Source`: a trace or workload file's bytes, or
 the flags of a synthetic workload, named by a digest of its content).
@@ -11,6 +11,8 @@ it, written once to a file named by its digest."""
 import argparse
 import dataclasses
 import hashlib
+import importlib
+import importlib
 import json
 import math
 import os
@@ -23,7 +25,6 @@ from tracengine.errors import TracengineError
 WORKLOAD_ARGS = ("workload_format", "max_requests", "time_scale", "length_scale", "request_rate", "burstiness",
                  "seed", "num_prompts", "input_len", "output_len", "prompt_lens", "max_tokens", "temperature",
                  "ignore_eos")
-KINDS = ("simulate", "timed", "steps")     # simulate a workload; a trace's what-if in time; one in steps
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class Variant:
 @dataclass(frozen=True)
 class SweepSpec:
     """What every variant of a sweep shares; small, so it travels with each task."""
-    kind: str                     # one of KINDS
+    maker: str                    # module:function making the variant object of a source (make_runner)
     source: str                   # the Source's digest
     base: dict                    # the --set fields
     step_time: dict | None        # the step-time model's to_dict() (None for a step-exact what-if)
@@ -82,8 +83,8 @@ class SweepSpec:
 
 
 def step_time_of(d: dict):
-    from tracengine.replay.roofline import RooflineStepTime
-    from tracengine.replay.steptime import LinearStepTime
+    from tracengine.sim.roofline import RooflineStepTime
+    from tracengine.sim.steptime import LinearStepTime
     return RooflineStepTime.from_dict(d) if d["kind"] == "roofline" else LinearStepTime.from_dict(d)
 
 
@@ -107,7 +108,7 @@ def read_source(source: Source, path: str | None, trace_name: str = ""):
         from tracengine.trace.tracelog import TraceReader
         with TraceReader(path) as reader:
             return list(reader.events())
-    from tracengine.replay.simulate import timed_requests
+    from tracengine.sim.engine import timed_requests
     from tracengine.workload.sources import workload_requests
     params = dict(source.params)
     vocab_size = params.pop("vocab_size")
@@ -118,55 +119,68 @@ def read_source(source: Source, path: str | None, trace_name: str = ""):
 
 
 class PreparedSources:
-    """Each process's sources, read once, by digest: a digest names the content, so an entry
-    can never be another source's. `fetch()` gives the bytes where they are not here yet."""
+    """A source as read, and the variant objects made of it, by digest (a digest names the
+    content, so an entry is never another source's). A sweep's own holds its one source; a Ray
+    worker's, the last source it was sent (a new one replaces it, so a long-lived worker keeps
+    one). `fetch()` gives the bytes where they are not here yet."""
 
     def __init__(self):
         self._read: dict[str, object] = {}
-        self._runs: dict[tuple, object] = {}
+        self._runs: dict[str, object] = {}
 
     def add(self, source: Source, value):
+        if source.digest not in self._read:
+            self._read.clear()
+            self._runs.clear()
         self._read[source.digest] = value
 
     def get(self, source: Source, fetch):
         if source.digest not in self._read:
             data = source.data or fetch()
             path = source_file(source, data) if data else None
-            self._read[source.digest] = read_source(source, path)
+            self.add(source, read_source(source, path))
         return self._read[source.digest]
 
+    def add_runner(self, spec: SweepSpec, runner):
+        """The variant object of `spec`, where its maker's caller made it already."""
+        self._runs[json.dumps(spec.key(), sort_keys=True)] = runner
+
     def runner(self, spec: SweepSpec, source: Source, fetch):
-        """The sweep's variant object (replay/sweep.py) over this source, made once per spec."""
+        """The sweep's variant object (make_runner) over this source, made once per spec."""
         key = json.dumps(spec.key(), sort_keys=True)
         if key not in self._runs:
-            self._runs[key] = make_runner(spec, self.get(source, fetch))
+            read = self.get(source, fetch)
+            self._runs[key] = make_runner(spec, read)
         return self._runs[key]
 
 
-PREPARED = PreparedSources()      # this process's: what a forked worker inherits, a Ray worker fills
-
-
 def make_runner(spec: SweepSpec, read):
-    from tracengine.replay.sweep import SimulateVariant, StepVariant, TimedVariant
-    if spec.kind == "steps":
-        return StepVariant(read, spec.base, spec.policy)
-    step_time = step_time_of(spec.step_time)
-    if spec.kind == "timed":
-        from tracengine.replay.simulate import TimedReplay
-        return TimedVariant(TimedReplay(read, step_time), spec.base, spec.slo, spec.policy)
-    return SimulateVariant(read, spec.base, step_time, spec.slo)
+    """The variant object (`check(overrides)`, `__call__(overrides) -> row`, `figures`) that
+    `spec.maker` makes of the source as read. A maker is named, not passed, so that a spec stays
+    data; the what-ifs of a trace have theirs in replay/sweeps.py (sim imports nothing of replay)."""
+    module, _, name = spec.maker.partition(":")
+    return getattr(importlib.import_module(module), name)(spec, read)
 
 
-def run_variant(spec: SweepSpec, source: Source, variant: Variant, fetch=None) -> dict:
-    """The row of one variant: the figures of replay/sweep.py (row_of or step_row_of); a
+def simulate_runner(spec: SweepSpec, requests):
+    """The maker of `tracengine simulate`'s variants."""
+    from tracengine.sim.sweep import SimulateVariant
+    return SimulateVariant(requests, spec.base, step_time_of(spec.step_time), spec.slo)
+
+
+SIMULATE = f"{__name__}:simulate_runner"
+
+
+def run_variant(spec: SweepSpec, source: Source, variant: Variant, prepared: PreparedSources, fetch=None) -> dict:
+    """The row of one variant: the figures of sim/sweep.py (row_of or step_row_of); a
     capacity search's probe (a request rate) adds the share of requests that met every objective."""
-    runner = PREPARED.runner(spec, source, fetch)
+    runner = prepared.runner(spec, source, fetch)
     if variant.request_rate is None:
         return runner(variant.overrides)
     from tracengine.analysis.stats import stats
-    from tracengine.replay.simulate import simulate, simulate_config
-    from tracengine.replay.sweep import row_of
-    if spec.kind != "simulate":
+    from tracengine.sim.engine import simulate, simulate_config
+    from tracengine.sim.sweep import SimulateVariant, row_of
+    if not isinstance(runner, SimulateVariant):
         raise TracengineError("a capacity search runs `simulate` workloads")
     requests = at_rate(runner.requests, variant.request_rate, source.params)
     config = simulate_config({**spec.base, **variant.overrides}, requests)
