@@ -5,7 +5,7 @@ import os
 from contextlib import contextmanager
 
 from tracengine.cli.outputs import check_outputs
-from tracengine.cli.sweeps import add_executor_arguments, check_executor_flags
+from tracengine.cli.sweeps import add_executor_arguments, check_executor_flags, print_sweep
 from tracengine.errors import TracengineError
 
 EXIT_OK = 0
@@ -254,10 +254,11 @@ def workload_for_simulation(args, vocab_size: int):
 
 
 def add_sweep_arguments(p):
-    g = p.add_argument_group("sweeps (one row per variant, in parallel processes)")
+    g = p.add_argument_group("sweeps (one row per variant, in parallel; docs/sweeps.md)")
     g.add_argument("--sweep", action="append", default=[], metavar="NAME=V1,V2,...",
                    help="run every value of a config field (repeatable: the grid of all of them)")
-    g.add_argument("--jobs", type=int, metavar="N", help="worker processes (default: one per core)")
+    g.add_argument("--jobs", type=int, metavar="N", help="local worker processes, or the CPUs of the Ray "
+                   "cluster started for the run (default: one per core)")
     g.add_argument("--slo", action="append", default=[], metavar="NAME=VALUE",
                    help="goodput objective, e.g. ttft=200ms, tpot=50ms, e2e=2s (repeatable)")
     g.add_argument("--plot", metavar="OUT.png", help="draw --plot-figure against the first swept value "
@@ -320,31 +321,6 @@ def check_plot_format(path: str):
     if extension not in PLOT_FORMATS:
         raise TracengineError(f"--plot {path!r}: name the image format by the extension, one of "
                               f"{', '.join('.' + f for f in PLOT_FORMATS)}")
-
-
-def print_sweep(spec, source, prepared, variants, args, meta: dict | None = None) -> int:
-    """The sweep's table, or with --json (`meta` given) one object: `meta`'s keys, where the
-    rows came from, and each variant's overrides with its row of figures (sim.sweep.row_of or
-    step_row_of: stats' own; which, the variant object's `figures` says)."""
-    from tracengine.cli.sweeps import require_matplotlib, run_sweep_rows
-    from tracengine.sim.sweep import plot_rows, render_rows
-    if args.plot:    # fail before the runs, not after them
-        require_matplotlib()
-    figures = prepared.runner(spec, source, None).figures
-    rows, line, where = run_sweep_rows(spec, source, prepared, variants, args)
-    if meta is not None and getattr(args, "json", False):
-        import json
-        if args.plot:
-            plot_rows(args.plot, variants, rows, args.plot_figure, figures)
-        print(json.dumps({**meta, **where, "plot": args.plot or None,
-                          "variants": [{"set": v, "figures": r} for v, r in zip(variants, rows)]}, indent=2))
-        return EXIT_OK
-    print(render_rows(variants, rows, figures))
-    print(f"{line}; {figures.units}")
-    if args.plot:
-        plot_rows(args.plot, variants, rows, args.plot_figure, figures)
-        print(f"wrote {args.plot}")
-    return EXIT_OK
 
 
 @contextmanager

@@ -73,6 +73,30 @@ def run_sweep_rows(spec, source, prepared, variants: list[dict], args):
     return run.rows, line, {"executor": executor.name, "num_cached": run.num_cached, "num_computed": run.num_computed}
 
 
+def print_sweep(spec, source, prepared, variants, args, meta: dict | None = None) -> int:
+    """The sweep's table, or with --json (`meta` given) one object: `meta`'s keys, where the
+    rows came from, and each variant's overrides with its row of figures (sim.sweep.row_of or
+    step_row_of: stats' own; which, the variant object's `figures` says)."""
+    from tracengine.sim.sweep import plot_rows, render_rows
+    if args.plot:    # fail before the runs, not after them
+        require_matplotlib()
+    figures = prepared.runner(spec, source, None).figures
+    rows, line, where = run_sweep_rows(spec, source, prepared, variants, args)
+    if meta is not None and getattr(args, "json", False):
+        import json
+        if args.plot:
+            plot_rows(args.plot, variants, rows, args.plot_figure, figures)
+        print(json.dumps({**meta, **where, "plot": args.plot or None,
+                          "variants": [{"set": v, "figures": r} for v, r in zip(variants, rows)]}, indent=2))
+        return EXIT_OK
+    print(render_rows(variants, rows, figures))
+    print(f"{line}; {figures.units}")
+    if args.plot:
+        plot_rows(args.plot, variants, rows, args.plot_figure, figures)
+        print(f"wrote {args.plot}")
+    return EXIT_OK
+
+
 # -- simulate --search ----------------------------------------------------------------------------
 
 # (key, column title, format) of a capacity search's row, after the config's values
