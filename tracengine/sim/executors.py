@@ -101,7 +101,7 @@ class LocalExecutor:
             return [run_one(spec, source, v, timeout, prepared) for v in variants]
         fork = "fork" in multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if fork else "spawn")
-        # forked, a worker has what this process read; spawned, it reads the bytes it is sent
+        # forked, a worker has what this process read; spawned, it reads the source's file
         initargs = (source, prepared if fork else PreparedSources())
         with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_local, initargs=initargs) as pool:
             return list(pool.map(_run_local, [(spec, v, timeout) for v in variants]))
@@ -164,7 +164,7 @@ class RayExecutor:
         """The source's bytes in the object store, once per run."""
         import ray
         if source.digest not in self._refs:
-            self._refs[source.digest] = ray.put(source.data)
+            self._refs[source.digest] = ray.put(source.read_bytes())
         return self._refs[source.digest]
 
     def run(self, spec: SweepSpec, source: Source, variants: list[Variant], timeout: float | None,
@@ -173,8 +173,7 @@ class RayExecutor:
         import ray
         task = ray.remote(_ray_task).options(num_cpus=1, max_retries=0)
         data_ref = [self.put(source)]
-        lean = source.without_data()
-        return ray.get([task.remote(spec, lean, data_ref, v, timeout) for v in variants])
+        return ray.get([task.remote(spec, source, data_ref, v, timeout) for v in variants])
 
 
 def make_executor(name: str, jobs: int | None = None, address: str | None = None):

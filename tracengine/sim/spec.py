@@ -30,26 +30,30 @@ WORKLOAD_ARGS = ("workload_format", "max_requests", "time_scale", "length_scale"
 @dataclass(frozen=True)
 class Source:
     """The input of every variant: `kind` "trace" (a trace file) or "workload" (a workload
-    file, or none for a synthetic one); `data` the file's bytes; `params` how it is read."""
+    file, or none for a synthetic one) at `path` on the machine that made it; `params` how it
+    is read; `digest` of the file's bytes and the params. Another machine reads no path: it is
+    sent the bytes (`read_bytes`)."""
     kind: str
-    data: bytes
+    path: str | None
     params: dict = field(default_factory=dict)
     digest: str = ""
 
     @classmethod
     def of(cls, kind: str, path: str | None, params: dict | None = None) -> "Source":
-        data = b""
+        params = dict(params or {})
+        h = hashlib.sha256()
         if path is not None:
             with open(path, "rb") as f:
-                data = f.read()
-        params = dict(params or {})
-        h = hashlib.sha256(data)
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
         h.update(json.dumps([kind, params], sort_keys=True).encode())
-        return cls(kind, data, params, h.hexdigest())
+        return cls(kind, None if path is None else os.fspath(path), params, h.hexdigest())
 
-    def without_data(self) -> "Source":
-        """What a task is sent beside the data, which goes once per node."""
-        return dataclasses.replace(self, data=b"")
+    def read_bytes(self) -> bytes:
+        if self.path is None:
+            return b""
+        with open(self.path, "rb") as f:
+            return f.read()
 
 
 def workload_source(args, vocab_size: int) -> Source:
@@ -122,7 +126,7 @@ class PreparedSources:
     """A source as read, and the variant objects made of it, by digest (a digest names the
     content, so an entry is never another source's). A sweep's own holds its one source; a Ray
     worker's, the last source it was sent (a new one replaces it, so a long-lived worker keeps
-    one). `fetch()` gives the bytes where they are not here yet."""
+    one)."""
 
     def __init__(self):
         self._read: dict[str, object] = {}
@@ -135,9 +139,13 @@ class PreparedSources:
         self._read[source.digest] = value
 
     def get(self, source: Source, fetch):
+        """The source as read: from its path on this machine, or, given `fetch` (another
+        machine's source), from the bytes it fetches, written to this node's file."""
         if source.digest not in self._read:
-            data = source.data or fetch()
-            path = source_file(source, data) if data else None
+            path = source.path
+            if fetch is not None:
+                data = fetch()
+                path = source_file(source, data) if data else None
             self.add(source, read_source(source, path))
         return self._read[source.digest]
 
