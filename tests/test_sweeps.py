@@ -196,6 +196,8 @@ def test_sweep_and_search_flags_are_checked(workload, roofline, tmp_path, capsys
         (["--no-cache"], "go with --sweep"),
         (["--sweep", "max_num_seqs=1,2", "--ray-address", "auto"], "--ray-address goes with --executor ray"),
         (["--sweep", "max_num_seqs=1,2", "--no-cache", "--cache-dir", str(tmp_path)], "one of --cache-dir"),
+        (["--sweep", "max_num_seqs=1,2", "--executor", "ray", "--ray-address", "auto", "--jobs", "2"],
+         "has its own CPUs"),
         (["--sweep", "max_num_seqs=1,2", "--variant-timeout", "0"], "--variant-timeout must be a positive"),
         (["--search", "request_rate", "--goodput", "1.5"], "--goodput is a share"),
         (["--search", "request_rate", "--search-precision", "0"], "--search-precision must be a positive"),

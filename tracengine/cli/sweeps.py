@@ -25,7 +25,8 @@ def add_executor_arguments(g):
 def add_search_arguments(p):
     g = p.add_argument_group("capacity search (docs/sweeps.md)")
     g.add_argument("--search", choices=("request_rate",), help="per config, the highest request rate at which "
-                   "--goodput of the requests meet every --slo")
+                   "--goodput of the requests meet every --slo; --plot then draws the share of good requests and "
+                   "TTFT p99 against the rate")
     g.add_argument("--goodput", type=float, default=0.99, metavar="SHARE",
                    help="the share of requests that must meet every --slo (default 0.99)")
     g.add_argument("--search-precision", type=float, default=0.1, metavar="RATE",
@@ -44,6 +45,8 @@ def check_executor_flags(args, runs_many: bool):
         raise TracengineError("--ray-address goes with --executor ray")
     if args.no_cache and args.cache_dir:
         raise TracengineError("give one of --cache-dir and --no-cache")
+    if args.ray_address is not None and args.jobs is not None:
+        raise TracengineError("--jobs sizes a Ray cluster started for the run; one at --ray-address has its own CPUs")
     if args.variant_timeout is not None and not args.variant_timeout > 0:
         raise TracengineError(f"--variant-timeout must be a positive number of seconds, got {args.variant_timeout}")
 

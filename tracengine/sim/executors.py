@@ -173,7 +173,12 @@ class RayExecutor:
         import ray
         task = ray.remote(_ray_task).options(num_cpus=1, max_retries=0)
         data_ref = [self.put(source)]
-        return ray.get([task.remote(spec, source, data_ref, v, timeout) for v in variants])
+        try:
+            return ray.get([task.remote(spec, source, data_ref, v, timeout) for v in variants])
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, TracengineError):    # bad input, said as the local executor says it
+                raise exc.cause from None
+            raise
 
 
 def make_executor(name: str, jobs: int | None = None, address: str | None = None):
