@@ -82,7 +82,7 @@ def main():
             reference = reference or rows
             assert rows == reference
             start = time.perf_counter()
-            ray.init(num_cpus=args.jobs, include_dashboard=False, log_to_driver=False)
+            ray.init(address="local", num_cpus=args.jobs, include_dashboard=False, log_to_driver=False)
             times["ray start"].append(time.perf_counter() - start)
             with RayExecutor() as executor:
                 for name in ("ray cold", "ray warm"):

@@ -141,8 +141,8 @@ class RayExecutor:
             raise TracengineError("--executor ray needs Ray: pip install 'tracengine[ray]'") from None
         if not ray.is_initialized():
             try:
-                if self.address is None:
-                    ray.init(num_cpus=self.num_cpus, include_dashboard=False)
+                if self.address is None:    # "local": a new cluster, not one `ray start` left on this machine
+                    ray.init(address="local", num_cpus=self.num_cpus, include_dashboard=False)
                 else:
                     ray.init(address=self.address)
             except ConnectionError as exc:
