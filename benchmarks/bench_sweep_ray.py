@@ -25,8 +25,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from bench_simulate import QWEN3_8B, mooncake_like                                  # noqa: E402
 from tracengine.sim.executors import LocalExecutor, RayExecutor, run_variants        # noqa: E402
 from tracengine.sim.roofline import ModelShape, RooflineStepTime                     # noqa: E402
-from tracengine.sim.spec import (SIMULATE, WORKLOAD_ARGS, PreparedSources, Source,  # noqa: E402
-                                 SweepSpec, Variant, read_source, source_file)
+from tracengine.sim.spec import (SIMULATE, PreparedSources, Source, SweepSpec,  # noqa: E402
+                                 Variant, read_source, source_file, workload_source)
+from tracengine.workload.sources import WorkloadSpec                                 # noqa: E402
 from tracengine.sim.sweep import parse_sweep                                         # noqa: E402
 
 SWEEP = ["max_num_seqs=128,256,512,1024", "max_num_batched_tokens=4096,8192,16384,32768"]
@@ -57,9 +58,7 @@ def main():
         config = os.path.join(tmp, "config.json")
         with open(config, "w") as f:
             json.dump(QWEN3_8B, f)
-        params = {**dict.fromkeys(WORKLOAD_ARGS), "time_scale": 1.0, "length_scale": 1.0, "burstiness": 1.0,
-                  "seed": 0, "vocab_size": QWEN3_8B["vocab_size"]}
-        source = Source.of("workload", workload, params)
+        source = workload_source(WorkloadSpec(workload=workload), QWEN3_8B["vocab_size"])
         step_time = RooflineStepTime.for_hardware(ModelShape.from_file(config), "H200")
         spec = SweepSpec(SIMULATE, source.digest, {"num_kvcache_blocks": 100_000, "kvcache_block_size": 16},
                          step_time.to_dict(), {"ttft": 2.0, "tpot": 0.1})

@@ -124,14 +124,13 @@ def test_sweep_rows_equal_the_single_runs(tmp_path, roofline):
     from tracengine.sim.roofline import ModelShape, RooflineStepTime
     from tracengine.sim.engine import simulate, simulate_config, timed_requests
     from tracengine.sim.executors import LocalExecutor, run_variants
-    from tracengine.sim.spec import SIMULATE, WORKLOAD_ARGS, PreparedSources, Source, SweepSpec, Variant
+    from tracengine.sim.spec import SIMULATE, PreparedSources, SweepSpec, Variant, workload_source
     from tracengine.sim.sweep import parse_sweep, row_of
     from tracengine.workload import read_workload
+    from tracengine.workload.sources import WorkloadSpec
     requests = timed_requests(read_workload(str(DATA / "mooncake_sample.jsonl"), vocab_size=1000, length_scale=0.1))
     # the sweep reads the file itself, as a worker that was sent its bytes reads them
-    params = {**dict.fromkeys(WORKLOAD_ARGS), "time_scale": 1.0, "length_scale": 0.1, "burstiness": 1.0, "seed": 0,
-              "vocab_size": 1000}
-    source = Source.of("workload", str(DATA / "mooncake_sample.jsonl"), params)
+    source = workload_source(WorkloadSpec(workload=str(DATA / "mooncake_sample.jsonl"), length_scale=0.1), 1000)
     step_time = RooflineStepTime.for_hardware(ModelShape.from_file(roofline), "H100")
     variants = parse_sweep(["num_kvcache_blocks=30,60", "max_num_seqs=1,4"])
     assert variants == [{"num_kvcache_blocks": 30, "max_num_seqs": 1}, {"num_kvcache_blocks": 30, "max_num_seqs": 4},

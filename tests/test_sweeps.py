@@ -12,7 +12,8 @@ from tracengine.cli.main import main
 from tracengine.sim.engine import simulate, simulate_config
 from tracengine.sim.executors import LocalExecutor, run_variants
 from tracengine.sim.search import search_rates
-from tracengine.sim.spec import SIMULATE, WORKLOAD_ARGS, PreparedSources, Source, SweepSpec, Variant, at_rate
+from tracengine.sim.spec import SIMULATE, PreparedSources, SweepSpec, Variant, at_rate, workload_source
+from tracengine.workload.sources import WorkloadSpec
 
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 16, "intermediate_size": 128, "vocab_size": 1000, "torch_dtype": "bfloat16"}
@@ -60,9 +61,7 @@ def table_of(out: str) -> list[str]:
 def sweep_of(workload, roofline):
     """(spec, source, prepared) of a simulate sweep over the workload, as the command makes them."""
     from tracengine.sim.roofline import ModelShape, RooflineStepTime
-    params = {**dict.fromkeys(WORKLOAD_ARGS), "time_scale": 1.0, "length_scale": 0.25, "burstiness": 1.0,
-              "seed": 0, "vocab_size": 1000}
-    source = Source.of("workload", workload, params)
+    source = workload_source(WorkloadSpec(workload=workload, length_scale=0.25), 1000)
     step_time = RooflineStepTime.for_hardware(ModelShape.from_file(roofline), None, 1.0, 0.05)
     spec = SweepSpec(SIMULATE, source.digest, {"num_kvcache_blocks": 400}, step_time.to_dict(), SLO)
     return spec, source, PreparedSources()

@@ -8,10 +8,8 @@ A variant is a function of (spec, source, variant) alone, so any process that ho
 source gives the same row: a forked worker, a Ray worker on another node, this process.
 The source is read once per process (`PreparedSources`) and, on a node that did not read
 it, written once to a file named by its digest."""
-import argparse
 import dataclasses
 import hashlib
-import importlib
 import importlib
 import json
 import math
@@ -20,11 +18,8 @@ import tempfile
 from dataclasses import dataclass, field
 
 from tracengine.errors import TracengineError
+from tracengine.workload.sources import WorkloadSpec
 
-# The flags of `simulate` that shape its workload (workload/sources.workload_requests reads them)
-WORKLOAD_ARGS = ("workload_format", "max_requests", "time_scale", "length_scale", "request_rate", "burstiness",
-                 "seed", "num_prompts", "input_len", "output_len", "prompt_lens", "max_tokens", "temperature",
-                 "ignore_eos")
 
 
 @dataclass(frozen=True)
@@ -56,13 +51,15 @@ class Source:
             return f.read()
 
 
-def workload_source(args, vocab_size: int) -> Source:
-    """The Source of `simulate`'s workload flags (a file's bytes, or the synthetic workload's flags)."""
-    params = {name: getattr(args, name, None) for name in WORKLOAD_ARGS}
+def workload_source(workload: WorkloadSpec, vocab_size: int) -> Source:
+    """The Source of a workload (a file's bytes, or a synthetic workload's flags): every field
+    of its WorkloadSpec but the file's path, and the vocabulary its token ids stay below."""
+    params = dataclasses.asdict(workload)
+    del params["workload"]
     params["vocab_size"] = vocab_size
-    if isinstance(params["request_rate"], float) and math.isinf(params["request_rate"]):
+    if math.isinf(params["request_rate"]):
         params["request_rate"] = None        # JSON has no inf: None is the flag's default, all at once
-    return Source.of("workload", args.workload, params)
+    return Source.of("workload", workload.workload, params)
 
 
 @dataclass(frozen=True)
@@ -118,8 +115,7 @@ def read_source(source: Source, path: str | None, trace_name: str = ""):
     vocab_size = params.pop("vocab_size")
     if params["request_rate"] is None:
         params["request_rate"] = math.inf
-    args = argparse.Namespace(**params, workload=path, prompt=None, prompts_file=None)
-    return timed_requests(workload_requests(args, vocab_size))
+    return timed_requests(workload_requests(WorkloadSpec(**params, workload=path), vocab_size))
 
 
 class PreparedSources:

@@ -95,16 +95,15 @@ def step_row_of(s: dict) -> dict:
 def render_rows(variants: list[dict], rows: list[dict], figures: SweepFigures = IN_TIME) -> str:
     """One line per variant; a variant stopped by its timeout (sim/executors.py: a row of
     `timed_out_s` alone) has no figures, and a last column says so."""
+    from tracengine.analysis.tables import make_table, table_text
     names = list(variants[0]) if variants else []
     show = [c for c in figures.columns if c[0] != "goodput" or any(r.get("goodput") is not None for r in rows)]
     timed_out = any("timed_out_s" in r for r in rows)
-    table = [names + [title for _, title, _ in show] + (["status"] if timed_out else [])]
-    for v, r in zip(variants, rows):
-        status = [f"timed out ({r['timed_out_s']:g} s)" if "timed_out_s" in r else "ok"] if timed_out else []
-        table.append([str(v[n]) for n in names] +
-                     ["-" if r.get(key) is None else fmt.format(r[key]) for key, _, fmt in show] + status)
-    widths = [max(len(line[c]) for line in table) for c in range(len(table[0]))]
-    return "\n".join("  ".join(cell.rjust(widths[c]) for c, cell in enumerate(line)) for line in table)
+    cells = [[str(v[n]) for n in names] + ["-" if r.get(key) is None else fmt.format(r[key]) for key, _, fmt in show]
+             + ([f"timed out ({r['timed_out_s']:g} s)" if "timed_out_s" in r else "ok"] if timed_out else [])
+             for v, r in zip(variants, rows)]
+    header = names + [title for _, title, _ in show] + (["status"] if timed_out else [])
+    return table_text(make_table(header, cells, left_columns=0))
 
 
 def plot_rows(path: str, variants: list[dict], rows: list[dict], figure: str, figures: SweepFigures = IN_TIME):
