@@ -199,6 +199,7 @@ def test_sweep_and_search_flags_are_checked(workload, roofline, tmp_path, capsys
          "has its own CPUs"),
         (["--sweep", "max_num_seqs=1,2", "--variant-timeout", "0"], "--variant-timeout must be a positive"),
         (["--search", "request_rate", "--goodput", "1.5"], "--goodput is a share"),
+        (["--sweep", "max_num_seqs=1,2", "--goodput", "0.9"], "go with --search"),
         (["--search", "request_rate", "--search-precision", "0"], "--search-precision must be a positive"),
         (["--search", "request_rate", "--record", str(tmp_path / "x.trace")], "a --search makes many"),
         (["--search", "request_rate", "--plot", str(tmp_path / "p.png"), "--plot-figure", "goodput"],

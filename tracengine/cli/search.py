@@ -16,9 +16,9 @@ def add_search_arguments(p):
     g.add_argument("--search", choices=("request_rate",), help="per config, the highest request rate at which "
                    "--goodput of the requests meet every --slo; --plot then draws the share of good requests and "
                    "TTFT p99 against the rate")
-    g.add_argument("--goodput", type=float, default=0.99, metavar="SHARE",
+    g.add_argument("--goodput", type=float, metavar="SHARE",
                    help="the share of requests that must meet every --slo (default 0.99)")
-    g.add_argument("--search-precision", type=float, default=0.1, metavar="RATE",
+    g.add_argument("--search-precision", type=float, metavar="RATE",
                    help="the step of the rates searched, in requests/s (default 0.1): the answer passes, "
                    "one step above it fails")
 
@@ -27,6 +27,15 @@ def add_search_arguments(p):
 SEARCH_COLUMNS = [("rate", "max req/s", "{:,.2f}"), ("good_request_share", "good", "{:.1%}"),
                   ("next_good_request_share", "good +1 step", "{:.1%}"), ("throughput", "tok/s", "{:,.1f}"),
                   ("ttft_p99_ms", "TTFT p99", "{:,.2f}"), ("tpot_p99_ms", "TPOT p99", "{:,.2f}")]
+
+
+DEFAULT_GOODPUT, DEFAULT_PRECISION = 0.99, 0.1
+
+
+def check_search_flags(args):
+    """--goodput and --search-precision shape a --search: without one nothing would read them."""
+    if not args.search and (args.goodput is not None or args.search_precision is not None):
+        raise TracengineError("--goodput and --search-precision go with --search request_rate")
 
 
 def run_search(args, overrides: dict, step_time, requests, source, prepared) -> int:
@@ -51,21 +60,23 @@ def run_search(args, overrides: dict, step_time, requests, source, prepared) -> 
         raise TracengineError(f"--set and --sweep both name {', '.join(both)}; give its values to --sweep alone")
     spec = SweepSpec(SIMULATE, source.digest, overrides, step_time.to_dict(), slo)
     start_rate = native_rate(requests, source.params) or 1.0
+    goodput = DEFAULT_GOODPUT if args.goodput is None else args.goodput
+    precision = DEFAULT_PRECISION if args.search_precision is None else args.search_precision
     begin = time.perf_counter()
     with executor_of(args) as executor:
-        search = search_rates(spec, source, configs, executor, prepared, args.goodput, args.search_precision,
-                              start_rate, cache_of(args), args.variant_timeout)
+        search = search_rates(spec, source, configs, executor, prepared, goodput, precision, start_rate,
+                              cache_of(args), args.variant_timeout)
         workers = executor.num_workers(len(configs) * 64)
     objectives = ", ".join(f"{name} {limit * 1e3:g} ms" for name, limit in slo.items())
     print(f"capacity of {len(requests):,} requests with {describe_step_time(step_time)}: the highest rate at "
-          f"which {args.goodput:.1%} of the requests meet {objectives}, to {args.search_precision:g} requests/s")
+          f"which {goodput:.1%} of the requests meet {objectives}, to {precision:g} requests/s")
     print(render_search(search.results))
     print(f"{search.num_probes} probes ({search.num_probes - search.num_computed} from the cache) in "
           f"{time.perf_counter() - begin:.2f} s on {workers} {executor.name} worker{'s' if workers > 1 else ''}; "
           f"latencies in ms at the rate found")
     print_unvaried_note(step_time)
     if args.plot:
-        plot_search(args.plot, search.results, args.goodput)
+        plot_search(args.plot, search.results, goodput)
         print(f"wrote {args.plot}")
     return EXIT_OK
 

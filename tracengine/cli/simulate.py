@@ -6,7 +6,7 @@ from tracengine.cli.flags import (add_config_arguments, add_synthetic_arguments,
 from tracengine.cli.outputs import check_outputs
 from tracengine.cli.steptime import (add_step_time_arguments, describe_step_time, input_files, print_unvaried_note,
                                      step_time_from_args)
-from tracengine.cli.search import add_search_arguments
+from tracengine.cli.search import add_search_arguments, check_search_flags
 from tracengine.cli.sweeps import add_sweep_arguments, check_executor_flags, print_sweep, sweep_options
 from tracengine.errors import TracengineError
 from tracengine.progress import RequestProgress
@@ -61,6 +61,7 @@ def run(args) -> int:
         raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
     workload = args.workload_file or args.workload
     overrides = config_overrides(args)
+    check_search_flags(args)
     if args.search:     # its flags are checked by run_search, once the workload is read
         check_executor_flags(args, True)
         variants, slo = None, None
