@@ -26,7 +26,7 @@ from bench_simulate import QWEN3_8B, mooncake_like                              
 from tracengine.sim.executors import LocalExecutor, RayExecutor, run_variants        # noqa: E402
 from tracengine.sim.roofline import ModelShape, RooflineStepTime                     # noqa: E402
 from tracengine.sim.spec import (SIMULATE, PreparedSources, Source, SweepSpec,  # noqa: E402
-                                 Variant, read_source, source_file, workload_source)
+                                 Variant, read_sent_source, read_source, workload_source)
 from tracengine.workload.sources import WorkloadSpec                                 # noqa: E402
 from tracengine.sim.sweep import parse_sweep                                         # noqa: E402
 
@@ -34,16 +34,14 @@ SWEEP = ["max_num_seqs=128,256,512,1024", "max_num_batched_tokens=4096,8192,1638
 
 
 def ship_probe(source: Source, data_ref: list) -> dict:
-    """In a Ray worker that has not read `source`: the seconds to fetch its bytes, write them to
-    the node's file and read it."""
+    """In a Ray worker: the seconds to fetch the source's bytes, and to read them (written to a
+    file of its own and parsed, as a worker that was sent a source reads it)."""
     import ray
     start = time.perf_counter()
     data = ray.get(data_ref[0])
     fetched = time.perf_counter()
-    path = source_file(source, data)
-    written = time.perf_counter()
-    read_source(source, path)
-    return {"fetch_s": fetched - start, "write_s": written - fetched, "read_s": time.perf_counter() - written}
+    read_sent_source(source, data)
+    return {"fetch_s": fetched - start, "read_s": time.perf_counter() - fetched}
 
 
 def main():
@@ -89,13 +87,11 @@ def main():
                     rows = run_variants(spec, source, variants, executor, prepared).rows
                     times[name].append(time.perf_counter() - start)
                     assert rows == reference, "Ray's rows differ from the local executor's"
-                # shipping once per node: a digest no worker has seen, so nothing is read already
-                fresh = Source(source.kind, None, source.params, f"ship-probe-{len(ship)}-{source.digest}")
+                # shipping: the bytes into the object store (once per run), out of it (once per node)
                 start = time.perf_counter()
                 ref = ray.put(source.read_bytes())
                 put_s = time.perf_counter() - start
-                probe = ray.get(ray.remote(ship_probe).options(num_cpus=1).remote(fresh, [ref]))
-                os.unlink(source_file(fresh, b""))
+                probe = ray.get(ray.remote(ship_probe).options(num_cpus=1).remote(source, [ref]))
                 ship.append({"put_s": put_s, **probe})
             ray.shutdown()
         local = statistics.median(times["local"])
@@ -107,7 +103,7 @@ def main():
         print(f"per variant, local: {local / len(variants) * args.jobs:.2f} s of a worker")
         print("shipping the workload once per node (median s): " +
               ", ".join(f"{key[:-2]} {statistics.median(s[key] for s in ship):.3f}"
-                        for key in ("put_s", "fetch_s", "write_s", "read_s")))
+                        for key in ("put_s", "fetch_s", "read_s")))
         print("rows: Ray's equal the local executor's, row for row, in every repeat")
 
 

@@ -3,8 +3,8 @@ on this machine or a cluster; `run_variants` puts the result cache in front of e
 
 Each variant travels as data (sim/spec.py: the sweep's spec, the variant, the source's
 digest), never as a list of events, and returns its row. Ray gets the source's bytes once
-per run (`ray.put`), each node fetches them once from the object store and writes them once
-to a file named by their digest, and each worker process reads that file once. A variant
+per run (`ray.put`), each node fetches them once into its object store, and each worker
+process reads them once, the first time it is sent the source, and keeps them. A variant
 that runs past the timeout is stopped in its worker (an alarm, in the worker's main thread,
 where local pools and Ray both run their tasks) and its row says so; the sweep goes on."""
 import multiprocessing

@@ -1,13 +1,13 @@
 """A sweep's variants as data: what every variant of a sweep shares (`SweepSpec`: what makes
 its runs, the source's digest, the --set fields, the step-time model, the objectives, the
 policy), what one variant changes (`Variant`: config fields, and for a capacity search a
-request rate), and the input they all read (`Source`: a trace or workload file's bytes, or
-the flags of a synthetic workload, named by a digest of its content).
+request rate), and the input they all read (`Source`: a trace or workload file, or the
+flags of a synthetic workload, named by a digest of its content).
 
 A variant is a function of (spec, source, variant) alone, so any process that holds the
 source gives the same row: a forked worker, a Ray worker on another node, this process.
-The source is read once per process (`PreparedSources`) and, on a node that did not read
-it, written once to a file named by its digest."""
+The source is read once per process (`PreparedSources`): from its path on this machine, or
+from the bytes a worker elsewhere was sent."""
 import dataclasses
 import hashlib
 import importlib
@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 from tracengine.errors import TracengineError
 from tracengine.workload.sources import WorkloadSpec
-
 
 
 @dataclass(frozen=True)
@@ -89,21 +88,22 @@ def step_time_of(d: dict):
     return RooflineStepTime.from_dict(d) if d["kind"] == "roofline" else LinearStepTime.from_dict(d)
 
 
-def source_file(source: Source, data: bytes) -> str:
-    """The file of a source on this node: the temporary directory's copy named by its digest,
-    written once per node (a rename, so no process reads a half-written copy)."""
-    folder = os.path.join(tempfile.gettempdir(), "tracengine-sources")
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, source.digest)
-    if not os.path.exists(path):
-        fd, partial = tempfile.mkstemp(dir=folder, prefix=source.digest[:16])
+def read_sent_source(source: Source, data: bytes):
+    """A source read from the bytes a worker was sent: the readers read files, so they go to
+    a file of this process's own, removed once read (nothing is left on the node, and no
+    process reads a file another could have put there)."""
+    if not data:
+        return read_source(source, None)
+    fd, path = tempfile.mkstemp(prefix="tracengine-source-")
+    try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.replace(partial, path)
-    return path
+        return read_source(source, path)
+    finally:
+        os.unlink(path)
 
 
-def read_source(source: Source, path: str | None, trace_name: str = ""):
+def read_source(source: Source, path: str | None):
     """What the variants of a source read: a trace's events, or a workload's timed requests."""
     if source.kind == "trace":
         from tracengine.trace.tracelog import TraceReader
@@ -135,14 +135,10 @@ class PreparedSources:
         self._read[source.digest] = value
 
     def get(self, source: Source, fetch):
-        """The source as read: from its path on this machine, or, given `fetch` (another
-        machine's source), from the bytes it fetches, written to this node's file."""
+        """The source as read: from its path on this machine, or, given `fetch` (a source
+        made elsewhere), from the bytes it fetches."""
         if source.digest not in self._read:
-            path = source.path
-            if fetch is not None:
-                data = fetch()
-                path = source_file(source, data) if data else None
-            self.add(source, read_source(source, path))
+            self.add(source, read_source(source, source.path) if fetch is None else read_sent_source(source, fetch()))
         return self._read[source.digest]
 
     def add_runner(self, spec: SweepSpec, runner):
