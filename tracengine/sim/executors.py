@@ -79,7 +79,7 @@ def _run_local(task) -> dict:
 class LocalExecutor:
     """Worker processes on this machine, `jobs` of them (default one per core); one job runs
     the variants here, in order. Workers are forked from the process that read the source,
-    so they read nothing again (where fork is missing, each reads the bytes once)."""
+    so they read nothing again (where fork is missing, each reads the source's file once)."""
     name = "local"
 
     def __init__(self, jobs: int | None = None):
