@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_simulate import QWEN3_8B, mooncake_like                                  # noqa: E402
+from tracengine.collector import collector_paused                                    # noqa: E402
 from tracengine.sim.executors import LocalExecutor, RayExecutor, run_variants        # noqa: E402
 from tracengine.sim.roofline import ModelShape, RooflineStepTime                     # noqa: E402
 from tracengine.sim.spec import (SIMULATE, PreparedSources, Source, SweepSpec,  # noqa: E402
@@ -45,6 +46,11 @@ def ship_probe(source: Source, data_ref: list) -> dict:
 
 
 def main():
+    with collector_paused():     # as the batch commands run (cli/main.py)
+        sweep_both()
+
+
+def sweep_both():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=2)

@@ -109,13 +109,15 @@ def read_source(source: Source, path: str | None):
         from tracengine.trace.tracelog import TraceReader
         with TraceReader(path) as reader:
             return list(reader.events())
-    from tracengine.sim.engine import timed_requests
+    from tracengine.sim.engine import check_token_prompts
     from tracengine.workload.sources import workload_requests
     params = dict(source.params)
     vocab_size = params.pop("vocab_size")
     if params["request_rate"] is None:
         params["request_rate"] = math.inf
-    return timed_requests(workload_requests(WorkloadSpec(**params, workload=path), vocab_size))
+    requests = workload_requests(WorkloadSpec(**params, workload=path), vocab_size)
+    check_token_prompts(requests)
+    return requests
 
 
 class PreparedSources:
