@@ -177,43 +177,27 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def postprocess(self, seqs: list[Sequence], token_ids: list[int], is_prefill: bool) -> list[Sequence]:
-        """Write the sampled tokens back; returns the sequences that finished."""
+        """Write the sampled tokens back; returns the sequences that finished. (`is_prefill`, the
+        step's phase, is for a policy that overrides this; the rules here need only the counts.)"""
         finished = []
-        emit = self.sink.enabled
-        # bound once: this loop runs for every token of every sequence
-        hash_blocks, sink_emit, step, eos, max_model_len, block_size = self.block_manager.hash_blocks, \
-            self.sink.emit, self.step, self.eos, self.max_model_len, self.block_size
+        block_size = self.block_size
         for seq, token_id in zip(seqs, token_ids):
-            if is_prefill:
-                num_cached_tokens, num_scheduled_tokens = seq.num_cached_tokens, seq.num_scheduled_tokens
-                if num_cached_tokens % block_size + num_scheduled_tokens >= block_size:
-                    hash_blocks(seq)     # a block filled this step
-                seq.num_cached_tokens = num_cached_tokens = num_cached_tokens + num_scheduled_tokens
-                seq.num_scheduled_tokens = 0
-                num_tokens = seq.num_tokens
-                if num_cached_tokens < num_tokens:
-                    # a middle chunk: its sample is not at the end of the prompt
-                    if emit:
-                        sink_emit(TokenSample(step, seq.seq_id, token_id, False))
-                    continue
-            else:
-                # A decode, most of a run's tokens: one token, the sequence's last (num_cached_tokens
-                # was num_tokens - 1, as prepare_decode computes it), now cached: one int for both
-                num_tokens = seq.num_tokens
-                if not num_tokens % block_size:
-                    hash_blocks(seq)     # the token filled its block
-                seq.num_cached_tokens = num_tokens
-                seq.num_scheduled_tokens = 0
-            # Sequence.append_token, inline: a call for every sampled token costs more than the four lines
-            seq.completion.append(token_id)
-            seq.last_token = token_id
-            seq.num_tokens = num_tokens = num_tokens + 1
-            num_completion_tokens = seq.num_completion_tokens = seq.num_completion_tokens + 1
-            if emit:
-                sink_emit(TokenSample(step, seq.seq_id, token_id, True))
-            if token_id == eos and not seq.ignore_eos:
+            num_computed = seq.num_cached_tokens + seq.num_scheduled_tokens
+            if seq.num_cached_tokens // block_size != num_computed // block_size:
+                self.block_manager.hash_blocks(seq)     # this step filled a block: register it
+            seq.num_cached_tokens = num_computed
+            seq.num_scheduled_tokens = 0
+            if num_computed < seq.num_tokens:
+                # a middle chunk: its sample is not at the end of the prompt, and is dropped
+                if self.sink.enabled:
+                    self.sink.emit(TokenSample(self.step, seq.seq_id, token_id, False))
+                continue
+            seq.append_token(token_id)
+            if self.sink.enabled:
+                self.sink.emit(TokenSample(self.step, seq.seq_id, token_id, True))
+            if token_id == self.eos and not seq.ignore_eos:
                 self._finish(seq, "eos", finished)
-            elif num_completion_tokens == seq.max_tokens or num_tokens >= max_model_len:
+            elif seq.num_completion_tokens == seq.max_tokens or seq.num_tokens >= self.max_model_len:
                 self._finish(seq, "length", finished)
         return finished
 
