@@ -74,9 +74,10 @@ from tracengine.trace.encoded import EncodedTokens
 from tracengine.trace.events import AnyEvent, Event, ModelInfo, RequestAdded, StepEnd, TraceHeader
 from tracengine.trace.dictionary import DICTIONARY
 
-FORMAT_VERSION = 3
-# 2 appended arrival_ns, top_k, top_p, seed to RequestAdded and gap_ns to StepEnd; 3 checks each frame head
-READABLE_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4
+# 2 appended arrival_ns, top_k, top_p, seed to RequestAdded and gap_ns to StepEnd; 3 checks each frame head;
+# 4 adds a fleet's events (ReplicaScope, RouteDecision, KVTransfer) and TraceHeader.fleet
+READABLE_VERSIONS = (1, 2, 3, 4)
 MAGIC = b"TRCE"
 PREAMBLE = struct.Struct("<4sH2x")     # magic, format version, 2 reserved bytes (0)
 FRAME_HEAD = struct.Struct("<IQI")     # length word, xxh64 of the stored payload (seed: the flag), head check
