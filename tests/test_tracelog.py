@@ -24,7 +24,7 @@ from tracengine.trace.events import (EVENT_TYPES, BlockAllocate, BlockAppend, Bl
                                TokenSample, TraceHeader)
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.replay.reexec import reexecute
-from tracengine.replay.runners import SyntheticRunner
+from tracengine.sim.runners import SyntheticRunner
 from tracengine.testing import every_event_type_config
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.trace import tracelog
@@ -493,7 +493,7 @@ CHILD = """
 import sys, time
 from tracengine.engine.config import Config
 from tracengine.engine.llm_engine import LLMEngine
-from tracengine.replay.runners import SyntheticRunner
+from tracengine.sim.runners import SyntheticRunner
 from tracengine.testing import every_event_type_config
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.trace.tracelog import TraceWriter, make_header

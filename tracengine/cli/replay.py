@@ -10,7 +10,8 @@ from tracengine.replay.diff import SCHEDULING_TYPES, diff_traces
 from tracengine.replay.fold import Fold
 from tracengine.replay.metrics import side_by_side
 from tracengine.replay.reexec import reexecute
-from tracengine.replay.render import divergence_report, format_event, render_state, render_step
+from tracengine.analysis.render import format_event, render_state, render_step
+from tracengine.replay.reexec import divergence_report
 from tracengine.trace.events import to_builtins
 from tracengine.trace.tracelog import TraceReader, TraceWriter
 
@@ -46,7 +47,7 @@ def cmd_replay(args) -> int:
         events = list(reader.events())
         note_torn_tail(reader)
     if args.arrivals is None:    # time when the trace has arrival times, steps otherwise
-        from tracengine.replay.simulate import has_arrivals
+        from tracengine.replay.timed import has_arrivals
         timed = timed or has_arrivals(events)
     if args.sweep:
         from tracengine.cli.simulate import run_sweep_replay

@@ -31,8 +31,8 @@ def input_files(args) -> dict:
 
 def step_time_from_args(args):
     """The model the flags name, or None (a what-if then calibrates on its own trace)."""
-    from tracengine.replay.roofline import ModelShape, RooflineStepTime
-    from tracengine.replay.steptime import load_step_time
+    from tracengine.sim.roofline import ModelShape, RooflineStepTime
+    from tracengine.sim.steptime import load_step_time
     hardware_flags = any(getattr(args, name, None) is not None
                          for name in ("hardware", "peak_tflops", "bandwidth_tbs", "overhead_ms"))
     if args.step_time and args.roofline:
@@ -63,7 +63,7 @@ def describe_step_time(model, trace_path: str = "") -> str:
 
 
 def cmd_calibrate(args) -> int:
-    from tracengine.replay.steptime import FEATURES, PARTS, PHASES, calibrate, save, unvaried_note
+    from tracengine.sim.steptime import FEATURES, PARTS, PHASES, calibrate, save, unvaried_note
     from tracengine.trace.tracelog import TraceReader
     check_outputs({"--output": args.output}, {"trace": args.trace}, args.force)
     from tracengine.cli.outputs import note_torn_tail
@@ -159,8 +159,9 @@ def timed_table(recorded: dict, self_check: dict, new: dict | None) -> str:
 
 def run_sweep_replay(path, events: list, overrides: dict, timed: bool, step_time, args) -> int:
     """`events`: those of the trace at `path`, read."""
-    from tracengine.replay.simulate import TimedReplay
-    from tracengine.replay.sweep import IN_STEPS, IN_TIME, StepVariant, TimedVariant
+    from tracengine.replay.timed import TimedReplay
+    from tracengine.sim.sweep import IN_STEPS, IN_TIME
+    from tracengine.replay.timed import StepVariant, TimedVariant
     variants, slo = sweep_options(args, overrides, IN_TIME if timed else IN_STEPS)
     if args.record:
         raise TracengineError("--record writes one run; a --sweep makes many")
@@ -185,7 +186,7 @@ def run_sweep_replay(path, events: list, overrides: dict, timed: bool, step_time
 def print_unvaried_note(model):
     """The features the model's calibration recording never varied: the self-check cannot show
     what a what-if that varies them gets wrong."""
-    from tracengine.replay.steptime import unvaried_note
+    from tracengine.sim.steptime import unvaried_note
     note = unvaried_note(model)
     if note:
         print(note)
@@ -199,7 +200,7 @@ def run_timed_whatif(path, events: list, overrides: dict, record, step_time, pol
                      as_json: bool = False) -> int:
     """`events`: those of the trace at `path`, read."""
     from tracengine.analysis.stats import stats
-    from tracengine.replay.simulate import timed_whatif
+    from tracengine.replay.timed import timed_whatif
     # `replay` checked --record (exists without --force, or the input) before calling
     result = timed_whatif(events, overrides, step_time, os.path.basename(path), policy)
     recorded, self_check = stats(result.recorded), stats(result.self_check)
@@ -271,7 +272,7 @@ def sweep_options(args, overrides: dict, figures=None):
     --set fields, which no --sweep may name too (one of the two would silently win). `figures`:
     the sweep's (replay.sweep.IN_TIME, the default, or IN_STEPS), which --plot-figure names one of."""
     from tracengine.analysis.stats import parse_slos
-    from tracengine.replay.sweep import IN_STEPS, IN_TIME, parse_sweep
+    from tracengine.sim.sweep import IN_STEPS, IN_TIME, parse_sweep
     figures = figures or IN_TIME
     check_plot_figure(args)
     slo = parse_slos(args.slo) or None
@@ -323,7 +324,7 @@ def print_sweep(run_variant, variants, args, meta: dict | None = None) -> int:
     variant's overrides with its row of figures (replay.sweep.row_of or step_row_of: stats' own;
     which, `run_variant.figures` says)."""
     import time
-    from tracengine.replay.sweep import plot_rows, render_rows, run_sweep
+    from tracengine.sim.sweep import plot_rows, render_rows, run_sweep
     if args.plot:    # fail before the runs, not after them
         try:
             import matplotlib  # noqa: F401
@@ -380,7 +381,7 @@ def simulation_progress(num_requests: int, enabled: bool = True):
 def cmd_simulate(args) -> int:
     import time
     from tracengine.engine.config import parse_override
-    from tracengine.replay.simulate import simulate, simulate_config, simulation_header, timed_requests
+    from tracengine.sim.engine import simulate, simulate_config, simulation_header, timed_requests
     if args.workload_file and args.workload:
         raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
     args.workload = args.workload_file or args.workload
@@ -399,7 +400,7 @@ def cmd_simulate(args) -> int:
         raise TracengineError(f"--vocab-size must be positive, got {vocab_size}")
     requests = timed_requests(workload_for_simulation(args, vocab_size))
     if variants is not None:
-        from tracengine.replay.sweep import SimulateVariant
+        from tracengine.sim.sweep import SimulateVariant
         print(f"simulate {len(requests):,} requests with {describe_step_time(step_time)}")
         rc = print_sweep(SimulateVariant(requests, overrides, step_time, slo), variants, args)
         print_unvaried_note(step_time)

@@ -8,7 +8,7 @@ import msgspec
 
 from tracengine.errors import TraceCorruptError, TraceError, TracengineError
 from tracengine.replay.fold import EventCheck
-from tracengine.replay.render import format_event, involves_seq, render_steps
+from tracengine.analysis.render import format_event, involves_seq, render_steps
 from tracengine.trace.events import EVENT_TYPES, StepEnd, TraceHeader, to_builtins
 from tracengine.trace.tracelog import TraceReader
 
