@@ -10,6 +10,11 @@ from tracengine.errors import TraceError
 def cmd_stats(args) -> int:
     from tracengine.analysis.stats import parse_slos, render, stats
     slo = parse_slos(args.slo)
+    from tracengine.trace.tracelog import TraceReader
+    with TraceReader(args.trace) as reader:
+        if reader.header.fleet:      # per replica and for the fleet (docs/cluster.md)
+            from tracengine.cli.fleet import fleet_stats_command
+            return fleet_stats_command(args.trace, slo, args.json)
     s = stats(args.trace, slo or None)
     if args.json:
         print(json.dumps(s, indent=2))

@@ -12,6 +12,7 @@ from tracengine.cli.analysis import cmd_export, cmd_stats, cmd_tui
 from tracengine.cli.generate import cmd_generate
 from tracengine.cli.replay import cmd_diff, cmd_replay
 from tracengine.cli.serve import cmd_bench_serve, cmd_serve
+from tracengine.cli.fleet import add_fleet_arguments
 from tracengine.cli.simulate import add_step_time_arguments, add_sweep_arguments, cmd_calibrate, cmd_simulate
 from tracengine.cli.trace import cmd_check, cmd_events, cmd_render
 from tracengine.collector import collector_paused
@@ -170,6 +171,8 @@ def add_replay_commands(sub):
     p.add_argument("--policy", metavar="MODULE:CLASS",
                    help="the scheduling policy to run: needed for a trace of a policy of one's own (a trace never "
                    "makes tracengine import code); with a built-in trace, checks the given policy against it")
+    p.add_argument("--router", metavar="MODULE:CLASS",
+                   help="a fleet trace: the router to replay every pool with (needed for a router of one's own)")
     p.set_defaults(run=cmd_replay)
 
     p = add_parser(sub, "diff", "first scheduling divergence between two traces",
@@ -216,6 +219,7 @@ def add_simulation_commands(sub):
     add_workload_arguments(p.add_argument_group("arrivals and workload files (docs/workloads.md)"))
     add_step_time_arguments(p)
     add_sweep_arguments(p)
+    add_fleet_arguments(p)
     p.set_defaults(run=cmd_simulate)
 
 

@@ -38,6 +38,19 @@ def cmd_replay(args) -> int:
     check_outputs({"--record": args.record}, input_files(args), args.force)
     step_time = step_time_from_args(args)
     timed = args.arrivals == "time" or step_time is not None
+    with TraceReader(args.trace) as reader:
+        fleet = bool(reader.header.fleet)
+    if fleet:        # a fleet trace (docs/cluster.md): re-executed whole
+        if overrides or args.record or timed or args.sweep:
+            raise TraceError("a fleet trace is re-executed as recorded; for another fleet or config, simulate "
+                             "its workload again (simulate --replicas ... --set ...)")
+        from tracengine.cli.fleet import fleet_replay_command
+        with TraceReader(args.trace) as reader:
+            events = list(reader.events())
+            note_torn_tail(reader)
+        return fleet_replay_command(args.trace, events, args.json, args.policy, args.router)
+    if args.router:
+        raise TraceError("--router replays a fleet trace; this trace is one engine's")
     if not (overrides or args.record or timed or args.sweep):
         return run_replay(args.trace, args.json, args.policy)
     if timed and args.arrivals == "steps":
@@ -122,6 +135,12 @@ def write_trace(path, events) -> None:
 
 def cmd_diff(args) -> int:
     with TraceReader(args.a) as reader_a, TraceReader(args.b) as reader_b:
+        if reader_a.header.fleet or reader_b.header.fleet:    # docs/cluster.md
+            from tracengine.cli.fleet import fleet_diff_command
+            a_events, b_events = list(reader_a.events()), list(reader_b.events())
+            note_torn_tail(reader_a)
+            note_torn_tail(reader_b)
+            return fleet_diff_command(args, a_events, b_events)
         d = diff_traces(reader_a.events(), reader_b.events())
         note_torn_tail(reader_a)
         note_torn_tail(reader_b)

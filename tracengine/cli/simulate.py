@@ -399,6 +399,10 @@ def cmd_simulate(args) -> int:
     elif vocab_size <= 0:
         raise TracengineError(f"--vocab-size must be positive, got {vocab_size}")
     requests = timed_requests(workload_for_simulation(args, vocab_size))
+    from tracengine.cli.fleet import fleet_spec_from_args
+    fleet = fleet_spec_from_args(args, step_time)
+    if fleet is not None and variants is not None:
+        raise TracengineError("a --sweep runs one engine; a fleet (--replicas, --prefill-replicas) runs alone")
     if variants is not None:
         from tracengine.sim.sweep import SimulateVariant
         print(f"simulate {len(requests):,} requests with {describe_step_time(step_time)}")
@@ -406,6 +410,8 @@ def cmd_simulate(args) -> int:
         print_unvaried_note(step_time)
         return rc
     config = simulate_config(overrides, requests)
+    if fleet is not None:
+        return simulate_fleet_run(args, config, requests, step_time, fleet, slo)
     header = simulation_header(config, step_time)
     from tracengine.analysis.timeline import RequestTimelineSink
     with simulation_progress(len(requests), enabled=not args.quiet) as on_progress:
@@ -427,6 +433,23 @@ def cmd_simulate(args) -> int:
     print(f"simulated {len(requests):,} requests with {describe_step_time(step_time)}: "
           f"{s['steps']['num_steps']:,} steps in {wall:.2f} s wall, {cpu:.2f} s CPU")
     table_console().print(render(s, title="simulated run"))
+    print_unvaried_note(step_time)
+    if args.record:
+        print(f"wrote {args.record}")
+    return EXIT_OK
+
+
+def simulate_fleet_run(args, config, requests, step_time, fleet, slo) -> int:
+    import time
+    from tracengine.cli.fleet import print_fleet_stats, simulate_fleet_command
+    with simulation_progress(len(requests), enabled=not args.quiet) as on_progress:
+        wall, cpu = time.perf_counter(), time.process_time()
+        s = simulate_fleet_command(args, config, requests, step_time, fleet, slo, on_progress)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    num_steps = sum(p["stats"]["steps"]["num_steps"] for p in s["replicas"])
+    print(f"simulated {len(requests):,} requests with {describe_step_time(step_time)}: "
+          f"{num_steps:,} replica steps in {wall:.2f} s wall, {cpu:.2f} s CPU")
+    print_fleet_stats(s, "simulated fleet")
     print_unvaried_note(step_time)
     if args.record:
         print(f"wrote {args.record}")

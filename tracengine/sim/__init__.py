@@ -1,3 +1,4 @@
 """Simulation: the real scheduler in simulated time, with no model. The simulated engine
 (engine.py), step-time models (steptime.py, roofline.py), the runners that stand in for a
-model (runners.py) and sweeps over configs (sweep.py)."""
+model (runners.py), sweeps over configs (sweep.py), and fleets of replicas behind routers
+(fleet.py, routers.py; docs/cluster.md)."""

@@ -24,7 +24,7 @@ from tracengine.engine.config import Config
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.engine.sequence import Sequence
 from tracengine.errors import ConfigError, TracengineError
-from tracengine.replay.runners import WorkloadRequest
+from tracengine.sim.runners import WorkloadRequest
 from tracengine.sim.routers import RoutedRequest, Router, load_router, router_name
 from tracengine.trace.events import NULL_SINK, KVTransfer, ReplicaScope, RouteDecision
 
@@ -131,34 +131,18 @@ class Fleet:
 
     def __init__(self, config: Config, spec: FleetSpec, make_engine, sink=NULL_SINK, routers=None):
         """`make_engine(index)`: a replica's engine, sending its events to `sink`. `routers`:
-        {pool: Router class} overriding the spec's names (a user's classes, already loaded)."""
+        {pool: Router class} instead of the spec's names (a user's classes, loaded once)."""
         self.config = config
         self.spec = spec
         self.sink = sink
         roles = (["prefill"] * spec.num_prefill_replicas + ["decode"] * spec.num_decode_replicas
                  if spec.disaggregated else ["all"] * spec.num_replicas)
         self.replicas = [Replica(i, role, make_engine(i)) for i, role in enumerate(roles)]
-        self.pools = {pool: [r for r in self.replicas if r.role == pool] for pool in set(roles)}
-        routers = routers or {}
+        self.pools = {pool: [r for r in self.replicas if r.role == pool] for pool in dict.fromkeys(roles)}
         options = {"seed": spec.router_seed, "prefix_weight": spec.prefix_weight, "load_weight": spec.load_weight}
-        first = "prefill" if spec.disaggregated else "all"
-        names = {first: spec.router, "decode": spec.decode_router or spec.router}
-        self.routers: dict[str, Router] = {}
-        for pool in self.pools:
-            cls = routers.get(pool) or load_router(names[pool])
-            self.routers[pool] = cls(**options)
+        self.routers: dict[str, Router] = {pool: cls(**options) for pool, cls in router_classes(spec, routers).items()}
         self.prefilled: dict[int, tuple[Sequence, WorkloadRequest]] = {}   # handed off, KV not landed yet
         self.max_tokens: dict[int, int] = {}     # a disaggregated request's own max_tokens
-
-    def header_fields(self) -> dict:
-        """TraceHeader.fleet: the spec, with each pool's router as it was run."""
-        if self.spec.is_single:
-            return {}
-        fields = self.spec.to_dict()
-        pools = {"all": "router", "prefill": "router", "decode": "decode_router"}
-        for pool, router in self.routers.items():
-            fields[pools[pool]] = router_name(type(router))
-        return fields
 
     # -- what the clock drives: routing, entering, steps, transfers -----------------------
 
@@ -226,6 +210,24 @@ class Fleet:
                                       num_bytes, duration_ns, num_blocks))
         request.arrival_ns = now_ns
         dst.queued.append(request)
+
+
+def router_classes(spec: FleetSpec, routers: dict | None = None) -> dict[str, type[Router]]:
+    """Each pool's router class: `routers`' (by pool), else the one the spec names, loaded."""
+    routers = routers or {}
+    pools = {"prefill": spec.router, "decode": spec.decode_router or spec.router} if spec.disaggregated \
+        else {"all": spec.router}
+    return {pool: routers.get(pool) or load_router(name) for pool, name in pools.items()}
+
+
+def header_fields(spec: FleetSpec, routers: dict[str, type[Router]]) -> dict:
+    """TraceHeader.fleet: the spec, each pool's router named as it ran; nothing for one engine."""
+    if spec.is_single:
+        return {}
+    fields = spec.to_dict()
+    for pool, cls in routers.items():
+        fields["decode_router" if pool == "decode" else "router"] = router_name(cls)
+    return fields
 
 
 def install_prompt_kv(block_manager, seq_id: int, token_ids) -> int:
@@ -319,8 +321,8 @@ def simulate_fleet(config: Config, requests, step_time, spec: FleetSpec, sink=No
     import msgspec
 
     from tracengine.collector import collector_paused
-    from tracengine.replay.runners import SyntheticRunner, check_requests
-    from tracengine.replay.simulate import SimulatedEngine, timed_requests
+    from tracengine.sim.runners import SyntheticRunner, check_requests
+    from tracengine.sim.engine import SimulatedEngine, timed_requests
     from tracengine.trace.events import ListSink
     with collector_paused():
         timed = requests if requests and isinstance(requests[0], WorkloadRequest) else timed_requests(requests)
@@ -332,15 +334,15 @@ def simulate_fleet(config: Config, requests, step_time, spec: FleetSpec, sink=No
 
         fleet = Fleet(config, spec, make_engine, events_sink, routers)
         check_requests(fleet.replicas[0].scheduler, timed)
-        head = header if header is not None else fleet_header(config, step_time, fleet)
         run_fleet(fleet, timed, step_time, on_progress=on_progress)
-        head = msgspec.structs.replace(head, fleet=fleet.header_fields())
+        head = header if header is not None else fleet_header(config, step_time, spec, routers)
         return [head] if sink is not None else [head, *events_sink.events]
 
 
-def fleet_header(config: Config, step_time, fleet: Fleet):
+def fleet_header(config: Config, step_time, spec: FleetSpec, routers: dict | None = None):
     """simulation_header's, with the fleet's fields (none for one replica)."""
     import msgspec
 
-    from tracengine.replay.simulate import simulation_header
-    return msgspec.structs.replace(simulation_header(config, step_time), fleet=fleet.header_fields())
+    from tracengine.sim.engine import simulation_header
+    return msgspec.structs.replace(simulation_header(config, step_time),
+                                   fleet=header_fields(spec, router_classes(spec, routers)))
