@@ -30,7 +30,7 @@ def add_fleet_arguments(p):
 
 def fleet_spec_from_args(args, step_time):
     """The FleetSpec the flags describe, or None for one engine given no fleet flag."""
-    from tracengine.sim.fleet import FleetSpec
+    from tracengine.sim.fleet import FleetSpec, router_classes
     disaggregated = args.prefill_replicas is not None or args.decode_replicas is not None
     if disaggregated and args.replicas is not None:
         raise TracengineError("give --replicas, or --prefill-replicas and --decode-replicas, not both")
@@ -45,12 +45,14 @@ def fleet_spec_from_args(args, step_time):
     if disaggregated and args.kv_transfer_gbps and not kv_bytes:
         raise TracengineError("--kv-transfer-gbps needs the KV bytes of a token: give --kv-bytes-per-token "
                               "(or a --roofline model)")
-    return FleetSpec(num_replicas=args.replicas or 1, router=args.router or "round_robin",
+    spec = FleetSpec(num_replicas=1 if args.replicas is None else args.replicas, router=args.router or "round_robin",
                      num_prefill_replicas=args.prefill_replicas or 0, num_decode_replicas=args.decode_replicas or 0,
                      decode_router=args.decode_router or "", router_seed=args.router_seed,
                      prefix_weight=args.prefix_weight, load_weight=args.load_weight, kv_bytes_per_token=kv_bytes,
                      kv_transfer_gbps=args.kv_transfer_gbps,
                      kv_transfer_latency_ns=round(args.kv_transfer_latency_ms * 1e6))
+    router_classes(spec)      # a router that does not load fails here, before the run
+    return spec
 
 
 def simulate_fleet_command(args, config, requests, step_time, spec, slo, on_progress) -> dict:

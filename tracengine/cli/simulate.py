@@ -401,6 +401,8 @@ def cmd_simulate(args) -> int:
     requests = timed_requests(workload_for_simulation(args, vocab_size))
     from tracengine.cli.fleet import fleet_spec_from_args
     fleet = fleet_spec_from_args(args, step_time)
+    if fleet is not None and fleet.is_single:    # one replica: today's simulation, its trace and all
+        fleet = None
     if fleet is not None and variants is not None:
         raise TracengineError("a --sweep runs one engine; a fleet (--replicas, --prefill-replicas) runs alone")
     if variants is not None:

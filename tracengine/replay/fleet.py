@@ -172,13 +172,18 @@ def _step_tokens(recorded: list, start: int) -> dict[int, int]:
 class FleetEventCheck:
     """EventCheck (replay/fold.py) of a fleet trace: each replica's events checked by a checker
     of its own, frame by frame (a fleet's frame is the routers' and transfers' events, then one
-    ReplicaScope and that replica's step). `step` names the step of the replica last checked."""
+    ReplicaScope and that replica's step). `step` names the step of the replica last checked.
+    A decode replica of a disaggregated fleet is not folded: a KV transfer fills its prefix
+    cache with blocks no event of its own allocates (sim/fleet.py, install_prompt_kv)."""
 
     def __init__(self, header):
         from tracengine.replay.fold import EventCheck
         self.header = header
         self.checkers: dict[int, EventCheck] = {}
         self.step = 0
+        fleet = header.fleet
+        num_prefill = fleet.get("num_prefill_replicas", 0)
+        self.unfolded = set(range(num_prefill, num_prefill + fleet.get("num_decode_replicas", 0)))
 
     def frame(self, events) -> None:
         from tracengine.errors import TraceError
@@ -189,6 +194,8 @@ class FleetEventCheck:
                 raise TraceError("a fleet frame with engine events and no ReplicaScope")
             return
         replica = events[scope].replica
+        if replica in self.unfolded:
+            return
         checker = self.checkers.get(replica)
         if checker is None:
             checker = self.checkers[replica] = EventCheck(self.header)
