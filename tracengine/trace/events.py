@@ -204,6 +204,8 @@ AnyEvent = Union[TraceHeader, RequestAdded, ScheduleDecision, BlockAllocate, Blo
                  KVTransfer]
 
 EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in AnyEvent.__args__}
+# Only a fleet's trace holds these (one engine's never does)
+FLEET_EVENT_TYPES = frozenset({"ReplicaScope", "RouteDecision", "KVTransfer"})
 
 # Fields a replay does not compare: wall-clock readings.
 WALL_CLOCK_FIELDS = frozenset({"schedule_ns", "model_ns", "postprocess_ns", "created_at", "arrival_ns", "gap_ns"})
