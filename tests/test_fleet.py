@@ -246,3 +246,23 @@ def test_bad_fleet_flags_are_one_line_errors(tmp_path, mooncake, capsys, flags, 
                  "--quiet"] + flags) == 2
     err = capsys.readouterr().err
     assert err.startswith("tracengine: error: ") and message in err and err.count("\n") == 1
+
+
+def test_export_gives_each_replica_its_processes_and_each_transfer_a_flow(tmp_path, capsys):
+    spec = FleetSpec(num_prefill_replicas=1, num_decode_replicas=2, kv_bytes_per_token=100, kv_transfer_gbps=1.0)
+    events = simulate_fleet(CONFIG, workload(8), fixed_step_time(), spec)
+    path, out = tmp_path / "pd.trace", tmp_path / "pd.json"
+    with_writer(path, events)
+    assert main(["export", str(path), "--perfetto", str(out)]) == 0
+    doc = json.loads(out.read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in doc if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {0: "router", 1: "replica 0", 2: "replica 0 requests", 3: "replica 1", 4: "replica 1 requests",
+                     5: "replica 2", 6: "replica 2 requests"}
+    starts = {e["id"]: e for e in doc if e["ph"] == "s"}
+    ends = {e["id"]: e for e in doc if e["ph"] == "f"}
+    assert len(starts) == len(ends) == 8 and set(starts) == set(ends)
+    for i, s in starts.items():
+        f = ends[i]
+        assert s["pid"] == 2 and f["pid"] in (4, 6) and s["tid"] == f["tid"]   # prefill requests -> decode's
+        assert f["ts"] - s["ts"] == s["args"]["duration_ns"] // 1000 or f["ts"] - s["ts"] == s["args"]["duration_ns"] // 1000 + 1
+    assert sum(1 for e in doc if e["ph"] == "i" and e["pid"] == 0) == 16    # 8 requests, routed twice each

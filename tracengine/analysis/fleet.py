@@ -13,8 +13,12 @@ from tracengine.analysis.timeline import RequestTimeline
 from tracengine.trace.events import KVTransfer, ReplicaScope, RouteDecision, TraceHeader
 
 
-def is_fleet(header: TraceHeader) -> bool:
-    return bool(getattr(header, "fleet", None))
+def num_replicas(header: TraceHeader) -> int:
+    """The replicas of the fleet a trace's header describes (1: one engine's trace)."""
+    fleet = header.fleet
+    if fleet.get("num_prefill_replicas"):
+        return fleet["num_prefill_replicas"] + fleet.get("num_decode_replicas", 0)
+    return fleet.get("num_replicas", 1)
 
 
 class FleetTimelines:
@@ -25,7 +29,7 @@ class FleetTimelines:
     def __init__(self, header: TraceHeader, inner=None):
         self.header = header
         self.inner = inner if inner is not None and inner.enabled else None
-        self.timelines: dict[int, RequestTimeline] = {0: RequestTimeline(header)}
+        self.timelines = {r: RequestTimeline(header) for r in range(num_replicas(header))}
         self.routes: list[RouteDecision] = []
         self.transfers: list[KVTransfer] = []
         self.torn_tail: str | None = None
@@ -87,11 +91,9 @@ def fleet_stats(source, slo: dict[str, float] | None = None) -> dict:
     folded = source if isinstance(source, FleetTimelines) else fold_fleet(source)
     fleet = folded.header.fleet or {}
     disaggregated = bool(fleet.get("num_prefill_replicas"))
-    num_replicas = (fleet.get("num_prefill_replicas", 0) + fleet.get("num_decode_replicas", 0) if disaggregated
-                    else fleet.get("num_replicas", 1))
     num_prefill = fleet.get("num_prefill_replicas", 0)
     per_replica, records = [], {}
-    for index in range(num_replicas):
+    for index in range(num_replicas(folded.header)):
         timeline = folded.timelines.get(index) or RequestTimeline(folded.header)
         s = stats(timeline, slo)
         role = ("prefill" if index < num_prefill else "decode") if disaggregated else "all"
@@ -111,7 +113,7 @@ def fleet_stats(source, slo: dict[str, float] | None = None) -> dict:
     transfers = folded.transfers
     return {
         "fleet": dict(fleet),
-        "num_replicas": num_replicas,
+        "num_replicas": num_replicas(folded.header),
         "requests": {"num_requests": len(requests), "num_finished": num_finished},
         "duration_s": duration_s,
         "completion_tokens_per_s": num_completion / duration_s if duration_s else None,

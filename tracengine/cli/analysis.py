@@ -28,6 +28,15 @@ def cmd_export(args) -> int:
     from tracengine.analysis.export import REQUESTS_PID, export_perfetto
     from tracengine.cli.outputs import check_outputs
     check_outputs({"--perfetto": args.perfetto}, {"trace": args.trace}, args.force)
+    from tracengine.trace.tracelog import TraceReader
+    with TraceReader(args.trace) as reader:
+        fleet = bool(reader.header.fleet)
+    if fleet:     # a process per replica, transfers as flows (docs/cluster.md)
+        from tracengine.analysis.fleet_export import export_fleet_perfetto
+        doc = export_fleet_perfetto(args.trace, args.perfetto)
+        print(f"wrote {args.perfetto}: {len(doc['traceEvents']):,} trace events, {doc['metadata']['num_replicas']} "
+              f"replicas; open it in ui.perfetto.dev or chrome://tracing")
+        return 0
     doc = export_perfetto(args.trace, args.perfetto)
     num_requests = sum(1 for e in doc["traceEvents"] if e["ph"] == "M" and e["pid"] == REQUESTS_PID
                        and e["name"] == "thread_name")

@@ -113,7 +113,8 @@ def fleet_replay_command(path, events: list, as_json: bool, policy, router) -> i
                               "actual": None if d.actual is None else to_builtins(d.actual)}}, indent=2))
         return EXIT_OK if result.ok else EXIT_FAILED_CHECK
     if result.ok:
-        print(f"{path}: a fleet of {len(_replicas(events[0]))} replicas, {result.num_steps} replica steps and "
+        from tracengine.analysis.fleet import num_replicas
+        print(f"{path}: a fleet of {num_replicas(events[0])} replicas, {result.num_steps} replica steps and "
               f"{result.num_events} events reproduced exactly ({result.seconds:.2f} s)")
         return EXIT_OK
     where = (f"routing of request s{d.seq_id}" if d.seq_id is not None
@@ -122,12 +123,6 @@ def fleet_replay_command(path, events: list, as_json: bool, policy, router) -> i
     print(f"  recorded: {format_event(d.expected, wall_clock=False) if d.expected is not None else '(nothing)'}")
     print(f"  replayed: {format_event(d.actual, wall_clock=False) if d.actual is not None else '(nothing)'}")
     return EXIT_FAILED_CHECK
-
-
-def _replicas(header) -> range:
-    f = header.fleet
-    n = f.get("num_prefill_replicas", 0) + f.get("num_decode_replicas", 0) or f.get("num_replicas", 1)
-    return range(n)
 
 
 def fleet_diff_command(args, a_events: list, b_events: list) -> int:
