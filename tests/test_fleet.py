@@ -125,10 +125,11 @@ def test_a_scheduling_change_on_one_replica_is_found_there():
     assert type(d.expected) is ScheduleDecision
 
 
-def test_a_zero_cost_transfer_lands_the_prompt_as_computed_on_the_decode_side():
+@pytest.mark.parametrize("policy", ["prefill_first", "mixed"])
+def test_a_zero_cost_transfer_lands_the_prompt_as_computed_on_the_decode_side(policy):
     spec = FleetSpec(num_prefill_replicas=1, num_decode_replicas=2, router="round_robin")
     requests = workload(12)
-    events = simulate_fleet(CONFIG, requests, fixed_step_time(), spec)
+    events = simulate_fleet(CONFIG.replace(scheduling_policy=policy), requests, fixed_step_time(), spec)
     transfers = {e.seq_id: e for e in events if type(e) is KVTransfer}
     assert set(transfers) == set(range(12)) and all(t.duration_ns == 0 for t in transfers.values())
     _, streams = replica_streams(events)
@@ -142,7 +143,8 @@ def test_a_zero_cost_transfer_lands_the_prompt_as_computed_on_the_decode_side():
             first = next(d for d in streams[r] if type(d) is ScheduleDecision
                          and any(s.seq_id == seq_id for s in d.seqs))
             computed = next(s.num_tokens for s in first.seqs if s.seq_id == seq_id)
-            assert computed == len(prompt) % BLOCK + 1      # its partial block and the first token
+            assert computed == 1 and (seq_id, len(prompt)) in [(s.seq_id, s.num_cached_tokens) for s in first.seqs]
+            # (the whole prompt computed: the full blocks cached, the partial block's tokens transferred)
     # TTFT is the prefill side's: its first token, and the fleet counts every token once
     s = fleet_stats(events)
     prefill = {r["seq_id"]: r for r in s["replicas"][0]["stats"]["per_request"]}

@@ -11,8 +11,11 @@ Disaggregated (`num_prefill_replicas`, `num_decode_replicas`): a request is pref
 prefill replica (max_tokens 1: its first token, so TTFT is the prefill side's), handed to the
 decode pool's router when that step ends, and its prompt's KV lands on the chosen decode
 replica `latency + bytes / bandwidth` later: the prompt's full blocks enter that replica's
-prefix cache (as a KV connector's external tokens), and the request (prompt and first token,
-max_tokens - 1) enters there as an arrival, its prompt found cached.
+prefix cache, and the request (prompt and first token, max_tokens - 1) enters there as an
+arrival. Admitted, it finds the full blocks cached and its last, partial block's tokens
+computed (BlockManager.external_tokens, as vLLM's KV connectors report external computed
+tokens), so its first step computes one token: the first token, whose KV the prefill
+replica did not compute.
 
 Events: one trace. A fleet of one replica writes exactly what one simulated engine writes;
 otherwise each replica step (and the requests it adds) follows a ReplicaScope, and the
@@ -203,7 +206,10 @@ class Fleet:
         """The KV of a handed-off request lands on `dst`: its prompt's full blocks enter dst's
         prefix cache, and the request is queued there, arriving now."""
         seq, request = self.prefilled.pop(seq_id)
-        num_blocks = install_prompt_kv(dst.scheduler.block_manager, seq_id, seq.prompt_token_ids)
+        block_manager = dst.scheduler.block_manager
+        num_blocks = install_prompt_kv(block_manager, seq_id, seq.prompt_token_ids)
+        # the prompt's last, partial block came too: computed once its full blocks are hits
+        block_manager.external_tokens[seq_id] = seq.num_prompt_tokens
         num_bytes, duration_ns = self.spec.transfer_ns(seq.num_prompt_tokens)
         if self.sink.enabled:
             self.sink.emit(KVTransfer(dst.engine.num_steps, seq_id, src.index, dst.index, seq.num_prompt_tokens,
