@@ -320,10 +320,11 @@ def run_fleet(fleet: Fleet, requests: list[WorkloadRequest], step_time, max_step
 
 
 def simulate_fleet(config: Config, requests, step_time, spec: FleetSpec, sink=None, header=None,
-                   on_progress=None, routers=None) -> list:
+                   on_progress=None, routers=None, make_runner=None) -> list:
     """Workload requests through a fleet in simulated time, tokens from SyntheticRunner (the
     same token for a sequence's position on any replica); the events (header first), or, with
-    `sink` (a TraceWriter made with `header`: fleet_header's), the header alone."""
+    `sink` (a TraceWriter made with `header`: fleet_header's), the header alone.
+    `make_runner(index)`: a replica's runner instead (a benchmark's, that watches the batches)."""
     import msgspec
 
     from tracengine.collector import collector_paused
@@ -335,7 +336,7 @@ def simulate_fleet(config: Config, requests, step_time, spec: FleetSpec, sink=No
         events_sink = sink if sink is not None else ListSink()
 
         def make_engine(index: int):
-            runner = SyntheticRunner(eos=config.eos, seed=config.seed)
+            runner = make_runner(index) if make_runner else SyntheticRunner(eos=config.eos, seed=config.seed)
             return SimulatedEngine(config, runner, step_time, events_sink, policy=config.scheduling_policy)
 
         fleet = Fleet(config, spec, make_engine, events_sink, routers)
