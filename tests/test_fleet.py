@@ -268,3 +268,55 @@ def test_export_gives_each_replica_its_processes_and_each_transfer_a_flow(tmp_pa
         assert s["pid"] == 2 and f["pid"] in (4, 6) and s["tid"] == f["tid"]   # prefill requests -> decode's
         assert f["ts"] - s["ts"] == s["args"]["duration_ns"] // 1000 or f["ts"] - s["ts"] == s["args"]["duration_ns"] // 1000 + 1
     assert sum(1 for e in doc if e["ph"] == "i" and e["pid"] == 0) == 16    # 8 requests, routed twice each
+
+
+@pytest.fixture
+def fleet_view(tmp_path):
+    from tracengine.tui.fleet import FleetView
+    spec = FleetSpec(num_prefill_replicas=1, num_decode_replicas=2, kv_bytes_per_token=100, kv_transfer_gbps=1.0)
+    path = tmp_path / "pd.trace"
+    with_writer(path, simulate_fleet(CONFIG, workload(8), fixed_step_time(), spec))
+    view = FleetView(path)
+    yield view
+    view.close()
+
+
+async def test_the_tui_shows_one_replica_and_switches_with_a_key(fleet_view):
+    from tracengine.tui.fleet import FleetTraceApp
+    index = fleet_view.index(1)
+    app = FleetTraceApp(index, fleet_view, 1, step=3, seq_id=2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert app.step == 3 and "replica 1 of 3 (decode)" in app.note
+        assert {s.seq_id for s in app.view.state.seqs.values()} <= {e for e in range(8)}
+        await pilot.press("r")
+        await pilot.pause()
+    index.close()
+    replica, step, seq_id = app.switch_to
+    assert replica == 2 and seq_id == 2
+    # the step of replica 2 running when replica 1's step 3 began
+    assert fleet_view.starts[2][step] <= fleet_view.starts[1][3]
+
+
+async def test_the_tui_shows_the_fleet_and_the_routing_of_the_selected_request(fleet_view):
+    from tracengine.tui.fleet import FleetTraceApp, TextScreen
+    index = fleet_view.index(0)
+    app = FleetTraceApp(index, fleet_view, 0, seq_id=5)
+    async with app.run_test(size=(140, 50)) as pilot:
+        await pilot.press("w")
+        await pilot.pause()
+        assert isinstance(app.screen, TextScreen)
+        text = str(app.screen.renderable)
+        assert "prefill pool" in text and "decode pool" in text and "KV transfer from replica 0" in text
+        await pilot.press("escape")
+        await pilot.press("F")
+        await pilot.pause()
+        assert isinstance(app.screen, TextScreen) and app.screen.title_text.endswith("the fleet")
+    index.close()
+
+
+def test_the_tui_refuses_to_follow_a_fleet_trace(tmp_path, capsys):
+    path = tmp_path / "f.trace"
+    with_writer(path, simulate_fleet(CONFIG, workload(4), fixed_step_time(), FleetSpec(2)))
+    assert main(["tui", str(path), "--follow"]) == 2
+    assert "--follow follows one engine's" in capsys.readouterr().err

@@ -58,6 +58,15 @@ def open_index(path: str, follow: bool, wait_s: float = 10.0):
 
 
 def cmd_tui(args) -> int:
+    if os.path.isfile(args.trace) and os.path.getsize(args.trace):
+        from tracengine.trace.tracelog import TraceReader
+        with TraceReader(args.trace) as reader:
+            fleet = bool(reader.header.fleet)
+        if fleet:      # one replica at a time (docs/cluster.md)
+            if args.follow:
+                raise TraceError("a fleet trace is shown whole: --follow follows one engine's")
+            from tracengine.tui.fleet import run_fleet_tui
+            return run_fleet_tui(args.trace)
     index = open_index(args.trace, args.follow)
     try:
         if index.num_steps == 0 and not args.follow:
