@@ -592,7 +592,7 @@ def test_writer_killed_mid_run_leaves_every_finished_step(tmp_path, capsys):
 
 
 def test_importing_the_trace_modules_pulls_no_torch():
-    code = ("import sys, tracengine, tracengine.trace.tracelog, tracengine.cli.trace; "
+    code = ("import sys, tracengine, tracengine.trace.tracelog, tracengine.cli.events; "
             "assert tracengine.open_trace is tracengine.trace.tracelog.open_trace; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=str(REPO)))

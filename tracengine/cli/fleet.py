@@ -2,9 +2,20 @@
 `--prefill-replicas P --decode-replicas D`; `replay`, `stats` and `diff` of a fleet trace."""
 import json
 
+from tracengine.cli.common import EXIT_FAILED_CHECK, EXIT_OK
 from tracengine.errors import TracengineError
 
-EXIT_OK, EXIT_FAILED_CHECK = 0, 1
+
+def is_fleet_trace(path) -> bool:
+    """Whether the trace at `path` is a fleet's (its header has a fleet): the commands that read
+    one take it whole (docs/cluster.md)."""
+    import os
+
+    from tracengine.trace.tracelog import TraceReader
+    if not (os.path.isfile(path) and os.path.getsize(path)):
+        return False      # the command's own reading says what is wrong
+    with TraceReader(path) as reader:
+        return bool(reader.header.fleet)
 
 
 def add_fleet_arguments(p):
@@ -74,8 +85,8 @@ def simulate_fleet_command(args, config, requests, step_time, spec, slo, on_prog
 
 def print_fleet_stats(s: dict, title: str) -> None:
     from tracengine.analysis.fleet import render_fleet
-    from tracengine.cli.outputs import table_console
-    table_console().print(render_fleet(s, title=title))
+    from tracengine.cli.common import print_table
+    print_table(render_fleet(s, title=title))
 
 
 def fleet_stats_command(path, slo, as_json: bool) -> int:
@@ -85,6 +96,14 @@ def fleet_stats_command(path, slo, as_json: bool) -> int:
         print(json.dumps(s, indent=2))
     else:
         print_fleet_stats(s, str(path))
+    return EXIT_OK
+
+
+def fleet_export_command(path, out) -> int:
+    from tracengine.analysis.fleet_export import export_fleet_perfetto
+    doc = export_fleet_perfetto(path, out)
+    print(f"wrote {out}: {len(doc['traceEvents']):,} trace events, {doc['metadata']['num_replicas']} replicas; "
+          f"open it in ui.perfetto.dev or chrome://tracing")
     return EXIT_OK
 
 

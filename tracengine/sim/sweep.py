@@ -125,14 +125,12 @@ def run_sweep(run_variant, variants: list[dict], jobs: int | None = None) -> lis
 
 
 def render_rows(variants: list[dict], rows: list[dict], figures: SweepFigures = IN_TIME) -> str:
+    from tracengine.analysis.tables import make_table, table_text
     names = list(variants[0]) if variants else []
     show = [c for c in figures.columns if c[0] != "goodput" or any(r["goodput"] is not None for r in rows)]
-    table = [names + [title for _, title, _ in show]]
-    for v, r in zip(variants, rows):
-        table.append([str(v[n]) for n in names] +
-                     ["-" if r[key] is None else fmt.format(r[key]) for key, _, fmt in show])
-    widths = [max(len(line[c]) for line in table) for c in range(len(table[0]))]
-    return "\n".join("  ".join(cell.rjust(widths[c]) for c, cell in enumerate(line)) for line in table)
+    cells = [[str(v[n]) for n in names] + ["-" if r[key] is None else fmt.format(r[key]) for key, _, fmt in show]
+             for v, r in zip(variants, rows)]
+    return table_text(make_table(names + [title for _, title, _ in show], cells, left_columns=0))
 
 
 def plot_rows(path: str, variants: list[dict], rows: list[dict], figure: str, figures: SweepFigures = IN_TIME):
