@@ -320,3 +320,38 @@ def test_the_tui_refuses_to_follow_a_fleet_trace(tmp_path, capsys):
     with_writer(path, simulate_fleet(CONFIG, workload(4), fixed_step_time(), FleetSpec(2)))
     assert main(["tui", str(path), "--follow"]) == 2
     assert "--follow follows one engine's" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec", [FleetSpec(3, "prefix_aware"),
+                                  FleetSpec(num_prefill_replicas=1, num_decode_replicas=2, kv_bytes_per_token=64,
+                                            kv_transfer_gbps=1, kv_transfer_latency_ns=200_000)],
+                         ids=["aggregated", "disaggregated"])
+def test_a_fleet_whatif_of_no_change_is_the_recorded_run_again(spec):
+    from tracengine.replay.fleet_whatif import fleet_whatif
+    events = simulate_fleet(CONFIG, workload(), fixed_step_time(), spec)
+    result = fleet_whatif(events, spec, {}, fixed_step_time())
+    assert result.changes == [] and result.events[1:] == events[1:]
+    assert result.new["latency"] == result.recorded["latency"]
+
+
+def test_a_fleet_whatif_changes_replicas_router_and_config_from_the_command_line(tmp_path, capsys):
+    st = step_time_file(tmp_path)
+    path, out = tmp_path / "f.trace", str(tmp_path / "w.trace")
+    with_writer(path, simulate_fleet(CONFIG, workload(), fixed_step_time(), FleetSpec(2, "round_robin")))
+    assert main(["replay", str(path), "--step-time", st, "--replicas", "3", "--router", "least_loaded",
+                 "--set", "max_num_seqs=2", "--record", out]) == 0
+    text = capsys.readouterr().out
+    assert "max_num_seqs 6 -> 2" in text and "fleet num_replicas 2 -> 3" in text
+    assert "fleet router round_robin -> least_loaded" in text and "TTFT p99 ms" in text
+    with TraceReader(out) as reader:
+        assert reader.header.fleet["num_replicas"] == 3 and reader.header.config["max_num_seqs"] == 2
+    assert main(["replay", out]) == 0        # the what-if's trace re-executes
+    # one engine's trace through a fleet: its workload, at its arrival times
+    alone = tmp_path / "one.trace"
+    with_writer(alone, simulate(CONFIG, workload(), fixed_step_time()))
+    capsys.readouterr()
+    assert main(["replay", str(alone), "--step-time", st, "--prefill-replicas", "1", "--decode-replicas", "1",
+                 "--json"]) == 0
+    j = json.loads(capsys.readouterr().out)
+    assert j["what_if"]["num_replicas"] == 2 and j["what_if"]["kv_transfer"]["num_transfers"] == 30
+    assert j["recorded"]["requests"] == j["what_if"]["requests"] == {"num_requests": 30, "num_finished": 30}

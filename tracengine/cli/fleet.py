@@ -18,50 +18,72 @@ def is_fleet_trace(path) -> bool:
         return bool(reader.header.fleet)
 
 
-def add_fleet_arguments(p):
-    g = p.add_argument_group("fleet: replicas behind a router (docs/cluster.md)")
+def add_fleet_arguments(p, what_if: bool = False):
+    """The fleet flags; on `replay`, `what_if`: they change a fleet trace's recorded fleet."""
+    default = "the recorded" if what_if else "default"
+    g = p.add_argument_group("fleet: replicas behind a router (docs/cluster.md)" +
+                             (": a fleet trace's what-if" if what_if else ""))
     g.add_argument("--replicas", type=int, metavar="N", help="replicas, each the real scheduler with its own KV cache")
     g.add_argument("--router", metavar="NAME", help="round_robin (default), least_loaded, prefix_aware, random, "
-                   "or a tracengine.sim.routers.Router subclass as module:Class")
+                   "or a tracengine.sim.routers.Router subclass as module:Class" +
+                   ("; alone, the router a fleet trace is re-executed with" if what_if else ""))
     g.add_argument("--prefill-replicas", type=int, metavar="P", help="disaggregated: replicas that prefill")
     g.add_argument("--decode-replicas", type=int, metavar="D", help="disaggregated: replicas that decode")
     g.add_argument("--decode-router", metavar="NAME", help="the decode pool's router (default: --router)")
-    g.add_argument("--router-seed", type=int, default=0, metavar="N", help="the random router's seed (default 0)")
-    g.add_argument("--prefix-weight", type=float, default=1.0, metavar="X",
-                   help="prefix_aware: weight of the blocks to prefill (default 1)")
-    g.add_argument("--load-weight", type=float, default=1.0, metavar="X",
-                   help="prefix_aware: weight of the KV blocks in use (default 1)")
+    g.add_argument("--router-seed", type=int, metavar="N", help=f"the random router's seed ({default} 0)")
+    g.add_argument("--prefix-weight", type=float, metavar="X",
+                   help=f"prefix_aware: weight of the blocks to prefill ({default} 1)")
+    g.add_argument("--load-weight", type=float, metavar="X",
+                   help=f"prefix_aware: weight of the KV blocks in use ({default} 1)")
     g.add_argument("--kv-bytes-per-token", type=int, metavar="N",
                    help="K and V bytes of one token, all layers (default: the --roofline model's)")
-    g.add_argument("--kv-transfer-gbps", type=float, default=0.0, metavar="X",
-                   help="KV transfer bandwidth in GB/s (gigabytes; default 0: no bandwidth cost)")
-    g.add_argument("--kv-transfer-latency-ms", type=float, default=0.0, metavar="X",
-                   help="fixed time of each KV transfer (default 0)")
+    g.add_argument("--kv-transfer-gbps", type=float, metavar="X",
+                   help=f"KV transfer bandwidth in GB/s (gigabytes; {default} 0: no bandwidth cost)")
+    g.add_argument("--kv-transfer-latency-ms", type=float, metavar="X", help=f"fixed time of each KV transfer ({default} 0)")
 
 
-def fleet_spec_from_args(args, step_time):
-    """The FleetSpec the flags describe, or None for one engine given no fleet flag."""
+# flag -> FleetSpec field, and how a flag's value becomes the field's
+SPEC_FLAGS = {"router": ("router", str), "decode_router": ("decode_router", str),
+              "router_seed": ("router_seed", int), "prefix_weight": ("prefix_weight", float),
+              "load_weight": ("load_weight", float), "kv_bytes_per_token": ("kv_bytes_per_token", int),
+              "kv_transfer_gbps": ("kv_transfer_gbps", float),
+              "kv_transfer_latency_ms": ("kv_transfer_latency_ns", lambda ms: round(ms * 1e6))}
+SHAPE_FLAGS = ("replicas", "prefill_replicas", "decode_replicas")
+
+
+def fleet_flags_given(args) -> bool:
+    return any(getattr(args, name, None) is not None for name in (*SPEC_FLAGS, *SHAPE_FLAGS))
+
+
+def fleet_spec_from_args(args, step_time, base=None):
+    """The FleetSpec the flags describe over `base` (a recorded fleet's; default FleetSpec()), or
+    None for one engine when no fleet flag is given and there is no base."""
+    import dataclasses
+
     from tracengine.sim.fleet import FleetSpec, router_classes
+    if base is None and not fleet_flags_given(args):
+        return None
+    base = base if base is not None else FleetSpec()
+    changes = {field: convert(getattr(args, flag)) for flag, (field, convert) in SPEC_FLAGS.items()
+               if getattr(args, flag) is not None}
     disaggregated = args.prefill_replicas is not None or args.decode_replicas is not None
     if disaggregated and args.replicas is not None:
         raise TracengineError("give --replicas, or --prefill-replicas and --decode-replicas, not both")
-    if args.decode_router and not disaggregated:
+    if args.replicas is not None:
+        changes.update(num_replicas=args.replicas, num_prefill_replicas=0, num_decode_replicas=0)
+    elif disaggregated:
+        changes.update(num_prefill_replicas=args.prefill_replicas or 0, num_decode_replicas=args.decode_replicas or 0)
+    spec = dataclasses.replace(base, **changes)
+    if spec.decode_router and not spec.disaggregated:
         raise TracengineError("--decode-router goes with --prefill-replicas and --decode-replicas")
-    if not disaggregated and args.replicas is None and args.router is None:
-        return None
-    kv_bytes = args.kv_bytes_per_token
-    if kv_bytes is None:
-        model = getattr(step_time, "model", None) if step_time.kind == "roofline" else None
-        kv_bytes = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes if model else 0
-    if disaggregated and args.kv_transfer_gbps and not kv_bytes:
+    if args.kv_bytes_per_token is None and not spec.kv_bytes_per_token:
+        model = getattr(step_time, "model", None) if step_time is not None and step_time.kind == "roofline" else None
+        if model is not None:
+            spec = dataclasses.replace(spec, kv_bytes_per_token=2 * model.num_layers * model.num_kv_heads
+                                       * model.head_dim * model.dtype_bytes)
+    if spec.disaggregated and spec.kv_transfer_gbps and not spec.kv_bytes_per_token:
         raise TracengineError("--kv-transfer-gbps needs the KV bytes of a token: give --kv-bytes-per-token "
                               "(or a --roofline model)")
-    spec = FleetSpec(num_replicas=1 if args.replicas is None else args.replicas, router=args.router or "round_robin",
-                     num_prefill_replicas=args.prefill_replicas or 0, num_decode_replicas=args.decode_replicas or 0,
-                     decode_router=args.decode_router or "", router_seed=args.router_seed,
-                     prefix_weight=args.prefix_weight, load_weight=args.load_weight, kv_bytes_per_token=kv_bytes,
-                     kv_transfer_gbps=args.kv_transfer_gbps,
-                     kv_transfer_latency_ns=round(args.kv_transfer_latency_ms * 1e6))
     router_classes(spec)      # a router that does not load fails here, before the run
     return spec
 
@@ -96,6 +118,51 @@ def fleet_stats_command(path, slo, as_json: bool) -> int:
         print(json.dumps(s, indent=2))
     else:
         print_fleet_stats(s, str(path))
+    return EXIT_OK
+
+
+# (label, key path into fleet_stats, scale, format) of the what-if's table
+WHATIF_ROWS = [("duration ms", ("duration_s",), 1e3, "{:,.1f}")]
+WHATIF_ROWS += [(f"{label} {p} ms", ("latency", name, p), 1e3, "{:,.2f}")
+                for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "e2e")) for p in ("p50", "p90", "p99")]
+WHATIF_ROWS += [("cache hit", ("token_hit_rate",), 100, "{:.1f}%"), ("request imbalance", ("request_imbalance",), 1, "{:.2f}"),
+                ("KV transfers", ("kv_transfer", "num_transfers"), 1, "{:,}")]
+
+
+def _figure(s: dict, keys):
+    for key in keys:
+        s = s.get(key) if isinstance(s, dict) else None
+    return s
+
+
+def fleet_whatif_command(path, events: list, spec, overrides: dict, record, step_time, policy, as_json: bool) -> int:
+    from tracengine.replay.fleet_whatif import fleet_whatif
+    from tracengine.trace.tracelog import write_trace
+    result = fleet_whatif(events, spec, overrides, step_time, str(path), policy)
+    if record:
+        write_trace(record, result.events)
+    if as_json:
+        drop = ("replicas", "per_request")
+        print(json.dumps({"trace": str(path), "changes": [{"name": n, "old": a, "new": b} for n, a, b in result.changes],
+                          "recorded": {k: v for k, v in result.recorded.items() if k not in drop},
+                          "what_if": {k: v for k, v in result.new.items() if k not in drop}, "record": record},
+                         indent=2))
+        return EXIT_OK
+    changes = ", ".join(f"{name} {a} -> {b}" for name, a, b in result.changes) or "no change"
+    print(f"fleet what-if on {path} in simulated time: {changes}")
+    from tracengine.cli.steptime import describe_step_time
+    print(f"step times: {describe_step_time(result.step_time, str(path))}")
+    rows = [("", "recorded", "what-if", "change")]
+    for label, keys, scale, fmt in WHATIF_ROWS:
+        a, b = _figure(result.recorded, keys), _figure(result.new, keys)
+        cell = [("-" if v is None else fmt.format(v * scale)) for v in (a, b)]
+        change = "-" if a in (None, 0) or b is None else f"{(b - a) / a:+.1%}"
+        rows.append((label, *cell, change))
+    widths = [max(len(r[c]) for r in rows) for c in range(4)]
+    for r in rows:
+        print("  ".join(cell.ljust(widths[0]) if c == 0 else cell.rjust(widths[c]) for c, cell in enumerate(r)))
+    if record:
+        print(f"wrote {record}")
     return EXIT_OK
 
 

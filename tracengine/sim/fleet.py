@@ -320,11 +320,12 @@ def run_fleet(fleet: Fleet, requests: list[WorkloadRequest], step_time, max_step
 
 
 def simulate_fleet(config: Config, requests, step_time, spec: FleetSpec, sink=None, header=None,
-                   on_progress=None, routers=None, make_runner=None) -> list:
+                   on_progress=None, routers=None, make_runner=None, first_step_ns: int = 0) -> list:
     """Workload requests through a fleet in simulated time, tokens from SyntheticRunner (the
     same token for a sequence's position on any replica); the events (header first), or, with
     `sink` (a TraceWriter made with `header`: fleet_header's), the header alone.
-    `make_runner(index)`: a replica's runner instead (a benchmark's, that watches the batches)."""
+    `make_runner(index)`: a replica's runner instead (a what-if's recorded outputs, a benchmark's
+    that watches the batches). `first_step_ns`: the earliest start of a replica's step 0 (run_timed's)."""
     import msgspec
 
     from tracengine.collector import collector_paused
@@ -341,7 +342,7 @@ def simulate_fleet(config: Config, requests, step_time, spec: FleetSpec, sink=No
 
         fleet = Fleet(config, spec, make_engine, events_sink, routers)
         check_requests(fleet.replicas[0].scheduler, timed)
-        run_fleet(fleet, timed, step_time, on_progress=on_progress)
+        run_fleet(fleet, timed, step_time, on_progress=on_progress, first_step_ns=first_step_ns)
         head = header if header is not None else fleet_header(config, step_time, spec, routers)
         return [head] if sink is not None else [head, *events_sink.events]
 
