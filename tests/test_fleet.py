@@ -222,6 +222,10 @@ def test_simulate_a_fleet_from_the_command_line(tmp_path, mooncake, capsys):
     out = capsys.readouterr().out
     assert "first routing difference, decision #0: a s0 to replica 0" in out and "b s0 to replica 1" in out
     assert main(["diff", a, a]) == 0
+    capsys.readouterr()
+    assert main(["render", a, "--steps", "0:1"]) == 0       # each replica's step table
+    out = capsys.readouterr().out
+    assert out.count("# replica ") == 2 and out.index("# replica 0") < out.index("# replica 1")
     # a router of one's own is replayed only when given
     assert main(["replay", b]) == 2
     assert "router 'user_routers:LastReplica', which is not built in" in capsys.readouterr().err
