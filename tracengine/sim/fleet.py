@@ -1,6 +1,6 @@
 """A fleet in simulated time: replicas behind a router (docs/cluster.md).
 
-Each replica is the simulated engine (replay/simulate.py): the real Scheduler and BlockManager
+Each replica is the simulated engine (sim/engine.py): the real Scheduler and BlockManager
 with a KV cache of its own, under any policy. One clock: a replica's step starts its loop gap
 after its last one ended, or, idle, its wake-up time after the first request routed to it;
 every request routed to a replica by a step's start enters before that step. A request meets
@@ -108,9 +108,10 @@ class Replica:
 
     @property
     def num_prefill_tokens(self) -> int:
-        """Prompt tokens still to compute here (waiting sequences and queued requests)."""
-        return (sum(seq.num_tokens - seq.num_cached_tokens for seq in self.engine.scheduler.waiting)
-                + sum(len(r.prompt_token_ids) for r in self.queued))
+        """Prompt tokens still to compute here: waiting sequences', and queued requests' (a decode
+        replica's come with their prompt's KV)."""
+        queued = 0 if self.role == "decode" else sum(len(r.prompt_token_ids) for r in self.queued)
+        return sum(seq.num_tokens - seq.num_cached_tokens for seq in self.engine.scheduler.waiting) + queued
 
     @property
     def num_active_blocks(self) -> int:
@@ -129,8 +130,8 @@ class Replica:
 
 
 class Fleet:
-    """The replicas and their routers; `run` drives them in simulated time, and re-execution
-    (sim/fleet_replay.py) drives the same methods in a trace's order."""
+    """The replicas and their routers; `run_fleet` drives them in simulated time, and
+    re-execution (replay/fleet.py) drives the same methods in a trace's order."""
 
     def __init__(self, config: Config, spec: FleetSpec, make_engine, sink=NULL_SINK, routers=None):
         """`make_engine(index)`: a replica's engine, sending its events to `sink`. `routers`:
