@@ -245,7 +245,6 @@ def test_simulate_a_fleet_from_the_command_line(tmp_path, mooncake, capsys):
     (["--replicas", "2", "--prefill-replicas", "1", "--decode-replicas", "1"], "not both"),
     (["--decode-router", "random"], "goes with --prefill-replicas"),
     (["--prefill-replicas", "1", "--decode-replicas", "1", "--kv-transfer-gbps", "5"], "--kv-bytes-per-token"),
-    (["--replicas", "2", "--sweep", "max_num_seqs=2,4"], "a fleet"),
 ])
 def test_bad_fleet_flags_are_one_line_errors(tmp_path, mooncake, capsys, flags, message):
     assert main(["simulate", mooncake, "--step-time", step_time_file(tmp_path), "--set", "num_kvcache_blocks=200",
@@ -359,3 +358,23 @@ def test_a_fleet_whatif_changes_replicas_router_and_config_from_the_command_line
     j = json.loads(capsys.readouterr().out)
     assert j["what_if"]["num_replicas"] == 2 and j["what_if"]["kv_transfer"]["num_transfers"] == 30
     assert j["recorded"]["requests"] == j["what_if"]["requests"] == {"num_requests": 30, "num_finished": 30}
+
+
+def test_a_sweep_of_a_fleet_gives_each_variant_the_fleets_figures(tmp_path, mooncake, capsys):
+    from tracengine.sim.fleet_sweep import fleet_row_of
+    from tracengine.sim.steptime import load_step_time
+    from tracengine.workload import read_workload
+    from tracengine.sim.engine import simulate_config, timed_requests
+    from tracengine.sim.fleet_sweep import FleetVariant
+    st = step_time_file(tmp_path)
+    assert main(["simulate", mooncake, "--step-time", st, "--set", "num_kvcache_blocks=200", "--quiet",
+                 "--replicas", "2", "--router", "least_loaded", "--sweep", "max_num_seqs=1,4", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "through a fleet of 2 replicas" in out and "2 variants in" in out
+    # a row is the fleet's figures of that run made alone
+    requests = timed_requests(read_workload(mooncake, vocab_size=151_936, time_scale=20))   # arrivals 1 ms apart
+    variant = FleetVariant(requests, {"num_kvcache_blocks": 200}, load_step_time(st), FleetSpec(2, "least_loaded"))
+    config = simulate_config({"num_kvcache_blocks": 200, "max_num_seqs": 4}, requests)
+    alone = fleet_stats(simulate_fleet(config, requests, load_step_time(st), FleetSpec(2, "least_loaded")))
+    assert variant({"max_num_seqs": 4}) == fleet_row_of(alone)
+    assert variant({"max_num_seqs": 1})["e2e_p99_ms"] > fleet_row_of(alone)["e2e_p99_ms"]   # one decode a step

@@ -78,8 +78,13 @@ def run(args) -> int:
     fleet = fleet_spec_from_args(args, step_time)
     if fleet is not None and fleet.is_single:    # one replica: today's simulation, its trace and all
         fleet = None
-    if fleet is not None and variants is not None:
-        raise TracengineError("a --sweep runs one engine; a fleet (--replicas, --prefill-replicas) runs alone")
+    if fleet is not None and variants is not None:     # every variant a fleet (docs/cluster.md)
+        from tracengine.sim.fleet_sweep import FleetVariant
+        print(f"simulate {len(requests):,} requests through a fleet of {fleet.total_replicas} replicas with "
+              f"{describe_step_time(step_time)}")
+        rc = print_sweep(FleetVariant(requests, overrides, step_time, fleet, slo), variants, args)
+        print_unvaried_note(step_time)
+        return rc
     if variants is not None:
         from tracengine.sim.sweep import SimulateVariant
         print(f"simulate {len(requests):,} requests with {describe_step_time(step_time)}")
