@@ -70,7 +70,9 @@ def fleet_spec_from_args(args, step_time, base=None):
     if disaggregated and args.replicas is not None:
         raise TracengineError("give --replicas, or --prefill-replicas and --decode-replicas, not both")
     if args.replicas is not None:
-        changes.update(num_replicas=args.replicas, num_prefill_replicas=0, num_decode_replicas=0)
+        # aggregated: a recorded disaggregated fleet's decode router goes with its decode pool
+        changes.update(num_replicas=args.replicas, num_prefill_replicas=0, num_decode_replicas=0,
+                       decode_router=args.decode_router or "")
     elif disaggregated:
         changes.update(num_prefill_replicas=args.prefill_replicas or 0, num_decode_replicas=args.decode_replicas or 0)
     spec = dataclasses.replace(base, **changes)
