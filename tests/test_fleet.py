@@ -13,7 +13,7 @@ from tracengine.replay.fleet import reexecute_fleet
 from tracengine.sim.engine import simulate
 from tracengine.sim.fleet import FleetSpec, simulate_fleet
 from tracengine.sim.routers import BUILTIN_ROUTERS
-from tracengine.sim.runners import WorkloadRequest
+from tracengine.engine.request import Request
 from tracengine.sim.steptime import FEATURES, PARTS, LinearStepTime
 from tracengine.trace.events import (BlockAllocate, KVTransfer, ReplicaScope, RequestAdded, RouteDecision,
                                      ScheduleDecision, StepEnd)
@@ -30,12 +30,12 @@ def fixed_step_time(prefill_ns=2_000_000, decode_ns=1_000_000, gap_ns=0) -> Line
     return LinearStepTime({"prefill": part(prefill_ns), "decode": part(decode_ns)}, gap_ns)
 
 
-def workload(n=30, seed=0) -> list[WorkloadRequest]:
+def workload(n=30, seed=0) -> list[Request]:
     """Conversations that share prefixes, arriving every 0.7 ms."""
     rng = random.Random(seed)
     prefixes = [[rng.randrange(1000) for _ in range(24)] for _ in range(3)]
-    return [WorkloadRequest(prefixes[i % 3][:rng.randrange(4, 24)] + [rng.randrange(1000) for _ in range(rng.randrange(3, 30))],
-                            rng.randrange(2, 12), seq_id=i, ignore_eos=True, arrival_ns=i * 700_000)
+    return [Request(prefixes[i % 3][:rng.randrange(4, 24)] + [rng.randrange(1000) for _ in range(rng.randrange(3, 30))],
+                    rng.randrange(2, 12), i * 700_000, ignore_eos=True, seq_id=i)
             for i in range(n)]
 
 
@@ -94,7 +94,7 @@ def test_every_request_is_routed_once_and_served_on_its_replica():
 def test_prefix_aware_sends_a_shared_prefix_to_the_replica_that_caches_it():
     step_time = fixed_step_time()
     prefix = list(range(100, 124))     # 6 blocks
-    requests = [WorkloadRequest(prefix + [i, i + 1, i + 2], 4, seq_id=i, ignore_eos=True, arrival_ns=i * 50_000_000)
+    requests = [Request(prefix + [i, i + 1, i + 2], 4, i * 50_000_000, ignore_eos=True, seq_id=i)
                 for i in range(4)]
     events = simulate_fleet(CONFIG, requests, step_time, FleetSpec(3, "prefix_aware", load_weight=0.0))
     routes = [e for e in events if type(e) is RouteDecision]
@@ -136,7 +136,7 @@ def test_a_zero_cost_transfer_lands_the_prompt_as_computed_on_the_decode_side(po
     for r in (1, 2):
         added = {e.seq_id: e for e in streams[r] if type(e) is RequestAdded}
         for seq_id, e in added.items():
-            prompt = requests[seq_id].prompt_token_ids
+            prompt = requests[seq_id].prompt
             assert e.prompt_token_ids[:-1] == prompt and e.max_tokens == requests[seq_id].max_tokens - 1
             allocate = next(a for a in streams[r] if type(a) is BlockAllocate and a.seq_id == seq_id)
             assert allocate.num_cached_blocks == len(prompt) // BLOCK        # every full block of the prompt
@@ -162,7 +162,7 @@ def test_a_transfer_takes_latency_plus_bytes_over_bandwidth():
     decode = {r["seq_id"]: r for r in s["replicas"][1]["stats"]["per_request"]}
     prefill = {r["seq_id"]: r for r in s["replicas"][0]["stats"]["per_request"]}
     for e in (e for e in events if type(e) is KVTransfer):
-        n = len(requests[e.seq_id].prompt_token_ids)
+        n = len(requests[e.seq_id].prompt)
         assert e.num_bytes == n * 1000 and e.duration_ns == 100_000 + n * 1000 // 2   # 2 GB/s: 2 bytes a ns
         # it lands on the decode side when the prefill's step ends plus the transfer
         landed_s = prefill[e.seq_id]["arrival_s"] + prefill[e.seq_id]["ttft_s"] + e.duration_ns / 1e9
@@ -372,7 +372,7 @@ def test_a_sweep_of_a_fleet_gives_each_variant_the_fleets_figures(tmp_path, moon
     from tracengine.sim.fleet_sweep import fleet_row_of
     from tracengine.sim.steptime import load_step_time
     from tracengine.workload import read_workload
-    from tracengine.sim.engine import simulate_config, timed_requests
+    from tracengine.sim.engine import simulate_config
     from tracengine.sim.fleet_sweep import FleetVariant
     st = step_time_file(tmp_path)
     assert main(["simulate", mooncake, "--step-time", st, "--set", "num_kvcache_blocks=200", "--quiet",
@@ -380,7 +380,7 @@ def test_a_sweep_of_a_fleet_gives_each_variant_the_fleets_figures(tmp_path, moon
     out = capsys.readouterr().out
     assert "through a fleet of 2 replicas" in out and "2 variants in" in out
     # a row is the fleet's figures of that run made alone
-    requests = timed_requests(read_workload(mooncake, vocab_size=151_936, time_scale=20))   # arrivals 1 ms apart
+    requests = read_workload(mooncake, vocab_size=151_936, time_scale=20)   # arrivals 1 ms apart
     variant = FleetVariant(requests, {"num_kvcache_blocks": 200}, load_step_time(st), FleetSpec(2, "least_loaded"))
     config = simulate_config({"num_kvcache_blocks": 200, "max_num_seqs": 4}, requests)
     alone = fleet_stats(simulate_fleet(config, requests, load_step_time(st), FleetSpec(2, "least_loaded")))

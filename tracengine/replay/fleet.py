@@ -18,7 +18,7 @@ from tracengine.replay.reexec import ComparingSink, RecordedRunner, _Diverged
 from tracengine.sim.engine import SimulatedEngine
 from tracengine.sim.fleet import Fleet, FleetSpec
 from tracengine.sim.routers import BUILTIN_ROUTERS
-from tracengine.sim.runners import WorkloadRequest
+from tracengine.engine.request import Request
 from tracengine.trace.events import (Event, KVTransfer, ReplicaScope, RequestAdded, RouteDecision, StepEnd,
                                      TokenSample)
 from tracengine.trace.tracelog import split_header
@@ -107,8 +107,8 @@ def reexecute_fleet(events, policy=None, routers: dict | None = None) -> FleetRe
                 if e.seq_id not in requests:
                     raise _Diverged(e, None, f"the trace never adds s{e.seq_id}")
                 r = requests[e.seq_id]
-                fleet.arrive(WorkloadRequest(r.prompt_token_ids, r.max_tokens, 0, r.ignore_eos, r.temperature,
-                                             seq_id=r.seq_id, arrival_ns=e.arrival_ns), e.arrival_ns)
+                fleet.arrive(Request(r.prompt_token_ids, r.max_tokens, e.arrival_ns, r.temperature, r.ignore_eos,
+                                     seq_id=r.seq_id), e.arrival_ns)
             elif t is KVTransfer:
                 if e.seq_id not in transfers:
                     raise _Diverged(e, None, f"the replay has routed no transfer of s{e.seq_id}")

@@ -12,7 +12,7 @@ from tracengine.engine.config import Config
 from tracengine.errors import TraceError
 from tracengine.replay.whatif import OutputRunner, extract_workload
 from tracengine.sim.fleet import FleetSpec, fleet_header, simulate_fleet
-from tracengine.sim.runners import WorkloadRequest
+from tracengine.engine.request import Request
 from tracengine.trace.events import RouteDecision, StepEnd
 
 
@@ -26,7 +26,7 @@ class FleetWhatIf:
     changes: list[tuple[str, object, object]]
 
 
-def fleet_workload(events) -> tuple[list[WorkloadRequest], dict[int, list[int]], dict]:
+def fleet_workload(events) -> tuple[list[Request], dict[int, list[int]], dict]:
     """(requests as they reached the fleet, kept output tokens by seq_id, middle-chunk samples)
     of a fleet trace or of one engine's."""
     header = events[0]
@@ -38,7 +38,7 @@ def fleet_workload(events) -> tuple[list[WorkloadRequest], dict[int, list[int]],
         return workload.requests, workload.outputs, workload.middle
     _, streams = replica_streams(events)
     arrivals = {e.seq_id: e.arrival_ns for e in events if type(e) is RouteDecision and e.pool != "decode"}
-    requests: dict[int, WorkloadRequest] = {}
+    requests: dict[int, Request] = {}
     outputs: dict[int, list[int]] = {}
     middle: dict = {}
     for stream in streams.values():
@@ -48,7 +48,7 @@ def fleet_workload(events) -> tuple[list[WorkloadRequest], dict[int, list[int]],
             if seen is None:
                 requests[r.seq_id] = r
                 outputs[r.seq_id] = list(workload.outputs[r.seq_id])
-            elif len(r.prompt_token_ids) > len(seen.prompt_token_ids):   # the decode side's: prompt and first token
+            elif len(r.prompt) > len(seen.prompt):   # the decode side's: prompt and first token
                 seen.max_tokens = r.max_tokens + 1
                 outputs[r.seq_id] += workload.outputs[r.seq_id]
             else:                                                      # the prefill side's, met second

@@ -20,14 +20,15 @@ replica did not compute.
 Events: one trace. A fleet of one replica writes exactly what one simulated engine writes;
 otherwise each replica step (and the requests it adds) follows a ReplicaScope, and the
 routers' choices and the transfers are RouteDecision and KVTransfer events."""
+import dataclasses
 import heapq
 from dataclasses import dataclass
 
 from tracengine.engine.config import Config
-from tracengine.engine.sampling_params import SamplingParams
 from tracengine.engine.sequence import Sequence
 from tracengine.errors import ConfigError, TracengineError
-from tracengine.sim.runners import WorkloadRequest
+from tracengine.engine.request import Request
+from tracengine.sim.runners import sampling_params_of
 from tracengine.sim.routers import RoutedRequest, Router, load_router, router_name
 from tracengine.trace.events import NULL_SINK, KVTransfer, ReplicaScope, RouteDecision
 
@@ -93,7 +94,7 @@ class Replica:
         self.index = index
         self.role = role                   # "all", "prefill" or "decode"
         self.engine = engine
-        self.queued: list[WorkloadRequest] = []
+        self.queued: list[Request] = []
         self.start_ns: int | None = None   # its next step's start; None: idle
 
     @property
@@ -110,7 +111,7 @@ class Replica:
     def num_prefill_tokens(self) -> int:
         """Prompt tokens still to compute here: waiting sequences', and queued requests' (a decode
         replica's come with their prompt's KV)."""
-        queued = 0 if self.role == "decode" else sum(len(r.prompt_token_ids) for r in self.queued)
+        queued = 0 if self.role == "decode" else sum(len(r.prompt) for r in self.queued)
         return sum(seq.num_tokens - seq.num_cached_tokens for seq in self.engine.scheduler.waiting) + queued
 
     @property
@@ -145,15 +146,15 @@ class Fleet:
         self.pools = {pool: [r for r in self.replicas if r.role == pool] for pool in dict.fromkeys(roles)}
         options = {"seed": spec.router_seed, "prefix_weight": spec.prefix_weight, "load_weight": spec.load_weight}
         self.routers: dict[str, Router] = {pool: cls(**options) for pool, cls in router_classes(spec, routers).items()}
-        self.prefilled: dict[int, tuple[Sequence, WorkloadRequest]] = {}   # handed off, KV not landed yet
+        self.prefilled: dict[int, tuple[Sequence, Request]] = {}   # handed off, KV not landed yet
         self.max_tokens: dict[int, int] = {}     # a disaggregated request's own max_tokens
 
     # -- what the clock drives: routing, entering, steps, transfers -----------------------
 
-    def route(self, request: WorkloadRequest, pool: str, now_ns: int) -> Replica:
+    def route(self, request: Request, pool: str, now_ns: int) -> Replica:
         """The router of `pool` chooses a replica for `request`, arriving there at `now_ns`."""
         replicas = self.pools[pool]
-        routed = RoutedRequest(request.seq_id, request.prompt_token_ids, request.max_tokens, now_ns,
+        routed = RoutedRequest(request.seq_id, request.prompt, request.max_tokens, now_ns,
                                self.config.kvcache_block_size)
         scores = self.routers[pool].route(routed, replicas)
         if len(scores) != len(replicas):
@@ -166,12 +167,12 @@ class Fleet:
                                          pool, now_ns))
         return chosen
 
-    def arrive(self, request: WorkloadRequest, now_ns: int) -> Replica:
+    def arrive(self, request: Request, now_ns: int) -> Replica:
         """A request from the workload: routed, and queued on its replica (as a prefill, when disaggregated)."""
         if self.spec.disaggregated:
             self.max_tokens[request.seq_id] = request.max_tokens
-            request = WorkloadRequest(request.prompt_token_ids, 1, 0, request.ignore_eos, request.temperature,
-                                      seq_id=request.seq_id, arrival_ns=request.arrival_ns)
+            request = Request(request.prompt, 1, request.arrival_ns, request.temperature, request.ignore_eos,
+                              seq_id=request.seq_id)
         replica = self.route(request, "prefill" if self.spec.disaggregated else "all", now_ns)
         replica.queued.append(request)
         return replica
@@ -183,8 +184,7 @@ class Fleet:
         if self.sink.enabled and not self.spec.is_single:
             self.sink.emit(ReplicaScope(engine.num_steps, replica.index))
         for r in replica.queued:
-            engine.add_request(r.prompt_token_ids, SamplingParams(r.temperature, r.max_tokens, r.ignore_eos),
-                               seq_id=r.seq_id, arrival_time=r.arrival_ns / 1e9)
+            engine.add_request(r.prompt, sampling_params_of(r), seq_id=r.seq_id, arrival_ns=r.arrival_ns)
         replica.queued.clear()
         return engine.step()[1]
 
@@ -197,8 +197,8 @@ class Fleet:
 
     def handoff(self, seq: Sequence, now_ns: int) -> tuple[Replica, int]:
         """A prefilled sequence to the decode pool: (its decode replica, the transfer's ns)."""
-        request = WorkloadRequest(seq.prompt_token_ids + seq.completion[:1], self.max_tokens[seq.seq_id] - 1, 0,
-                                  seq.ignore_eos, seq.temperature, seq_id=seq.seq_id, arrival_ns=now_ns)
+        request = Request(seq.prompt_token_ids + seq.completion[:1], self.max_tokens[seq.seq_id] - 1, now_ns,
+                          seq.temperature, seq.ignore_eos, seq_id=seq.seq_id)
         replica = self.route(request, "decode", now_ns)
         self.prefilled[seq.seq_id] = (seq, request)
         return replica, self.spec.transfer_ns(seq.num_prompt_tokens)[1]
@@ -264,7 +264,7 @@ def install_prompt_kv(block_manager, seq_id: int, token_ids) -> int:
         block_manager.sink = sink
 
 
-def run_fleet(fleet: Fleet, requests: list[WorkloadRequest], step_time, max_steps: int = 10_000_000,
+def run_fleet(fleet: Fleet, requests: list[Request], step_time, max_steps: int = 10_000_000,
               on_progress=None, first_step_ns: int = 0) -> None:
     """The fleet serves `requests` (each with arrival_ns) in simulated time; its events go to the
     fleet's sink. `on_progress(num_done, now_ns)`: as run_timed's, per replica step."""
@@ -272,7 +272,10 @@ def run_fleet(fleet: Fleet, requests: list[WorkloadRequest], step_time, max_step
     clock: list[tuple[int, int, int, object]] = []     # (time, order, kind, what): arrivals, handoffs, landings
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_ns)
     for n, i in enumerate(order):
-        clock.append((requests[i].arrival_ns, n, ARRIVAL, requests[i]))
+        r = requests[i]
+        if r.seq_id is None:     # a request without an id has its index in the workload, as run_timed's
+            r = dataclasses.replace(r, seq_id=i)
+        clock.append((r.arrival_ns, n, ARRIVAL, r))
     counter = len(clock)
     num_done, num_steps = 0, 0
 
@@ -320,32 +323,29 @@ def run_fleet(fleet: Fleet, requests: list[WorkloadRequest], step_time, max_step
         on_progress(num_done, max((r.engine.now_ns for r in replicas), default=0))
 
 
-def simulate_fleet(config: Config, requests, step_time, spec: FleetSpec, sink=None, header=None,
+def simulate_fleet(config: Config, requests: list[Request], step_time, spec: FleetSpec, sink=None, header=None,
                    on_progress=None, routers=None, make_runner=None, first_step_ns: int = 0) -> list:
-    """Workload requests through a fleet in simulated time, tokens from SyntheticRunner (the
-    same token for a sequence's position on any replica); the events (header first), or, with
-    `sink` (a TraceWriter made with `header`: fleet_header's), the header alone.
-    `make_runner(index)`: a replica's runner instead (a what-if's recorded outputs, a benchmark's
-    that watches the batches). `first_step_ns`: the earliest start of a replica's step 0 (run_timed's)."""
-    import msgspec
-
-    from tracengine.collector import collector_paused
+    """`requests` (each with its arrival_ns) through a fleet in simulated time, tokens from
+    SyntheticRunner (the same token for a sequence's position on any replica); the events
+    (header first), or, with `sink` (a TraceWriter made with `header`: fleet_header's), the
+    header alone. `make_runner(index)`: a replica's runner instead (a what-if's recorded
+    outputs, a benchmark's that watches the batches). `first_step_ns`: the earliest start of a
+    replica's step 0 (run_timed's)."""
+    from tracengine.sim.engine import SimulatedEngine, check_token_prompts
     from tracengine.sim.runners import SyntheticRunner, check_requests
-    from tracengine.sim.engine import SimulatedEngine, timed_requests
     from tracengine.trace.events import ListSink
-    with collector_paused():
-        timed = requests if requests and isinstance(requests[0], WorkloadRequest) else timed_requests(requests)
-        events_sink = sink if sink is not None else ListSink()
+    check_token_prompts(requests)
+    events_sink = sink if sink is not None else ListSink()
 
-        def make_engine(index: int):
-            runner = make_runner(index) if make_runner else SyntheticRunner(eos=config.eos, seed=config.seed)
-            return SimulatedEngine(config, runner, step_time, events_sink, policy=config.scheduling_policy)
+    def make_engine(index: int):
+        runner = make_runner(index) if make_runner else SyntheticRunner(eos=config.eos, seed=config.seed)
+        return SimulatedEngine(config, runner, step_time, events_sink, policy=config.scheduling_policy)
 
-        fleet = Fleet(config, spec, make_engine, events_sink, routers)
-        check_requests(fleet.replicas[0].scheduler, timed)
-        run_fleet(fleet, timed, step_time, on_progress=on_progress, first_step_ns=first_step_ns)
-        head = header if header is not None else fleet_header(config, step_time, spec, routers)
-        return [head] if sink is not None else [head, *events_sink.events]
+    fleet = Fleet(config, spec, make_engine, events_sink, routers)
+    check_requests(fleet.replicas[0].scheduler, requests)
+    run_fleet(fleet, requests, step_time, on_progress=on_progress, first_step_ns=first_step_ns)
+    head = header if header is not None else fleet_header(config, step_time, spec, routers)
+    return [head] if sink is not None else [head, *events_sink.events]
 
 
 def fleet_header(config: Config, step_time, spec: FleetSpec, routers: dict | None = None):
