@@ -183,7 +183,8 @@ def render_fleet(s: dict, title: str = ""):
                      f"{per_s} requests/s")
     kv = s["kv_transfer"]
     if kv["num_transfers"]:
-        other.append(f"KV transfers: {kv['num_transfers']}, {kv['num_bytes'] / 1e9:,.3f} GB, mean {kv['mean_ms']:,.3f} ms")
+        other.append(f"KV transfers: {kv['num_transfers']}, {kv['num_bytes'] / 1e9:,.3f} GB, "
+                     f"mean {kv['mean_ms']:,.3f} ms")
     rep = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("replica", "role", "requests", "prompt tokens", "completion tokens", "cache hit", "TTFT p50 ms",
                 "TTFT p99 ms", "steps", "preemptions"):

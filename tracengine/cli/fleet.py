@@ -1,5 +1,6 @@
 """Fleets on the command line (docs/cluster.md): `simulate --replicas N --router NAME` and
-`--prefill-replicas P --decode-replicas D`; `replay`, `stats` and `diff` of a fleet trace."""
+`--prefill-replicas P --decode-replicas D`, with a sweep; `replay` (re-execution and what-if),
+`stats`, `diff` and `export` of a fleet trace."""
 import json
 
 from tracengine.cli.common import EXIT_FAILED_CHECK, EXIT_OK
@@ -39,7 +40,8 @@ def add_fleet_arguments(p, what_if: bool = False):
                    help="K and V bytes of one token, all layers (default: the --roofline model's)")
     g.add_argument("--kv-transfer-gbps", type=float, metavar="X",
                    help=f"KV transfer bandwidth in GB/s (gigabytes; {default} 0: no bandwidth cost)")
-    g.add_argument("--kv-transfer-latency-ms", type=float, metavar="X", help=f"fixed time of each KV transfer ({default} 0)")
+    g.add_argument("--kv-transfer-latency-ms", type=float, metavar="X",
+                   help=f"fixed time of each KV transfer ({default} 0)")
 
 
 # flag -> FleetSpec field, and how a flag's value becomes the field's
@@ -127,7 +129,8 @@ def fleet_stats_command(path, slo, as_json: bool) -> int:
 WHATIF_ROWS = [("duration ms", ("duration_s",), 1e3, "{:,.1f}")]
 WHATIF_ROWS += [(f"{label} {p} ms", ("latency", name, p), 1e3, "{:,.2f}")
                 for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "e2e")) for p in ("p50", "p90", "p99")]
-WHATIF_ROWS += [("cache hit", ("token_hit_rate",), 100, "{:.1f}%"), ("request imbalance", ("request_imbalance",), 1, "{:.2f}"),
+WHATIF_ROWS += [("cache hit", ("token_hit_rate",), 100, "{:.1f}%"),
+                ("request imbalance", ("request_imbalance",), 1, "{:.2f}"),
                 ("KV transfers", ("kv_transfer", "num_transfers"), 1, "{:,}")]
 
 
@@ -145,7 +148,8 @@ def fleet_whatif_command(path, events: list, spec, overrides: dict, record, step
         write_trace(record, result.events)
     if as_json:
         drop = ("replicas", "per_request")
-        print(json.dumps({"trace": str(path), "changes": [{"name": n, "old": a, "new": b} for n, a, b in result.changes],
+        changes = [{"name": n, "old": a, "new": b} for n, a, b in result.changes]
+        print(json.dumps({"trace": str(path), "changes": changes,
                           "recorded": {k: v for k, v in result.recorded.items() if k not in drop},
                           "what_if": {k: v for k, v in result.new.items() if k not in drop}, "record": record},
                          indent=2))
