@@ -359,7 +359,8 @@ def test_the_kept_traces_of_every_version_still_read_and_check(capsys):
     for path in sorted(traces.glob("*.trace")):
         outcome = read_all(path)
         assert outcome.kind == "read" and outcome.torn_offset is None, path
-        assert main(["check", str(path)]) in (0, 3)          # the older ones were written before the end frame
+        # the older ones were written before the end frame; format-v4's run was interrupted (exit 4)
+        assert main(["check", str(path)]) in ((4,) if path.name == "format-v4.trace" else (0, 3)), path
     capsys.readouterr()
 
 

@@ -32,7 +32,7 @@ def test_events_json_is_one_object_per_event(trace, capsys):
     objects = [json.loads(line) for line in out.splitlines()]
     assert len(objects) == len(events)
     assert objects[0]["type"] == "TraceHeader" and objects[0]["format_version"] == FORMAT_VERSION
-    assert {o["type"] for o in objects} == set(EVENT_TYPES) - {"SeqAbort"}   # only a server aborts (test_serve_abort)
+    assert {o["type"] for o in objects} == set(EVENT_TYPES) - {"SeqAbort", "RunEnd"}   # only a server aborts; the run finished
     assert all("step" in o for o in objects[1:])
     decision = next(o for o in objects if o["type"] == "ScheduleDecision")
     assert list(decision)[:3] == ["type", "step", "phase"]

@@ -20,7 +20,7 @@ from helpers import EOS, record_every_event_type
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
 from tracengine.trace.events import (EVENT_TYPES, BlockAllocate, BlockAppend, BlockFree, BlockHash, ModelInfo,
                                Preempt, RequestAdded, ScheduledSeq, ScheduleDecision, SeqAbort, SeqFinish, StepEnd,
-                               TokenSample, TraceHeader)
+                               RunEnd, TokenSample, TraceHeader)
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.replay.reexec import reexecute
 from tracengine.sim.runners import SyntheticRunner
@@ -64,6 +64,7 @@ SAMPLES = [
     SeqFinish(6, 1, "eos", 3, 4),
     SeqAbort(7, 2, "client", "running", 5, 2),
     StepEnd(0, 5, 10, 20, 30),
+    RunEnd(6, "failed", "boom"),    # only ever in an end frame: tests/test_run_end.py
 ]
 
 
@@ -71,7 +72,7 @@ def test_samples_cover_every_event_type():
     assert {type(e).__name__ for e in SAMPLES} == set(EVENT_TYPES)
 
 
-@pytest.mark.parametrize("event", SAMPLES[1:], ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize("event", [e for e in SAMPLES[1:] if type(e) is not RunEnd], ids=lambda e: type(e).__name__)
 def test_every_event_type_round_trips(tmp_path, event):
     path = tmp_path / "one.trace"
     with TraceWriter(path, SAMPLES[0]) as writer:
@@ -82,7 +83,7 @@ def test_every_event_type_round_trips(tmp_path, event):
 
 def test_recorded_run_reads_back_event_for_event(recorded):
     path, header, events, engine = recorded
-    assert {type(e).__name__ for e in events} == set(EVENT_TYPES) - {"TraceHeader", "SeqAbort"}   # no server here
+    assert {type(e).__name__ for e in events} == set(EVENT_TYPES) - {"TraceHeader", "SeqAbort", "RunEnd"}   # no server, no failure
     assert list(open_trace(path)) == [header] + events
     with TraceReader(path) as reader:
         assert reader.header == header

@@ -15,6 +15,7 @@ StopReason = Literal["waiting_empty", "max_num_seqs", "budget_exhausted", "no_fr
                      "running_empty", "preempted", "not_admitted"]
 FinishReason = Literal["eos", "length"]
 AbortReason = Literal["client", "shutdown"]   # the client went away; the server shut down
+RunOutcome = Literal["failed", "interrupted"]   # an error ended the run; a signal (SIGINT, SIGTERM) did
 
 
 class Event(msgspec.Struct, frozen=True, gc=False, array_like=True, omit_defaults=True, tag_field="t"):
@@ -160,8 +161,17 @@ class SeqAbort(Event, tag=11):
     num_completion_tokens: int
 
 
+class RunEnd(Event, tag=12):
+    """Format version 4: why a run ended before it finished, the one event of its end frame
+    (the end frame of a run that finished is empty). Never among a trace's steps: readers
+    give it as `TraceReader.run_end`."""
+    step: int             # the last finished step (-1: none), where the trace ends
+    outcome: RunOutcome
+    reason: str           # the error's one line, or the signal's name
+
+
 AnyEvent = Union[TraceHeader, RequestAdded, ScheduleDecision, BlockAllocate, BlockAppend, BlockHash,
-                 BlockFree, Preempt, TokenSample, SeqFinish, StepEnd, SeqAbort]
+                 BlockFree, Preempt, TokenSample, SeqFinish, StepEnd, SeqAbort, RunEnd]
 
 EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in AnyEvent.__args__}
 

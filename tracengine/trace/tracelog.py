@@ -1,9 +1,10 @@
 """The trace file: the only module that knows frames.
 
-Format version 3: this layout, the events of events.py, and the dictionary of
-dictionary.py. Versions 1 and 2 had a frame head without its own check (12
-bytes); version 1 had the events without the fields appended since. Both
-read, with those fields' defaults.
+Format version 4: this layout, the events of events.py, and the dictionary of
+dictionary.py. Version 3 had no RunEnd (its end frame is always empty);
+versions 1 and 2 had a frame head without its own check (12 bytes); version 1
+had the events without the fields appended since. All read, with those
+fields' defaults.
 
     preamble  b"TRCE" + uint16 format version + 2 reserved bytes (zero)
     frame     uint32 length word + uint64 checksum + uint32 head check (little-endian),
@@ -43,14 +44,22 @@ step's StepEnd arrives, so a killed process leaves every finished step
 readable. Closing the writer appends the end frame, an empty array (stored,
 one byte of payload): a reader following the file knows the recording is
 over, and a trace without it is still being written or was left by a killed
-writer. Then the closed trace is compacted: its deflated copy is written
+writer. A run that failed or was interrupted ends instead with an end frame
+holding one RunEnd event (why, and its last finished step), stored too: the
+trace is closed and replays to that step, and `check` tells it from a run that
+finished. Then the closed trace is compacted: its deflated copy is written
 beside it (PATH.compacting.tmp), synced, and renamed over it, so the path
 always names a whole trace (the stored one until the rename), and a reader
 that has the old file open reads it to its end frame. A compaction killed
 leaves the stored trace (and its copy, removed by the next writer of the path).
 
+A writer given the path of an existing regular file writes beside it
+(PATH.recording.tmp) and renames its trace over the old one when the first
+step's frame is on the file (or, for a run of no step, when it closes whole):
+a run that fails before its first step leaves the old file as it was.
+
 Events are decoded by one typed msgspec Decoder only. The frame index alone
-reads a frame's first step by hand from its leading bytes (`_leading_step`: an
+reads a frame's first step by hand from its leading bytes (`_leading_event`: an
 array header, an event's header, its tag and step, as msgpack ints), so
 indexing a trace decodes no event; a frame it misreads still fails its typed
 decode when read. A reader reports what it cannot read (a torn last frame, a
@@ -71,12 +80,16 @@ import xxhash
 from tracengine import __version__
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
 from tracengine.trace.encoded import EncodedTokens
-from tracengine.trace.events import AnyEvent, Event, ModelInfo, RequestAdded, StepEnd, TraceHeader
+from tracengine.signals import interrupt_signal_name
+from tracengine.trace.events import AnyEvent, Event, ModelInfo, RequestAdded, RunEnd, StepEnd, TraceHeader
 from tracengine.trace.dictionary import DICTIONARY
 
-FORMAT_VERSION = 3
-# 2 appended arrival_ns, top_k, top_p, seed to RequestAdded and gap_ns to StepEnd; 3 checks each frame head
-READABLE_VERSIONS = (1, 2, 3)
+# The one place the format version is set. 2 appended arrival_ns, top_k, top_p, seed to
+# RequestAdded and gap_ns to StepEnd; 3 checks each frame head; 4 ends a failed or
+# interrupted run's trace with a RunEnd in its end frame.
+FORMAT_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
+RUN_END_SINCE = 4                      # the first version whose end frame may hold a RunEnd
 MAGIC = b"TRCE"
 PREAMBLE = struct.Struct("<4sH2x")     # magic, format version, 2 reserved bytes (0)
 FRAME_HEAD = struct.Struct("<IQI")     # length word, xxh64 of the stored payload (seed: the flag), head check
@@ -119,6 +132,23 @@ def stored_frame_head(payload: bytes, deflated: bool = False) -> bytes:
 
 
 END_FRAME = frame_bytes(END_PAYLOAD)   # stored
+RUN_END_TAG = RunEnd.__struct_config__.tag
+
+
+def end_frame(run_end: RunEnd | None = None) -> bytes:
+    """The end frame, stored: empty for a run that finished, else holding its RunEnd."""
+    return END_FRAME if run_end is None else frame_bytes(msgspec.msgpack.encode([run_end]))
+
+
+def run_end_of(exc: BaseException, last_step: int) -> RunEnd:
+    """The RunEnd of a run that `exc` ended after `last_step`: a signal's name, or the error's first line."""
+    if isinstance(exc, KeyboardInterrupt):
+        return RunEnd(last_step, "interrupted", interrupt_signal_name(exc))
+    from tracengine.errors import TracengineError
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if not isinstance(exc, TracengineError):
+        message = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return RunEnd(last_step, "failed", message)
 END_FRAME_V2 = FRAME_HEAD_V2.pack(len(END_PAYLOAD), xxhash.xxh64_intdigest(END_PAYLOAD, 0)) + END_PAYLOAD
 # Between steps (before a step's first scheduling event) come only these: requests that
 # arrive and requests taken out (SeqAbort and the BlockFree of its blocks).
@@ -206,7 +236,7 @@ def compact(path) -> None:
                     if not word & DEFLATED:
                         word, stored = deflate_frame(deflater, stored)
                     out.write(frame_bytes(stored, bool(word & DEFLATED)))
-                out.write(END_FRAME)
+                out.write(end_frame(reader.run_end))
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(temp, path)
@@ -236,7 +266,12 @@ class TraceWriter:
     compacts the trace when it closes (`compact`: every frame deflated where that
     makes it smaller). With `deflate=False` the frames stay stored
     (`simulate --record`, benchmarks, tests). A compaction that fails (a full
-    disk) leaves the stored trace, whole, and says so on stderr."""
+    disk) leaves the stored trace, whole, and says so on stderr.
+
+    Closed by a `with` that an exception leaves, or after `end_with`, the trace
+    ends with a RunEnd (failed, or interrupted by a signal) instead of the empty
+    end frame of a run that finished. Given an existing regular file, the writer
+    replaces it only at the first step (see the module's docstring)."""
     enabled = True
 
     def __init__(self, path, header: TraceHeader, deflate: bool = True):
@@ -251,9 +286,17 @@ class TraceWriter:
         self._payload = bytearray()
         self._pending: list[Event] = []
         self._last_step_written = -1
+        self._last_step_complete = -1     # the last step whose frame is wholly on the file
+        self._run_end: RunEnd | None = None
+        # the old file a run replaces once its first step is written (None: nothing to replace)
+        self._replacing = _existing_file(self.path)
         # unbuffered: each frame is on the file (in the kernel: a killed process keeps it) when
         # its write returns, with no flush to call
-        self._file = open(path, "wb", buffering=0)
+        if self._replacing is None:
+            self._file = open(path, "wb", buffering=0)
+        else:
+            _remove_stale(recording_temp(self._replacing))   # a killed writer's
+            self._file = open(recording_temp(self._replacing), "xb", buffering=0)
         self._fd = self._file.fileno()
         st = os.fstat(self._fd)
         # a device or a pipe (--record /dev/null) is written, never replaced
@@ -261,8 +304,14 @@ class TraceWriter:
         self._identity = (st.st_dev, st.st_ino)
         if self._compact:
             _remove_stale(compaction_temp(os.path.realpath(path)))   # a killed compaction's
-        self._write(PREAMBLE.pack(MAGIC, FORMAT_VERSION))
-        self._write_frame([header])
+        try:
+            self._write(PREAMBLE.pack(MAGIC, FORMAT_VERSION))
+            self._write_frame([header])
+        except BaseException:
+            self._file.close()
+            if self._replacing is not None:
+                os.remove(recording_temp(self._replacing))
+            raise
 
     def emit(self, event: Event) -> None:
         self._pending.append(event)
@@ -272,6 +321,18 @@ class TraceWriter:
             self._last_step_written = event.step
             self._write_frame(self._pending)
             self._pending = []
+            self._last_step_complete = event.step
+            if self._replacing is not None:
+                self._replace_old_file()
+
+    def end_with(self, exc: BaseException) -> None:
+        """Close (when it comes) as a run that `exc` ended: failed, or interrupted by a signal."""
+        if self._run_end is None:
+            self._run_end = run_end_of(exc, self._last_step_complete)
+
+    def _replace_old_file(self) -> None:
+        os.replace(recording_temp(self._replacing), self._replacing)
+        self._replacing = None
 
     def _write_frame(self, events: list[Event]) -> None:
         # Inside the step loop, after a forward pass has evicted the caches: every call and
@@ -320,11 +381,31 @@ class TraceWriter:
         else:
             begun = next((i for i, e in enumerate(pending) if type(e).__name__ not in _BETWEEN_STEPS), len(pending))
             pending = pending[:begun]
-        if pending:
-            self._write_frame(pending)
-        self._pending = []
-        self._write(END_FRAME)
+        try:
+            if pending:
+                self._write_frame(pending)
+        except BaseException as exc:    # the between-steps frame: the trace still ends, saying why
+            self.end_with(exc)
+            raise
+        finally:
+            self._pending = []
+            self._end()
+
+    def _end(self) -> None:
+        run_end = self._run_end
+        if run_end is not None and run_end.step != self._last_step_complete:
+            run_end = msgspec.structs.replace(run_end, step=self._last_step_complete)
+        self._write(end_frame(run_end))
         self._file.close()
+        if self._replacing is not None:     # no step was written
+            if run_end is None:
+                self._replace_old_file()
+            else:
+                os.remove(recording_temp(self._replacing))
+                print(f"tracengine: note: {self.path} is kept as it was: the new run "
+                      f"{'failed' if run_end.outcome == 'failed' else 'was interrupted'} before its first step",
+                      file=sys.stderr)
+                return
         if self._compact:
             self._compact_closed()
 
@@ -343,8 +424,25 @@ class TraceWriter:
     def __enter__(self) -> "TraceWriter":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None:
+            self.end_with(exc)
         self.close()
+
+
+def recording_temp(path: str) -> str:
+    """Where a writer records until its first step replaces the existing file at `path`."""
+    return path + ".recording.tmp"
+
+
+def _existing_file(path: str) -> str | None:
+    """The real path of the regular file at `path` (through links), or None: nothing there,
+    or a device or a pipe (`--record /dev/null`), written in place."""
+    real = os.path.realpath(path)
+    try:
+        return real if stat.S_ISREG(os.stat(real).st_mode) else None
+    except FileNotFoundError:
+        return None
 
 
 class TraceReader:
@@ -372,6 +470,7 @@ class TraceReader:
             self.torn_tail: TornTail | None = None
             self.corruption: TraceCorruptError | None = None
             self.ended = False   # the end frame was read: nothing more will be written
+            self.run_end: RunEnd | None = None   # from the end frame: why the run ended early
             self.refresh(max_frames)
             self.header = self._read_header()
         except BaseException:
@@ -454,8 +553,16 @@ class TraceReader:
                 if file_size > end:
                     self._corrupt(f"{file_size - end} bytes follow the end frame", end)
                 break
-            step = self._first_step(stored, word, offset) if self._frames else -1
-            if step is None:
+            leading = self._first_event(stored, word, offset) if self._frames else (None, -1)
+            if leading is None:
+                break
+            tag, step = leading
+            if tag == RUN_END_TAG and self.version >= RUN_END_SINCE:
+                self._read_run_end(stored, word, offset)
+                if self.corruption is None:
+                    self.ended, self._end = True, end
+                    if file_size > end:
+                        self._corrupt(f"{file_size - end} bytes follow the end frame", end)
                 break
             self._frames.append(FrameInfo(offset, step, nbytes))
             self._end = end
@@ -467,22 +574,33 @@ class TraceReader:
         tail = os.pread(self._fd, len(END_FRAME_V2), file_size - len(END_FRAME_V2))
         return tail == END_FRAME_V2
 
-    def _first_step(self, stored, word: int, offset: int) -> int | None:
-        """The step of the frame's first event, from its leading payload bytes
-        (the previous frame's step for a frame without events)."""
+    def _read_run_end(self, stored, word: int, offset: int) -> None:
+        """The end frame of a run that ended early: one RunEnd, stored."""
+        try:
+            events = None if word & DEFLATED else self._decoder.decode(stored)
+        except msgspec.DecodeError:
+            events = None
+        if not events or len(events) != 1 or type(events[0]) is not RunEnd:
+            self._corrupt(f"frame {len(self._frames)} holds a RunEnd that is not a whole end frame", offset)
+        else:
+            self.run_end = events[0]
+
+    def _first_event(self, stored, word: int, offset: int) -> tuple[int | None, int] | None:
+        """(tag, step) of the frame's first event, from its leading payload bytes
+        ((None, the previous frame's step) for a frame without events); None when it is damaged."""
         try:
             if word & DEFLATED:
                 leading = zlib.decompressobj(-WINDOW_BITS, DICTIONARY).decompress(stored, _LEADING_BYTES)
             else:
                 leading = stored[:_LEADING_BYTES]
-            step = _leading_step(leading)
+            leading_event = _leading_event(leading)
         except zlib.error as exc:
             self._corrupt(f"frame {len(self._frames)} does not inflate ({exc})", offset)
             return None
         except (ValueError, IndexError) as exc:
             self._corrupt(f"frame {len(self._frames)} does not decode ({exc})", offset)
             return None
-        return self._frames[-1].step if step is None else step
+        return (None, self._frames[-1].step) if leading_event is None else leading_event
 
     def _corrupt(self, message: str, offset: int) -> None:
         last_step = self._frames[-1].step if len(self._frames) > 1 else None
@@ -615,24 +733,24 @@ def open_trace(path, follow: bool = False, poll_interval: float = 0.1,
                 return
 
 
-def _leading_step(data) -> int | None:
-    """The step of the first event of a msgpack array of array-like events,
+def _leading_event(data) -> tuple[int, int] | None:
+    """(tag, step) of the first event of a msgpack array of array-like events,
     from its leading bytes: [array header][event header][tag][step]. None for
     an empty array."""
     if len(data) >= 5 and 0x91 <= data[0] <= 0x9F and 0x92 <= data[1] <= 0x9F and data[2] <= 0x7F:
         b = data[3]    # the common case: a short array of short events, a small tag
         if b <= 0x7F:
-            return b
+            return data[2], b
         if b == 0xCC:
-            return data[4]
+            return data[2], data[4]
     num_events, pos = _array_header(data, 0)
     if num_events == 0:
         return None
     num_fields, pos = _array_header(data, pos)
     if num_fields < 2:
         raise ValueError("an event without a step")
-    pos = _int(data, pos)[1]               # the tag
-    return _int(data, pos)[0]
+    tag, pos = _int(data, pos)
+    return tag, _int(data, pos)[0]
 
 
 def _array_header(data, pos: int) -> tuple[int, int]:
