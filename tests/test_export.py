@@ -213,8 +213,8 @@ def test_export_memory_is_bounded_by_a_step_not_the_trace(tmp_path, monkeypatch)
     """Issue 34: the export streams, so its peak memory does not grow with the trace. The
     reader reads SCAN_BYTES at a time: made small here, so both traces are many reads long."""
     import tracemalloc
-    from tracengine.trace import tracelog
-    monkeypatch.setattr(tracelog, "SCAN_BYTES", 8 << 10)
+    from tracengine.trace import reader
+    monkeypatch.setattr(reader, "SCAN_BYTES", 8 << 10)
     steady_trace(tmp_path / "warm.trace", 10)
     export_perfetto(str(tmp_path / "warm.trace"), tmp_path / "warm.json")     # its imports, not measured
     peaks = []

@@ -15,7 +15,7 @@ from tracengine.errors import TraceError
 from tracengine.signals import Terminated
 from tracengine.sim.runners import SyntheticRunner
 from tracengine.testing import every_event_type, every_event_type_config
-from tracengine.trace import tracelog
+from tracengine.trace import writer as trace_writer
 from tracengine.trace.events import RunEnd
 from tracengine.trace.tracelog import TraceReader, TraceWriter, make_header, open_trace
 
@@ -88,22 +88,22 @@ def test_a_follower_stops_at_a_failed_runs_end_frame(tmp_path):
     assert sum(type(e).__name__ == "StepEnd" for e in events) == 2
 
 
-def test_the_format_v4_trace_reads_with_its_run_end():
-    with TraceReader(ROOT / "traces" / "format-v4.trace") as reader:
-        assert reader.version == 4
+def test_the_format_v5_trace_reads_with_its_run_end():
+    with TraceReader(ROOT / "traces" / "format-v5.trace") as reader:
+        assert reader.version == 5
         assert reader.run_end == RunEnd(step=16, outcome="interrupted", reason="SIGTERM")   # 17 steps, 0..16
         names = {type(e).__name__ for e in reader.events()}
     assert {"RequestAdded", "ScheduleDecision", "Preempt", "SeqFinish", "StepEnd"} <= names
 
 
-def test_the_format_v4_trace_is_what_the_writer_writes(tmp_path):
+def test_the_format_v5_trace_is_what_the_writer_writes(tmp_path):
     # scripts/make_format_trace.py wrote it: the same run, interrupted after its last step
     path = tmp_path / "v4.trace"
     with pytest.raises(KeyboardInterrupt):
         with TraceWriter(path, make_header(every_event_type_config())) as writer:
             every_event_type(writer)
             raise Terminated("SIGTERM")
-    with TraceReader(path) as new, TraceReader(ROOT / "traces" / "format-v4.trace") as old:
+    with TraceReader(path) as new, TraceReader(ROOT / "traces" / "format-v5.trace") as old:
         assert new.run_end == old.run_end
         assert [type(e).__name__ for e in new.events()] == [type(e).__name__ for e in old.events()]
 
@@ -116,7 +116,7 @@ def test_a_run_failing_before_its_first_step_leaves_the_old_file(tmp_path, monke
     path.write_bytes(b"the old trace")
     with pytest.raises(TraceError, match="exceeds the limit"):
         with TraceWriter(path, make_header(every_event_type_config())) as writer:
-            monkeypatch.setattr(tracelog, "MAX_FRAME_BYTES", 20)     # step 0's frame is over it
+            monkeypatch.setattr(trace_writer, "MAX_FRAME_BYTES", 20)     # step 0's frame is over it
             run_steps(writer, 1)
     assert path.read_bytes() == b"the old trace"
     assert os.listdir(tmp_path) == ["run.trace"]       # no temporary file left beside it

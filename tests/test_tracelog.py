@@ -18,18 +18,19 @@ import xxhash
 
 from helpers import EOS, record_every_event_type
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
-from tracengine.trace.events import (EVENT_TYPES, BlockAllocate, BlockAppend, BlockFree, BlockHash, ModelInfo,
+from tracengine.trace.events import (EVENT_TYPES, FLEET_EVENT_TYPES,
+                               BlockAllocate, BlockAppend, BlockFree, BlockHash, ModelInfo,
                                Preempt, RequestAdded, ScheduledSeq, ScheduleDecision, SeqAbort, SeqFinish, StepEnd,
-                               RunEnd, TokenSample, TraceHeader)
+                               TokenSample, TraceHeader, ReplicaScope, RouteDecision, KVTransfer, RunEnd)
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.replay.reexec import reexecute
 from tracengine.sim.runners import SyntheticRunner
 from tracengine.testing import every_event_type_config
 from tracengine.engine.sampling_params import SamplingParams
-from tracengine.trace import tracelog
+from tracengine.trace import reader as trace_reader, writer as trace_writer
 from tracengine.trace.dictionary import DICTIONARY, DICTIONARY_XXH64
-from tracengine.trace.tracelog import (DEFLATED, END_FRAME, END_PAYLOAD, FORMAT_VERSION, FRAME_HEAD, PREAMBLE, WINDOW_BITS,
-                                 TraceReader, TraceWriter, frame_bytes, make_header, open_trace)
+from tracengine.trace.tracelog import END_FRAME, FORMAT_VERSION, TraceReader, TraceWriter, make_header, open_trace
+from tracengine.trace.frames import pack_head, DEFLATED, END_PAYLOAD, FRAME_HEAD, PREAMBLE, WINDOW_BITS, frame_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,6 +65,9 @@ SAMPLES = [
     SeqFinish(6, 1, "eos", 3, 4),
     SeqAbort(7, 2, "client", "running", 5, 2),
     StepEnd(0, 5, 10, 20, 30),
+    ReplicaScope(3, 2),
+    RouteDecision(3, 9, 2, [0, 1, 2], [4.0, 1.5, 0.5], "prefill", 1_000),
+    KVTransfer(4, 9, 0, 2, 33, 33_000, 16_500, 8),
     RunEnd(6, "failed", "boom"),    # only ever in an end frame: tests/test_run_end.py
 ]
 
@@ -83,7 +87,7 @@ def test_every_event_type_round_trips(tmp_path, event):
 
 def test_recorded_run_reads_back_event_for_event(recorded):
     path, header, events, engine = recorded
-    assert {type(e).__name__ for e in events} == set(EVENT_TYPES) - {"TraceHeader", "SeqAbort", "RunEnd"}   # no server, no failure
+    assert {type(e).__name__ for e in events} == set(EVENT_TYPES) - {"TraceHeader", "SeqAbort", "RunEnd"} - FLEET_EVENT_TYPES   # no server, fleet or failure
     assert list(open_trace(path)) == [header] + events
     with TraceReader(path) as reader:
         assert reader.header == header
@@ -164,7 +168,7 @@ def test_a_frame_written_short_is_written_whole_after(tmp_path, monkeypatch, cut
             return os.write(fd, data[:cut if cut >= 0 else len(data) - 1])
         return writev(fd, buffers)
     short_writev.calls = 0
-    monkeypatch.setattr(tracelog.os, "writev", short_writev)
+    monkeypatch.setattr(trace_writer.os, "writev", short_writev)
     cut_path = tmp_path / "cut.trace"
     _, events, _ = record_every_event_type(cut_path, deflate=False)    # the writer's own frames, as written
     assert short_writev.calls > 4
@@ -178,7 +182,7 @@ def test_frames_before_and_after_a_frame_longer_than_the_writers_buffer_read_bac
     """Every frame is encoded into the writer's one buffer; a frame past FRAME_BUFFER_BYTES
     (a step that adds long prompts) is not kept, and the frames around it are written
     whole, each its own length."""
-    monkeypatch.setattr(tracelog, "FRAME_BUFFER_BYTES", 100)
+    monkeypatch.setattr(trace_writer, "FRAME_BUFFER_BYTES", 100)
     path = tmp_path / "run.trace"
     config = small_config()
     with TraceWriter(path, make_header(config), deflate=False) as writer:
@@ -287,7 +291,7 @@ def test_flipped_deflate_flag_under_a_valid_head_is_caught_by_the_checksum(recor
         bad = reader.frames()[4]
     data = bytearray(path.read_bytes())
     word, checksum, _ = FRAME_HEAD.unpack_from(data, bad.offset)
-    tracelog.pack_head(memoryview(data)[bad.offset:], word ^ DEFLATED, checksum)   # the head's check is redone
+    pack_head(memoryview(data)[bad.offset:], word ^ DEFLATED, checksum)   # the head's check is redone
     path.write_bytes(bytes(data))
     with TraceReader(path) as reader:
         assert reader.corruption.offset == bad.offset and "fails its checksum" in str(reader.corruption)
@@ -320,7 +324,7 @@ def test_a_cut_deflate_stream_is_corruption_when_read(recorded):
 def test_a_frame_inflating_past_the_limit_is_corruption_not_an_allocation(recorded, monkeypatch):
     path = recorded[0]
     offset = append_frame(path, deflate(msgspec.msgpack.encode([StepEnd(99, 0, 0, 0, 0)] * 200)), deflated=True)
-    monkeypatch.setattr(tracelog, "MAX_FRAME_BYTES", 1000)    # the 200 events take more
+    monkeypatch.setattr(trace_reader, "MAX_FRAME_BYTES", 1000)    # the 200 events take more
     with TraceReader(path) as reader:
         with pytest.raises(TraceCorruptError, match=f"inflates past its limit of 1000 bytes .* at offset {offset}"):
             list(reader.events())
@@ -391,7 +395,7 @@ def test_absurd_frame_length_is_corruption_not_an_allocation(recorded):
         bad = reader.frames()[3]
     data = bytearray(path.read_bytes())
     checksum = FRAME_HEAD.unpack_from(data, bad.offset)[1]
-    tracelog.pack_head(memoryview(data)[bad.offset:], 0x7FFF_FFF0, checksum)   # a head whose check holds
+    pack_head(memoryview(data)[bad.offset:], 0x7FFF_FFF0, checksum)   # a head whose check holds
     path.write_bytes(bytes(data))
     with TraceReader(path) as reader:
         assert reader.corruption.offset == bad.offset
@@ -487,6 +491,24 @@ def test_format_v1_trace_still_reads():
     assert counts == {"TraceHeader": 1, "RequestAdded": 4, "ScheduleDecision": 17, "BlockAllocate": 5,
                       "BlockAppend": 4, "BlockHash": 15, "BlockFree": 5, "Preempt": 1, "TokenSample": 30,
                       "SeqFinish": 4, "StepEnd": 17}
+
+
+def test_format_v4_trace_still_reads_and_replays_as_a_fleet():
+    # traces/format-v4.trace is kept forever; made by scripts/make_format_trace.py (a fleet of three)
+    from tracengine.replay.fleet import reexecute_fleet
+    from tracengine.testing import every_fleet_event_type
+    path = REPO / "traces" / "format-v4.trace"
+    with TraceReader(path) as reader:
+        assert reader.header.format_version == 4 and reader.ended
+        assert reader.header.fleet["num_prefill_replicas"] == 1 and reader.header.fleet["num_decode_replicas"] == 2
+        events = list(reader.events())
+    counts = collections.Counter(type(e).__name__ for e in events)
+    assert counts == {"TraceHeader": 1, "RouteDecision": 6, "ReplicaScope": 9, "RequestAdded": 6, "BlockAllocate": 6,
+                      "ScheduleDecision": 9, "BlockHash": 8, "TokenSample": 12, "SeqFinish": 6, "BlockFree": 6,
+                      "StepEnd": 9, "KVTransfer": 3}
+    assert reexecute_fleet(events).ok
+    # the same run today writes the same events (a change to the fleet shows here)
+    assert every_fleet_event_type()[1:] == events[1:]
 
 
 CHILD = """

@@ -20,7 +20,8 @@ Timestamps are integer microseconds on the trace's time axis (each step lasts
 its StepEnd durations and begins its gap_ns after the one before;
 tracengine/analysis/timeline.py), floored from the cumulative nanoseconds, so
 spans meet exactly and every track is monotonic."""
-from tracengine.analysis.timeline import StepRecord
+from tracengine import __version__
+from tracengine.analysis.timeline import RequestTimeline, StepRecord
 
 ENGINE_PID, REQUESTS_PID, STEPS_TID = 1, 2, 1
 
@@ -71,7 +72,7 @@ def step_events(rec: StepRecord, start: int, idle: tuple[int, int] | None) -> li
     return events
 
 
-def request_spans(t: "RequestClock", req) -> list[tuple[str, int, int, dict]]:
+def request_spans(t: "RequestClock | RequestTimeline", req) -> list[tuple[str, int, int, dict]]:
     """The request's lifecycle as (name, first step, end step exclusive, args), back to back."""
     spans: list[tuple[str, int, int, dict]] = []
 
@@ -107,7 +108,7 @@ def request_spans(t: "RequestClock", req) -> list[tuple[str, int, int, dict]]:
     return spans
 
 
-def request_events(t: "RequestClock", req) -> list[dict]:
+def request_events(t: "RequestClock | RequestTimeline", req) -> list[dict]:
     tid = req.seq_id + 1
     events = _meta(REQUESTS_PID, tid, "thread", f"seq {req.seq_id}", req.seq_id)
     preempts = {p.step: p for p in req.preempts}
@@ -132,6 +133,31 @@ def request_events(t: "RequestClock", req) -> list[dict]:
         events.append(_span(REQUESTS_PID, tid, name, "request", start, t.start_ns(b),
                             {"seq_id": req.seq_id, "steps": [a, b - 1], **args}))
     return events
+
+
+def metadata(header, num_steps: int, torn_tail: str | None) -> dict:
+    """The export's "metadata": what made it, the time axis, the trace's header."""
+    out = {"exporter": f"tracengine {__version__}", "num_steps": num_steps,
+           "time_axis": "cumulative StepEnd gaps and durations (gap_ns, then schedule_ns + model_ns + "
+                        "postprocess_ns); requests arrive at RequestAdded.arrival_ns",
+           "torn_tail": torn_tail}
+    if header is not None:
+        out.update(format_version=header.format_version, tracengine_version=header.tracengine_version,
+                   config=header.config, model=header.model.name, device=header.device, seed=header.seed)
+    return out
+
+
+def trace_events(t: RequestTimeline) -> dict:
+    """The whole export of a folded timeline as a JSON-ready dict, in memory (a fleet's
+    replicas, analysis/fleet_export.py; one engine's trace is streamed by export_perfetto)."""
+    events = _meta(ENGINE_PID, 0, "process", "engine", 0) + _meta(REQUESTS_PID, 0, "process", "requests", 1)
+    events += _meta(ENGINE_PID, STEPS_TID, "thread", "steps", 0)
+    idle = {step: (a, b) for step, a, b in t.idle_gaps()}
+    for rec in t.steps:
+        events += step_events(rec, t.start_ns(rec.step), idle.get(rec.step))
+    for req in t.requests.values():
+        events += request_events(t, req)
+    return {"traceEvents": events, "displayTimeUnit": "ms", "metadata": metadata(t.header, t.num_steps, t.torn_tail)}
 
 
 def export_perfetto(events, out_path) -> dict:

@@ -12,9 +12,9 @@ import os
 
 import msgspec
 
-from tracengine import __version__
 from tracengine.analysis.export import (ENGINE_PID, REQUESTS_PID, STEPS_TID, _meta, request_events,
                                         step_events)
+from tracengine.analysis.export import metadata as export_metadata
 from tracengine.analysis.timeline import RequestRecord, StepRecord
 from tracengine.errors import TraceError
 from tracengine.trace.events import (Preempt, RequestAdded, ScheduleDecision, SeqAbort, SeqFinish, StepEnd,
@@ -188,7 +188,7 @@ def write_perfetto(events, out_path) -> dict:
                 for event in events:
                     stream.add(event)
             stream.close()
-            metadata = _metadata(stream, torn_tail)
+            metadata = export_metadata(stream.header, stream.num_steps, torn_tail)
             f.write(b'],"displayTimeUnit":"ms","metadata":' + encode(metadata) + b"}")
         os.replace(temp, out_path)
     except BaseException:
@@ -199,15 +199,3 @@ def write_perfetto(events, out_path) -> dict:
         if reader is not None:
             reader.close()
     return {"metadata": metadata, "num_trace_events": stream.num_events, "num_requests": stream.num_requests}
-
-
-def _metadata(stream: PerfettoStream, torn_tail: str | None) -> dict:
-    metadata = {"exporter": f"tracengine {__version__}", "num_steps": stream.num_steps,
-                "time_axis": "cumulative StepEnd gaps and durations (gap_ns, then schedule_ns + model_ns + "
-                             "postprocess_ns); requests arrive at RequestAdded.arrival_ns",
-                "torn_tail": torn_tail}
-    header = stream.header
-    if header is not None:
-        metadata.update(format_version=header.format_version, tracengine_version=header.tracengine_version,
-                        config=header.config, model=header.model.name, device=header.device, seed=header.seed)
-    return metadata

@@ -9,7 +9,6 @@ is added before it. The events are an ordinary trace whose StepEnds hold the
 simulated durations and gaps, so stats, tui, diff, export and replay read it.
 No model and no torch: tokens come from a runner without one (replay.whatif.OutputRunner
 for a what-if, SyntheticRunner for a workload)."""
-from tracengine.collector import collector_paused
 from tracengine.engine.config import Config
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.errors import TracengineError
@@ -66,13 +65,6 @@ def run_timed(config: Config, requests: list[Request], step_time, runner=None, s
     With `sink` given (a TraceWriter) the events go there and the list holds the header only.
     `first_step_ns`: the earliest start of step 0 (a recording's start-up: see TimedReplay).
     `on_progress(num_finished, now_ns)`: called every PROGRESS_EVERY steps and at the end."""
-    with collector_paused():    # millions of tokens in long-lived lists, in no cycle
-        return _run_timed(config, requests, step_time, runner, sink, header, max_steps, policy, first_step_ns,
-                          on_progress)
-
-
-def _run_timed(config, requests, step_time, runner, sink, header, max_steps, policy, first_step_ns,
-               on_progress) -> list:
     events_sink = sink if sink is not None else ListSink()
     runner = runner if runner is not None else SyntheticRunner(eos=config.eos, seed=config.seed)
     engine = SimulatedEngine(config, runner, step_time, events_sink, policy=policy)   # policy: as LLMEngine's
