@@ -161,8 +161,12 @@ class PerfettoStream:
 
 
 def write_perfetto(events, out_path) -> dict:
-    """See export.export_perfetto."""
-    temp = os.fspath(out_path) + ".exporting.tmp"
+    """See export.export_perfetto. A regular file is written beside OUT and renamed over it when
+    whole; a device or a pipe (`--perfetto /dev/null`) is written in place."""
+    target = os.fspath(out_path)
+    # a device or a pipe (--perfetto /dev/null) is written in place, never replaced
+    in_place = os.path.exists(target) and not os.path.isfile(target)
+    temp = target if in_place else target + ".exporting.tmp"
     encode = msgspec.json.Encoder().encode
     reader = None
     try:
@@ -190,9 +194,10 @@ def write_perfetto(events, out_path) -> dict:
             stream.close()
             metadata = export_metadata(stream.header, stream.num_steps, torn_tail)
             f.write(b'],"displayTimeUnit":"ms","metadata":' + encode(metadata) + b"}")
-        os.replace(temp, out_path)
+        if not in_place:
+            os.replace(temp, target)
     except BaseException:
-        if os.path.exists(temp):
+        if not in_place and os.path.exists(temp):
             os.remove(temp)
         raise
     finally:
