@@ -304,11 +304,11 @@ def test_a_hash_that_repeats_within_a_prompt_hits_its_block_twice(monkeypatch):
     manager = BlockManager(8, 4)
     a = seq_of(0, [0] * 9)
     fill(manager, a)
+    shared = a.block_table[1]                         # the later block registered under 7
     manager.deallocate(a)
     b = seq_of(1, [0] * 9)
     assert manager.num_blocks_needed(b) == (2, 3)     # 3 - 2 hits + the free hit, counted once per hit
     manager.allocate(b, 2)
-    shared = a.block_table[1]                         # the later block registered under 7
     assert b.block_table[:2] == [shared, shared] and manager.blocks[shared].ref_count == 2
     manager.deallocate(b)
     assert list(manager.free_block_ids).count(shared) == 1 and manager.num_free_blocks == 8
