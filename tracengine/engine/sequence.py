@@ -119,7 +119,7 @@ class Sequence:
         assert 0 <= i < self.num_blocks
         return self.tokens(i * self.block_size, min((i + 1) * self.block_size, self.num_tokens))
 
-    def append_token(self, token_id: int):     # Scheduler.postprocess has these lines inline
+    def append_token(self, token_id: int):
         self.completion.append(token_id)
         self.last_token = token_id
         self.num_tokens += 1
