@@ -7,7 +7,7 @@ import json
 import pytest
 import ray
 
-from tests.test_sweeps import good_share, simulate_argv, sweep_of, table_of, write_mooncake
+from tests.helpers import SWEEP_MODEL, good_share, simulate_argv, sweep_of, table_of, write_mooncake
 from tracengine.cli.main import main
 from tracengine.sim.executors import LocalExecutor, RayExecutor, run_variants
 from tracengine.sim.search import search_rates
@@ -24,9 +24,8 @@ def cluster():
 
 @pytest.fixture
 def roofline(tmp_path):
-    from tests.test_sweeps import TINY
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(TINY))
+    path.write_text(json.dumps(SWEEP_MODEL))
     return str(path)
 
 
