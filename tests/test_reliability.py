@@ -214,16 +214,16 @@ def raw_header_payload(config_bytes: bytes) -> bytes:
     """A header frame's payload whose config is the given msgpack bytes (whatever a hostile file holds)."""
     head = msgspec.msgpack.encode([TraceHeader(FORMAT_VERSION, "0.1.0", {}, ModelInfo("m", "f", "a"), "cpu", "", 0)])
     empty_map = msgspec.msgpack.encode({})
-    assert head.count(empty_map) == 1
-    return head.replace(empty_map, config_bytes)
+    assert head.count(empty_map) == 2           # the config's, then the fleet's (format 4)
+    return head.replace(empty_map, config_bytes, 1)
 
 
 def ints_bomb(num_ints: int) -> bytes:
     """One StepEnd-stamped frame of a RequestAdded whose prompt is num_ints 3-byte ints."""
     prompt = b"\xdd" + struct.pack(">I", num_ints) + b"\xcd\x01\x00" * num_ints
     event = msgspec.msgpack.encode(RequestAdded(0, 0, [], 1, 1.0, False))
-    assert event.count(b"\x90") == 1                # its empty prompt list
-    return b"\x91" + event.replace(b"\x90", prompt)
+    assert event.count(b"\x90") == 2                # its empty prompt list, then its empty prompt_hash_ids
+    return b"\x91" + event.replace(b"\x90", prompt, 1)
 
 
 def largest_accepted_frame() -> bytes:
