@@ -5,7 +5,8 @@ computes nothing; a timed-out variant says so. Ray is the 'ray' extra, which CI 
 import json
 
 import pytest
-import ray
+
+ray = pytest.importorskip("ray", reason="Ray is the 'ray' extra: pip install -e \".[ray]\"")
 
 from tests.helpers import SWEEP_MODEL, good_share, simulate_argv, sweep_of, table_of, write_mooncake
 from tracengine.cli.main import main
