@@ -1,7 +1,8 @@
 """The trace file: the only module that knows frames.
 
-Format version 3: this layout, the events of events.py, and the dictionary of
-dictionary.py. Versions 1 and 2 had a frame head without its own check (12
+Format version 4: this layout, the events of events.py, and the dictionary of
+dictionary.py. Version 3 had the same layout without the fields version 4
+appended to the events (the engine, what vLLM's scheduler records). Versions 1 and 2 had a frame head without its own check (12
 bytes); version 1 had the events without the fields appended since. Both
 read, with those fields' defaults.
 
@@ -74,9 +75,10 @@ from tracengine.trace.encoded import EncodedTokens
 from tracengine.trace.events import AnyEvent, Event, ModelInfo, RequestAdded, StepEnd, TraceHeader
 from tracengine.trace.dictionary import DICTIONARY
 
-FORMAT_VERSION = 3
-# 2 appended arrival_ns, top_k, top_p, seed to RequestAdded and gap_ns to StepEnd; 3 checks each frame head
-READABLE_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4
+# 2 appended arrival_ns, top_k, top_p, seed to RequestAdded and gap_ns to StepEnd; 3 checks each frame head;
+# 4 appended the engine to TraceHeader and what vLLM's scheduler records (events.py)
+READABLE_VERSIONS = (1, 2, 3, 4)
 MAGIC = b"TRCE"
 PREAMBLE = struct.Struct("<4sH2x")     # magic, format version, 2 reserved bytes (0)
 FRAME_HEAD = struct.Struct("<IQI")     # length word, xxh64 of the stored payload (seed: the flag), head check
