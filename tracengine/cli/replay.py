@@ -69,7 +69,7 @@ def show_state(path, step: int) -> int:
 
 def run_replay(path, as_json: bool = False, policy: str | None = None) -> int:
     with TraceReader(path) as reader:
-        result = reexecute(reader.events(), policy)
+        result = reexecutor(reader.header, policy)(reader.events())
         note_torn_tail(reader)
     if as_json:
         d = result.divergence
@@ -89,6 +89,16 @@ def run_replay(path, as_json: bool = False, policy: str | None = None) -> int:
     with TraceReader(path) as reader:
         print(divergence_report(str(path), result, reader.events()), end="")
     return EXIT_FAILED_CHECK
+
+
+def reexecutor(header, policy: str | None = None):
+    """The re-execution for the engine that made the trace: tracengine's, or vLLM's own scheduler."""
+    if header.engine == "vllm":
+        if policy is not None:
+            raise TraceError("--policy replays a trace of tracengine's scheduler; this one is vLLM's")
+        from tracengine.vllm.replay import reexecute as reexecute_vllm
+        return reexecute_vllm
+    return lambda events: reexecute(events, policy)
 
 
 def run_whatif(path, events, overrides: dict, record, as_json: bool = False, policy: str | None = None) -> int:

@@ -151,7 +151,7 @@ def trace_header(scheduler):
     model = ModelInfo(os.path.basename(str(model_config.model)) if scheduler_is_stub(model_config) else
                       str(model_config.model), str(model_config.dtype).removeprefix("torch."), architectures[0])
     return TraceHeader(FORMAT_VERSION, __version__, header_config(scheduler), model,
-                       str(scheduler.vllm_config.device_config.device_type or platform.machine()), torch.__version__,
+                       str(scheduler.vllm_config.device_config.device_type or platform.machine()), str(torch.__version__),
                        model_config.seed if model_config.seed is not None else 0, time.time(),
                        scheduler.vllm_config.parallel_config.tensor_parallel_size, "vllm", vllm.__version__)
 

@@ -68,6 +68,8 @@ class StepRecorder:
         self.num_preempted = 0        # preemptions in this step
         self.timing: dict[int, list] = {}   # step -> [schedule start, schedule end] (perf_counter_ns)
         self.last_update_end = time.perf_counter_ns()
+        self.num_free_blocks = self.free_blocks()   # as the events written so far leave them
+        self.free_delta: dict[int, int] = {}        # step -> the change its events made, until StepEnd
         manager = scheduler.kv_cache_manager
         self._allocate_slots, self._free = manager.allocate_slots, manager.free
         # The scheduler's own manager, observed: its methods are called as before and return the same.
@@ -86,6 +88,13 @@ class StepRecorder:
 
     def emit(self, event) -> None:
         self.steps.setdefault(event.step, []).append(event)
+
+    def free_blocks(self) -> int:
+        return self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def count_freed(self, step: int, num_free_before: int) -> None:
+        """Adds what a call changed in the free blocks to `step`'s events."""
+        self.free_delta[step] = self.free_delta.get(step, 0) + self.free_blocks() - num_free_before
 
     @property
     def num_in_flight(self) -> int:
@@ -172,7 +181,7 @@ class StepRecorder:
             step, phase, decodes + prefills, out.total_num_scheduled_tokens,
             self._stop_reason(out, num_waiting), self.blocked_seq_id, 0, num_free_blocks, num_waiting, num_running,
             len(decodes) if phase == "mixed" else 0, resumed))
-        self.timing[step] = [start_ns, time.perf_counter_ns(), num_free_blocks]
+        self.timing[step] = [start_ns, time.perf_counter_ns()]
         self.blocked_seq_id, self.num_preempted = -1, 0
 
     def _stop_reason(self, out, num_waiting: int) -> str:
@@ -190,10 +199,10 @@ class StepRecorder:
             return "max_num_seqs"
         return "not_admitted"
 
-    def outputs(self, model_output, before: dict, frees: list, start_ns: int, num_freed: int) -> None:
+    def outputs(self, model_output, before: dict, frees: list, start_ns: int) -> None:
         """TokenSample, SeqFinish and the frees of finished requests, then StepEnd: the step's frame.
         `before`: req_id -> (the request, its output tokens before the update) of each request
-        whose output was processed; `num_freed`: blocks the update returned to the free queue."""
+        whose output was processed."""
         step = self.num_updated
         sampled = model_output.sampled_token_ids
         finished = []
@@ -212,10 +221,11 @@ class StepRecorder:
         for event in frees:
             self.emit(event)
         end_ns = time.perf_counter_ns()
-        # The free blocks as the step's events leave them: after its schedule() and what its update
-        # freed (with async scheduling the next step's allocations come between them, in its frame).
-        schedule_start, schedule_end, num_free_blocks = self.timing.pop(step)
-        self.emit(StepEnd(step, num_free_blocks + num_freed,
+        # The free blocks as the events up to this step's leave them: with async scheduling the
+        # next step's allocations come before this update's frees, but in the next frame.
+        self.num_free_blocks += self.free_delta.pop(step, 0)
+        schedule_start, schedule_end = self.timing.pop(step)
+        self.emit(StepEnd(step, self.num_free_blocks,
                           schedule_end - schedule_start, max(start_ns - schedule_end, 0), end_ns - start_ns,
                           max(schedule_start - self.last_update_end, 0), self.num_scheduled - step - 1))
         self.last_update_end = end_ns
@@ -269,11 +279,13 @@ class _Recording:
         ids.sort(key=lambda req_id: recorder.seq_ids.get(req_id, -1))   # arrival order, not a set's
         reason = "error" if finished_status == RequestStatus.FINISHED_ERROR else "client"
         finished = []
+        step, num_free_before = recorder.current_step(), recorder.free_blocks()
         for req_id in ids:
             request = self.requests.get(req_id)
             if request is not None and not request.is_finished():
                 recorder.request_aborted(request, reason)
             finished += super().finish_requests(req_id, finished_status)
+        recorder.count_freed(step, num_free_before)
         return finished
 
     def _preempt_request(self, request, timestamp, *args, **kwargs):
@@ -289,10 +301,12 @@ class _Recording:
         prefill_before = {r.request_id: r.is_prefill_chunk for r in self.running}
         preempted_before = {r.request_id for r in self._waiting_requests() if r.status == RequestStatus.PREEMPTED}
         recorder.in_call = "schedule"
+        num_free_before = recorder.free_blocks()
         try:
             out = super().schedule(*args, **kwargs)
         finally:
             recorder.in_call = "between"
+        recorder.count_freed(recorder.num_scheduled, num_free_before)
         resumed = [recorder.seq_ids[req_id] for req_id in out.num_scheduled_tokens if req_id in preempted_before]
         recorder.decision(out, prefill_before, resumed, start_ns)
         recorder.num_scheduled += 1
@@ -306,8 +320,7 @@ class _Recording:
         if recorder is None:
             return super().update_from_output(scheduler_output, model_runner_output)
         start_ns = time.perf_counter_ns()
-        block_pool = self.kv_cache_manager.block_pool
-        num_free_before = block_pool.get_num_free_blocks()
+        num_free_before = recorder.free_blocks()
         before = {}      # requests whose output is processed: their output tokens before
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(req_id)
@@ -322,8 +335,8 @@ class _Recording:
         finally:
             recorder.steps = steps
             recorder.in_call = "between"
-        recorder.outputs(model_runner_output, before, frees, start_ns,
-                         block_pool.get_num_free_blocks() - num_free_before)
+        recorder.count_freed(recorder.num_updated, num_free_before)
+        recorder.outputs(model_runner_output, before, frees, start_ns)
         recorder.num_updated += 1
         return result
 
