@@ -56,7 +56,7 @@ def sampling_req_ids(scheduler, out) -> list[str]:
 
 
 def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, in_step_aborts: dict | None = None,
-        max_steps: int = 100_000) -> int:
+        max_steps: int = 100_000, schedule_log: list | None = None) -> int:
     """Runs `specs` through `scheduler` until it has no requests; returns the number of steps.
     A request arrives before the step its `arrival_step` names (an idle engine skips ahead to
     the next arrival, so steps then run behind that count). `aborts[k]`: request ids aborted before step k is scheduled; `in_step_aborts[k]`: ids aborted
@@ -98,6 +98,7 @@ def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, in_s
                 tokens[req_id] = [100 + (index[req_id] * 31 + request.num_output_tokens) % 900]
         return tokens
 
+    # aborts and steps are keyed by schedule() calls, arrivals by `tick`
     while num_scheduled < max_steps:
         if not scheduler.has_requests() and not batch_queue:
             if not pending:
@@ -108,6 +109,8 @@ def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, in_s
             scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
         if scheduler.has_requests():
             out = scheduler.schedule()
+            if schedule_log is not None:     # what vLLM decided: each request's tokens, the preempted
+                schedule_log.append((dict(out.num_scheduled_tokens), sorted(out.preempted_req_ids)))
             batch_queue.appendleft((num_scheduled, out, sampling_req_ids(scheduler, out)))
             num_scheduled += 1
             tick += 1

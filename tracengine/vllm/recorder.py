@@ -65,6 +65,7 @@ class StepRecorder:
         self.in_call = "between"      # "schedule", "update" or "between"
         self.by_seq_id = -1           # the request allocate_slots was last asked for
         self.blocked_seq_id = -1      # a waiting request allocate_slots refused this step
+        self.num_blocks_needed = 0    # the blocks it needed beyond its prefix-cache hits
         self.num_preempted = 0        # preemptions in this step
         self.timing: dict[int, list] = {}   # step -> [schedule start, schedule end] (perf_counter_ns)
         self.last_update_end = time.perf_counter_ns()
@@ -135,8 +136,11 @@ class StepRecorder:
         seq_id = self.by_seq_id = self.seq_id(request)
         step = self.current_step()
         if new_blocks is None:
-            if admitting:
+            if admitting:     # vLLM checks that the whole request fits (scheduler_reserve_full_isl)
+                hits = kwargs.get("new_computed_blocks")
+                num_hits = len(hits.blocks[0]) if hits is not None else 0
                 self.blocked_seq_id = seq_id
+                self.num_blocks_needed = -(-request.num_tokens // self.scheduler.block_size) - num_hits
             return None
         new_ids = new_blocks.get_block_ids()[0] if new_blocks.blocks[0] else []
         if admitting:
@@ -179,10 +183,10 @@ class StepRecorder:
         phase = "decode" if not prefills else "prefill" if not decodes else "mixed"
         self.emit(ScheduleDecision(
             step, phase, decodes + prefills, out.total_num_scheduled_tokens,
-            self._stop_reason(out, num_waiting), self.blocked_seq_id, 0, num_free_blocks, num_waiting, num_running,
+            self._stop_reason(out, num_waiting), self.blocked_seq_id, self.num_blocks_needed, num_free_blocks, num_waiting, num_running,
             len(decodes) if phase == "mixed" else 0, resumed))
         self.timing[step] = [start_ns, time.perf_counter_ns()]
-        self.blocked_seq_id, self.num_preempted = -1, 0
+        self.blocked_seq_id, self.num_blocks_needed, self.num_preempted = -1, 0, 0
 
     def _stop_reason(self, out, num_waiting: int) -> str:
         """vLLM's loops have no named exits: the one the state after the step shows."""
