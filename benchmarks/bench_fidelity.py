@@ -32,7 +32,7 @@ from tracengine.analysis.stats import percentile, request_figures, stats   # noq
 from tracengine.analysis.timeline import load                 # noqa: E402
 from tracengine.engine.config import parse_override          # noqa: E402
 from tracengine.engine.sampling_params import SamplingParams  # noqa: E402
-from tracengine.replay.simulate import timed_whatif          # noqa: E402
+from tracengine.replay.timed import timed_whatif  # noqa: E402
 from tracengine.trace.tracelog import TraceReader             # noqa: E402
 from tracengine.workload.arrivals import arrival_times       # noqa: E402
 

@@ -36,7 +36,7 @@ from tracengine.analysis.timeline import RequestTimelineSink  # noqa: E402
 from tracengine.engine.config import Config  # noqa: E402
 from tracengine.trace.events import NULL_SINK, ListSink  # noqa: E402
 from tracengine.engine.llm_engine import LLMEngine  # noqa: E402
-from tracengine.replay.runners import SyntheticRunner  # noqa: E402
+from tracengine.sim.runners import SyntheticRunner  # noqa: E402
 from tracengine.engine.sampling_params import SamplingParams  # noqa: E402
 from tracengine.trace import tracelog  # noqa: E402
 from tracengine.trace.tracelog import (TraceWriter, deflate_frame, frame_head, make_header,  # noqa: E402

@@ -19,9 +19,11 @@ import time
 from tracengine.engine.config import Config
 from tracengine.trace.events import NULL_SINK, RequestAdded, StepEnd, TokenSample
 from tracengine.engine.llm_engine import LLMEngine
-from tracengine.replay.fold import Fold, iter_steps
+from tracengine.replay.fold import Fold
+from tracengine.trace.events import iter_steps
 from tracengine.replay.reexec import reexecute
-from tracengine.replay.runners import RecordedRunner, SyntheticRunner
+from tracengine.sim.runners import SyntheticRunner
+from tracengine.replay.reexec import RecordedRunner
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.trace.tracelog import TraceReader, TraceWriter, make_header
 

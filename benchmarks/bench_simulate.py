@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tracengine.analysis.stats import stats                       # noqa: E402
 from tracengine.analysis.timeline import RequestTimelineSink       # noqa: E402
 from tracengine.engine.config import Config                       # noqa: E402
-from tracengine.replay.roofline import ModelShape, RooflineStepTime   # noqa: E402
-from tracengine.replay.simulate import simulate, simulation_header   # noqa: E402
+from tracengine.sim.roofline import ModelShape, RooflineStepTime   # noqa: E402
+from tracengine.sim.engine import simulate, simulation_header   # noqa: E402
 from tracengine.trace.events import NULL_SINK                     # noqa: E402
 from tracengine.trace.tracelog import TraceWriter                 # noqa: E402
 from tracengine.workload import read_workload                     # noqa: E402

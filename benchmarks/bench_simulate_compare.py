@@ -24,8 +24,8 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 CHILD = r"""
 import gc, sys, time, xxhash
 from tracengine.engine.config import Config
-from tracengine.replay.roofline import ModelShape, RooflineStepTime
-from tracengine.replay.simulate import simulate, simulation_header
+from tracengine.sim.roofline import ModelShape, RooflineStepTime
+from tracengine.sim.engine import simulate, simulation_header
 from tracengine.trace.tracelog import TraceReader, TraceWriter
 from tracengine.workload import read_workload
 workload, trace, shape = sys.argv[1], sys.argv[2], eval(sys.argv[3])

@@ -26,7 +26,7 @@ import msgspec  # noqa: E402
 from tracengine.engine.config import Config  # noqa: E402
 from tracengine.trace.events import EVENT_TYPES, ListSink, StepEnd, to_builtins  # noqa: E402
 from tracengine.engine.llm_engine import LLMEngine  # noqa: E402
-from tracengine.replay.runners import SyntheticRunner  # noqa: E402
+from tracengine.sim.runners import SyntheticRunner  # noqa: E402
 from tracengine.engine.sampling_params import SamplingParams  # noqa: E402
 from tracengine.trace.dictionary import DICTIONARY  # noqa: E402
 from tracengine.trace.tracelog import (WINDOW_BITS, TraceReader, TraceWriter, compact, make_header,  # noqa: E402

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tracengine.engine.config import Config  # noqa: E402
 from tracengine.engine.llm_engine import LLMEngine  # noqa: E402
-from tracengine.replay.runners import SyntheticRunner  # noqa: E402
+from tracengine.sim.runners import SyntheticRunner  # noqa: E402
 from tracengine.engine.sampling_params import SamplingParams  # noqa: E402
 from tracengine.trace.tracelog import TraceWriter, make_header  # noqa: E402
 from tracengine.tui.app import TraceApp  # noqa: E402

@@ -32,8 +32,8 @@ def child(kind: str, size: int, workload: str, shape: dict):
     """One run of `kind` at `size`, in the tree on sys.path (this script's folder is not on it)."""
     import gc
     from tracengine.engine.config import Config
-    from tracengine.replay.roofline import ModelShape, RooflineStepTime
-    from tracengine.replay.simulate import simulate, simulation_header
+    from tracengine.sim.roofline import ModelShape, RooflineStepTime
+    from tracengine.sim.engine import simulate, simulation_header
     from tracengine.trace.tracelog import TraceWriter
     step_time = RooflineStepTime.for_hardware(ModelShape.from_hf_config(shape, "Qwen3-8B"), "H200")
     out = os.path.join(tempfile.mkdtemp(), "sim.trace")
@@ -45,7 +45,7 @@ def child(kind: str, size: int, workload: str, shape: dict):
         config = Config(num_kvcache_blocks=100_000, kvcache_block_size=16,
                         max_model_len=max(len(r.prompt) + r.max_tokens for r in requests))
     elif kind == "decode":
-        from tracengine.replay.runners import WorkloadRequest
+        from tracengine.sim.runners import WorkloadRequest
         requests = [WorkloadRequest(list(range(i, i + 16)), size, 0, True, seq_id=i, arrival_ns=0) for i in range(64)]
         config = Config(num_kvcache_blocks=100_000, kvcache_block_size=16, max_num_seqs=64, max_model_len=4096)
     if kind in ("mooncake", "decode"):
@@ -74,7 +74,7 @@ def child(kind: str, size: int, workload: str, shape: dict):
             if len(live) > 12:
                 manager.deallocate(live.pop(0))
     elif kind.startswith("steploop"):
-        from tracengine.replay.runners import WorkloadRequest, run_workload
+        from tracengine.sim.runners import WorkloadRequest, run_workload
         num_seqs = int(kind[len("steploop"):])
         config = Config(num_kvcache_blocks=512, kvcache_block_size=16, max_num_seqs=8, max_model_len=1024)
         for _ in range(size):

@@ -32,7 +32,7 @@ from tracengine import __version__  # noqa: E402
 from tracengine.engine.config import Config  # noqa: E402
 from tracengine.trace.events import ModelInfo, RequestAdded, StepEnd, TraceHeader  # noqa: E402
 from tracengine.engine.llm_engine import LLMEngine  # noqa: E402
-from tracengine.replay.runners import SyntheticRunner  # noqa: E402
+from tracengine.sim.runners import SyntheticRunner  # noqa: E402
 from tracengine.engine.sampling_params import SamplingParams  # noqa: E402
 
 SEED = 20240601

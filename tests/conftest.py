@@ -46,8 +46,8 @@ def step_scheduler(scheduler, token=7):
 
 
 def run_canned(name):
-    """The events of a canned workload (tracengine.replay.runners) run through the engine."""
-    from tracengine.replay.runners import run_workload
+    """The events of a canned workload (tracengine.sim.runners) run through the engine."""
+    from tracengine.sim.runners import run_workload
     from tracengine.testing import canned_workload
     config, requests, runner = canned_workload(name)
     return run_workload(config, requests, runner)

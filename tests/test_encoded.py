@@ -87,8 +87,8 @@ def test_a_recording_of_encoded_prompts_is_the_recording_of_the_plain_ones(tmp_p
     """The same bytes on file: requests added between steps and before the first, with
     preemptions, recorded from prompts with their encoding and from plain lists."""
     from tracengine.engine.config import Config
-    from tracengine.replay.roofline import ModelShape, RooflineStepTime
-    from tracengine.replay.simulate import simulate, simulation_header
+    from tracengine.sim.roofline import ModelShape, RooflineStepTime
+    from tracengine.sim.engine import simulate, simulation_header
     from tracengine.trace.tracelog import TraceWriter, open_trace
     from tracengine.workload import read_workload
     from tests.test_simulate import TINY

@@ -10,8 +10,8 @@ from tracengine.errors import TraceError
 from tracengine.trace.events import BlockAllocate, ListSink, StepEnd
 from tracengine.replay.fold import Fold
 from tracengine.replay.state import live_state
-from tracengine.replay.render import render_state
-from tracengine.replay.runners import run_workload
+from tracengine.analysis.render import render_state
+from tracengine.sim.runners import run_workload
 from tracengine.testing import CANNED_WORKLOADS, canned_workload
 from tracengine.trace.tracelog import TraceWriter
 

@@ -11,7 +11,7 @@ from tracengine.engine.config import Config
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.replay.reexec import reexecute
-from tracengine.replay.runners import SyntheticRunner
+from tracengine.sim.runners import SyntheticRunner
 from tracengine.trace.events import BlockAllocate, ListSink, RequestAdded, ScheduleDecision, StepEnd
 from tracengine.trace.tracelog import FORMAT_VERSION, open_trace
 from tracengine.workload import arrival_times

@@ -12,8 +12,8 @@ from tracengine.engine.policies import MixedScheduler, load_policy, policy_path
 from tracengine.engine.scheduler import Scheduler
 from tracengine.errors import ConfigError
 from tracengine.replay.reexec import reexecute
-from tracengine.replay.render import render_steps
-from tracengine.replay.runners import run_workload
+from tracengine.analysis.render import render_steps
+from tracengine.sim.runners import run_workload
 from tracengine.testing import CANNED_WORKLOADS, canned_workload
 from tracengine.trace.events import Preempt, ScheduleDecision, TokenSample, prefill_flags
 from tracengine.trace.tracelog import TraceReader
@@ -282,7 +282,8 @@ def test_perfetto_export_names_mixed_steps_and_each_request_its_own_phase(tmp_pa
 
 
 def test_tui_strip_colours_mixed_steps_and_the_sentence_says_why_it_stopped(tmp_path):
-    from tracengine.replay.fold import Fold, iter_steps
+    from tracengine.replay.fold import Fold
+    from tracengine.trace.events import iter_steps
     from tracengine.trace.tracelog import TraceWriter
     from tracengine.tui.explain import explain_step
     from tracengine.tui.trace_index import TraceIndex
@@ -367,7 +368,7 @@ def test_the_server_runs_the_mixed_policy(tmp_path):
 
 
 def test_a_time_aware_whatif_runs_a_policy_given_by_name():
-    from tracengine.replay.simulate import timed_whatif
+    from tracengine.replay.timed import timed_whatif
     with TraceReader(TRACES / "mixed.trace") as reader:
         events = list(reader.events())
     result = timed_whatif(events, {"scheduling_policy": "user_policies:MixedPreemptingHead"})

@@ -415,7 +415,7 @@ def test_event_check_accepts_every_recorded_trace(trace):
 def test_check_follows_aborts_and_the_mixed_policy(tmp_path, capsys):
     from tracengine.engine.llm_engine import LLMEngine
     from tracengine.engine.sampling_params import SamplingParams
-    from tracengine.replay.runners import SyntheticRunner
+    from tracengine.sim.runners import SyntheticRunner
     for policy in ("prefill_first", "mixed"):
         config = dataclasses.replace(every_event_type_config(), scheduling_policy=policy)
         path = tmp_path / f"{policy}.trace"

@@ -11,7 +11,7 @@ from tracengine.cli import main
 from tracengine.errors import TraceError
 from tracengine.trace.events import BlockHash, Preempt, ScheduleDecision, SeqFinish, StepEnd, TokenSample
 from tracengine.replay.reexec import reexecute
-from tracengine.replay.render import format_event, render_steps
+from tracengine.analysis.render import format_event, render_steps
 from tracengine.testing import CANNED_WORKLOADS
 from tracengine.engine.scheduler import Scheduler
 from tracengine.trace.tracelog import TraceReader

@@ -16,7 +16,7 @@ from tracengine.trace.events import (BlockAllocate, ListSink, Preempt, RequestAd
 from tracengine.replay.fold import Fold
 from tracengine.replay.state import live_state
 from tracengine.replay.reexec import reexecute
-from tracengine.replay.runners import SyntheticRunner, WorkloadRequest, run_workload
+from tracengine.sim.runners import SyntheticRunner, WorkloadRequest, run_workload
 from tracengine.testing import random_workload
 from tracengine.trace.tracelog import make_header
 

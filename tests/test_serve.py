@@ -285,12 +285,13 @@ def test_bench_serve_sends_a_workload_and_measures_it(served, capsys):
     import json
     from tracengine.cli import main
     from tracengine.cli.main import build_parser
+    from tracengine.cli.flags import workload_spec
     from tracengine.workload.sources import workload_requests
     argv = ["bench-serve", "--url", served[0].url, "--api-key", KEY, "--num-prompts", "6", "--input-len", "8:16",
             "--output-len", "3:7", "--request-rate", "40", "--seed", "3", "--json"]
     assert main(argv) == 0
     figures = json.loads(capsys.readouterr().out)
-    requests = workload_requests(build_parser().parse_args(argv), 1024)     # the workload it sent
+    requests = workload_requests(workload_spec(build_parser().parse_args(argv)), 1024)     # the workload it sent
     assert figures["num_completed"] == 6 and figures["num_failed"] == 0
     assert figures["num_completion_tokens"] == sum(r.max_tokens for r in requests)     # synthetic: ignore_eos
     assert figures["num_prompt_tokens"] == sum(len(r.prompt) for r in requests)

@@ -5,7 +5,7 @@ from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.replay.fold import Fold
 from tracengine.replay.reexec import reexecute
-from tracengine.replay.runners import SyntheticRunner
+from tracengine.sim.runners import SyntheticRunner
 from tracengine.replay.state import live_state
 from tracengine.trace.events import BlockFree, ListSink, RequestAdded, SeqAbort
 from tracengine.trace.tracelog import TraceWriter, make_header, open_trace

@@ -52,7 +52,7 @@ def test_simulate_writes_a_trace_that_reads_replays_and_shows_in_stats(tmp_path,
 def test_a_roofline_names_its_dtype_in_the_trace_and_in_its_json(tmp_path, roofline, capsys):
     """The header's dtype is the config's (float32 here: 4 bytes a weight); a roofline saved as
     JSON keeps it, and one saved before it had a name gives its size."""
-    from tracengine.replay.roofline import ModelShape, RooflineStepTime
+    from tracengine.sim.roofline import ModelShape, RooflineStepTime
     config = tmp_path / "f32.json"
     config.write_text(json.dumps(dict(TINY, torch_dtype="float32")))
     out = str(tmp_path / "f32.trace")
@@ -121,9 +121,9 @@ def test_simulate_imports_no_torch(tmp_path, roofline):
 
 
 def test_sweep_rows_equal_the_single_runs(tmp_path, roofline):
-    from tracengine.replay.roofline import ModelShape, RooflineStepTime
-    from tracengine.replay.simulate import simulate, simulate_config, timed_requests
-    from tracengine.replay.sweep import SimulateVariant, parse_sweep, row_of, run_sweep
+    from tracengine.sim.roofline import ModelShape, RooflineStepTime
+    from tracengine.sim.engine import simulate, simulate_config, timed_requests
+    from tracengine.sim.sweep import SimulateVariant, parse_sweep, row_of, run_sweep
     from tracengine.workload import read_workload
     requests = timed_requests(read_workload(str(DATA / "mooncake_sample.jsonl"), vocab_size=1000, length_scale=0.1))
     step_time = RooflineStepTime.for_hardware(ModelShape.from_file(roofline), "H100")
@@ -144,7 +144,7 @@ def test_a_sweeps_plot_draws_the_figure_against_the_first_swept_value(tmp_path, 
     through the rows' own figures; and the command writes the image it names."""
     pytest.importorskip("matplotlib")     # the 'plot' extra; the dev install has it
     from matplotlib.figure import Figure
-    from tracengine.replay.sweep import plot_rows
+    from tracengine.sim.sweep import plot_rows
     drawn, savefig = [], Figure.savefig
     monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), savefig(fig, *a, **k))[1])
     variants = [{"num_kvcache_blocks": b, "max_num_seqs": n} for b in (30, 60) for n in (1, 4)]
@@ -164,10 +164,10 @@ def test_a_sweeps_plot_draws_the_figure_against_the_first_swept_value(tmp_path, 
 
 def test_sweep_on_replay_in_time_and_in_steps(tmp_path, capsys):
     from tests.test_steptime import CONFIG, TRUTH, bursty_workload, write_trace
-    from tracengine.replay.simulate import run_timed
-    from tracengine.replay.steptime import LinearStepTime
-    from tracengine.replay.sweep import row_of
-    from tracengine.replay.simulate import TimedReplay
+    from tracengine.sim.engine import run_timed
+    from tracengine.sim.steptime import LinearStepTime
+    from tracengine.sim.sweep import row_of
+    from tracengine.replay.timed import TimedReplay
     trace = str(tmp_path / "run.trace")
     events = run_timed(CONFIG, bursty_workload(n=30), LinearStepTime(TRUTH, gap_ns=30_000))
     write_trace(trace, events)
@@ -187,8 +187,8 @@ def test_a_step_exact_sweep_gives_its_figures_in_steps(tmp_path, capsys):
     so its sweep's rows, table, JSON and plot are in steps, as `stats` counts them, the same
     on every run; goodput objectives (times) and a figure in ms are refused."""
     from tests.test_steptime import CONFIG, TRUTH, bursty_workload, write_trace
-    from tracengine.replay.simulate import run_timed
-    from tracengine.replay.steptime import LinearStepTime
+    from tracengine.sim.engine import run_timed
+    from tracengine.sim.steptime import LinearStepTime
     from tracengine.replay.whatif import whatif
     trace = str(tmp_path / "run.trace")
     events = run_timed(CONFIG, bursty_workload(n=30), LinearStepTime(TRUTH, gap_ns=30_000))
@@ -246,7 +246,7 @@ def test_synthetic_runner_tokens_hash_seed_seq_and_position():
     whatever the batch; `eos_at` puts eos at a completion index."""
     import xxhash
     from tracengine.engine.sequence import Sequence
-    from tracengine.replay.runners import SyntheticRunner
+    from tracengine.sim.runners import SyntheticRunner
     seqs = []
     for seq_id, (num_tokens, num_cached, num_scheduled) in enumerate([(10, 9, 1), (30, 0, 30), (30, 0, 12), (5, 4, 1)]):
         seq = Sequence(seq_id, list(range(num_tokens)), 4)
@@ -269,9 +269,9 @@ def test_progress_counts_finished_requests_and_simulated_time(roofline):
     fall and end at all of them, the simulated time ends at the trace's own end; without a
     callback the events are the same."""
     from tracengine.engine.config import Config
-    from tracengine.replay import simulate as simulation
-    from tracengine.replay.roofline import ModelShape, RooflineStepTime
-    from tracengine.replay.runners import WorkloadRequest
+    from tracengine.sim import engine as simulation
+    from tracengine.sim.roofline import ModelShape, RooflineStepTime
+    from tracengine.sim.runners import WorkloadRequest
     from tracengine.trace.events import without_wall_clock
     requests = [WorkloadRequest(list(range(i, i + 40)), 30 + i, 0, True, seq_id=i, arrival_ns=i * 2_000_000)
                 for i in range(40)]
@@ -305,9 +305,9 @@ def test_simulated_arrivals_later_than_the_machine_clock_enter(monkeypatch):
     since boot) is let in at its simulated arrival, not held for a real time to come."""
     from tracengine.engine import llm_engine
     from tracengine.engine.config import Config
-    from tracengine.replay.runners import WorkloadRequest
-    from tracengine.replay.simulate import run_timed
-    from tracengine.replay.steptime import LinearStepTime
+    from tracengine.sim.runners import WorkloadRequest
+    from tracengine.sim.engine import run_timed
+    from tracengine.sim.steptime import LinearStepTime
     from tracengine.trace.events import RequestAdded
     from tests.test_steptime import TRUTH
     monkeypatch.setattr(llm_engine, "perf_counter_ns", lambda: 10**9)     # a machine up for one second
@@ -323,8 +323,8 @@ def test_flags_that_one_would_silently_win_over_or_that_do_nothing_are_refused(t
     """A value given twice, a field both --set and swept, an objective twice, and the sweep's
     flags on a replay without --sweep (where nothing read them) are one-line errors."""
     from tests.test_steptime import CONFIG, TRUTH, bursty_workload, write_trace
-    from tracengine.replay.simulate import run_timed
-    from tracengine.replay.steptime import LinearStepTime
+    from tracengine.sim.engine import run_timed
+    from tracengine.sim.steptime import LinearStepTime
     trace = str(tmp_path / "run.trace")
     write_trace(trace, run_timed(CONFIG, bursty_workload(n=12), LinearStepTime(TRUTH, gap_ns=30_000)))
     sample = str(DATA / "mooncake_sample.jsonl")
@@ -370,7 +370,7 @@ def test_the_workload_file_is_never_the_record_and_is_given_once(tmp_path, roofl
 def test_no_output_overwrites_a_step_time_model_or_config_it_reads(tmp_path, roofline, capsys):
     """--record and --plot are checked against every input (the model and config too), even
     with --force; a --plot whose extension is not an image format is said before the runs."""
-    from tracengine.replay.steptime import LinearStepTime, save
+    from tracengine.sim.steptime import LinearStepTime, save
     from tests.test_steptime import TRUTH
     model = str(tmp_path / "st.json")
     save(LinearStepTime(TRUTH), model)
@@ -403,15 +403,15 @@ def test_vocab_size_and_a_cache_too_large_for_memory_are_one_line_errors(rooflin
 
     def too_large(*args, **kwargs):     # what a list of 10**10 block ref counts raises
         raise MemoryError
-    import tracengine.replay.simulate
-    monkeypatch.setattr(tracengine.replay.simulate, "simulate_config", too_large)
+    import tracengine.sim.engine
+    monkeypatch.setattr(tracengine.sim.engine, "simulate_config", too_large)
     assert main(base) == 2
     err = capsys.readouterr().err
     assert err.startswith("tracengine: error: out of memory") and err.count("\n") == 1
 
 
 def test_an_impossible_variant_of_a_simulate_sweep_is_refused_before_any_run(roofline, capsys, monkeypatch):
-    from tracengine.replay import sweep
+    from tracengine.sim import sweep
     ran = []
     run = sweep.SimulateVariant.__call__
     monkeypatch.setattr(sweep.SimulateVariant, "__call__", lambda self, v: ran.append(v) or run(self, v))
@@ -423,7 +423,7 @@ def test_an_impossible_variant_of_a_simulate_sweep_is_refused_before_any_run(roo
 def test_a_simulated_time_past_the_traces_integers_is_a_one_line_error(tmp_path, capsys):
     """A model whose loop gap is 10**30 ns: the run's times outgrow the trace's 64-bit fields;
     the recording stops with one line and ends, whole, at the last step it could write."""
-    from tracengine.replay.steptime import LinearStepTime, save
+    from tracengine.sim.steptime import LinearStepTime, save
     from tests.test_steptime import TRUTH
     model, out = str(tmp_path / "st.json"), str(tmp_path / "sim.trace")
     save(LinearStepTime(TRUTH, gap_ns=10**30), model)
@@ -438,9 +438,10 @@ def test_a_sweep_of_a_trace_of_ones_own_policy_runs_it_under_replay_policy(tmp_p
     """--policy reaches every variant, in simulated time and at the recorded steps; a swept
     scheduling_policy wins over it. Each row is the single what-if's."""
     from tests.test_steptime import CONFIG, TRUTH, bursty_workload, write_trace
-    from tracengine.replay.simulate import TimedReplay, run_timed
-    from tracengine.replay.steptime import LinearStepTime
-    from tracengine.replay.sweep import row_of
+    from tracengine.sim.engine import run_timed
+    from tracengine.replay.timed import TimedReplay
+    from tracengine.sim.steptime import LinearStepTime
+    from tracengine.sim.sweep import row_of
     from user_policies import ShortestFirst
     trace = str(tmp_path / "own.trace")
     events = run_timed(CONFIG, bursty_workload(n=24), LinearStepTime(TRUTH, gap_ns=30_000), policy=ShortestFirst)
@@ -459,9 +460,9 @@ def test_a_sweep_of_a_trace_of_ones_own_policy_runs_it_under_replay_policy(tmp_p
 
 def test_an_impossible_variant_of_a_step_exact_sweep_is_refused_before_any_run(tmp_path, capsys, monkeypatch):
     from tests.test_steptime import CONFIG, TRUTH, bursty_workload, write_trace
-    from tracengine.replay import sweep
-    from tracengine.replay.simulate import run_timed
-    from tracengine.replay.steptime import LinearStepTime
+    from tracengine.replay import timed as sweep
+    from tracengine.sim.engine import run_timed
+    from tracengine.sim.steptime import LinearStepTime
     trace = str(tmp_path / "run.trace")
     write_trace(trace, run_timed(CONFIG, bursty_workload(n=12), LinearStepTime(TRUTH, gap_ns=30_000)))
     ran = []
@@ -477,8 +478,8 @@ def test_prompts_that_come_packed_give_the_run_of_prompts_packed_by_the_block_ma
     with preemptions and chunked prefills, at two block sizes."""
     import dataclasses
     from tracengine.engine.config import Config
-    from tracengine.replay.roofline import ModelShape, RooflineStepTime
-    from tracengine.replay.simulate import simulate
+    from tracengine.sim.roofline import ModelShape, RooflineStepTime
+    from tracengine.sim.engine import simulate
     from tracengine.trace.encoded import EncodedTokens
     from tracengine.workload import read_workload
     step_time = RooflineStepTime.for_hardware(ModelShape.from_hf_config(TINY, "tiny"), "H100")
@@ -505,9 +506,9 @@ def test_a_run_leaves_nothing_for_the_collector(tmp_path):
     from tracengine.engine.config import Config
     from tracengine.engine.llm_engine import LLMEngine
     from tracengine.engine.sampling_params import SamplingParams
-    from tracengine.replay.runners import SyntheticRunner, WorkloadRequest, run_workload
-    from tracengine.replay.simulate import run_timed
-    from tracengine.replay.steptime import LinearStepTime
+    from tracengine.sim.runners import SyntheticRunner, WorkloadRequest, run_workload
+    from tracengine.sim.engine import run_timed
+    from tracengine.sim.steptime import LinearStepTime
     from tracengine.trace.tracelog import TraceWriter, make_header
     from tests.test_steptime import TRUTH
 

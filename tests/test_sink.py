@@ -5,7 +5,7 @@ import tracengine.engine.llm_engine
 import tracengine.engine.scheduler
 from tracengine.trace.events import NULL_SINK, ListSink, ScheduleDecision, StepEnd
 from tracengine.engine.llm_engine import LLMEngine
-from tracengine.replay.runners import SyntheticRunner
+from tracengine.sim.runners import SyntheticRunner
 from tracengine.engine.sampling_params import SamplingParams
 
 from conftest import make_config

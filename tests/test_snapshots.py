@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tracengine.trace.events import BlockAllocate, Preempt, ScheduleDecision, SeqFinish, TokenSample
-from tracengine.replay.render import render_steps
-from tracengine.replay.runners import run_workload
+from tracengine.analysis.render import render_steps
+from tracengine.sim.runners import run_workload
 
 from tracengine.testing import CANNED_WORKLOADS, canned_workload
 

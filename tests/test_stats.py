@@ -14,7 +14,7 @@ from conftest import cut_like_a_kill, make_config
 from tracengine.cli import main
 from tracengine.trace.events import ListSink, RequestAdded, StepEnd
 from tracengine.engine.llm_engine import LLMEngine
-from tracengine.replay.runners import SyntheticRunner
+from tracengine.sim.runners import SyntheticRunner
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.analysis.stats import percentile, stats, summarize
 from tracengine.trace.tracelog import TraceWriter, make_header

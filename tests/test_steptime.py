@@ -11,12 +11,13 @@ from tracengine.engine.config import Config
 from tracengine.errors import TracengineError
 from tracengine.analysis.timeline import RequestTimeline
 from tracengine.replay.reexec import reexecute
-from tracengine.replay.roofline import HARDWARE, ModelShape, RooflineStepTime
-from tracengine.replay.runners import WorkloadRequest
-from tracengine.replay.simulate import run_timed, timed_whatif
+from tracengine.sim.roofline import HARDWARE, ModelShape, RooflineStepTime
+from tracengine.sim.runners import WorkloadRequest
+from tracengine.sim.engine import run_timed
+from tracengine.replay.timed import timed_whatif
 from tracengine.replay.whatif import whatif
 from tracengine.engine.sequence import Sequence
-from tracengine.replay.steptime import FEATURES, LinearStepTime, calibrate, load_step_time, seqs_shape, step_shape
+from tracengine.sim.steptime import FEATURES, LinearStepTime, calibrate, load_step_time, seqs_shape, step_shape
 from tracengine.trace.events import SeqAbort, StepEnd, without_wall_clock
 from tracengine.trace.tracelog import TraceWriter
 
@@ -253,7 +254,7 @@ def test_time_aware_commands_on_a_torn_trace_say_so(tmp_path, recorded, capsys):
 
 def test_time_aware_whatif_and_sweep_in_json(tmp_path, recorded, capsys):
     from tracengine.analysis.stats import stats
-    from tracengine.replay.sweep import FIGURES, row_of
+    from tracengine.sim.sweep import FIGURES, row_of
     from tracengine.trace.tracelog import TraceReader
     trace, whatif = str(tmp_path / "run.trace"), str(tmp_path / "whatif.trace")
     write_trace(trace, recorded)
@@ -451,7 +452,7 @@ def test_features_the_recording_never_varied_are_named_where_the_model_is_used(t
     """Every request at once: one prefill step, whose time the model can only give as a constant,
     so a what-if's prefills of other sizes are all timed as that one; the self-check, of the same
     one prefill, cannot show it. calibrate, the what-if and simulate say so."""
-    from tracengine.replay.steptime import unvaried_note
+    from tracengine.sim.steptime import unvaried_note
     at_once = [WorkloadRequest([i + 1] * 10, 12, ignore_eos=True, arrival_ns=0) for i in range(3)]
     events = run_timed(CONFIG, at_once, LinearStepTime(TRUTH, gap_ns=30_000))
     model = calibrate(events)

@@ -10,7 +10,7 @@ import pytest
 
 from tracengine import Config
 from tracengine.cli import main
-from tracengine.replay.render import render_steps
+from tracengine.analysis.render import render_steps
 from tracengine.testing import CANNED_WORKLOADS, canned_workload, make_request, run_requests
 from tracengine.trace.events import Preempt, RequestAdded
 

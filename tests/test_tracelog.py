@@ -24,7 +24,7 @@ from tracengine.trace.events import (EVENT_TYPES, BlockAllocate, BlockAppend, Bl
                                TokenSample, TraceHeader)
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.replay.reexec import reexecute
-from tracengine.replay.runners import SyntheticRunner
+from tracengine.sim.runners import SyntheticRunner
 from tracengine.testing import every_event_type_config
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.trace import tracelog
@@ -493,7 +493,7 @@ CHILD = """
 import sys, time
 from tracengine.engine.config import Config
 from tracengine.engine.llm_engine import LLMEngine
-from tracengine.replay.runners import SyntheticRunner
+from tracengine.sim.runners import SyntheticRunner
 from tracengine.testing import every_event_type_config
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.trace.tracelog import TraceWriter, make_header
@@ -570,7 +570,7 @@ def test_writer_killed_mid_run_leaves_every_finished_step(tmp_path, capsys):
 
 
 def test_importing_the_trace_modules_pulls_no_torch():
-    code = ("import sys, tracengine, tracengine.trace.tracelog, tracengine.cli.trace; "
+    code = ("import sys, tracengine, tracengine.trace.tracelog, tracengine.cli.events; "
             "assert tracengine.open_trace is tracengine.trace.tracelog.open_trace; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=str(REPO)))

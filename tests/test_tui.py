@@ -14,14 +14,14 @@ from tracengine.engine.config import Config
 from tracengine.trace.events import BlockAllocate, Preempt, SeqFinish
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.replay.fold import Fold
-from tracengine.replay.runners import SyntheticRunner
+from tracengine.sim.runners import SyntheticRunner
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.trace.tracelog import TraceReader, TraceWriter, make_header
-from tracengine.cli.analysis import open_index
+from tracengine.cli.tui import open_index
 from tracengine.tui.app import TraceApp
 from tracengine.tui.screens import HelpScreen, NumberPrompt, RunFiguresScreen
 from tracengine.tui.seq_view import SeqScreen
-from tracengine.replay.render import describe_event
+from tracengine.analysis.render import describe_event
 from tracengine.tui.trace_index import TraceIndex
 from tracengine.tui.widgets.block_map import GUTTER, BlockMap
 from tracengine.tui.widgets.event_list import EventList

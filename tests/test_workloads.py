@@ -12,11 +12,12 @@ import pytest
 from tracengine.engine.config import Config
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.errors import TracengineError
-from tracengine.replay.runners import SyntheticRunner
+from tracengine.sim.runners import SyntheticRunner
 from tracengine.trace.events import BlockAllocate, ListSink
 from tracengine.workload import Request, arrival_times, detect_format, read_workload
 from tracengine.workload.arrivals import check_rate
-from tracengine.workload.sources import add_workload_arguments, sampling_params, workload_requests
+from tracengine.cli.flags import add_workload_arguments, workload_spec
+from tracengine.workload.sources import sampling_params, workload_requests
 
 DATA = Path(__file__).parent / "data"
 MOONCAKE, AZURE, OWN = DATA / "mooncake_sample.jsonl", DATA / "azure_sample.csv", DATA / "tracengine_sample.jsonl"
@@ -145,7 +146,7 @@ def parse(argv):
     p.add_argument("--input-len")
     p.add_argument("--output-len")
     add_workload_arguments(p)
-    return p.parse_args(argv)
+    return workload_spec(p.parse_args(argv))
 
 
 def test_command_line_arrivals_for_any_source():

@@ -43,7 +43,7 @@ from tracengine.engine.config import Config
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.errors import TracengineError
-from tracengine.replay.runners import SyntheticRunner, WorkloadRequest, run_workload
+from tracengine.sim.runners import SyntheticRunner, WorkloadRequest, run_workload
 from tracengine.trace.events import StepEnd, WALL_CLOCK_FIELDS
 
 _FRESH_TOKEN_IDS = itertools.count(1 << 30)   # far above any vocabulary a test writes ids from
@@ -63,7 +63,7 @@ def make_request(prompt: int | list[int], max_tokens: int = 8, *, arrival_step: 
 
 def constant_step_time(step_ns: int = 1_000_000):
     """A step-time model in which every step lasts `step_ns` (for workloads with arrival times)."""
-    from tracengine.replay.steptime import PARTS, PHASES, LinearStepTime
+    from tracengine.sim.steptime import PARTS, PHASES, LinearStepTime
     row = {part: [step_ns if part == "model_ns" else 0, 0, 0, 0, 0] for part in PARTS}
     return LinearStepTime({phase: dict(row) for phase in PHASES}, source={"model": "constant"})
 
@@ -78,7 +78,7 @@ def run_requests(config: Config, requests: list[WorkloadRequest], runner=None, s
     runner = runner if runner is not None else SyntheticRunner(eos=config.eos, seed=config.seed)
     if any(r.arrival_ns >= 0 for r in requests):
         from tracengine.engine.policies import BUILTIN_POLICIES, policy_path, scheduler_class
-        from tracengine.replay.simulate import run_timed     # it refuses a request that can never run
+        from tracengine.sim.engine import run_timed     # it refuses a request that can never run
         if policy is not None:
             name = policy_path(scheduler_class(config, policy))
             if name not in BUILTIN_POLICIES:
@@ -149,7 +149,8 @@ class TraceSnapshot(_StepTableSnapshot):
         that is not built in names it, and it is never imported on its own)."""
         __tracebackhide__ = True
         from tracengine.replay.reexec import reexecute
-        from tracengine.replay.render import divergence_report, render_steps
+        from tracengine.analysis.render import render_steps
+        from tracengine.replay.reexec import divergence_report
         from tracengine.trace.tracelog import TraceReader
         trace = Path(trace)
         name = name or trace.stem + ".txt"
@@ -185,7 +186,7 @@ class WorkloadSnapshot(_StepTableSnapshot):
         seq_id to the completion index at which the synthetic model samples eos;
         `policy` a Scheduler subclass (default: `config.scheduling_policy`)."""
         __tracebackhide__ = True
-        from tracengine.replay.render import render_steps
+        from tracengine.analysis.render import render_steps
         runner = SyntheticRunner(eos=config.eos, seed=config.seed, eos_at=eos_at)
         table = render_steps(run_requests(config, requests, runner, step_time, policy))
         self._check(table, name if Path(name).suffix else name + ".txt", [])

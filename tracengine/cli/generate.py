@@ -6,18 +6,46 @@ import math
 import os
 import time
 
+from tracengine.cli.common import EXIT_OK, add_parser
+from tracengine.cli.flags import (add_config_arguments, add_sampling_arguments, add_workload_arguments,
+                                  add_workload_sources, config_overrides, workload_spec)
 from tracengine.cli.outputs import check_outputs
 from tracengine.errors import RequestError
-from tracengine.workload.sources import config_overrides, sampling_params, workload_requests
+from tracengine.workload.sources import DEFAULT_CONFIG, sampling_params, workload_config, workload_requests
+
+BUILTIN_DEFAULTS = (f"built-in mix: {DEFAULT_CONFIG['kvcache_block_size']}-token blocks, "
+                    f"{DEFAULT_CONFIG['num_kvcache_blocks']} blocks, {DEFAULT_CONFIG['max_num_batched_tokens']}-token "
+                    f"budget, {DEFAULT_CONFIG['max_num_seqs']} seqs")
 
 
-def cmd_generate(args) -> int:
+def add_to(sub):
+    p = add_parser(sub, "generate", "run the engine on a workload, optionally recording a trace",
+                   "Run the engine on a workload (given prompts, a prompts file, a synthetic mix, exact\n"
+                   "prompt lengths, or a built-in mix that shows chunked prefill, head-of-line blocking,\n"
+                   "preemption and prefix-cache hits, or a --workload file of timed requests) and print a\n"
+                   "summary; --record writes the trace. --request-rate makes any workload's requests arrive\n"
+                   "over time (the engine sleeps while nothing is runnable).")
+    p.add_argument("--record", metavar="PATH", help="write the trace of the run to PATH")
+    p.add_argument("--output", metavar="PATH", help="write every request's result to PATH as JSONL: prompt, text, "
+                   "token ids, finish reason, TTFT and latency in seconds")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object (no completions)")
+    p.add_argument("--force", action="store_true", help="overwrite the --record and --output files if they exist")
+    add_workload_sources(p)
+    add_workload_arguments(p)
+    add_config_arguments(p, f"engine config (defaults are the engine's; {BUILTIN_DEFAULTS})")
+    add_sampling_arguments(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bar (it goes to stderr)")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
     from tracengine.engine.llm import LLM
     check_outputs({"--record": args.record, "--output": args.output},
-                  {"prompts file": args.prompts_file, "workload file": getattr(args, "workload", None)}, args.force)
-    llm = LLM(args.model, **config_overrides(args))
+                  {"prompts file": args.prompts_file, "workload file": args.workload}, args.force)
+    spec = workload_spec(args)
+    llm = LLM(**{**workload_config(spec), **config_overrides(args)})
     try:
-        requests = workload_requests(args, llm.hf_config.vocab_size, llm.config.max_model_len)
+        requests = workload_requests(spec, llm.hf_config.vocab_size, llm.config.max_model_len)
         prompts = [check_fits(llm, r) for r in requests]
         timed = not (math.isinf(args.request_rate) and args.workload is None)
         # a device or a pipe (--record /dev/null) cannot be read back for the summary: it is
@@ -36,11 +64,11 @@ def cmd_generate(args) -> int:
         write_outputs(args.output, [dict(o, prompt=r.prompt) for o, r in zip(outputs, requests)])
     if args.json:
         print(json.dumps(run_summary(llm, elapsed, args.record, args.output), indent=2))
-        return 0
+        return EXIT_OK
     if args.prompt or args.prompts_file:
         print_completions([dict(o, prompt=r.prompt) for o, r in zip(outputs, requests)])
     print_summary(llm, outputs, elapsed, args.record, args.output)
-    return 0
+    return EXIT_OK
 
 
 def write_outputs(path: str, outputs: list[dict]) -> None:

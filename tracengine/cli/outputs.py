@@ -48,19 +48,6 @@ def check_outputs(outputs: dict[str, str | None], inputs: dict[str, str | None] 
             raise TracengineError(f"{flag} {path!r} exists; give --force to overwrite it")
 
 
-def table_console():
-    """A rich Console for a command's tables on stdout. On a closed pipe (`| head`) rich would
-    exit 1, a failed check in tracengine's exit codes; this one raises BrokenPipeError, which
-    main reports as the pipe closing (141)."""
-    from rich.console import Console
-
-    class TableConsole(Console):
-        def on_broken_pipe(self):
-            raise BrokenPipeError
-
-    return TableConsole(highlight=False, soft_wrap=False)
-
-
 def note_torn_tail(reader) -> None:
     """After reading every event: say on stderr that the trace ends in a torn frame (a killed writer)."""
     if reader.torn_tail is not None:

@@ -1,36 +1,59 @@
-"""`tracengine replay` (re-execution, `--state`, what-if with `--set`) and
-`tracengine diff`. Exit 0 when a check holds, 1 when it does not; bad input
-raises a TracengineError (exit 2 in cli.py)."""
+"""`tracengine replay`: re-execution (exit 0 when the trace reproduces, 1 at the first
+divergence), `--state`, and the what-if: the recorded workload under another config, at
+the recorded steps or in simulated time (docs/simulation.md), one run or a sweep."""
 import json
+import os
 
+from tracengine.analysis.render import render_state
+from tracengine.analysis.tables import make_table, table_text
+from tracengine.cli.common import EXIT_FAILED_CHECK, EXIT_OK, add_parser
+from tracengine.cli.flags import add_config_arguments, config_overrides
 from tracengine.cli.outputs import check_outputs, note_torn_tail
-from tracengine.engine.config import parse_override
-from tracengine.errors import TraceError
-from tracengine.replay.diff import SCHEDULING_TYPES, diff_traces
+from tracengine.cli.steptime import (add_step_time_arguments, describe_step_time, input_files, print_unvaried_note,
+                                     step_time_from_args, step_time_json)
+from tracengine.cli.sweeps import add_sweep_arguments, check_plot_figure, print_sweep, sweep_options
+from tracengine.errors import TraceError, TracengineError
 from tracengine.replay.fold import Fold
 from tracengine.replay.metrics import side_by_side
-from tracengine.replay.reexec import reexecute
-from tracengine.replay.render import divergence_report, format_event, render_state, render_step
+from tracengine.replay.reexec import divergence_report, reexecute
 from tracengine.trace.events import to_builtins
-from tracengine.trace.tracelog import TraceReader, TraceWriter
+from tracengine.trace.tracelog import TraceReader, write_trace
 
-EXIT_OK, EXIT_FAILED_CHECK = 0, 1
+
+def add_to(sub):
+    p = add_parser(sub, "replay", "re-execute a trace and prove it reproduces; --set for what-if",
+                   "Re-execute a trace with the real scheduler and block manager, feeding the recorded\n"
+                   "tokens, and compare every event (exit 1 at the first divergence). With --set, run the\n"
+                   "recorded workload under another config (what-if) and compare the two side by side.")
+    p.add_argument("trace", help="the trace file")
+    p.add_argument("--record", metavar="PATH", help="what-if: write the new run's trace")
+    p.add_argument("--force", action="store_true", help="overwrite the --record file if it exists")
+    p.add_argument("--state", type=int, metavar="STEP", help="print the folded state after STEP")
+    p.add_argument("--arrivals", choices=("time", "steps"),
+                   help="what-if: requests at their recorded arrival times in simulated time, or at their "
+                   "recorded steps (default: time when the trace has arrival times)")
+    add_config_arguments(p, "what-if: the recorded config with these fields changed")
+    add_step_time_arguments(p)
+    add_sweep_arguments(p)
+    p.add_argument("--json", action="store_true", help="the result as one JSON object")
+    p.add_argument("--policy", metavar="MODULE:CLASS",
+                   help="the scheduling policy to run: needed for a trace of a policy of one's own (a trace never "
+                   "makes tracengine import code); with a built-in trace, checks the given policy against it")
+    p.set_defaults(run=run)
 
 
 def _event_json(event):
     return None if event is None else to_builtins(event)
 
 
-def cmd_replay(args) -> int:
-    from tracengine.cli.simulate import check_plot_figure
+def run(args) -> int:
     check_plot_figure(args)
-    overrides = dict(parse_override(text) for text in args.set)
+    overrides = config_overrides(args)
     if args.state is not None:
         if overrides or args.record or args.json or args.sweep:
             raise TraceError("--state shows the recorded state; it does not combine with --set, --sweep, --record "
                              "or --json")
         return show_state(args.trace, args.state)
-    from tracengine.cli.simulate import input_files, step_time_from_args
     if not args.sweep and (args.slo or args.plot or args.jobs is not None):
         raise TraceError("--slo, --plot and --jobs go with --sweep (for one run's goodput: --record it and "
                          "`tracengine stats --slo`)")
@@ -46,13 +69,11 @@ def cmd_replay(args) -> int:
         events = list(reader.events())
         note_torn_tail(reader)
     if args.arrivals is None:    # time when the trace has arrival times, steps otherwise
-        from tracengine.replay.simulate import has_arrivals
+        from tracengine.replay.timed import has_arrivals
         timed = timed or has_arrivals(events)
     if args.sweep:
-        from tracengine.cli.simulate import run_sweep_replay
         return run_sweep_replay(args.trace, events, overrides, timed, step_time, args)
     if timed:
-        from tracengine.cli.simulate import run_timed_whatif
         return run_timed_whatif(args.trace, events, overrides, args.record, step_time, args.policy, args.json)
     return run_whatif(args.trace, events, overrides, args.record, args.json, args.policy)
 
@@ -123,38 +144,120 @@ def run_whatif(path, events, overrides: dict, record, as_json: bool = False, pol
     return EXIT_OK
 
 
-def write_trace(path, events) -> None:
-    with TraceWriter(path, events[0]) as writer:
-        for event in events[1:]:
-            writer.emit(event)
+# -- the what-if in simulated time ------------------------------------------------------------
 
 
-def cmd_diff(args) -> int:
-    with TraceReader(args.a) as reader_a, TraceReader(args.b) as reader_b:
-        d = diff_traces(reader_a.events(), reader_b.events())
-        note_torn_tail(reader_a)
-        note_torn_tail(reader_b)
-    a_sched = [e for e in d.a_events if isinstance(e, SCHEDULING_TYPES)]
-    b_sched = [e for e in d.b_events if isinstance(e, SCHEDULING_TYPES)]
-    if args.json:
+def _pick(s: dict, *keys):
+    value = s
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+# (label, keys into a stats dict, scale, format) of each row of the simulated-time table: every
+# figure is `tracengine stats`' own, named as stats names it
+TIMED_ROWS = [("duration ms", ("steps", "total_s"), 1e3, "{:,.1f}"),
+              ("steps", ("steps", "num_steps"), 1, "{:,}"),
+              ("prefill steps", ("steps", "num_prefill_steps"), 1, "{:,}"),
+              ("preemptions", ("preemption", "num_preemptions"), 1, "{:,}"),
+              ("completion tokens/s", ("throughput", "completion_tokens_per_s"), 1, "{:,.1f}")]
+for _name, _label in (("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"), ("e2e", "e2e")):
+    TIMED_ROWS += [(f"{_label} {p} ms", ("latency", _name, "seconds", p), 1e3, "{:,.2f}") for p in ("p50", "p90", "p99")]
+    TIMED_ROWS.append((f"{_label} p50 steps", ("latency", _name, "steps", "p50"), 1, "{:,.1f}"))
+
+
+def timed_rows(s: dict) -> list[tuple[str, float | None, str]]:
+    """(label, value, format) rows of a stats dict, for the simulated-time table."""
+    rows = []
+    for label, keys, scale, fmt in TIMED_ROWS:
+        value = _pick(s, *keys)
+        rows.append((label, None if value is None else value * scale, fmt))
+    return rows
+
+
+def _cell(value, fmt) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def relative_error(predicted, recorded):
+    if predicted is None or recorded is None:
+        return None
+    if recorded == 0:
+        return 0.0 if predicted == 0 else None
+    return (predicted - recorded) / recorded
+
+
+def timed_table(recorded: dict, self_check: dict, new: dict | None) -> str:
+    """recorded | the recorded config in simulated time | its error | the what-if."""
+    header = ["", "recorded", "simulated", "error"] + (["what-if", "vs recorded"] if new is not None else [])
+    table = [header]
+    for i, (label, value, fmt) in enumerate(timed_rows(recorded)):
+        sim = timed_rows(self_check)[i][1]
+        err = relative_error(sim, value)
+        row = [label, _cell(value, fmt), _cell(sim, fmt), "-" if err is None else f"{err:+.1%}"]
+        if new is not None:
+            w = timed_rows(new)[i][1]
+            change = relative_error(w, value)
+            row += [_cell(w, fmt), "-" if change is None else f"{change:+.1%}"]
+        table.append(row)
+    return table_text(make_table(header, table[1:]))
+
+
+def run_sweep_replay(path, events: list, overrides: dict, timed: bool, step_time, args) -> int:
+    """`events`: those of the trace at `path`, read."""
+    from tracengine.replay.timed import TimedReplay
+    from tracengine.sim.sweep import IN_STEPS, IN_TIME
+    from tracengine.replay.timed import StepVariant, TimedVariant
+    variants, slo = sweep_options(args, overrides, IN_TIME if timed else IN_STEPS)
+    if args.record:
+        raise TracengineError("--record writes one run; a --sweep makes many")
+    if timed:
+        replay = TimedReplay(events, step_time, os.path.basename(path))
+        run_variant = TimedVariant(replay, overrides, slo, args.policy)
+        meta = {"trace": str(path), "arrivals": "time", "step_time": step_time_json(replay.ensure_step_time(), path)}
+        title = f"sweep of {path} in simulated time; step times: {describe_step_time(replay.step_time, path)}"
+    else:
+        run_variant = StepVariant(events, overrides, args.policy)
+        meta = {"trace": str(path), "arrivals": "steps", "step_time": None}
+        title = (f"sweep of {path} at the recorded arrival steps, in steps (a step-exact what-if has no time: "
+                 f"for ms, sweep in simulated time)")
+    if not args.json:
+        print(title)
+    rc = print_sweep(run_variant, variants, args, {**meta, "overrides": overrides})
+    if timed and not args.json:
+        print_unvaried_note(replay.step_time)
+    return rc
+
+
+def run_timed_whatif(path, events: list, overrides: dict, record, step_time, policy: str | None = None,
+                     as_json: bool = False) -> int:
+    """`events`: those of the trace at `path`, read."""
+    from tracengine.analysis.stats import stats
+    from tracengine.replay.timed import timed_whatif
+    # `replay` checked --record (exists without --force, or the input) before calling
+    result = timed_whatif(events, overrides, step_time, os.path.basename(path), policy)
+    recorded, self_check = stats(result.recorded), stats(result.self_check)
+    new = stats(result.new) if overrides else None
+    if as_json:
+        import json
+        if record:
+            write_trace(record, result.new)
         print(json.dumps({
-            "a": str(args.a), "b": str(args.b), "identical": d.identical,
-            "config_changes": [{"name": n, "a": a, "b": b} for n, a, b in d.config_changes],
-            "step": d.step, "index": None if d.identical else d.index,
-            "a_event": None if d.identical else _event_json(a_sched[d.index] if d.index < len(a_sched) else None),
-            "b_event": None if d.identical else _event_json(b_sched[d.index] if d.index < len(b_sched) else None),
-            "a_stats": d.a_stats, "b_stats": d.b_stats}, indent=2))
-        return EXIT_OK if d.identical else EXIT_FAILED_CHECK
-    if d.config_changes:
-        print("config: " + ", ".join(f"{name} {a} vs {b}" for name, a, b in d.config_changes))
-    if d.identical:
-        print(f"no scheduling difference in {d.a_stats['steps']['num_steps']} steps")
+            "trace": str(path), "arrivals": "time", "step_time": step_time_json(result.step_time, path),
+            "changes": [{"name": n, "old": old, "new": new} for n, old, new in result.changes],
+            "recorded": recorded, "simulated": self_check, "what_if": new,
+            "num_past_output": result.num_past_output, "record": record}, indent=2))
         return EXIT_OK
-    print(f"first scheduling difference at step {d.step}:")
-    print(f"  a: {render_step(d.a_events) if d.a_events else '(the trace has ended)'}")
-    print(f"  b: {render_step(d.b_events) if d.b_events else '(the trace has ended)'}")
-    print(f"  first differing event (#{d.index} of the step's scheduling events):")
-    print(f"    a: {format_event(a_sched[d.index] if d.index < len(a_sched) else None, wall_clock=False)}")
-    print(f"    b: {format_event(b_sched[d.index] if d.index < len(b_sched) else None, wall_clock=False)}")
-    print(side_by_side(d.a_stats, d.b_stats, "a", "b"))
-    return EXIT_FAILED_CHECK
+    changes = ", ".join(f"{name} {old} -> {new}" for name, old, new in result.changes) or "no config change"
+    print(f"what-if on {path} in simulated time: {changes}")
+    print(f"step times: {describe_step_time(result.step_time, path)}")
+    print(timed_table(recorded, self_check, new))
+    print("simulated: the recorded config in simulated time, so `error` is how far the step-time model "
+          "is from this run")
+    print_unvaried_note(result.step_time)
+    if result.num_past_output:
+        print(f"note: {result.num_past_output} sequences ran past their recorded output (filler tokens)")
+    if record:
+        write_trace(record, result.new)
+        print(f"wrote {record}")
+    return EXIT_OK

@@ -1,29 +1,40 @@
 """Engine configuration: flat data, so a trace header carries every field
 and `replay --set` can override any of them."""
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from tracengine.errors import ConfigError
 
 BUILTIN_POLICY_NAMES = ("prefill_first", "mixed")
 
 
-@dataclass(slots=True)
+def _field(default, help: str, flag: bool = True):
+    """A Config field whose `help` the command line shows; `flag`: whether it is an engine flag
+    (`--max-num-seqs`) besides `--set max_num_seqs=` (which takes every field)."""
+    return field(default=default, metadata={"help": help, "flag": flag})
+
+
+@dataclass(slots=True, frozen=True)
 class Config:
-    model: str = ""                      # "" means the embedded tiny model
-    max_num_batched_tokens: int = 16384  # token budget of one prefill step
-    max_num_seqs: int = 512              # sequences in one step
-    max_model_len: int = 4096            # clipped to the model's max_position_embeddings
-    gpu_memory_utilization: float = 0.9
-    tensor_parallel_size: int = 1
-    enforce_eager: bool = False
-    eos: int = -1                        # set by the engine from the tokenizer
-    kvcache_block_size: int = 16
-    num_kvcache_blocks: int = -1         # -1: sized by the runner
-    device: str = "auto"                 # auto, cpu, cuda, cuda:N
-    dtype: str = "auto"                  # auto, float32, bfloat16, float16
-    seed: int = 0
-    # prefill_first (nano-vllm), mixed (vLLM V1) or a Scheduler subclass as module:Class (engine/policies.py)
-    scheduling_policy: str = "prefill_first"
+    """Built once, resolved values included (the engine fills in what the model decides:
+    `LLM` builds it after the runner has sized the KV cache), and never changed afterwards:
+    a variant is `replace(**changes)`."""
+    model: str = _field("", "a Hugging Face checkpoint directory (default: the embedded tiny model)")
+    max_num_batched_tokens: int = _field(16384, "token budget of one prefill step")
+    max_num_seqs: int = _field(512, "sequences in one step")
+    max_model_len: int = _field(4096, "longest prompt plus completion (at most the model's own)")
+    gpu_memory_utilization: float = _field(0.9, "share of device memory for weights and KV cache, in (0, 1]")
+    tensor_parallel_size: int = _field(1, "ranks to shard the model over")
+    enforce_eager: bool = _field(False, "no CUDA graphs for decode")
+    eos: int = _field(-1, "end-of-sequence token id (-1: the tokenizer's)", flag=False)
+    kvcache_block_size: int = _field(16, "tokens per KV cache block")
+    num_kvcache_blocks: int = _field(-1, "KV cache blocks (-1: as many as --gpu-memory-utilization allows; "
+                                     "a simulation has no device and needs a count)")
+    device: str = _field("auto", "auto, cpu, cuda or cuda:N (auto: cuda if there is one)")
+    dtype: str = _field("auto", "auto, float32, bfloat16 or float16 (auto: the checkpoint's on cuda, float32 on cpu)")
+    seed: int = _field(0, "seed of sampling", flag=False)
+    scheduling_policy: str = _field("prefill_first", "prefill_first (nano-vllm's), mixed (vLLM V1's: decode tokens "
+                                    "and prefill chunks in one batch) or a Scheduler subclass as module:Class "
+                                    "(docs/policies.md)")
 
     def __post_init__(self):
         self.validate()
@@ -68,6 +79,15 @@ class Config:
 
 def field_names() -> list[str]:
     return [f.name for f in fields(Config)]
+
+
+def field_help(name: str) -> str:
+    return Config.__dataclass_fields__[name].metadata["help"]
+
+
+def flag_fields() -> list[str]:
+    """The fields that are engine flags on the command line (every field takes `--set`)."""
+    return [f.name for f in fields(Config) if f.metadata["flag"]]
 
 
 # Names a user may give for a field: the generate flag's own (--block-size), with - or _.

@@ -15,19 +15,19 @@ class LLM(LLMEngine):
     def __init__(self, model: str = "", record: str | None = None, scheduling_policy: type | str = "prefill_first",
                  **kwargs):
         """`scheduling_policy`: prefill_first, mixed, a Scheduler subclass or its module:Class."""
-        config = build_config(model, **kwargs)
+        requested = build_config(model, **kwargs)
         from tracengine.model.loader import load_hf_config, resolve_model_dir
         from tracengine.runner import make_runner
-        self.model_dir = resolve_model_dir(config.model)
+        self.model_dir = resolve_model_dir(requested.model)
         self.hf_config = load_hf_config(self.model_dir)
-        config.max_model_len = min(config.max_model_len, self.hf_config.max_position_embeddings)
         tokenizer = load_tokenizer(self.model_dir)
-        if config.eos == -1 and tokenizer.eos_token_id is not None:
-            config.eos = tokenizer.eos_token_id
-        runner = make_runner(config, self.hf_config)
+        eos = tokenizer.eos_token_id if requested.eos == -1 and tokenizer.eos_token_id is not None else requested.eos
+        requested = requested.replace(max_model_len=min(requested.max_model_len, self.hf_config.max_position_embeddings),
+                                      eos=eos)
+        runner = make_runner(requested, self.hf_config)
         try:
-            config.num_kvcache_blocks = runner.num_kvcache_blocks
-            config.validate()
+            # the config the engine runs and records: the requested one with the KV cache the runner sized
+            config = requested.replace(num_kvcache_blocks=runner.num_kvcache_blocks)
             super().__init__(config, runner, NULL_SINK, tokenizer, policy=scheduling_policy)
             self.writer = None
             self.last_run: dict | None = None   # the figures of the last generate(summary=True)

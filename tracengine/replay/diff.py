@@ -10,7 +10,7 @@ from tracengine.engine.config import Config
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, ScheduleDecision,
                                      without_wall_clock)
 from tracengine.trace.tracelog import split_header
-from tracengine.replay.fold import iter_steps
+from tracengine.trace.events import iter_steps
 
 SCHEDULING_TYPES = (ScheduleDecision, Preempt, BlockAllocate, BlockAppend, BlockHash, BlockFree)
 

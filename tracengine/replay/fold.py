@@ -20,7 +20,7 @@ from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, Bloc
 from tracengine.replay.state import FINISHED, RUNNING, WAITING, BlockState, FoldState, SeqState, live_state
 from tracengine.trace.tracelog import TraceReader, check_header
 
-__all__ = ["Fold", "FoldState", "SeqState", "BlockState", "EventCheck", "iter_steps", "live_state"]
+__all__ = ["Fold", "FoldState", "SeqState", "BlockState", "EventCheck", "live_state"]
 
 # A larger block pool is no trace this tracengine wrote: refused before a state that size is built.
 MAX_FOLD_BLOCKS = 1 << 22
@@ -230,19 +230,6 @@ class _Projection:
     def step_end(self, e: StepEnd):
         if e.num_free_blocks != len(self.free):
             raise ValueError(f"StepEnd says {e.num_free_blocks} free blocks, the events leave {len(self.free)}")
-
-
-def iter_steps(events):
-    """Events grouped by step: each group ends with its StepEnd, except an
-    unfinished last step (requests that arrived after the last step)."""
-    current = []
-    for event in events:
-        current.append(event)
-        if type(event) is StepEnd:
-            yield current
-            current = []
-    if current:
-        yield current
 
 
 class Fold:

@@ -3,6 +3,7 @@
 its dict, so a what-if table and `tracengine stats` of the what-if trace
 agree by construction. Latencies are in engine steps (the wall-clock of a
 what-if run is the synthetic runner's, not a model's)."""
+from tracengine.analysis.tables import make_table, table_text
 
 
 def _dist(figures: dict) -> str:
@@ -33,11 +34,5 @@ def rows(s: dict) -> list[tuple[str, str]]:
 
 def side_by_side(left: dict, right: dict, left_name: str, right_name: str) -> str:
     """Two stats dicts as a table; a row that differs is marked `*`."""
-    pairs = list(zip(rows(left), rows(right)))
-    width = max(len(label) for (label, _), _ in pairs)
-    col = max(len(left_name), len(right_name), *(len(a) for (_, a), _ in pairs), *(len(b) for _, (_, b) in pairs))
-    lines = [f"{'':<{width}}  {left_name:>{col}}  {right_name:>{col}}"]
-    for (label, a), (_, b) in pairs:
-        mark = "" if a == b else "  *"
-        lines.append(f"{label:<{width}}  {a:>{col}}  {b:>{col}}{mark}")
-    return "\n".join(lines)
+    table = [[label, a, b, "" if a == b else "*"] for (label, a), (_, b) in zip(rows(left), rows(right))]
+    return table_text(make_table(["", left_name, right_name, ""], table))

@@ -9,11 +9,29 @@ from tracengine.engine.config import Config
 from tracengine.errors import RequestError
 from tracengine.trace.events import WALL_CLOCK_FIELDS, AnyEvent, Event, RequestAdded, SeqAbort, StepEnd, TokenSample
 from tracengine.engine.llm_engine import LLMEngine
-from tracengine.replay.fold import iter_steps
+from tracengine.analysis.render import format_event, render_state, render_step
+from tracengine.replay.fold import Fold
+from tracengine.trace.events import iter_steps
 from tracengine.trace.tracelog import split_header
 from tracengine.replay.state import FoldState, live_state
-from tracengine.replay.runners import RecordedRunner
 from tracengine.engine.sampling_params import SamplingParams
+
+
+class RecordedRunner:
+    """Re-execution: the tokens a trace recorded for the current step, by seq_id.
+    `tokens` is replaced before each step; a sequence the trace did not sample
+    this step (the replay has already diverged) gets `filler`."""
+
+    def __init__(self, filler: int = 0):
+        self.tokens: dict[int, int] = {}
+        self.filler = filler
+
+    def run(self, seqs, is_prefill: bool) -> list[int]:
+        tokens, filler = self.tokens, self.filler
+        return [tokens.get(seq.seq_id, filler) for seq in seqs]
+
+    def exit(self):
+        pass
 
 
 @dataclass
@@ -124,3 +142,22 @@ def reexecute(events, policy: type | str | None = None) -> ReplayResult:
     scheduler = engine.scheduler
     return ReplayResult(engine.num_steps, num_events, time.perf_counter() - start,
                         num_unfinished=len(scheduler.waiting) + len(scheduler.running))
+
+
+def divergence_report(name: str, result, events) -> str:
+    """What `replay` prints when a re-execution diverges: the step, the expected
+    and the actual event, the recorded step's row, the recorded state before the
+    step and the replaying scheduler's state when it diverged."""
+    d = result.divergence
+    lines = [f"{name}: replay diverges at step {d.step} (event {d.index} of the step): {d.reason}",
+             f"  expected: {format_event(d.expected, wall_clock=False)}",
+             f"  actual:   {format_event(d.actual, wall_clock=False)}",
+             f"{result.num_steps} steps and {result.num_events} events reproduced before it"]
+    fold = Fold(events)
+    if d.step <= fold.num_steps:
+        lines += [f"recorded step {d.step}:", "  " + render_step(fold.events_at(d.step))]
+    lines.append("recorded state before the step:")
+    lines += ["  " + line for line in render_state(fold.state_at(before_step=min(d.step, fold.num_steps))).splitlines()]
+    lines.append("replayed state at the divergence:")
+    lines += ["  " + line for line in render_state(d.state, when=f"in the middle of step {d.step}").splitlines()]
+    return "\n".join(lines) + "\n"

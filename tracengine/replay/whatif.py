@@ -12,9 +12,43 @@ from tracengine.analysis.timeline import RequestTimeline
 from tracengine.engine.config import Config
 from tracengine.trace.events import RequestAdded, ScheduleDecision, TokenSample, TraceHeader
 from tracengine.trace.tracelog import split_header
-from tracengine.replay.runners import OutputRunner, WorkloadRequest, check_requests, run_workload
+from tracengine.sim.runners import WorkloadRequest, check_requests, run_workload
 from tracengine.engine.scheduler import Scheduler
 from tracengine.workload.formats import encoded_prompt
+
+
+class OutputRunner:
+    """What-if: each sequence gets its recorded completion token by completion
+    index, wherever the new schedule puts it. A middle chunk gets the sample
+    recorded at the same position if there is one, else `filler` (either way
+    the sample is dropped); a sequence that runs past its recorded output gets
+    `filler` and is noted in `past_output_seq_ids`."""
+
+    def __init__(self, outputs: dict[int, list[int]], middle: dict[tuple[int, int], int] | None = None,
+                 filler: int = 0):
+        self.outputs = outputs
+        self.middle = middle or {}
+        self.filler = filler
+        self.past_output_seq_ids: set[int] = set()
+
+    def run(self, seqs, is_prefill: bool) -> list[int]:
+        tokens = []
+        for seq in seqs:
+            position = seq.num_cached_tokens + seq.num_scheduled_tokens
+            if position < seq.num_tokens:          # a middle chunk
+                tokens.append(self.middle.get((seq.seq_id, position), self.filler))
+                continue
+            output = self.outputs.get(seq.seq_id, ())
+            index = seq.num_completion_tokens
+            if index < len(output):
+                tokens.append(output[index])
+            else:
+                self.past_output_seq_ids.add(seq.seq_id)
+                tokens.append(self.filler)
+        return tokens
+
+    def exit(self):
+        pass
 
 
 @dataclass

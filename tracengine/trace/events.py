@@ -256,3 +256,16 @@ class ListSink:
 
     def emit(self, event: Event) -> None:
         self.events.append(event)
+
+
+def iter_steps(events):
+    """Events grouped by step: each group ends with its StepEnd, except an
+    unfinished last step (requests that arrived after the last step)."""
+    current = []
+    for event in events:
+        current.append(event)
+        if type(event) is StepEnd:
+            yield current
+            current = []
+    if current:
+        yield current

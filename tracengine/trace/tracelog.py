@@ -666,3 +666,12 @@ def _int(data, pos: int) -> tuple[int, int]:
     if pos + 1 + width > len(data):
         raise ValueError("too short")
     return int.from_bytes(data[pos + 1:pos + 1 + width], "big", signed=b >= 0xD0), pos + 1 + width
+
+
+def write_trace(path, events, **writer_options) -> str:
+    """Events (the TraceHeader first) written as a whole trace file; returns the path."""
+    header, rest = split_header(events)
+    with TraceWriter(path, header, **writer_options) as writer:
+        for event in rest:
+            writer.emit(event)
+    return str(path)

@@ -5,15 +5,39 @@ request rate for any of them."""
 import json
 import math
 import random
+from dataclasses import dataclass
 
 from tracengine.errors import TracengineError
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.workload.arrivals import arrival_times, check_rate
-from tracengine.workload.formats import FORMATS, Request, read_workload
+from tracengine.workload.formats import Request, read_workload
 
-CONFIG_FLAGS = ("max_num_seqs", "max_num_batched_tokens", "num_kvcache_blocks", "kvcache_block_size",
-                "max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "device", "dtype",
-                "enforce_eager", "scheduling_policy")
+
+
+@dataclass
+class WorkloadSpec:
+    """Where a run's requests come from and when they arrive: the workload flags, as plain data
+    (the command line makes one; nothing here reads a parser). At most one source is given:
+    `prompt`, `prompts_file`, `num_prompts` (synthetic, `input_len`/`output_len` ranges),
+    `prompt_lens` or `workload` (a file); none is the built-in mix. The sampling fields left
+    None keep each source's own."""
+    prompt: list[str] | None = None
+    prompts_file: str | None = None
+    num_prompts: int | None = None
+    input_len: str | None = None
+    output_len: str | None = None
+    prompt_lens: str | None = None
+    workload: str | None = None
+    workload_format: str | None = None
+    max_requests: int | None = None
+    time_scale: float = 1.0
+    length_scale: float = 1.0
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    seed: int = 0
+    max_tokens: int | None = None
+    temperature: float | None = None
+    ignore_eos: bool | None = None
 
 # The built-in run: a small KV cache and token budget, so that a minute on the
 # CPU shows chunked prefill, head-of-line blocking, preemption and prefix hits.
@@ -83,40 +107,40 @@ def read_prompts_file(path: str) -> list:
     return prompts
 
 
-def build_workload(args, vocab_size: int) -> tuple[list, list[SamplingParams]]:
+def build_workload(spec: WorkloadSpec, vocab_size: int) -> tuple[list, list[SamplingParams]]:
     """(prompts, sampling params) from the generate arguments."""
     def params(max_tokens, default_ignore_eos=False):
-        return SamplingParams(temperature=1.0 if args.temperature is None else args.temperature,
-                              max_tokens=max_tokens if args.max_tokens is None else args.max_tokens,
-                              ignore_eos=default_ignore_eos if args.ignore_eos is None else args.ignore_eos)
+        return SamplingParams(temperature=1.0 if spec.temperature is None else spec.temperature,
+                              max_tokens=max_tokens if spec.max_tokens is None else spec.max_tokens,
+                              ignore_eos=default_ignore_eos if spec.ignore_eos is None else spec.ignore_eos)
 
-    rng = random.Random(args.seed)
-    if num_sources(args) > 1:
+    rng = random.Random(spec.seed)
+    if num_sources(spec) > 1:
         raise TracengineError("choose one of --prompt, --prompts-file, --num-prompts, --prompt-lens, --workload")
-    if args.num_prompts is None:
-        for flag, value in (("--input-len", args.input_len), ("--output-len", args.output_len)):
+    if spec.num_prompts is None:
+        for flag, value in (("--input-len", spec.input_len), ("--output-len", spec.output_len)):
             if value is not None:
                 raise TracengineError(f"{flag} shapes the synthetic workload; give --num-prompts with it")
-    if args.prompt:
-        return args.prompt, [params(64)] * len(args.prompt)
-    if args.prompts_file:
-        prompts = read_prompts_file(args.prompts_file)
+    if spec.prompt:
+        return spec.prompt, [params(64)] * len(spec.prompt)
+    if spec.prompts_file:
+        prompts = read_prompts_file(spec.prompts_file)
         return prompts, [params(64)] * len(prompts)
-    if args.num_prompts is not None:
-        if args.num_prompts <= 0:
-            raise TracengineError(f"--num-prompts must be positive, got {args.num_prompts}")
-        in_low, in_high = parse_range(args.input_len or "64:256", "--input-len")
-        out_low, out_high = parse_range(args.output_len or "32:128", "--output-len")
+    if spec.num_prompts is not None:
+        if spec.num_prompts <= 0:
+            raise TracengineError(f"--num-prompts must be positive, got {spec.num_prompts}")
+        in_low, in_high = parse_range(spec.input_len or "64:256", "--input-len")
+        out_low, out_high = parse_range(spec.output_len or "32:128", "--output-len")
         prompts = [[rng.randrange(vocab_size) for _ in range(rng.randint(in_low, in_high))]
-                   for _ in range(args.num_prompts)]
+                   for _ in range(spec.num_prompts)]
         return prompts, [params(rng.randint(out_low, out_high), True) for _ in prompts]
-    if args.prompt_lens:
+    if spec.prompt_lens:
         try:
-            lengths = [int(n) for n in args.prompt_lens.split(",")]
+            lengths = [int(n) for n in spec.prompt_lens.split(",")]
         except ValueError:
-            raise TracengineError(f"--prompt-lens expects comma-separated integers, got {args.prompt_lens!r}") from None
+            raise TracengineError(f"--prompt-lens expects comma-separated integers, got {spec.prompt_lens!r}") from None
         if any(n <= 0 for n in lengths):
-            raise TracengineError(f"--prompt-lens expects positive lengths, got {args.prompt_lens!r}")
+            raise TracengineError(f"--prompt-lens expects positive lengths, got {spec.prompt_lens!r}")
         prompts = [[rng.randrange(vocab_size) for _ in range(n)] for n in lengths]
         return prompts, [params(16)] * len(prompts)
     return default_workload(rng, params)
@@ -133,49 +157,32 @@ def default_workload(rng, params):
     return prompts, sps
 
 
-def num_sources(args) -> int:
-    given = [getattr(args, name, None) for name in ("prompt", "prompts_file", "num_prompts", "prompt_lens", "workload")]
+def num_sources(spec: WorkloadSpec) -> int:
+    given = [getattr(spec, name) for name in ("prompt", "prompts_file", "num_prompts", "prompt_lens", "workload")]
     return sum(value is not None and value != [] and value != "" for value in given)
 
 
-def add_workload_arguments(group):
-    """The flags of a workload file and of arrivals (generate and the other commands that run one)."""
-    group.add_argument("--workload", metavar="FILE", help="requests with arrival times: Mooncake JSONL, Azure CSV "
-                       "or tracengine JSONL (docs/workloads.md)")
-    group.add_argument("--workload-format", choices=FORMATS, help="the --workload format (default: detected)")
-    group.add_argument("--max-requests", type=int, metavar="N", help="only the first N requests of the workload")
-    group.add_argument("--time-scale", type=float, default=1.0, metavar="X",
-                       help="a workload file's arrivals X times faster (default 1)")
-    group.add_argument("--length-scale", type=float, default=1.0, metavar="X",
-                       help="a workload file's prompt and output lengths times X, at least 1 token (default 1)")
-    group.add_argument("--request-rate", type=float, default=math.inf, metavar="R",
-                       help="requests arrive at R per second (gamma gaps, as vLLM's serving benchmark); "
-                       "default inf: all at the start")
-    group.add_argument("--burstiness", type=float, default=1.0, metavar="B",
-                       help="gamma shape of the gaps between arrivals: 1 is Poisson, below 1 burstier")
-
-
-def workload_requests(args, vocab_size: int, max_model_len: int | None = None) -> list[Request]:
+def workload_requests(spec: WorkloadSpec, vocab_size: int, max_model_len: int | None = None) -> list[Request]:
     """The requests of a run, with their arrival times, from the workload arguments."""
-    workload = getattr(args, "workload", None)
-    time_scale, length_scale = getattr(args, "time_scale", 1.0), getattr(args, "length_scale", 1.0)
-    rate, burstiness = check_rate(getattr(args, "request_rate", math.inf)), getattr(args, "burstiness", 1.0)
-    max_requests = getattr(args, "max_requests", None)
+    workload = spec.workload
+    time_scale, length_scale = spec.time_scale, spec.length_scale
+    rate, burstiness = check_rate(spec.request_rate), spec.burstiness
+    max_requests = spec.max_requests
     if max_requests is not None and max_requests <= 0:
         raise TracengineError(f"--max-requests must be positive, got {max_requests}")
     if burstiness != 1.0 and math.isinf(rate):
         raise TracengineError("--burstiness shapes the gaps of --request-rate; give a rate")
     if workload:
-        if num_sources(args) > 1:
+        if num_sources(spec) > 1:
             raise TracengineError("choose one of --prompt, --prompts-file, --num-prompts, --prompt-lens, --workload")
         if time_scale != 1.0 and not math.isinf(rate):
             raise TracengineError("--time-scale scales the file's arrival times; with --request-rate they come "
                                   "from the rate")
-        requests = read_workload(workload, getattr(args, "workload_format", None), vocab_size=vocab_size,
+        requests = read_workload(workload, spec.workload_format, vocab_size=vocab_size,
                                  max_requests=max_requests, time_scale=time_scale, length_scale=length_scale,
-                                 max_model_len=max_model_len, seed=getattr(args, "seed", 0))
-        max_tokens, temperature = getattr(args, "max_tokens", None), getattr(args, "temperature", None)
-        ignore_eos = getattr(args, "ignore_eos", None)
+                                 max_model_len=max_model_len, seed=spec.seed)
+        max_tokens, temperature = spec.max_tokens, spec.temperature
+        ignore_eos = spec.ignore_eos
         for r in requests:       # flags given on the command line win over the file
             if max_tokens is not None:
                 r.max_tokens = max_tokens
@@ -184,13 +191,13 @@ def workload_requests(args, vocab_size: int, max_model_len: int | None = None) -
             if ignore_eos is not None:
                 r.ignore_eos = ignore_eos
     else:
-        if time_scale != 1.0 or length_scale != 1.0 or getattr(args, "workload_format", None):
+        if time_scale != 1.0 or length_scale != 1.0 or spec.workload_format:
             raise TracengineError("--time-scale, --length-scale and --workload-format apply to a --workload file")
-        prompts, sps = build_workload(args, vocab_size)
+        prompts, sps = build_workload(spec, vocab_size)
         requests = [Request(p, sp.max_tokens, 0.0, sp.temperature, sp.ignore_eos) for p, sp in zip(prompts, sps)]
         requests = requests[:max_requests]
     if not math.isinf(rate):
-        for r, t in zip(requests, arrival_times(len(requests), rate, burstiness, getattr(args, "seed", 0))):
+        for r, t in zip(requests, arrival_times(len(requests), rate, burstiness, spec.seed)):
             r.arrival_s = t
     return requests
 
@@ -208,10 +215,7 @@ def sampling_params(request: Request) -> SamplingParams:
     return SamplingParams(**values)
 
 
-def config_overrides(args) -> dict:
-    values = {name: getattr(args, name) for name in CONFIG_FLAGS if getattr(args, name, None) is not None}
-    builtin = num_sources(args) == 0
-    if builtin:
-        values = {**DEFAULT_CONFIG, **values}
-    values["seed"] = args.seed
-    return values
+def workload_config(spec: WorkloadSpec) -> dict:
+    """The config fields a workload brings, under the user's own: the built-in mix's small KV
+    cache and token budget (when no source is given), and its seed, which seeds sampling too."""
+    return {**(DEFAULT_CONFIG if num_sources(spec) == 0 else {}), "seed": spec.seed}

@@ -11,7 +11,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from tracengine.replay.render import describe_event
+from tracengine.analysis.render import describe_event
 from tracengine.tui.trace_index import TraceIndex
 from tracengine.tui.widgets.styles import ComponentStyles
 

@@ -70,57 +70,6 @@ class SyntheticRunner:
         pass
 
 
-class RecordedRunner:
-    """Re-execution: the tokens a trace recorded for the current step, by seq_id.
-    `tokens` is replaced before each step; a sequence the trace did not sample
-    this step (the replay has already diverged) gets `filler`."""
-
-    def __init__(self, filler: int = 0):
-        self.tokens: dict[int, int] = {}
-        self.filler = filler
-
-    def run(self, seqs, is_prefill: bool) -> list[int]:
-        tokens, filler = self.tokens, self.filler
-        return [tokens.get(seq.seq_id, filler) for seq in seqs]
-
-    def exit(self):
-        pass
-
-
-class OutputRunner:
-    """What-if: each sequence gets its recorded completion token by completion
-    index, wherever the new schedule puts it. A middle chunk gets the sample
-    recorded at the same position if there is one, else `filler` (either way
-    the sample is dropped); a sequence that runs past its recorded output gets
-    `filler` and is noted in `past_output_seq_ids`."""
-
-    def __init__(self, outputs: dict[int, list[int]], middle: dict[tuple[int, int], int] | None = None,
-                 filler: int = 0):
-        self.outputs = outputs
-        self.middle = middle or {}
-        self.filler = filler
-        self.past_output_seq_ids: set[int] = set()
-
-    def run(self, seqs, is_prefill: bool) -> list[int]:
-        tokens = []
-        for seq in seqs:
-            position = seq.num_cached_tokens + seq.num_scheduled_tokens
-            if position < seq.num_tokens:          # a middle chunk
-                tokens.append(self.middle.get((seq.seq_id, position), self.filler))
-                continue
-            output = self.outputs.get(seq.seq_id, ())
-            index = seq.num_completion_tokens
-            if index < len(output):
-                tokens.append(output[index])
-            else:
-                self.past_output_seq_ids.add(seq.seq_id)
-                tokens.append(self.filler)
-        return tokens
-
-    def exit(self):
-        pass
-
-
 @dataclass(slots=True)
 class WorkloadRequest:
     """One request of a scripted workload, added before step `arrival_step`."""

@@ -125,14 +125,12 @@ def run_sweep(run_variant, variants: list[dict], jobs: int | None = None) -> lis
 
 
 def render_rows(variants: list[dict], rows: list[dict], figures: SweepFigures = IN_TIME) -> str:
+    from tracengine.analysis.tables import make_table, table_text
     names = list(variants[0]) if variants else []
     show = [c for c in figures.columns if c[0] != "goodput" or any(r["goodput"] is not None for r in rows)]
-    table = [names + [title for _, title, _ in show]]
-    for v, r in zip(variants, rows):
-        table.append([str(v[n]) for n in names] +
-                     ["-" if r[key] is None else fmt.format(r[key]) for key, _, fmt in show])
-    widths = [max(len(line[c]) for line in table) for c in range(len(table[0]))]
-    return "\n".join("  ".join(cell.rjust(widths[c]) for c, cell in enumerate(line)) for line in table)
+    cells = [[str(v[n]) for n in names] + ["-" if r[key] is None else fmt.format(r[key]) for key, _, fmt in show]
+             for v, r in zip(variants, rows)]
+    return table_text(make_table(names + [title for _, title, _ in show], cells, left_columns=0))
 
 
 def plot_rows(path: str, variants: list[dict], rows: list[dict], figure: str, figures: SweepFigures = IN_TIME):
@@ -165,52 +163,6 @@ def plot_rows(path: str, variants: list[dict], rows: list[dict], figure: str, fi
     plt.close(fig)
 
 
-def _variant_policy(overrides: dict, policy):
-    """replay --policy, unless the variant names its own scheduling_policy (a swept one wins)."""
-    return overrides.get("scheduling_policy", policy)
-
-
-class TimedVariant:
-    """A what-if in simulated time (replay/simulate.TimedReplay) under base + overrides.
-    `policy`: replay --policy (a trace of one's own policy needs it)."""
-    figures = IN_TIME
-
-    def __init__(self, timed, base: dict, slo: dict | None = None, policy=None):
-        self.timed, self.base, self.slo, self.policy = timed, base, slo, policy
-        timed.ensure_step_time()      # fitted once, before the workers fork
-
-    def check(self, overrides: dict):
-        self.timed.config({**self.base, **overrides})
-
-    def __call__(self, overrides: dict) -> dict:
-        from tracengine.analysis.stats import stats
-        merged = {**self.base, **overrides}
-        events, _ = self.timed.run(self.timed.config(merged), _variant_policy(merged, self.policy))
-        return row_of(stats(events, self.slo))
-
-
-class StepVariant:
-    """A step-exact what-if (replay/whatif.py) under base + overrides, its figures in steps
-    (IN_STEPS); `policy`: as TimedVariant's."""
-    figures = IN_STEPS
-
-    def __init__(self, events: list, base: dict, policy=None):
-        from tracengine.replay.whatif import extract_workload
-        self.events, self.base, self.policy = events, base, policy
-        self.workload = extract_workload(events)     # once: what check checks and every variant runs
-
-    def check(self, overrides: dict):
-        from tracengine.replay.whatif import whatif_config
-        whatif_config(self.workload, {**self.base, **overrides})
-
-    def __call__(self, overrides: dict) -> dict:
-        from tracengine.analysis.stats import stats
-        from tracengine.replay.whatif import whatif
-        merged = {**self.base, **overrides}
-        result = whatif(self.events, merged, policy=_variant_policy(merged, self.policy), workload=self.workload)
-        return step_row_of(stats(result.events))
-
-
 class SimulateVariant:
     """`tracengine simulate` of timed requests under base + overrides."""
     figures = IN_TIME
@@ -220,12 +172,12 @@ class SimulateVariant:
 
     def check(self, overrides: dict):
         from tracengine.engine.scheduler import Scheduler
-        from tracengine.replay.runners import check_requests
-        from tracengine.replay.simulate import simulate_config
+        from tracengine.sim.runners import check_requests
+        from tracengine.sim.engine import simulate_config
         check_requests(Scheduler(simulate_config({**self.base, **overrides}, self.requests)), self.requests)
 
     def __call__(self, overrides: dict) -> dict:
         from tracengine.analysis.stats import stats
-        from tracengine.replay.simulate import simulate, simulate_config
+        from tracengine.sim.engine import simulate, simulate_config
         config = simulate_config({**self.base, **overrides}, self.requests)
         return row_of(stats(simulate(config, self.requests, self.step_time), self.slo))

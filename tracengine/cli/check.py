@@ -1,102 +1,28 @@
-"""`tracengine events`, `render` and `check`: a trace's events, its step table, and its integrity."""
+"""`tracengine check`: a trace's integrity: frames, checksums, torn tail, end frame, and
+that each event follows from the ones before it."""
 import collections
 import json
 import os
-import sys
 
-import msgspec
-
-from tracengine.errors import TraceCorruptError, TraceError, TracengineError
+from tracengine.cli.common import EXIT_FAILED_CHECK, EXIT_NOT_ENDED, EXIT_OK, add_parser
+from tracengine.errors import TraceCorruptError, TraceError
 from tracengine.replay.fold import EventCheck
-from tracengine.replay.render import format_event, involves_seq, render_steps
-from tracengine.trace.events import EVENT_TYPES, StepEnd, TraceHeader, to_builtins
+from tracengine.trace.events import EVENT_TYPES, StepEnd
 from tracengine.trace.tracelog import TraceReader
 
-EXIT_OK, EXIT_DAMAGED, EXIT_NOT_ENDED = 0, 1, 3
+
+def add_to(sub):
+    p = add_parser(sub, "check", "integrity of a trace: frames, checksums, torn tail, events that follow",
+                   "Check a trace: every frame's length and checksum, a torn last frame, the end frame,\n"
+                   "and that each event follows from the ones before it (folded as replay would).\n"
+                   "Exit 0 for a whole trace, 1 for damage, 3 for an intact trace without end frame.")
+    p.add_argument("trace", help="the trace file")
+    p.add_argument("--fast", action="store_true", help="frames and checksums only: do not fold the events")
+    p.add_argument("--json", action="store_true", help="the result as one JSON object")
+    p.set_defaults(run=run)
 
 
-def parse_step_range(text: str, flag: str = "--step") -> tuple[int, int | None]:
-    """`A` is one step; `A:B` steps A..B-1; either side of `:` may be empty."""
-    first, sep, last = text.partition(":")
-    try:
-        start = int(first) if first.strip() else 0
-        stop = start + 1 if not sep else int(last) if last.strip() else None
-    except ValueError:
-        raise TracengineError(f"{flag} expects a step or a range A:B, got {text!r}") from None
-    if start < 0 or (stop is not None and stop <= start):
-        raise TracengineError(f"{flag} expects a step >= 0 or a range A:B with 0 <= A < B, got {text!r}")
-    return start, stop
-
-
-def select_events(reader: TraceReader, args):
-    """The events that pass every filter given: step range, sequence, types."""
-    types = set(args.type or ())
-    if args.seq is not None and args.seq < 0:
-        raise TracengineError(f"--seq expects a sequence id >= 0, got {args.seq}")
-    unknown = sorted(types - set(EVENT_TYPES))
-    if unknown:
-        raise TracengineError(f"unknown event type {unknown[0]!r}; known: {', '.join(EVENT_TYPES)}")
-    start, stop = parse_step_range(args.step) if args.step is not None else (None, None)
-    start_frame = 0 if start is None else reader.step_frame(start)
-    for event in reader.events(start_frame):
-        if type(event) is TraceHeader:
-            if start is None and args.seq is None and (not types or "TraceHeader" in types):
-                yield event
-            continue
-        if start is not None and event.step < start:
-            continue
-        if stop is not None and event.step >= stop:
-            return
-        if types and type(event).__name__ not in types:
-            continue
-        if args.seq is not None and not involves_seq(event, args.seq):
-            continue
-        yield event
-
-
-def describe_filters(args) -> str:
-    given = [f"--step {args.step}" if args.step is not None else "", f"--seq {args.seq}" if args.seq is not None else "",
-             *(f"--type {t}" for t in args.type or ())]
-    return " ".join(g for g in given if g)
-
-
-def cmd_events(args) -> int:
-    with TraceReader(args.trace) as reader:
-        num_shown = 0
-        if args.json:
-            encode = msgspec.json.Encoder().encode
-            for event in select_events(reader, args):
-                sys.stdout.write(encode(to_builtins(event)).decode() + "\n")
-                num_shown += 1
-        else:
-            for event in select_events(reader, args):
-                sys.stdout.write(format_event(event) + "\n")
-                num_shown += 1
-        sys.stdout.flush()
-        if reader.torn_tail is not None:
-            print(f"tracengine: note: {reader.describe_torn_tail()}; the events above are every complete step",
-                  file=sys.stderr)
-        if not num_shown:
-            last = reader.frames()[-1].step if reader.num_frames > 1 else None
-            steps = f"steps 0..{last}" if last is not None else "no steps"
-            print(f"tracengine: note: no event matches {describe_filters(args)} (the trace has {steps})",
-                  file=sys.stderr)
-    return EXIT_OK
-
-
-def cmd_render(args) -> int:
-    """The step table of a trace, as the snapshot fixtures of tracengine.testing store it."""
-    steps = parse_step_range(args.steps, "--steps") if args.steps is not None else None
-    with TraceReader(args.trace) as reader:
-        sys.stdout.write(render_steps(reader.events(), steps, args.seq))
-        sys.stdout.flush()
-        if reader.torn_tail is not None:
-            print(f"tracengine: note: {reader.describe_torn_tail()}; the table has every complete step",
-                  file=sys.stderr)
-    return EXIT_OK
-
-
-def cmd_check(args) -> int:
+def run(args) -> int:
     """Exit 0: whole; 1: damage (corruption, a torn tail, an event that does not
     follow); 3: intact but without end frame (still being written, or its writer killed)."""
     try:
@@ -138,7 +64,7 @@ def report_check(args, reader: TraceReader | None, counts, steps, corruption, im
     torn = reader.torn_tail if reader is not None else None
     ended = reader is not None and reader.ended
     if corruption or impossible or torn:
-        status, code = "damaged", EXIT_DAMAGED
+        status, code = "damaged", EXIT_FAILED_CHECK
     else:
         status, code = ("whole", EXIT_OK) if ended else ("not ended", EXIT_NOT_ENDED)
     if args.json:

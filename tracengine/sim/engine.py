@@ -7,21 +7,15 @@ ended, or, when nothing is queued, the model's wake-up time after the next
 arrival (the engine sleeps until then); every request that has arrived by a step's start
 is added before it. The events are an ordinary trace whose StepEnds hold the
 simulated durations and gaps, so stats, tui, diff, export and replay read it.
-No model and no torch: tokens come from a runner without one (OutputRunner
+No model and no torch: tokens come from a runner without one (replay.whatif.OutputRunner
 for a what-if, SyntheticRunner for a workload)."""
-import time
-from dataclasses import dataclass
-
-import msgspec
-
 from tracengine.collector import collector_paused
 from tracengine.engine.config import Config
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.sampling_params import SamplingParams
-from tracengine.errors import TracengineError, TraceError
-from tracengine.replay.runners import Departures, OutputRunner, SyntheticRunner, WorkloadRequest, check_requests
-from tracengine.replay.steptime import calibrate, seqs_shape
-from tracengine.replay.whatif import extract_workload
+from tracengine.errors import TracengineError
+from tracengine.sim.runners import Departures, SyntheticRunner, WorkloadRequest, check_requests
+from tracengine.sim.steptime import seqs_shape
 from tracengine.trace.events import NULL_SINK, ListSink, ModelInfo, StepEnd, TraceHeader
 from tracengine.trace.tracelog import make_header
 
@@ -114,90 +108,6 @@ def _run_timed(config, requests, step_time, runner, sink, header, max_steps, pol
         on_progress(num_finished, engine.now_ns)
     head = header if header is not None else make_header(config)
     return [head] if sink is not None else [head, *events_sink.events]
-
-
-@dataclass
-class TimedWhatIf:
-    step_time: object            # the model the runs were timed with
-    recorded: list               # the recorded events
-    self_check: list             # the recorded config in simulated time
-    new: list                    # the what-if in simulated time
-    changes: list[tuple[str, object, object]]
-    num_past_output: int
-
-
-def has_arrivals(events) -> bool:
-    """Whether every request of the trace has a recorded arrival time (format 2 and later)."""
-    from tracengine.trace.events import RequestAdded
-    seen = False
-    for e in events:
-        if type(e) is RequestAdded:
-            if e.arrival_ns < 0:
-                return False
-            seen = True
-    return seen
-
-
-class TimedReplay:
-    """A trace's workload ready to run in simulated time under any config: `run(overrides)`
-    gives the events of one run. Calibrates on the trace itself unless given a model."""
-
-    def __init__(self, events, step_time=None, trace_name: str = ""):
-        self.events = events = list(events)
-        self.workload = workload = extract_workload(events)
-        if any(r.arrival_ns < 0 for r in workload.requests):
-            raise TraceError("the trace has no arrival times (format 1, or recorded without them); "
-                             "use --arrivals steps")
-        self.recorded = Config.from_dict(workload.header.config)
-        self.step_time = step_time
-        self.trace_name = trace_name
-        # Where the recorded step 0 started: what came before it was the engine's start-up
-        # (tokenizing and adding the requests), not scheduling, so no simulated run starts
-        # earlier, and every request that arrived during the start-up meets step 0 as recorded.
-        self.first_step_ns = next((e.gap_ns for e in events if type(e) is StepEnd), 0)
-
-    def config(self, overrides: dict) -> Config:
-        """The config of a variant; a request that could never run under it is refused here."""
-        from tracengine.engine.scheduler import Scheduler
-        config = self.recorded.replace(**overrides)
-        check_requests(Scheduler(config), self.workload.requests)
-        return config
-
-    def ensure_step_time(self):
-        if self.step_time is None:
-            try:
-                self.step_time = calibrate(self.events, self.trace_name)
-            except TraceError as exc:
-                raise TraceError(f"{exc}: give --step-time or --roofline, or --arrivals steps") from None
-        return self.step_time
-
-    def run(self, config: Config, policy=None) -> tuple[list, OutputRunner]:
-        step_time = self.ensure_step_time()
-        if policy is not None:      # the header names the policy that runs
-            from tracengine.engine.policies import policy_path
-            config = config.replace(scheduling_policy=policy if isinstance(policy, str) else policy_path(policy))
-        header = msgspec.structs.replace(self.workload.header, config=config.to_dict(),
-                                         device=f"simulated ({step_time.kind})", created_at=time.time())
-        runner = OutputRunner(self.workload.outputs, self.workload.middle, 0 if config.eos != 0 else 1)
-        return run_timed(config, self.workload.requests, step_time, runner, header=header, policy=policy,
-                         first_step_ns=self.first_step_ns), runner
-
-
-def timed_whatif(events, overrides: dict, step_time=None, trace_name: str = "", policy=None) -> TimedWhatIf:
-    """The workload of `events` at its recorded arrival times, in simulated time, under the
-    recorded config (the self-check) and with `overrides`; `step_time` defaults to a model
-    calibrated on the trace itself. `policy` (replay --policy): the recorded policy when it is
-    a user's own, and the new run's unless `overrides` names one (as whatif's)."""
-    from tracengine.engine.config import BUILTIN_POLICY_NAMES
-    timed = TimedReplay(events, step_time, trace_name)
-    config = timed.config(overrides)     # before calibrating: say the plainer problem first
-    recorded_policy = None if timed.recorded.scheduling_policy in BUILTIN_POLICY_NAMES else policy
-    self_check, check_runner = timed.run(timed.recorded, recorded_policy)
-    new, runner = (self_check, check_runner) if not overrides else timed.run(
-        config, overrides.get("scheduling_policy", policy))
-    changes = [(name, value, getattr(config, name)) for name, value in timed.recorded.to_dict().items()
-               if getattr(config, name) != value]
-    return TimedWhatIf(timed.step_time, timed.events, self_check, new, changes, len(runner.past_output_seq_ids))
 
 
 def simulate_config(overrides: dict, requests: list[WorkloadRequest]) -> Config:

@@ -13,7 +13,7 @@ import msgspec
 from tracengine.trace.events import (WALL_CLOCK_FIELDS, BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt,
                                      RequestAdded, ScheduleDecision, ScheduledSeq, SeqAbort, SeqFinish, StepEnd,
                                      TokenSample, TraceHeader)
-from tracengine.replay.fold import iter_steps
+from tracengine.trace.events import iter_steps
 
 SCHEDULING_CONFIG = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "kvcache_block_size",
                      "num_kvcache_blocks", "eos")
@@ -162,26 +162,6 @@ def involves_seq(event, seq_id: int) -> bool:
         return True
     seqs = getattr(event, "seqs", ())
     return getattr(event, "blocked_seq_id", None) == seq_id or any(s.seq_id == seq_id for s in seqs)
-
-
-def divergence_report(name: str, result, events) -> str:
-    """What `replay` prints when a re-execution diverges: the step, the expected
-    and the actual event, the recorded step's row, the recorded state before the
-    step and the replaying scheduler's state when it diverged."""
-    from tracengine.replay.fold import Fold
-    d = result.divergence
-    lines = [f"{name}: replay diverges at step {d.step} (event {d.index} of the step): {d.reason}",
-             f"  expected: {format_event(d.expected, wall_clock=False)}",
-             f"  actual:   {format_event(d.actual, wall_clock=False)}",
-             f"{result.num_steps} steps and {result.num_events} events reproduced before it"]
-    fold = Fold(events)
-    if d.step <= fold.num_steps:
-        lines += [f"recorded step {d.step}:", "  " + render_step(fold.events_at(d.step))]
-    lines.append("recorded state before the step:")
-    lines += ["  " + line for line in render_state(fold.state_at(before_step=min(d.step, fold.num_steps))).splitlines()]
-    lines.append("replayed state at the divergence:")
-    lines += ["  " + line for line in render_state(d.state, when=f"in the middle of step {d.step}").splitlines()]
-    return "\n".join(lines) + "\n"
 
 
 def render_state(state, when: str | None = None) -> str:

@@ -365,7 +365,7 @@ def load_step_time(path: str):
         if kind == LinearStepTime.kind:
             return LinearStepTime.from_dict(d)
         if kind == "roofline":
-            from tracengine.replay.roofline import RooflineStepTime
+            from tracengine.sim.roofline import RooflineStepTime
             return RooflineStepTime.from_dict(d)
     except TracengineError as exc:
         raise TracengineError(f"{path}: {exc}") from None

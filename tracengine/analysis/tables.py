@@ -1,0 +1,29 @@
+"""The one table renderer: every table a command prints is a rich `Table` made here and
+written by `table_text`, a line per row with no trailing spaces and no wrapping, so a table
+reads the same on a terminal, in a pipe and in a test."""
+import io
+
+from rich.console import Console
+from rich.table import Table
+
+
+def make_table(header: list[str], rows: list[list[str]], left_columns: int = 1, title: str | None = None) -> Table:
+    """Columns titled by `header` (an empty title: no header row at all when every one is
+    empty); the first `left_columns` are labels, aligned left, the rest figures, aligned right."""
+    table = Table(box=None, pad_edge=False, show_header=any(header), header_style="bold", title=title,
+                  title_justify="left", title_style="")
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i < left_columns else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def table_text(*renderables) -> str:
+    """The renderables as plain text, one line per row: as wide as they need, right-stripped."""
+    out = io.StringIO()
+    console = Console(file=out, width=10_000, color_system=None, highlight=False, soft_wrap=False,
+                      legacy_windows=False)
+    for renderable in renderables:
+        console.print(renderable)
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines())

@@ -1,0 +1,55 @@
+"""`tracengine diff`: the first scheduling difference between two traces."""
+import json
+
+from tracengine.analysis.render import format_event, render_step
+from tracengine.cli.common import EXIT_FAILED_CHECK, EXIT_OK, add_parser
+from tracengine.cli.outputs import note_torn_tail
+from tracengine.replay.diff import SCHEDULING_TYPES, diff_traces
+from tracengine.replay.metrics import side_by_side
+from tracengine.trace.events import to_builtins
+from tracengine.trace.tracelog import TraceReader
+
+
+def add_to(sub):
+    p = add_parser(sub, "diff", "first scheduling divergence between two traces",
+                   "Compare two traces' scheduling events step by step: print the first difference and\n"
+                   "the two runs side by side (exit 1 when they differ).")
+    p.add_argument("a", help="the first trace")
+    p.add_argument("b", help="the second trace")
+    p.add_argument("--json", action="store_true", help="the result as one JSON object")
+    p.set_defaults(run=run)
+
+
+def _event_json(event):
+    return None if event is None else to_builtins(event)
+
+
+def run(args) -> int:
+    with TraceReader(args.a) as reader_a, TraceReader(args.b) as reader_b:
+        d = diff_traces(reader_a.events(), reader_b.events())
+        note_torn_tail(reader_a)
+        note_torn_tail(reader_b)
+    a_sched = [e for e in d.a_events if isinstance(e, SCHEDULING_TYPES)]
+    b_sched = [e for e in d.b_events if isinstance(e, SCHEDULING_TYPES)]
+    if args.json:
+        print(json.dumps({
+            "a": str(args.a), "b": str(args.b), "identical": d.identical,
+            "config_changes": [{"name": n, "a": a, "b": b} for n, a, b in d.config_changes],
+            "step": d.step, "index": None if d.identical else d.index,
+            "a_event": None if d.identical else _event_json(a_sched[d.index] if d.index < len(a_sched) else None),
+            "b_event": None if d.identical else _event_json(b_sched[d.index] if d.index < len(b_sched) else None),
+            "a_stats": d.a_stats, "b_stats": d.b_stats}, indent=2))
+        return EXIT_OK if d.identical else EXIT_FAILED_CHECK
+    if d.config_changes:
+        print("config: " + ", ".join(f"{name} {a} vs {b}" for name, a, b in d.config_changes))
+    if d.identical:
+        print(f"no scheduling difference in {d.a_stats['steps']['num_steps']} steps")
+        return EXIT_OK
+    print(f"first scheduling difference at step {d.step}:")
+    print(f"  a: {render_step(d.a_events) if d.a_events else '(the trace has ended)'}")
+    print(f"  b: {render_step(d.b_events) if d.b_events else '(the trace has ended)'}")
+    print(f"  first differing event (#{d.index} of the step's scheduling events):")
+    print(f"    a: {format_event(a_sched[d.index] if d.index < len(a_sched) else None, wall_clock=False)}")
+    print(f"    b: {format_event(b_sched[d.index] if d.index < len(b_sched) else None, wall_clock=False)}")
+    print(side_by_side(d.a_stats, d.b_stats, "a", "b"))
+    return EXIT_FAILED_CHECK

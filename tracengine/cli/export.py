@@ -1,0 +1,23 @@
+"""`tracengine export`: a trace as Chrome/Perfetto trace-event JSON."""
+from tracengine.cli.common import EXIT_OK, add_parser
+
+
+def add_to(sub):
+    p = add_parser(sub, "export", "export a trace for other tools",
+                   "Export a trace as Chrome/Perfetto trace-event JSON (open it in ui.perfetto.dev).")
+    p.add_argument("trace", help="the trace file")
+    p.add_argument("--perfetto", metavar="OUT", required=True, help="write Chrome/Perfetto trace-event JSON to OUT")
+    p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from tracengine.analysis.export import REQUESTS_PID, export_perfetto
+    from tracengine.cli.outputs import check_outputs
+    check_outputs({"--perfetto": args.perfetto}, {"trace": args.trace}, args.force)
+    doc = export_perfetto(args.trace, args.perfetto)
+    num_requests = sum(1 for e in doc["traceEvents"] if e["ph"] == "M" and e["pid"] == REQUESTS_PID
+                       and e["name"] == "thread_name")
+    print(f"wrote {args.perfetto}: {len(doc['traceEvents']):,} trace events, {doc['metadata']['num_steps']:,} "
+          f"steps, {num_requests:,} requests; open it in ui.perfetto.dev or chrome://tracing")
+    return EXIT_OK

@@ -1,0 +1,105 @@
+"""The sweep flags of replay and simulate (`--sweep NAME=V1,V2`, --jobs, --slo, --plot):
+checked before any run, the grid run on the local process pool, its table or JSON printed."""
+import os
+
+from tracengine.cli.common import EXIT_OK
+from tracengine.cli.outputs import check_outputs
+from tracengine.cli.steptime import input_files
+from tracengine.errors import TracengineError
+
+
+def add_sweep_arguments(p):
+    g = p.add_argument_group("sweeps (one row per variant, in parallel processes)")
+    g.add_argument("--sweep", action="append", default=[], metavar="NAME=V1,V2,...",
+                   help="run every value of a config field (repeatable: the grid of all of them)")
+    g.add_argument("--jobs", type=int, metavar="N", help="worker processes (default: one per core)")
+    g.add_argument("--slo", action="append", default=[], metavar="NAME=VALUE",
+                   help="goodput objective, e.g. ttft=200ms, tpot=50ms, e2e=2s (repeatable)")
+    g.add_argument("--plot", metavar="OUT.png", help="draw --plot-figure against the first swept value "
+                   "(needs matplotlib: the 'plot' extra)")
+    g.add_argument("--plot-figure", help="the figure --plot draws: throughput, ttft_p50_ms, ttft_p99_ms, tpot_p50_ms, "
+                   "tpot_p99_ms, e2e_p50_ms, e2e_p99_ms, preemptions or goodput (default ttft_p99_ms); of a "
+                   "step-exact sweep: tokens_per_step, ttft_p50_steps, ttft_p99_steps, tpot_p50_steps, "
+                   "tpot_p99_steps, e2e_p50_steps, e2e_p99_steps or preemptions (default ttft_p99_steps)")
+
+
+def sweep_options(args, overrides: dict, figures=None):
+    """(variants, slo) of the sweep flags; variants is None without --sweep. `overrides`: the
+    --set fields, which no --sweep may name too (one of the two would silently win). `figures`:
+    the sweep's (replay.sweep.IN_TIME, the default, or IN_STEPS), which --plot-figure names one of."""
+    from tracengine.analysis.stats import parse_slos
+    from tracengine.sim.sweep import IN_STEPS, IN_TIME, parse_sweep
+    figures = figures or IN_TIME
+    check_plot_figure(args)
+    slo = parse_slos(args.slo) or None
+    if not args.sweep:
+        if args.plot or args.jobs is not None:
+            raise TracengineError("--plot and --jobs go with --sweep")
+        return None, slo
+    if slo and figures is IN_STEPS:
+        raise TracengineError("--slo objectives are times, and a step-exact sweep (--arrivals steps, or a trace "
+                              "without arrival times) has none: its figures are in steps")
+    args.plot_figure = args.plot_figure or figures.default_figure
+    if args.plot_figure not in figures.names:
+        of = " of a step-exact sweep (in steps)" if figures is IN_STEPS else ""
+        raise TracengineError(f"--plot-figure{of} is one of {', '.join(figures.names)}, got {args.plot_figure!r}")
+    if args.plot and args.plot_figure == "goodput" and not slo:
+        raise TracengineError("--plot-figure goodput needs an --slo objective (without one no run has a goodput)")
+    if args.jobs is not None and args.jobs <= 0:
+        raise TracengineError(f"--jobs must be positive, got {args.jobs}")
+    check_outputs({"--plot": args.plot}, input_files(args), getattr(args, "force", False))
+    if args.plot:
+        check_plot_format(args.plot)
+    variants = parse_sweep(args.sweep)
+    both = [name for name in variants[0] if name in overrides]
+    if both:
+        raise TracengineError(f"--set and --sweep both name {', '.join(both)}; give its values to --sweep alone")
+    return variants, slo
+
+
+def check_plot_figure(args):
+    """--plot-figure names what --plot draws: without --plot nothing would read it."""
+    if args.plot_figure is not None and not args.plot:
+        raise TracengineError("--plot-figure goes with --plot (it names the figure the plot draws)")
+
+
+PLOT_FORMATS = ("png", "svg", "pdf", "jpg", "jpeg", "eps", "ps", "tif", "tiff", "webp")   # matplotlib's own
+
+
+def check_plot_format(path: str):
+    """The image format is the --plot file's extension; one matplotlib does not write is said
+    before the runs (without one it would write PATH.png, beside the file that was checked)."""
+    extension = os.path.splitext(path)[1].lstrip(".").lower()
+    if extension not in PLOT_FORMATS:
+        raise TracengineError(f"--plot {path!r}: name the image format by the extension, one of "
+                              f"{', '.join('.' + f for f in PLOT_FORMATS)}")
+
+
+def print_sweep(run_variant, variants, args, meta: dict | None = None) -> int:
+    """The sweep's table, or with --json (`meta` given) one object: `meta`'s keys and each
+    variant's overrides with its row of figures (replay.sweep.row_of or step_row_of: stats' own;
+    which, `run_variant.figures` says)."""
+    import time
+    from tracengine.sim.sweep import plot_rows, render_rows, run_sweep
+    if args.plot:    # fail before the runs, not after them
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise TracengineError("--plot needs matplotlib: pip install 'tracengine[plot]'") from None
+    start = time.perf_counter()
+    rows = run_sweep(run_variant, variants, args.jobs)
+    jobs = min(args.jobs or os.cpu_count() or 1, len(variants))
+    if meta is not None and getattr(args, "json", False):
+        import json
+        if args.plot:
+            plot_rows(args.plot, variants, rows, args.plot_figure, run_variant.figures)
+        print(json.dumps({**meta, "plot": args.plot or None,
+                          "variants": [{"set": v, "figures": r} for v, r in zip(variants, rows)]}, indent=2))
+        return EXIT_OK
+    print(render_rows(variants, rows, run_variant.figures))
+    print(f"{len(variants)} variants in {time.perf_counter() - start:.2f} s on {jobs} worker"
+          f"{'s' if jobs > 1 else ''}; {run_variant.figures.units}")
+    if args.plot:
+        plot_rows(args.plot, variants, rows, args.plot_figure, run_variant.figures)
+        print(f"wrote {args.plot}")
+    return EXIT_OK

@@ -1,0 +1,148 @@
+"""The what-if in simulated time (`replay --set` on a trace with arrival times): the
+recorded workload at its recorded arrival times through the simulated engine, under the
+recorded config (the self-check: how far the step-time model is from the recording) and
+under the new one; and the sweep variants of a trace, timed and step-exact."""
+import time
+from dataclasses import dataclass
+
+import msgspec
+
+from tracengine.engine.config import Config
+from tracengine.errors import TraceError
+from tracengine.replay.whatif import OutputRunner, extract_workload
+from tracengine.sim.engine import run_timed
+from tracengine.sim.runners import check_requests
+from tracengine.sim.steptime import calibrate
+from tracengine.sim.sweep import IN_STEPS, IN_TIME, row_of, step_row_of
+from tracengine.trace.events import RequestAdded, StepEnd
+
+
+@dataclass
+class TimedWhatIf:
+    step_time: object            # the model the runs were timed with
+    recorded: list               # the recorded events
+    self_check: list             # the recorded config in simulated time
+    new: list                    # the what-if in simulated time
+    changes: list[tuple[str, object, object]]
+    num_past_output: int
+
+
+def has_arrivals(events) -> bool:
+    """Whether every request of the trace has a recorded arrival time (format 2 and later)."""
+    seen = False
+    for e in events:
+        if type(e) is RequestAdded:
+            if e.arrival_ns < 0:
+                return False
+            seen = True
+    return seen
+
+
+class TimedReplay:
+    """A trace's workload ready to run in simulated time under any config: `run(overrides)`
+    gives the events of one run. Calibrates on the trace itself unless given a model."""
+
+    def __init__(self, events, step_time=None, trace_name: str = ""):
+        self.events = events = list(events)
+        self.workload = workload = extract_workload(events)
+        if any(r.arrival_ns < 0 for r in workload.requests):
+            raise TraceError("the trace has no arrival times (format 1, or recorded without them); "
+                             "use --arrivals steps")
+        self.recorded = Config.from_dict(workload.header.config)
+        self.step_time = step_time
+        self.trace_name = trace_name
+        # Where the recorded step 0 started: what came before it was the engine's start-up
+        # (tokenizing and adding the requests), not scheduling, so no simulated run starts
+        # earlier, and every request that arrived during the start-up meets step 0 as recorded.
+        self.first_step_ns = next((e.gap_ns for e in events if type(e) is StepEnd), 0)
+
+    def config(self, overrides: dict) -> Config:
+        """The config of a variant; a request that could never run under it is refused here."""
+        from tracengine.engine.scheduler import Scheduler
+        config = self.recorded.replace(**overrides)
+        check_requests(Scheduler(config), self.workload.requests)
+        return config
+
+    def ensure_step_time(self):
+        if self.step_time is None:
+            try:
+                self.step_time = calibrate(self.events, self.trace_name)
+            except TraceError as exc:
+                raise TraceError(f"{exc}: give --step-time or --roofline, or --arrivals steps") from None
+        return self.step_time
+
+    def run(self, config: Config, policy=None) -> tuple[list, OutputRunner]:
+        step_time = self.ensure_step_time()
+        if policy is not None:      # the header names the policy that runs
+            from tracengine.engine.policies import policy_path
+            config = config.replace(scheduling_policy=policy if isinstance(policy, str) else policy_path(policy))
+        header = msgspec.structs.replace(self.workload.header, config=config.to_dict(),
+                                         device=f"simulated ({step_time.kind})", created_at=time.time())
+        runner = OutputRunner(self.workload.outputs, self.workload.middle, 0 if config.eos != 0 else 1)
+        return run_timed(config, self.workload.requests, step_time, runner, header=header, policy=policy,
+                         first_step_ns=self.first_step_ns), runner
+
+
+def timed_whatif(events, overrides: dict, step_time=None, trace_name: str = "", policy=None) -> TimedWhatIf:
+    """The workload of `events` at its recorded arrival times, in simulated time, under the
+    recorded config (the self-check) and with `overrides`; `step_time` defaults to a model
+    calibrated on the trace itself. `policy` (replay --policy): the recorded policy when it is
+    a user's own, and the new run's unless `overrides` names one (as whatif's)."""
+    from tracengine.engine.config import BUILTIN_POLICY_NAMES
+    timed = TimedReplay(events, step_time, trace_name)
+    config = timed.config(overrides)     # before calibrating: say the plainer problem first
+    recorded_policy = None if timed.recorded.scheduling_policy in BUILTIN_POLICY_NAMES else policy
+    self_check, check_runner = timed.run(timed.recorded, recorded_policy)
+    new, runner = (self_check, check_runner) if not overrides else timed.run(
+        config, overrides.get("scheduling_policy", policy))
+    changes = [(name, value, getattr(config, name)) for name, value in timed.recorded.to_dict().items()
+               if getattr(config, name) != value]
+    return TimedWhatIf(timed.step_time, timed.events, self_check, new, changes, len(runner.past_output_seq_ids))
+
+
+def _variant_policy(overrides: dict, policy):
+    """replay --policy, unless the variant names its own scheduling_policy (a swept one wins)."""
+    return overrides.get("scheduling_policy", policy)
+
+
+class TimedVariant:
+    """A what-if in simulated time (replay/simulate.TimedReplay) under base + overrides.
+    `policy`: replay --policy (a trace of one's own policy needs it)."""
+    figures = IN_TIME
+
+    def __init__(self, timed, base: dict, slo: dict | None = None, policy=None):
+        self.timed, self.base, self.slo, self.policy = timed, base, slo, policy
+        timed.ensure_step_time()      # fitted once, before the workers fork
+
+    def check(self, overrides: dict):
+        self.timed.config({**self.base, **overrides})
+
+    def __call__(self, overrides: dict) -> dict:
+        from tracengine.analysis.stats import stats
+        merged = {**self.base, **overrides}
+        events, _ = self.timed.run(self.timed.config(merged), _variant_policy(merged, self.policy))
+        return row_of(stats(events, self.slo))
+
+
+class StepVariant:
+    """A step-exact what-if (replay/whatif.py) under base + overrides, its figures in steps
+    (IN_STEPS); `policy`: as TimedVariant's."""
+    figures = IN_STEPS
+
+    def __init__(self, events: list, base: dict, policy=None):
+        from tracengine.replay.whatif import extract_workload
+        self.events, self.base, self.policy = events, base, policy
+        self.workload = extract_workload(events)     # once: what check checks and every variant runs
+
+    def check(self, overrides: dict):
+        from tracengine.replay.whatif import whatif_config
+        whatif_config(self.workload, {**self.base, **overrides})
+
+    def __call__(self, overrides: dict) -> dict:
+        from tracengine.analysis.stats import stats
+        from tracengine.replay.whatif import whatif
+        merged = {**self.base, **overrides}
+        result = whatif(self.events, merged, policy=_variant_policy(merged, self.policy), workload=self.workload)
+        return step_row_of(stats(result.events))
+
+
