@@ -21,7 +21,7 @@ from conftest import EOS, record_every_event_type
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
 from tracengine.trace.events import (EVENT_TYPES, BlockAllocate, BlockAppend, BlockFree, BlockHash, ModelInfo,
                                Preempt, RequestAdded, ScheduledSeq, ScheduleDecision, SeqAbort, SeqFinish, StepEnd,
-                               TokenSample, TraceHeader)
+                               TokenSample, TraceHeader, without_wall_clock)
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.replay.reexec import reexecute
 from tracengine.sim.runners import SyntheticRunner
@@ -487,6 +487,18 @@ def test_format_v1_trace_still_reads():
     assert counts == {"TraceHeader": 1, "RequestAdded": 4, "ScheduleDecision": 17, "BlockAllocate": 5,
                       "BlockAppend": 4, "BlockHash": 15, "BlockFree": 5, "Preempt": 1, "TokenSample": 30,
                       "SeqFinish": 4, "StepEnd": 17}
+
+
+def test_format_v4_trace_still_reads():
+    # traces/format-v4.trace is kept forever (the same run as format-v1.trace, written by format 4)
+    path = REPO / "traces" / "format-v4.trace"
+    with TraceReader(path) as reader:
+        assert reader.header.format_version == 4 and reader.header.engine == "tracengine"
+        assert reader.num_frames == 1 + 17 and reader.ended
+        assert reader.torn_tail is None and reader.corruption is None
+    assert all(word & DEFLATED for word in frame_words(path))
+    v1, v4 = list(open_trace(REPO / "traces" / "format-v1.trace")), list(open_trace(path))
+    assert [without_wall_clock(e) for e in v4[1:]] == [without_wall_clock(e) for e in v1[1:]]
 
 
 CHILD = """

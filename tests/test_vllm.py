@@ -7,6 +7,7 @@ one module so that vLLM is imported once (about 9 s)."""
 import collections
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ with warnings.catch_warnings():
 
 from tracengine.cli import main  # noqa: E402
 from tracengine.replay.fold import Fold  # noqa: E402
+from tracengine.replay.reexec import divergence_report  # noqa: E402
 from tracengine.trace.events import (BlockAllocate, ListSink, Preempt, RequestAdded, ScheduleDecision,  # noqa: E402
                                      SeqAbort, SeqFinish)
 from tracengine.trace.tracelog import TraceReader, TraceWriter, open_trace  # noqa: E402
@@ -137,6 +139,17 @@ def test_a_planted_admission_rule_is_found_at_the_step_it_first_decides(traces, 
     assert result.divergence.step == expected_step
     assert type(result.divergence.expected) is BlockAllocate     # the trace admits, the replay does not
     assert result.num_steps == expected_step
+    report = divergence_report(str(path), result, events).splitlines()
+    assert report[0] == (f"{path}: replay diverges at step {expected_step} (event {result.divergence.index} of the "
+                         f"step): the replay emitted a different event")
+    assert "replayed state at the divergence:" in report
+
+
+def test_the_kept_vllm_trace_reexecutes_exactly(capsys):
+    # traces/vllm.trace (scripts/make_vllm_trace.py); tests/test_vllm_trace.py reads it without vLLM
+    trace = Path(__file__).resolve().parent.parent / "traces" / "vllm.trace"
+    assert main(["replay", str(trace)]) == 0
+    assert "58 steps and 366 events reproduced exactly" in capsys.readouterr().out
 
 
 def test_the_commands_read_a_vllm_trace(traces, capsys):
