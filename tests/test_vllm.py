@@ -23,7 +23,7 @@ from tracengine.cli import main  # noqa: E402
 from tracengine.replay.fold import Fold  # noqa: E402
 from tracengine.replay.reexec import divergence_report  # noqa: E402
 from tracengine.trace.events import (BlockAllocate, ListSink, Preempt, RequestAdded, ScheduleDecision,  # noqa: E402
-                                     SeqAbort, SeqFinish)
+                                     SeqAbort, SeqFinish, without_wall_clock)
 from tracengine.trace.tracelog import TraceReader, TraceWriter, open_trace  # noqa: E402
 from tracengine.vllm.build import build_scheduler, default_config, trace_header  # noqa: E402
 from tracengine.vllm.drive import RequestSpec, run  # noqa: E402
@@ -191,3 +191,44 @@ def test_the_header_rebuilds_the_recorded_scheduler(traces):
     assert scheduler.policy.value == "priority"
     assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 31
     assert scheduler.max_num_scheduled_tokens == 64 and scheduler.block_size == 16
+
+
+WHATIFS = {
+    "budget": dict(max_num_batched_tokens=32),
+    "more blocks": dict(num_gpu_blocks=48),
+    "no prefix cache": dict(enable_prefix_caching=False),
+    "long prefill cap": dict(long_prefill_token_threshold=16),
+    "fewer sequences": dict(max_num_seqs=4),
+}
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("change", WHATIFS)
+def test_a_whatif_equals_running_vllm_with_that_config(traces, tmp_path, kind, change):
+    from tracengine.replay.diff import diff_traces
+    from tracengine.vllm.whatif import whatif
+    path, events = traces[f"{kind}-fcfs"]
+    result = whatif(events, WHATIFS[change])
+    config = default_config(**{**PRESSURE, **WHATIFS[change]}, scheduler_kind=kind)
+    direct = record(tmp_path / "direct.trace", config, workload(), **ABORTS)
+    d = diff_traces(result.events, direct)
+    assert d.identical, (d.step, d.index)
+    # a config that changes nothing would prove nothing
+    assert [without_wall_clock(e) for e in direct[1:]] != [without_wall_clock(e) for e in events[1:]]
+    assert result.changes == [(name, events[0].config[name], value) for name, value in WHATIFS[change].items()]
+    assert result.num_past_output <= 3     # only an aborted request can get further than it did
+
+
+def test_replay_set_writes_the_whatif_and_diff_finds_no_difference(traces, tmp_path, capsys):
+    path, events = traces["sync-fcfs"]
+    whatif_path, direct_path = tmp_path / "whatif.trace", tmp_path / "direct.trace"
+    assert main(["replay", str(path), "--set", "max_num_batched_tokens=32", "--record", str(whatif_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"what-if on {path}: max_num_batched_tokens 64 -> 32\n")
+    record(direct_path, default_config(**{**PRESSURE, "max_num_batched_tokens": 32}), workload(), **ABORTS)
+    assert main(["diff", str(whatif_path), str(direct_path)]) == 0
+    assert "no scheduling difference in" in capsys.readouterr().out
+    assert main(["replay", str(whatif_path)]) == 0          # a what-if trace re-executes too
+    capsys.readouterr()
+    assert main(["replay", str(path), "--set", "max_num_batched_token=32"]) == 2
+    assert capsys.readouterr().err.startswith("tracengine: error: unknown vLLM config field 'max_num_batched_token'")

@@ -47,6 +47,10 @@ def _event_json(event):
 
 
 def run(args) -> int:
+    with TraceReader(args.trace) as reader:
+        if reader.header.engine == "vllm":     # vLLM's own scheduler: tracengine/vllm/
+            from tracengine.vllm.command import run_replay as run_vllm_replay
+            return run_vllm_replay(args)
     check_plot_figure(args)
     overrides = config_overrides(args)
     if args.state is not None:
@@ -88,9 +92,10 @@ def show_state(path, step: int) -> int:
     return EXIT_OK
 
 
-def run_replay(path, as_json: bool = False, policy: str | None = None) -> int:
+def run_replay(path, as_json: bool = False, policy: str | None = None, replayer=None) -> int:
+    """`replayer`: the re-execution to run (vLLM's, for a vLLM trace); tracengine's by default."""
     with TraceReader(path) as reader:
-        result = reexecutor(reader.header, policy)(reader.events())
+        result = replayer(reader.events()) if replayer is not None else reexecute(reader.events(), policy)
         note_torn_tail(reader)
     if as_json:
         d = result.divergence
@@ -112,20 +117,14 @@ def run_replay(path, as_json: bool = False, policy: str | None = None) -> int:
     return EXIT_FAILED_CHECK
 
 
-def reexecutor(header, policy: str | None = None):
-    """The re-execution for the engine that made the trace: tracengine's, or vLLM's own scheduler."""
-    if header.engine == "vllm":
-        if policy is not None:
-            raise TraceError("--policy replays a trace of tracengine's scheduler; this one is vLLM's")
-        from tracengine.vllm.replay import reexecute as reexecute_vllm
-        return reexecute_vllm
-    return lambda events: reexecute(events, policy)
-
-
 def run_whatif(path, events, overrides: dict, record, as_json: bool = False, policy: str | None = None) -> int:
     """`events`: those of the trace at `path`, read."""
     from tracengine.replay.whatif import whatif
-    result = whatif(events, overrides, policy=policy)
+    return print_whatif(path, whatif(events, overrides, policy=policy), record, as_json)
+
+
+def print_whatif(path, result, record, as_json: bool = False) -> int:
+    """A what-if's result (replay/whatif.py's WhatIfResult), its trace written to `record`."""
     if record:
         write_trace(record, result.events)
     if as_json:

@@ -9,6 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 EOS_TOKEN_ID = 2
+FILLER_TOKEN_IDS = (0, 1)     # past a recorded output: the first that stops nothing
 
 
 @dataclass
@@ -20,6 +21,11 @@ class RequestSpec:
     priority: int = 0
     eos_after: int = 0        # > 0: the model samples EOS as this output token (1 = the first)
     stop_token_ids: list[int] = field(default_factory=list)
+    # A recorded request (what-if): the tokens the model gave it, in order (past them, FILLER);
+    # its own sampling parameters and arrival time (None: from eos_after, and its index).
+    output_token_ids: list[int] | None = None
+    sampling: dict | None = None
+    arrival_time: float | None = None
 
 
 def make_request(request_id: str, prompt_token_ids, *, max_tokens: int, arrival_time: float, block_size: int,
@@ -56,11 +62,12 @@ def sampling_req_ids(scheduler, out) -> list[str]:
 
 
 def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, in_step_aborts: dict | None = None,
-        max_steps: int = 100_000, schedule_log: list | None = None) -> int:
+        max_steps: int = 100_000, schedule_log: list | None = None, past_output: set | None = None) -> int:
     """Runs `specs` through `scheduler` until it has no requests; returns the number of steps.
     A request arrives before the step its `arrival_step` names (an idle engine skips ahead to
     the next arrival, so steps then run behind that count). `aborts[k]`: request ids aborted before step k is scheduled; `in_step_aborts[k]`: ids aborted
-    while step k is in flight, before its output is processed (vLLM's aborts queue)."""
+    while step k is in flight, before its output is processed (vLLM's aborts queue).
+    `past_output` gets the ids of recorded requests that ran past their recorded output."""
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.request import RequestStatus
 
@@ -78,12 +85,13 @@ def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, in_s
     def arrive(step: int):
         while pending and pending[0].arrival_step <= step:
             spec = pending.popleft()
-            eos = EOS_TOKEN_ID if spec.eos_after else None
+            sampling = spec.sampling if spec.sampling is not None else dict(
+                ignore_eos=not spec.eos_after, eos_token_id=EOS_TOKEN_ID if spec.eos_after else None,
+                stop_token_ids=spec.stop_token_ids)
+            arrival_time = spec.arrival_time if spec.arrival_time is not None else float(index[spec.request_id])
             scheduler.add_request(make_request(
-                spec.request_id, spec.prompt_token_ids, max_tokens=spec.max_tokens,
-                arrival_time=float(index[spec.request_id]), block_size=block_size, hash_algo=hash_algo,
-                priority=spec.priority, ignore_eos=not spec.eos_after, eos_token_id=eos,
-                stop_token_ids=spec.stop_token_ids))
+                spec.request_id, spec.prompt_token_ids, max_tokens=spec.max_tokens, arrival_time=arrival_time,
+                block_size=block_size, hash_algo=hash_algo, priority=spec.priority, **sampling))
 
     def fabricate(req_ids) -> dict:
         tokens = {}
@@ -92,7 +100,9 @@ def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, in_s
             if request is None:
                 continue
             spec = by_id[req_id]
-            if spec.eos_after and request.num_output_tokens + 1 >= spec.eos_after:
+            if spec.output_token_ids is not None:
+                tokens[req_id] = [recorded_token(spec, request.num_output_tokens, past_output)]
+            elif spec.eos_after and request.num_output_tokens + 1 >= spec.eos_after:
                 tokens[req_id] = [EOS_TOKEN_ID]
             else:
                 tokens[req_id] = [100 + (index[req_id] * 31 + request.num_output_tokens) % 900]
@@ -122,3 +132,13 @@ def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, in_s
             scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
         scheduler.update_from_output(out, model_output(out.num_scheduled_tokens, fabricate(req_ids)))
     raise RuntimeError(f"the scheduler did not finish in {max_steps} steps")
+
+
+def recorded_token(spec: RequestSpec, position: int, past_output: set | None) -> int:
+    """The recorded output token at `position`; past the recorded output a filler token."""
+    if position < len(spec.output_token_ids):
+        return spec.output_token_ids[position]
+    if past_output is not None:
+        past_output.add(spec.request_id)
+    stops = {spec.sampling.get("eos_token_id"), *spec.sampling.get("stop_token_ids", ())}
+    return next(t for t in FILLER_TOKEN_IDS if t not in stops)
