@@ -232,3 +232,23 @@ def test_replay_set_writes_the_whatif_and_diff_finds_no_difference(traces, tmp_p
     capsys.readouterr()
     assert main(["replay", str(path), "--set", "max_num_batched_token=32"]) == 2
     assert capsys.readouterr().err.startswith("tracengine: error: unknown vLLM config field 'max_num_batched_token'")
+
+
+def test_the_engine_core_path_records_where_the_config_or_the_environment_says(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from tracengine.vllm.recorder import RECORD_ENV, record_path
+    monkeypatch.delenv(RECORD_ENV, raising=False)
+    assert record_path(SimpleNamespace(additional_config={})) is None
+    assert record_path(SimpleNamespace(additional_config={"tracengine": {"record": "a.trace"}})) == "a.trace"
+    monkeypatch.setenv(RECORD_ENV, "b.trace")
+    assert record_path(SimpleNamespace(additional_config={})) == "b.trace"
+    # vLLM's engine core builds the --scheduler-cls class with its config; the class opens the trace
+    path = tmp_path / "served.trace"
+    scheduler = build_scheduler(default_config(**PRESSURE), record=str(path))
+    run(scheduler, workload(6))
+    scheduler.shutdown()                  # the engine core's shutdown closes the trace
+    with TraceReader(path) as reader:
+        assert reader.ended and reader.header.engine == "vllm"
+        events = list(reader.events())
+    assert reexecute(events).ok

@@ -82,9 +82,11 @@ def apply_overrides(config: dict, overrides: dict) -> dict:
     return {**config, **overrides}
 
 
-def build_scheduler(config: dict, scheduler_cls=None):
+def build_scheduler(config: dict, scheduler_cls=None, record: str = ""):
     """vLLM's scheduler for a header's `config`: `scheduler_cls` (a Scheduler subclass), or
-    the recording class of the recorded kind. Raises ConfigError for a value vLLM refuses."""
+    the recording class of the recorded kind, recording to `record` if given as vLLM's
+    engine core would have it (else not until `record_to`; $TRACENGINE_RECORD is not read).
+    Raises ConfigError for a value vLLM refuses."""
     import torch
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -108,7 +110,8 @@ def build_scheduler(config: dict, scheduler_cls=None):
                                        sliding_window=config.get("sliding_window"))
             cache_config.num_gpu_blocks = config["num_gpu_blocks"]
             vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
-                                     cache_config=cache_config, device_config=DeviceConfig(device="cpu"))
+                                     cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
+                                     additional_config={"tracengine": {"record": record}})
     except (ValueError, TypeError) as exc:     # pydantic's ValidationError is a ValueError
         raise ConfigError(f"vLLM refuses the config: {_first_line(exc)}") from None
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=config["num_kv_heads"],

@@ -43,12 +43,14 @@ _FINISH_REASONS = {RequestStatus.FINISHED_LENGTH_CAPPED: "length", RequestStatus
 
 
 def record_path(vllm_config) -> str | None:
-    """Where to record: additional_config {"tracengine": {"record": PATH}}, else $TRACENGINE_RECORD."""
+    """Where to record: additional_config {"tracengine": {"record": PATH}} ("" for nowhere: a
+    scheduler built by a replay), else $TRACENGINE_RECORD; None: not recording."""
     extra = vllm_config.additional_config
     options = extra.get("tracengine", {}) if isinstance(extra, dict) else {}
     if not isinstance(options, dict):
         raise ConfigError(f"additional_config's \"tracengine\" must be an object, got {options!r}")
-    return options.get("record") or os.environ.get(RECORD_ENV) or None
+    path = options["record"] if "record" in options else os.environ.get(RECORD_ENV)
+    return path or None
 
 
 class StepRecorder:
@@ -267,6 +269,8 @@ class _Recording:
         """Starts recording into `sink` (a trace writer, or a replay's comparing sink)."""
         if sink is NULL_SINK or not sink.enabled:
             return None
+        if self.tracengine is not None:
+            raise RuntimeError("this scheduler is recording already")
         self.tracengine = StepRecorder(self, sink, time.time() if created_at is None else created_at)
         return self.tracengine
 
