@@ -65,7 +65,8 @@ class StepRecorder:
         self.num_updated = 0          # update_from_output() calls so far
         self.steps: dict[int, list] = {}   # step -> its events so far, until its frame is written
         self.in_call = "between"      # "schedule", "update" or "between"
-        self.by_seq_id = -1           # the request allocate_slots was last asked for
+        self.by_request = None        # the request allocate_slots was last asked for
+        self.preempted_ids: set[str] = set()   # requests preempted and not yet resumed
         self.blocked_seq_id = -1      # a waiting request allocate_slots refused this step
         self.num_blocks_needed = 0    # the blocks it needed beyond its prefix-cache hits
         self.num_preempted = 0        # preemptions in this step
@@ -126,6 +127,7 @@ class StepRecorder:
         return int(since * 1e9) if since >= 0 else -1
 
     def request_aborted(self, request, reason: str) -> None:
+        self.preempted_ids.discard(request.request_id)
         status = "running" if request.status == RequestStatus.RUNNING else "waiting"
         self.emit(SeqAbort(self.current_step(), self.seq_id(request), reason, status, request.num_prompt_tokens,
                            request.num_output_tokens, self.num_in_flight))
@@ -135,7 +137,10 @@ class StepRecorder:
     def allocate_slots(self, request, num_new_tokens, *args, **kwargs):
         admitting = request.status in _ADMITTED_FROM
         new_blocks = self._allocate_slots(request, num_new_tokens, *args, **kwargs)
-        seq_id = self.by_seq_id = self.seq_id(request)
+        self.by_request = request
+        if new_blocks is not None and not admitting and not new_blocks.blocks[0]:
+            return new_blocks            # a running request that needed no block: nothing to record
+        seq_id = self.seq_id(request)
         step = self.current_step()
         if new_blocks is None:
             if admitting:     # vLLM checks that the whole request fits (scheduler_reserve_full_isl)
@@ -166,8 +171,9 @@ class StepRecorder:
     def preempted(self, request) -> None:
         """Before vLLM resets the victim: what it loses."""
         self.num_preempted += 1
-        self.emit(Preempt(self.current_step(), self.seq_id(request), self.by_seq_id, self.block_ids(request)[::-1],
-                          request.num_computed_tokens))
+        self.preempted_ids.add(request.request_id)
+        self.emit(Preempt(self.current_step(), self.seq_id(request), self.seq_id(self.by_request),
+                          self.block_ids(request)[::-1], request.num_computed_tokens))
 
     # -- a step -----------------------------------------------------------------------------------
 
@@ -307,7 +313,6 @@ class _Recording:
             return super().schedule(*args, **kwargs)
         start_ns = time.perf_counter_ns()
         prefill_before = {r.request_id: r.is_prefill_chunk for r in self.running}
-        preempted_before = {r.request_id for r in self._waiting_requests() if r.status == RequestStatus.PREEMPTED}
         recorder.in_call = "schedule"
         num_free_before = recorder.free_blocks()
         try:
@@ -315,13 +320,15 @@ class _Recording:
         finally:
             recorder.in_call = "between"
         recorder.count_freed(recorder.num_scheduled, num_free_before)
-        resumed = [recorder.seq_ids[req_id] for req_id in out.num_scheduled_tokens if req_id in preempted_before]
+        resumed = []
+        if recorder.preempted_ids:
+            resumed = [req_id for req_id in out.num_scheduled_tokens if req_id in recorder.preempted_ids
+                       and self.requests[req_id].status == RequestStatus.RUNNING]
+            recorder.preempted_ids.difference_update(resumed)
+            resumed = [recorder.seq_ids[req_id] for req_id in resumed]
         recorder.decision(out, prefill_before, resumed, start_ns)
         recorder.num_scheduled += 1
         return out
-
-    def _waiting_requests(self):
-        return (*self.waiting, *self.kv_holding_waiting)
 
     def update_from_output(self, scheduler_output, model_runner_output):
         recorder = self.tracengine
