@@ -252,3 +252,16 @@ def test_the_engine_core_path_records_where_the_config_or_the_environment_says(t
         assert reader.ended and reader.header.engine == "vllm"
         events = list(reader.events())
     assert reexecute(events).ok
+
+
+def test_mixed_agrees_with_vllm_where_no_rule_differs():
+    # docs/policies.md: `mixed` against vLLM's scheduler on the same workload; a light one agrees
+    # on every step, vLLM's one step longer (the empty step that sends the last finished ids); with
+    # vLLM's prefix cache off they part at step 2 (tracengine cannot turn its cache off)
+    from tracengine.vllm.compare import agreement, decisions, run_mixed, run_vllm
+    work = [(SHARED_PREFIX + [i] * (20 + 5 * i), 8 + i, 2 * i) for i in range(12)]
+    mixed, real = run_mixed(work, 512, 256, 16), run_vllm(work, 512, 256, 16)
+    assert decisions(mixed) == decisions(real)[:-1] and decisions(real)[-1] == {}
+    assert agreement(mixed, real)["agree"] == 1.0
+    off = run_vllm(work, 512, 256, 16, prefix_caching=False)
+    assert agreement(mixed, off)["first_difference"] == 2
