@@ -265,3 +265,26 @@ def test_mixed_agrees_with_vllm_where_no_rule_differs():
     assert agreement(mixed, real)["agree"] == 1.0
     off = run_vllm(work, 512, 256, 16, prefix_caching=False)
     assert agreement(mixed, off)["first_difference"] == 2
+
+
+def test_simulate_a_workload_through_vllms_scheduler_in_simulated_time(tmp_path, capsys):
+    from tracengine.analysis.stats import stats
+    data = Path(__file__).parent / "data"
+    roofline = tmp_path / "config.json"
+    roofline.write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                    "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+                                    "vocab_size": 1000, "torch_dtype": "bfloat16"}))
+    out = tmp_path / "sim.trace"
+    args = ["simulate", str(data / "mooncake_sample.jsonl"), "--scheduler", "vllm", "--roofline", str(roofline),
+            "--hardware", "H100"]
+    assert main(args + ["--record", str(out)]) == 2
+    assert "needs num_gpu_blocks" in capsys.readouterr().err
+    assert main(args + ["--set", "num_gpu_blocks=400", "--record", str(out)]) == 0
+    assert f"simulated 4 requests through vLLM {vllm.__version__}'s scheduler" in capsys.readouterr().out
+    events = list(open_trace(out))
+    assert (events[0].engine, events[0].device, events[0].config["num_gpu_blocks"]) == (
+        "vllm", "simulated (roofline)", 400)
+    s = stats(out)
+    assert s["requests"]["num_finished"] == 4
+    assert s["steps"]["total_s"] >= s["steps"]["num_steps"] * 1e-3    # 1 ms of overhead per step at least
+    assert reexecute(events).ok                                        # vLLM's scheduler decided it

@@ -32,6 +32,9 @@ def add_to(sub):
     add_config_arguments(p, "config (num_kvcache_blocks is required: a simulation has no device to size the cache)")
     add_step_time_arguments(p)
     add_sweep_arguments(p)
+    p.add_argument("--scheduler", choices=("tracengine", "vllm"), default="tracengine",
+                   help="whose scheduler: tracengine's, or vLLM's own (installed; --set takes vLLM's config "
+                   "fields, docs/vllm.md)")
     p.set_defaults(run=run)
 
 
@@ -53,6 +56,9 @@ def simulation_progress(num_requests: int, enabled: bool = True) -> RequestProgr
 
 
 def run(args) -> int:
+    if args.scheduler == "vllm":
+        from tracengine.vllm.command import run_simulate
+        return run_simulate(args)
     import time
     from tracengine.sim.engine import simulate, simulate_config, simulation_header, timed_requests
     if args.workload_file and args.workload:

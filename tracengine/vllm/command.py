@@ -83,3 +83,51 @@ def typed(name: str, raw: str, recorded):
         except ValueError:
             continue
     raise ConfigError(f"{name} expects {type(recorded).__name__}, got {raw!r}")
+
+
+def run_simulate(args) -> int:
+    """`tracengine simulate WORKLOAD --scheduler vllm`: vllm/simulate.py, printed as simulate prints."""
+    import time
+
+    from tracengine.analysis.stats import render, stats
+    from tracengine.cli.common import print_table
+    from tracengine.cli.outputs import check_outputs
+    from tracengine.cli.simulate import DEFAULT_VOCAB_SIZE, workload_for_simulation
+    from tracengine.cli.steptime import describe_step_time, input_files, step_time_from_args
+    from tracengine.errors import TracengineError
+    from tracengine.sim.engine import timed_requests
+    from tracengine.trace.events import ListSink
+    from tracengine.vllm.build import default_config
+    from tracengine.vllm.simulate import header, simulate
+    if args.workload_file and args.workload:
+        raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
+    if args.sweep:
+        raise TracengineError("--sweep is not supported with --scheduler vllm yet")
+    step_time = step_time_from_args(args)
+    if step_time is None:
+        raise TracengineError("simulate needs step times: --step-time FILE (tracengine calibrate) or --roofline CONFIG")
+    base = default_config()
+    overrides = vllm_overrides(args, base)
+    if "num_gpu_blocks" not in overrides:
+        raise TracengineError("simulate --scheduler vllm needs num_gpu_blocks (--set num_gpu_blocks=N or "
+                              "--num-kvcache-blocks N): a simulation has no device to size the cache")
+    config = {**base, **overrides, "scheduler_kind": "sync"}
+    check_outputs({"--record": args.record}, input_files(args), args.force)
+    vocab_size = args.vocab_size or (step_time.model.vocab_size if step_time.kind == "roofline" else DEFAULT_VOCAB_SIZE)
+    requests = timed_requests(workload_for_simulation(args, args.workload_file or args.workload, vocab_size))
+    head = header(config, step_time)
+    sink = ListSink()
+    wall, cpu = time.perf_counter(), time.process_time()
+    simulate(config, requests, step_time, sink)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    events = [head] + sink.events
+    if args.record:
+        from tracengine.trace.tracelog import write_trace
+        write_trace(args.record, events)
+    s = stats(events)
+    print(f"simulated {len(requests):,} requests through vLLM {head.engine_version}'s scheduler with "
+          f"{describe_step_time(step_time)}: {s['steps']['num_steps']:,} steps in {wall:.2f} s wall, {cpu:.2f} s CPU")
+    print_table(render(s, title="simulated run"))
+    if args.record:
+        print(f"wrote {args.record}")
+    return 0

@@ -72,6 +72,9 @@ class StepRecorder:
         self.num_preempted = 0        # preemptions in this step
         self.timing: dict[int, list] = {}   # step -> [schedule start, schedule end] (perf_counter_ns)
         self.last_update_end = time.perf_counter_ns()
+        # (schedule_ns, model_ns, postprocess_ns, gap_ns) of a step from its ScheduleDecision, in
+        # place of the clock's readings: a simulation in simulated time (vllm/simulate.py)
+        self.step_times = None
         self.num_free_blocks = self.free_blocks()   # as the events written so far leave them
         self.free_delta: dict[int, int] = {}        # step -> the change its events made, until StepEnd
         manager = scheduler.kv_cache_manager
@@ -124,7 +127,7 @@ class StepRecorder:
 
     def _arrival_ns(self, arrival_time: float) -> int:
         since = arrival_time - self.created_at
-        return int(since * 1e9) if since >= 0 else -1
+        return round(since * 1e9) if since >= 0 else -1
 
     def request_aborted(self, request, reason: str) -> None:
         self.preempted_ids.discard(request.request_id)
@@ -237,9 +240,13 @@ class StepRecorder:
         # next step's allocations come before this update's frees, but in the next frame.
         self.num_free_blocks += self.free_delta.pop(step, 0)
         schedule_start, schedule_end = self.timing.pop(step)
-        self.emit(StepEnd(step, self.num_free_blocks,
-                          schedule_end - schedule_start, max(start_ns - schedule_end, 0), end_ns - start_ns,
-                          max(schedule_start - self.last_update_end, 0), self.num_scheduled - step - 1))
+        if self.step_times is not None:
+            decision = next(e for e in self.steps[step] if type(e) is ScheduleDecision)
+            times = self.step_times(decision)
+        else:
+            times = (schedule_end - schedule_start, max(start_ns - schedule_end, 0), end_ns - start_ns,
+                     max(schedule_start - self.last_update_end, 0))
+        self.emit(StepEnd(step, self.num_free_blocks, *times, self.num_scheduled - step - 1))
         self.last_update_end = end_ns
         self.write(step)
 
