@@ -63,7 +63,7 @@ def workload(seed: int, n: int, vocab_size: int):
 def record(path, overrides, prompts, sps, arrivals, seed):
     from tracengine.engine.llm import LLM
     with LLM("", **{**BASE, "seed": seed, **overrides}) as llm:
-        llm.generate(prompts, sps, record=path, use_tqdm=False, arrival_times=arrivals)
+        llm.generate(prompts, sps, record=path, use_tqdm=False, arrival_ns=[round(t * 1e9) for t in arrivals])
 
 
 class Pool:

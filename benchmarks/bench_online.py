@@ -48,7 +48,7 @@ def build_workload(num_requests: int, input_len: str, output_len: str, vocab_siz
 
 def run(llm, prompts, params, times, path, slo) -> dict:
     start = time.perf_counter()
-    llm.generate(prompts, params, record=path, use_tqdm=False, arrival_times=times)
+    llm.generate(prompts, params, record=path, use_tqdm=False, arrival_ns=[round(t * 1e9) for t in times])
     wall_s = time.perf_counter() - start
     s = stats(path, slo or None)
     lat = s["latency"]

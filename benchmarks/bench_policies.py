@@ -76,7 +76,7 @@ def bench(name, workload, rounds):
                 llm = engines[policy]
                 llm.reset()
                 cpu = time.process_time()
-                outputs = llm.generate(prompts, sps, use_tqdm=False, summary=True, arrival_times=arrivals)
+                outputs = llm.generate(prompts, sps, use_tqdm=False, summary=True, arrival_ns=[round(t * 1e9) for t in arrivals])
                 cpu = time.process_time() - cpu
                 tokens[policy] = [o["token_ids"] for o in outputs]
                 runs[policy].append(figures(llm.last_run, cpu))

@@ -45,8 +45,8 @@ def child(kind: str, size: int, workload: str, shape: dict):
         config = Config(num_kvcache_blocks=100_000, kvcache_block_size=16,
                         max_model_len=max(len(r.prompt) + r.max_tokens for r in requests))
     elif kind == "decode":
-        from tracengine.sim.runners import WorkloadRequest
-        requests = [WorkloadRequest(list(range(i, i + 16)), size, 0, True, seq_id=i, arrival_ns=0) for i in range(64)]
+        from tracengine.engine.request import Request
+        requests = [Request(list(range(i, i + 16)), size, arrival_step=0, ignore_eos=True, seq_id=i, arrival_ns=0) for i in range(64)]
         config = Config(num_kvcache_blocks=100_000, kvcache_block_size=16, max_num_seqs=64, max_model_len=4096)
     if kind in ("mooncake", "decode"):
         header = simulation_header(config, step_time)
@@ -74,11 +74,12 @@ def child(kind: str, size: int, workload: str, shape: dict):
             if len(live) > 12:
                 manager.deallocate(live.pop(0))
     elif kind.startswith("steploop"):
-        from tracengine.sim.runners import WorkloadRequest, run_workload
+        from tracengine.sim.runners import run_workload
+        from tracengine.engine.request import Request
         num_seqs = int(kind[len("steploop"):])
         config = Config(num_kvcache_blocks=512, kvcache_block_size=16, max_num_seqs=8, max_model_len=1024)
         for _ in range(size):
-            run_workload(config, [WorkloadRequest(list(range(i * 100, i * 100 + 100)), 200, 0, True)
+            run_workload(config, [Request(list(range(i * 100, i * 100 + 100)), 200, arrival_step=0, ignore_eos=True)
                                   for i in range(num_seqs)])
 
 

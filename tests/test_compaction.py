@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import record_every_event_type, write_trace
+from helpers import record_every_event_type, write_trace
 from tracengine.replay.reexec import reexecute
 from tracengine.testing import every_event_type, every_event_type_config
 from tracengine.trace import tracelog

@@ -3,7 +3,7 @@ import pytest
 
 from tracengine import LLM, SamplingParams
 from tracengine.errors import ConfigError, RequestError
-from conftest import batched_and_alone
+from helpers import batched_and_alone
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 PROMPTS = [

@@ -6,12 +6,12 @@ import random
 
 import pytest
 
-from conftest import cut_like_a_kill
+from helpers import cut_like_a_kill
 from test_stats import online_case, preemption_case, run_engine, worked_example
 from tracengine.cli import main
 from tracengine.trace.events import Preempt, RequestAdded
 from tracengine.analysis.export import export_perfetto
-from tracengine.trace.tracelog import TraceWriter
+from tracengine.trace.tracelog import write_trace
 
 PHASES = {"X", "i", "C", "M"}
 METADATA_NAMES = {"process_name", "thread_name", "process_sort_index", "thread_sort_index"}
@@ -141,10 +141,6 @@ def test_running_request_left_out_of_a_prefill_step_is_paused(tmp_path):
     assert request_spans(doc, 0)[2] == ("paused", start_us(2), 3000)
 
 
-def write_trace(path, events):
-    with TraceWriter(path, events[0]) as writer:
-        for event in events[1:]:
-            writer.emit(event)
 
 
 def test_cli_export(tmp_path, capsys):

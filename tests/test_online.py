@@ -12,7 +12,7 @@ from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.replay.reexec import reexecute
 from tracengine.sim.runners import SyntheticRunner
-from tracengine.trace.events import BlockAllocate, ListSink, RequestAdded, ScheduleDecision, StepEnd
+from tracengine.trace.events import ListSink, RequestAdded, ScheduleDecision, StepEnd
 from tracengine.trace.tracelog import FORMAT_VERSION, open_trace
 from tracengine.workload import arrival_times
 
@@ -49,7 +49,7 @@ def test_engine_waits_for_arrivals_instead_of_running_empty_steps():
     times = [0.0, 0.0, 0.03, 0.06, 0.061]
     for i, t in enumerate(times):
         engine.add_request(list(range(10 * i + 1, 10 * i + 7)), SamplingParams(max_tokens=3, ignore_eos=True),
-                           arrival_time=t)
+                           arrival_ns=round(t * 1e9))
     assert not engine.is_finished()            # requests still to come count as work
     while not engine.is_finished():
         engine.step()
@@ -68,7 +68,7 @@ def test_engine_waits_for_arrivals_instead_of_running_empty_steps():
 def test_a_request_that_arrived_earlier_enters_now_and_keeps_its_time():
     sink = ListSink()
     engine = LLMEngine(Config(num_kvcache_blocks=16, kvcache_block_size=4), SyntheticRunner(), sink)
-    engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), arrival_time=0.0)
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), arrival_ns=0)
     assert engine.scheduler.waiting and not engine.pending
     assert sink.events[0].arrival_ns == 0
 
@@ -77,7 +77,7 @@ def test_a_request_that_can_never_run_is_refused_when_added(tmp_path):
     from tracengine.errors import RequestError
     engine = LLMEngine(Config(num_kvcache_blocks=2, kvcache_block_size=4), SyntheticRunner(), ListSink())
     with pytest.raises(RequestError, match="the cache has 2"):
-        engine.add_request(list(range(20)), SamplingParams(max_tokens=2), arrival_time=5.0)
+        engine.add_request(list(range(20)), SamplingParams(max_tokens=2), arrival_ns=5_000_000_000)
     assert engine.is_finished()
 
 
@@ -90,7 +90,7 @@ def online_trace(tmp_path_factory, one_torch_thread):
     with LLM(kvcache_block_size=8, num_kvcache_blocks=64, seed=5) as llm:
         prompts = [[(7 * i + j) % 1000 + 1 for j in range(12 + 3 * i)] for i in range(10)]
         outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True),
-                               record=str(path), use_tqdm=False, arrival_times=times)
+                               record=str(path), use_tqdm=False, arrival_ns=[round(t * 1e9) for t in times])
     assert all(len(o["token_ids"]) == 5 for o in outputs)
     return path, times
 
@@ -116,9 +116,9 @@ def test_generate_arrival_times_must_match_the_prompts():
     from tracengine.errors import TracengineError
     with LLM(num_kvcache_blocks=16) as llm:
         with pytest.raises(TracengineError, match="2 prompts but 1 arrival times"):
-            llm.generate([[1, 2], [3, 4]], arrival_times=[0.0], use_tqdm=False)
-        with pytest.raises(TracengineError, match="arrival times are seconds from the start"):
-            llm.generate([[1, 2]], arrival_times=[-1.0], use_tqdm=False)
+            llm.generate([[1, 2], [3, 4]], arrival_ns=[0], use_tqdm=False)
+        with pytest.raises(TracengineError, match="arrival times are ns from the start"):
+            llm.generate([[1, 2]], arrival_ns=[-1], use_tqdm=False)
 
 
 def events_json(capsys, path, kind):
@@ -205,8 +205,8 @@ def test_older_traces_still_read_and_replay(name):
 def test_a_request_still_to_come_can_be_aborted_before_it_enters():
     sink = ListSink()
     engine = LLMEngine(Config(num_kvcache_blocks=16, kvcache_block_size=4), SyntheticRunner(), sink)
-    engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), arrival_time=60.0)
-    later = engine.add_request([4, 5, 6], SamplingParams(max_tokens=2), arrival_time=90.0)
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), arrival_ns=60_000_000_000)
+    later = engine.add_request([4, 5, 6], SamplingParams(max_tokens=2), arrival_ns=90_000_000_000)
     assert engine.abort_request(0, "abort") is not None and engine.abort_request(7, "abort") is None
     assert [seq.seq_id for _, _, seq in engine.pending] == [later.seq_id]
     engine.abort_request(later.seq_id, "abort")

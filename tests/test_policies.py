@@ -19,7 +19,7 @@ from tracengine.trace.events import Preempt, ScheduleDecision, TokenSample, pref
 from tracengine.trace.tracelog import TraceReader
 
 from user_policies import AtMostTwoRunning, MixedPreemptingHead, ShortestFirst
-from conftest import batched_and_alone
+from helpers import batched_and_alone
 
 SNAPSHOT_DIR = Path(__file__).parent / "snapshots"
 TRACES = Path(__file__).parent.parent / "traces"

@@ -1,7 +1,7 @@
 """Decode preemption by recomputation: the running tail, then itself."""
 from tracengine.trace.events import BlockFree, Preempt
 
-from conftest import make_scheduler, make_seqs, step_scheduler as run_step
+from helpers import make_scheduler, make_seqs, step_scheduler as run_step
 
 
 

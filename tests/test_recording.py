@@ -39,18 +39,11 @@ REQUESTS = [(PREFIX + tokens(100, 12), 6), (PREFIX + tokens(200, 4), 10), (token
 ARRIVALS = {0: [0], 2: [1, 2, 3], 6: [4]}    # step -> requests added before it, for the step-by-step run
 
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
 def params(max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny model runs fastest on one thread, most of all on a busy machine."""
-    import torch
-    num_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(num_threads)
 
 
 @pytest.fixture(scope="module")

@@ -18,15 +18,14 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from conftest import record_every_event_type
+from helpers import record_every_event_type
 from tracengine.cli import main
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
 from tracengine.replay.fold import EventCheck
 from tracengine.testing import every_event_type_config
 from tracengine.trace.events import (ModelInfo, RequestAdded, ScheduledSeq, ScheduleDecision, StepEnd,
                                      TokenSample, TraceHeader)
-from tracengine.trace.tracelog import (DICTIONARY, END_FRAME, FORMAT_VERSION, FRAME_HEAD, INFLATE_SLACK,
-                                       MAX_INFLATE_RATIO, PREAMBLE, WINDOW_BITS, TraceReader, TraceWriter,
+from tracengine.trace.tracelog import (DICTIONARY, END_FRAME, FORMAT_VERSION, FRAME_HEAD, MAX_INFLATE_RATIO, PREAMBLE, WINDOW_BITS, TraceReader, TraceWriter,
                                        frame_bytes, make_header)
 
 # What a read may cost beyond the file itself: the interpreter's own noise, zlib's window,

@@ -16,7 +16,7 @@ from tracengine.testing import CANNED_WORKLOADS
 from tracengine.engine.scheduler import Scheduler
 from tracengine.trace.tracelog import TraceReader
 
-from conftest import cut_like_a_kill, run_canned, write_trace
+from helpers import cut_like_a_kill, run_canned, write_trace
 
 SNAPSHOT_DIR = Path(__file__).parent / "snapshots"
 

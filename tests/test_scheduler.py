@@ -6,7 +6,7 @@ from tracengine.errors import ConfigError, RequestError
 from tracengine.trace.events import AnyEvent, ScheduledSeq, ScheduleDecision, SeqFinish, TokenSample
 from tracengine.engine.sequence import SequenceStatus
 
-from conftest import EOS, make_scheduler, make_seqs, step_scheduler as step
+from helpers import EOS, make_scheduler, make_seqs, step_scheduler as step
 
 
 def decisions(sink):

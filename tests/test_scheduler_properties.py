@@ -16,15 +16,16 @@ from tracengine.trace.events import (BlockAllocate, ListSink, Preempt, RequestAd
 from tracengine.replay.fold import Fold
 from tracengine.replay.state import live_state
 from tracengine.replay.reexec import reexecute
-from tracengine.sim.runners import SyntheticRunner, WorkloadRequest, run_workload
+from tracengine.sim.runners import SyntheticRunner, run_workload
+from tracengine.engine.request import Request
 from tracengine.testing import random_workload
 from tracengine.trace.tracelog import make_header
 
 EOS = 999
 
 
-def blocks_needed(request: WorkloadRequest, config: Config) -> int:
-    longest = min(len(request.prompt_token_ids) + request.max_tokens, config.max_model_len)
+def blocks_needed(request: Request, config: Config) -> int:
+    longest = min(len(request.prompt) + request.max_tokens, config.max_model_len)
     return -(-longest // config.kvcache_block_size)
 
 
@@ -82,7 +83,7 @@ def check_fold_equals_live(fold, engine, fifo: bool = True):
                                             seq.num_preemptions)
 
 
-def run_checked(config: Config, requests: list[WorkloadRequest], eos_at: dict[int, int], keyframe_interval: int,
+def run_checked(config: Config, requests: list[Request], eos_at: dict[int, int], keyframe_interval: int,
                 policy=None):
     """Run with every check after every step; returns the recorded events."""
     sink = ListSink()
@@ -96,7 +97,7 @@ def run_checked(config: Config, requests: list[WorkloadRequest], eos_at: dict[in
         num_folded = len(sink.events)
         check_fold_equals_live(fold, engine, fifo=policy is None or policy.order_waiting is Scheduler.order_waiting)
 
-    max_steps = 50 * sum(len(r.prompt_token_ids) + r.max_tokens for r in requests) + 100
+    max_steps = 50 * sum(len(r.prompt) + r.max_tokens for r in requests) + 100
     events = run_workload(config, requests, SyntheticRunner(eos=EOS, eos_at=eos_at), sink=sink,
                           max_steps=max_steps, on_step=on_step, policy=policy)
     assert sum(type(e) is SeqFinish for e in events) == len(requests)     # every request finished
@@ -112,13 +113,12 @@ def workloads(draw):
     for _ in range(draw(st.integers(1, 8))):
         shared = prefix[:draw(st.integers(0, len(prefix)))]
         own = draw(st.lists(st.integers(0, vocab), min_size=0 if shared else 1, max_size=24))
-        requests.append(WorkloadRequest(shared + own, draw(st.integers(1, 10)), draw(st.integers(0, 8)),
-                                        draw(st.booleans())))
+        requests.append(Request(shared + own, draw(st.integers(1, 10)), arrival_step=draw(st.integers(0, 8)), ignore_eos=draw(st.booleans())))
     eos_at = draw(st.dictionaries(st.integers(0, len(requests) - 1), st.integers(0, 9), max_size=3))
     config = Config(kvcache_block_size=block_size, max_num_batched_tokens=draw(st.integers(1, 48)),
                     max_num_seqs=draw(st.integers(1, 6)), max_model_len=draw(st.integers(24, 64)),
                     num_kvcache_blocks=1, eos=EOS)
-    requests = [r for r in requests if len(r.prompt_token_ids) <= config.max_model_len]
+    requests = [r for r in requests if len(r.prompt) <= config.max_model_len]
     # just enough blocks for the largest request, plus a few: preemption is common
     most = max([blocks_needed(r, config) for r in requests], default=1)
     config = config.replace(num_kvcache_blocks=most + draw(st.integers(0, 6)))

@@ -7,10 +7,10 @@ from tracengine.replay.fold import Fold
 from tracengine.replay.reexec import reexecute
 from tracengine.sim.runners import SyntheticRunner
 from tracengine.replay.state import live_state
-from tracengine.trace.events import BlockFree, ListSink, RequestAdded, SeqAbort
+from tracengine.trace.events import BlockFree, ListSink, SeqAbort
 from tracengine.trace.tracelog import TraceWriter, make_header, open_trace
 
-from conftest import make_config, make_scheduler, make_seqs, step_scheduler as step
+from helpers import make_config, make_scheduler, make_seqs, step_scheduler as step
 
 
 def test_abort_takes_a_running_sequence_out_and_frees_its_blocks(sink):

@@ -122,10 +122,10 @@ def test_simulate_imports_no_torch(tmp_path, roofline):
 
 def test_sweep_rows_equal_the_single_runs(tmp_path, roofline):
     from tracengine.sim.roofline import ModelShape, RooflineStepTime
-    from tracengine.sim.engine import simulate, simulate_config, timed_requests
+    from tracengine.sim.engine import simulate, simulate_config
     from tracengine.sim.sweep import SimulateVariant, parse_sweep, row_of, run_sweep
     from tracengine.workload import read_workload
-    requests = timed_requests(read_workload(str(DATA / "mooncake_sample.jsonl"), vocab_size=1000, length_scale=0.1))
+    requests = read_workload(str(DATA / "mooncake_sample.jsonl"), vocab_size=1000, length_scale=0.1)
     step_time = RooflineStepTime.for_hardware(ModelShape.from_file(roofline), "H100")
     variants = parse_sweep(["num_kvcache_blocks=30,60", "max_num_seqs=1,4"])
     assert variants == [{"num_kvcache_blocks": 30, "max_num_seqs": 1}, {"num_kvcache_blocks": 30, "max_num_seqs": 4},
@@ -271,9 +271,9 @@ def test_progress_counts_finished_requests_and_simulated_time(roofline):
     from tracengine.engine.config import Config
     from tracengine.sim import engine as simulation
     from tracengine.sim.roofline import ModelShape, RooflineStepTime
-    from tracengine.sim.runners import WorkloadRequest
+    from tracengine.engine.request import Request
     from tracengine.trace.events import without_wall_clock
-    requests = [WorkloadRequest(list(range(i, i + 40)), 30 + i, 0, True, seq_id=i, arrival_ns=i * 2_000_000)
+    requests = [Request(list(range(i, i + 40)), 30 + i, arrival_step=0, ignore_eos=True, seq_id=i, arrival_ns=i * 2_000_000)
                 for i in range(40)]
     config = Config(num_kvcache_blocks=64, kvcache_block_size=16, max_num_seqs=4, max_model_len=256)
     step_time = RooflineStepTime.for_hardware(ModelShape.from_hf_config(TINY, "tiny"), "H100")
@@ -305,14 +305,14 @@ def test_simulated_arrivals_later_than_the_machine_clock_enter(monkeypatch):
     since boot) is let in at its simulated arrival, not held for a real time to come."""
     from tracengine.engine import llm_engine
     from tracengine.engine.config import Config
-    from tracengine.sim.runners import WorkloadRequest
+    from tracengine.engine.request import Request
     from tracengine.sim.engine import run_timed
     from tracengine.sim.steptime import LinearStepTime
     from tracengine.trace.events import RequestAdded
     from tests.test_steptime import TRUTH
     monkeypatch.setattr(llm_engine, "perf_counter_ns", lambda: 10**9)     # a machine up for one second
     hour = 3600 * 10**9
-    requests = [WorkloadRequest([1, 2, 3, 4, 5], 3, ignore_eos=True, arrival_ns=t) for t in (0, hour, 2 * hour)]
+    requests = [Request([1, 2, 3, 4, 5], 3, ignore_eos=True, arrival_ns=t) for t in (0, hour, 2 * hour)]
     config = Config(num_kvcache_blocks=16, kvcache_block_size=4, eos=999)
     events = run_timed(config, requests, LinearStepTime(TRUTH))
     assert [e.arrival_ns for e in events if type(e) is RequestAdded] == [0, hour, 2 * hour]
@@ -506,7 +506,8 @@ def test_a_run_leaves_nothing_for_the_collector(tmp_path):
     from tracengine.engine.config import Config
     from tracengine.engine.llm_engine import LLMEngine
     from tracengine.engine.sampling_params import SamplingParams
-    from tracengine.sim.runners import SyntheticRunner, WorkloadRequest, run_workload
+    from tracengine.sim.runners import SyntheticRunner, run_workload
+    from tracengine.engine.request import Request
     from tracengine.sim.engine import run_timed
     from tracengine.sim.steptime import LinearStepTime
     from tracengine.trace.tracelog import TraceWriter, make_header
@@ -516,7 +517,7 @@ def test_a_run_leaves_nothing_for_the_collector(tmp_path):
         return [o for o in gc.get_objects() if type(o) is kind]
 
     config = Config(num_kvcache_blocks=12, kvcache_block_size=4, max_num_batched_tokens=16, eos=999)
-    requests = [WorkloadRequest(list(range(i, i + 9)), 6, ignore_eos=True, arrival_ns=i * 1000) for i in range(5)]
+    requests = [Request(list(range(i, i + 9)), 6, ignore_eos=True, arrival_ns=i * 1000) for i in range(5)]
     collecting = gc.isenabled()
     gc.disable()
     try:

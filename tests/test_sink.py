@@ -8,7 +8,7 @@ from tracengine.engine.llm_engine import LLMEngine
 from tracengine.sim.runners import SyntheticRunner
 from tracengine.engine.sampling_params import SamplingParams
 
-from conftest import make_config
+from helpers import make_config
 
 
 def run_workload(sink):

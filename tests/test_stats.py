@@ -10,7 +10,7 @@ import sys
 import msgspec
 import pytest
 
-from conftest import cut_like_a_kill, make_config
+from helpers import cut_like_a_kill, make_config
 from tracengine.cli import main
 from tracengine.trace.events import ListSink, RequestAdded, StepEnd
 from tracengine.engine.llm_engine import LLMEngine

@@ -12,14 +12,14 @@ from tracengine.errors import TracengineError
 from tracengine.analysis.timeline import RequestTimeline
 from tracengine.replay.reexec import reexecute
 from tracengine.sim.roofline import HARDWARE, ModelShape, RooflineStepTime
-from tracengine.sim.runners import WorkloadRequest
+from tracengine.engine.request import Request
 from tracengine.sim.engine import run_timed
 from tracengine.replay.timed import timed_whatif
 from tracengine.replay.whatif import whatif
 from tracengine.engine.sequence import Sequence
 from tracengine.sim.steptime import FEATURES, LinearStepTime, calibrate, load_step_time, seqs_shape, step_shape
 from tracengine.trace.events import SeqAbort, StepEnd, without_wall_clock
-from tracengine.trace.tracelog import TraceWriter
+from tracengine.trace.tracelog import write_trace
 
 # ns per unit of (const, tokens, seqs, context, attended); prefill fits (const, tokens, seqs, attended),
 # decode (const, seqs, context)
@@ -41,7 +41,7 @@ def bursty_workload(seed=0, n=80):
         t += rng.choice((0, 0, 1_000_000, 30_000_000))
         head = prefix[:rng.randrange(0, 25)] if rng.random() < 0.5 else []
         prompt = head + [rng.randrange(900) for _ in range(rng.randint(1, 100))]
-        requests.append(WorkloadRequest(prompt, rng.randint(1, 30), ignore_eos=True, arrival_ns=t))
+        requests.append(Request(prompt, rng.randint(1, 30), ignore_eos=True, arrival_ns=t))
     return requests
 
 
@@ -173,10 +173,6 @@ def test_roofline_config_errors(tmp_path):
     assert ModelShape.from_file(str(tmp_path / "qwen3-8b.json")).name == "qwen3-8b"   # a file of its own
 
 
-def write_trace(path, events):
-    with TraceWriter(path, events[0]) as w:
-        for e in events[1:]:
-            w.emit(e)
 
 
 def test_calibrate_command_writes_the_model_and_refuses_to_overwrite(tmp_path, recorded, capsys):
@@ -240,7 +236,7 @@ def test_whatif_table_figures_are_the_stats_of_each_trace(tmp_path, recorded, ca
 
 
 def test_time_aware_commands_on_a_torn_trace_say_so(tmp_path, recorded, capsys):
-    from conftest import cut_like_a_kill
+    from helpers import cut_like_a_kill
     trace = str(tmp_path / "torn.trace")
     write_trace(trace, recorded)
     cut_like_a_kill(trace, 5)
@@ -327,7 +323,7 @@ def test_a_feature_the_recording_never_varied_gets_no_weight():
     weight 0 (the constant keeps the cost) instead of splitting one weight between the two,
     which a what-if batching several prompts a step would extrapolate; predictions of the
     recorded shapes are exact all the same."""
-    requests = [WorkloadRequest(list(range(i, i + 10 + 7 * i)), 5, ignore_eos=True, arrival_ns=i * 50_000_000)
+    requests = [Request(list(range(i, i + 10 + 7 * i)), 5, ignore_eos=True, arrival_ns=i * 50_000_000)
                 for i in range(12)]      # far apart: one prompt a prefill step
     events = run_timed(CONFIG, requests, LinearStepTime(TRUTH, gap_ns=30_000))
     model = calibrate(events)
@@ -453,7 +449,7 @@ def test_features_the_recording_never_varied_are_named_where_the_model_is_used(t
     so a what-if's prefills of other sizes are all timed as that one; the self-check, of the same
     one prefill, cannot show it. calibrate, the what-if and simulate say so."""
     from tracengine.sim.steptime import unvaried_note
-    at_once = [WorkloadRequest([i + 1] * 10, 12, ignore_eos=True, arrival_ns=0) for i in range(3)]
+    at_once = [Request([i + 1] * 10, 12, ignore_eos=True, arrival_ns=0) for i in range(3)]
     events = run_timed(CONFIG, at_once, LinearStepTime(TRUTH, gap_ns=30_000))
     model = calibrate(events)
     assert model.source["num_steps_by_phase"]["prefill"] == 1

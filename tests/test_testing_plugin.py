@@ -146,7 +146,7 @@ def test_workload_snapshot_pins_the_canned_tables_under_each_policy(workload_sna
 
 def test_a_workload_with_arrival_times_runs_on_a_simulated_clock():
     config = Config(num_kvcache_blocks=16, kvcache_block_size=4, max_num_batched_tokens=32, eos=999)
-    requests = [make_request(8, max_tokens=4, arrival_time=0.0), make_request(20, max_tokens=4, arrival_time=0.0025)]
+    requests = [make_request(8, max_tokens=4, arrival_ns=0), make_request(20, max_tokens=4, arrival_ns=2_500_000)]
     events = run_requests(config, requests)
     added = {e.seq_id: (e.step, e.arrival_ns) for e in events if type(e) is RequestAdded}
     assert added == {0: (0, 0), 1: (3, 2_500_000)}     # steps of 1 ms: s1 arrives during step 2, enters before 3

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from conftest import cut_like_a_kill
+from helpers import cut_like_a_kill
 from test_tracelog import flip_byte, record
 from tracengine.analysis.stats import stats
 from tracengine.cli import main

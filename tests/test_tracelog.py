@@ -5,7 +5,6 @@ import collections
 import os
 import queue
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -17,7 +16,7 @@ import msgspec
 import pytest
 import xxhash
 
-from conftest import EOS, record_every_event_type
+from helpers import EOS, record_every_event_type
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
 from tracengine.trace.events import (EVENT_TYPES, BlockAllocate, BlockAppend, BlockFree, BlockHash, ModelInfo,
                                Preempt, RequestAdded, ScheduledSeq, ScheduleDecision, SeqAbort, SeqFinish, StepEnd,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cut_like_a_kill
+from helpers import cut_like_a_kill
 from tracengine.analysis.stats import stats
 from tracengine.analysis.timeline import load
 from tracengine.cli import main

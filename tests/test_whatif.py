@@ -16,7 +16,7 @@ from tracengine.replay.whatif import extract_workload, whatif
 from tracengine.engine.scheduler import Scheduler
 from tracengine.trace.tracelog import FORMAT_VERSION, TraceReader
 
-from conftest import run_canned, write_trace
+from helpers import run_canned, write_trace
 
 
 def preemptions(figures: dict) -> int:
@@ -88,7 +88,7 @@ def test_running_past_the_recorded_output_is_counted():
 def test_extract_workload():
     events = run_canned("worked_example")
     workload = extract_workload(events)
-    assert [(r.seq_id, len(r.prompt_token_ids), r.max_tokens, r.arrival_step) for r in workload.requests] == [
+    assert [(r.seq_id, len(r.prompt), r.max_tokens, r.arrival_step) for r in workload.requests] == [
         (0, 25, 3, 0), (1, 8, 3, 0), (2, 6, 3, 0)]
     assert workload.outputs == kept_tokens(events)
     # the middle chunk of step 0 ended at position 20
@@ -110,10 +110,10 @@ def test_a_workload_hands_its_runs_read_only_encoded_prompts_that_schedule_as_pl
     workload = extract_workload(events)
     added = [e for e in events if type(e) is RequestAdded]
     for r, e in zip(workload.requests, added, strict=True):
-        assert type(r.prompt_token_ids) is EncodedTokens and r.prompt_token_ids == e.prompt_token_ids
-        assert r.prompt_token_ids.msgpack() == msgspec.msgpack.encode(e.prompt_token_ids)
-        assert b"".join(r.prompt_token_ids.packed) == pack_tokens(e.prompt_token_ids)
-    plain = dataclasses.replace(workload, requests=[dataclasses.replace(r, prompt_token_ids=list(r.prompt_token_ids))
+        assert type(r.prompt) is EncodedTokens and r.prompt == e.prompt_token_ids
+        assert r.prompt.msgpack() == msgspec.msgpack.encode(e.prompt_token_ids)
+        assert b"".join(r.prompt.packed) == pack_tokens(e.prompt_token_ids)
+    plain = dataclasses.replace(workload, requests=[dataclasses.replace(r, prompt=list(r.prompt))
                                                     for r in workload.requests])
     for overrides in ({}, {"num_kvcache_blocks": 7}, {"max_num_batched_tokens": 8}):
         try:

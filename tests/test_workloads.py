@@ -121,9 +121,9 @@ def test_azure_arrivals_come_from_datetimes():
 
 def test_own_format_keeps_prompts_and_sampling_fields():
     requests = read_workload(str(OWN), vocab_size=VOCAB)
-    assert requests[0] == Request("Why does a request wait in the queue?", 8, 0.0, source=f"{OWN}:1")
-    assert requests[1] == Request([11, 12, 13, 14, 15, 16], 4, 0.25, 0.0, True, source=f"{OWN}:2")
-    assert requests[2] == Request([11, 12, 13, 14, 21], 64, 0.5, 0.7, False, 20, 0.9, 7, source=f"{OWN}:3")
+    assert requests[0] == Request("Why does a request wait in the queue?", 8, 0, source=f"{OWN}:1")
+    assert requests[1] == Request([11, 12, 13, 14, 15, 16], 4, 250_000_000, 0.0, True, source=f"{OWN}:2")
+    assert requests[2] == Request([11, 12, 13, 14, 21], 64, 500_000_000, 0.7, False, 20, 0.9, 7, source=f"{OWN}:3")
 
 
 def test_scales_and_max_requests():
@@ -151,10 +151,10 @@ def parse(argv):
 
 def test_command_line_arrivals_for_any_source():
     requests = workload_requests(parse(["--num-prompts", "20", "--request-rate", "5", "--seed", "2"]), VOCAB)
-    assert [r.arrival_s for r in requests] == arrival_times(20, 5.0, 1.0, 2)
+    assert [r.arrival_ns for r in requests] == [round(t * 1e9) for t in arrival_times(20, 5.0, 1.0, 2)]
     from_file = workload_requests(parse(["--workload", str(MOONCAKE), "--request-rate", "2", "--max-tokens", "3"]),
                                   VOCAB)
-    assert [r.arrival_s for r in from_file] == arrival_times(4, 2.0, 1.0, 0)    # the rate replaces the file's times
+    assert [r.arrival_ns for r in from_file] == [round(t * 1e9) for t in arrival_times(4, 2.0, 1.0, 0)]    # the rate replaces the file's times
     assert {r.max_tokens for r in from_file} == {3}
     assert [r.arrival_s for r in workload_requests(parse(["--workload", str(AZURE)]), VOCAB)] == [0.0, 0.25, 1.75]
     assert len(workload_requests(parse(["--num-prompts", "9", "--max-requests", "4"]), VOCAB)) == 4

@@ -1,6 +1,7 @@
 """The cycle collector paused around work that builds millions of long-lived objects that
 make no reference cycle (a workload's prompts, a simulation's tokens): its passes over them,
-as they grow, would cost a fifth of such a run, and free nothing."""
+triggered again and again as they grow, walk them all and free nothing. One place pauses it:
+the batch commands in cli/main.py."""
 import gc
 from contextlib import contextmanager
 

@@ -43,22 +43,22 @@ from tracengine.engine.config import Config
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.errors import TracengineError
-from tracengine.sim.runners import SyntheticRunner, WorkloadRequest, run_workload
+from tracengine.engine.request import NO_TIME, Request
+from tracengine.sim.runners import SyntheticRunner, run_workload
 from tracengine.trace.events import StepEnd, WALL_CLOCK_FIELDS
 
 _FRESH_TOKEN_IDS = itertools.count(1 << 30)   # far above any vocabulary a test writes ids from
 
 
 def make_request(prompt: int | list[int], max_tokens: int = 8, *, arrival_step: int = 0,
-            arrival_time: float | None = None, ignore_eos: bool = False, temperature: float = 1.0,
-            seq_id: int | None = None) -> WorkloadRequest:
+                 arrival_ns: int = NO_TIME, ignore_eos: bool = False, temperature: float = 1.0,
+                 seq_id: int | None = None) -> Request:
     """One request of a scripted workload. `prompt`: token ids, or a length (that
     many ids no other request shares, so only prompts given as ids share a
-    prefix). It enters before step `arrival_step`, or, with `arrival_time`
-    (seconds from the start), when the simulated clock reaches it."""
+    prefix). It enters before step `arrival_step`, or, with `arrival_ns` (ns from the
+    start), when the simulated clock reaches it."""
     ids = list(prompt) if not isinstance(prompt, int) else [next(_FRESH_TOKEN_IDS) for _ in range(prompt)]
-    arrival_ns = -1 if arrival_time is None else round(arrival_time * 1e9)
-    return WorkloadRequest(ids, max_tokens, arrival_step, ignore_eos, temperature, seq_id, arrival_ns)
+    return Request(ids, max_tokens, arrival_step=arrival_step, ignore_eos=ignore_eos, temperature=temperature, seq_id=seq_id, arrival_ns=arrival_ns)
 
 
 def constant_step_time(step_ns: int = 1_000_000):
@@ -68,11 +68,11 @@ def constant_step_time(step_ns: int = 1_000_000):
     return LinearStepTime({phase: dict(row) for phase in PHASES}, source={"model": "constant"})
 
 
-def run_requests(config: Config, requests: list[WorkloadRequest], runner=None, step_time=None,
+def run_requests(config: Config, requests: list[Request], runner=None, step_time=None,
                  policy: type | str | None = None) -> list:
     """The requests through the real scheduler with the synthetic runner (or
     `runner`); the events, TraceHeader first. With arrival times (any request
-    made with `arrival_time`) the clock is simulated by `step_time`, by
+    made with `arrival_ns`) the clock is simulated by `step_time`, by
     default every step lasting 1 ms; otherwise requests enter at their steps.
     `policy`: a Scheduler subclass, or None for the one `config.scheduling_policy` names."""
     runner = runner if runner is not None else SyntheticRunner(eos=config.eos, seed=config.seed)
@@ -179,7 +179,7 @@ class TraceSnapshot(_StepTableSnapshot):
 class WorkloadSnapshot(_StepTableSnapshot):
     """A scripted workload through the real scheduler with the synthetic runner."""
 
-    def assert_match(self, config: Config, requests: list[WorkloadRequest], name: str,
+    def assert_match(self, config: Config, requests: list[Request], name: str,
                      eos_at: dict[int, int] | None = None, step_time=None, policy: type | str | None = None) -> None:
         """Run `requests` (see `make_request()`) under `config` and compare the step table
         with the snapshot `name` (.txt added if it has no suffix). `eos_at` maps a
@@ -219,7 +219,7 @@ def workload_snapshot(snapshot, request) -> WorkloadSnapshot:
 
 def random_workload(rng: random.Random, num_requests: int = 8, max_prompt_len: int = 40,
                     max_output_len: int = 12, max_arrival_step: int = 10, block_size: int = 4,
-                    vocab_size: int = 1000) -> list[WorkloadRequest]:
+                    vocab_size: int = 1000) -> list[Request]:
     """Requests of random lengths and arrivals; about half share a prefix of whole
     blocks with another prompt, so the prefix cache is exercised."""
     prefixes = [[rng.randrange(vocab_size) for _ in range(block_size * rng.randint(1, 3))] for _ in range(2)]
@@ -228,8 +228,7 @@ def random_workload(rng: random.Random, num_requests: int = 8, max_prompt_len: i
         n = rng.randint(1, max_prompt_len)
         prefix = rng.choice(prefixes)[:n] if rng.random() < 0.5 else []
         prompt = prefix + [rng.randrange(vocab_size) for _ in range(n - len(prefix))]
-        requests.append(WorkloadRequest(prompt, rng.randint(1, max_output_len), rng.randint(0, max_arrival_step),
-                                        ignore_eos=rng.random() < 0.3))
+        requests.append(Request(prompt, rng.randint(1, max_output_len), arrival_step=rng.randint(0, max_arrival_step), ignore_eos=rng.random() < 0.3))
     return requests
 
 
@@ -238,10 +237,10 @@ def _tokens(seq: int, n: int) -> list[int]:
     return list(range(1000 + 100 * seq, 1000 + 100 * seq + n))
 
 
-def canned_workload(name: str) -> tuple[Config, list[WorkloadRequest], SyntheticRunner]:
+def canned_workload(name: str) -> tuple[Config, list[Request], SyntheticRunner]:
     """Small workloads that each show one scheduling behaviour (block size 4,
     eos 999): the snapshot tests pin their step tables."""
-    R, eos = WorkloadRequest, 999
+    R, eos = Request, 999
 
     def config(**changes):
         values = dict(num_kvcache_blocks=64, kvcache_block_size=4, max_num_batched_tokens=64, max_num_seqs=16,
@@ -256,7 +255,7 @@ def canned_workload(name: str) -> tuple[Config, list[WorkloadRequest], Synthetic
                             R(_tokens(2, 6), 3, ignore_eos=True)], {}),
         # s1 needs 6 free blocks while s0 holds 5 of 10: s2 would fit but waits behind s1
         "head_of_line": (config(num_kvcache_blocks=10),
-                         [R(_tokens(0, 20), 8, 0, True), R(_tokens(1, 24), 4, 1, True), R(_tokens(2, 4), 2, 1, True)],
+                         [R(_tokens(0, 20), 8, arrival_step=0, ignore_eos=True), R(_tokens(1, 24), 4, arrival_step=1, ignore_eos=True), R(_tokens(2, 4), 2, arrival_step=1, ignore_eos=True)],
                          {}),
         # 4 prompts of 2 blocks in 9 blocks: every sequence needs a third block at once
         "preemption_tail": (config(num_kvcache_blocks=9), [R(_tokens(i, 8), 6, ignore_eos=True) for i in range(4)], {}),
@@ -268,8 +267,8 @@ def canned_workload(name: str) -> tuple[Config, list[WorkloadRequest], Synthetic
                                  [R(_tokens(0, 8), 3, ignore_eos=True), R(_tokens(1, 4), 3, ignore_eos=True),
                                   R(_tokens(2, 20), 3, ignore_eos=True)], {}),
         # s1 shares s0's two prefix blocks while s0 runs; s2 finds them again after both finished
-        "shared_prefix": (config(), [R(shared + _tokens(0, 4), 3, 0, True), R(shared + _tokens(1, 6), 3, 2, True),
-                                     R(shared + _tokens(2, 1), 2, 12, True)], {}),
+        "shared_prefix": (config(), [R(shared + _tokens(0, 4), 3, arrival_step=0, ignore_eos=True), R(shared + _tokens(1, 6), 3, arrival_step=2, ignore_eos=True),
+                                     R(shared + _tokens(2, 1), 2, arrival_step=12, ignore_eos=True)], {}),
         "max_tokens_one": (config(), [R(_tokens(0, 5), 1, ignore_eos=True), R(_tokens(1, 9), 1, ignore_eos=True),
                                       R(_tokens(2, 3), 2, ignore_eos=True)], {}),
         # s0 samples eos at completion 2, s1 at once; s2 ignores its eos; s3 runs to max_tokens
@@ -278,8 +277,8 @@ def canned_workload(name: str) -> tuple[Config, list[WorkloadRequest], Synthetic
         # a long prompt arrives while two sequences decode: prefill_first stalls them for its three
         # chunks, mixed decodes them beside each chunk
         "long_prompt_during_decode": (config(max_num_batched_tokens=16),
-                                      [R(_tokens(0, 6), 8, 0, True), R(_tokens(1, 4), 8, 0, True),
-                                       R(_tokens(2, 40), 2, 2, True)], {}),
+                                      [R(_tokens(0, 6), 8, arrival_step=0, ignore_eos=True), R(_tokens(1, 4), 8, arrival_step=0, ignore_eos=True),
+                                       R(_tokens(2, 40), 2, arrival_step=2, ignore_eos=True)], {}),
     }
     cfg, requests, eos_at = workloads[name]
     return cfg, requests, SyntheticRunner(eos=eos, eos_at=eos_at)

@@ -201,7 +201,7 @@ class RequestTimeline:
 # What each event type adds to a timeline, by exact type; the block-level events (hashes, appends,
 # frees) add nothing: no figure needs them (the free counts come from StepEnd). Functions, not a
 # timeline's bound methods: a table of those on the timeline would hold it in a reference cycle,
-# alive after the run until the collector's next full pass (a command's exit: 0.1-0.2 s).
+# alive after the run until the collector's next full pass.
 FOLD = {TraceHeader: RequestTimeline.__init__, RequestAdded: RequestTimeline._request_added,
         ScheduleDecision: RequestTimeline._decision_made, BlockAllocate: RequestTimeline._allocated,
         Preempt: RequestTimeline._preempted, TokenSample: RequestTimeline._token_sampled,

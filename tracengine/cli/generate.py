@@ -56,7 +56,7 @@ def run(args) -> int:
         start = time.perf_counter()
         outputs = llm.generate(prompts, [sampling_params(r) for r in requests],
                                record=None if in_place else args.record, use_tqdm=not args.quiet,
-                               arrival_times=[r.arrival_s for r in requests] if timed else None, summary=True)
+                               arrival_ns=[r.arrival_ns for r in requests] if timed else None, summary=True)
         elapsed = time.perf_counter() - start
     finally:
         llm.close()

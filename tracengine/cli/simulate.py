@@ -60,7 +60,7 @@ def run(args) -> int:
         from tracengine.vllm.command import run_simulate
         return run_simulate(args)
     import time
-    from tracengine.sim.engine import simulate, simulate_config, simulation_header, timed_requests
+    from tracengine.sim.engine import check_token_prompts, simulate, simulate_config, simulation_header
     if args.workload_file and args.workload:
         raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
     workload = args.workload_file or args.workload
@@ -77,7 +77,8 @@ def run(args) -> int:
         vocab_size = step_time.model.vocab_size if step_time.kind == "roofline" else DEFAULT_VOCAB_SIZE
     elif vocab_size <= 0:
         raise TracengineError(f"--vocab-size must be positive, got {vocab_size}")
-    requests = timed_requests(workload_for_simulation(args, workload, vocab_size))
+    requests = workload_for_simulation(args, workload, vocab_size)
+    check_token_prompts(requests)
     if variants is not None:
         from tracengine.sim.sweep import SimulateVariant
         print(f"simulate {len(requests):,} requests with {describe_step_time(step_time)}")
@@ -93,8 +94,7 @@ def run(args) -> int:
         wall, cpu = time.perf_counter(), time.process_time()
         if args.record:
             from tracengine.trace.tracelog import TraceWriter
-            # stored as they are: a simulated prompt's made-up tokens hardly deflate, and deflating
-            # them costs more than simulating (docs/simulation.md)
+            # stored as they are: a simulated prompt's made-up tokens hardly deflate (docs/simulation.md)
             with TraceWriter(args.record, header, deflate=False) as writer:
                 sink = RequestTimelineSink(header, writer)
                 simulate(config, requests, step_time, sink, header, on_progress)

@@ -1,5 +1,4 @@
 """`LLM`: the engine on a real model, in the spirit of vLLM and nano-vllm."""
-import math
 import time
 from pathlib import Path
 
@@ -54,9 +53,9 @@ class LLM(LLMEngine):
         self.scheduler.check_request(len(token_ids), sampling_params.max_tokens)
         return token_ids
 
-    def add_request(self, prompt, sampling_params=None, seq_id=None, arrival_time=None):
+    def add_request(self, prompt, sampling_params=None, seq_id=None, arrival_ns=None):
         sp = sampling_params if sampling_params is not None else SamplingParams()
-        return super().add_request(self.prompt_token_ids(prompt, sp), sp, seq_id, arrival_time)
+        return super().add_request(self.prompt_token_ids(prompt, sp), sp, seq_id, arrival_ns)
 
     def step(self):
         tp = self.runner.tp
@@ -97,13 +96,13 @@ class LLM(LLMEngine):
     def generate(self, prompts: str | list[str] | list[int] | list[list[int]],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  record: str | None = None, use_tqdm: bool = True, summary: bool = False,
-                 arrival_times: list[float] | None = None) -> list[dict]:
+                 arrival_ns: list[int] | None = None) -> list[dict]:
         """`summary`: leave this run's figures, `tracengine stats`' dict
         (analysis/stats.py), in `last_run` (otherwise None): read back from the
         trace `record` wrote, after the run, or else folded as the events come
         (built only because the summary was asked for: about 2.7 us per sequence
         per step, BENCHMARKS.md; an unasked-for summary costs the step loop nothing).
-        `arrival_times`: each request's arrival in seconds from the start of this call
+        `arrival_ns`: each request's arrival in ns from the start of this call
         (default: all at once); the engine adds each when its time comes and sleeps while
         nothing is runnable.
 
@@ -121,12 +120,12 @@ class LLM(LLMEngine):
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise TracengineError(f"{len(prompts)} prompts but {len(sampling_params)} sampling params")
-        if arrival_times is not None:
-            if len(arrival_times) != len(prompts):
-                raise TracengineError(f"{len(prompts)} prompts but {len(arrival_times)} arrival times")
-            bad = next((t for t in arrival_times if not (t >= 0 and math.isfinite(t))), None)
+        if arrival_ns is not None:
+            if len(arrival_ns) != len(prompts):
+                raise TracengineError(f"{len(prompts)} prompts but {len(arrival_ns)} arrival times")
+            bad = next((t for t in arrival_ns if isinstance(t, bool) or not isinstance(t, int) or t < 0), None)
             if bad is not None:
-                raise TracengineError(f"arrival times are seconds from the start, >= 0; got {bad!r}")
+                raise TracengineError(f"arrival times are ns from the start, ints >= 0; got {bad!r}")
         self.last_run = None
         token_ids = [self.prompt_token_ids(prompt, sp) for prompt, sp in zip(prompts, sampling_params)]
         if record:
@@ -138,7 +137,7 @@ class LLM(LLMEngine):
                                           origin_ns=self.last_step_end_ns - self.start_ns if self.num_steps else 0)
             self.set_sink(folding)
         try:
-            outputs = self._generate(token_ids, sampling_params, use_tqdm, arrival_times)
+            outputs = self._generate(token_ids, sampling_params, use_tqdm, arrival_ns)
             for output, prompt in zip(outputs, prompts):
                 output["prompt"] = prompt
         finally:
@@ -151,23 +150,23 @@ class LLM(LLMEngine):
             self.last_run = stats(folding.timeline if folding is not None else record)
         return outputs
 
-    def _generate(self, prompts, sampling_params, use_tqdm, arrival_times):
+    def _generate(self, prompts, sampling_params, use_tqdm, arrival_ns):
         from tracengine.engine.progress import GenerateProgress
         # Times count from this call: a fresh run starts its clock now (not when the model
         # loaded); a run already under way (a recording with earlier steps) offsets them by its age.
         if self.num_steps == 0 and self.is_finished():
             self.restart_clock()
-            origin_s = 0.0
+            origin_ns = 0
         else:
-            origin_s = (time.perf_counter_ns() - self.start_ns) / 1e9
-        if arrival_times is None:
+            origin_ns = time.perf_counter_ns() - self.start_ns
+        if arrival_ns is None:
             added_ns = time.perf_counter_ns()
             seqs = [self.add_request(prompt, sp) for prompt, sp in zip(prompts, sampling_params)]
-            arrival_ns = [added_ns] * len(seqs)
+            arrived_ns = [added_ns] * len(seqs)
         else:
-            seqs = [self.add_request(prompt, sp, arrival_time=origin_s + t)
-                    for prompt, sp, t in zip(prompts, sampling_params, arrival_times)]
-            arrival_ns = [self.start_ns + round((origin_s + t) * 1e9) for t in arrival_times]
+            seqs = [self.add_request(prompt, sp, arrival_ns=origin_ns + t)
+                    for prompt, sp, t in zip(prompts, sampling_params, arrival_ns)]
+            arrived_ns = [self.start_ns + origin_ns + t for t in arrival_ns]
         first_token_ns: dict[int, int] = {}
         finish_ns: dict[int, int] = {}
         with GenerateProgress(len(seqs), enabled=use_tqdm) as progress:
@@ -188,7 +187,7 @@ class LLM(LLMEngine):
         return [{"prompt_token_ids": seq.prompt_token_ids,
                  "text": self.tokenizer.decode(seq.completion_token_ids), "token_ids": seq.completion_token_ids,
                  "finish_reason": seq.finish_reason, "ttft_s": since_arrival(first_token_ns, seq, t),
-                 "latency_s": since_arrival(finish_ns, seq, t)} for seq, t in zip(seqs, arrival_ns)]
+                 "latency_s": since_arrival(finish_ns, seq, t)} for seq, t in zip(seqs, arrived_ns)]
 
     def close(self):
         self.stop_recording()

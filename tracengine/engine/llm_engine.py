@@ -5,7 +5,7 @@ is_prefill) -> token ids`, so the replayer drives this same loop with the
 recorded tokens. `LLM` builds the real model runner; torch is imported only
 there.
 
-Requests may arrive over time: `add_request(..., arrival_time=t)` with t in
+Requests may arrive over time: `add_request(..., arrival_ns=t)` with t in
 the future holds the request until the clock (from the run's start) reaches
 it; each step first adds the requests that have arrived, and when nothing is
 runnable it sleeps until the next arrival instead of running empty steps."""
@@ -52,8 +52,8 @@ class LLMEngine:
         self.start_ns = self.last_step_end_ns = perf_counter_ns()
 
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
-                    seq_id: int | None = None, arrival_time: float | None = None) -> Sequence:
-        """`arrival_time`: seconds from the start of the run (default: now). A request whose
+                    seq_id: int | None = None, arrival_ns: int | None = None) -> Sequence:
+        """`arrival_ns`: ns from the start of the run (default: now). A request whose
         arrival time is still to come enters the waiting queue at the first step that starts
         after it; one that arrived earlier (a server's queue) enters now, and keeps its time."""
         sp = sampling_params if sampling_params is not None else SamplingParams()
@@ -63,7 +63,7 @@ class LLMEngine:
         self.scheduler.check_request(seq.num_prompt_tokens, seq.max_tokens)
         self.next_seq_id = max(self.next_seq_id, seq.seq_id + 1)
         now_ns = self.clock_ns()
-        arrival_ns = now_ns if arrival_time is None else round(arrival_time * 1e9)
+        arrival_ns = now_ns if arrival_ns is None else arrival_ns
         if arrival_ns > now_ns:
             heapq.heappush(self.pending, (arrival_ns, seq.seq_id, seq))
         else:

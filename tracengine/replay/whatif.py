@@ -12,7 +12,8 @@ from tracengine.analysis.timeline import RequestTimeline
 from tracengine.engine.config import Config
 from tracengine.trace.events import RequestAdded, ScheduleDecision, TokenSample, TraceHeader
 from tracengine.trace.tracelog import split_header
-from tracengine.sim.runners import WorkloadRequest, check_requests, run_workload
+from tracengine.engine.request import Request
+from tracengine.sim.runners import check_requests, run_workload
 from tracengine.engine.scheduler import Scheduler
 from tracengine.workload.formats import encoded_prompt
 
@@ -55,7 +56,7 @@ class OutputRunner:
 class RecordedWorkload:
     """What a trace ran (requests, their recorded outputs): what what-if runs again."""
     header: TraceHeader
-    requests: list[WorkloadRequest]
+    requests: list[Request]
     outputs: dict[int, list[int]]              # seq_id -> kept completion tokens, in order
     middle: dict[tuple[int, int], int]         # (seq_id, position) -> sample of a middle chunk
     timeline: RequestTimeline                  # the recorded run, folded: its figures are stats(timeline)
@@ -89,8 +90,8 @@ def extract_workload(events) -> RecordedWorkload:
         elif t is RequestAdded:
             # encoded and packed once, read-only: no run of the workload (a what-if has two, a sweep
             # one a variant) copies, packs or, recording, encodes the prompt again
-            requests.append(WorkloadRequest(encoded_prompt(e.prompt_token_ids), e.max_tokens, e.step, e.ignore_eos,
-                                            e.temperature, seq_id=e.seq_id, arrival_ns=e.arrival_ns))
+            requests.append(Request(encoded_prompt(e.prompt_token_ids), e.max_tokens, e.arrival_ns, e.temperature,
+                                    e.ignore_eos, seq_id=e.seq_id, arrival_step=e.step))
             outputs[e.seq_id] = []
     for r in requests:      # a client that left: it leaves the new run when it left this one
         abort = timeline.requests[r.seq_id].abort

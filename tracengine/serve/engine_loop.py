@@ -138,7 +138,7 @@ class EngineLoop:
     def _add(self, request: ServeRequest, deliveries: list) -> None:
         try:
             request.seq = self.llm.add_request(request.prompt_token_ids, request.sampling_params,
-                                               arrival_time=request.arrival_time)
+                                               arrival_ns=round(request.arrival_time * 1e9))
         except TracengineError as exc:   # checked by the handler too; the engine has the last word
             deliveries.append((request, Output([], None, str(exc))))
             return

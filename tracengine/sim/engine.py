@@ -9,12 +9,11 @@ is added before it. The events are an ordinary trace whose StepEnds hold the
 simulated durations and gaps, so stats, tui, diff, export and replay read it.
 No model and no torch: tokens come from a runner without one (replay.whatif.OutputRunner
 for a what-if, SyntheticRunner for a workload)."""
-from tracengine.collector import collector_paused
 from tracengine.engine.config import Config
 from tracengine.engine.llm_engine import LLMEngine
-from tracengine.engine.sampling_params import SamplingParams
 from tracengine.errors import TracengineError
-from tracengine.sim.runners import Departures, SyntheticRunner, WorkloadRequest, check_requests
+from tracengine.engine.request import Request
+from tracengine.sim.runners import Departures, SyntheticRunner, check_requests, sampling_params_of
 from tracengine.sim.steptime import seqs_shape
 from tracengine.trace.events import NULL_SINK, ListSink, ModelInfo, StepEnd, TraceHeader
 from tracengine.trace.tracelog import make_header
@@ -59,20 +58,13 @@ class SimulatedEngine(LLMEngine):
 PROGRESS_EVERY = 512     # steps between two calls of a run's `on_progress`
 
 
-def run_timed(config: Config, requests: list[WorkloadRequest], step_time, runner=None, sink=None,
+def run_timed(config: Config, requests: list[Request], step_time, runner=None, sink=None,
               header: TraceHeader | None = None, max_steps: int = 10_000_000, policy=None,
               first_step_ns: int = 0, on_progress=None) -> list:
     """Run `requests` (each with `arrival_ns`) in simulated time; the events, header first.
     With `sink` given (a TraceWriter) the events go there and the list holds the header only.
     `first_step_ns`: the earliest start of step 0 (a recording's start-up: see TimedReplay).
     `on_progress(num_finished, now_ns)`: called every PROGRESS_EVERY steps and at the end."""
-    with collector_paused():    # millions of tokens in long-lived lists, in no cycle
-        return _run_timed(config, requests, step_time, runner, sink, header, max_steps, policy, first_step_ns,
-                          on_progress)
-
-
-def _run_timed(config, requests, step_time, runner, sink, header, max_steps, policy, first_step_ns,
-               on_progress) -> list:
     events_sink = sink if sink is not None else ListSink()
     runner = runner if runner is not None else SyntheticRunner(eos=config.eos, seed=config.seed)
     engine = SimulatedEngine(config, runner, step_time, events_sink, policy=policy)   # policy: as LLMEngine's
@@ -92,8 +84,8 @@ def _run_timed(config, requests, step_time, runner, sink, header, max_steps, pol
         engine.now_ns = start
         while i < n and requests[order[i]].arrival_ns <= start:
             r = requests[order[i]]
-            engine.add_request(r.prompt_token_ids, SamplingParams(r.temperature, r.max_tokens, r.ignore_eos),
-                               seq_id=order[i] if r.seq_id is None else r.seq_id, arrival_time=r.arrival_ns / 1e9)
+            engine.add_request(r.prompt, sampling_params_of(r), seq_id=order[i] if r.seq_id is None else r.seq_id,
+                               arrival_ns=r.arrival_ns)
             i += 1
         if leaving.next_due <= start:      # the clients that left by now, as they left the recording
             leaving.abort(engine, start)
@@ -110,14 +102,14 @@ def _run_timed(config, requests, step_time, runner, sink, header, max_steps, pol
     return [head] if sink is not None else [head, *events_sink.events]
 
 
-def simulate_config(overrides: dict, requests: list[WorkloadRequest]) -> Config:
+def simulate_config(overrides: dict, requests: list[Request]) -> Config:
     """A simulated engine's config: defaults, then `overrides`. max_model_len defaults to the
     longest request, as no model bounds it; the KV cache has no runner to size it."""
     if "num_kvcache_blocks" not in overrides:
         raise TracengineError("a simulation has no GPU to size the KV cache: give --set num_kvcache_blocks=N")
     values = dict(overrides)
     if "max_model_len" not in values:
-        values["max_model_len"] = max(len(r.prompt_token_ids) + r.max_tokens for r in requests)
+        values["max_model_len"] = max(len(r.prompt) + r.max_tokens for r in requests)
     return Config().replace(**values)
 
 
@@ -128,31 +120,21 @@ def simulation_header(config: Config, step_time) -> TraceHeader:
                                          "simulated"), device=f"simulated ({step_time.kind})")
 
 
-def timed_requests(requests) -> list[WorkloadRequest]:
-    """Workload `Request`s (tracengine.workload) as the simulator's requests."""
-    from tracengine.workload.sources import sampling_params
-    timed = []
+def check_token_prompts(requests: list[Request]):
+    """A simulation has no tokenizer: every prompt is token ids (or lengths made into them)."""
     for i, r in enumerate(requests):
         if isinstance(r.prompt, str):
             raise TracengineError(f"{r.source or f'request {i}'}: a text prompt needs a tokenizer; "
                                   "simulate takes token ids (prompt_token_ids) or lengths")
-        sp = sampling_params(r)
-        timed.append(WorkloadRequest(r.prompt, sp.max_tokens, 0, sp.ignore_eos, sp.temperature, seq_id=i,
-                                     arrival_ns=round(r.arrival_s * 1e9)))
-    return timed
 
 
 def simulate(config: Config, requests, step_time, sink=None, header: TraceHeader | None = None,
              on_progress=None) -> list:
-    """Workload `Request`s (tracengine.workload, or timed_requests' own) through the scheduler
-    in simulated time, tokens from SyntheticRunner; the events (header first), or with `sink`
-    (a TraceWriter made with `header`, by default `simulation_header`) the header alone.
-    `on_progress`: as run_timed's."""
-    # paused from here: a full pass while the requests are converted walks every prompt (0.15 s
-    # for the 1,000 of a Mooncake trace)
-    with collector_paused():
-        timed = requests if requests and isinstance(requests[0], WorkloadRequest) else timed_requests(requests)
-        header = header if header is not None else simulation_header(config, step_time)
-        # the config comes from the user's flags, not a trace: a policy it names is loaded
-        return run_timed(config, timed, step_time, sink=sink, header=header, policy=config.scheduling_policy,
-                         on_progress=on_progress)
+    """`requests` (each with its arrival_ns) through the scheduler in simulated time, tokens
+    from SyntheticRunner; the events (header first), or with `sink` (a TraceWriter made with
+    `header`, by default `simulation_header`) the header alone. `on_progress`: as run_timed's."""
+    check_token_prompts(requests)
+    header = header if header is not None else simulation_header(config, step_time)
+    # the config comes from the user's flags, not a trace: a policy it names is loaded
+    return run_timed(config, requests, step_time, sink=sink, header=header, policy=config.scheduling_policy,
+                     on_progress=on_progress)

@@ -1,8 +1,7 @@
-"""Runners without a model, for replay, what-if and simulation. They answer
-`run(seqs, is_prefill)` like the model runner, from a script instead of
-logits; `run_workload` drives the engine's step loop with one of them."""
+"""A runner without a model for simulation (`SyntheticRunner`: it answers `run(seqs,
+is_prefill)` like the model runner, from a hash instead of logits), and `run_workload`, which
+drives the engine's step loop over requests added by step."""
 import math
-from dataclasses import dataclass
 
 import xxhash
 
@@ -10,6 +9,7 @@ from tracengine.engine.config import Config
 from tracengine.errors import RequestError, TracengineError
 from tracengine.trace.events import ListSink
 from tracengine.engine.llm_engine import LLMEngine
+from tracengine.engine.request import Request
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.trace.tracelog import make_header
 
@@ -70,28 +70,15 @@ class SyntheticRunner:
         pass
 
 
-@dataclass(slots=True)
-class WorkloadRequest:
-    """One request of a scripted workload, added before step `arrival_step`."""
-    prompt_token_ids: list[int]
-    max_tokens: int = 8
-    arrival_step: int = 0
-    ignore_eos: bool = False
-    temperature: float = 1.0
-    seq_id: int | None = None     # None: its index in the workload
-    arrival_ns: int = -1          # when it arrives in time (simulation), ns from the start; -1: not known
-    # When its client leaves (a recorded SeqAbort), if it is still running then: before step
-    # `abort_step` of a step-exact run, at `abort_ns` (ns from the start) of a run in time; -1: never.
-    abort_step: int = -1
-    abort_ns: int = -1
-    abort_reason: str = "client"
+def sampling_params_of(request: Request) -> SamplingParams:
+    return SamplingParams(request.temperature, request.max_tokens, request.ignore_eos)
 
 
-def check_requests(scheduler, requests: list[WorkloadRequest], under: str = "the config"):
+def check_requests(scheduler, requests: list[Request], under: str = "the config"):
     """Refuse, before a run and naming it, a request that could never run under the scheduler's config."""
     for r in requests:
         try:
-            scheduler.check_request(len(r.prompt_token_ids), r.max_tokens)
+            scheduler.check_request(len(r.prompt), r.max_tokens)
         except RequestError as exc:
             arriving = f"at {r.arrival_ns / 1e9:.3f} s" if r.arrival_ns >= 0 else f"before step {r.arrival_step}"
             raise RequestError(f"request s{r.seq_id} (arriving {arriving}) can never run under {under}: {exc}") \
@@ -103,7 +90,7 @@ class Departures:
     (the earliest, or infinity) has come, `abort(engine, now)` takes out, as the recording did,
     each one due by `now` that is still queued (one that finished first has nothing to take out)."""
 
-    def __init__(self, requests: list[WorkloadRequest], when: str):
+    def __init__(self, requests: list[Request], when: str):
         self._due = sorted((getattr(r, when), i if r.seq_id is None else r.seq_id, r.abort_reason)
                            for i, r in enumerate(requests) if getattr(r, when) >= 0)
         self._next = 0
@@ -118,7 +105,7 @@ class Departures:
         self.next_due = due[self._next][0] if self._next < len(due) else math.inf
 
 
-def run_workload(config: Config, requests: list[WorkloadRequest], runner=None, sink: ListSink | None = None,
+def run_workload(config: Config, requests: list[Request], runner=None, sink: ListSink | None = None,
                  max_steps: int = 1_000_000, on_step=None, policy: type | str | None = None) -> list:
     """Drive `LLMEngine` over a scripted workload; returns the events, header
     first. Each request enters before its arrival step; when the engine goes
@@ -137,8 +124,7 @@ def run_workload(config: Config, requests: list[WorkloadRequest], runner=None, s
         while next_request < len(pending) and requests[pending[next_request]].arrival_step <= now:
             i = pending[next_request]
             r = requests[i]
-            engine.add_request(r.prompt_token_ids, SamplingParams(r.temperature, r.max_tokens, r.ignore_eos),
-                               seq_id=i if r.seq_id is None else r.seq_id)
+            engine.add_request(r.prompt, sampling_params_of(r), seq_id=i if r.seq_id is None else r.seq_id)
             next_request += 1
         if leaving.next_due <= engine.num_steps:
             leaving.abort(engine, engine.num_steps)

@@ -10,11 +10,10 @@ import json
 import math
 import random
 import struct
-from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 
-from tracengine.collector import collector_paused
+from tracengine.engine.request import Request
 from tracengine.engine.block_manager import pack_tokens
 from tracengine.errors import TracengineError
 from tracengine.trace.encoded import EncodedTokens, encoded_items
@@ -25,20 +24,6 @@ AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 TRACENGINE_FIELDS = frozenset({"arrival_s", "prompt", "prompt_token_ids", "max_tokens", "temperature",
                                "ignore_eos", "top_k", "top_p", "seed"})
 DEFAULT_MAX_TOKENS = 64
-
-
-@dataclass(slots=True)
-class Request:
-    """One request of a workload. `prompt` is text (tokenized by the engine) or token ids."""
-    prompt: str | list[int]
-    max_tokens: int
-    arrival_s: float = 0.0     # seconds from the start of the run
-    temperature: float = 1.0
-    ignore_eos: bool = False
-    top_k: int = -1            # -1: all tokens
-    top_p: float = 1.0
-    seed: int = -1             # -1: none of its own
-    source: str = ""           # FILE:LINE it was read from, for messages
 
 
 def read_workload(path: str, format: str | None = None, *, vocab_size: int, max_requests: int | None = None,
@@ -64,13 +49,12 @@ def read_workload(path: str, format: str | None = None, *, vocab_size: int, max_
     if vocab_size <= 0:
         raise TracengineError(f"vocab size must be positive, got {vocab_size}")
     parse = {"mooncake": _mooncake, "azure": _azure, "tracengine": _tracengine}[format]
-    with collector_paused():    # the prompts: millions of ints in lists, in no cycle
-        requests = _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_len)
+    requests = _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_len)
     if not requests:
         raise TracengineError(f"{path}: no requests")
-    origin = requests[0].arrival_s if format in ("mooncake", "azure") else 0.0
+    origin = requests[0].arrival_ns if format in ("mooncake", "azure") else 0
     for request in requests:
-        request.arrival_s = (request.arrival_s - origin) / time_scale
+        request.arrival_ns = round((request.arrival_ns - origin) / time_scale)
     return requests
 
 
@@ -78,7 +62,7 @@ def _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_l
     requests = []
     with open(path, encoding="utf-8", newline="") as f:
         for request in parse(_text_lines(f, path), path, vocab_size, length_scale, seed):
-            if requests and request.arrival_s < requests[-1].arrival_s:
+            if requests and request.arrival_ns < requests[-1].arrival_ns:
                 raise TracengineError(f"{request.source}: arrival time goes back ({request.arrival_s:g} s after "
                                       f"{requests[-1].arrival_s:g} s on the line before): timestamps must not decrease")
             if max_model_len is not None and not isinstance(request.prompt, str) \
@@ -168,7 +152,7 @@ def block_token_ids(block_id: int, num_tokens: int, vocab_size: int) -> tuple[in
     """The made-up tokens of a named block: the same id gives the same tokens in every
     request and every run, so prompts that share ids share prefixes."""
     raw = random.Random(block_id).randbytes(4 * num_tokens)
-    return tuple([v % vocab_size for v in struct.unpack(f"<{num_tokens}I", raw)])   # a list first: faster
+    return tuple(v % vocab_size for v in struct.unpack(f"<{num_tokens}I", raw))
 
 
 def encoded_prompt(token_ids: list[int]) -> EncodedTokens:
@@ -206,7 +190,7 @@ def _mooncake(f, path, vocab_size, length_scale, seed):
         # with the blocks' encodings: the block manager packs none of it, a recording copies it
         prompt = EncodedTokens.from_pieces(blocks, num_tokens)
         # An output length of 0 still samples the first token, as every engine does.
-        yield Request(prompt, scale_length(max(output_length, 1), length_scale), timestamp / 1000.0,
+        yield Request(prompt, scale_length(max(output_length, 1), length_scale), round(timestamp * 1_000_000),
                       ignore_eos=True, source=where)
 
 
@@ -249,8 +233,8 @@ def _azure(f, path, vocab_size, length_scale, seed):
         num_tokens = scale_length(lengths[0], length_scale)
         raw = random.Random(f"azure:{seed}:{reader.line_num}").randbytes(4 * num_tokens)
         prompt = encoded_prompt([v % vocab_size for v in struct.unpack(f"<{num_tokens}I", raw)])
-        yield Request(prompt, scale_length(max(lengths[1], 1), length_scale), arrival_s, ignore_eos=True,
-                      source=where)
+        yield Request(prompt, scale_length(max(lengths[1], 1), length_scale), round(arrival_s * 1e9),
+                      ignore_eos=True, source=where)
 
 
 def _tracengine(f, path, vocab_size, length_scale, seed):
@@ -293,5 +277,5 @@ def _tracengine(f, path, vocab_size, length_scale, seed):
         ignore_eos = record.get("ignore_eos", False)
         if not isinstance(ignore_eos, bool):
             raise TracengineError(f"{where}: ignore_eos must be true or false, got {ignore_eos!r}")
-        yield Request(prompt, scale_length(max_tokens, length_scale), arrival_s, temperature, ignore_eos, top_k,
-                      top_p, _integer(record.get("seed", -1), "seed", where, -1), where)
+        yield Request(prompt, scale_length(max_tokens, length_scale), round(arrival_s * 1e9), temperature, ignore_eos,
+                      top_k, top_p, _integer(record.get("seed", -1), "seed", where, -1), source=where)

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from tracengine.errors import TracengineError
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.workload.arrivals import arrival_times, check_rate
-from tracengine.workload.formats import Request, read_workload
+from tracengine.engine.request import Request
+from tracengine.workload.formats import read_workload
 
 
 
@@ -194,11 +195,11 @@ def workload_requests(spec: WorkloadSpec, vocab_size: int, max_model_len: int | 
         if time_scale != 1.0 or length_scale != 1.0 or spec.workload_format:
             raise TracengineError("--time-scale, --length-scale and --workload-format apply to a --workload file")
         prompts, sps = build_workload(spec, vocab_size)
-        requests = [Request(p, sp.max_tokens, 0.0, sp.temperature, sp.ignore_eos) for p, sp in zip(prompts, sps)]
+        requests = [Request(p, sp.max_tokens, 0, sp.temperature, sp.ignore_eos) for p, sp in zip(prompts, sps)]
         requests = requests[:max_requests]
     if not math.isinf(rate):
         for r, t in zip(requests, arrival_times(len(requests), rate, burstiness, spec.seed)):
-            r.arrival_s = t
+            r.arrival_ns = round(t * 1e9)
     return requests
 
 
