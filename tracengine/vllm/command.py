@@ -95,7 +95,7 @@ def run_simulate(args) -> int:
     from tracengine.cli.simulate import DEFAULT_VOCAB_SIZE, workload_for_simulation
     from tracengine.cli.steptime import describe_step_time, input_files, step_time_from_args
     from tracengine.errors import TracengineError
-    from tracengine.sim.engine import timed_requests
+    from tracengine.sim.engine import check_token_prompts
     from tracengine.trace.events import ListSink
     from tracengine.vllm.build import default_config
     from tracengine.vllm.simulate import header, simulate
@@ -114,7 +114,8 @@ def run_simulate(args) -> int:
     config = {**base, **overrides, "scheduler_kind": "sync"}
     check_outputs({"--record": args.record}, input_files(args), args.force)
     vocab_size = args.vocab_size or (step_time.model.vocab_size if step_time.kind == "roofline" else DEFAULT_VOCAB_SIZE)
-    requests = timed_requests(workload_for_simulation(args, args.workload_file or args.workload, vocab_size))
+    requests = workload_for_simulation(args, args.workload_file or args.workload, vocab_size)
+    check_token_prompts(requests)
     head = header(config, step_time)
     sink = ListSink()
     wall, cpu = time.perf_counter(), time.process_time()

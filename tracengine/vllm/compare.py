@@ -15,10 +15,11 @@ def decisions(events) -> list[dict[int, int]]:
 
 def run_mixed(work, num_blocks: int, budget: int, max_num_seqs: int) -> list:
     from tracengine.engine.config import Config
-    from tracengine.sim.runners import WorkloadRequest, run_workload
+    from tracengine.engine.request import Request
+    from tracengine.sim.runners import run_workload
     config = Config(max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, kvcache_block_size=16,
                     num_kvcache_blocks=num_blocks - 1, max_model_len=4096, scheduling_policy="mixed")
-    return run_workload(config, [WorkloadRequest(p, m, a, ignore_eos=True) for p, m, a in work])
+    return run_workload(config, [Request(p, m, arrival_step=a, ignore_eos=True) for p, m, a in work])
 
 
 def run_vllm(work, num_blocks: int, budget: int, max_num_seqs: int, prefix_caching: bool = True) -> list:

@@ -15,7 +15,7 @@ from tracengine.trace.events import prefill_flags
 
 
 def simulate(config: dict, requests, step_time, sink) -> int:
-    """Runs `requests` (sim.runners.WorkloadRequest, with arrival_ns) through vLLM's scheduler
+    """Runs `requests` (engine.request.Request, token prompts with arrival_ns) through vLLM's scheduler
     under `config` (a vLLM header's); the events go to `sink` (its TraceHeader is the caller's:
     `header(config)`). Returns the number of steps."""
     from tracengine.vllm.build import build_scheduler
@@ -43,7 +43,7 @@ def simulate(config: dict, requests, step_time, sink) -> int:
         clock["now_ns"] = start
         while i < len(order) and requests[order[i]].arrival_ns <= start:
             r = requests[order[i]]
-            scheduler.add_request(make_request(f"r{order[i]}", r.prompt_token_ids, max_tokens=r.max_tokens,
+            scheduler.add_request(make_request(f"r{order[i]}", r.prompt, max_tokens=r.max_tokens,
                                                arrival_time=r.arrival_ns / 1e9, block_size=block_size,
                                                hash_algo=hash_algo, temperature=r.temperature))
             i += 1
