@@ -39,8 +39,8 @@ from tracengine.engine.llm_engine import LLMEngine  # noqa: E402
 from tracengine.sim.runners import SyntheticRunner  # noqa: E402
 from tracengine.engine.sampling_params import SamplingParams  # noqa: E402
 from tracengine.trace import tracelog  # noqa: E402
-from tracengine.trace.tracelog import (TraceWriter, deflate_frame, frame_head, make_header,  # noqa: E402
-                                       primed_deflater)
+from tracengine.trace.tracelog import TraceWriter, make_header
+from tracengine.trace.frames import deflate_frame, frame_head, primed_deflater
 
 # A small cache and budget, so the run chunks, blocks, preempts and hits the prefix cache;
 # 4 sequences at a time with 64 tokens each: about 300 steps for 16 requests.

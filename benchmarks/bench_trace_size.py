@@ -29,8 +29,8 @@ from tracengine.engine.llm_engine import LLMEngine  # noqa: E402
 from tracengine.sim.runners import SyntheticRunner  # noqa: E402
 from tracengine.engine.sampling_params import SamplingParams  # noqa: E402
 from tracengine.trace.dictionary import DICTIONARY  # noqa: E402
-from tracengine.trace.tracelog import (WINDOW_BITS, TraceReader, TraceWriter, compact, make_header,  # noqa: E402
-                                       open_trace, primed_deflater)
+from tracengine.trace.tracelog import TraceReader, TraceWriter, compact, make_header, open_trace
+from tracengine.trace.frames import WINDOW_BITS, primed_deflater
 
 EOS = 0
 NUM_REQUESTS = 200

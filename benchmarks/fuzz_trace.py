@@ -97,7 +97,7 @@ def check_events(path: Path) -> None:
 def reseal(data: bytes) -> bytes:
     """`data` with every frame head (as its lengths lay them out) given a valid checksum and head check."""
     import xxhash
-    from tracengine.trace.tracelog import DEFLATED, FRAME_HEAD, LENGTH_MASK, PREAMBLE, pack_head
+    from tracengine.trace.frames import DEFLATED, FRAME_HEAD, LENGTH_MASK, PREAMBLE, pack_head
     out = bytearray(data)
     offset = PREAMBLE.size
     while offset + FRAME_HEAD.size <= len(out):

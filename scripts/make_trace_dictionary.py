@@ -1,5 +1,5 @@
 """Writes tracengine/trace/dictionary.py: the preset dictionary that deflated
-trace frames are primed with (see tracengine/trace/tracelog.py).
+trace frames are primed with (see tracengine/trace/frames.py).
 
 The dictionary is the byte strings that recur across frames: the msgpack
 shape of each event type, the phase and stop-reason strings, the StepEnd and

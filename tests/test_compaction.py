@@ -14,10 +14,10 @@ import pytest
 from helpers import record_every_event_type, write_trace
 from tracengine.replay.reexec import reexecute
 from tracengine.testing import every_event_type, every_event_type_config
-from tracengine.trace import tracelog
+from tracengine.trace import writer as trace_writer
 from tracengine.trace.events import StepEnd
-from tracengine.trace.tracelog import (DEFLATED, TraceReader, TraceWriter, compact, compaction_temp,
-                                       deflate_frame, make_header, open_trace, primed_deflater)
+from tracengine.trace.tracelog import TraceReader, TraceWriter, compact, compaction_temp, make_header, open_trace
+from tracengine.trace.frames import DEFLATED, deflate_frame, primed_deflater
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -101,9 +101,9 @@ def test_a_failed_compaction_leaves_the_stored_trace_and_one_warning(tmp_path, m
         return deflate_frame(deflater, payload)
 
     if where == "in the copy":
-        monkeypatch.setattr(tracelog, "deflate_frame", deflate_fails_at_the_third_frame)
+        monkeypatch.setattr(trace_writer, "deflate_frame", deflate_fails_at_the_third_frame)
     else:
-        monkeypatch.setattr(tracelog.os, "fsync", fsync_fails)
+        monkeypatch.setattr(trace_writer.os, "fsync", fsync_fails)
     path = tmp_path / "full.trace"
     header, events, _ = record_every_event_type(path)       # the writer's close: no error raised
     err = capsys.readouterr().err
@@ -116,7 +116,7 @@ def test_a_failed_compaction_leaves_the_stored_trace_and_one_warning(tmp_path, m
 
 def test_generate_whose_compaction_fails_exits_0_with_the_stored_trace(tmp_path, monkeypatch, capsys):
     from tracengine.cli import main
-    monkeypatch.setattr(tracelog.os, "fsync", fsync_fails)
+    monkeypatch.setattr(trace_writer.os, "fsync", fsync_fails)
     path = tmp_path / "run.trace"
     assert main(["generate", "--quiet", "--prompt-lens", "25,8,6", "--max-tokens", "3", "--temperature", "0",
                  "--record", str(path)]) == 0
@@ -146,17 +146,17 @@ def test_a_follower_reads_the_old_file_to_its_end_frame_across_the_compaction(tm
 CHILD = """
 import sys, time
 from tracengine.testing import every_event_type, every_event_type_config
-from tracengine.trace import tracelog
+from tracengine.trace import writer as trace_writer
 from tracengine.trace.tracelog import TraceWriter, make_header
 
-def slow(deflater, payload, _deflate=tracelog.deflate_frame):
+def slow(deflater, payload, _deflate=trace_writer.deflate_frame):
     print("compacting", flush=True)
     time.sleep(60)                     # killed here, its copy begun
     return _deflate(deflater, payload)
 
 writer = TraceWriter(sys.argv[1], make_header(every_event_type_config()))
 every_event_type(writer)
-tracelog.deflate_frame = slow
+trace_writer.deflate_frame = slow
 writer.close()
 """
 

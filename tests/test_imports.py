@@ -6,7 +6,10 @@ import inside a function, run only later, counts too).
 - the scheduler, block manager, sequence and config import no torch and no I/O
   module, and call no open/print/input;
 - replay, analysis and the TUI import no model, no runner and no torch;
-- the event vocabulary imports nothing of the project."""
+- the event vocabulary imports nothing of the project;
+- simulation imports nothing of replay (replay runs the simulator, not the other way);
+- nothing outside cli/ imports argparse (flags become plain values there);
+- optional extras (vLLM, Ray, matplotlib) are imported inside functions only."""
 import ast
 import subprocess
 import sys
@@ -22,8 +25,9 @@ IO = {"os", "io", "pathlib", "shutil", "socket", "subprocess", "tempfile", "glob
       "urllib", "http", "sqlite3", "pickle", "json", "logging", "tracengine.trace.tracelog"}
 MODEL_SIDE = {"tracengine.model", "tracengine.runner", "tracengine.engine.llm"}
 
-CORE = ["tracengine.engine.scheduler", "tracengine.engine.block_manager", "tracengine.engine.sequence",
-        "tracengine.engine.config", "tracengine.engine.policies"]
+CORE = [f"tracengine.engine.{name}" for name in ("scheduler", "block_manager", "block_pool", "prefix_cache", "sequence",
+                                                 "config", "request", "policies")
+        if (PACKAGE / "engine" / f"{name}.py").exists()]
 
 
 def modules_of(part: str) -> list[str]:
@@ -32,10 +36,13 @@ def modules_of(part: str) -> list[str]:
                   for p in folder.rglob("*.py") if p.name != "__init__.py")
 
 
-MODEL_FREE = {part: modules_of(part) for part in ("replay", "analysis", "tui")}
+MODEL_FREE = {part: modules_of(part) for part in ("replay", "sim", "analysis", "tui")}
 
 # rule: (modules, what none of them may reach)
-RULES = {"core": (CORE, TORCH | IO), **{part: (mods, TORCH | MODEL_SIDE) for part, mods in MODEL_FREE.items()}}
+RULES = {"core": (CORE, TORCH | IO), **{part: (mods, TORCH | MODEL_SIDE) for part, mods in MODEL_FREE.items()},
+         "sim below replay": (modules_of("sim"), {"tracengine.replay"}),
+         "workload": (modules_of("workload"), TORCH | {"argparse"})}
+EXTRAS = {"vllm", "ray", "matplotlib", "flash_attn"}
 
 
 def source_of(module: str) -> Path | None:
@@ -118,3 +125,26 @@ def test_the_event_vocabulary_imports_nothing_of_the_project():
 def test_no_torch(module):
     code = f"import sys, {module}; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """The modules a file imports at its top (not inside a function)."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_only_the_command_line_imports_argparse():
+    users = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
+             if p.parent.name != "cli" and "argparse" in imports_in(p)]
+    assert users == []
+
+
+def test_optional_extras_are_imported_inside_functions_only():
+    at_top = {str(p.relative_to(ROOT)): sorted(n for n in top_level_imports(p) if n.split(".")[0] in EXTRAS)
+              for p in PACKAGE.rglob("*.py")}
+    assert {path: names for path, names in at_top.items() if names} == {}

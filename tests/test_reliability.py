@@ -25,8 +25,9 @@ from tracengine.replay.fold import EventCheck
 from tracengine.testing import every_event_type_config
 from tracengine.trace.events import (ModelInfo, RequestAdded, ScheduledSeq, ScheduleDecision, StepEnd,
                                      TokenSample, TraceHeader)
-from tracengine.trace.tracelog import (DICTIONARY, END_FRAME, FORMAT_VERSION, FRAME_HEAD, MAX_INFLATE_RATIO, PREAMBLE, WINDOW_BITS, TraceReader, TraceWriter,
-                                       frame_bytes, make_header)
+from tracengine.trace.tracelog import END_FRAME, FORMAT_VERSION, TraceReader, TraceWriter, make_header
+from tracengine.trace.dictionary import DICTIONARY
+from tracengine.trace.frames import FRAME_HEAD, MAX_INFLATE_RATIO, PREAMBLE, WINDOW_BITS, frame_bytes
 
 # What a read may cost beyond the file itself: the interpreter's own noise, zlib's window,
 # one scan buffer. A hostile file takes at most MEMORY_PER_BYTE bytes per byte of it on top.
@@ -221,8 +222,8 @@ def ints_bomb(num_ints: int) -> bytes:
     """One StepEnd-stamped frame of a RequestAdded whose prompt is num_ints 3-byte ints."""
     prompt = b"\xdd" + struct.pack(">I", num_ints) + b"\xcd\x01\x00" * num_ints
     event = msgspec.msgpack.encode(RequestAdded(0, 0, [], 1, 1.0, False, stop_token_ids=[7]))
-    assert event.count(b"\x90") == 1                # its empty prompt list
-    return b"\x91" + event.replace(b"\x90", prompt)
+    assert event.count(b"\x90") == 2                # its empty prompt list, then its empty prompt_hash_ids
+    return b"\x91" + event.replace(b"\x90", prompt, 1)
 
 
 def largest_accepted_frame() -> bytes:
@@ -277,7 +278,7 @@ HOSTILE_FILES = {
 
 def huge_length_frame() -> bytes:
     frame = bytearray(FRAME_HEAD.size)
-    from tracengine.trace.tracelog import pack_head
+    from tracengine.trace.frames import pack_head
     pack_head(frame, 0x7FFF_FFF0, 0)
     return bytes(frame) + b"\x00" * 64
 

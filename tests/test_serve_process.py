@@ -14,7 +14,8 @@ import pytest
 
 from tracengine.cli import main
 from tracengine.trace.events import SeqAbort, SeqFinish
-from tracengine.trace.tracelog import DEFLATED, TraceReader, open_trace
+from tracengine.trace.tracelog import TraceReader, open_trace
+from tracengine.trace.frames import DEFLATED
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINE_FLAGS = ["--max-model-len", "256", "--num-kvcache-blocks", "64", "--max-num-seqs", "4"]

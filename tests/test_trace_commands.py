@@ -8,7 +8,8 @@ from test_tracelog import flip_byte, record
 from tracengine.analysis.stats import stats
 from tracengine.cli import main
 from tracengine.trace.events import EVENT_TYPES
-from tracengine.trace.tracelog import FORMAT_VERSION, FRAME_HEAD, PREAMBLE, TraceReader
+from tracengine.trace.tracelog import FORMAT_VERSION, TraceReader
+from tracengine.trace.frames import FRAME_HEAD, PREAMBLE
 from tracengine.tui.trace_index import TraceIndex
 
 

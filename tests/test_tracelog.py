@@ -26,10 +26,10 @@ from tracengine.replay.reexec import reexecute
 from tracengine.sim.runners import SyntheticRunner
 from tracengine.testing import every_event_type_config
 from tracengine.engine.sampling_params import SamplingParams
-from tracengine.trace import tracelog
+from tracengine.trace import reader as trace_reader, writer as trace_writer
 from tracengine.trace.dictionary import DICTIONARY, DICTIONARY_XXH64
-from tracengine.trace.tracelog import (DEFLATED, END_FRAME, END_PAYLOAD, FORMAT_VERSION, FRAME_HEAD, PREAMBLE, WINDOW_BITS,
-                                 TraceReader, TraceWriter, frame_bytes, make_header, open_trace)
+from tracengine.trace.tracelog import END_FRAME, FORMAT_VERSION, TraceReader, TraceWriter, make_header, open_trace
+from tracengine.trace.frames import pack_head, DEFLATED, END_PAYLOAD, FRAME_HEAD, PREAMBLE, WINDOW_BITS, frame_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -163,7 +163,7 @@ def test_a_frame_written_short_is_written_whole_after(tmp_path, monkeypatch, cut
             return os.write(fd, data[:cut if cut >= 0 else len(data) - 1])
         return writev(fd, buffers)
     short_writev.calls = 0
-    monkeypatch.setattr(tracelog.os, "writev", short_writev)
+    monkeypatch.setattr(trace_writer.os, "writev", short_writev)
     cut_path = tmp_path / "cut.trace"
     _, events, _ = record_every_event_type(cut_path, deflate=False)    # the writer's own frames, as written
     assert short_writev.calls > 4
@@ -177,7 +177,7 @@ def test_frames_before_and_after_a_frame_longer_than_the_writers_buffer_read_bac
     """Every frame is encoded into the writer's one buffer; a frame past FRAME_BUFFER_BYTES
     (a step that adds long prompts) is not kept, and the frames around it are written
     whole, each its own length."""
-    monkeypatch.setattr(tracelog, "FRAME_BUFFER_BYTES", 100)
+    monkeypatch.setattr(trace_writer, "FRAME_BUFFER_BYTES", 100)
     path = tmp_path / "run.trace"
     config = small_config()
     with TraceWriter(path, make_header(config), deflate=False) as writer:
@@ -286,7 +286,7 @@ def test_flipped_deflate_flag_under_a_valid_head_is_caught_by_the_checksum(recor
         bad = reader.frames()[4]
     data = bytearray(path.read_bytes())
     word, checksum, _ = FRAME_HEAD.unpack_from(data, bad.offset)
-    tracelog.pack_head(memoryview(data)[bad.offset:], word ^ DEFLATED, checksum)   # the head's check is redone
+    pack_head(memoryview(data)[bad.offset:], word ^ DEFLATED, checksum)   # the head's check is redone
     path.write_bytes(bytes(data))
     with TraceReader(path) as reader:
         assert reader.corruption.offset == bad.offset and "fails its checksum" in str(reader.corruption)
@@ -319,7 +319,7 @@ def test_a_cut_deflate_stream_is_corruption_when_read(recorded):
 def test_a_frame_inflating_past_the_limit_is_corruption_not_an_allocation(recorded, monkeypatch):
     path = recorded[0]
     offset = append_frame(path, deflate(msgspec.msgpack.encode([StepEnd(99, 0, 0, 0, 0)] * 200)), deflated=True)
-    monkeypatch.setattr(tracelog, "MAX_FRAME_BYTES", 1000)    # the 200 events take more
+    monkeypatch.setattr(trace_reader, "MAX_FRAME_BYTES", 1000)    # the 200 events take more
     with TraceReader(path) as reader:
         with pytest.raises(TraceCorruptError, match=f"inflates past its limit of 1000 bytes .* at offset {offset}"):
             list(reader.events())
@@ -390,7 +390,7 @@ def test_absurd_frame_length_is_corruption_not_an_allocation(recorded):
         bad = reader.frames()[3]
     data = bytearray(path.read_bytes())
     checksum = FRAME_HEAD.unpack_from(data, bad.offset)[1]
-    tracelog.pack_head(memoryview(data)[bad.offset:], 0x7FFF_FFF0, checksum)   # a head whose check holds
+    pack_head(memoryview(data)[bad.offset:], 0x7FFF_FFF0, checksum)   # a head whose check holds
     path.write_bytes(bytes(data))
     with TraceReader(path) as reader:
         assert reader.corruption.offset == bad.offset
@@ -488,11 +488,11 @@ def test_format_v1_trace_still_reads():
                       "SeqFinish": 4, "StepEnd": 17}
 
 
-def test_format_v4_trace_still_reads():
-    # traces/format-v4.trace is kept forever (the same run as format-v1.trace, written by format 4)
-    path = REPO / "traces" / "format-v4.trace"
+def test_format_v5_trace_still_reads():
+    # traces/format-v5.trace is kept forever (the same run as format-v1.trace, written by format 5)
+    path = REPO / "traces" / "format-v5.trace"
     with TraceReader(path) as reader:
-        assert reader.header.format_version == 4 and reader.header.engine == "tracengine"
+        assert reader.header.format_version == 5 and reader.header.engine == "tracengine"
         assert reader.num_frames == 1 + 17 and reader.ended
         assert reader.torn_tail is None and reader.corruption is None
     assert all(word & DEFLATED for word in frame_words(path))

@@ -243,6 +243,18 @@ def test_the_engine_core_path_records_where_the_config_or_the_environment_says(t
     assert record_path(SimpleNamespace(additional_config={"tracengine": {"record": "a.trace"}})) == "a.trace"
     monkeypatch.setenv(RECORD_ENV, "b.trace")
     assert record_path(SimpleNamespace(additional_config={})) == "b.trace"
+    # --scheduler-cls names the classes as vLLM resolves them
+    import pickle
+
+    from vllm.config import SchedulerConfig
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    import tracengine.vllm
+    for name, base in (("RecordingScheduler", vllm.v1.core.sched.scheduler.Scheduler),
+                       ("RecordingAsyncScheduler", AsyncScheduler)):
+        cls = SchedulerConfig(max_model_len=4096, is_encoder_decoder=False,
+                              scheduler_cls=f"tracengine.vllm.{name}").get_scheduler_cls()
+        assert cls is getattr(tracengine.vllm, name) and issubclass(cls, base)
+        assert pickle.loads(pickle.dumps(cls)) is cls
     # vLLM's engine core builds the --scheduler-cls class with its config; the class opens the trace
     path = tmp_path / "served.trace"
     scheduler = build_scheduler(default_config(**PRESSURE), record=str(path))

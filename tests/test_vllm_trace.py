@@ -16,7 +16,7 @@ TRACE = Path(__file__).resolve().parent.parent / "traces" / "vllm.trace"
 def test_the_vllm_trace_names_its_engine_and_config():
     with TraceReader(TRACE) as reader:
         header = reader.header
-    assert (header.format_version, header.engine, header.engine_version) == (4, "vllm", "0.33.0")
+    assert (header.format_version, header.engine, header.engine_version) == (5, "vllm", "0.33.0")
     assert header.config["num_gpu_blocks"] == 24 and header.config["max_num_batched_tokens"] == 64
     assert header.config["policy"] == "fcfs" and header.config["scheduler_kind"] == "sync"
 

@@ -12,7 +12,7 @@ from itertools import islice
 
 import msgspec
 
-from tracengine.engine.block_manager import FreeBlockQueue
+from tracengine.engine.block_pool import FreeKVCacheBlockQueue
 from tracengine.errors import TraceError
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
                                      ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader,
@@ -33,7 +33,7 @@ class _Keyframe(msgspec.Struct, frozen=True, gc=False):
     running: tuple
     ref_counts: list
     hashes: list
-    free: FreeBlockQueue       # a copy, never mutated again
+    free: FreeKVCacheBlockQueue   # a copy, never mutated again
     hash_to_block_id: dict
     decision: object
 
@@ -48,7 +48,7 @@ class _Projection:
         self.running: deque[int] = deque()
         self.ref_counts = [0] * num_blocks
         self.hashes = [-1] * num_blocks
-        self.free = FreeBlockQueue(num_blocks)
+        self.free = FreeKVCacheBlockQueue(num_blocks)
         self.hash_to_block_id: dict[int, int] = {}
         self.decision = None
         self.handlers = {
@@ -95,7 +95,7 @@ class _Projection:
     # -- events, as the scheduler and block manager produced them ------------------------------
 
     def request_added(self, e: RequestAdded):
-        n = len(e.prompt_token_ids)
+        n = e.num_prompt_tokens
         self.seqs[e.seq_id] = SeqState(e.seq_id, WAITING, n, n, arrival_step=e.step, block_table=[])
         self.waiting.append(e.seq_id)
 
@@ -151,8 +151,7 @@ class _Projection:
         self.running.append(s.seq_id)
         s.status = RUNNING
 
-    def scheduled_when_finished(self, seq_id: int) -> bool:
-        """Whether a finished sequence may still be in a decision (vLLM's async scheduling)."""
+    def scheduled_when_finished(self, seq_id: int) -> bool:   # vLLM's async scheduling: vllm/fold.py
         return False
 
     def _take_free_block(self, block_id: int):
@@ -320,23 +319,17 @@ class Fold:
         return p.state(step, self._decisions[step] if step >= 0 else None)
 
 
-
 def _projection_of(header) -> _Projection:
-    """The empty state of the block pool the header describes."""
-    check_header(header)
-    if header.engine == "vllm":
-        from tracengine.vllm.fold import vllm_projection
-        return vllm_projection(header)
-    num_blocks, _, block_size = block_pool_config(header)
-    check_block_pool(num_blocks, block_size)
-    return _Projection(num_blocks, block_size)
-
-
-def check_block_pool(num_blocks, block_size) -> None:
-    if not (type(num_blocks) is int and 0 < num_blocks <= MAX_FOLD_BLOCKS
-            and type(block_size) is int and block_size > 0):
+    """The empty state of the block pool the header describes (vLLM's, for its scheduler's trace)."""
+    num_blocks, _, block_size = block_pool_config(check_header(header))
+    if not (type(num_blocks) is int and 0 < num_blocks <= MAX_FOLD_BLOCKS and type(block_size) is int
+            and block_size > 0):
         raise TraceError(f"the trace header has no plausible block pool: num_kvcache_blocks={num_blocks!r} "
                          f"(at most {MAX_FOLD_BLOCKS}), kvcache_block_size={block_size!r}")
+    if header.engine == "vllm":
+        from tracengine.vllm.fold import vllm_projection
+        return vllm_projection(num_blocks, block_size)
+    return _Projection(num_blocks, block_size)
 
 
 class EventCheck:
@@ -376,8 +369,7 @@ class EventCheck:
         elif t is ScheduleDecision:
             if self.state.decision is not None and self.state.decision.step == self.step:
                 return "a second ScheduleDecision in one step"
-            # decode takes running sequences; prefill waiting ones, and under a policy that mixes
-            # them (mixed) running ones too
+            # decode takes running sequences; prefill waiting ones, and mixed (a policy) running ones too
             queues = (self.state.running,) if e.phase == "decode" else (self.state.waiting, self.state.running)
             missing = [ss.seq_id for ss in e.seqs if not any(ss.seq_id in q for q in queues)
                        and not self.state.scheduled_when_finished(ss.seq_id)]

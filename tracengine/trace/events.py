@@ -38,7 +38,7 @@ class TraceHeader(Event, tag=0):
     seed: int
     created_at: float = 0.0
     tensor_parallel_size: int = 1
-    # Format version 4: the engine whose scheduler made the decisions ("tracengine", or "vllm" for a
+    # Format version 5: the engine whose scheduler made the decisions ("tracengine", or "vllm" for a
     # trace of vLLM's own scheduler, whose config then holds vLLM's fields) and its exact version.
     engine: str = "tracengine"
     engine_version: str = ""
@@ -69,7 +69,12 @@ class RequestAdded(Event, tag=1):
     top_k: int = -1           # -1: all tokens
     top_p: float = 1.0
     seed: int = -1            # the request's own sampling seed; -1: none
-    # Format version 4, what vLLM's scheduler reads of a request (tracengine/vllm/):
+    # Format version 4: a prompt known by its hash ids (engine/hash_id_prompt.py) has no token ids
+    # here (prompt_token_ids is empty): its hash ids, its length and the tokens each hash id names.
+    prompt_hash_ids: list[int] = msgspec.field(default_factory=list)
+    num_hash_id_prompt_tokens: int = 0
+    hash_id_block_tokens: int = 0
+    # Format version 5, what vLLM's scheduler reads of a request (tracengine/vllm/):
     request_id: str = ""      # the engine's own id of the request ("": tracengine's seq_id is the id)
     priority: int = 0         # the priority policy's order (lower first)
     arrival_time: float = 0.0   # vLLM's arrival time as its scheduler got it (priority ties); 0: not recorded
@@ -80,6 +85,10 @@ class RequestAdded(Event, tag=1):
     # engine core, whose model output arrives after the next step is scheduled): a replay adds it
     # at the same point between schedule and update calls.
     num_steps_in_flight: int = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.num_hash_id_prompt_tokens if self.prompt_hash_ids else len(self.prompt_token_ids)
 
 
 class ScheduledSeq(msgspec.Struct, frozen=True, gc=False, array_like=True):
@@ -105,7 +114,7 @@ class ScheduleDecision(Event, tag=2):
     # "prefill" or "decode" decision, whose phase says it for all. (On ScheduleDecision, not on each
     # ScheduledSeq: an array-like struct writes every field, so this costs a byte per step, not per seq.)
     num_decode_seqs: int = 0
-    # Format version 4: sequences admitted back from waiting after a preemption (the rest of the
+    # Format version 5: sequences admitted back from waiting after a preemption (the rest of the
     # prefill seqs admitted this step are new)
     resumed_seq_ids: list[int] = msgspec.field(default_factory=list)
 
@@ -177,7 +186,7 @@ class StepEnd(Event, tag=10):
     # this one: idle time waiting for arrivals and the loop's own work. Step s starts at the
     # sum of gap_ns and durations before it; a v1 trace reads as gaps of 0.
     gap_ns: int = 0
-    # Format version 4: steps scheduled after this one before its model output came back
+    # Format version 5: steps scheduled after this one before its model output came back
     # (vLLM's async scheduling: 1); a replay updates at the same point.
     num_scheduled_ahead: int = 0
 
@@ -192,7 +201,7 @@ class SeqAbort(Event, tag=11):
     status: Literal["waiting", "running"]   # the queue it was taken from
     num_prompt_tokens: int
     num_completion_tokens: int
-    # Format version 4: as RequestAdded's; an abort can come while a step is in flight
+    # Format version 5: as RequestAdded's; an abort can come while a step is in flight
     num_steps_in_flight: int = 0
 
 

@@ -13,6 +13,6 @@ __all__ = ["RecordingScheduler", "RecordingAsyncScheduler"]
 def __getattr__(name):
     # Lazy: importing tracengine.vllm does not import vLLM (vLLM resolves --scheduler-cls by getattr).
     if name in __all__:
-        from tracengine.vllm import recorder
-        return getattr(recorder, name)
+        from tracengine.vllm.recorder import recording_classes
+        return recording_classes()[name]
     raise AttributeError(f"module 'tracengine.vllm' has no attribute {name!r}")

@@ -93,8 +93,9 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = ""):
     from vllm.v1.structured_output import StructuredOutputManager
 
     if scheduler_cls is None:
-        from tracengine.vllm.recorder import RecordingAsyncScheduler, RecordingScheduler
-        scheduler_cls = RecordingAsyncScheduler if config.get("scheduler_kind") == "async" else RecordingScheduler
+        from tracengine.vllm.recorder import recording_classes
+        kind = "RecordingAsyncScheduler" if config.get("scheduler_kind") == "async" else "RecordingScheduler"
+        scheduler_cls = recording_classes()[kind]
     names = set(scheduler_field_names())
     block_size = config["block_size"]
     try:

@@ -14,9 +14,9 @@ Where vLLM differs from tracengine's block manager and scheduler:
   batch: it is left as it is (vLLM drops that output)."""
 import msgspec
 
-from tracengine.replay.fold import _Projection, check_block_pool
+from tracengine.replay.fold import _Projection
 from tracengine.replay.state import FINISHED
-from tracengine.trace.events import ScheduleDecision, block_pool_config, prefill_flags
+from tracengine.trace.events import ScheduleDecision, prefill_flags
 
 NULL_BLOCK_ID = 0
 
@@ -52,9 +52,7 @@ class VllmProjection(_Projection):
             self.decision = e
 
 
-def vllm_projection(header) -> VllmProjection:
-    num_blocks, _, block_size = block_pool_config(header)
-    check_block_pool(num_blocks, block_size)
+def vllm_projection(num_blocks: int, block_size: int) -> VllmProjection:
     projection = VllmProjection(num_blocks, block_size)
     projection.free.remove(NULL_BLOCK_ID)
     return projection

@@ -26,20 +26,15 @@ frame is written when its output has been processed, so the trace holds whole
 steps in order. Requests and aborts carry `num_steps_in_flight` and StepEnd
 `num_scheduled_ahead`, the points between calls where they happened, so a
 replay makes the same calls in the same order."""
+import functools
 import os
 import time
-
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.request import RequestStatus
 
 from tracengine.errors import ConfigError
 from tracengine.trace.events import (NULL_SINK, BlockAllocate, BlockAppend, BlockFree, Preempt, RequestAdded,
                                      ScheduledSeq, ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample)
 
 RECORD_ENV = "TRACENGINE_RECORD"
-_ADMITTED_FROM = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-_FINISH_REASONS = {RequestStatus.FINISHED_LENGTH_CAPPED: "length", RequestStatus.FINISHED_ERROR: "error"}
 
 
 def record_path(vllm_config) -> str | None:
@@ -57,6 +52,10 @@ class StepRecorder:
     """The events of one vLLM scheduler, kept per step until the step's output is processed."""
 
     def __init__(self, scheduler, sink, created_at: float):
+        from vllm.v1.request import RequestStatus
+        self.status = RequestStatus
+        self.admitted_from = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+        self.finish_reasons = {RequestStatus.FINISHED_LENGTH_CAPPED: "length", RequestStatus.FINISHED_ERROR: "error"}
         self.scheduler = scheduler
         self.sink = sink
         self.created_at = created_at  # arrival_ns counts from it (the header's created_at)
@@ -120,10 +119,12 @@ class StepRecorder:
         eos = params.eos_token_id
         self.emit(RequestAdded(
             self.current_step(), seq_id, list(request.prompt_token_ids), request.max_tokens, params.temperature,
-            params.ignore_eos, 0.0, self._arrival_ns(request.arrival_time), params.top_k if params.top_k > 0 else -1,
-            params.top_p, -1 if params.seed is None else params.seed, request.request_id, request.priority,
-            request.arrival_time, params.min_tokens, -1 if eos is None else eos, list(params.stop_token_ids or ()),
-            self.num_in_flight))
+            params.ignore_eos, arrival_ns=self._arrival_ns(request.arrival_time),
+            top_k=params.top_k if params.top_k > 0 else -1, top_p=params.top_p,
+            seed=-1 if params.seed is None else params.seed, request_id=request.request_id,
+            priority=request.priority, arrival_time=request.arrival_time, min_tokens=params.min_tokens,
+            eos_token_id=-1 if eos is None else eos, stop_token_ids=list(params.stop_token_ids or ()),
+            num_steps_in_flight=self.num_in_flight))
 
     def _arrival_ns(self, arrival_time: float) -> int:
         since = arrival_time - self.created_at
@@ -131,14 +132,14 @@ class StepRecorder:
 
     def request_aborted(self, request, reason: str) -> None:
         self.preempted_ids.discard(request.request_id)
-        status = "running" if request.status == RequestStatus.RUNNING else "waiting"
+        status = "running" if request.status == self.status.RUNNING else "waiting"
         self.emit(SeqAbort(self.current_step(), self.seq_id(request), reason, status, request.num_prompt_tokens,
                            request.num_output_tokens, self.num_in_flight))
 
     # -- the KV cache manager, observed --------------------------------------------------------
 
     def allocate_slots(self, request, num_new_tokens, *args, **kwargs):
-        admitting = request.status in _ADMITTED_FROM
+        admitting = request.status in self.admitted_from
         new_blocks = self._allocate_slots(request, num_new_tokens, *args, **kwargs)
         self.by_request = request
         if new_blocks is not None and not admitting and not new_blocks.blocks[0]:
@@ -230,7 +231,7 @@ class StepRecorder:
             if request.is_finished():
                 finished.append(request)
         for request in finished:
-            reason = _FINISH_REASONS.get(request.status) or ("eos" if request.stop_reason is None else "stop")
+            reason = self.finish_reasons.get(request.status) or ("eos" if request.stop_reason is None else "stop")
             self.emit(SeqFinish(step, self.seq_id(request), reason, request.num_prompt_tokens,
                                 request.num_output_tokens))
         for event in frees:
@@ -298,7 +299,7 @@ class _Recording:
             return super().finish_requests(request_ids, finished_status)
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         ids.sort(key=lambda req_id: recorder.seq_ids.get(req_id, -1))   # arrival order, not a set's
-        reason = "error" if finished_status == RequestStatus.FINISHED_ERROR else "client"
+        reason = "error" if finished_status == recorder.status.FINISHED_ERROR else "client"
         finished = []
         step, num_free_before = recorder.current_step(), recorder.free_blocks()
         for req_id in ids:
@@ -330,7 +331,7 @@ class _Recording:
         resumed = []
         if recorder.preempted_ids:
             resumed = [req_id for req_id in out.num_scheduled_tokens if req_id in recorder.preempted_ids
-                       and self.requests[req_id].status == RequestStatus.RUNNING]
+                       and self.requests[req_id].status == recorder.status.RUNNING]
             recorder.preempted_ids.difference_update(resumed)
             resumed = [recorder.seq_ids[req_id] for req_id in resumed]
         recorder.decision(out, prefill_before, resumed, start_ns)
@@ -369,10 +370,22 @@ class _Recording:
             self.tracengine = None
 
 
-class RecordingScheduler(_Recording, Scheduler):
-    """vLLM's Scheduler, recording (`--scheduler-cls tracengine.vllm.RecordingScheduler`)."""
+@functools.cache
+def recording_classes() -> dict[str, type]:
+    """RecordingScheduler and RecordingAsyncScheduler: vLLM's Scheduler and AsyncScheduler with
+    `_Recording` in front, made once, when first asked for (tracengine.vllm's attributes ask), so
+    that vLLM is imported then and not when this module is."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
 
+    class RecordingScheduler(_Recording, Scheduler):
+        """vLLM's Scheduler, recording (`--scheduler-cls tracengine.vllm.RecordingScheduler`)."""
 
-class RecordingAsyncScheduler(_Recording, AsyncScheduler):
-    """vLLM's AsyncScheduler (production's default), recording
-    (`--scheduler-cls tracengine.vllm.RecordingAsyncScheduler`)."""
+    class RecordingAsyncScheduler(_Recording, AsyncScheduler):
+        """vLLM's AsyncScheduler (production's default), recording
+        (`--scheduler-cls tracengine.vllm.RecordingAsyncScheduler`)."""
+
+    classes = {cls.__name__: cls for cls in (RecordingScheduler, RecordingAsyncScheduler)}
+    for cls in classes.values():    # named where vLLM (and pickle) find them: tracengine.vllm.NAME
+        cls.__module__, cls.__qualname__ = "tracengine.vllm", cls.__name__
+    return classes

@@ -1,0 +1,207 @@
+"""Writing a trace: `TraceWriter`, the event sink that writes one frame per step as it
+ends (crash-safe: a killed process leaves every finished step), the end frame at close, and
+the compaction that then deflates the closed trace in place (frames.py: the format)."""
+import os
+import stat
+import sys
+
+import msgspec
+
+from tracengine.errors import TraceError
+from tracengine.trace.encoded import EncodedTokens
+from tracengine.trace.events import Event, RequestAdded, StepEnd, TraceHeader
+from tracengine.trace.frames import (
+    BETWEEN_STEPS,
+    DEFLATED,
+    END_FRAME,
+    FORMAT_VERSION,
+    FRAME_BUFFER_BYTES,
+    MAGIC,
+    MAX_FRAME_BYTES,
+    PREAMBLE,
+    deflate_frame,
+    frame_bytes,
+    primed_deflater,
+    stored_frame_head,
+)
+from tracengine.trace.header import split_header
+from tracengine.trace.reader import TraceReader
+
+
+def compaction_temp(path) -> str:
+    """Where the deflated copy of the trace at `path` is written before it replaces it."""
+    return os.fspath(path) + ".compacting.tmp"
+
+
+def compact(path) -> None:
+    """Rewrites the closed trace at `path` with every stored frame deflated where
+    that makes it smaller (`deflate_frame`; deflated frames are copied as they
+    are, no event is decoded): the copy is written to
+    `compaction_temp(path)`, synced, then renamed over `path`, so `path` names a
+    whole trace at every instant, and a reader that has it open keeps reading
+    the old file. Raises OSError or TraceError (the trace left as it was)."""
+    path = os.path.realpath(path)        # a link stays a link to the compacted trace
+    temp = compaction_temp(path)
+    with TraceReader(path) as reader:
+        if not reader.ended or reader.corruption is not None or reader.version != FORMAT_VERSION:
+            raise TraceError(f"{path}: only a whole, closed format {FORMAT_VERSION} trace is compacted")
+        deflater = primed_deflater()
+        try:
+            # buffered: the copy is written in a loop and synced once; O_EXCL: a file of this name
+            # is a killed compaction's, removed first (it never names a trace)
+            _remove_stale(temp)
+            with open(temp, "xb") as out:
+                os.fchmod(out.fileno(), stat.S_IMODE(os.fstat(reader._fd).st_mode))
+                out.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION))
+                for word, stored in reader.stored_frames():
+                    if not word & DEFLATED:
+                        word, stored = deflate_frame(deflater, stored)
+                    out.write(frame_bytes(stored, bool(word & DEFLATED)))
+                out.write(END_FRAME)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temp, path)
+        except BaseException:
+            _remove_stale(temp)
+            raise
+    try:    # the rename itself, on the disk
+        directory = os.open(os.path.dirname(path), os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+    except OSError:     # a file system that syncs no directory: the trace is whole either way
+        pass
+
+
+def _remove_stale(temp: str) -> None:
+    try:
+        if stat.S_ISREG(os.lstat(temp).st_mode):
+            os.remove(temp)
+    except FileNotFoundError:
+        pass
+
+
+class TraceWriter:
+    """An event sink that writes one frame per step, at its StepEnd, stored, and
+    compacts the trace when it closes (`compact`: every frame deflated where that
+    makes it smaller). With `deflate=False` the frames stay stored
+    (`simulate --record`, benchmarks, tests). A compaction that fails (a full
+    disk) leaves the stored trace, whole, and says so on stderr."""
+    enabled = True
+
+    def __init__(self, path, header: TraceHeader, deflate: bool = True):
+        if header.format_version != FORMAT_VERSION:   # a header copied from an older trace (what-if, a snapshot)
+            header = msgspec.structs.replace(header, format_version=FORMAT_VERSION)
+        self.header = header
+        self.path = os.fspath(path)
+        self._encoder = msgspec.msgpack.Encoder()
+        # every frame is encoded into this one buffer (encode_into keeps its memory): a new
+        # payload per frame grew by reallocation as msgspec wrote it, some seven times for a
+        # frame of a few KB
+        self._payload = bytearray()
+        self._pending: list[Event] = []
+        self._last_step_written = -1
+        # unbuffered: each frame is on the file (in the kernel: a killed process keeps it) when
+        # its write returns, with no flush to call
+        self._file = open(path, "wb", buffering=0)
+        self._fd = self._file.fileno()
+        st = os.fstat(self._fd)
+        # a device or a pipe (--record /dev/null) is written, never replaced
+        self._compact = deflate and stat.S_ISREG(st.st_mode)
+        self._identity = (st.st_dev, st.st_ino)
+        if self._compact:
+            _remove_stale(compaction_temp(os.path.realpath(path)))   # a killed compaction's
+        self._write(PREAMBLE.pack(MAGIC, FORMAT_VERSION))
+        self._write_frame([header])
+
+    def emit(self, event: Event) -> None:
+        self._pending.append(event)
+        if type(event) is StepEnd:
+            # Marked written before the write: an interrupt anywhere in it loses this step, or
+            # nothing, but never writes it twice (see close).
+            self._last_step_written = event.step
+            self._write_frame(self._pending)
+            self._pending = []
+
+    def _write_frame(self, events: list[Event]) -> None:
+        # Inside the step loop, after a forward pass has evicted the caches: every call and
+        # allocation here is paid cold, so the frame is encoded into the writer's one buffer,
+        # stored (deflate waits for close), and goes to the file in one write call on an
+        # unbuffered file.
+        for i, event in enumerate(events):   # the requests a step adds come first in its frame
+            if type(event) is not RequestAdded:
+                break
+            if type(event.prompt_token_ids) is EncodedTokens:     # the same bytes, copied
+                events[i] = msgspec.structs.replace(event, prompt_token_ids=msgspec.Raw(event.prompt_token_ids.msgpack()))
+        payload = self._payload
+        try:
+            self._encoder.encode_into(events, payload)
+        except OverflowError as exc:    # a simulated time past 2**64 ns (a step-time model's absurd scale)
+            raise TraceError(f"a number of the run does not fit the trace's 64-bit integers ({exc})") from None
+        nbytes = len(payload)
+        if nbytes > FRAME_BUFFER_BYTES:     # a frame of long prompts: its memory is not kept
+            self._payload = bytearray()
+        if nbytes > MAX_FRAME_BYTES:
+            raise TraceError(f"a frame of {nbytes} bytes exceeds the limit of {MAX_FRAME_BYTES}")
+        # head and payload in one call, gathered by the kernel: a frame is not copied to be joined
+        head = stored_frame_head(payload)
+        written = os.writev(self._fd, (head, payload))
+        if written < len(head) + len(payload):     # a short write: the rest as _write writes
+            self._write((head + payload)[written:])
+
+    def _write(self, data: bytes) -> None:
+        """All of `data`, in one write call but for a short write (a full disk, a signal)."""
+        written = self._file.write(data)
+        while written < len(data):
+            with memoryview(data) as view:
+                written += self._file.write(view[written:])
+
+    def close(self) -> None:
+        """Ends the trace at the last finished step, then the end frame. Of the events
+        after it, those between steps (requests added or aborted) are written as a
+        frame; a step that began and did not finish (an interrupt, an error in the
+        model) leaves nothing, so the trace never holds half a step. Then compacts it."""
+        if self._file.closed:
+            return
+        pending = self._pending
+        if pending and type(pending[-1]) is StepEnd:
+            if pending[-1].step == self._last_step_written:   # interrupted in its write: written or lost
+                pending = []
+        else:
+            begun = next((i for i, e in enumerate(pending) if type(e).__name__ not in BETWEEN_STEPS), len(pending))
+            pending = pending[:begun]
+        if pending:
+            self._write_frame(pending)
+        self._pending = []
+        self._write(END_FRAME)
+        self._file.close()
+        if self._compact:
+            self._compact_closed()
+
+    def _compact_closed(self) -> None:
+        # The stored trace is whole and ended: a compaction that fails leaves it as it is, and
+        # the recording succeeded all the same.
+        try:
+            st = os.stat(self.path)
+            if (st.st_dev, st.st_ino) != self._identity:
+                raise TraceError("the path names another file now")
+            compact(self.path)
+        except (OSError, TraceError) as exc:
+            print(f"tracengine: warning: {self.path} is kept with its frames stored, not deflated ({exc})",
+                  file=sys.stderr)
+
+    def __enter__(self) -> "TraceWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def write_trace(path, events, **writer_options) -> str:
+    """Events (the TraceHeader first) written as a whole trace file; returns the path."""
+    header, rest = split_header(events)
+    with TraceWriter(path, header, **writer_options) as writer:
+        for event in rest:
+            writer.emit(event)
+    return str(path)
