@@ -1,7 +1,8 @@
-"""Writes traces/format-v1.trace: a small trace of format version 1 holding
-every event type, kept forever so that tests/test_tracelog.py proves newer
-tracengines still read it. Run once per new format version (name the file
-after it); never regenerate a released one.
+"""Writes traces/format-vN.trace for this format version N: a small trace holding the
+event types of its version, kept forever so that tests/test_tracelog.py proves newer
+tracengines still read it. Version 1's holds one engine's event types; version 4's a fleet's
+(testing.every_fleet_event_type: replica scopes, routing decisions, KV transfers). Run once
+per new format version (name the file after it); never regenerate a released one.
 
     python scripts/make_format_trace.py [OUT]
 """
@@ -11,13 +12,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tracengine.testing import every_event_type, every_event_type_config  # noqa: E402
+from tracengine.testing import (every_event_type, every_event_type_config, every_fleet_event_type,  # noqa: E402
+                                fleet_event_type_header)
 from tracengine.trace.tracelog import FORMAT_VERSION, TraceReader, TraceWriter, make_header  # noqa: E402
 
 
 def main(out: Path) -> None:
-    with TraceWriter(out, make_header(every_event_type_config())) as writer:
-        every_event_type(writer)
+    if FORMAT_VERSION >= 4:
+        with TraceWriter(out, fleet_event_type_header()) as writer:
+            every_fleet_event_type(writer)
+    else:
+        with TraceWriter(out, make_header(every_event_type_config())) as writer:
+            every_event_type(writer)
     with TraceReader(out) as reader:
         counts = collections.Counter(type(e).__name__ for e in reader.events())
         print(f"{out}: format version {FORMAT_VERSION}, {reader.num_frames} frames, {dict(counts)}")

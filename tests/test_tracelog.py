@@ -18,9 +18,10 @@ import xxhash
 
 from helpers import EOS, record_every_event_type
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
-from tracengine.trace.events import (EVENT_TYPES, BlockAllocate, BlockAppend, BlockFree, BlockHash, ModelInfo,
+from tracengine.trace.events import (EVENT_TYPES, FLEET_EVENT_TYPES,
+                               BlockAllocate, BlockAppend, BlockFree, BlockHash, ModelInfo,
                                Preempt, RequestAdded, ScheduledSeq, ScheduleDecision, SeqAbort, SeqFinish, StepEnd,
-                               TokenSample, TraceHeader, without_wall_clock)
+                               TokenSample, TraceHeader, ReplicaScope, RouteDecision, KVTransfer)
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.replay.reexec import reexecute
 from tracengine.sim.runners import SyntheticRunner
@@ -64,6 +65,9 @@ SAMPLES = [
     SeqFinish(6, 1, "eos", 3, 4),
     SeqAbort(7, 2, "client", "running", 5, 2),
     StepEnd(0, 5, 10, 20, 30),
+    ReplicaScope(3, 2),
+    RouteDecision(3, 9, 2, [0, 1, 2], [4.0, 1.5, 0.5], "prefill", 1_000),
+    KVTransfer(4, 9, 0, 2, 33, 33_000, 16_500, 8),
 ]
 
 
@@ -82,7 +86,7 @@ def test_every_event_type_round_trips(tmp_path, event):
 
 def test_recorded_run_reads_back_event_for_event(recorded):
     path, header, events, engine = recorded
-    assert {type(e).__name__ for e in events} == set(EVENT_TYPES) - {"TraceHeader", "SeqAbort"}   # no server here
+    assert {type(e).__name__ for e in events} == set(EVENT_TYPES) - {"TraceHeader", "SeqAbort"} - FLEET_EVENT_TYPES   # no server, no fleet here
     assert list(open_trace(path)) == [header] + events
     with TraceReader(path) as reader:
         assert reader.header == header
@@ -488,16 +492,22 @@ def test_format_v1_trace_still_reads():
                       "SeqFinish": 4, "StepEnd": 17}
 
 
-def test_format_v5_trace_still_reads():
-    # traces/format-v5.trace is kept forever (the same run as format-v1.trace, written by format 5)
-    path = REPO / "traces" / "format-v5.trace"
+def test_format_v4_trace_still_reads_and_replays_as_a_fleet():
+    # traces/format-v4.trace is kept forever; made by scripts/make_format_trace.py (a fleet of three)
+    from tracengine.replay.fleet import reexecute_fleet
+    from tracengine.testing import every_fleet_event_type
+    path = REPO / "traces" / "format-v4.trace"
     with TraceReader(path) as reader:
-        assert reader.header.format_version == 5 and reader.header.engine == "tracengine"
-        assert reader.num_frames == 1 + 17 and reader.ended
-        assert reader.torn_tail is None and reader.corruption is None
-    assert all(word & DEFLATED for word in frame_words(path))
-    v1, v4 = list(open_trace(REPO / "traces" / "format-v1.trace")), list(open_trace(path))
-    assert [without_wall_clock(e) for e in v4[1:]] == [without_wall_clock(e) for e in v1[1:]]
+        assert reader.header.format_version == 4 and reader.ended
+        assert reader.header.fleet["num_prefill_replicas"] == 1 and reader.header.fleet["num_decode_replicas"] == 2
+        events = list(reader.events())
+    counts = collections.Counter(type(e).__name__ for e in events)
+    assert counts == {"TraceHeader": 1, "RouteDecision": 6, "ReplicaScope": 9, "RequestAdded": 6, "BlockAllocate": 6,
+                      "ScheduleDecision": 9, "BlockHash": 8, "TokenSample": 12, "SeqFinish": 6, "BlockFree": 6,
+                      "StepEnd": 9, "KVTransfer": 3}
+    assert reexecute_fleet(events).ok
+    # the same run today writes the same events (a change to the fleet shows here)
+    assert every_fleet_event_type()[1:] == events[1:]
 
 
 CHILD = """

@@ -308,5 +308,36 @@ def every_event_type(sink) -> LLMEngine:
     return engine
 
 
+def every_fleet_event_type(sink=None) -> list:
+    """A fleet run that writes every fleet event type (format 4): one prefill and two decode
+    replicas, round robin, KV transfers of 0.1 ms plus 1 GB/s; the events, header first (with
+    `sink`, a TraceWriter made with `fleet_event_type_header()`, the header alone).
+    `traces/format-v4.trace` pins it."""
+    from tracengine.sim.fleet import simulate_fleet
+    config, spec, step_time, requests = _fleet_event_type_run()
+    return simulate_fleet(config, requests, step_time, spec, sink, fleet_event_type_header() if sink else None)
+
+
+def fleet_event_type_header():
+    from tracengine.sim.fleet import fleet_header
+    config, spec, step_time, _ = _fleet_event_type_run()
+    return fleet_header(config, step_time, spec)
+
+
+def _fleet_event_type_run():
+    from tracengine.sim.fleet import FleetSpec
+    from tracengine.engine.request import Request
+    from tracengine.sim.steptime import FEATURES, PARTS, LinearStepTime
+    config = every_event_type_config()
+    spec = FleetSpec(num_prefill_replicas=1, num_decode_replicas=2, kv_bytes_per_token=512, kv_transfer_gbps=1.0,
+                     kv_transfer_latency_ns=100_000)
+    fixed = {part: [1_000_000 if part == "model_ns" else 0] + [0] * (len(FEATURES) - 1) for part in PARTS}
+    step_time = LinearStepTime({"prefill": fixed, "decode": fixed})
+    prefix = list(range(500, 508))
+    requests = [Request(prefix + list(range(20 + 10 * i, 25 + 10 * i)), 4, i * 500_000, seq_id=i)
+                for i in range(3)]
+    return config, spec, step_time, requests
+
+
 CANNED_WORKLOADS = ("worked_example", "head_of_line", "preemption_tail", "self_preemption", "recompute_prefix_hit",
                     "shared_prefix", "max_tokens_one", "eos_vs_length", "long_prompt_during_decode")

@@ -37,6 +37,9 @@ def run(args) -> int:
         if not args.fast:
             try:
                 checker = EventCheck(reader.header)
+                if reader.header.fleet:      # each replica's events checked on their own (docs/cluster.md)
+                    from tracengine.replay.fleet import FleetEventCheck
+                    checker = FleetEventCheck(reader.header)
             except TraceError as exc:
                 impossible = {"message": str(exc), "offset": reader.frames()[0].offset, "step": None}
         counts["TraceHeader"] = 1

@@ -21,7 +21,13 @@ def run(args) -> int:
     """The step table of a trace, as the snapshot fixtures of tracengine.testing store it."""
     steps = parse_step_range(args.steps, "--steps") if args.steps is not None else None
     with TraceReader(args.trace) as reader:
-        sys.stdout.write(render_steps(reader.events(), steps, args.seq))
+        if reader.header.fleet:      # a fleet's: each replica's table (docs/cluster.md)
+            from tracengine.analysis.fleet import replica_streams
+            _, streams = replica_streams(reader.events())
+            for replica, events in sorted(streams.items()):
+                sys.stdout.write(f"# replica {replica}\n" + render_steps(events, steps, args.seq))
+        else:
+            sys.stdout.write(render_steps(reader.events(), steps, args.seq))
         sys.stdout.flush()
         if reader.torn_tail is not None:
             print(f"tracengine: note: {reader.describe_torn_tail()}; the table has every complete step",

@@ -7,11 +7,13 @@ import os
 from tracengine.analysis.render import render_state
 from tracengine.analysis.tables import make_table, table_text
 from tracengine.cli.common import EXIT_FAILED_CHECK, EXIT_OK, add_parser
+from tracengine.cli.fleet import add_fleet_arguments
 from tracengine.cli.flags import add_config_arguments, config_overrides
 from tracengine.cli.outputs import check_outputs, note_torn_tail
 from tracengine.cli.steptime import (add_step_time_arguments, describe_step_time, input_files, print_unvaried_note,
                                      step_time_from_args, step_time_json)
-from tracengine.cli.sweeps import add_sweep_arguments, check_plot_figure, print_sweep, sweep_options
+from tracengine.cli.sweeps import (add_sweep_arguments, check_executor_flags, check_plot_figure, print_sweep,
+                                   sweep_options)
 from tracengine.errors import TraceError, TracengineError
 from tracengine.replay.fold import Fold
 from tracengine.replay.metrics import side_by_side
@@ -39,6 +41,7 @@ def add_to(sub):
     p.add_argument("--policy", metavar="MODULE:CLASS",
                    help="the scheduling policy to run: needed for a trace of a policy of one's own (a trace never "
                    "makes tracengine import code); with a built-in trace, checks the given policy against it")
+    add_fleet_arguments(p, what_if=True)
     p.set_defaults(run=run)
 
 
@@ -52,6 +55,7 @@ def run(args) -> int:
             from tracengine.vllm.command import run_replay as run_vllm_replay
             return run_vllm_replay(args)
     check_plot_figure(args)
+    check_executor_flags(args, bool(args.sweep))
     overrides = config_overrides(args)
     if args.state is not None:
         if overrides or args.record or args.json or args.sweep:
@@ -64,6 +68,11 @@ def run(args) -> int:
     check_outputs({"--record": args.record}, input_files(args), args.force)
     step_time = step_time_from_args(args)
     timed = args.arrivals == "time" or step_time is not None
+    from tracengine.cli.fleet import SHAPE_FLAGS, SPEC_FLAGS, is_fleet_trace
+    fleet_trace = is_fleet_trace(args.trace)
+    reshaped = any(getattr(args, name) is not None for name in (*SPEC_FLAGS, *SHAPE_FLAGS) if name != "router")
+    if fleet_trace or reshaped or args.router:
+        return run_fleet_replay(args, fleet_trace, reshaped, overrides, timed, step_time)
     if not (overrides or args.record or timed or args.sweep):
         return run_replay(args.trace, args.json, args.policy)
     if timed and args.arrivals == "steps":
@@ -204,27 +213,28 @@ def timed_table(recorded: dict, self_check: dict, new: dict | None) -> str:
 
 def run_sweep_replay(path, events: list, overrides: dict, timed: bool, step_time, args) -> int:
     """`events`: those of the trace at `path`, read."""
-    from tracengine.replay.timed import TimedReplay
+    from tracengine.replay.sweeps import prepare_steps, prepare_timed
+    from tracengine.sim.spec import PreparedSources, Source
     from tracengine.sim.sweep import IN_STEPS, IN_TIME
-    from tracengine.replay.timed import StepVariant, TimedVariant
     variants, slo = sweep_options(args, overrides, IN_TIME if timed else IN_STEPS)
     if args.record:
         raise TracengineError("--record writes one run; a --sweep makes many")
+    source, prepared = Source.of("trace", path), PreparedSources()
     if timed:
-        replay = TimedReplay(events, step_time, os.path.basename(path))
-        run_variant = TimedVariant(replay, overrides, slo, args.policy)
-        meta = {"trace": str(path), "arrivals": "time", "step_time": step_time_json(replay.ensure_step_time(), path)}
-        title = f"sweep of {path} in simulated time; step times: {describe_step_time(replay.step_time, path)}"
+        spec, model = prepare_timed(prepared, source, events, step_time, os.path.basename(path), overrides, slo,
+                                    args.policy)
+        meta = {"trace": str(path), "arrivals": "time", "step_time": step_time_json(model, path)}
+        title = f"sweep of {path} in simulated time; step times: {describe_step_time(model, path)}"
     else:
-        run_variant = StepVariant(events, overrides, args.policy)
+        spec = prepare_steps(prepared, source, events, overrides, args.policy)
         meta = {"trace": str(path), "arrivals": "steps", "step_time": None}
         title = (f"sweep of {path} at the recorded arrival steps, in steps (a step-exact what-if has no time: "
                  f"for ms, sweep in simulated time)")
     if not args.json:
         print(title)
-    rc = print_sweep(run_variant, variants, args, {**meta, "overrides": overrides})
+    rc = print_sweep(spec, source, prepared, variants, args, {**meta, "overrides": overrides})
     if timed and not args.json:
-        print_unvaried_note(replay.step_time)
+        print_unvaried_note(model)
     return rc
 
 
@@ -260,3 +270,22 @@ def run_timed_whatif(path, events: list, overrides: dict, record, step_time, pol
         write_trace(record, result.new)
         print(f"wrote {record}")
     return EXIT_OK
+
+
+def run_fleet_replay(args, fleet_trace: bool, reshaped: bool, overrides: dict, timed: bool, step_time) -> int:
+    """A fleet trace re-executed whole (alone, --router: with that router), or a trace's workload
+    through another fleet (docs/cluster.md)."""
+    from tracengine.cli.fleet import fleet_replay_command, fleet_spec_from_args, fleet_whatif_command
+    from tracengine.sim.fleet import FleetSpec
+    if args.sweep:
+        raise TraceError("a --sweep runs one engine; a fleet's what-if runs one fleet")
+    if args.arrivals == "steps":
+        raise TraceError("a fleet runs in time: --arrivals steps is one engine's")
+    with TraceReader(args.trace) as reader:
+        events = list(reader.events())
+        note_torn_tail(reader)
+    if fleet_trace and not (reshaped or overrides or args.record or timed):
+        return fleet_replay_command(args.trace, events, args.json, args.policy, args.router)
+    recorded = FleetSpec.from_dict(events[0].fleet) if fleet_trace else None
+    spec = fleet_spec_from_args(args, step_time, recorded if recorded is not None else FleetSpec())
+    return fleet_whatif_command(args.trace, events, spec, overrides, args.record, step_time, args.policy, args.json)

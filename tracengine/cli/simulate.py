@@ -1,12 +1,14 @@
 """`tracengine simulate`: a workload file (or a synthetic workload) through the real
 scheduler in simulated time, with no model (docs/simulation.md); one run or a sweep."""
 from tracengine.cli.common import EXIT_OK, add_parser, print_table
+from tracengine.cli.fleet import add_fleet_arguments
 from tracengine.cli.flags import (add_config_arguments, add_synthetic_arguments, add_workload_arguments,
                                   config_overrides, workload_spec)
 from tracengine.cli.outputs import check_outputs
 from tracengine.cli.steptime import (add_step_time_arguments, describe_step_time, input_files, print_unvaried_note,
                                      step_time_from_args)
-from tracengine.cli.sweeps import add_sweep_arguments, print_sweep, sweep_options
+from tracengine.cli.search import add_search_arguments, check_search_flags
+from tracengine.cli.sweeps import add_sweep_arguments, check_executor_flags, print_sweep, sweep_options
 from tracengine.errors import TracengineError
 from tracengine.progress import RequestProgress
 
@@ -32,6 +34,8 @@ def add_to(sub):
     add_config_arguments(p, "config (num_kvcache_blocks is required: a simulation has no device to size the cache)")
     add_step_time_arguments(p)
     add_sweep_arguments(p)
+    add_search_arguments(p)
+    add_fleet_arguments(p)
     p.add_argument("--scheduler", choices=("tracengine", "vllm"), default="tracengine",
                    help="whose scheduler: tracengine's, or vLLM's own (installed; --set takes vLLM's config "
                    "fields, docs/vllm.md)")
@@ -65,7 +69,12 @@ def run(args) -> int:
         raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
     workload = args.workload_file or args.workload
     overrides = config_overrides(args)
-    variants, slo = sweep_options(args, overrides)
+    check_search_flags(args)
+    if args.search:     # its flags are checked by run_search, once the workload is read
+        check_executor_flags(args, True)
+        variants, slo = None, None
+    else:
+        variants, slo = sweep_options(args, overrides)
     step_time = step_time_from_args(args)
     if step_time is None:
         raise TracengineError("simulate needs step times: --step-time FILE (tracengine calibrate) or --roofline CONFIG")
@@ -79,13 +88,29 @@ def run(args) -> int:
         raise TracengineError(f"--vocab-size must be positive, got {vocab_size}")
     requests = workload_for_simulation(args, workload, vocab_size)
     check_token_prompts(requests)
-    if variants is not None:
-        from tracengine.sim.sweep import SimulateVariant
-        print(f"simulate {len(requests):,} requests with {describe_step_time(step_time)}")
-        rc = print_sweep(SimulateVariant(requests, overrides, step_time, slo), variants, args)
+    from tracengine.cli.fleet import fleet_spec_from_args
+    fleet = fleet_spec_from_args(args, step_time)
+    if fleet is not None and fleet.is_single:    # one replica: today's simulation, its trace and all
+        fleet = None
+    if args.search or variants is not None:
+        from tracengine.sim.spec import FLEET, SIMULATE, PreparedSources, SweepSpec, workload_source
+        source, prepared = workload_source(workload_spec(args, workload=workload), vocab_size), PreparedSources()
+        prepared.add(source, requests)
+        if args.search:
+            if fleet is not None:
+                raise TracengineError("--search runs one engine; a fleet's capacity is not searched yet")
+            from tracengine.cli.search import run_search
+            return run_search(args, overrides, step_time, requests, source, prepared)
+        spec = SweepSpec(SIMULATE, source.digest, overrides, step_time.to_dict(), slo) if fleet is None else \
+            SweepSpec(FLEET, source.digest, overrides, step_time.to_dict(), slo, fleet=fleet.to_dict())
+        where = f"a fleet of {fleet.total_replicas} replicas with " if fleet is not None else ""
+        print(f"simulate {len(requests):,} requests with {where}{describe_step_time(step_time)}")
+        rc = print_sweep(spec, source, prepared, variants, args)
         print_unvaried_note(step_time)
         return rc
     config = simulate_config(overrides, requests)
+    if fleet is not None:
+        return simulate_fleet_run(args, config, requests, step_time, fleet, slo)
     header = simulation_header(config, step_time)
     from tracengine.analysis.timeline import RequestTimelineSink
     with simulation_progress(len(requests), enabled=not args.quiet) as progress:
@@ -107,6 +132,25 @@ def run(args) -> int:
     print(f"simulated {len(requests):,} requests with {describe_step_time(step_time)}: "
           f"{s['steps']['num_steps']:,} steps in {wall:.2f} s wall, {cpu:.2f} s CPU")
     print_table(render(s, title="simulated run"))
+    print_unvaried_note(step_time)
+    if args.record:
+        print(f"wrote {args.record}")
+    return EXIT_OK
+
+
+def simulate_fleet_run(args, config, requests, step_time, fleet, slo) -> int:
+    import time
+    from tracengine.cli.fleet import print_fleet_stats, simulate_fleet_command
+    with simulation_progress(len(requests), enabled=not args.quiet) as progress:
+        on_progress = (lambda num_done, now_ns: progress.update(num_done, simulated_s=now_ns / 1e9)) \
+            if not args.quiet else None
+        wall, cpu = time.perf_counter(), time.process_time()
+        s = simulate_fleet_command(args, config, requests, step_time, fleet, slo, on_progress)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    num_steps = sum(p["stats"]["steps"]["num_steps"] for p in s["replicas"])
+    print(f"simulated {len(requests):,} requests with {describe_step_time(step_time)}: "
+          f"{num_steps:,} replica steps in {wall:.2f} s wall, {cpu:.2f} s CPU")
+    print_fleet_stats(s, "simulated fleet")
     print_unvaried_note(step_time)
     if args.record:
         print(f"wrote {args.record}")

@@ -32,6 +32,9 @@ class BlockManager:
         self.num_hit_blocks = 0   # prefix-cache hits, in blocks, over the manager's life
         self.sink = sink
         self.step = 0   # stamped on events; the scheduler sets it each step
+        # seq_id -> tokens of its prompt whose KV a transfer put in place (a disaggregated fleet's
+        # decode replica, sim/fleet.py), as vLLM's KV connectors report external computed tokens
+        self.external_tokens: dict[int, int] = {}
 
     @property
     def num_blocks(self) -> int:
@@ -86,9 +89,18 @@ class BlockManager:
         self.prefix_cache.evict(new_block_ids)     # their cached content is overwritten
         seq.block_table = hits + new_block_ids
         seq.num_cached_tokens = num_cached_blocks * self.block_size
+        if self.external_tokens:
+            self._take_external(seq, num_cached_blocks)
         self.num_hit_blocks += num_cached_blocks
         if self.sink.enabled:
             self.sink.emit(BlockAllocate(self.step, seq.seq_id, list(seq.block_table), num_cached_blocks))
+
+    def _take_external(self, seq: Sequence, num_cached_blocks: int):
+        """A transfer's tokens count as computed when the full blocks before them are this
+        allocation's hits (they were not evicted first); at least the last token is computed."""
+        num_external = self.external_tokens.pop(seq.seq_id, 0)
+        if num_cached_blocks == num_external // self.block_size:
+            seq.num_cached_tokens = max(seq.num_cached_tokens, min(num_external, seq.num_tokens - 1))
 
     def deallocate(self, seq: Sequence):
         released = seq.block_table[::-1]   # tail first, so prefix blocks stay cached longer

@@ -38,6 +38,9 @@ class TraceHeader(Event, tag=0):
     seed: int
     created_at: float = 0.0
     tensor_parallel_size: int = 1
+    # Format version 4: a fleet run's replicas, routers and KV transfers (tracengine/sim/fleet.py,
+    # FleetSpec.to_dict); empty for one engine
+    fleet: dict[str, str | int | float | bool | None] = {}
     # Format version 5: the engine whose scheduler made the decisions ("tracengine", or "vllm" for a
     # trace of vLLM's own scheduler, whose config then holds vLLM's fields) and its exact version.
     engine: str = "tracengine"
@@ -205,10 +208,49 @@ class SeqAbort(Event, tag=11):
     num_steps_in_flight: int = 0
 
 
+# Format version 4: a fleet of replicas in one trace (tracengine/sim/fleet.py, docs/cluster.md).
+
+class ReplicaScope(Event, tag=12):
+    """The engine events after it, up to the next ReplicaScope, are replica `replica`'s; a trace
+    without one is one engine's, replica 0. A fleet writes one before each replica step (and the
+    requests that step adds), so every frame says whose it is: a byte or four a step, where a
+    field on every event would cost a byte an event."""
+    step: int                # the replica's step that follows
+    replica: int
+
+
+class RouteDecision(Event, tag=13):
+    """A router's choice for a request, made when it arrived at the pool (the replicas' state
+    then): each candidate's score, lower wins."""
+    step: int                # the chosen replica's next step (the request enters before it or later)
+    seq_id: int
+    replica: int             # the chosen one
+    candidates: list[int]    # the pool's replicas, in order
+    scores: list[float]      # each candidate's score
+    pool: Literal["all", "prefill", "decode"] = "all"
+    arrival_ns: int = -1     # when the request reached the router (ns from the start of the run)
+
+
+class KVTransfer(Event, tag=14):
+    """A prefilled request's KV cache shipped from a prefill replica to a decode replica,
+    written when it lands (the decode replica's prefix cache then holds the prompt's full blocks)."""
+    step: int                # the decode replica's next step
+    seq_id: int
+    src_replica: int
+    replica: int             # the decode replica it lands on
+    num_tokens: int          # prompt tokens whose K and V were shipped
+    num_bytes: int
+    duration_ns: int         # simulated: latency + bytes / bandwidth
+    num_blocks: int = 0      # full blocks the decode replica's cache took in
+
+
 AnyEvent = Union[TraceHeader, RequestAdded, ScheduleDecision, BlockAllocate, BlockAppend, BlockHash,
-                 BlockFree, Preempt, TokenSample, SeqFinish, StepEnd, SeqAbort]
+                 BlockFree, Preempt, TokenSample, SeqFinish, StepEnd, SeqAbort, ReplicaScope, RouteDecision,
+                 KVTransfer]
 
 EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in AnyEvent.__args__}
+# Only a fleet's trace holds these (one engine's never does)
+FLEET_EVENT_TYPES = frozenset({"ReplicaScope", "RouteDecision", "KVTransfer"})
 
 # Fields a replay does not compare: wall-clock readings.
 WALL_CLOCK_FIELDS = frozenset({"schedule_ns", "model_ns", "postprocess_ns", "created_at", "arrival_ns", "gap_ns"})

@@ -157,7 +157,8 @@ def trace_header(scheduler):
     return TraceHeader(FORMAT_VERSION, __version__, header_config(scheduler), model,
                        str(scheduler.vllm_config.device_config.device_type or platform.machine()), str(torch.__version__),
                        model_config.seed if model_config.seed is not None else 0, time.time(),
-                       scheduler.vllm_config.parallel_config.tensor_parallel_size, "vllm", vllm.__version__)
+                       scheduler.vllm_config.parallel_config.tensor_parallel_size, engine="vllm",
+                       engine_version=vllm.__version__)
 
 
 def scheduler_is_stub(model_config) -> bool:

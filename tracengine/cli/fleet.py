@@ -1,0 +1,283 @@
+"""Fleets on the command line (docs/cluster.md): `simulate --replicas N --router NAME` and
+`--prefill-replicas P --decode-replicas D`, with a sweep; `replay` (re-execution and what-if),
+`stats`, `diff` and `export` of a fleet trace."""
+import json
+
+from tracengine.cli.common import EXIT_FAILED_CHECK, EXIT_OK
+from tracengine.errors import TracengineError
+
+
+def is_fleet_trace(path) -> bool:
+    """Whether the trace at `path` is a fleet's (its header has a fleet): the commands that read
+    one take it whole (docs/cluster.md)."""
+    import os
+
+    from tracengine.trace.tracelog import TraceReader
+    if not (os.path.isfile(path) and os.path.getsize(path)):
+        return False      # the command's own reading says what is wrong
+    with TraceReader(path) as reader:
+        return bool(reader.header.fleet)
+
+
+def add_fleet_arguments(p, what_if: bool = False):
+    """The fleet flags; on `replay`, `what_if`: they change a fleet trace's recorded fleet."""
+    default = "the recorded" if what_if else "default"
+    g = p.add_argument_group("fleet: replicas behind a router (docs/cluster.md)" +
+                             (": a fleet trace's what-if" if what_if else ""))
+    g.add_argument("--replicas", type=int, metavar="N", help="replicas, each the real scheduler with its own KV cache")
+    g.add_argument("--router", metavar="NAME", help="round_robin (default), least_loaded, prefix_aware, random, "
+                   "or a tracengine.sim.routers.Router subclass as module:Class" +
+                   ("; alone, the router a fleet trace is re-executed with" if what_if else ""))
+    g.add_argument("--prefill-replicas", type=int, metavar="P", help="disaggregated: replicas that prefill")
+    g.add_argument("--decode-replicas", type=int, metavar="D", help="disaggregated: replicas that decode")
+    g.add_argument("--decode-router", metavar="NAME", help="the decode pool's router (default: --router)")
+    g.add_argument("--router-seed", type=int, metavar="N", help=f"the random router's seed ({default} 0)")
+    g.add_argument("--prefix-weight", type=float, metavar="X",
+                   help=f"prefix_aware: weight of the blocks to prefill ({default} 1)")
+    g.add_argument("--load-weight", type=float, metavar="X",
+                   help=f"prefix_aware: weight of the KV blocks in use ({default} 1)")
+    g.add_argument("--kv-bytes-per-token", type=int, metavar="N",
+                   help="K and V bytes of one token, all layers (default: the --roofline model's)")
+    g.add_argument("--kv-transfer-gbps", type=float, metavar="X",
+                   help=f"KV transfer bandwidth in GB/s (gigabytes; {default} 0: no bandwidth cost)")
+    g.add_argument("--kv-transfer-latency-ms", type=float, metavar="X",
+                   help=f"fixed time of each KV transfer ({default} 0)")
+
+
+# flag -> FleetSpec field, and how a flag's value becomes the field's
+SPEC_FLAGS = {"router": ("router", str), "decode_router": ("decode_router", str),
+              "router_seed": ("router_seed", int), "prefix_weight": ("prefix_weight", float),
+              "load_weight": ("load_weight", float), "kv_bytes_per_token": ("kv_bytes_per_token", int),
+              "kv_transfer_gbps": ("kv_transfer_gbps", float),
+              "kv_transfer_latency_ms": ("kv_transfer_latency_ns", lambda ms: round(ms * 1e6))}
+SHAPE_FLAGS = ("replicas", "prefill_replicas", "decode_replicas")
+
+
+def fleet_flags_given(args) -> bool:
+    return any(getattr(args, name, None) is not None for name in (*SPEC_FLAGS, *SHAPE_FLAGS))
+
+
+def fleet_spec_from_args(args, step_time, base=None):
+    """The FleetSpec the flags describe over `base` (a recorded fleet's; default FleetSpec()), or
+    None for one engine when no fleet flag is given and there is no base."""
+    import dataclasses
+
+    from tracengine.sim.fleet import FleetSpec, router_classes
+    if base is None and not fleet_flags_given(args):
+        return None
+    base = base if base is not None else FleetSpec()
+    changes = {field: convert(getattr(args, flag)) for flag, (field, convert) in SPEC_FLAGS.items()
+               if getattr(args, flag) is not None}
+    disaggregated = args.prefill_replicas is not None or args.decode_replicas is not None
+    if disaggregated and args.replicas is not None:
+        raise TracengineError("give --replicas, or --prefill-replicas and --decode-replicas, not both")
+    if args.replicas is not None:
+        # aggregated: a recorded disaggregated fleet's decode router goes with its decode pool
+        changes.update(num_replicas=args.replicas, num_prefill_replicas=0, num_decode_replicas=0,
+                       decode_router=args.decode_router or "")
+    elif disaggregated:
+        changes.update(num_prefill_replicas=args.prefill_replicas or 0, num_decode_replicas=args.decode_replicas or 0)
+    spec = dataclasses.replace(base, **changes)
+    if spec.decode_router and not spec.disaggregated:
+        raise TracengineError("--decode-router goes with --prefill-replicas and --decode-replicas")
+    if args.kv_bytes_per_token is None and not spec.kv_bytes_per_token:
+        model = getattr(step_time, "model", None) if step_time is not None and step_time.kind == "roofline" else None
+        if model is not None:
+            spec = dataclasses.replace(spec, kv_bytes_per_token=2 * model.num_layers * model.num_kv_heads
+                                       * model.head_dim * model.dtype_bytes)
+    if spec.disaggregated and spec.kv_transfer_gbps and not spec.kv_bytes_per_token:
+        raise TracengineError("--kv-transfer-gbps needs the KV bytes of a token: give --kv-bytes-per-token "
+                              "(or a --roofline model)")
+    router_classes(spec)      # a router that does not load fails here, before the run
+    return spec
+
+
+def simulate_fleet_command(args, config, requests, step_time, spec, slo, on_progress) -> dict:
+    """Runs the fleet, recording with --record; returns fleet_stats of the run."""
+    from tracengine.analysis.fleet import FleetTimelines, fleet_stats
+    from tracengine.sim.fleet import fleet_header, router_classes, simulate_fleet
+    routers = router_classes(spec)     # loaded once: a user's class is named in the header as it runs
+    header = fleet_header(config, step_time, spec, routers)
+    if args.record:
+        from tracengine.trace.tracelog import TraceWriter
+        with TraceWriter(args.record, header, deflate=False) as writer:
+            sink = FleetTimelines(header, writer)
+            simulate_fleet(config, requests, step_time, spec, sink, header, on_progress, routers)
+    else:
+        sink = FleetTimelines(header)
+        simulate_fleet(config, requests, step_time, spec, sink, header, on_progress, routers)
+    return fleet_stats(sink, slo)
+
+
+def print_fleet_stats(s: dict, title: str) -> None:
+    from tracengine.analysis.fleet import render_fleet
+    from tracengine.cli.common import print_table
+    print_table(render_fleet(s, title=title))
+
+
+def fleet_stats_command(path, slo, as_json: bool) -> int:
+    from tracengine.analysis.fleet import fleet_stats
+    s = fleet_stats(path, slo or None)
+    if as_json:
+        print(json.dumps(s, indent=2))
+    else:
+        print_fleet_stats(s, str(path))
+    return EXIT_OK
+
+
+# (label, key path into fleet_stats, scale, format) of the what-if's table
+WHATIF_ROWS = [("duration ms", ("duration_s",), 1e3, "{:,.1f}")]
+WHATIF_ROWS += [(f"{label} {p} ms", ("latency", name, p), 1e3, "{:,.2f}")
+                for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "e2e")) for p in ("p50", "p90", "p99")]
+WHATIF_ROWS += [("cache hit", ("token_hit_rate",), 100, "{:.1f}%"),
+                ("request imbalance", ("request_imbalance",), 1, "{:.2f}"),
+                ("KV transfers", ("kv_transfer", "num_transfers"), 1, "{:,}")]
+
+
+def _figure(s: dict, keys):
+    for key in keys:
+        s = s.get(key) if isinstance(s, dict) else None
+    return s
+
+
+def fleet_whatif_command(path, events: list, spec, overrides: dict, record, step_time, policy, as_json: bool) -> int:
+    from tracengine.replay.fleet_whatif import fleet_whatif
+    from tracengine.trace.tracelog import write_trace
+    result = fleet_whatif(events, spec, overrides, step_time, str(path), policy)
+    if record:
+        write_trace(record, result.events)
+    if as_json:
+        drop = ("replicas", "per_request")
+        changes = [{"name": n, "old": a, "new": b} for n, a, b in result.changes]
+        print(json.dumps({"trace": str(path), "changes": changes,
+                          "recorded": {k: v for k, v in result.recorded.items() if k not in drop},
+                          "what_if": {k: v for k, v in result.new.items() if k not in drop}, "record": record},
+                         indent=2))
+        return EXIT_OK
+    changes = ", ".join(f"{name} {a} -> {b}" for name, a, b in result.changes) or "no change"
+    print(f"fleet what-if on {path} in simulated time: {changes}")
+    from tracengine.cli.steptime import describe_step_time
+    print(f"step times: {describe_step_time(result.step_time, str(path))}")
+    rows = [("", "recorded", "what-if", "change")]
+    for label, keys, scale, fmt in WHATIF_ROWS:
+        a, b = _figure(result.recorded, keys), _figure(result.new, keys)
+        cell = [("-" if v is None else fmt.format(v * scale)) for v in (a, b)]
+        change = "-" if a in (None, 0) or b is None else f"{(b - a) / a:+.1%}"
+        rows.append((label, *cell, change))
+    widths = [max(len(r[c]) for r in rows) for c in range(4)]
+    for r in rows:
+        print("  ".join(cell.ljust(widths[0]) if c == 0 else cell.rjust(widths[c]) for c, cell in enumerate(r)))
+    if record:
+        print(f"wrote {record}")
+    return EXIT_OK
+
+
+def fleet_export_command(path, out) -> int:
+    from tracengine.analysis.fleet_export import export_fleet_perfetto
+    doc = export_fleet_perfetto(path, out)
+    print(f"wrote {out}: {len(doc['traceEvents']):,} trace events, {doc['metadata']['num_replicas']} replicas; "
+          f"open it in ui.perfetto.dev or chrome://tracing")
+    return EXIT_OK
+
+
+def fleet_router_arg(header, router: str | None) -> dict | None:
+    """replay --router: the class to replay every pool with."""
+    if not router:
+        return None
+    from tracengine.sim.routers import load_router
+    cls = load_router(router)
+    pools = ("prefill", "decode") if header.fleet.get("num_prefill_replicas") else ("all",)
+    return {pool: cls for pool in pools}
+
+
+def fleet_replay_command(path, events: list, as_json: bool, policy, router) -> int:
+    from tracengine.analysis.render import format_event
+    from tracengine.replay.fleet import reexecute_fleet
+    result = reexecute_fleet(events, policy, fleet_router_arg(events[0], router))
+    d = result.divergence
+    if as_json:
+        from tracengine.trace.events import to_builtins
+        print(json.dumps({"trace": str(path), "reproduced": result.ok, "num_steps": result.num_steps,
+                          "num_events": result.num_events, "seconds": result.seconds,
+                          "divergence": None if d is None else {
+                              "index": d.index, "replica": d.replica, "step": d.step, "seq_id": d.seq_id,
+                              "reason": d.reason, "expected": None if d.expected is None else to_builtins(d.expected),
+                              "actual": None if d.actual is None else to_builtins(d.actual)}}, indent=2))
+        return EXIT_OK if result.ok else EXIT_FAILED_CHECK
+    if result.ok:
+        from tracengine.analysis.fleet import num_replicas
+        print(f"{path}: a fleet of {num_replicas(events[0])} replicas, {result.num_steps} replica steps and "
+              f"{result.num_events} events reproduced exactly ({result.seconds:.2f} s)")
+        return EXIT_OK
+    where = (f"routing of request s{d.seq_id}" if d.seq_id is not None
+             else f"replica {d.replica}, step {d.step}")
+    print(f"{path}: diverges at {where} (event #{d.index}): {d.reason}")
+    print(f"  recorded: {format_event(d.expected, wall_clock=False) if d.expected is not None else '(nothing)'}")
+    print(f"  replayed: {format_event(d.actual, wall_clock=False) if d.actual is not None else '(nothing)'}")
+    return EXIT_FAILED_CHECK
+
+
+def fleet_diff_command(args, a_events: list, b_events: list) -> int:
+    """Two traces of which one at least is a fleet's: the first routing difference, then each
+    replica's first scheduling difference."""
+    from tracengine.analysis.fleet import fleet_stats, replica_streams
+    from tracengine.replay.diff import diff_traces
+    from tracengine.trace.events import RouteDecision, without_wall_clock
+    routes_a = [e for e in a_events if type(e) is RouteDecision]
+    routes_b = [e for e in b_events if type(e) is RouteDecision]
+    first_route = next((i for i, (x, y) in enumerate(zip(routes_a, routes_b))
+                        if without_wall_clock(x) != without_wall_clock(y)),
+                       None if len(routes_a) == len(routes_b) else min(len(routes_a), len(routes_b)))
+    (_, streams_a), (_, streams_b) = replica_streams(a_events), replica_streams(b_events)
+    per_replica = {}
+    for r in sorted(set(streams_a) | set(streams_b)):
+        d = diff_traces(streams_a.get(r, [a_events[0]]), streams_b.get(r, [b_events[0]]))
+        per_replica[r] = d.step
+    stats_a, stats_b = fleet_stats(a_events), fleet_stats(b_events)
+    identical = first_route is None and all(step is None for step in per_replica.values())
+    route = None
+    if first_route is not None:
+        x = routes_a[first_route] if first_route < len(routes_a) else None
+        y = routes_b[first_route] if first_route < len(routes_b) else None
+        route = {"index": first_route, "a": _route_json(x), "b": _route_json(y)}
+    if args.json:
+        print(json.dumps({"a": str(args.a), "b": str(args.b), "identical": identical, "first_route_difference": route,
+                          "first_difference_step_by_replica": per_replica,
+                          "a_fleet": {k: v for k, v in stats_a.items() if k not in ("replicas", "per_request")},
+                          "b_fleet": {k: v for k, v in stats_b.items() if k not in ("replicas", "per_request")}},
+                         indent=2))
+        return EXIT_OK if identical else EXIT_FAILED_CHECK
+    if identical:
+        print(f"no routing or scheduling difference over {len(per_replica)} replicas")
+        return EXIT_OK
+    if route is not None:
+        a, b = route["a"], route["b"]
+        print(f"first routing difference, decision #{first_route}: "
+              f"a {_describe_route(a)}; b {_describe_route(b)}")
+    for r, step in per_replica.items():
+        print(f"replica {r}: " + ("no scheduling difference" if step is None else f"first difference at step {step}"))
+    for label, s in (("a", stats_a), ("b", stats_b)):
+        t = s["latency"]["ttft"]
+        print(f"{label}: {s['duration_s'] * 1e3:,.1f} ms, TTFT p50 {_ms(t['p50'])} p99 {_ms(t['p99'])} ms, "
+              f"cache hit {_pct(s['token_hit_rate'])}, imbalance {_num(s['request_imbalance'])}")
+    return EXIT_FAILED_CHECK
+
+
+def _route_json(e):
+    return None if e is None else {"seq_id": e.seq_id, "pool": e.pool, "replica": e.replica, "scores": e.scores}
+
+
+def _describe_route(r) -> str:
+    return "(none)" if r is None else f"s{r['seq_id']} to replica {r['replica']} (scores {r['scores']})"
+
+
+def _ms(x):
+    return "-" if x is None else f"{x * 1e3:,.2f}"
+
+
+def _pct(x):
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _num(x):
+    return "-" if x is None else f"{x:.2f}"

@@ -1,0 +1,205 @@
+"""Re-execution of a fleet trace (sim/fleet.py): every replica's real Scheduler and
+BlockManager and every pool's router, driven in the trace's own order, each event they
+emit checked against the recorded one, stopping at the first difference.
+
+The order is the recording's: a RouteDecision asks the router again, with the replicas as
+the replay has them at that point; a ReplicaScope runs that replica's step (the requests
+routed to it enter first), fed the tokens the trace recorded; a KVTransfer lands the
+prefilled request on the decode replica the replay routed it to. No step-time model is
+needed: the clock decided the order, and the order is in the trace. A routing change shows
+at the request it concerns (the RouteDecision differs); a scheduling change at the replica
+and step where it first acts."""
+import time
+from dataclasses import dataclass
+
+from tracengine.engine.config import Config
+from tracengine.errors import ConfigError
+from tracengine.replay.reexec import ComparingSink, RecordedRunner, _Diverged
+from tracengine.sim.engine import SimulatedEngine
+from tracengine.sim.fleet import Fleet, FleetSpec
+from tracengine.sim.routers import BUILTIN_ROUTERS
+from tracengine.engine.request import Request
+from tracengine.trace.events import (Event, KVTransfer, ReplicaScope, RequestAdded, RouteDecision, StepEnd,
+                                     TokenSample)
+from tracengine.trace.tracelog import split_header
+
+
+class _NoTime:
+    """Steps of no duration: a re-execution follows the recorded order and compares no time."""
+    kind = "replay"
+    gap_ns = wake_ns = 0
+
+    @staticmethod
+    def predict(is_prefill, *shape):
+        return 0, 0, 0
+
+
+@dataclass
+class FleetDivergence:
+    index: int                 # of the event in the trace, the header being 0
+    replica: int | None        # the replica whose event it is (None: a router's or a transfer's)
+    step: int | None
+    seq_id: int | None         # the request of a routing or transfer divergence
+    expected: Event | None
+    actual: Event | None
+    reason: str
+
+
+@dataclass
+class FleetReplayResult:
+    num_events: int            # events that matched
+    num_steps: int             # replica steps reproduced
+    seconds: float
+    divergence: FleetDivergence | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None
+
+
+def fleet_routers(header, routers: dict | None) -> dict:
+    """The router classes a replay runs: those given (by pool), else the recorded built-ins; a
+    recorded router of one's own is never imported on its own."""
+    routers = dict(routers or {})
+    fleet = header.fleet
+    first = "prefill" if fleet.get("num_prefill_replicas") else "all"
+    for pool, key in ((first, "router"), ("decode", "decode_router")):
+        if pool == "decode" and first == "all":
+            continue
+        name = fleet.get(key) or fleet.get("router")
+        if pool not in routers and name not in BUILTIN_ROUTERS:
+            raise ConfigError(f"this fleet used the router {name!r}, which is not built in; pass it to replay it "
+                              f"(replay --router {name})")
+        routers.setdefault(pool, BUILTIN_ROUTERS.get(name))
+    return routers
+
+
+def reexecute_fleet(events, policy=None, routers: dict | None = None) -> FleetReplayResult:
+    """Re-execute a fleet trace's events (TraceHeader first). `policy`: as reexecute's; `routers`:
+    {pool: Router class} to replay with instead of the recorded ones ("all", "prefill", "decode")."""
+    header, it = split_header(events)
+    recorded = [header, *it]
+    config = Config.from_dict(header.config)
+    spec = FleetSpec.from_dict(header.fleet)
+    sink = ComparingSink()
+    sink.expected, sink.index = recorded, 1
+    runners: dict[int, RecordedRunner] = {}
+
+    def make_engine(index: int):
+        runners[index] = RecordedRunner()
+        return SimulatedEngine(config, runners[index], _NoTime, sink, policy=policy)
+
+    fleet = Fleet(config, spec, make_engine, sink, fleet_routers(header, routers))
+    requests = _recorded_requests(recorded, spec.disaggregated)
+    prefilled, transfers = {}, {}     # seq_id -> (seq, its prefill replica); seq_id -> (src, dst)
+    replica, num_steps, start = None, 0, time.perf_counter()
+    while sink.index < len(recorded):
+        i = sink.index
+        e = recorded[i]
+        t = type(e)
+        try:
+            if t is RouteDecision and e.pool == "decode":
+                if e.seq_id not in prefilled:
+                    raise _Diverged(e, None, f"the replay has not prefilled s{e.seq_id}")
+                seq, src = prefilled.pop(e.seq_id)
+                transfers[e.seq_id] = (src, fleet.handoff(seq, e.arrival_ns)[0])
+            elif t is RouteDecision:
+                if e.seq_id not in requests:
+                    raise _Diverged(e, None, f"the trace never adds s{e.seq_id}")
+                r = requests[e.seq_id]
+                fleet.arrive(Request(r.prompt_token_ids, r.max_tokens, e.arrival_ns, r.temperature, r.ignore_eos,
+                                     seq_id=r.seq_id), e.arrival_ns)
+            elif t is KVTransfer:
+                if e.seq_id not in transfers:
+                    raise _Diverged(e, None, f"the replay has routed no transfer of s{e.seq_id}")
+                src, dst = transfers.pop(e.seq_id)
+                fleet.land(e.seq_id, src, dst, 0)
+            elif t is ReplicaScope:
+                if not 0 <= e.replica < len(fleet.replicas):
+                    raise _Diverged(e, None, f"the fleet has no replica {e.replica}")
+                replica = fleet.replicas[e.replica]
+                if not replica.queued and replica.engine.is_finished():
+                    raise _Diverged(e, None, f"the replay has nothing to schedule on replica {e.replica}")
+                runners[e.replica].tokens = _step_tokens(recorded, i + 1)
+                # its clock past every routed arrival, so they enter now (no time is compared)
+                replica.engine.now_ns = max([replica.engine.now_ns] + [r.arrival_ns for r in replica.queued])
+                finished = fleet.step(replica)
+                num_steps += 1
+                for seq in fleet.prefilled_seqs(replica, finished):
+                    prefilled[seq.seq_id] = (seq, replica)
+            else:
+                raise _Diverged(e, None, "the trace has an event the replay did not emit")
+            if sink.index == i:
+                raise _Diverged(e, None, "the replay emitted nothing here")
+        except _Diverged as d:
+            at = recorded[min(sink.index, len(recorded) - 1)] if d.expected is None else d.expected
+            in_replica = type(at) not in (RouteDecision, KVTransfer)
+            divergence = FleetDivergence(
+                sink.index, (replica.index if replica is not None else 0) if in_replica else None,
+                getattr(at, "step", None), None if in_replica else at.seq_id, d.expected, d.actual, d.reason)
+            return FleetReplayResult(sink.index - 1, num_steps, time.perf_counter() - start, divergence)
+    return FleetReplayResult(sink.index - 1, num_steps, time.perf_counter() - start)
+
+
+def _recorded_requests(recorded: list, disaggregated: bool) -> dict[int, RequestAdded]:
+    """Each request as it first entered (the prefill side's, when disaggregated, with the
+    max_tokens of the whole request: its decode side's and one)."""
+    requests: dict[int, RequestAdded] = {}
+    for e in recorded:
+        if type(e) is RequestAdded:
+            if e.seq_id not in requests:
+                requests[e.seq_id] = e
+            elif disaggregated:
+                first = requests[e.seq_id]
+                requests[e.seq_id] = RequestAdded(first.step, first.seq_id, first.prompt_token_ids,
+                                                  e.max_tokens + 1, first.temperature, first.ignore_eos,
+                                                  arrival_ns=first.arrival_ns)
+    return requests
+
+
+def _step_tokens(recorded: list, start: int) -> dict[int, int]:
+    """The tokens the step beginning at `start` sampled, by seq_id."""
+    tokens = {}
+    for e in recorded[start:]:
+        t = type(e)
+        if t is TokenSample:
+            tokens[e.seq_id] = e.token_id
+        elif t is StepEnd:
+            break
+    return tokens
+
+
+class FleetEventCheck:
+    """EventCheck (replay/fold.py) of a fleet trace: each replica's events checked by a checker
+    of its own, frame by frame (a fleet's frame is the routers' and transfers' events, then one
+    ReplicaScope and that replica's step). `step` names the step of the replica last checked.
+    A decode replica of a disaggregated fleet is not folded: a KV transfer fills its prefix
+    cache with blocks no event of its own allocates (sim/fleet.py, install_prompt_kv)."""
+
+    def __init__(self, header):
+        from tracengine.replay.fold import EventCheck
+        self.header = header
+        self.checkers: dict[int, EventCheck] = {}
+        self.step = 0
+        fleet = header.fleet
+        num_prefill = fleet.get("num_prefill_replicas", 0)
+        self.unfolded = set(range(num_prefill, num_prefill + fleet.get("num_decode_replicas", 0)))
+
+    def frame(self, events) -> None:
+        from tracengine.errors import TraceError
+        from tracengine.replay.fold import EventCheck
+        scope = next((i for i, e in enumerate(events) if type(e) is ReplicaScope), None)
+        if scope is None:
+            if any(type(e) not in (RouteDecision, KVTransfer) for e in events):
+                raise TraceError("a fleet frame with engine events and no ReplicaScope")
+            return
+        replica = events[scope].replica
+        if replica in self.unfolded:
+            return
+        checker = self.checkers.get(replica)
+        if checker is None:
+            checker = self.checkers[replica] = EventCheck(self.header)
+        try:
+            checker.frame(events[scope + 1:])
+        finally:
+            self.step = checker.step

@@ -1,0 +1,100 @@
+"""What-if of a fleet (docs/cluster.md): a trace's workload (a fleet's, or one engine's with
+arrival times) through another fleet in simulated time: other replicas, routers, transfers or
+replica config. Each request arrives when it reached the recorded fleet's router (or the
+recorded engine), with its recorded output tokens (OutputRunner; a decode replica's count
+from the second, as its prompt holds the first)."""
+from dataclasses import dataclass
+
+import msgspec
+
+from tracengine.analysis.fleet import fleet_stats, replica_streams
+from tracengine.engine.config import Config
+from tracengine.errors import TraceError
+from tracengine.replay.whatif import OutputRunner, extract_workload
+from tracengine.sim.fleet import FleetSpec, fleet_header, simulate_fleet
+from tracengine.engine.request import Request
+from tracengine.trace.events import RouteDecision, StepEnd
+
+
+@dataclass
+class FleetWhatIf:
+    step_time: object
+    spec: FleetSpec
+    recorded: dict          # fleet_stats of the trace
+    new: dict               # fleet_stats of the what-if
+    events: list            # the what-if's trace, header first
+    changes: list[tuple[str, object, object]]
+
+
+def fleet_workload(events) -> tuple[list[Request], dict[int, list[int]], dict]:
+    """(requests as they reached the fleet, kept output tokens by seq_id, middle-chunk samples)
+    of a fleet trace or of one engine's."""
+    header = events[0]
+    if not header.fleet:
+        workload = extract_workload(events)
+        if any(r.arrival_ns < 0 for r in workload.requests):
+            raise TraceError("the trace has no arrival times (format 1, or recorded without them): a fleet "
+                             "what-if runs in time")
+        return workload.requests, workload.outputs, workload.middle
+    _, streams = replica_streams(events)
+    arrivals = {e.seq_id: e.arrival_ns for e in events if type(e) is RouteDecision and e.pool != "decode"}
+    requests: dict[int, Request] = {}
+    outputs: dict[int, list[int]] = {}
+    middle: dict = {}
+    for stream in streams.values():
+        workload = extract_workload(stream)
+        for r in workload.requests:
+            seen = requests.get(r.seq_id)
+            if seen is None:
+                requests[r.seq_id] = r
+                outputs[r.seq_id] = list(workload.outputs[r.seq_id])
+            elif len(r.prompt) > len(seen.prompt):   # the decode side's: prompt and first token
+                seen.max_tokens = r.max_tokens + 1
+                outputs[r.seq_id] += workload.outputs[r.seq_id]
+            else:                                                      # the prefill side's, met second
+                r.max_tokens = seen.max_tokens + 1
+                requests[r.seq_id] = r
+                outputs[r.seq_id] = workload.outputs[r.seq_id] + outputs[r.seq_id]
+        middle.update(workload.middle)
+    for r in requests.values():
+        r.arrival_ns = arrivals.get(r.seq_id, r.arrival_ns)
+    return [requests[k] for k in sorted(requests)], outputs, middle
+
+
+def fleet_whatif(events, spec: FleetSpec, overrides: dict, step_time=None, trace_name: str = "",
+                 policy=None) -> FleetWhatIf:
+    """`events`' workload through the fleet `spec` with the recorded config changed by `overrides`;
+    `step_time` defaults to a model calibrated on the trace (its replica 0)."""
+    events = list(events)
+    header = events[0]
+    requests, outputs, middle = fleet_workload(events)
+    recorded = Config.from_dict(header.config)
+    config = recorded.replace(**overrides)
+    if policy is not None:
+        config = config.replace(scheduling_policy=policy)
+    if step_time is None:
+        from tracengine.sim.steptime import calibrate
+        try:
+            step_time = calibrate(replica_streams(events)[1][0], trace_name)
+        except TraceError as exc:
+            raise TraceError(f"{exc}: give --step-time or --roofline") from None
+    filler = 0 if config.eos != 0 else 1
+    shifted = {seq_id: out[1:] for seq_id, out in outputs.items()}
+
+    def make_runner(index: int):
+        decode = spec.disaggregated and index >= spec.num_prefill_replicas
+        return OutputRunner(shifted if decode else outputs, middle, filler)
+
+    # a recorded engine's start-up came before its step 0: no run starts earlier (TimedReplay's rule)
+    first_step_ns = 0 if header.fleet else next((e.gap_ns for e in events if type(e) is StepEnd), 0)
+    new = simulate_fleet(config, requests, step_time, spec, make_runner=make_runner, first_step_ns=first_step_ns)
+    new[0] = msgspec.structs.replace(fleet_header(config, step_time, spec), model=header.model)
+    changes = [(name, value, getattr(config, name)) for name, value in recorded.to_dict().items()
+               if getattr(config, name) != value]
+    # the fleets as their headers name them (each pool's router resolved); one engine's: one replica
+    before = header.fleet or {"num_replicas": 1}
+    after = new[0].fleet or {"num_replicas": 1}
+    changes += [(f"fleet {name}", before.get(name), after.get(name)) for name in dict.fromkeys([*before, *after])
+                if before.get(name) != after.get(name)]
+    return FleetWhatIf(step_time, spec, fleet_stats(events), fleet_stats(new), new, changes)
+

@@ -1,0 +1,357 @@
+"""A fleet in simulated time: replicas behind a router (docs/cluster.md).
+
+Each replica is the simulated engine (sim/engine.py): the real Scheduler and BlockManager
+with a KV cache of its own, under any policy. One clock: a replica's step starts its loop gap
+after its last one ended, or, idle, its wake-up time after the first request routed to it;
+every request routed to a replica by a step's start enters before that step. A request meets
+the router when it arrives, and the router sees the replicas as they are then (a step is
+taken whole at its start, so a replica mid-step shows the state its step left).
+
+Disaggregated (`num_prefill_replicas`, `num_decode_replicas`): a request is prefilled on a
+prefill replica (max_tokens 1: its first token, so TTFT is the prefill side's), handed to the
+decode pool's router when that step ends, and its prompt's KV lands on the chosen decode
+replica `latency + bytes / bandwidth` later: the prompt's full blocks enter that replica's
+prefix cache, and the request (prompt and first token, max_tokens - 1) enters there as an
+arrival. Admitted, it finds the full blocks cached and its last, partial block's tokens
+computed (BlockManager.external_tokens, as vLLM's KV connectors report external computed
+tokens), so its first step computes one token: the first token, whose KV the prefill
+replica did not compute.
+
+Events: one trace. A fleet of one replica writes exactly what one simulated engine writes;
+otherwise each replica step (and the requests it adds) follows a ReplicaScope, and the
+routers' choices and the transfers are RouteDecision and KVTransfer events."""
+import dataclasses
+import heapq
+from dataclasses import dataclass
+
+from tracengine.engine.config import Config
+from tracengine.engine.sequence import Sequence
+from tracengine.errors import ConfigError, TracengineError
+from tracengine.engine.request import Request
+from tracengine.sim.runners import sampling_params_of
+from tracengine.sim.routers import RoutedRequest, Router, load_router, router_name
+from tracengine.trace.events import NULL_SINK, KVTransfer, ReplicaScope, RouteDecision
+
+ARRIVAL, HANDOFF, LANDING = 0, 1, 2     # what the fleet's clock holds besides replica steps
+
+
+@dataclass
+class FleetSpec:
+    """The fleet: replicas (or prefill and decode pools), routers and KV transfers."""
+    num_replicas: int = 1
+    router: str = "round_robin"
+    num_prefill_replicas: int = 0          # both > 0: disaggregated, num_replicas unused
+    num_decode_replicas: int = 0
+    decode_router: str = ""                # "": the same as `router`
+    router_seed: int = 0
+    prefix_weight: float = 1.0
+    load_weight: float = 1.0
+    kv_bytes_per_token: int = 0            # K and V of one token, all layers
+    kv_transfer_gbps: float = 0.0          # GB/s; 0: no bandwidth cost
+    kv_transfer_latency_ns: int = 0
+
+    def __post_init__(self):
+        if self.disaggregated:
+            if self.num_prefill_replicas <= 0 or self.num_decode_replicas <= 0:
+                raise ConfigError("a disaggregated fleet needs --prefill-replicas and --decode-replicas, both positive")
+        elif self.num_replicas <= 0:
+            raise ConfigError(f"--replicas must be positive, got {self.num_replicas}")
+        if self.kv_bytes_per_token < 0 or self.kv_transfer_gbps < 0 or self.kv_transfer_latency_ns < 0:
+            raise ConfigError("KV transfer figures (bytes per token, GB/s, latency) cannot be negative")
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.num_prefill_replicas > 0 or self.num_decode_replicas > 0
+
+    @property
+    def total_replicas(self) -> int:
+        return self.num_prefill_replicas + self.num_decode_replicas if self.disaggregated else self.num_replicas
+
+    @property
+    def is_single(self) -> bool:
+        """One engine: its trace is the one simulated engine's, no fleet event in it."""
+        return not self.disaggregated and self.num_replicas == 1
+
+    def transfer_ns(self, num_tokens: int) -> tuple[int, int]:
+        """(bytes, ns) of shipping `num_tokens` tokens' KV."""
+        num_bytes = num_tokens * self.kv_bytes_per_token
+        wire_ns = round(num_bytes / self.kv_transfer_gbps) if self.kv_transfer_gbps else 0   # GB/s = bytes/ns
+        return num_bytes, self.kv_transfer_latency_ns + wire_ns
+
+    def to_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "FleetSpec":
+        return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__})
+
+
+class Replica:
+    """One replica: its engine, the requests routed to it that enter before its next step, and
+    the figures a router reads."""
+
+    def __init__(self, index: int, role: str, engine):
+        self.index = index
+        self.role = role                   # "all", "prefill" or "decode"
+        self.engine = engine
+        self.queued: list[Request] = []
+        self.start_ns: int | None = None   # its next step's start; None: idle
+
+    @property
+    def scheduler(self):
+        return self.engine.scheduler
+
+    @property
+    def num_requests(self) -> int:
+        """Outstanding requests: waiting, running, and routed here but not yet entered."""
+        s = self.engine.scheduler
+        return len(s.waiting) + len(s.running) + len(self.queued)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Prompt tokens still to compute here: waiting sequences', and queued requests' (a decode
+        replica's come with their prompt's KV)."""
+        queued = 0 if self.role == "decode" else sum(len(r.prompt) for r in self.queued)
+        return sum(seq.num_tokens - seq.num_cached_tokens for seq in self.engine.scheduler.waiting) + queued
+
+    @property
+    def num_active_blocks(self) -> int:
+        bm = self.engine.scheduler.block_manager
+        return bm.num_blocks - bm.num_free_blocks
+
+    def num_cached_blocks(self, hashes: list[int]) -> int:
+        """How many of `hashes` (a prompt's leading full blocks) the prefix cache holds, up to the first miss."""
+        cached = self.engine.scheduler.block_manager.hash_to_block_id
+        n = 0
+        for h in hashes:
+            if h not in cached:
+                break
+            n += 1
+        return n
+
+
+class Fleet:
+    """The replicas and their routers; `run_fleet` drives them in simulated time, and
+    re-execution (replay/fleet.py) drives the same methods in a trace's order."""
+
+    def __init__(self, config: Config, spec: FleetSpec, make_engine, sink=NULL_SINK, routers=None):
+        """`make_engine(index)`: a replica's engine, sending its events to `sink`. `routers`:
+        {pool: Router class} instead of the spec's names (a user's classes, loaded once)."""
+        self.config = config
+        self.spec = spec
+        self.sink = sink
+        roles = (["prefill"] * spec.num_prefill_replicas + ["decode"] * spec.num_decode_replicas
+                 if spec.disaggregated else ["all"] * spec.num_replicas)
+        self.replicas = [Replica(i, role, make_engine(i)) for i, role in enumerate(roles)]
+        self.pools = {pool: [r for r in self.replicas if r.role == pool] for pool in dict.fromkeys(roles)}
+        options = {"seed": spec.router_seed, "prefix_weight": spec.prefix_weight, "load_weight": spec.load_weight}
+        self.routers: dict[str, Router] = {pool: cls(**options) for pool, cls in router_classes(spec, routers).items()}
+        self.prefilled: dict[int, tuple[Sequence, Request]] = {}   # handed off, KV not landed yet
+        self.max_tokens: dict[int, int] = {}     # a disaggregated request's own max_tokens
+
+    # -- what the clock drives: routing, entering, steps, transfers -----------------------
+
+    def route(self, request: Request, pool: str, now_ns: int) -> Replica:
+        """The router of `pool` chooses a replica for `request`, arriving there at `now_ns`."""
+        replicas = self.pools[pool]
+        routed = RoutedRequest(request.seq_id, request.prompt, request.max_tokens, now_ns,
+                               self.config.kvcache_block_size)
+        scores = self.routers[pool].route(routed, replicas)
+        if len(scores) != len(replicas):
+            raise TracengineError(f"router {type(self.routers[pool]).__name__} gave {len(scores)} scores "
+                                  f"for {len(replicas)} replicas")
+        chosen = replicas[min(range(len(replicas)), key=scores.__getitem__)]
+        if self.sink.enabled and not self.spec.is_single:
+            self.sink.emit(RouteDecision(chosen.engine.num_steps, request.seq_id, chosen.index,
+                                         [r.index for r in replicas], [float(s) for s in scores],
+                                         pool, now_ns))
+        return chosen
+
+    def arrive(self, request: Request, now_ns: int) -> Replica:
+        """A request from the workload: routed, and queued on its replica (as a prefill, when disaggregated)."""
+        if self.spec.disaggregated:
+            self.max_tokens[request.seq_id] = request.max_tokens
+            request = Request(request.prompt, 1, request.arrival_ns, request.temperature, request.ignore_eos,
+                              seq_id=request.seq_id)
+        replica = self.route(request, "prefill" if self.spec.disaggregated else "all", now_ns)
+        replica.queued.append(request)
+        return replica
+
+    def step(self, replica: Replica) -> list[Sequence]:
+        """The requests routed to `replica` enter, then it steps; returns the sequences that
+        finished. A fleet writes a ReplicaScope first, so the step's frame says whose it is."""
+        engine = replica.engine
+        if self.sink.enabled and not self.spec.is_single:
+            self.sink.emit(ReplicaScope(engine.num_steps, replica.index))
+        for r in replica.queued:
+            engine.add_request(r.prompt, sampling_params_of(r), seq_id=r.seq_id, arrival_ns=r.arrival_ns)
+        replica.queued.clear()
+        return engine.step()[1]
+
+    def prefilled_seqs(self, replica: Replica, finished: list[Sequence]) -> list[Sequence]:
+        """The sequences of a prefill replica's step that go on to decode (those with tokens left)."""
+        if replica.role != "prefill":
+            return []
+        return [seq for seq in finished
+                if seq.finish_reason == "length" and self.max_tokens.get(seq.seq_id, 1) > 1]
+
+    def handoff(self, seq: Sequence, now_ns: int) -> tuple[Replica, int]:
+        """A prefilled sequence to the decode pool: (its decode replica, the transfer's ns)."""
+        request = Request(seq.prompt_token_ids + seq.completion[:1], self.max_tokens[seq.seq_id] - 1, now_ns,
+                          seq.temperature, seq.ignore_eos, seq_id=seq.seq_id)
+        replica = self.route(request, "decode", now_ns)
+        self.prefilled[seq.seq_id] = (seq, request)
+        return replica, self.spec.transfer_ns(seq.num_prompt_tokens)[1]
+
+    def land(self, seq_id: int, src: Replica, dst: Replica, now_ns: int):
+        """The KV of a handed-off request lands on `dst`: its prompt's full blocks enter dst's
+        prefix cache, and the request is queued there, arriving now."""
+        seq, request = self.prefilled.pop(seq_id)
+        block_manager = dst.scheduler.block_manager
+        num_blocks = install_prompt_kv(block_manager, seq_id, seq.prompt_token_ids)
+        # the prompt's last, partial block came too: computed once its full blocks are hits
+        block_manager.external_tokens[seq_id] = seq.num_prompt_tokens
+        num_bytes, duration_ns = self.spec.transfer_ns(seq.num_prompt_tokens)
+        if self.sink.enabled:
+            self.sink.emit(KVTransfer(dst.engine.num_steps, seq_id, src.index, dst.index, seq.num_prompt_tokens,
+                                      num_bytes, duration_ns, num_blocks))
+        request.arrival_ns = now_ns
+        dst.queued.append(request)
+
+
+def router_classes(spec: FleetSpec, routers: dict | None = None) -> dict[str, type[Router]]:
+    """Each pool's router class: `routers`' (by pool), else the one the spec names, loaded."""
+    routers = routers or {}
+    pools = {"prefill": spec.router, "decode": spec.decode_router or spec.router} if spec.disaggregated \
+        else {"all": spec.router}
+    return {pool: routers.get(pool) or load_router(name) for pool, name in pools.items()}
+
+
+def header_fields(spec: FleetSpec, routers: dict[str, type[Router]]) -> dict:
+    """TraceHeader.fleet: the spec, each pool's router named as it ran; nothing for one engine."""
+    if spec.is_single:
+        return {}
+    fields = spec.to_dict()
+    for pool, cls in routers.items():
+        fields["decode_router" if pool == "decode" else "router"] = router_name(cls)
+    return fields
+
+
+def install_prompt_kv(block_manager, seq_id: int, token_ids) -> int:
+    """The full blocks of `token_ids` put into the block manager's prefix cache as a KV
+    connector's transfer fills them: allocated (those it holds already are hits), hashed and
+    released, so they stay cached until reused. As many leading blocks as the free ones
+    allow; returns how many. Writes no event (the KVTransfer says it)."""
+    size = block_manager.block_size
+    num_blocks = len(token_ids) // size
+    sink, block_manager.sink = block_manager.sink, NULL_SINK
+    try:
+        while num_blocks > 0:
+            carrier = Sequence(seq_id, list(token_ids[:num_blocks * size]), size)
+            num_cached, num_new = block_manager.num_blocks_needed(carrier)
+            if num_new <= block_manager.num_free_blocks:
+                break
+            num_blocks -= num_new - block_manager.num_free_blocks    # the leading blocks that fit
+        if num_blocks <= 0:
+            return 0
+        block_manager.allocate(carrier, num_cached)
+        carrier.num_scheduled_tokens = carrier.num_tokens - carrier.num_cached_tokens
+        block_manager.hash_blocks(carrier)
+        carrier.num_cached_tokens, carrier.num_scheduled_tokens = carrier.num_tokens, 0
+        block_manager.deallocate(carrier)
+        return num_blocks
+    finally:
+        block_manager.sink = sink
+
+
+def run_fleet(fleet: Fleet, requests: list[Request], step_time, max_steps: int = 10_000_000,
+              on_progress=None, first_step_ns: int = 0) -> None:
+    """The fleet serves `requests` (each with arrival_ns) in simulated time; its events go to the
+    fleet's sink. `on_progress(num_done, now_ns)`: as run_timed's, per replica step."""
+    gap_ns, wake_ns = step_time.gap_ns, step_time.wake_ns
+    clock: list[tuple[int, int, int, object]] = []     # (time, order, kind, what): arrivals, handoffs, landings
+    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_ns)
+    for n, i in enumerate(order):
+        r = requests[i]
+        if r.seq_id is None:     # a request without an id has its index in the workload, as run_timed's
+            r = dataclasses.replace(r, seq_id=i)
+        clock.append((r.arrival_ns, n, ARRIVAL, r))
+    counter = len(clock)
+    num_done, num_steps = 0, 0
+
+    def wake(replica: Replica, now_ns: int):
+        if replica.start_ns is None:     # idle: it sleeps until this arrival, and wakes late
+            engine = replica.engine
+            base = engine.now_ns + gap_ns if engine.num_steps else max(gap_ns, first_step_ns)
+            replica.start_ns = max(base, now_ns + wake_ns)
+
+    replicas = fleet.replicas
+    while True:
+        busy = [r for r in replicas if r.start_ns is not None]
+        next_step = min(busy, key=lambda r: r.start_ns) if busy else None
+        if clock and (next_step is None or clock[0][0] <= next_step.start_ns):
+            now_ns, _, kind, what = heapq.heappop(clock)
+            if kind == ARRIVAL:
+                wake(fleet.arrive(what, now_ns), now_ns)
+            elif kind == HANDOFF:
+                src, seq = what
+                dst, duration_ns = fleet.handoff(seq, now_ns)
+                heapq.heappush(clock, (now_ns + duration_ns, counter, LANDING, (seq.seq_id, src, dst)))
+                counter += 1
+            else:
+                seq_id, src, dst = what
+                fleet.land(seq_id, src, dst, now_ns)
+                wake(dst, now_ns)
+            continue
+        if next_step is None:
+            break
+        replica, engine = next_step, next_step.engine
+        engine.now_ns = replica.start_ns
+        finished = fleet.step(replica)
+        num_steps += 1
+        handed = fleet.prefilled_seqs(replica, finished)
+        for seq in handed:
+            heapq.heappush(clock, (engine.now_ns, counter, HANDOFF, (replica, seq)))
+            counter += 1
+        num_done += len(finished) - len(handed)
+        replica.start_ns = engine.now_ns + gap_ns if (replica.queued or not engine.is_finished()) else None
+        if engine.num_steps >= max_steps:
+            raise TracengineError(f"replica {replica.index} did not finish in {max_steps} steps")
+        if on_progress is not None and not num_steps % 512:
+            on_progress(num_done, engine.now_ns)
+    if on_progress is not None:
+        on_progress(num_done, max((r.engine.now_ns for r in replicas), default=0))
+
+
+def simulate_fleet(config: Config, requests: list[Request], step_time, spec: FleetSpec, sink=None, header=None,
+                   on_progress=None, routers=None, make_runner=None, first_step_ns: int = 0) -> list:
+    """`requests` (each with its arrival_ns) through a fleet in simulated time, tokens from
+    SyntheticRunner (the same token for a sequence's position on any replica); the events
+    (header first), or, with `sink` (a TraceWriter made with `header`: fleet_header's), the
+    header alone. `make_runner(index)`: a replica's runner instead (a what-if's recorded
+    outputs, a benchmark's that watches the batches). `first_step_ns`: the earliest start of a
+    replica's step 0 (run_timed's)."""
+    from tracengine.sim.engine import SimulatedEngine, check_token_prompts
+    from tracengine.sim.runners import SyntheticRunner, check_requests
+    from tracengine.trace.events import ListSink
+    check_token_prompts(requests)
+    events_sink = sink if sink is not None else ListSink()
+
+    def make_engine(index: int):
+        runner = make_runner(index) if make_runner else SyntheticRunner(eos=config.eos, seed=config.seed)
+        return SimulatedEngine(config, runner, step_time, events_sink, policy=config.scheduling_policy)
+
+    fleet = Fleet(config, spec, make_engine, events_sink, routers)
+    check_requests(fleet.replicas[0].scheduler, requests)
+    run_fleet(fleet, requests, step_time, on_progress=on_progress, first_step_ns=first_step_ns)
+    head = header if header is not None else fleet_header(config, step_time, spec, routers)
+    return [head] if sink is not None else [head, *events_sink.events]
+
+
+def fleet_header(config: Config, step_time, spec: FleetSpec, routers: dict | None = None):
+    """simulation_header's, with the fleet's fields (none for one replica)."""
+    import msgspec
+
+    from tracengine.sim.engine import simulation_header
+    return msgspec.structs.replace(simulation_header(config, step_time),
+                                   fleet=header_fields(spec, router_classes(spec, routers)))

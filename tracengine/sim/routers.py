@@ -1,0 +1,143 @@
+"""Routers: which replica of a pool serves a request, decided when it arrives, from the
+replicas' state at that moment (docs/cluster.md).
+
+A router is a `Router` subclass: `route(request, replicas)` returns one score per replica
+of the pool, lower is better; the fleet takes the lowest, the first on a tie, and records
+every score (a RouteDecision). A router of one's own is loaded by import path
+(`module:Class`), as scheduling policies are; a trace names its router and never makes
+tracengine import it on its own.
+
+- `round_robin`: the replicas in turn (the score is how many turns away each is).
+- `least_loaded`: the fewest outstanding requests (waiting, running, or routed and not yet
+  entered), as Vidur's least-outstanding-requests; tokens do not count.
+- `prefix_aware`: Dynamo's KV router cost, `prefix_weight * prefill blocks + load_weight *
+  active blocks`: prefill blocks are the request's blocks the replica's prefix cache lacks
+  plus the prompt blocks still to compute there; active blocks are the KV blocks in use.
+- `random`: uniform, from `seed`.
+"""
+import importlib
+import random
+from dataclasses import dataclass
+
+from tracengine.engine.block_manager import hash_packed, pack_tokens
+from tracengine.errors import ConfigError
+from tracengine.trace.encoded import EncodedTokens
+
+
+@dataclass
+class RoutedRequest:
+    """What a router knows of a request: its id, size and, for prefix-aware routing, the chained
+    hashes of its prompt's full blocks (`block_hashes`, computed when first asked for)."""
+    seq_id: int
+    prompt_token_ids: list[int]
+    max_tokens: int
+    arrival_ns: int
+    block_size: int
+    _hashes: list[int] | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def block_hashes(self) -> list[int]:
+        """The hashes the block manager computes for the prompt's full blocks (compute_hash's chain)."""
+        if self._hashes is None:
+            prompt, size = self.prompt_token_ids, self.block_size
+            num_bytes = len(prompt) // size * size * 8
+            if type(prompt) is EncodedTokens and prompt.packed:
+                data = b"".join(prompt.packed)[:num_bytes]
+            else:
+                data = pack_tokens(prompt[:num_bytes // 8])
+            self._hashes = hash_packed(data, size)
+        return self._hashes
+
+
+class Router:
+    """Subclass and override `route`. Built with the fleet's router options as keywords."""
+    name = ""
+
+    def __init__(self, seed: int = 0, prefix_weight: float = 1.0, load_weight: float = 1.0):
+        self.seed = seed
+        self.prefix_weight = prefix_weight
+        self.load_weight = load_weight
+
+    def route(self, request: RoutedRequest, replicas: list) -> list[float]:
+        """One score per replica of `replicas` (sim.fleet.Replica: its scheduler, its queue of
+        routed requests and the figures a router reads), lower is better."""
+        raise NotImplementedError
+
+
+class RoundRobin(Router):
+    name = "round_robin"
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.next = 0
+
+    def route(self, request, replicas):
+        n = len(replicas)
+        scores = [float((i - self.next) % n) for i in range(n)]
+        self.next = (self.next + 1) % n
+        return scores
+
+
+class LeastLoaded(Router):
+    name = "least_loaded"
+
+    def route(self, request, replicas):
+        return [float(r.num_requests) for r in replicas]
+
+
+class PrefixAware(Router):
+    name = "prefix_aware"
+
+    def route(self, request, replicas):
+        hashes, size = request.block_hashes, request.block_size
+        num_blocks = -(-request.num_prompt_tokens // size)
+        scores = []
+        for r in replicas:
+            num_prefill_blocks = num_blocks - r.num_cached_blocks(hashes) + -(-r.num_prefill_tokens // size)
+            scores.append(self.prefix_weight * num_prefill_blocks + self.load_weight * r.num_active_blocks)
+        return scores
+
+
+class Random(Router):
+    name = "random"
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.rng = random.Random(self.seed)
+
+    def route(self, request, replicas):
+        chosen = self.rng.randrange(len(replicas))
+        return [0.0 if i == chosen else 1.0 for i in range(len(replicas))]
+
+
+BUILTIN_ROUTERS: dict[str, type[Router]] = {cls.name: cls for cls in (RoundRobin, LeastLoaded, PrefixAware, Random)}
+
+
+def load_router(spec: str) -> type[Router]:
+    """The router named `spec`: a built-in, or module:Class imported (a name the user gave)."""
+    if spec in BUILTIN_ROUTERS:
+        return BUILTIN_ROUTERS[spec]
+    module_name, sep, qualname = spec.partition(":")
+    if not (sep and module_name and qualname):
+        raise ConfigError(f"router {spec!r}: expected {', '.join(BUILTIN_ROUTERS)} or module:Class")
+    try:
+        obj = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load router {spec!r}: {exc}") from None
+    if not (isinstance(obj, type) and issubclass(obj, Router)):
+        raise ConfigError(f"router {spec!r} is not a tracengine.sim.routers.Router subclass")
+    return obj
+
+
+def router_name(cls: type[Router]) -> str:
+    """What a trace records for a router class: a built-in's name, else module:Class."""
+    for name, builtin in BUILTIN_ROUTERS.items():
+        if builtin is cls:
+            return name
+    return f"{cls.__module__}:{cls.__qualname__}"
