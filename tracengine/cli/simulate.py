@@ -103,8 +103,8 @@ def run(args) -> int:
             return run_search(args, overrides, step_time, requests, source, prepared)
         spec = SweepSpec(SIMULATE, source.digest, overrides, step_time.to_dict(), slo) if fleet is None else \
             SweepSpec(FLEET, source.digest, overrides, step_time.to_dict(), slo, fleet=fleet.to_dict())
-        where = f"a fleet of {fleet.total_replicas} replicas with " if fleet is not None else ""
-        print(f"simulate {len(requests):,} requests with {where}{describe_step_time(step_time)}")
+        where = f" through a fleet of {fleet.total_replicas} replicas" if fleet is not None else ""
+        print(f"simulate {len(requests):,} requests{where} with {describe_step_time(step_time)}")
         rc = print_sweep(spec, source, prepared, variants, args)
         print_unvaried_note(step_time)
         return rc
