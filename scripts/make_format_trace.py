@@ -1,7 +1,7 @@
 """Writes traces/format-vN.trace for this format version N: a small trace holding the
 event types of its version, kept forever so that tests/test_tracelog.py proves newer
 tracengines still read it. Version 1's holds one engine's event types; version 4's a fleet's
-(testing.every_fleet_event_type: replica scopes, routing decisions, KV transfers); version 5's
+(testing.every_fleet_event_type: replica scopes, routing decisions, KV transfers); version 6's
 one engine's run interrupted by SIGTERM after its last step, so that its end frame holds a RunEnd
 (tests/test_run_end.py reads it). Run once
 per new format version (name the file after it); never regenerate a released one.
@@ -21,12 +21,12 @@ from tracengine.trace.tracelog import FORMAT_VERSION, TraceReader, TraceWriter, 
 
 
 def main(out: Path) -> None:
-    if FORMAT_VERSION >= 5:
+    if FORMAT_VERSION >= 6:
         writer = TraceWriter(out, make_header(every_event_type_config()))
         every_event_type(writer)
-        writer.end_with(Terminated("SIGTERM"))     # format 5's end frame: a RunEnd
+        writer.end_with(Terminated("SIGTERM"))     # format 6's end frame: a RunEnd
         writer.close()
-    elif FORMAT_VERSION == 4:
+    elif FORMAT_VERSION in (4, 5):
         with TraceWriter(out, fleet_event_type_header()) as writer:
             every_fleet_event_type(writer)
     else:

@@ -88,22 +88,22 @@ def test_a_follower_stops_at_a_failed_runs_end_frame(tmp_path):
     assert sum(type(e).__name__ == "StepEnd" for e in events) == 2
 
 
-def test_the_format_v5_trace_reads_with_its_run_end():
-    with TraceReader(ROOT / "traces" / "format-v5.trace") as reader:
-        assert reader.version == 5
+def test_the_format_v6_trace_reads_with_its_run_end():
+    with TraceReader(ROOT / "traces" / "format-v6.trace") as reader:
+        assert reader.version == 6
         assert reader.run_end == RunEnd(step=16, outcome="interrupted", reason="SIGTERM")   # 17 steps, 0..16
         names = {type(e).__name__ for e in reader.events()}
     assert {"RequestAdded", "ScheduleDecision", "Preempt", "SeqFinish", "StepEnd"} <= names
 
 
-def test_the_format_v5_trace_is_what_the_writer_writes(tmp_path):
+def test_the_format_v6_trace_is_what_the_writer_writes(tmp_path):
     # scripts/make_format_trace.py wrote it: the same run, interrupted after its last step
     path = tmp_path / "v4.trace"
     with pytest.raises(KeyboardInterrupt):
         with TraceWriter(path, make_header(every_event_type_config())) as writer:
             every_event_type(writer)
             raise Terminated("SIGTERM")
-    with TraceReader(path) as new, TraceReader(ROOT / "traces" / "format-v5.trace") as old:
+    with TraceReader(path) as new, TraceReader(ROOT / "traces" / "format-v6.trace") as old:
         assert new.run_end == old.run_end
         assert [type(e).__name__ for e in new.events()] == [type(e).__name__ for e in old.events()]
 
