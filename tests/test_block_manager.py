@@ -295,3 +295,20 @@ def test_a_sequence_without_tokens_is_matched_on_its_hashes_alone():
     assert cache.lookup([11, 12, 13], lambda start, end: [1, 2, 3, 9, 9, 9][start:end]) == [5]
     cache.evict([6])
     assert cache.lookup([11, 12, 13]) == [5] and cache.hashes[6] == -1
+
+
+def test_a_hash_that_repeats_within_a_prompt_hits_its_block_twice(monkeypatch):
+    """With a digest that collides everywhere and equal tokens, both full blocks of a prompt
+    map to one block: the table holds it twice, with two references, and it is freed once."""
+    monkeypatch.setattr(xxhash, "xxh64_intdigest", lambda data: 7)
+    manager = BlockManager(8, 4)
+    a = seq_of(0, [0] * 9)
+    fill(manager, a)
+    shared = a.block_table[1]                         # the later block registered under 7
+    manager.deallocate(a)
+    b = seq_of(1, [0] * 9)
+    assert manager.num_blocks_needed(b) == (2, 3)     # 3 - 2 hits + the free hit, counted once per hit
+    manager.allocate(b, 2)
+    assert b.block_table[:2] == [shared, shared] and manager.blocks[shared].ref_count == 2
+    manager.deallocate(b)
+    assert list(manager.free_block_ids).count(shared) == 1 and manager.num_free_blocks == 8

@@ -51,7 +51,7 @@ def test_synthetic_workload(capsys):
 
 @pytest.mark.parametrize("argv, match", [
     (["--model", "no/such/dir"], "no/such/dir"),
-    (["--num-kvcache-blocks", "0"], "num_kvcache_blocks must be a positive integer, got 0"),
+    (["--num-kvcache-blocks", "0"], "num_kvcache_blocks must be a positive integer or -1 (as many as fit), got 0"),
     (["--max-model-len", "16", "--prompt-lens", "40"], "longer than max_model_len=16"),
     (["--num-kvcache-blocks", "2", "--prompt-lens", "40"], "the cache has 2"),
     (["--num-prompts", "2", "--input-len", "9:3"], "--input-len expects 0 < MIN <= MAX"),

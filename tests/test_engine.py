@@ -88,7 +88,7 @@ def test_seeded_sampling_is_reproducible_and_batch_independent():
 def test_unknown_argument_and_bad_config_are_one_line_errors():
     with pytest.raises(ConfigError, match="unknown engine argument 'num_blocks'"):
         LLM("", num_blocks=4)
-    with pytest.raises(ConfigError, match="num_kvcache_blocks must be a positive integer, got 0"):
+    with pytest.raises(ConfigError, match=r"num_kvcache_blocks must be a positive integer or -1 \(as many as fit\), got 0"):
         LLM("", num_kvcache_blocks=0)
 
 

@@ -102,7 +102,7 @@ def test_a_trace_of_hash_id_requests_replays_diffs_and_whatifs_exactly(tmp_path)
     write_trace(str(path), events)
     with TraceReader(str(path)) as reader:
         read = list(reader.events())
-        assert reader.version == FORMAT_VERSION == 4
+        assert reader.version == FORMAT_VERSION
     assert read[1:] == events[1:]
     assert reexecute(read).ok
     assert diff_traces(read, events).identical
@@ -129,3 +129,19 @@ def test_the_lean_live_fold_gives_the_figures_of_the_whole_one(policy):
     assert stats(lean) == stats(whole) == stats(events)
     assert stats(lean)["preemption"]["num_preemptions"] and stats(lean)["prefix_cache"]["num_hit_blocks"]
     assert all(not r.scheduled for r in lean.requests.values())
+
+
+def test_a_disaggregated_fleet_hands_a_hash_id_prompt_to_its_decode_side_and_replays(tmp_path, capsys):
+    """simulate reads Mooncake prompts as hash ids; a prefill replica hands each to a decode
+    replica as the tokens it stands for (the same block hashes: the transferred blocks hit)."""
+    from pathlib import Path
+    data = Path(__file__).parent / "data"
+    out = str(tmp_path / "pd.trace")
+    assert main(["simulate", str(data / "mooncake_sample.jsonl"), "--step-time", str(data / "fixed_steptime.json"),
+                 "--length-scale", "0.1", "--block-size", "4", "--num-kvcache-blocks", "80", "--prefill-replicas", "1",
+                 "--decode-replicas", "1", "--max-tokens", "8", "--quiet", "--record", out]) == 0
+    with TraceReader(out) as reader:
+        added = [e for e in reader.events() if type(e) is RequestAdded]
+    assert any(e.prompt_hash_ids for e in added) and any(e.prompt_token_ids for e in added)   # prefill, decode
+    assert main(["replay", out]) == 0
+    capsys.readouterr()

@@ -1,6 +1,7 @@
 """Scheduling policies: `mixed` (vLLM V1's FCFS with chunked prefill) on the
 canned workloads and the real engine, what-if to it, and policies of a user's
 own loaded by import path (tests/user_policies.py)."""
+import json
 from pathlib import Path
 
 import pytest
@@ -267,7 +268,8 @@ def test_stats_of_a_mixed_run_split_its_tokens_by_kind():
 
 def test_perfetto_export_names_mixed_steps_and_each_request_its_own_phase(tmp_path):
     from tracengine.analysis.export import export_perfetto
-    doc = export_perfetto(mixed_events(), tmp_path / "out.json")
+    export_perfetto(mixed_events(), tmp_path / "out.json")
+    doc = json.loads((tmp_path / "out.json").read_text())
     steps = [e["name"] for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "step"]
     assert steps[2:5] == ["mixed"] * 3
     spans = {}
@@ -276,7 +278,8 @@ def test_perfetto_export_names_mixed_steps_and_each_request_its_own_phase(tmp_pa
             spans.setdefault(e["args"]["seq_id"], []).append(e["name"])
     assert spans[0] == ["waiting", "prefill", "decode"]       # one decode span over steps 1-7: never paused
     assert spans[2][-4:] == ["prefill", "prefill", "prefill", "decode"]
-    doc = export_perfetto(run("long_prompt_during_decode", "prefill_first"), tmp_path / "first.json")
+    export_perfetto(run("long_prompt_during_decode", "prefill_first"), tmp_path / "first.json")
+    doc = json.loads((tmp_path / "first.json").read_text())
     assert [e["name"] for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] == 2
             and e["args"]["seq_id"] == 0] == ["waiting", "prefill", "decode", "paused", "decode"]
 

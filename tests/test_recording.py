@@ -110,7 +110,7 @@ def stepped(llm, tmp_path_factory):
 
 def test_every_event_type_and_scheduling_behaviour_is_recorded(generated):
     assert type(generated[0]) is TraceHeader
-    assert {type(e).__name__ for e in generated} == set(EVENT_TYPES) - {"SeqAbort"} - FLEET_EVENT_TYPES   # only a server aborts; one engine
+    assert {type(e).__name__ for e in generated} == set(EVENT_TYPES) - {"SeqAbort", "RunEnd"} - FLEET_EVENT_TYPES   # only a server aborts; one engine; it finished
     decisions = [e for e in generated if type(e) is ScheduleDecision]
     assert {"budget_exhausted", "no_free_blocks"} <= {d.stop_reason for d in decisions}   # chunking, head-of-line
     assert any(type(e) is TokenSample and not e.kept for e in generated)                  # a middle chunk
@@ -195,7 +195,7 @@ def test_fold_reproduces_the_engine_after_every_step(stepped):
 
 def test_step_by_step_recording_has_every_event_type_and_arrivals(stepped):
     events = list(open_trace(stepped[0]))
-    assert {type(e).__name__ for e in events} == set(EVENT_TYPES) - {"SeqAbort"} - FLEET_EVENT_TYPES
+    assert {type(e).__name__ for e in events} == set(EVENT_TYPES) - {"SeqAbort", "RunEnd"} - FLEET_EVENT_TYPES
     added = {e.seq_id: e.step for e in events if type(e) is RequestAdded}
     assert added == {i: step for step, ids in ARRIVALS.items() for i in ids}
 
@@ -261,14 +261,14 @@ def test_generate_interrupted_with_sigint_ends_at_the_last_finished_step(tmp_pat
     finally:
         child.send_signal(signal.SIGINT)
         _, err = child.communicate(timeout=60)
-    assert child.returncode == 130 and err.decode().strip().splitlines()[-1] == "tracengine: interrupted"
+    assert child.returncode == 130 and err.decode().strip().splitlines()[-1] == "tracengine: interrupted (SIGINT)"
     with TraceReader(path) as reader:
         assert reader.ended and reader.torn_tail is None and reader.corruption is None
         num_steps = sum(1 for e in reader.events() if type(e) is StepEnd)
         assert type(list(reader.read_frame(reader.num_frames - 1))[-1]) is StepEnd   # no half step after it
     assert num_steps >= num_frames - 1
-    assert main(["check", str(path)]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == f"{path}: whole"
+    assert main(["check", str(path)]) == 4            # closed, and says the run was interrupted
+    assert capsys.readouterr().out.splitlines()[-1] == f"{path}: interrupted (intact; the run did not finish: exit 4)"
     assert main(["replay", str(path)]) == 0
     assert f"{num_steps} steps" in capsys.readouterr().out
     assert main(["diff", str(path), str(path)]) == 0

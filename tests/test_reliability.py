@@ -221,7 +221,7 @@ def raw_header_payload(config_bytes: bytes) -> bytes:
 def ints_bomb(num_ints: int) -> bytes:
     """One StepEnd-stamped frame of a RequestAdded whose prompt is num_ints 3-byte ints."""
     prompt = b"\xdd" + struct.pack(">I", num_ints) + b"\xcd\x01\x00" * num_ints
-    event = msgspec.msgpack.encode(RequestAdded(0, 0, [], 1, 1.0, False))
+    event = msgspec.msgpack.encode(RequestAdded(0, 0, [], 1, 1.0, False, stop_token_ids=[7]))
     assert event.count(b"\x90") == 2                # its empty prompt list, then its empty prompt_hash_ids
     return b"\x91" + event.replace(b"\x90", prompt, 1)
 
@@ -360,7 +360,8 @@ def test_the_kept_traces_of_every_version_still_read_and_check(capsys):
     for path in sorted(traces.glob("*.trace")):
         outcome = read_all(path)
         assert outcome.kind == "read" and outcome.torn_offset is None, path
-        assert main(["check", str(path)]) in (0, 3)          # the older ones were written before the end frame
+        # the older ones were written before the end frame; format-v6's run was interrupted (exit 4)
+        assert main(["check", str(path)]) in ((4,) if path.name == "format-v6.trace" else (0, 3)), path
     capsys.readouterr()
 
 

@@ -82,7 +82,7 @@ def test_worked_example_figures():
                            "num_prefill_tokens": 39, "num_decode_tokens": 6}
     assert s["steps"] == {"num_steps": 4, "num_prefill_steps": 2, "num_decode_steps": 2,
                           "total_s": 0.010, "prefill_s": 0.003, "decode_s": 0.007,   # 1+2 | 3+4 ms
-                          "gap_s": 0.0, "idle_s": 0.0, "num_idle_gaps": 0,
+                          "gap_s": 0.0, "mean_gap_s": 0.0, "idle_s": 0.0, "num_idle_gaps": 0,
                           "num_mixed_steps": 0, "mixed_s": 0.0}
     assert per_request(s, "first_scheduled_step") == [0, 1, 1]
     assert per_request(s, "first_token_step") == [1, 1, 1]       # seq 0 after its second chunk
@@ -164,7 +164,7 @@ JSON_KEYS = {
     "requests": {"num_requests", "num_finished", "num_unfinished", "finish_reasons", "num_aborted"},
     "tokens": {"num_prompt_tokens", "num_completion_tokens", "num_prefill_tokens", "num_decode_tokens"},
     "steps": {"num_steps", "num_prefill_steps", "num_decode_steps", "total_s", "prefill_s", "decode_s",
-              "gap_s", "idle_s", "num_idle_gaps", "num_mixed_steps", "mixed_s"},
+              "gap_s", "mean_gap_s", "idle_s", "num_idle_gaps", "num_mixed_steps", "mixed_s"},
     "throughput": {"prefill_tokens_per_s", "decode_tokens_per_s", "completion_tokens_per_s", "requests_per_s",
                    "total_tokens_per_s", "mixed_tokens_per_s"},
     "latency": {"queueing", "ttft", "itl", "tpot", "e2e"},
@@ -357,7 +357,8 @@ def test_slo_on_the_command_line(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "goodput       166.667 requests/s: 2 of 3 (66.7%) met ttft <= 2 ms, tpot <= 2 ms" in out
     assert "requests/s    250.000 over the run" in out
-    assert "6 steps (3 prefill, 3 decode), 12.000 ms\n6.000 ms between steps, 4.500 ms of it idle" in out
+    assert ("6 steps (3 prefill, 3 decode) in 12.000 ms (the run's wall time, idle included)\n"
+            "gaps between steps: 6.000 ms in all, 1.000 ms mean per step; 4.500 ms of it idle") in out
     for bad in ("ttft", "latency=2ms", "ttft=-1ms", "ttft=soon"):
         assert main(["stats", str(path), "--slo", bad]) == 2
         err = capsys.readouterr().err

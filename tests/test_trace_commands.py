@@ -34,7 +34,7 @@ def test_events_json_is_one_object_per_event(trace, capsys):
     assert len(objects) == len(events)
     assert objects[0]["type"] == "TraceHeader" and objects[0]["format_version"] == FORMAT_VERSION
     # only a server aborts (test_serve_abort); one engine writes no fleet event
-    assert {o["type"] for o in objects} == set(EVENT_TYPES) - {"SeqAbort"} - FLEET_EVENT_TYPES
+    assert {o["type"] for o in objects} == set(EVENT_TYPES) - {"SeqAbort", "RunEnd"} - FLEET_EVENT_TYPES   # the run finished
     assert all("step" in o for o in objects[1:])
     decision = next(o for o in objects if o["type"] == "ScheduleDecision")
     assert list(decision)[:3] == ["type", "step", "phase"]

@@ -21,7 +21,7 @@ from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
 from tracengine.trace.events import (EVENT_TYPES, FLEET_EVENT_TYPES,
                                BlockAllocate, BlockAppend, BlockFree, BlockHash, ModelInfo,
                                Preempt, RequestAdded, ScheduledSeq, ScheduleDecision, SeqAbort, SeqFinish, StepEnd,
-                               TokenSample, TraceHeader, ReplicaScope, RouteDecision, KVTransfer)
+                               TokenSample, TraceHeader, ReplicaScope, RouteDecision, KVTransfer, RunEnd)
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.replay.reexec import reexecute
 from tracengine.sim.runners import SyntheticRunner
@@ -68,6 +68,7 @@ SAMPLES = [
     ReplicaScope(3, 2),
     RouteDecision(3, 9, 2, [0, 1, 2], [4.0, 1.5, 0.5], "prefill", 1_000),
     KVTransfer(4, 9, 0, 2, 33, 33_000, 16_500, 8),
+    RunEnd(6, "failed", "boom"),    # only ever in an end frame: tests/test_run_end.py
 ]
 
 
@@ -75,7 +76,7 @@ def test_samples_cover_every_event_type():
     assert {type(e).__name__ for e in SAMPLES} == set(EVENT_TYPES)
 
 
-@pytest.mark.parametrize("event", SAMPLES[1:], ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize("event", [e for e in SAMPLES[1:] if type(e) is not RunEnd], ids=lambda e: type(e).__name__)
 def test_every_event_type_round_trips(tmp_path, event):
     path = tmp_path / "one.trace"
     with TraceWriter(path, SAMPLES[0]) as writer:
@@ -86,7 +87,7 @@ def test_every_event_type_round_trips(tmp_path, event):
 
 def test_recorded_run_reads_back_event_for_event(recorded):
     path, header, events, engine = recorded
-    assert {type(e).__name__ for e in events} == set(EVENT_TYPES) - {"TraceHeader", "SeqAbort"} - FLEET_EVENT_TYPES   # no server, no fleet here
+    assert {type(e).__name__ for e in events} == set(EVENT_TYPES) - {"TraceHeader", "SeqAbort", "RunEnd"} - FLEET_EVENT_TYPES   # no server, fleet or failure
     assert list(open_trace(path)) == [header] + events
     with TraceReader(path) as reader:
         assert reader.header == header

@@ -13,14 +13,15 @@ Layout:
   step: prefill-first), preempted; an instant ("i") at its arrival and at
   each preemption. The first span starts at the arrival.
 
+Each request's events are written once it has finished (and the next step has begun), so
+the export holds the requests in flight, never the whole trace (analysis/export_stream.py).
+
 Timestamps are integer microseconds on the trace's time axis (each step lasts
 its StepEnd durations and begins its gap_ns after the one before;
 tracengine/analysis/timeline.py), floored from the cumulative nanoseconds, so
 spans meet exactly and every track is monotonic."""
-import msgspec
-
 from tracengine import __version__
-from tracengine.analysis.timeline import RequestTimeline, load
+from tracengine.analysis.timeline import RequestTimeline, StepRecord
 
 ENGINE_PID, REQUESTS_PID, STEPS_TID = 1, 2, 1
 
@@ -47,32 +48,31 @@ def _counter(name: str, ts_ns: int, values: dict) -> dict:
     return {"ph": "C", "pid": ENGINE_PID, "tid": STEPS_TID, "name": name, "ts": _us(ts_ns), "args": values}
 
 
-def engine_events(t: RequestTimeline) -> list[dict]:
+def step_events(rec: StepRecord, start: int, idle: tuple[int, int] | None) -> list[dict]:
+    """The engine track of one step that starts at `start` ns; `idle`: the idle part of the
+    gap before it (from, to), if nothing was in flight."""
+    d, end = rec.decision, rec.end
     events = []
-    idle = {step: (a, b) for step, a, b in t.idle_gaps()}
-    for rec in t.steps:
-        d, end = rec.decision, rec.end
-        start = t.start_ns(rec.step)
-        if rec.step in idle:        # nothing in flight: waiting for the next arrival
-            a, b = idle[rec.step]
-            events.append(_span(ENGINE_PID, STEPS_TID, "idle", "idle", a, b,
-                                {"before_step": rec.step, "idle_ns": b - a, "gap_ns": end.gap_ns}))
-        events.append(_span(ENGINE_PID, STEPS_TID, d.phase, "step", start, t.end_ns(rec.step), {
-            "step": rec.step, "batch_size": len(d.seqs), "num_batched_tokens": d.num_batched_tokens,
-            "stop_reason": d.stop_reason, "blocked_seq_id": d.blocked_seq_id,
-            "num_free_blocks": end.num_free_blocks, "seq_ids": [s.seq_id for s in d.seqs]}))
-        t0 = start
-        for name, ns in (("schedule", end.schedule_ns), ("model", end.model_ns), ("postprocess", end.postprocess_ns)):
-            events.append(_span(ENGINE_PID, STEPS_TID, name, "phase", t0, t0 + ns, {"step": rec.step}))
-            t0 += ns
-        events.append(_counter("batch", start, {"num_seqs": len(d.seqs)}))
-        events.append(_counter("tokens", start, {"num_batched_tokens": d.num_batched_tokens}))
-        events.append(_counter("queues", start, {"num_waiting": d.num_waiting, "num_running": d.num_running}))
-        events.append(_counter("free_kv_blocks", t.end_ns(rec.step), {"num_free_blocks": end.num_free_blocks}))
+    if idle is not None:        # nothing in flight: waiting for the next arrival
+        a, b = idle
+        events.append(_span(ENGINE_PID, STEPS_TID, "idle", "idle", a, b,
+                            {"before_step": rec.step, "idle_ns": b - a, "gap_ns": end.gap_ns}))
+    events.append(_span(ENGINE_PID, STEPS_TID, d.phase, "step", start, start + rec.duration_ns, {
+        "step": rec.step, "batch_size": len(d.seqs), "num_batched_tokens": d.num_batched_tokens,
+        "stop_reason": d.stop_reason, "blocked_seq_id": d.blocked_seq_id,
+        "num_free_blocks": end.num_free_blocks, "seq_ids": [s.seq_id for s in d.seqs]}))
+    t0 = start
+    for name, ns in (("schedule", end.schedule_ns), ("model", end.model_ns), ("postprocess", end.postprocess_ns)):
+        events.append(_span(ENGINE_PID, STEPS_TID, name, "phase", t0, t0 + ns, {"step": rec.step}))
+        t0 += ns
+    events.append(_counter("batch", start, {"num_seqs": len(d.seqs)}))
+    events.append(_counter("tokens", start, {"num_batched_tokens": d.num_batched_tokens}))
+    events.append(_counter("queues", start, {"num_waiting": d.num_waiting, "num_running": d.num_running}))
+    events.append(_counter("free_kv_blocks", start + rec.duration_ns, {"num_free_blocks": end.num_free_blocks}))
     return events
 
 
-def request_spans(t: RequestTimeline, req) -> list[tuple[str, int, int, dict]]:
+def request_spans(t: "RequestClock | RequestTimeline", req) -> list[tuple[str, int, int, dict]]:
     """The request's lifecycle as (name, first step, end step exclusive, args), back to back."""
     spans: list[tuple[str, int, int, dict]] = []
 
@@ -108,7 +108,7 @@ def request_spans(t: RequestTimeline, req) -> list[tuple[str, int, int, dict]]:
     return spans
 
 
-def request_events(t: RequestTimeline, req) -> list[dict]:
+def request_events(t: "RequestClock | RequestTimeline", req) -> list[dict]:
     tid = req.seq_id + 1
     events = _meta(REQUESTS_PID, tid, "thread", f"seq {req.seq_id}", req.seq_id)
     preempts = {p.step: p for p in req.preempts}
@@ -135,30 +135,35 @@ def request_events(t: RequestTimeline, req) -> list[dict]:
     return events
 
 
+def metadata(header, num_steps: int, torn_tail: str | None) -> dict:
+    """The export's "metadata": what made it, the time axis, the trace's header."""
+    out = {"exporter": f"tracengine {__version__}", "num_steps": num_steps,
+           "time_axis": "cumulative StepEnd gaps and durations (gap_ns, then schedule_ns + model_ns + "
+                        "postprocess_ns); requests arrive at RequestAdded.arrival_ns",
+           "torn_tail": torn_tail}
+    if header is not None:
+        out.update(format_version=header.format_version, tracengine_version=header.tracengine_version,
+                   config=header.config, model=header.model.name, device=header.device, seed=header.seed)
+    return out
+
+
 def trace_events(t: RequestTimeline) -> dict:
-    """The whole export as a JSON-ready dict."""
+    """The whole export of a folded timeline as a JSON-ready dict, in memory (a fleet's
+    replicas, analysis/fleet_export.py; one engine's trace is streamed by export_perfetto)."""
     events = _meta(ENGINE_PID, 0, "process", "engine", 0) + _meta(REQUESTS_PID, 0, "process", "requests", 1)
     events += _meta(ENGINE_PID, STEPS_TID, "thread", "steps", 0)
-    events += engine_events(t)
+    idle = {step: (a, b) for step, a, b in t.idle_gaps()}
+    for rec in t.steps:
+        events += step_events(rec, t.start_ns(rec.step), idle.get(rec.step))
     for req in t.requests.values():
         events += request_events(t, req)
-    header = t.header
-    metadata = {"exporter": f"tracengine {__version__}", "num_steps": t.num_steps,
-                "time_axis": "cumulative StepEnd gaps and durations (gap_ns, then schedule_ns + model_ns + "
-                             "postprocess_ns); requests arrive at RequestAdded.arrival_ns",
-                "torn_tail": t.torn_tail}
-    if header is not None:
-        metadata.update(format_version=header.format_version, tracengine_version=header.tracengine_version,
-                        config=header.config, model=header.model.name, device=header.device, seed=header.seed)
-    return {"traceEvents": events, "displayTimeUnit": "ms", "metadata": metadata}
+    return {"traceEvents": events, "displayTimeUnit": "ms", "metadata": metadata(t.header, t.num_steps, t.torn_tail)}
 
 
 def export_perfetto(events, out_path) -> dict:
-    """Write the Chrome trace-event JSON of `events` (a trace path, an iterable
-    of events or a RequestTimeline) to `out_path`; returns what was written."""
-    t = events if isinstance(events, RequestTimeline) else load(events)
-    doc = trace_events(t)
-    data = msgspec.json.encode(doc)
-    with open(out_path, "wb") as f:
-        f.write(data)
-    return doc
+    """Writes the Chrome trace-event JSON of `events` (a trace path, or an iterable of
+    events) to `out_path`, streamed (analysis/export_stream.py): written to a file beside it
+    and renamed over it when whole. Returns the metadata and the numbers of trace events
+    and requests written."""
+    from tracengine.analysis.export_stream import write_perfetto
+    return write_perfetto(events, out_path)

@@ -212,7 +212,8 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> dict:
         "steps": {"num_steps": t.num_steps, "num_prefill_steps": phase_steps["prefill"],
                   "num_decode_steps": phase_steps["decode"], "total_s": total_s,
                   "prefill_s": phase_ns["prefill"] / NS, "decode_s": phase_ns["decode"] / NS,
-                  "gap_s": t.gap_ns / NS, "idle_s": idle_s, "num_idle_gaps": len(idle),
+                  "gap_s": t.gap_ns / NS, "mean_gap_s": _ratio(t.gap_ns / NS, t.num_steps),
+                  "idle_s": idle_s, "num_idle_gaps": len(idle),
                   "num_mixed_steps": phase_steps["mixed"], "mixed_s": phase_ns["mixed"] / NS},
         # per phase of step: a mixed step's tokens count under mixed
         "throughput": {"prefill_tokens_per_s": _ratio(phase_tokens["prefill"], phase_ns["prefill"] / NS),
@@ -258,10 +259,10 @@ def render(s: dict, title: str = ""):
     head = (f"{title + chr(10) if title else ''}{r['num_requests']} requests ({r['num_finished']} finished{aborted}), "
             f"{tok['num_prompt_tokens']:,} prompt + {tok['num_completion_tokens']:,} completion tokens\n"
             f"{st['num_steps']:,} steps ({st['num_prefill_steps']:,} prefill, {st['num_decode_steps']:,} decode"
-            f"{', {:,} mixed'.format(st['num_mixed_steps']) if st['num_mixed_steps'] else ''}), "
-            f"{st['total_s'] * 1e3:,.3f} ms"
-            + (f"\n{st['gap_s'] * 1e3:,.3f} ms between steps, {st['idle_s'] * 1e3:,.3f} ms of it idle "
-               f"(waiting for arrivals)" if st["gap_s"] else ""))
+            f"{', {:,} mixed'.format(st['num_mixed_steps']) if st['num_mixed_steps'] else ''})"
+            f" in {st['total_s'] * 1e3:,.3f} ms (the run's wall time, idle included)"
+            + (f"\ngaps between steps: {st['gap_s'] * 1e3:,.3f} ms in all, {st['mean_gap_s'] * 1e3:,.3f} ms mean "
+               f"per step; {st['idle_s'] * 1e3:,.3f} ms of it idle (waiting for arrivals)" if st["gap_s"] else ""))
     lat = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("latency", "unit", "n", "mean", "p50", "p90", "p99"):
         lat.add_column(col, justify="left" if col in ("latency", "unit") else "right")
@@ -276,12 +277,14 @@ def render(s: dict, title: str = ""):
     other = Table(box=None, pad_edge=False, show_header=False)
     other.add_column(style="bold")
     other.add_column()
+    # prefill, decode and mixed over the time of their own steps; completion and all over the run
     other.add_row("tokens/s", f"prefill {_num(tp['prefill_tokens_per_s'], '{:,.0f}')}, "
-                              f"decode {_num(tp['decode_tokens_per_s'], '{:,.0f}')}, "
-                              f"completion {_num(tp['completion_tokens_per_s'], '{:,.0f}')}, "
-                              f"all {_num(tp['total_tokens_per_s'], '{:,.0f}')}"
+                              f"decode {_num(tp['decode_tokens_per_s'], '{:,.0f}')}"
                               + (f", mixed steps {_num(tp['mixed_tokens_per_s'], '{:,.0f}')}"
-                                 if st["num_mixed_steps"] else ""))
+                                 if st["num_mixed_steps"] else "")
+                              + f" (over their steps' time); "
+                              f"completion {_num(tp['completion_tokens_per_s'], '{:,.0f}')}, "
+                              f"all {_num(tp['total_tokens_per_s'], '{:,.0f}')} (over the run's wall time)")
     other.add_row("requests/s", _num(tp["requests_per_s"], "{:,.3f}") + " over the run")
     if s["goodput"] is not None:
         g = s["goodput"]
@@ -294,9 +297,9 @@ def render(s: dict, title: str = ""):
     other.add_row("prefix cache", f"{pc['num_hit_blocks']}/{pc['num_allocated_blocks']} blocks "
                                   f"({_pct(pc['block_hit_rate'])}), {_num(pc['num_hit_tokens'], '{:,}')}/"
                                   f"{pc['num_lookup_tokens']:,} tokens ({_pct(pc['token_hit_rate'])})")
-    other.add_row("KV blocks", f"utilisation mean {_pct(kv['utilization_mean'])}, peak "
-                               f"{_pct(kv['utilization_peak'])} at step {_num(kv['peak_step'], '{}')} "
-                               f"of {_num(kv['num_blocks'], '{}')} blocks")
+    other.add_row("KV blocks", f"{_num(kv['num_blocks'], '{}')} blocks, utilisation mean "
+                               f"{_pct(kv['utilization_mean'])}, peak {_pct(kv['utilization_peak'])} "
+                               f"(first at step {_num(kv['peak_step'], '{}')})")
     other.add_row("head-of-line", f"{hol['num_blocked_steps']} steps blocked ({hol['num_blocked_prefill_steps']} "
                                   f"prefill, {hol['num_blocked_decode_steps']} decode), "
                                   f"{hol['num_blocked_requests']} requests")

@@ -4,7 +4,7 @@ import collections
 import json
 import os
 
-from tracengine.cli.common import EXIT_FAILED_CHECK, EXIT_NOT_ENDED, EXIT_OK, add_parser
+from tracengine.cli.common import EXIT_FAILED_CHECK, EXIT_NOT_ENDED, EXIT_OK, EXIT_RUN_FAILED, add_parser
 from tracengine.errors import TraceCorruptError, TraceError
 from tracengine.replay.fold import EventCheck
 from tracengine.trace.events import EVENT_TYPES, StepEnd
@@ -15,7 +15,8 @@ def add_to(sub):
     p = add_parser(sub, "check", "integrity of a trace: frames, checksums, torn tail, events that follow",
                    "Check a trace: every frame's length and checksum, a torn last frame, the end frame,\n"
                    "and that each event follows from the ones before it (folded as replay would).\n"
-                   "Exit 0 for a whole trace, 1 for damage, 3 for an intact trace without end frame.")
+                   "Exit 0 for a whole trace, 1 for damage, 3 for an intact trace without end frame,\n"
+                   "4 for an intact trace whose run failed or was interrupted (the reason is printed).")
     p.add_argument("trace", help="the trace file")
     p.add_argument("--fast", action="store_true", help="frames and checksums only: do not fold the events")
     p.add_argument("--json", action="store_true", help="the result as one JSON object")
@@ -24,7 +25,8 @@ def add_to(sub):
 
 def run(args) -> int:
     """Exit 0: whole; 1: damage (corruption, a torn tail, an event that does not
-    follow); 3: intact but without end frame (still being written, or its writer killed)."""
+    follow); 3: intact but without end frame (still being written, or its writer killed);
+    4: intact and closed, but its run failed or was interrupted (its RunEnd says why)."""
     try:
         reader = TraceReader(args.trace)
     except TraceCorruptError as exc:   # the header frame itself is damaged
@@ -66,8 +68,11 @@ def run(args) -> int:
 def report_check(args, reader: TraceReader | None, counts, steps, corruption, impossible) -> int:
     torn = reader.torn_tail if reader is not None else None
     ended = reader is not None and reader.ended
+    run_end = reader.run_end if reader is not None else None
     if corruption or impossible or torn:
         status, code = "damaged", EXIT_FAILED_CHECK
+    elif run_end is not None:
+        status, code = run_end.outcome, EXIT_RUN_FAILED
     else:
         status, code = ("whole", EXIT_OK) if ended else ("not ended", EXIT_NOT_ENDED)
     if args.json:
@@ -81,7 +86,9 @@ def report_check(args, reader: TraceReader | None, counts, steps, corruption, im
             "num_events": sum(counts.values()), "event_counts": {n: counts[n] for n in EVENT_TYPES if counts[n]},
             "bytes": os.path.getsize(args.trace),
             "torn_tail": None if torn is None else {"offset": torn.offset, "nbytes": torn.nbytes},
-            "corruption": corruption, "impossible": impossible}, indent=2))
+            "corruption": corruption, "impossible": impossible,
+            "run_end": None if run_end is None else {"step": run_end.step, "outcome": run_end.outcome,
+                                                     "reason": run_end.reason}}, indent=2))
         return code
     if reader is None:
         print(f"{args.trace}: damaged: {corruption['message']}")
@@ -94,7 +101,12 @@ def report_check(args, reader: TraceReader | None, counts, steps, corruption, im
               f"replay would diverge there")
     if torn is not None:
         print(reader.describe_torn_tail())
-    print(f"{args.trace}: {status}" + (" (intact, but no end frame: exit 3)" if code == EXIT_NOT_ENDED else ""))
+    if run_end is not None:
+        print(f"run {run_end.outcome} after step {run_end.step}: {run_end.reason}" if run_end.step >= 0
+              else f"run {run_end.outcome} before its first step: {run_end.reason}")
+    notes = {EXIT_NOT_ENDED: " (intact, but no end frame: exit 3)",
+             EXIT_RUN_FAILED: " (intact; the run did not finish: exit 4)"}
+    print(f"{args.trace}: {status}" + notes.get(code, ""))
     return code
 
 
@@ -111,5 +123,9 @@ def print_summary(reader: TraceReader, counts, steps) -> None:
         if counts[name]:
             print(f"  {name:<18}{counts[name]:>10}")
     print(f"bytes: {file_size}" + (f", {file_size / num_events:.1f} per event" if num_events else ""))
-    print("end frame: yes, the writer closed the trace" if reader.ended
-          else "end frame: none, the trace is still being written or its writer was killed")
+    if reader.run_end is not None:
+        print(f"end frame: yes, the writer closed the trace; the run {reader.run_end.outcome}")
+    elif reader.ended:
+        print("end frame: yes, the writer closed the trace")
+    else:
+        print("end frame: none, the trace is still being written or its writer was killed")

@@ -8,7 +8,9 @@ EXIT_OK = 0
 EXIT_FAILED_CHECK = 1     # replay diverges, diff finds a difference, check finds damage, a request failed
 EXIT_BAD_INPUT = 2
 EXIT_NOT_ENDED = 3        # check only: intact, but no end frame
+EXIT_RUN_FAILED = 4       # check only: intact and closed, but its run failed or was interrupted
 EXIT_INTERRUPTED = 130    # 128 + SIGINT
+EXIT_TERMINATED = 143     # 128 + SIGTERM
 EXIT_PIPE_CLOSED = 141    # 128 + SIGPIPE, what a shell reports for a writer whose reader left
 
 EXIT_CODES = """\
@@ -19,8 +21,11 @@ exit status:
        an output file that exists (give --force to overwrite it)
   3    check only: the trace is intact but has no end frame (still being written,
        or its writer was killed)
-  130  interrupted (Ctrl-C); a trace being recorded ends at the last finished step
-  141  the output pipe closed before the command finished (`| head`): no verdict"""
+  4    check only: the trace is intact and closed, but its run failed or was
+       interrupted (the reason is printed); it ends at the last finished step
+  130  interrupted (Ctrl-C, SIGINT); a trace being recorded ends at the last
+       finished step, saying so, and finished results are written
+  143  terminated (SIGTERM): as 130  141  the output pipe closed before the command finished (`| head`): no verdict"""
 
 
 def add_parser(sub, name: str, summary: str, description: str, **kwargs) -> argparse.ArgumentParser:

@@ -12,15 +12,14 @@ def add_to(sub):
 
 
 def run(args) -> int:
-    from tracengine.analysis.export import REQUESTS_PID, export_perfetto
+    from tracengine.analysis.export import export_perfetto
     from tracengine.cli.outputs import check_outputs
     check_outputs({"--perfetto": args.perfetto}, {"trace": args.trace}, args.force)
     from tracengine.cli.fleet import fleet_export_command, is_fleet_trace
     if is_fleet_trace(args.trace):     # a process per replica, transfers as flows (docs/cluster.md)
         return fleet_export_command(args.trace, args.perfetto)
-    doc = export_perfetto(args.trace, args.perfetto)
-    num_requests = sum(1 for e in doc["traceEvents"] if e["ph"] == "M" and e["pid"] == REQUESTS_PID
-                       and e["name"] == "thread_name")
-    print(f"wrote {args.perfetto}: {len(doc['traceEvents']):,} trace events, {doc['metadata']['num_steps']:,} "
-          f"steps, {num_requests:,} requests; open it in ui.perfetto.dev or chrome://tracing")
+    written = export_perfetto(args.trace, args.perfetto)
+    print(f"wrote {args.perfetto}: {written['num_trace_events']:,} trace events, "
+          f"{written['metadata']['num_steps']:,} steps, {written['num_requests']:,} requests; "
+          f"open it in ui.perfetto.dev or chrome://tracing")
     return EXIT_OK

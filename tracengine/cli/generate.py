@@ -39,25 +39,38 @@ def add_to(sub):
 
 
 def run(args) -> int:
+    from tracengine.cli.results import FinishedResults
     from tracengine.engine.llm import LLM
     check_outputs({"--record": args.record, "--output": args.output},
                   {"prompts file": args.prompts_file, "workload file": args.workload}, args.force)
     spec = workload_spec(args)
     llm = LLM(**{**workload_config(spec), **config_overrides(args)})
+    results = None      # what an interrupted run still writes to --output
     try:
         requests = workload_requests(spec, llm.hf_config.vocab_size, llm.config.max_model_len)
         prompts = [check_fits(llm, r) for r in requests]
+        params = [sampling_params(r) for r in requests]
         timed = not (math.isinf(args.request_rate) and args.workload is None)
-        # a device or a pipe (--record /dev/null) cannot be read back for the summary: it is
-        # recorded here and the summary folded as the events come, as for a run not recorded
-        in_place = bool(args.record) and os.path.exists(args.record) and not os.path.isfile(args.record)
-        if in_place:
+        # Recorded here, not by generate(record=): a run that fails or is interrupted ends its
+        # trace saying why (TraceWriter.end_with), and the summary is folded as the events come.
+        if args.record:
             llm.start_recording(args.record)
+        results = FinishedResults(llm.sink)
+        first_seq_id = llm.next_seq_id
+        llm.set_sink(results)
         start = time.perf_counter()
-        outputs = llm.generate(prompts, [sampling_params(r) for r in requests],
-                               record=None if in_place else args.record, use_tqdm=not args.quiet,
+        outputs = llm.generate(prompts, params, use_tqdm=not args.quiet,
                                arrival_ns=[r.arrival_ns for r in requests] if timed else None, summary=True)
         elapsed = time.perf_counter() - start
+    except BaseException as exc:
+        if llm.writer is not None:
+            llm.writer.end_with(exc)
+        if args.output and isinstance(exc, KeyboardInterrupt) and results is not None:
+            finished = results.results(llm.tokenizer)
+            write_outputs(args.output, [dict(finished[first_seq_id + i], prompt=r.prompt, prompt_token_ids=p)
+                                        for i, (r, p) in enumerate(zip(requests, prompts))
+                                        if first_seq_id + i in finished])
+        raise
     finally:
         llm.close()
     if args.output:

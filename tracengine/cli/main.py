@@ -9,9 +9,11 @@ import os
 import sys
 from contextlib import nullcontext
 
-from tracengine.cli.common import EXIT_BAD_INPUT, EXIT_CODES, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE_CLOSED
+from tracengine.cli.common import (EXIT_BAD_INPUT, EXIT_CODES, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE_CLOSED,
+                                   EXIT_TERMINATED)
 from tracengine.collector import collector_paused
 from tracengine.errors import TracengineError
+from tracengine.signals import interrupt_signal_name, sigterm_as_interrupt
 
 DESCRIPTION = """\
 tracengine runs an LLM inference engine (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE;
@@ -29,6 +31,9 @@ COMMANDS = ["generate", "events", "render", "check", "replay", "diff", "calibrat
 # cycle, which the collector's passes would walk and not free. The server, the TUI and generate
 # (its model) keep the collector running.
 BATCH_COMMANDS = frozenset({"check", "replay", "diff", "calibrate", "simulate", "stats", "export"})
+# These close on SIGTERM themselves (the server drains and closes its trace; Textual restores the
+# terminal); every other command takes SIGTERM as it takes Ctrl-C.
+OWN_SIGTERM = frozenset({"serve", "tui"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        with collector_paused() if args.command in BATCH_COMMANDS else nullcontext():
+        with collector_paused() if args.command in BATCH_COMMANDS else nullcontext(), \
+                nullcontext() if args.command in OWN_SIGTERM else sigterm_as_interrupt():
             return args.run(args) or EXIT_OK
     except BrokenPipeError:   # `tracengine diff a b | head -1`: no error to print, but no verdict either
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # so the exit's flush is quiet too
@@ -57,9 +63,10 @@ def main(argv=None) -> int:
         print("tracengine: error: out of memory: the config or input is too large for this machine",
               file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("tracengine: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        name = interrupt_signal_name(exc)
+        print(f"tracengine: interrupted ({name})", file=sys.stderr)
+        return EXIT_INTERRUPTED if name == "SIGINT" else EXIT_TERMINATED
 
 
 if __name__ == "__main__":

@@ -36,6 +36,9 @@ def add_to(sub):
     add_sweep_arguments(p)
     add_search_arguments(p)
     add_fleet_arguments(p)
+    p.add_argument("--scheduler", choices=("tracengine", "vllm"), default="tracengine",
+                   help="whose scheduler: tracengine's, or vLLM's own (installed; --set takes vLLM's config "
+                   "fields, docs/vllm.md)")
     p.set_defaults(run=run)
 
 
@@ -57,6 +60,9 @@ def simulation_progress(num_requests: int, enabled: bool = True) -> RequestProgr
 
 
 def run(args) -> int:
+    if args.scheduler == "vllm":
+        from tracengine.vllm.command import run_simulate
+        return run_simulate(args)
     import time
     from tracengine.sim.engine import check_token_prompts, simulate, simulate_config, simulation_header
     if args.workload_file and args.workload:
@@ -97,8 +103,8 @@ def run(args) -> int:
             return run_search(args, overrides, step_time, requests, source, prepared)
         spec = SweepSpec(SIMULATE, source.digest, overrides, step_time.to_dict(), slo) if fleet is None else \
             SweepSpec(FLEET, source.digest, overrides, step_time.to_dict(), slo, fleet=fleet.to_dict())
-        where = f"a fleet of {fleet.total_replicas} replicas with " if fleet is not None else ""
-        print(f"simulate {len(requests):,} requests with {where}{describe_step_time(step_time)}")
+        where = f" through a fleet of {fleet.total_replicas} replicas" if fleet is not None else ""
+        print(f"simulate {len(requests):,} requests{where} with {describe_step_time(step_time)}")
         rc = print_sweep(spec, source, prepared, variants, args)
         print_unvaried_note(step_time)
         return rc

@@ -125,17 +125,22 @@ class BlockPool:
 
     def touch(self, block_ids: list[int]):
         """A reference more to each of `block_ids`: a free one (a prefix-cache hit on a
-        freed block) leaves the free queue."""
-        ref_counts = self.ref_counts
-        self.free_block_queue.remove_n([block_id for block_id in block_ids if ref_counts[block_id] == 0])
+        freed block) leaves the free queue. A block given twice (hashes that collide within
+        one prompt) gains two references."""
+        ref_counts, taken = self.ref_counts, []
         for block_id in block_ids:
+            if ref_counts[block_id] == 0:
+                taken.append(block_id)
             ref_counts[block_id] += 1
+        self.free_block_queue.remove_n(taken)
 
     def free_blocks(self, block_ids: list[int]):
         """A reference less to each of `block_ids`; those left with none join the tail of
-        the free queue, in the order given."""
-        ref_counts = self.ref_counts
+        the free queue, in the order they reach none."""
+        ref_counts, freed = self.ref_counts, []
         for block_id in block_ids:
             ref_counts[block_id] -= 1
             assert ref_counts[block_id] >= 0, f"block {block_id} freed more often than it was taken"
-        self.free_block_queue.append_n([block_id for block_id in block_ids if ref_counts[block_id] == 0])
+            if ref_counts[block_id] == 0:
+                freed.append(block_id)
+        self.free_block_queue.append_n(freed)

@@ -48,8 +48,9 @@ class Config:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len",
                      "tensor_parallel_size", "kvcache_block_size"):
             positive(name)
-        if self.num_kvcache_blocks != -1:
-            positive("num_kvcache_blocks")
+        blocks = self.num_kvcache_blocks
+        if blocks != -1 and (not isinstance(blocks, int) or isinstance(blocks, bool) or blocks <= 0):
+            raise ConfigError(f"num_kvcache_blocks must be a positive integer or -1 (as many as fit), got {blocks!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):

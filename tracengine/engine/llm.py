@@ -86,8 +86,12 @@ class LLM(LLMEngine):
         self.writer = TraceWriter(path, self.trace_header())
         self.reset(self.writer)
 
-    def stop_recording(self):
+    def stop_recording(self, error: BaseException | None = None):
+        """Close the trace; `error`, the exception that ended the run, is recorded as why (its
+        end frame then says failed or interrupted, and `check` tells it from a whole run)."""
         if self.writer is not None:
+            if error is not None:
+                self.writer.end_with(error)
             self.writer.close()
             self.writer = None
             self.set_sink(NULL_SINK)
@@ -139,15 +143,19 @@ class LLM(LLMEngine):
             folding = RequestTimelineSink(self.trace_header(), inner=self.sink, first_step=self.num_steps,
                                           origin_ns=self.last_step_end_ns - self.start_ns if self.num_steps else 0)
             self.set_sink(folding)
+        error = None
         try:
             outputs = self._generate(token_ids, sampling_params, use_tqdm, arrival_ns)
             for output, prompt in zip(outputs, prompts):
                 output["prompt"] = prompt
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
             if folding is not None:
                 self.set_sink(folding.inner if folding.inner is not None else NULL_SINK)
             if record:
-                self.stop_recording()
+                self.stop_recording(error)
         if summary:
             from tracengine.analysis.stats import stats
             self.last_run = stats(folding.timeline if folding is not None else record)

@@ -12,6 +12,7 @@ and step where it first acts."""
 import time
 from dataclasses import dataclass
 
+from tracengine.engine.hash_id_prompt import request_prompt
 from tracengine.engine.config import Config
 from tracengine.errors import ConfigError
 from tracengine.replay.reexec import ComparingSink, RecordedRunner, _Diverged
@@ -107,7 +108,7 @@ def reexecute_fleet(events, policy=None, routers: dict | None = None) -> FleetRe
                 if e.seq_id not in requests:
                     raise _Diverged(e, None, f"the trace never adds s{e.seq_id}")
                 r = requests[e.seq_id]
-                fleet.arrive(Request(r.prompt_token_ids, r.max_tokens, e.arrival_ns, r.temperature, r.ignore_eos,
+                fleet.arrive(Request(request_prompt(r), r.max_tokens, e.arrival_ns, r.temperature, r.ignore_eos,
                                      seq_id=r.seq_id), e.arrival_ns)
             elif t is KVTransfer:
                 if e.seq_id not in transfers:
@@ -153,7 +154,9 @@ def _recorded_requests(recorded: list, disaggregated: bool) -> dict[int, Request
                 first = requests[e.seq_id]
                 requests[e.seq_id] = RequestAdded(first.step, first.seq_id, first.prompt_token_ids,
                                                   e.max_tokens + 1, first.temperature, first.ignore_eos,
-                                                  arrival_ns=first.arrival_ns)
+                                                  arrival_ns=first.arrival_ns, prompt_hash_ids=first.prompt_hash_ids,
+                                                  num_hash_id_prompt_tokens=first.num_hash_id_prompt_tokens,
+                                                  hash_id_block_tokens=first.hash_id_block_tokens)
     return requests
 
 

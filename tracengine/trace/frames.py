@@ -1,11 +1,13 @@
 """The trace file's bytes: the format, its frames and their heads (writer.py writes them,
 reader.py reads them; nothing else knows frames).
 
-Format version 4: this layout, the events of events.py, and the dictionary of
-dictionary.py. Version 3 had neither RequestAdded's hash-id prompt fields nor a fleet's
-events (ReplicaScope, RouteDecision, KVTransfer and the header's fleet); versions 1 and 2
-also had a frame head without its own check (12 bytes); version 1 had the events without
-the fields appended since. All read, with those fields' defaults.
+Format version 5: this layout, the events of events.py, and the dictionary of
+dictionary.py. Version 4 had the events without the fields version 5 appended
+(the header's engine, what vLLM's scheduler records: tracengine/vllm/); version 3
+had neither RequestAdded's hash-id prompt fields nor a fleet's events
+(ReplicaScope, RouteDecision, KVTransfer and the header's fleet); versions 1 and 2
+also had a frame head without its own check (12 bytes); version 1 had the events
+without the fields appended since. All read, with those fields' defaults.
 
     preamble  b"TRCE" + uint16 format version + 2 reserved bytes (zero)
     frame     uint32 length word + uint64 checksum + uint32 head check (little-endian),
@@ -45,14 +47,22 @@ step's StepEnd arrives, so a killed process leaves every finished step
 readable. Closing the writer appends the end frame, an empty array (stored,
 one byte of payload): a reader following the file knows the recording is
 over, and a trace without it is still being written or was left by a killed
-writer. Then the closed trace is compacted: its deflated copy is written
+writer. A run that failed or was interrupted ends instead with an end frame
+holding one RunEnd event (why, and its last finished step), stored too: the
+trace is closed and replays to that step, and `check` tells it from a run that
+finished (format 6). Then the closed trace is compacted: its deflated copy is written
 beside it (PATH.compacting.tmp), synced, and renamed over it, so the path
 always names a whole trace (the stored one until the rename), and a reader
 that has the old file open reads it to its end frame. A compaction killed
 leaves the stored trace (and its copy, removed by the next writer of the path).
 
+A writer given the path of an existing regular file writes beside it
+(PATH.recording.tmp) and renames its trace over the old one when the first
+step's frame is on the file (or, for a run of no step, when it closes whole):
+a run that fails before its first step leaves the old file as it was.
+
 Events are decoded by one typed msgspec Decoder only. The frame index alone
-reads a frame's first step by hand from its leading bytes (`leading_step`: an
+reads a frame's first step by hand from its leading bytes (`leading_event`: an
 array header, an event's header, its tag and step, as msgpack ints), so
 indexing a trace decodes no event; a frame it misreads still fails its typed
 decode when read. A reader reports what it cannot read (a torn last frame, a
@@ -66,12 +76,15 @@ import msgspec
 import xxhash
 
 from tracengine.trace.dictionary import DICTIONARY
+from tracengine.trace.events import RunEnd
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 6
 # 2 appended arrival_ns, top_k, top_p, seed to RequestAdded and gap_ns to StepEnd; 3 checks each frame head;
 # 4 adds RequestAdded's hash-id prompt fields, a fleet's events (ReplicaScope, RouteDecision, KVTransfer)
-# and TraceHeader.fleet (docs/cluster.md)
-READABLE_VERSIONS = (1, 2, 3, 4)
+# and TraceHeader.fleet (docs/cluster.md); 5 appends the engine and what vLLM's scheduler records;
+# 6 ends a failed or interrupted run's trace with a RunEnd in its end frame
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
+RUN_END_SINCE = 6                      # the first version whose end frame may hold a RunEnd
 MAGIC = b"TRCE"
 PREAMBLE = struct.Struct("<4sH2x")     # magic, format version, 2 reserved bytes (0)
 FRAME_HEAD = struct.Struct("<IQI")     # length word, xxh64 of the stored payload (seed: the flag), head check
@@ -114,6 +127,12 @@ def stored_frame_head(payload: bytes, deflated: bool = False) -> bytes:
 
 
 END_FRAME = frame_bytes(END_PAYLOAD)   # stored
+RUN_END_TAG = RunEnd.__struct_config__.tag
+
+
+def end_frame(run_end: RunEnd | None = None) -> bytes:
+    """The end frame, stored: empty for a run that finished, else holding its RunEnd."""
+    return END_FRAME if run_end is None else frame_bytes(msgspec.msgpack.encode([run_end]))
 END_FRAME_V2 = FRAME_HEAD_V2.pack(len(END_PAYLOAD), xxhash.xxh64_intdigest(END_PAYLOAD, 0)) + END_PAYLOAD
 # Between steps (before a step's first scheduling event) come only these: requests that
 # arrive and requests taken out (SeqAbort and the BlockFree of its blocks).
@@ -150,24 +169,24 @@ def primed_deflater():
     return zlib.compressobj(DEFLATE_LEVEL, zlib.DEFLATED, -WINDOW_BITS, 5, zlib.Z_DEFAULT_STRATEGY, DICTIONARY)
 
 
-def leading_step(data) -> int | None:
-    """The step of the first event of a msgpack array of array-like events,
+def leading_event(data) -> tuple[int, int] | None:
+    """(tag, step) of the first event of a msgpack array of array-like events,
     from its leading bytes: [array header][event header][tag][step]. None for
     an empty array."""
     if len(data) >= 5 and 0x91 <= data[0] <= 0x9F and 0x92 <= data[1] <= 0x9F and data[2] <= 0x7F:
         b = data[3]    # the common case: a short array of short events, a small tag
         if b <= 0x7F:
-            return b
+            return data[2], b
         if b == 0xCC:
-            return data[4]
+            return data[2], data[4]
     num_events, pos = _array_header(data, 0)
     if num_events == 0:
         return None
     num_fields, pos = _array_header(data, pos)
     if num_fields < 2:
         raise ValueError("an event without a step")
-    pos = _int(data, pos)[1]               # the tag
-    return _int(data, pos)[0]
+    tag, pos = _int(data, pos)
+    return tag, _int(data, pos)[0]
 
 
 def _array_header(data, pos: int) -> tuple[int, int]:

@@ -14,7 +14,7 @@ import xxhash
 
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
 from tracengine.trace.dictionary import DICTIONARY
-from tracengine.trace.events import AnyEvent, TraceHeader
+from tracengine.trace.events import AnyEvent, RunEnd, TraceHeader
 from tracengine.trace.frames import (
     DEFLATED,
     END_FRAME_V2,
@@ -34,7 +34,9 @@ from tracengine.trace.frames import (
     WINDOW_BITS,
     FrameInfo,
     TornTail,
-    leading_step,
+    RUN_END_SINCE,
+    RUN_END_TAG,
+    leading_event,
 )
 
 
@@ -63,6 +65,8 @@ class TraceReader:
             self.torn_tail: TornTail | None = None
             self.corruption: TraceCorruptError | None = None
             self.ended = False   # the end frame was read: nothing more will be written
+            self.run_end: RunEnd | None = None   # from the end frame: why the run ended early
+            self._num_forgotten = 0   # frames dropped from the index by events_once
             self.refresh(max_frames)
             self.header = self._read_header()
         except BaseException:
@@ -119,11 +123,11 @@ class TraceReader:
                 data, base = os.pread(self._fd, min(SCAN_BYTES, file_size - offset), offset), offset
             word, checksum, *head_check = head.unpack_from(data, offset - base)
             if head_check and xxhash.xxh32_intdigest(data[offset - base:offset - base + 12]) != head_check[0]:
-                self._corrupt(f"frame {len(self._frames)}'s head (length and checksum) fails its check", offset)
+                self._corrupt(f"frame {self._num_forgotten + len(self._frames)}'s head (length and checksum) fails its check", offset)
                 break
             nbytes = word & LENGTH_MASK
             if nbytes > MAX_FRAME_BYTES:
-                self._corrupt(f"frame {len(self._frames)} claims {nbytes} bytes, over the limit of {MAX_FRAME_BYTES}",
+                self._corrupt(f"frame {self._num_forgotten + len(self._frames)} claims {nbytes} bytes, over the limit of {MAX_FRAME_BYTES}",
                               offset)
                 break
             end = offset + head.size + nbytes
@@ -131,22 +135,30 @@ class TraceReader:
                 # Without a head check (v1, v2) a damaged length looks like a torn tail;
                 # a file that goes on to an end frame was not torn.
                 if not head_check and self._ends_with_end_frame(file_size):
-                    self._corrupt(f"frame {len(self._frames)} claims {nbytes} bytes, past the end of a file "
+                    self._corrupt(f"frame {self._num_forgotten + len(self._frames)} claims {nbytes} bytes, past the end of a file "
                                   f"that ends with an end frame: a damaged length", offset)
                 break
             if end > base + len(data):
                 data, base = os.pread(self._fd, min(max(SCAN_BYTES, end - offset), file_size - offset), offset), offset
             stored = data[offset - base + head.size:end - base]
             if xxhash.xxh64_intdigest(stored, word >> 31) != checksum:
-                self._corrupt(f"frame {len(self._frames)} fails its checksum", offset)
+                self._corrupt(f"frame {self._num_forgotten + len(self._frames)} fails its checksum", offset)
                 break
             if stored == END_PAYLOAD and not word & DEFLATED and self._frames:
                 self.ended, self._end = True, end
                 if file_size > end:
                     self._corrupt(f"{file_size - end} bytes follow the end frame", end)
                 break
-            step = self._first_step(stored, word, offset) if self._frames else -1
-            if step is None:
+            leading = self._first_event(stored, word, offset) if self._frames else (None, -1)
+            if leading is None:
+                break
+            tag, step = leading
+            if tag == RUN_END_TAG and self.version >= RUN_END_SINCE:
+                self._read_run_end(stored, word, offset)
+                if self.corruption is None:
+                    self.ended, self._end = True, end
+                    if file_size > end:
+                        self._corrupt(f"{file_size - end} bytes follow the end frame", end)
                 break
             self._frames.append(FrameInfo(offset, step, nbytes))
             self._end = end
@@ -158,7 +170,19 @@ class TraceReader:
         tail = os.pread(self._fd, len(END_FRAME_V2), file_size - len(END_FRAME_V2))
         return tail == END_FRAME_V2
 
-    def _first_step(self, stored, word: int, offset: int) -> int | None:
+    def _read_run_end(self, stored, word: int, offset: int) -> None:
+        """The end frame of a run that ended early: one RunEnd, stored."""
+        try:
+            events = None if word & DEFLATED else self._decoder.decode(stored)
+        except msgspec.DecodeError:
+            events = None
+        if not events or len(events) != 1 or type(events[0]) is not RunEnd:
+            self._corrupt(f"frame {self._num_forgotten + len(self._frames)} holds a RunEnd that is not a whole "
+                          f"end frame", offset)
+        else:
+            self.run_end = events[0]
+
+    def _first_event(self, stored, word: int, offset: int) -> tuple[int | None, int] | None:
         """The step of the frame's first event, from its leading payload bytes
         (the previous frame's step for a frame without events)."""
         try:
@@ -166,14 +190,14 @@ class TraceReader:
                 leading = zlib.decompressobj(-WINDOW_BITS, DICTIONARY).decompress(stored, LEADING_BYTES)
             else:
                 leading = stored[:LEADING_BYTES]
-            step = leading_step(leading)
+            found = leading_event(leading)
         except zlib.error as exc:
-            self._corrupt(f"frame {len(self._frames)} does not inflate ({exc})", offset)
+            self._corrupt(f"frame {self._num_forgotten + len(self._frames)} does not inflate ({exc})", offset)
             return None
         except (ValueError, IndexError) as exc:
-            self._corrupt(f"frame {len(self._frames)} does not decode ({exc})", offset)
+            self._corrupt(f"frame {self._num_forgotten + len(self._frames)} does not decode ({exc})", offset)
             return None
-        return self._frames[-1].step if step is None else step
+        return (None, self._frames[-1].step) if found is None else found
 
     def _corrupt(self, message: str, offset: int) -> None:
         last_step = self._frames[-1].step if len(self._frames) > 1 else None
@@ -232,7 +256,8 @@ class TraceReader:
 
     def _damaged(self, i: int, what: str) -> TraceCorruptError:
         """Damage found in indexed frame i, after the step of the frame before it."""
-        return TraceCorruptError(f"{self.path}: frame {i} {what}", self._frames[i].offset,
+        number = i + (self._num_forgotten if i else 0)
+        return TraceCorruptError(f"{self.path}: frame {number} {what}", self._frames[i].offset,
                                  self._frames[i - 1].step if i > 1 else None)
 
     def events(self, start_frame: int = 0) -> Iterator[AnyEvent]:
@@ -240,6 +265,26 @@ class TraceReader:
         corruption that ended the index, if any. A torn tail is not raised."""
         for i, data, pos in self._frame_slices(start_frame):
             yield from self._decode_frame(i, data, pos)
+        if self.corruption is not None:
+            raise self.corruption
+
+    def events_once(self, frames_per_slice: int = 256) -> Iterator[AnyEvent]:
+        """Every event, TraceHeader first, in one pass that indexes the file a slice of frames
+        at a time and forgets each slice once read (all but the header's and the last frame):
+        memory bounded by a slice, however long the trace. For a one-pass reader (export)
+        opened with `max_frames=1`; afterwards frames() and read_frame() no longer apply."""
+        yield from self._decode_frame(0, os.pread(self._fd, self._head.size + self._frames[0].nbytes,
+                                                  self._frames[0].offset), 0)
+        start = len(self._frames)
+        while True:
+            for i, data, pos in self._frame_slices(start):
+                yield from self._decode_frame(i, data, pos)
+            if len(self._frames) > 2:      # the last stays: an empty frame after it takes its step
+                self._num_forgotten += len(self._frames) - 2
+                self._frames[1:-1] = []
+            start = len(self._frames)
+            if not self.refresh(frames_per_slice):
+                break
         if self.corruption is not None:
             raise self.corruption
 

@@ -7,25 +7,51 @@ import sys
 
 import msgspec
 
-from tracengine.errors import TraceError
+from tracengine.errors import TraceError, TracengineError
+from tracengine.signals import interrupt_signal_name
 from tracengine.trace.encoded import EncodedTokens
-from tracengine.trace.events import Event, RequestAdded, StepEnd, TraceHeader
+from tracengine.trace.events import Event, RequestAdded, RunEnd, StepEnd, TraceHeader
 from tracengine.trace.frames import (
     BETWEEN_STEPS,
     DEFLATED,
-    END_FRAME,
     FORMAT_VERSION,
     FRAME_BUFFER_BYTES,
     MAGIC,
     MAX_FRAME_BYTES,
     PREAMBLE,
     deflate_frame,
+    end_frame,
     frame_bytes,
     primed_deflater,
     stored_frame_head,
 )
 from tracengine.trace.header import split_header
 from tracengine.trace.reader import TraceReader
+
+
+def run_end_of(exc: BaseException, last_step: int) -> RunEnd:
+    """The RunEnd of a run that `exc` ended after `last_step`: a signal's name, or the error's first line."""
+    if isinstance(exc, KeyboardInterrupt):
+        return RunEnd(last_step, "interrupted", interrupt_signal_name(exc))
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if not isinstance(exc, TracengineError):
+        message = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return RunEnd(last_step, "failed", message)
+
+
+def recording_temp(path: str) -> str:
+    """Where a writer records until its first step replaces the existing file at `path`."""
+    return path + ".recording.tmp"
+
+
+def _existing_file(path: str) -> str | None:
+    """The real path of the regular file at `path` (through links), or None: nothing there,
+    or a device or a pipe (`--record /dev/null`), written in place."""
+    real = os.path.realpath(path)
+    try:
+        return real if stat.S_ISREG(os.stat(real).st_mode) else None
+    except FileNotFoundError:
+        return None
 
 
 def compaction_temp(path) -> str:
@@ -57,7 +83,7 @@ def compact(path) -> None:
                     if not word & DEFLATED:
                         word, stored = deflate_frame(deflater, stored)
                     out.write(frame_bytes(stored, bool(word & DEFLATED)))
-                out.write(END_FRAME)
+                out.write(end_frame(reader.run_end))
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(temp, path)
@@ -87,7 +113,12 @@ class TraceWriter:
     compacts the trace when it closes (`compact`: every frame deflated where that
     makes it smaller). With `deflate=False` the frames stay stored
     (`simulate --record`, benchmarks, tests). A compaction that fails (a full
-    disk) leaves the stored trace, whole, and says so on stderr."""
+    disk) leaves the stored trace, whole, and says so on stderr.
+
+    Closed by a `with` that an exception leaves, or after `end_with`, the trace
+    ends with a RunEnd (failed, or interrupted by a signal) instead of the empty
+    end frame of a run that finished. Given an existing regular file, the writer
+    replaces it only at the first step (frames.py)."""
     enabled = True
 
     def __init__(self, path, header: TraceHeader, deflate: bool = True):
@@ -102,9 +133,17 @@ class TraceWriter:
         self._payload = bytearray()
         self._pending: list[Event] = []
         self._last_step_written = -1
+        self._last_step_complete = -1     # the last step whose frame is wholly on the file
+        self._run_end: RunEnd | None = None
+        # the old file a run replaces once its first step is written (None: nothing to replace)
+        self._replacing = _existing_file(self.path)
         # unbuffered: each frame is on the file (in the kernel: a killed process keeps it) when
         # its write returns, with no flush to call
-        self._file = open(path, "wb", buffering=0)
+        if self._replacing is None:
+            self._file = open(path, "wb", buffering=0)
+        else:
+            _remove_stale(recording_temp(self._replacing))   # a killed writer's
+            self._file = open(recording_temp(self._replacing), "xb", buffering=0)
         self._fd = self._file.fileno()
         st = os.fstat(self._fd)
         # a device or a pipe (--record /dev/null) is written, never replaced
@@ -112,8 +151,14 @@ class TraceWriter:
         self._identity = (st.st_dev, st.st_ino)
         if self._compact:
             _remove_stale(compaction_temp(os.path.realpath(path)))   # a killed compaction's
-        self._write(PREAMBLE.pack(MAGIC, FORMAT_VERSION))
-        self._write_frame([header])
+        try:
+            self._write(PREAMBLE.pack(MAGIC, FORMAT_VERSION))
+            self._write_frame([header])
+        except BaseException:
+            self._file.close()
+            if self._replacing is not None:
+                os.remove(recording_temp(self._replacing))
+            raise
 
     def emit(self, event: Event) -> None:
         self._pending.append(event)
@@ -123,6 +168,9 @@ class TraceWriter:
             self._last_step_written = event.step
             self._write_frame(self._pending)
             self._pending = []
+            self._last_step_complete = event.step
+            if self._replacing is not None:
+                self._replace_old_file()
 
     def _write_frame(self, events: list[Event]) -> None:
         # Inside the step loop, after a forward pass has evicted the caches: every call and
@@ -171,11 +219,40 @@ class TraceWriter:
         else:
             begun = next((i for i, e in enumerate(pending) if type(e).__name__ not in BETWEEN_STEPS), len(pending))
             pending = pending[:begun]
-        if pending:
-            self._write_frame(pending)
-        self._pending = []
-        self._write(END_FRAME)
+        try:
+            if pending:
+                self._write_frame(pending)
+        except BaseException as exc:    # the between-steps frame: the trace still ends, saying why
+            self.end_with(exc)
+            raise
+        finally:
+            self._pending = []
+            self._end()
+
+    def end_with(self, exc: BaseException) -> None:
+        """Close (when it comes) as a run that `exc` ended: failed, or interrupted by a signal."""
+        if self._run_end is None:
+            self._run_end = run_end_of(exc, self._last_step_complete)
+
+    def _replace_old_file(self) -> None:
+        os.replace(recording_temp(self._replacing), self._replacing)
+        self._replacing = None
+
+    def _end(self) -> None:
+        run_end = self._run_end
+        if run_end is not None and run_end.step != self._last_step_complete:
+            run_end = msgspec.structs.replace(run_end, step=self._last_step_complete)
+        self._write(end_frame(run_end))
         self._file.close()
+        if self._replacing is not None:     # no step was written
+            if run_end is None:
+                self._replace_old_file()
+            else:
+                os.remove(recording_temp(self._replacing))
+                print(f"tracengine: note: {self.path} is kept as it was: the new run "
+                      f"{'failed' if run_end.outcome == 'failed' else 'was interrupted'} before its first step",
+                      file=sys.stderr)
+                return
         if self._compact:
             self._compact_closed()
 
@@ -194,7 +271,9 @@ class TraceWriter:
     def __enter__(self) -> "TraceWriter":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None:
+            self.end_with(exc)
         self.close()
 
 

@@ -63,7 +63,8 @@ def read_workload(path: str, format: str | None = None, *, vocab_size: int, max_
 
 def _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_len) -> list[Request]:
     requests = []
-    with open(path, encoding="utf-8", newline="") as f:
+    # utf-8-sig: a byte-order mark (some editors write one) is not part of the first line
+    with open(path, encoding="utf-8-sig", newline="") as f:
         for request in parse(_text_lines(f, path), path, vocab_size, length_scale, seed):
             if requests and request.arrival_ns < requests[-1].arrival_ns:
                 raise TracengineError(f"{request.source}: arrival time goes back ({request.arrival_s:g} s after "
@@ -80,7 +81,7 @@ def _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_l
 
 def detect_format(path: str) -> str:
     """The format of a workload file, from its first non-blank line."""
-    with open(path, encoding="utf-8", newline="") as f:
+    with open(path, encoding="utf-8-sig", newline="") as f:
         for number, line in enumerate(_text_lines(f, path), 1):
             if line.strip():
                 break

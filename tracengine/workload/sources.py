@@ -78,7 +78,7 @@ def parse_range(text: str, name: str) -> tuple[int, int]:
 
 def read_prompts_file(path: str) -> list:
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:
             lines = f.read().splitlines()
     except UnicodeDecodeError as exc:
         raise TracengineError(f"{path}: not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x})") from None

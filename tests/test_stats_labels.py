@@ -1,0 +1,62 @@
+"""What each figure of `tracengine stats` is, said on its line (issue 34, item 9): gaps
+between steps as a total and a mean per step, which rates are over step time and which over
+the run's wall time, the KV peak's step apart from the pool's size; and, piped, a line per
+figure with no wrapping and no trailing spaces."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tracengine.analysis.stats import render, stats
+from tracengine.analysis.tables import table_text
+
+ROOT = Path(__file__).resolve().parent.parent
+ONLINE = ROOT / "traces" / "online.trace"      # 50 steps with idle gaps (arrivals over time)
+
+
+def text_of(path) -> tuple[dict, list[str]]:
+    s = stats(path)
+    return s, table_text(render(s)).splitlines()
+
+
+def line_with(lines: list[str], start: str) -> str:
+    return next(line for line in lines if line.startswith(start))
+
+
+def test_gaps_between_steps_are_a_total_and_a_mean_per_step():
+    s, lines = text_of(ONLINE)
+    st = s["steps"]
+    assert st["mean_gap_s"] == st["gap_s"] / st["num_steps"]
+    assert line_with(lines, "gaps between steps") == (
+        f"gaps between steps: {st['gap_s'] * 1e3:,.3f} ms in all, {st['mean_gap_s'] * 1e3:,.3f} ms mean per step; "
+        f"{st['idle_s'] * 1e3:,.3f} ms of it idle (waiting for arrivals)")
+    assert line_with(lines, f"{st['num_steps']} steps").endswith(
+        f" in {st['total_s'] * 1e3:,.3f} ms (the run's wall time, idle included)")
+
+
+def test_token_rates_say_what_time_they_are_over():
+    s, lines = text_of(ONLINE)
+    tp = s["throughput"]
+    assert line_with(lines, "tokens/s").split(None, 1)[1] == (
+        f"prefill {tp['prefill_tokens_per_s']:,.0f}, decode {tp['decode_tokens_per_s']:,.0f} (over their steps' "
+        f"time); completion {tp['completion_tokens_per_s']:,.0f}, all {tp['total_tokens_per_s']:,.0f} "
+        f"(over the run's wall time)")
+
+
+def test_the_kv_peak_step_does_not_read_as_a_step_count():
+    s, lines = text_of(ROOT / "traces" / "default_mix.trace")
+    kv = s["kv_blocks"]
+    assert (kv["num_blocks"], kv["peak_step"]) == (48, 3)
+    assert line_with(lines, "KV blocks").split(None, 2)[2] == "48 blocks, utilisation mean 71.9%, peak 100.0% " \
+                                                             "(first at step 3)"
+
+
+def test_piped_stats_are_a_line_per_figure_whatever_the_terminal_width():
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="40")
+    out = subprocess.run([sys.executable, "-c", "import sys; from tracengine.cli import main; sys.exit(main())",
+                          "stats", str(ONLINE)], env=env, capture_output=True, text=True, check=True).stdout
+    lines = out.splitlines()
+    assert all(line == line.rstrip() for line in lines)
+    s, expected = text_of(ONLINE)
+    assert lines[1:] == expected                     # the title, then render's lines unwrapped
+    assert max(len(line) for line in lines) > 80
