@@ -123,7 +123,7 @@ def main():
         workload = os.path.join(tmp, "mooncake.jsonl")
         mooncake_like(workload, args.requests)
         t = time.perf_counter()
-        requests = read_workload(workload, vocab_size=QWEN3_8B["vocab_size"])
+        requests = read_workload(workload, vocab_size=QWEN3_8B["vocab_size"], hash_id_prompts=True)   # as simulate reads it
         read_s = time.perf_counter() - t
         prompt = statistics.mean(len(r.prompt) for r in requests)
         output = statistics.mean(r.max_tokens for r in requests)
@@ -152,7 +152,7 @@ def main():
         print(f"no events at all (the scheduler, block manager and runner alone): CPU "
               f"{statistics.median(floor):.2f} s (runs {', '.join(f'{c:.2f}' for c in floor)} s)")
 
-        short = read_workload(workload, vocab_size=QWEN3_8B["vocab_size"], length_scale=0.05)
+        short = read_workload(workload, vocab_size=QWEN3_8B["vocab_size"], length_scale=0.05, hash_id_prompts=True)
         print("cost per step, the workload at 1/20 of its lengths (recorded); the block pool's one-time "
               "construction apart:")
         for num_blocks in (1_000, 10_000, 100_000):

@@ -3,10 +3,12 @@
 the code of another commit and with this tree, side by side: the runs
 alternate (before, after, before, ...) in fresh processes, each timing one
 simulation in CPU seconds; the medians are compared, and the median of each
-pair's ratio. Every run's trace
-is hashed: before and after must write the same events.
+pair's ratio. Every run's decisions are hashed (its events but the header, the prompts and the
+block hash values, which differ between token-id and hash-id prompts): before and after must
+decide the same. The prompts are read as `simulate` reads them (hash ids where the tree has
+them), or, with --prompts tokens, as token ids in both trees.
 
-    python benchmarks/bench_simulate_compare.py --before REV [--repeats 5] [--requests 1000]"""
+    python benchmarks/bench_simulate_compare.py --before REV [--repeats 5] [--requests 1000] [--prompts tokens]"""
 import argparse
 import os
 import statistics
@@ -22,14 +24,21 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 # Run in the tree under test, with only the API both sides have.
 CHILD = r"""
-import gc, sys, time, xxhash
+import gc, sys, time, msgspec, xxhash
 from tracengine.engine.config import Config
-from tracengine.sim.roofline import ModelShape, RooflineStepTime
-from tracengine.sim.engine import simulate, simulation_header
+try:
+    from tracengine.sim.roofline import ModelShape, RooflineStepTime
+    from tracengine.sim.engine import simulate, simulation_header
+except ImportError:      # a tree from before tracengine.sim
+    from tracengine.replay.roofline import ModelShape, RooflineStepTime
+    from tracengine.replay.simulate import simulate, simulation_header
 from tracengine.trace.tracelog import TraceReader, TraceWriter
 from tracengine.workload import read_workload
-workload, trace, shape = sys.argv[1], sys.argv[2], eval(sys.argv[3])
-requests = read_workload(workload, vocab_size=shape["vocab_size"])
+workload, trace, shape, prompts = sys.argv[1], sys.argv[2], eval(sys.argv[3]), sys.argv[4]
+try:     # as `simulate` reads them: a tree that has hash-id prompts takes them
+    requests = read_workload(workload, vocab_size=shape["vocab_size"], hash_id_prompts=prompts == "command")
+except TypeError:
+    requests = read_workload(workload, vocab_size=shape["vocab_size"])
 config = Config(num_kvcache_blocks=100_000, kvcache_block_size=16,
                 max_model_len=max(len(r.prompt) + r.max_tokens for r in requests))
 step_time = RooflineStepTime.for_hardware(ModelShape.from_hf_config(shape, "Qwen3-8B"), "H200")
@@ -39,11 +48,11 @@ cpu = time.process_time()
 with TraceWriter(trace, header, deflate=False) as writer:
     simulate(config, requests, step_time, writer, header)
 cpu = time.process_time() - cpu
-with TraceReader(trace) as reader:    # the events after the header (whose created_at differs)
-    start = reader.frames()[1].offset
-with open(trace, "rb") as f:
-    f.seek(start)
-    digest = xxhash.xxh64(f.read())
+digest = xxhash.xxh64()
+with TraceReader(trace) as reader:    # the decisions: neither the header (its created_at) nor the prompts
+    for e in reader.events():        # and hashes, which differ between token ids and hash ids
+        if type(e).__name__ not in ("TraceHeader", "RequestAdded", "BlockHash"):
+            digest.update(msgspec.msgpack.encode(e))
 print(cpu, digest.hexdigest())
 """
 
@@ -57,9 +66,9 @@ def checkout(commit: str, tmp: str) -> str:
     return tree
 
 
-def run_one(tree: str, workload: str, trace: str, shape: dict) -> tuple[float, str]:
+def run_one(tree: str, workload: str, trace: str, shape: dict, prompts: str) -> tuple[float, str]:
     env = dict(os.environ, PYTHONPATH=tree, OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-c", CHILD, workload, trace, repr(shape)], cwd=tree, env=env,
+    done = subprocess.run([sys.executable, "-c", CHILD, workload, trace, repr(shape), prompts], cwd=tree, env=env,
                           capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"the run in {tree} failed:\n{done.stderr}")
@@ -73,6 +82,9 @@ def main():
     parser.add_argument("--before", required=True, help="the commit to compare this tree with")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--prompts", choices=("command", "tokens"), default="command",
+                        help="Mooncake prompts as `simulate` reads them (hash ids, where a tree has them; "
+                             "default) or as token ids in both trees")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         before = checkout(args.before, tmp)
@@ -83,7 +95,7 @@ def main():
         for _ in range(args.repeats):
             for name, tree in (("before", before), ("after", ROOT)):
                 trace = os.path.join(tmp, f"{name}.trace")
-                cpu, digest = run_one(tree, workload, trace, QWEN3_8B)
+                cpu, digest = run_one(tree, workload, trace, QWEN3_8B, args.prompts)
                 os.remove(trace)     # a new file each run, as `simulate --record` writes: no truncation timed
                 times[name].append(cpu)
                 digests.add(digest)

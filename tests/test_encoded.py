@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from tracengine.engine.block_manager import pack_tokens
+from tracengine.engine.block_hasher import compute_hashes
 from tracengine.engine.sequence import Sequence
 from tracengine.trace.encoded import EncodedTokens, array_header, encoded_items
 
@@ -24,19 +24,18 @@ def test_the_head_and_the_items_are_what_msgspec_writes(length):
 
 @pytest.mark.parametrize("num_tokens", [1, 511, 512, 513, 1535, 1536])
 def test_pieces_cut_to_a_length_encode_as_their_tokens(num_tokens):
-    pieces = [(t, encoded_items(t), pack_tokens(t))
+    pieces = [(t, encoded_items(t))
               for t in (tuple(range(b * 300, b * 300 + 512)) for b in range(-(-num_tokens // 512)))]
     tokens = EncodedTokens.from_pieces(pieces, num_tokens)
-    plain = [t for piece, _, _ in pieces for t in piece][:num_tokens]
+    plain = [t for piece, _ in pieces for t in piece][:num_tokens]
     assert tokens == plain and isinstance(tokens, list)
     assert tokens.msgpack() == msgspec.msgpack.encode(plain)
-    assert b"".join(tokens.packed).startswith(pack_tokens(plain))     # the last piece whole
     with pytest.raises(ValueError, match="more than the last piece"):
         EncodedTokens.from_pieces(pieces + pieces[:1], num_tokens)
 
 
 def test_they_are_read_only_and_survive_a_pickle_and_a_copy():
-    tokens = EncodedTokens([1, 2, 300], (encoded_items([1, 2]), encoded_items([300])), (pack_tokens([1, 2, 300]),))
+    tokens = EncodedTokens([1, 2, 300], (encoded_items([1, 2]), encoded_items([300])))
     for change in (lambda t: t.append(4), lambda t: t.extend([4]), lambda t: t.__setitem__(0, 9),
                    lambda t: t.__delitem__(0), lambda t: t.pop(), lambda t: t.sort(), lambda t: t.clear()):
         with pytest.raises(TypeError, match="read-only"):
@@ -44,13 +43,12 @@ def test_they_are_read_only_and_survive_a_pickle_and_a_copy():
     assert tokens == [1, 2, 300] and tokens.msgpack() == msgspec.msgpack.encode([1, 2, 300])
     for other in (pickle.loads(pickle.dumps(tokens)), copy.copy(tokens), copy.deepcopy(tokens)):
         assert type(other) is EncodedTokens and other == tokens and other.msgpack() == tokens.msgpack()
-        assert other.packed == tokens.packed
 
 
 def test_a_sequence_keeps_an_encoded_prompt_and_decodes_into_its_own_list():
-    prompt = EncodedTokens([5, 6, 7], (encoded_items([5, 6, 7]),), (pack_tokens([5, 6, 7, 8]),))
+    prompt = EncodedTokens([5, 6, 7], (encoded_items([5, 6, 7]),))
     seq = Sequence(0, prompt, 2)
-    assert bytes(seq.block_data) == pack_tokens([5, 6])     # its full block, taken from the packing
+    assert seq.block_hashes == compute_hashes([5, 6], 2)     # its full block, hashed
     assert seq.prompt is prompt and seq.prompt_token_ids is prompt     # kept, not copied
     seq.append_token(8)
     seq.append_token(9)
@@ -79,7 +77,6 @@ def test_mooncake_prompts_carry_their_encoding():
         for r in read_workload(str(DATA / "mooncake_sample.jsonl"), vocab_size=151936, length_scale=length_scale):
             assert type(r.prompt) is EncodedTokens
             assert r.prompt.msgpack() == msgspec.msgpack.encode(list(r.prompt))
-            assert b"".join(r.prompt.packed).startswith(pack_tokens(r.prompt))
 
 
 @pytest.mark.parametrize("policy", ["prefill_first", "mixed"])

@@ -8,7 +8,10 @@ import xxhash
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from tracengine.engine.block_manager import BlockManager, compute_hash
+from tracengine.engine.block_hasher import compute_hash
+from tracengine.engine import scheduler as scheduler_module
+from tracengine.engine.block_manager import BlockManager
+from tracengine.engine.reference_block_manager import ReferenceBlockManager
 from tracengine.engine.config import Config
 from tracengine.engine.scheduler import Scheduler
 from tracengine.trace.events import (BlockAllocate, ListSink, Preempt, RequestAdded, ScheduleDecision, SeqFinish,
@@ -51,12 +54,6 @@ def check_block_invariants(scheduler):
     for h, block_id in bm.hash_to_block_id.items():
         block = bm.blocks[block_id]
         assert block.hash == h and len(block.token_ids) == bm.block_size
-    # a block holding the very hash object a live sequence holds for that block is the block the
-    # map gives for it and holds that block's tokens (what `_known_hits` takes without looking)
-    for seq in live:
-        for i, (block_id, h) in enumerate(zip(seq.peer_blocks or (), seq.block_hashes)):
-            if bm.hash_of[block_id] is h:
-                assert bm.hash_to_block_id[h] == block_id and bm.blocks[block_id].token_ids == seq.block(i)
     # and each computed full block of a live sequence holds its tokens, hashed as a chain
     for seq in live:
         parent = -1
@@ -140,17 +137,18 @@ def test_invariants_hold_after_every_step_and_the_run_replays(workload, keyframe
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), st.booleans())
-def test_hits_by_hash_identity_are_the_hits_the_map_gives(workload, colliding):
-    """The same run, event for event, with the hits by hash identity (`_known_hits`) and with
-    every hit looked up in the map and its tokens compared; `colliding`: with a digest of eight
-    values (above the interpreter's shared ints), so that equal hashes say nothing of equal tokens."""
+def test_the_block_manager_gives_the_events_of_the_plain_reference(workload, colliding):
+    """The same run, event for event, with the engine's BlockManager (a pool with an O(1)
+    free queue, batched, tokens compared in bulk) and with ReferenceBlockManager (nano-vllm's
+    plain form); `colliding`: with a digest of eight values, so that equal hashes say nothing
+    of equal tokens and the token comparison decides."""
     config, requests, eos_at = workload
     assume(requests)
     real = xxhash.xxh64_intdigest
-    with mock.patch.object(xxhash, "xxh64_intdigest", (lambda data: (real(data) & 7) + 2 ** 40) if colliding else real):
+    with mock.patch.object(xxhash, "xxh64_intdigest", (lambda data: real(data) & 7) if colliding else real):
         runs = []
-        for known_hits in (BlockManager._known_hits, lambda self, seq, hashes, num_full: []):
-            with mock.patch.object(BlockManager, "_known_hits", known_hits):
+        for manager in (BlockManager, ReferenceBlockManager):
+            with mock.patch.object(scheduler_module, "BlockManager", manager):
                 runs.append(run_workload(config, requests, SyntheticRunner(eos=EOS, eos_at=eos_at)))
     assert [without_wall_clock(e) for e in runs[0][1:]] == [without_wall_clock(e) for e in runs[1][1:]]
     event("prefix-cache hit" if any(type(e) is BlockAllocate and e.num_cached_blocks for e in runs[0]) else "no hit")

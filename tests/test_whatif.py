@@ -97,12 +97,11 @@ def test_extract_workload():
 
 @pytest.mark.parametrize("name", CANNED_WORKLOADS)
 def test_a_workload_hands_its_runs_read_only_encoded_prompts_that_schedule_as_plain_ones(name, tmp_path):
-    """extract_workload encodes and packs each prompt once (EncodedTokens): its encoding is the
-    trace's, its packing the block manager's, and a what-if of it gives the events, and the
+    """extract_workload encodes each prompt once (EncodedTokens): its encoding is the
+    trace's, and a what-if of it gives the events, and the
     recorded file, of the same prompts given as plain lists."""
     import dataclasses
     import msgspec
-    from tracengine.engine.block_manager import pack_tokens
     from tracengine.trace.encoded import EncodedTokens
     from tracengine.trace.events import RequestAdded
     from tracengine.trace.tracelog import TraceWriter
@@ -112,7 +111,6 @@ def test_a_workload_hands_its_runs_read_only_encoded_prompts_that_schedule_as_pl
     for r, e in zip(workload.requests, added, strict=True):
         assert type(r.prompt) is EncodedTokens and r.prompt == e.prompt_token_ids
         assert r.prompt.msgpack() == msgspec.msgpack.encode(e.prompt_token_ids)
-        assert b"".join(r.prompt.packed) == pack_tokens(e.prompt_token_ids)
     plain = dataclasses.replace(workload, requests=[dataclasses.replace(r, prompt=list(r.prompt))
                                                     for r in workload.requests])
     for overrides in ({}, {"num_kvcache_blocks": 7}, {"max_num_batched_tokens": 8}):

@@ -83,14 +83,6 @@ def test_mooncake_prompts_are_built_from_hash_ids():
     assert read_workload(str(MOONCAKE), vocab_size=VOCAB)[0].prompt == r0
 
 
-@pytest.mark.parametrize("length_scale", [1.0, 0.3])
-def test_mooncake_prompts_come_packed_as_the_block_manager_packs_them(length_scale):
-    from tracengine.engine.block_manager import pack_tokens
-    requests = read_workload(str(MOONCAKE), vocab_size=VOCAB, length_scale=length_scale)
-    assert all(b"".join(r.prompt.packed).startswith(pack_tokens(r.prompt)) for r in requests)
-    assert any(len(b"".join(r.prompt.packed)) > 8 * len(r.prompt) for r in requests)   # a last block cut
-
-
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_shared_hash_ids_hit_the_prefix_cache(block_size):
     """Requests 0 and 3 share hash ids 0 and 1: request 3's first blocks are cache hits at

@@ -79,7 +79,7 @@ def render_step(events) -> str:
         if t is ScheduleDecision:
             decision = e
         elif t is RequestAdded:
-            arrived.append(f"s{e.seq_id}:{len(e.prompt_token_ids)}")
+            arrived.append(f"s{e.seq_id}:{e.num_prompt_tokens}")
         elif t is BlockAllocate:
             hits, new = e.block_ids[:e.num_cached_blocks], e.block_ids[e.num_cached_blocks:]
             blocks = ", ".join(part for part in (f"hit {id_ranges(hits)}" if hits else "", id_ranges(new)) if part)
@@ -199,7 +199,7 @@ def describe_event(e) -> str:
     """One event in words: a line of the TUI's event list (its step and type are shown beside it)."""
     match e:
         case RequestAdded():
-            return f"seq {e.seq_id} arrives: {len(e.prompt_token_ids)} prompt tokens, max_tokens {e.max_tokens}"
+            return f"seq {e.seq_id} arrives: {e.num_prompt_tokens} prompt tokens, max_tokens {e.max_tokens}"
         case ScheduleDecision():
             return f"{e.phase} {e.num_batched_tokens} tokens {format_value(e.seqs)} stop={e.stop_reason}"
         case BlockAllocate():

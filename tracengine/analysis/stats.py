@@ -185,8 +185,7 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> dict:
     idle_s = sum(b - a for _, a, b in idle) / NS
     num_tokens = sum(r.num_prompt_tokens for r in t.requests.values()) + num_completion
 
-    num_allocated = sum(len(a.block_ids) for a in t.allocations)
-    num_hit = sum(a.num_cached_blocks for a in t.allocations)
+    num_allocated, num_hit = t.num_allocated_blocks, t.num_hit_blocks
     num_hit_tokens = num_hit * t.block_size if t.block_size else None
 
     kv = {"num_blocks": t.num_kvcache_blocks, "utilization_mean": None, "utilization_peak": None,

@@ -11,6 +11,7 @@ RequestAdded.arrival_ns when the trace knows it (format 2), else at the
 start of the step it was added before (format 1, whose gaps read as 0); a
 token sampled in step s appears at end_ns(s)."""
 import os
+from array import array
 from dataclasses import dataclass, field
 from itertools import repeat
 
@@ -42,30 +43,32 @@ class RequestRecord:
     num_prompt_tokens: int
     num_tokens: int                                   # prompt + kept tokens so far
     arrival_ns: int = -1                              # RequestAdded.arrival_ns; -1: not known (format 1)
-    scheduled: list[tuple[int, str, int]] = field(default_factory=list)   # (step, phase, num_tokens)
-    token_steps: list[int] = field(default_factory=list)                  # steps of kept TokenSamples
+    scheduled: list[tuple[int, str, int]] = field(default_factory=list)   # (step, phase, num_tokens); not lean
+    token_steps: array = field(default_factory=lambda: array("q"))        # steps of kept TokenSamples
+    first_scheduled_step: int | None = None
     preempts: list[Preempt] = field(default_factory=list)
     finish_step: int | None = None
     finish_reason: str = ""
     abort: SeqAbort | None = None                     # taken out before it finished (a server's client left)
 
-    @property
-    def first_scheduled_step(self) -> int | None:
-        return self.scheduled[0][0] if self.scheduled else None
-
 
 class RequestTimeline:
-    """The fold. `steps[i].step == i`; `requests` in arrival order."""
+    """The fold. `steps[i].step == i`; `requests` in arrival order. `lean`: only what `stats`
+    reads (a run folded live): no per-request schedule (`RequestRecord.scheduled`, which
+    `export` draws) and no scheduled sequences of a step all one phase, so that its memory
+    follows the requests and steps, not the scheduled tokens."""
 
-    def __init__(self, header: TraceHeader | None = None):
+    def __init__(self, header: TraceHeader | None = None, lean: bool = False):
         self.header = header
+        self.lean = lean
         config = header.config if header is not None else {}
         self.block_size: int | None = config.get("kvcache_block_size")
         num_blocks = config.get("num_kvcache_blocks", -1)
         self.num_kvcache_blocks: int | None = num_blocks if num_blocks and num_blocks > 0 else None
         self.steps: list[StepRecord] = []
         self.requests: dict[int, RequestRecord] = {}
-        self.allocations: list[BlockAllocate] = []
+        self.num_allocated_blocks = 0   # over all BlockAllocates (first allocations and after preemptions)
+        self.num_hit_blocks = 0         # their leading blocks found in the prefix cache
         self.num_lookup_tokens = 0      # tokens of the sequences at their (re)allocations
         self.torn_tail: str | None = None   # what the reader reported about an incomplete last frame
         self._decision: ScheduleDecision | None = None
@@ -79,12 +82,14 @@ class RequestTimeline:
             fold(self, event)
 
     def _request_added(self, event: RequestAdded) -> None:
-        num_prompt_tokens = len(event.prompt_token_ids)
+        num_prompt_tokens = event.num_prompt_tokens
         self.requests[event.seq_id] = RequestRecord(event.seq_id, event.step, num_prompt_tokens, num_prompt_tokens,
                                                     event.arrival_ns)
 
     def _decision_made(self, event: ScheduleDecision) -> None:
         self._decision = event
+        if self.lean and event.phase == "decode":
+            return        # a request is first scheduled in a step with prefill
         step, requests = event.step, self.requests
         # a mixed step holds both; the others one phase for all
         phases = (["prefill" if f else "decode" for f in prefill_flags(event)] if event.phase == "mixed"
@@ -93,10 +98,14 @@ class RequestTimeline:
             req = requests.get(s.seq_id)     # this loop runs per scheduled token of a decode: no call
             if req is None:
                 raise self._unknown(s.seq_id, event)
-            req.scheduled.append((step, phase, s.num_tokens))
+            if req.first_scheduled_step is None:
+                req.first_scheduled_step = step
+            if not self.lean:
+                req.scheduled.append((step, phase, s.num_tokens))
 
     def _allocated(self, event: BlockAllocate) -> None:
-        self.allocations.append(event)
+        self.num_allocated_blocks += len(event.block_ids)
+        self.num_hit_blocks += event.num_cached_blocks
         self.num_lookup_tokens += self._request(event.seq_id, event).num_tokens
 
     def _preempted(self, event: Preempt) -> None:
@@ -122,6 +131,8 @@ class RequestTimeline:
         if decision is None or decision.step != event.step or event.step != len(self.steps):
             raise TraceError(f"step {event.step} ends without its ScheduleDecision "
                              f"(expected step {len(self.steps)})")
+        if self.lean and decision.phase != "mixed":     # stats read a step's sequences only when mixed
+            decision = msgspec.structs.replace(decision, seqs=[])
         record = StepRecord(decision, event)
         self.steps.append(record)
         start = self.total_ns + event.gap_ns
@@ -248,8 +259,9 @@ class RequestTimelineSink:
     figures of a run with no trace file to read them from (generate's summary)."""
     enabled = True
 
-    def __init__(self, header: TraceHeader, inner=None, first_step: int = 0, origin_ns: int = 0):
-        self.timeline = RequestTimeline(header)
+    def __init__(self, header: TraceHeader, inner=None, first_step: int = 0, origin_ns: int = 0,
+                 lean: bool = False):
+        self.timeline = RequestTimeline(header, lean)
         self.inner = inner if inner is not None and inner.enabled else None
         # An engine that ran before counts on from its last step and its own start: this
         # run's figures count steps from 0 and time from `origin_ns` of the engine's clock.

@@ -45,7 +45,7 @@ def workload_for_simulation(args, workload: str | None, vocab_size: int):
     if not workload and args.num_prompts is None and not args.prompt_lens:
         raise TracengineError("simulate needs a WORKLOAD file, --num-prompts or --prompt-lens")
     # text prompts need a tokenizer, and there is no model to sample with a temperature
-    return workload_requests(workload_spec(args, workload=workload), vocab_size)
+    return workload_requests(workload_spec(args, workload=workload), vocab_size, hash_id_prompts=True)
 
 
 def simulation_progress(num_requests: int, enabled: bool = True) -> RequestProgress:
@@ -105,10 +105,10 @@ def run(args) -> int:
             from tracengine.trace.tracelog import TraceWriter
             # stored as they are: a simulated prompt's made-up tokens hardly deflate (docs/simulation.md)
             with TraceWriter(args.record, header, deflate=False) as writer:
-                sink = RequestTimelineSink(header, writer)
+                sink = RequestTimelineSink(header, writer, lean=True)
                 simulate(config, requests, step_time, sink, header, on_progress)
         else:
-            sink = RequestTimelineSink(header)
+            sink = RequestTimelineSink(header, lean=True)
             simulate(config, requests, step_time, sink, header, on_progress)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     from tracengine.analysis.stats import render, stats

@@ -88,9 +88,11 @@ class LLMEngine:
     def enter(self, seq: Sequence, arrival_ns: int):
         self.scheduler.add(seq)
         if self.sink.enabled:
-            self.sink.emit(RequestAdded(self.num_steps, seq.seq_id, seq.prompt_token_ids, seq.max_tokens,
+            prompt = seq.prompt_token_ids
+            hash_ids = (prompt.hash_ids, prompt.num_tokens, prompt.block_tokens) if not seq.has_tokens else ([], 0, 0)
+            self.sink.emit(RequestAdded(self.num_steps, seq.seq_id, [] if hash_ids[0] else prompt, seq.max_tokens,
                                         seq.temperature, seq.ignore_eos, 0.0, arrival_ns, seq.top_k, seq.top_p,
-                                        -1 if seq.seed is None else seq.seed))
+                                        -1 if seq.seed is None else seq.seed, *hash_ids))
 
     def admit_arrivals(self, now: int) -> int:
         """Add the requests that have arrived by `now` (perf_counter ns); when nothing is

@@ -67,7 +67,7 @@ class MixedScheduler(Scheduler):
             seq = self.running.popleft()
             if seq.is_prefill:         # the rest of its prompt, or the chunk the budget leaves
                 seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_cached_tokens, token_budget)
-            elif (seq.num_tokens - 1) % self.block_size or self._append_slot(seq):
+            elif self._append_slot(seq):
                 seq.num_scheduled_tokens = 1    # in its last block, or in the block it was just given
             else:
                 break                           # it preempted itself

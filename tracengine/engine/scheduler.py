@@ -6,7 +6,6 @@ seeds' algorithm). Each exit of the prefill and decode loops is named by the
 overrides the hooks at the end (docs/policies.md); engine/policies.py holds
 `mixed` and the lookup of a policy by name."""
 from collections import deque
-from itertools import islice
 
 from tracengine.engine.block_manager import BlockManager
 from tracengine.engine.config import Config
@@ -105,42 +104,21 @@ class Scheduler:
                                 blocked_seq_id, num_blocks_needed, num_free_blocks)
             return scheduled_seqs, True
 
-        # Decode: the first max_num_seqs of running, one token each. A token that lands in its
-        # sequence's last block needs nothing of the block manager: only one that starts a block
-        # asks for room (one call a block, not two a token). While every one finds room, running
-        # keeps its order, so the batch is read off it without taking anything out.
-        block_manager, block_size = self.block_manager, self.block_size
-        scheduled_seqs = list(islice(self.running, self.max_num_seqs))
-        for seq in scheduled_seqs:
-            if not (seq.num_tokens - 1) % block_size:
-                if not block_manager.can_append(seq):
-                    scheduled_seqs = self._decode_preempting(scheduled_seqs[:scheduled_seqs.index(seq)])
-                    break
-                block_manager.may_append(seq)
-            seq.num_scheduled_tokens = 1
-            seq.is_prefill = False
-        stop_reason = "max_num_seqs" if len(self.running) > len(scheduled_seqs) else "running_empty"
+        # Decode: the running sequences in order, one token each, up to max_num_seqs; they go
+        # back to the head of running in the same order.
+        scheduled_seqs = []
+        while self.running and len(scheduled_seqs) < self.max_num_seqs:
+            seq = self.running.popleft()
+            if self._append_slot(seq):
+                seq.num_scheduled_tokens = 1
+                seq.is_prefill = False
+                scheduled_seqs.append(seq)
+        stop_reason = "max_num_seqs" if self.running else "running_empty"
+        self.running.extendleft(reversed(scheduled_seqs))
         assert scheduled_seqs, "nothing schedulable: check_request should have refused a request"
         self._emit_decision("decode", scheduled_seqs, len(scheduled_seqs), stop_reason,
                             blocked_seq_id, num_blocks_needed, num_free_blocks)
         return scheduled_seqs, False
-
-    def _decode_preempting(self, scheduled_seqs: list[Sequence]) -> list[Sequence]:
-        """The rest of a decode batch from the first sequence that finds no free block, by the
-        seeds' loop: `running` without the sequences scheduled so far, so that a preemption
-        takes its tail (see preempt_victim); then the batch back at its head."""
-        running = self.running
-        for _ in scheduled_seqs:
-            running.popleft()
-        while running and len(scheduled_seqs) < self.max_num_seqs:
-            seq = running.popleft()
-            if not (seq.num_tokens - 1) % self.block_size and not self._append_slot(seq):
-                continue        # it preempted itself: nobody was left behind it
-            seq.num_scheduled_tokens = 1
-            seq.is_prefill = False
-            scheduled_seqs.append(seq)
-        running.extendleft(reversed(scheduled_seqs))
-        return scheduled_seqs
 
     def _emit_decision(self, phase: Phase, seqs, num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,
                        num_free_blocks, num_decode_seqs: int = 0):
@@ -153,9 +131,10 @@ class Scheduler:
             num_free_blocks, len(self.waiting), len(self.running), num_decode_seqs))
 
     def _append_slot(self, seq: Sequence) -> bool:
-        """Room for the token of decoding `seq` that starts a block (the seeds' loop): a free
-        block, the running tail preempted for one while there is none, `seq` itself when nobody
-        is left behind it (False then)."""
+        """Room for the token `seq` decodes (the seeds' loop): one that starts a block needs a
+        free block, and while there is none the running tail is preempted for it (`self.running`
+        holds the sequences not scheduled yet), or `seq` itself when nobody is left behind it
+        (False then)."""
         while not self.block_manager.can_append(seq):
             if self.running:
                 self.preempt(self.preempt_victim(seq), by=seq)   # the running tail gives way
@@ -178,43 +157,27 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def postprocess(self, seqs: list[Sequence], token_ids: list[int], is_prefill: bool) -> list[Sequence]:
-        """Write the sampled tokens back; returns the sequences that finished."""
+        """Write the sampled tokens back; returns the sequences that finished. (`is_prefill`, the
+        step's phase, is for a policy that overrides this; the rules here need only the counts.)"""
         finished = []
-        emit = self.sink.enabled
-        # bound once: this loop runs for every token of every sequence
-        hash_blocks, sink_emit, step, eos, max_model_len, block_size = self.block_manager.hash_blocks, \
-            self.sink.emit, self.step, self.eos, self.max_model_len, self.block_size
+        block_size = self.block_size
         for seq, token_id in zip(seqs, token_ids):
-            if is_prefill:
-                num_cached_tokens, num_scheduled_tokens = seq.num_cached_tokens, seq.num_scheduled_tokens
-                if num_cached_tokens % block_size + num_scheduled_tokens >= block_size:
-                    hash_blocks(seq)     # a block filled this step
-                seq.num_cached_tokens = num_cached_tokens = num_cached_tokens + num_scheduled_tokens
-                seq.num_scheduled_tokens = 0
-                num_tokens = seq.num_tokens
-                if num_cached_tokens < num_tokens:
-                    # a middle chunk: its sample is not at the end of the prompt
-                    if emit:
-                        sink_emit(TokenSample(step, seq.seq_id, token_id, False))
-                    continue
-            else:
-                # A decode, most of a run's tokens: one token, the sequence's last (num_cached_tokens
-                # was num_tokens - 1, as prepare_decode computes it), now cached: one int for both
-                num_tokens = seq.num_tokens
-                if not num_tokens % block_size:
-                    hash_blocks(seq)     # the token filled its block
-                seq.num_cached_tokens = num_tokens
-                seq.num_scheduled_tokens = 0
-            # Sequence.append_token, inline: a call for every sampled token costs more than the four lines
-            seq.completion.append(token_id)
-            seq.last_token = token_id
-            seq.num_tokens = num_tokens = num_tokens + 1
-            num_completion_tokens = seq.num_completion_tokens = seq.num_completion_tokens + 1
-            if emit:
-                sink_emit(TokenSample(step, seq.seq_id, token_id, True))
-            if token_id == eos and not seq.ignore_eos:
+            num_computed = seq.num_cached_tokens + seq.num_scheduled_tokens
+            if seq.num_cached_tokens // block_size != num_computed // block_size:
+                self.block_manager.hash_blocks(seq)     # this step filled a block: register it
+            seq.num_cached_tokens = num_computed
+            seq.num_scheduled_tokens = 0
+            if num_computed < seq.num_tokens:
+                # a middle chunk: its sample is not at the end of the prompt, and is dropped
+                if self.sink.enabled:
+                    self.sink.emit(TokenSample(self.step, seq.seq_id, token_id, False))
+                continue
+            seq.append_token(token_id)
+            if self.sink.enabled:
+                self.sink.emit(TokenSample(self.step, seq.seq_id, token_id, True))
+            if token_id == self.eos and not seq.ignore_eos:
                 self._finish(seq, "eos", finished)
-            elif num_completion_tokens == seq.max_tokens or num_tokens >= max_model_len:
+            elif seq.num_completion_tokens == seq.max_tokens or seq.num_tokens >= self.max_model_len:
                 self._finish(seq, "length", finished)
         return finished
 

@@ -2,6 +2,8 @@
 size in: no process-wide counters, so two engines and a replay agree."""
 from enum import Enum, auto
 
+from tracengine.engine.block_hasher import compute_hashes
+from tracengine.engine.hash_id_prompt import HashIdPrompt
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.trace.encoded import EncodedTokens
 
@@ -16,17 +18,17 @@ class Sequence:
     __slots__ = ("seq_id", "status", "prompt", "completion", "last_token", "num_tokens", "num_prompt_tokens",
                  "num_cached_tokens", "num_scheduled_tokens", "is_prefill", "block_table",
                  "block_size", "temperature", "max_tokens", "ignore_eos", "top_k", "top_p", "seed",
-                 "num_preemptions", "finish_reason", "block_hashes", "block_data",
-                 "num_completion_tokens", "peer_blocks")
+                 "num_preemptions", "finish_reason", "block_hashes", "num_completion_tokens",
+                 "has_tokens")
 
     def __init__(self, seq_id: int, token_ids: list[int], block_size: int,
                  sampling_params: SamplingParams | None = None):
-        """`token_ids`: a list, or EncodedTokens (trace/encoded.py), a prompt that a workload
-        reader has already encoded and packed, block by block."""
+        """`token_ids`: a list, EncodedTokens (trace/encoded.py: a prompt that a workload reader
+        has already encoded for the trace) or a HashIdPrompt (a prompt known by its hash ids)."""
         sp = sampling_params if sampling_params is not None else SamplingParams()
         self.seq_id = seq_id
         self.status = SequenceStatus.WAITING
-        encoded = type(token_ids) is EncodedTokens
+        encoded = isinstance(token_ids, (EncodedTokens, HashIdPrompt))
         # Tokens only ever append, to `completion`: a read-only prompt with its encoding is kept as it
         # is, never copied (a 13,000-token prompt's copy and its freeing cost about what its hashing
         # does); a list is copied, as its owner may change it.
@@ -49,15 +51,12 @@ class Sequence:
         self.seed = sp.seed
         self.num_preemptions = 0
         self.finish_reason = ""      # "eos" or "length" once finished
-        self.block_hashes: list[int] = []   # chained hashes of full blocks: tokens only ever append
-        self.block_data = bytearray()        # those blocks' tokens, packed as they were hashed
-        self.peer_blocks = None     # the table of the sequence whose hashes it copied last: BlockManager._known_hits
-        if encoded and token_ids.packed:      # ... and the prompt's other full blocks, to be hashed
-            data = bytearray().join(token_ids.packed)
-            if len(data) < 8 * self.num_tokens:
-                raise ValueError(f"a packed prompt of {len(data)} bytes for {self.num_tokens} tokens")
-            del data[self.num_tokens // block_size * block_size * 8:]
-            self.block_data = data
+        # The chained hashes of its full blocks (block_hasher.py), as vLLM's Request.block_hashes:
+        # the prompt's now, a block filled by decoding when it is registered (hash_full_blocks).
+        # A hash-id prompt has its hashes from its hash ids, and no tokens for the prefix cache to compare.
+        self.has_tokens = not isinstance(token_ids, HashIdPrompt)
+        self.block_hashes: list[int] = (compute_hashes(self.prompt, block_size) if self.has_tokens
+                                        else token_ids.block_hashes(block_size))
 
     def __len__(self):
         return self.num_tokens
@@ -74,6 +73,15 @@ class Sequence:
     def __repr__(self):
         return (f"Sequence(seq_id={self.seq_id}, status={self.status.name}, num_tokens={self.num_tokens}, "
                 f"num_cached_tokens={self.num_cached_tokens}, block_table={self.block_table})")
+
+    def hash_full_blocks(self) -> list[int]:
+        """block_hashes, extended over the full blocks filled since they were last hashed
+        (tokens only ever append)."""
+        hashes, size = self.block_hashes, self.block_size
+        start = len(hashes) * size
+        if self.num_tokens - start >= size:
+            hashes += compute_hashes(self.tokens(start, self.num_tokens), size, hashes[-1] if hashes else -1)
+        return hashes
 
     @property
     def is_finished(self):
@@ -96,7 +104,7 @@ class Sequence:
 
     @property
     def prompt_token_ids(self):
-        """The prompt: the sequence's own list (or the read-only EncodedTokens it was given)."""
+        """The prompt: the sequence's own list (or the read-only EncodedTokens or HashIdPrompt it was given)."""
         return self.prompt
 
     @property
@@ -111,7 +119,7 @@ class Sequence:
         assert 0 <= i < self.num_blocks
         return self.tokens(i * self.block_size, min((i + 1) * self.block_size, self.num_tokens))
 
-    def append_token(self, token_id: int):     # Scheduler.postprocess has these lines inline
+    def append_token(self, token_id: int):
         self.completion.append(token_id)
         self.last_token = token_id
         self.num_tokens += 1

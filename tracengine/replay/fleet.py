@@ -12,13 +12,16 @@ and step where it first acts."""
 import time
 from dataclasses import dataclass
 
+import msgspec
+
 from tracengine.engine.config import Config
+from tracengine.engine.hash_id_prompt import request_prompt
+from tracengine.engine.request import Request
 from tracengine.errors import ConfigError
 from tracengine.replay.reexec import ComparingSink, RecordedRunner, _Diverged
 from tracengine.sim.engine import SimulatedEngine
 from tracengine.sim.fleet import Fleet, FleetSpec
 from tracengine.sim.routers import BUILTIN_ROUTERS
-from tracengine.engine.request import Request
 from tracengine.trace.events import (Event, KVTransfer, ReplicaScope, RequestAdded, RouteDecision, StepEnd,
                                      TokenSample)
 from tracengine.trace.tracelog import split_header
@@ -107,7 +110,7 @@ def reexecute_fleet(events, policy=None, routers: dict | None = None) -> FleetRe
                 if e.seq_id not in requests:
                     raise _Diverged(e, None, f"the trace never adds s{e.seq_id}")
                 r = requests[e.seq_id]
-                fleet.arrive(Request(r.prompt_token_ids, r.max_tokens, e.arrival_ns, r.temperature, r.ignore_eos,
+                fleet.arrive(Request(request_prompt(r), r.max_tokens, e.arrival_ns, r.temperature, r.ignore_eos,
                                      seq_id=r.seq_id), e.arrival_ns)
             elif t is KVTransfer:
                 if e.seq_id not in transfers:
@@ -151,9 +154,7 @@ def _recorded_requests(recorded: list, disaggregated: bool) -> dict[int, Request
                 requests[e.seq_id] = e
             elif disaggregated:
                 first = requests[e.seq_id]
-                requests[e.seq_id] = RequestAdded(first.step, first.seq_id, first.prompt_token_ids,
-                                                  e.max_tokens + 1, first.temperature, first.ignore_eos,
-                                                  arrival_ns=first.arrival_ns)
+                requests[e.seq_id] = msgspec.structs.replace(first, max_tokens=e.max_tokens + 1)
     return requests
 
 

@@ -12,7 +12,7 @@ from itertools import islice
 
 import msgspec
 
-from tracengine.engine.block_manager import FreeBlockQueue
+from tracengine.engine.block_pool import FreeKVCacheBlockQueue
 from tracengine.errors import TraceError
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
                                      ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader,
@@ -33,7 +33,7 @@ class _Keyframe(msgspec.Struct, frozen=True, gc=False):
     running: tuple
     ref_counts: list
     hashes: list
-    free: FreeBlockQueue       # a copy, never mutated again
+    free: FreeKVCacheBlockQueue   # a copy, never mutated again
     hash_to_block_id: dict
     decision: object
 
@@ -48,7 +48,7 @@ class _Projection:
         self.running: deque[int] = deque()
         self.ref_counts = [0] * num_blocks
         self.hashes = [-1] * num_blocks
-        self.free = FreeBlockQueue(num_blocks)
+        self.free = FreeKVCacheBlockQueue(num_blocks)
         self.hash_to_block_id: dict[int, int] = {}
         self.decision = None
         self.handlers = {
@@ -95,7 +95,7 @@ class _Projection:
     # -- events, as the scheduler and block manager produced them ------------------------------
 
     def request_added(self, e: RequestAdded):
-        n = len(e.prompt_token_ids)
+        n = e.num_prompt_tokens
         self.seqs[e.seq_id] = SeqState(e.seq_id, WAITING, n, n, arrival_step=e.step, block_table=[])
         self.waiting.append(e.seq_id)
 

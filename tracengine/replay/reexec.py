@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from tracengine.engine.config import Config
 from tracengine.errors import RequestError
+from tracengine.engine.hash_id_prompt import request_prompt
 from tracengine.trace.events import WALL_CLOCK_FIELDS, AnyEvent, Event, RequestAdded, SeqAbort, StepEnd, TokenSample
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.analysis.render import format_event, render_state, render_step
@@ -119,7 +120,7 @@ def reexecute(events, policy: type | str | None = None) -> ReplayResult:
                     tokens[e.seq_id] = e.token_id
                 elif t is RequestAdded:
                     try:
-                        seqs.append(engine.add_request(e.prompt_token_ids, SamplingParams(
+                        seqs.append(engine.add_request(request_prompt(e), SamplingParams(
                             e.temperature, e.max_tokens, e.ignore_eos, e.top_k, e.top_p,
                             None if e.seed == -1 else e.seed), seq_id=e.seq_id))
                     except RequestError as exc:

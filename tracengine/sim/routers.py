@@ -19,9 +19,8 @@ import importlib
 import random
 from dataclasses import dataclass
 
-from tracengine.engine.block_manager import hash_packed, pack_tokens
+from tracengine.engine.block_hasher import compute_hashes
 from tracengine.errors import ConfigError
-from tracengine.trace.encoded import EncodedTokens
 
 
 @dataclass
@@ -43,13 +42,10 @@ class RoutedRequest:
     def block_hashes(self) -> list[int]:
         """The hashes the block manager computes for the prompt's full blocks (compute_hash's chain)."""
         if self._hashes is None:
-            prompt, size = self.prompt_token_ids, self.block_size
-            num_bytes = len(prompt) // size * size * 8
-            if type(prompt) is EncodedTokens and prompt.packed:
-                data = b"".join(prompt.packed)[:num_bytes]
-            else:
-                data = pack_tokens(prompt[:num_bytes // 8])
-            self._hashes = hash_packed(data, size)
+            prompt = self.prompt_token_ids
+            # a hash-id prompt (engine/hash_id_prompt.py) has its hashes from its hash ids
+            self._hashes = (prompt.block_hashes(self.block_size) if hasattr(prompt, "block_hashes")
+                            else compute_hashes(prompt, self.block_size))
         return self._hashes
 
 

@@ -1,16 +1,12 @@
-"""Token ids that carry the two encodings a run makes of a prompt, made once by the
-reader that hands the prompt over instead of by every run that takes it: per
-shared block for a Mooncake prompt (its hash ids' 512-token blocks; 1,000 prompts
-hold 13.9 million tokens but 3 million distinct ones), in one piece for the
-other readers' prompts and a recorded workload's (workload.formats.encoded_prompt).
+"""Token ids that carry their msgpack encoding, made once by the reader that hands
+the prompt over instead of by every run that takes it: per shared block for a
+Mooncake prompt (its hash ids' 512-token blocks; 1,000 prompts hold 13.9 million
+tokens but 3 million distinct ones), in one piece for the other readers' prompts
+and a recorded workload's (workload.formats.encoded_prompt).
 
-- `parts`, their msgpack encoding in pieces: joined after the array's header
-  they are the bytes msgspec writes for the list, so a trace writer copies
-  them instead of encoding every token (it was an eighth of a recorded
-  simulation), and the trace is the same byte for byte (TraceWriter);
-- `packed`, pieces whose join starts with the tokens packed as the block
-  manager hashes them (block_manager.pack_tokens): a Sequence takes them as
-  its block bytes, and the block manager packs none of the prompt."""
+`parts`, the encoding in pieces: joined after the array's header they are the
+bytes msgspec writes for the list, so a trace writer copies them instead of
+encoding every token, and the trace is the same byte for byte (TraceWriter)."""
 import msgspec
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -37,20 +33,17 @@ def _read_only(self, *args, **kwargs):
 
 class EncodedTokens(list):
     """A read-only list of token ids with `parts` (encoded_items of consecutive slices of
-    it) and `packed` (pieces whose join starts with pack_tokens of it; empty: not given).
-    In memory it is the list; `msgpack()` is its encoding."""
-    __slots__ = ("parts", "packed")
+    it). In memory it is the list; `msgpack()` is its encoding."""
+    __slots__ = ("parts",)
 
-    def __init__(self, token_ids, parts: tuple[bytes, ...], packed: tuple[bytes, ...] = ()):
+    def __init__(self, token_ids, parts: tuple[bytes, ...]):
         list.__init__(self, token_ids)
         self.parts = tuple(parts)
-        self.packed = tuple(packed)
 
     @classmethod
     def from_pieces(cls, pieces, num_tokens: int) -> "EncodedTokens":
         """The first `num_tokens` of the concatenated pieces, each (token ids, encoded_items of
-        them, pack_tokens of them); only the last piece may be cut (its encoding is made
-        again, cut; its packing stays whole, longer than the tokens)."""
+        them); only the last piece may be cut (its encoding is made again, cut)."""
         tokens = cls((), ())
         for piece in pieces:
             list.extend(tokens, piece[0])
@@ -63,7 +56,6 @@ class EncodedTokens(list):
             list.__delitem__(tokens, slice(num_tokens, None))
             parts[-1] = encoded_items(last[:len(last) - cut])
         tokens.parts = tuple(parts)
-        tokens.packed = tuple([piece[2] for piece in pieces])
         return tokens
 
     def msgpack(self) -> bytes:
@@ -71,7 +63,7 @@ class EncodedTokens(list):
         return array_header(len(self)) + b"".join(self.parts)
 
     def __reduce__(self):        # pickled (sweep workers) as it is, its encodings and all
-        return EncodedTokens, (list(self), self.parts, self.packed)
+        return EncodedTokens, (list(self), self.parts)
 
     append = extend = insert = pop = remove = clear = sort = reverse = _read_only
     __setitem__ = __delitem__ = __iadd__ = __imul__ = _read_only

@@ -37,7 +37,7 @@ class TraceHeader(Event, tag=0):
     seed: int
     created_at: float = 0.0
     tensor_parallel_size: int = 1
-    # Format version 4: a fleet run's replicas, routers and KV transfers (tracengine/sim/fleet.py,
+    # Format version 5: a fleet run's replicas, routers and KV transfers (tracengine/sim/fleet.py,
     # FleetSpec.to_dict); empty for one engine
     fleet: dict[str, str | int | float | bool | None] = {}
 
@@ -55,6 +55,15 @@ class RequestAdded(Event, tag=1):
     top_k: int = -1           # -1: all tokens
     top_p: float = 1.0
     seed: int = -1            # the request's own sampling seed; -1: none
+    # Format version 4: a prompt known by its hash ids (engine/hash_id_prompt.py) has no token ids
+    # here (prompt_token_ids is empty): its hash ids, its length and the tokens each hash id names.
+    prompt_hash_ids: list[int] = msgspec.field(default_factory=list)
+    num_hash_id_prompt_tokens: int = 0
+    hash_id_block_tokens: int = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.num_hash_id_prompt_tokens if self.prompt_hash_ids else len(self.prompt_token_ids)
 
 
 class ScheduledSeq(msgspec.Struct, frozen=True, gc=False, array_like=True):
@@ -163,7 +172,7 @@ class SeqAbort(Event, tag=11):
     num_completion_tokens: int
 
 
-# Format version 4: a fleet of replicas in one trace (tracengine/sim/fleet.py, docs/cluster.md).
+# Format version 5: a fleet of replicas in one trace (tracengine/sim/fleet.py, docs/cluster.md).
 
 class ReplicaScope(Event, tag=12):
     """The engine events after it, up to the next ReplicaScope, are replica `replica`'s; a trace

@@ -152,7 +152,7 @@ class TraceIndex:
         for e in events:
             if type(e) is RequestAdded:
                 self._milestones.setdefault(e.seq_id, []).append(
-                    Milestone(step, "arrive", len(e.prompt_token_ids), max_tokens=e.max_tokens))
+                    Milestone(step, "arrive", e.num_prompt_tokens, max_tokens=e.max_tokens))
             elif type(e) is Preempt:
                 self._milestones.setdefault(e.seq_id, []).append(
                     Milestone(step, "preempt", e.num_computed_tokens, other_seq_id=e.by_seq_id))

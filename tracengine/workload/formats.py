@@ -11,10 +11,10 @@ import math
 import random
 import struct
 from datetime import datetime
-from functools import lru_cache
+from functools import lru_cache, partial
 
+from tracengine.engine.hash_id_prompt import HashIdPrompt
 from tracengine.engine.request import Request
-from tracengine.engine.block_manager import pack_tokens
 from tracengine.errors import TracengineError
 from tracengine.trace.encoded import EncodedTokens, encoded_items
 
@@ -28,7 +28,7 @@ DEFAULT_MAX_TOKENS = 64
 
 def read_workload(path: str, format: str | None = None, *, vocab_size: int, max_requests: int | None = None,
                   time_scale: float = 1.0, length_scale: float = 1.0, max_model_len: int | None = None,
-                  seed: int = 0) -> list[Request]:
+                  seed: int = 0, hash_id_prompts: bool = False) -> list[Request]:
     """The requests of a workload file, in arrival order.
 
     `format`: one of FORMATS, or None to detect it. `vocab_size` bounds the token ids
@@ -36,7 +36,9 @@ def read_workload(path: str, format: str | None = None, *, vocab_size: int, max_
     first N. `time_scale` X: arrivals X times faster. `length_scale` X: prompt and
     output lengths times X, at least 1 token. `max_model_len`: a prompt longer than it
     can never run and is an error naming its line. Mooncake and Azure times count from
-    the first request; tracengine's `arrival_s` is taken as written."""
+    the first request; tracengine's `arrival_s` is taken as written. `hash_id_prompts`: a
+    Mooncake prompt as its hash ids (engine.hash_id_prompt.HashIdPrompt), never expanded into
+    tokens, for a run with no model (simulation)."""
     if format is None:
         format = detect_format(path)
     if format not in FORMATS:
@@ -48,7 +50,8 @@ def read_workload(path: str, format: str | None = None, *, vocab_size: int, max_
         raise TracengineError(f"max requests must be positive, got {max_requests}")
     if vocab_size <= 0:
         raise TracengineError(f"vocab size must be positive, got {vocab_size}")
-    parse = {"mooncake": _mooncake, "azure": _azure, "tracengine": _tracengine}[format]
+    parse = {"mooncake": partial(_mooncake, hash_id_prompts=hash_id_prompts), "azure": _azure,
+             "tracengine": _tracengine}[format]
     requests = _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_len)
     if not requests:
         raise TracengineError(f"{path}: no requests")
@@ -156,20 +159,20 @@ def block_token_ids(block_id: int, num_tokens: int, vocab_size: int) -> tuple[in
 
 
 def encoded_prompt(token_ids: list[int]) -> EncodedTokens:
-    """A prompt of token ids as a reader hands it over: read-only, encoded as the trace encodes it
-    and packed as the block manager hashes it, once (no run copies, packs or encodes it again)."""
-    return EncodedTokens(token_ids, (encoded_items(token_ids),), (pack_tokens(token_ids),))
+    """A prompt of token ids as a reader hands it over: read-only, encoded as the trace encodes it,
+    once (no run copies or encodes it again)."""
+    return EncodedTokens(token_ids, (encoded_items(token_ids),))
 
 
 @lru_cache(maxsize=4096)
-def _mooncake_block(block_id: int, num_tokens: int, vocab_size: int) -> tuple[tuple[int, ...], bytes, bytes]:
-    """A named block's tokens, made once: as token ids, as the trace encodes them
-    (trace.encoded.encoded_items) and packed as the block manager packs a prompt (pack_tokens)."""
+def _mooncake_block(block_id: int, num_tokens: int, vocab_size: int) -> tuple[tuple[int, ...], bytes]:
+    """A named block's tokens, made once: as token ids and as the trace encodes them
+    (trace.encoded.encoded_items)."""
     tokens = block_token_ids(block_id, num_tokens, vocab_size)
-    return tokens, encoded_items(tokens), pack_tokens(tokens)
+    return tokens, encoded_items(tokens)
 
 
-def _mooncake(f, path, vocab_size, length_scale, seed):
+def _mooncake(f, path, vocab_size, length_scale, seed, hash_id_prompts=False):
     # A scaled block keeps ceil(512 * X) tokens, so the scaled prompt still fits in its
     # hash ids and requests that share ids still share prefixes.
     block_len = max(1, math.ceil(MOONCAKE_BLOCK_TOKENS * length_scale))
@@ -186,9 +189,10 @@ def _mooncake(f, path, vocab_size, length_scale, seed):
                                   f"{MOONCAKE_BLOCK_TOKENS} tokens, got {len(hash_ids)}")
         num_tokens = scale_length(input_length, length_scale)
         block_ids = [_integer(hash_id, "a hash id", where, 0) for hash_id in hash_ids[:-(-num_tokens // block_len)]]
-        blocks = [_mooncake_block(block_id, block_len, vocab_size) for block_id in block_ids]
-        # with the blocks' encodings: the block manager packs none of it, a recording copies it
-        prompt = EncodedTokens.from_pieces(blocks, num_tokens)
+        if hash_id_prompts:
+            prompt = HashIdPrompt(block_ids, num_tokens, block_len)
+        else:      # with the blocks' encodings: a recording copies them
+            prompt = EncodedTokens.from_pieces([_mooncake_block(i, block_len, vocab_size) for i in block_ids], num_tokens)
         # An output length of 0 still samples the first token, as every engine does.
         yield Request(prompt, scale_length(max(output_length, 1), length_scale), round(timestamp * 1_000_000),
                       ignore_eos=True, source=where)

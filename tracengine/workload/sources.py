@@ -163,8 +163,10 @@ def num_sources(spec: WorkloadSpec) -> int:
     return sum(value is not None and value != [] and value != "" for value in given)
 
 
-def workload_requests(spec: WorkloadSpec, vocab_size: int, max_model_len: int | None = None) -> list[Request]:
-    """The requests of a run, with their arrival times, from the workload arguments."""
+def workload_requests(spec: WorkloadSpec, vocab_size: int, max_model_len: int | None = None,
+                      hash_id_prompts: bool = False) -> list[Request]:
+    """The requests of a run, with their arrival times, from the workload arguments.
+    `hash_id_prompts`: see read_workload (a run with no model)."""
     workload = spec.workload
     time_scale, length_scale = spec.time_scale, spec.length_scale
     rate, burstiness = check_rate(spec.request_rate), spec.burstiness
@@ -181,7 +183,7 @@ def workload_requests(spec: WorkloadSpec, vocab_size: int, max_model_len: int | 
                                   "from the rate")
         requests = read_workload(workload, spec.workload_format, vocab_size=vocab_size,
                                  max_requests=max_requests, time_scale=time_scale, length_scale=length_scale,
-                                 max_model_len=max_model_len, seed=spec.seed)
+                                 max_model_len=max_model_len, seed=spec.seed, hash_id_prompts=hash_id_prompts)
         max_tokens, temperature = spec.max_tokens, spec.temperature
         ignore_eos = spec.ignore_eos
         for r in requests:       # flags given on the command line win over the file

@@ -1,0 +1,211 @@
+"""tracengine simulate against NVIDIA Dynamo's offline replay, on the same Mooncake file.
+
+Both run the same workload with the same settings (block size, 100,000 KV blocks, a budget
+of 16,384 tokens, 256 sequences, prefix caching, chunked prefill) and fixed step times:
+100 ms for a step with prefill tokens, 10 ms for a decode-only step (Dynamo's `fixed`
+timing model; tracengine's linear step-time model with only those constants), tracengine
+with the `mixed` policy (vLLM V1's, as Dynamo's vllm backend). Each run is a whole process
+(tracengine: `python -m tracengine.cli simulate FILE`, as a user runs it; Dynamo:
+`dynamo.replay.run_trace_replay`), the two alternating; the medians of wall time and of
+peak RSS are compared, and the runs' figures are printed side by side (simulated duration,
+TTFT/TPOT/e2e p50 and p99, prefix-cache hit rate, preemptions).
+
+Dynamo is installed from its wheels into a virtual environment of its own (its other
+dependencies are not needed for offline replay), whose python this script is given:
+
+    python -m venv /tmp/dynamo-venv
+    /tmp/dynamo-venv/bin/pip install --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1
+    /tmp/dynamo-venv/bin/pip install typing_extensions
+    python benchmarks/bench_vs_dynamo.py --dynamo-python /tmp/dynamo-venv/bin/python \\
+        [--requests 1000] [--block-sizes 16,64,512] [--repeats 3]
+
+The workload is written here, with the statistics of Mooncake's public conversation trace
+(mean prompt about 13,700 tokens in 512-token hash ids, mean output about 350 tokens,
+Poisson arrivals, 1,000 requests over about 330 s, about a third of the hash ids repeated
+from earlier requests: conversations whose next turn repeats the turn before)."""
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+HASH_ID_TOKENS = 512
+SETTINGS = {"num_kvcache_blocks": 100_000, "max_num_batched_tokens": 16_384, "max_num_seqs": 256,
+            "max_model_len": 131_072}
+PREFILL_MS, DECODE_MS = 100.0, 10.0
+
+DYNAMO = r"""
+import json, sys
+from dynamo.replay import run_trace_replay
+path, block_size, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+report = run_trace_replay([path], extra_engine_args={"engine": {
+    "backend": "vllm", "block_size": block_size, "num_gpu_blocks": %(num_kvcache_blocks)d,
+    "max_model_len": %(max_model_len)d, "max_num_batched_tokens": %(max_num_batched_tokens)d,
+    "max_num_seqs": %(max_num_seqs)d, "enable_prefix_caching": True, "enable_chunked_prefill": True,
+    "timing_model": {"type": "fixed", "prefill_ms": %(prefill_ms)s, "decode_ms": %(decode_ms)s}}},
+    num_workers=1, replay_mode="offline", router_mode="round_robin", trace_format="mooncake",
+    trace_block_size=%(hash_id_tokens)d)
+summary = report.summary if hasattr(report, "summary") else report
+with open(out, "w") as f:
+    json.dump(summary, f, default=str)
+""" % {**SETTINGS, "prefill_ms": PREFILL_MS, "decode_ms": DECODE_MS, "hash_id_tokens": HASH_ID_TOKENS}
+
+
+def conversation_workload(path: str, num_requests: int, seed: int = 0, duration_s: float = 330.0) -> dict:
+    """Write a Mooncake JSONL workload with the conversation trace's statistics; returns them."""
+    rng = random.Random(seed)
+    next_id = 0
+
+    def new_ids(n):
+        nonlocal next_id
+        next_id += n
+        return list(range(next_id - n, next_id))
+
+    conversations: list[list[int]] = []
+    t, lines, rate = 0.0, [], 1000 / duration_s      # requests per second, as in the first 1,000
+    num_ids = num_repeated = 0
+    seen: set[int] = set()
+    for _ in range(num_requests):
+        t += rng.expovariate(rate)
+        if conversations and rng.random() < 0.35:     # a next turn: the conversation so far and a new turn
+            i = rng.randrange(max(0, len(conversations) - 50), len(conversations))
+            hash_ids = conversations[i] + new_ids(rng.randint(1, 8))
+            conversations[i] = hash_ids
+        else:
+            hash_ids = new_ids(max(1, round(rng.lognormvariate(3.05, 0.7))))
+            conversations.append(hash_ids)
+        hash_ids = hash_ids[:120]                     # at most 61,440 tokens
+        input_length = len(hash_ids) * HASH_ID_TOKENS - rng.randrange(HASH_ID_TOKENS)
+        output_length = max(1, min(2000, round(rng.lognormvariate(5.55, 0.75))))
+        lines.append(json.dumps({"timestamp": round(t * 1000), "input_length": input_length,
+                                 "output_length": output_length, "hash_ids": hash_ids}))
+        num_ids += len(hash_ids)
+        num_repeated += sum(1 for h in hash_ids if h in seen)
+        seen.update(hash_ids)
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    records = [json.loads(line) for line in lines]
+    return {"requests": num_requests, "mean_input": statistics.mean(r["input_length"] for r in records),
+            "mean_output": statistics.mean(r["output_length"] for r in records), "hash_ids": num_ids,
+            "repeated": num_repeated / num_ids, "duration_s": records[-1]["timestamp"] / 1000}
+
+
+FEATURES = ("const", "tokens", "seqs", "context", "attended")     # tracengine.sim.steptime's
+PARTS = ("schedule_ns", "model_ns", "postprocess_ns")
+
+
+def fixed_step_time(path: str):
+    """tracengine's linear step-time model with only the two constants."""
+
+    def phase(ms):
+        return {part: [ms * 1e6 if part == "model_ns" and f == "const" else 0.0 for f in FEATURES] for part in PARTS}
+    with open(path, "w") as f:
+        json.dump({"kind": "linear", "features": list(FEATURES), "parts": list(PARTS), "gap_ns": 0, "wake_ns": 0,
+                   "coefficients": {"prefill": phase(PREFILL_MS), "decode": phase(DECODE_MS)},
+                   "source": {"model": "fixed"}}, f)
+
+
+def tracengine_argv(workload: str, step_time: str, block_size: int, record: str | None = None) -> list[str]:
+    argv = [sys.executable, "-m", "tracengine.cli", "simulate", workload, "--step-time", step_time, "--quiet",
+            "--scheduling-policy", "mixed", "--block-size", str(block_size),
+            *(f"--{name.replace('_', '-')}={value}" for name, value in SETTINGS.items())]
+    return argv + (["--record", record, "--force"] if record else [])
+
+
+def timed(argv: list[str]) -> tuple[float, float, float]:
+    """(wall seconds, peak RSS in MB, CPU seconds) of a whole process. This process stays small
+    (it imports no tracengine): a child's peak RSS counts what it was forked with."""
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"{argv[0]} failed: {proc.stderr.read().decode()[-2000:]}")
+    proc.stderr.close()
+    return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
+
+
+FIGURES = r"""
+import json, sys
+from tracengine.analysis.stats import stats
+s = stats(sys.argv[1])
+lat = s["latency"]
+print(json.dumps({"duration_ms": s["steps"]["total_s"] * 1e3,
+                  **{f"{name}_{q}_ms": lat[name]["seconds"][q] * 1e3 for name in ("ttft", "tpot", "e2e")
+                     for q in ("p50", "p99")},
+                  "cache_hit_rate": s["prefix_cache"]["token_hit_rate"],
+                  "preemptions": s["preemption"]["num_preemptions"]}))
+"""
+
+
+def tracengine_figures(trace: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return json.loads(subprocess.run([sys.executable, "-c", FIGURES, trace], env=env, cwd=ROOT, check=True,
+                                     capture_output=True, text=True).stdout)
+
+
+def dynamo_figures(summary: dict) -> dict:
+    return {"duration_ms": summary["duration_ms"],
+            **{f"{name}_{q}_ms": summary[f"{'median' if q == 'p50' else q}_{key}_ms"]
+               for name, key in (("ttft", "ttft"), ("tpot", "tpot"), ("e2e", "e2e_latency")) for q in ("p50", "p99")},
+            "cache_hit_rate": summary["prefix_cache_reused_ratio"], "preemptions": summary.get("num_preemptions", "-")}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dynamo-python", required=True, help="the python of a venv with ai-dynamo 1.6.1 (above)")
+    parser.add_argument("--requests", default="1000", help="comma-separated workload sizes (default 1000)")
+    parser.add_argument("--block-sizes", default="16", help="comma-separated KV block sizes (default 16)")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        step_time = os.path.join(tmp, "fixed.json")
+        fixed_step_time(step_time)
+        script = os.path.join(tmp, "dynamo_replay.py")
+        with open(script, "w") as f:
+            f.write(DYNAMO)
+        for num_requests in map(int, args.requests.split(",")):
+            workload = os.path.join(tmp, f"conversation_{num_requests}.jsonl")
+            w = conversation_workload(workload, num_requests)
+            print(f"workload: {w['requests']:,} requests, mean prompt {w['mean_input']:,.0f} tokens, mean output "
+                  f"{w['mean_output']:,.0f}, {w['hash_ids']:,} hash ids ({w['repeated']:.0%} repeated), arrivals over "
+                  f"{w['duration_s']:,.0f} s")
+            for block_size in map(int, args.block_sizes.split(",")):
+                summary_path = os.path.join(tmp, "summary.json")
+                dynamo = [args.dynamo_python, script, workload, str(block_size), summary_path]
+                ours = tracengine_argv(workload, step_time, block_size)
+                runs = {"tracengine": [], "dynamo": []}
+                for _ in range(args.repeats):          # alternating, whole processes
+                    runs["dynamo"].append(timed(dynamo))
+                    runs["tracengine"].append(timed(ours))
+                trace = os.path.join(tmp, "sim.trace")
+                timed(tracengine_argv(workload, step_time, block_size, trace))    # for its figures, not timed
+                with open(summary_path) as f:
+                    figures = {"tracengine": tracengine_figures(trace), "dynamo": dynamo_figures(json.load(f))}
+                med = {side: [statistics.median(run[k] for run in r) for k in range(3)] for side, r in runs.items()}
+                print(f"\nblock size {block_size}, {num_requests:,} requests (median of {args.repeats}, alternating):")
+                for side in ("tracengine", "dynamo"):
+                    print(f"  {side:<10}  wall {med[side][0]:6.2f} s   CPU {med[side][2]:6.2f} s   peak RSS "
+                          f"{med[side][1]:7.1f} MB   (wall of the runs {', '.join(f'{run[0]:.2f}' for run in runs[side])} s)")
+                print(f"  tracengine / dynamo: wall {med['tracengine'][0] / med['dynamo'][0]:.2f}x, "
+                      f"CPU {med['tracengine'][2] / med['dynamo'][2]:.2f}x, "
+                      f"peak RSS {med['tracengine'][1] / med['dynamo'][1]:.2f}x; "
+                      f"tracengine per request {med['tracengine'][0] / num_requests * 1e3:.2f} ms")
+                print(f"  {'figure':<16} {'tracengine':>12} {'dynamo':>12} {'difference':>11}")
+                for name, ours_value in figures["tracengine"].items():
+                    theirs = figures["dynamo"][name]
+                    diff = (f"{(ours_value - theirs) / theirs:+.2%}" if isinstance(theirs, (int, float)) and theirs
+                            else "")
+                    print(f"  {name:<16} {ours_value:>12,.3f} {theirs if isinstance(theirs, str) else f'{theirs:,.3f}':>12}"
+                          f" {diff:>11}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The prefix cache: which block holds the KV of a chain of full blocks, by the chain's hash.
+
+A full block is registered under its hash once its tokens are computed; the entry
+stays while the block is free, and goes when the block is handed out again (its
+content is overwritten). A hash registered twice (two sequences with the same
+prefix computed in one step) maps to the later block, as a plain update does; the
+earlier block keeps its hash but is found no more.
+
+The hit rule (`lookup`): a sequence's leading full blocks, up to the first one the
+cache misses; never its last block, so at least one token is computed. A hash
+collision is guarded by comparing tokens where both sides have them: a block
+registered with its tokens is a hit only for a sequence whose tokens for that
+block are the same. A sequence that carries block hashes and no tokens (a hash-id
+workload) is matched on its hashes alone, as vLLM matches every request."""
+from itertools import chain
+
+NO_HASH = -1
+
+
+class PrefixCache:
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.block_size = block_size
+        self.hash_to_block_id: dict[int, int] = {}
+        self.hashes = [NO_HASH] * num_blocks    # per block id: the hash of the full block it holds
+        self.token_ids: list[list[int] | None] = [None] * num_blocks   # per block id: those tokens, if known
+        # The last lookup, by sequence: (seq_id, its block hashes, the hits), kept until the index
+        # changes. A scheduler asks about a sequence twice in a row (how many blocks it needs, then
+        # its allocation), and a blocked waiting head again each step.
+        self._last_lookup: tuple[int, list[int], list[int]] | None = None
+
+    def lookup(self, block_hashes: list[int], tokens=None, seq_id: int = -1) -> list[int]:
+        """The blocks holding the leading blocks of `block_hashes`, up to the first miss.
+        `tokens(start, end)`: the sequence's token ids in [start, end), where it has them."""
+        last = self._last_lookup
+        if last is not None and last[0] == seq_id != -1 and last[1] == block_hashes:
+            return list(last[2])
+        block_ids = list(map(self.hash_to_block_id.get, block_hashes))
+        if None in block_ids:
+            del block_ids[block_ids.index(None):]      # the first miss ends the hits
+        if tokens is not None and block_ids:
+            del block_ids[self._num_same_tokens(block_ids, tokens(0, len(block_ids) * self.block_size)):]
+        self._last_lookup = (seq_id, block_hashes, list(block_ids))
+        return block_ids
+
+    def _num_same_tokens(self, block_ids: list[int], token_ids) -> int:
+        """How many of the leading `block_ids` hold what `token_ids` holds (a block with no
+        tokens recorded counts as the same): all of them compared at once, then one by one
+        where they differ."""
+        size, held = self.block_size, self.token_ids
+        cached = [held[block_id] for block_id in block_ids]
+        if None not in cached and list(chain.from_iterable(cached)) == token_ids:
+            return len(block_ids)
+        for i, tokens in enumerate(cached):
+            if tokens is not None and tokens != token_ids[i * size:(i + 1) * size]:
+                return i
+        return len(block_ids)
+
+    def insert(self, block_ids: list[int], block_hashes: list[int], token_ids=None):
+        """Register each of `block_ids` (just filled) under its hash in `block_hashes`, with its
+        tokens when `token_ids` gives them (the blocks' tokens, end to end)."""
+        self._last_lookup = None
+        size, hashes, held = self.block_size, self.hashes, self.token_ids
+        if token_ids is None:
+            blocks_tokens = [None] * len(block_ids)
+        else:
+            blocks_tokens = [token_ids[start:start + size] for start in range(0, len(block_ids) * size, size)]
+        for block_id, h, tokens in zip(block_ids, block_hashes, blocks_tokens):
+            hashes[block_id] = h
+            held[block_id] = tokens
+        self.hash_to_block_id.update(zip(block_hashes, block_ids))    # a hash given twice: the later block
+
+    def evict(self, block_ids: list[int]):
+        """Forget what `block_ids` held: they are handed out to be overwritten."""
+        self._last_lookup = None
+        hashes, held, index = self.hashes, self.token_ids, self.hash_to_block_id
+        for block_id in block_ids:
+            h = hashes[block_id]
+            if h != NO_HASH:
+                if index.get(h) == block_id:
+                    del index[h]
+                hashes[block_id] = NO_HASH
+                held[block_id] = None
