@@ -1,6 +1,6 @@
 """Writes traces/format-vN.trace for this format version N: a small trace holding the
 event types of its version, kept forever so that tests/test_tracelog.py proves newer
-tracengines still read it. Version 1's holds one engine's event types; version 5's a fleet's
+tracengines still read it. Version 1's holds one engine's event types; version 4's a fleet's
 (testing.every_fleet_event_type: replica scopes, routing decisions, KV transfers). Run once
 per new format version (name the file after it); never regenerate a released one.
 
@@ -18,7 +18,7 @@ from tracengine.trace.tracelog import FORMAT_VERSION, TraceReader, TraceWriter, 
 
 
 def main(out: Path) -> None:
-    if FORMAT_VERSION >= 5:
+    if FORMAT_VERSION >= 4:
         with TraceWriter(out, fleet_event_type_header()) as writer:
             every_fleet_event_type(writer)
     else:

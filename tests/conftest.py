@@ -7,6 +7,13 @@ from tracengine.trace.events import ListSink
 pytest_plugins = ["pytester", "tracengine.testing"]
 
 
+@pytest.fixture(autouse=True)
+def sweep_cache_dir(tmp_path_factory, monkeypatch):
+    """Sweeps keep their rows in a result cache (sim/cache.py); a test's go to a directory of its
+    own, never to the user's cache, and no test reads another's."""
+    monkeypatch.setenv("TRACENGINE_CACHE_DIR", str(tmp_path_factory.mktemp("sweep-cache")))
+
+
 @pytest.fixture
 def sink():
     return ListSink()

@@ -214,7 +214,7 @@ def raw_header_payload(config_bytes: bytes) -> bytes:
     """A header frame's payload whose config is the given msgpack bytes (whatever a hostile file holds)."""
     head = msgspec.msgpack.encode([TraceHeader(FORMAT_VERSION, "0.1.0", {}, ModelInfo("m", "f", "a"), "cpu", "", 0)])
     empty_map = msgspec.msgpack.encode({})
-    assert head.count(empty_map) == 2           # the config's, then the fleet's (format 5)
+    assert head.count(empty_map) == 2           # the config's, then the fleet's (format 4)
     return head.replace(empty_map, config_bytes, 1)
 
 

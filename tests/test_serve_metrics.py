@@ -19,7 +19,7 @@ def test_preemptions_metric_counts_every_preemption(policy):
         metrics = ServerMetrics("embedded", 12)
         loop = EngineLoop(llm, metrics)
         requests = [ServeRequest(list(range(3 + i, 13 + i)), SamplingParams(temperature=0.0, max_tokens=12,
-                                                                             ignore_eos=True), 0.0, None, None)
+                                                                             ignore_eos=True), None, None)
                     for i in range(4)]
         deliveries = []
         for request in requests:

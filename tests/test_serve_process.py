@@ -90,6 +90,44 @@ def test_a_signal_during_traffic_closes_the_trace_whole(tmp_path, sig, capsys):
     assert "reproduced exactly" in capsys.readouterr().out
 
 
+def test_a_client_that_sent_only_headers_does_not_hold_the_shutdown(tmp_path, capsys):
+    import json
+    import socket
+    path = tmp_path / "stalled.trace"
+    proc, url = start_server(path)
+    try:
+        started, outs = threading.Event(), []
+        client = threading.Thread(target=stream, args=(url, 10, 200, started, outs))
+        client.start()
+        assert started.wait(60)
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as stalled:
+            # the headers of a body that never comes
+            stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            b"Content-Length: 100\r\n\r\n")
+            assert httpx.get(url + "/health").status_code == 200       # it is being served
+            proc.send_signal(signal.SIGTERM)
+            answer = b""
+            while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
+                chunk = stalled.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        _, err = proc.communicate(timeout=60)
+        client.join(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503") and "shutting down" in json.loads(body)["error"]["message"]
+    assert proc.returncode == 0 and "Traceback" not in err and "ERROR" not in err, err
+    assert outs == [(outs[0][0], ["abort", "[DONE]"])]
+    with TraceReader(path) as reader:
+        assert reader.ended and reader.corruption is None
+    assert main(["check", str(path)]) == 0
+
+
 def test_a_killed_server_leaves_every_finished_step_stored(tmp_path, capsys):
     path = tmp_path / "killed.trace"
     proc, url = start_server(path)

@@ -123,16 +123,22 @@ def test_simulate_imports_no_torch(tmp_path, roofline):
 def test_sweep_rows_equal_the_single_runs(tmp_path, roofline):
     from tracengine.sim.roofline import ModelShape, RooflineStepTime
     from tracengine.sim.engine import simulate, simulate_config
-    from tracengine.sim.sweep import SimulateVariant, parse_sweep, row_of, run_sweep
+    from tracengine.sim.executors import LocalExecutor, run_variants
+    from tracengine.sim.spec import SIMULATE, PreparedSources, SweepSpec, Variant, workload_source
+    from tracengine.sim.sweep import parse_sweep, row_of
     from tracengine.workload import read_workload
+    from tracengine.workload.sources import WorkloadSpec
     requests = read_workload(str(DATA / "mooncake_sample.jsonl"), vocab_size=1000, length_scale=0.1)
+    # the sweep reads the file itself, as a worker that was sent its bytes reads them
+    source = workload_source(WorkloadSpec(workload=str(DATA / "mooncake_sample.jsonl"), length_scale=0.1), 1000)
     step_time = RooflineStepTime.for_hardware(ModelShape.from_file(roofline), "H100")
     variants = parse_sweep(["num_kvcache_blocks=30,60", "max_num_seqs=1,4"])
     assert variants == [{"num_kvcache_blocks": 30, "max_num_seqs": 1}, {"num_kvcache_blocks": 30, "max_num_seqs": 4},
                         {"num_kvcache_blocks": 60, "max_num_seqs": 1}, {"num_kvcache_blocks": 60, "max_num_seqs": 4}]
     slo = {"ttft": 0.01}
     base = {"kvcache_block_size": 4}
-    rows = run_sweep(SimulateVariant(requests, base, step_time, slo), variants, jobs=2)
+    spec = SweepSpec(SIMULATE, source.digest, base, step_time.to_dict(), slo)
+    rows = run_variants(spec, source, [Variant(v) for v in variants], LocalExecutor(2), PreparedSources()).rows
     alone = [row_of(stats(simulate(simulate_config({**base, **v}, requests), requests, step_time), slo))
              for v in variants]
     assert rows == alone

@@ -492,13 +492,13 @@ def test_format_v1_trace_still_reads():
                       "SeqFinish": 4, "StepEnd": 17}
 
 
-def test_format_v5_trace_still_reads_and_replays_as_a_fleet():
-    # traces/format-v5.trace is kept forever; made by scripts/make_format_trace.py (a fleet of three)
+def test_format_v4_trace_still_reads_and_replays_as_a_fleet():
+    # traces/format-v4.trace is kept forever; made by scripts/make_format_trace.py (a fleet of three)
     from tracengine.replay.fleet import reexecute_fleet
     from tracengine.testing import every_fleet_event_type
-    path = REPO / "traces" / "format-v5.trace"
+    path = REPO / "traces" / "format-v4.trace"
     with TraceReader(path) as reader:
-        assert reader.header.format_version == 5 and reader.ended
+        assert reader.header.format_version == 4 and reader.ended
         assert reader.header.fleet["num_prefill_replicas"] == 1 and reader.header.fleet["num_decode_replicas"] == 2
         events = list(reader.events())
     counts = collections.Counter(type(e).__name__ for e in events)

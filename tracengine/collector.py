@@ -1,7 +1,8 @@
 """The cycle collector paused around work that builds millions of long-lived objects that
 make no reference cycle (a workload's prompts, a simulation's tokens): its passes over them,
-triggered again and again as they grow, walk them all and free nothing. One place pauses it:
-the batch commands in cli/main.py."""
+triggered again and again as they grow, walk them all and free nothing. It is paused around
+the batch commands in cli/main.py, and around a sweep's Ray tasks (sim/executors.py), which run
+that work in processes of their own (a local sweep's workers are forked paused)."""
 import gc
 from contextlib import contextmanager
 

@@ -309,10 +309,10 @@ def every_event_type(sink) -> LLMEngine:
 
 
 def every_fleet_event_type(sink=None) -> list:
-    """A fleet run that writes every fleet event type (format 5): one prefill and two decode
+    """A fleet run that writes every fleet event type (format 4): one prefill and two decode
     replicas, round robin, KV transfers of 0.1 ms plus 1 GB/s; the events, header first (with
     `sink`, a TraceWriter made with `fleet_event_type_header()`, the header alone).
-    `traces/format-v5.trace` pins it."""
+    `traces/format-v4.trace` pins it."""
     from tracengine.sim.fleet import simulate_fleet
     config, spec, step_time, requests = _fleet_event_type_run()
     return simulate_fleet(config, requests, step_time, spec, sink, fleet_event_type_header() if sink else None)

@@ -12,7 +12,8 @@ from tracengine.cli.flags import add_config_arguments, config_overrides
 from tracengine.cli.outputs import check_outputs, note_torn_tail
 from tracengine.cli.steptime import (add_step_time_arguments, describe_step_time, input_files, print_unvaried_note,
                                      step_time_from_args, step_time_json)
-from tracengine.cli.sweeps import add_sweep_arguments, check_plot_figure, print_sweep, sweep_options
+from tracengine.cli.sweeps import (add_sweep_arguments, check_executor_flags, check_plot_figure, print_sweep,
+                                   sweep_options)
 from tracengine.errors import TraceError, TracengineError
 from tracengine.replay.fold import Fold
 from tracengine.replay.metrics import side_by_side
@@ -50,6 +51,7 @@ def _event_json(event):
 
 def run(args) -> int:
     check_plot_figure(args)
+    check_executor_flags(args, bool(args.sweep))
     overrides = config_overrides(args)
     if args.state is not None:
         if overrides or args.record or args.json or args.sweep:
@@ -202,27 +204,28 @@ def timed_table(recorded: dict, self_check: dict, new: dict | None) -> str:
 
 def run_sweep_replay(path, events: list, overrides: dict, timed: bool, step_time, args) -> int:
     """`events`: those of the trace at `path`, read."""
-    from tracengine.replay.timed import TimedReplay
+    from tracengine.replay.sweeps import prepare_steps, prepare_timed
+    from tracengine.sim.spec import PreparedSources, Source
     from tracengine.sim.sweep import IN_STEPS, IN_TIME
-    from tracengine.replay.timed import StepVariant, TimedVariant
     variants, slo = sweep_options(args, overrides, IN_TIME if timed else IN_STEPS)
     if args.record:
         raise TracengineError("--record writes one run; a --sweep makes many")
+    source, prepared = Source.of("trace", path), PreparedSources()
     if timed:
-        replay = TimedReplay(events, step_time, os.path.basename(path))
-        run_variant = TimedVariant(replay, overrides, slo, args.policy)
-        meta = {"trace": str(path), "arrivals": "time", "step_time": step_time_json(replay.ensure_step_time(), path)}
-        title = f"sweep of {path} in simulated time; step times: {describe_step_time(replay.step_time, path)}"
+        spec, model = prepare_timed(prepared, source, events, step_time, os.path.basename(path), overrides, slo,
+                                    args.policy)
+        meta = {"trace": str(path), "arrivals": "time", "step_time": step_time_json(model, path)}
+        title = f"sweep of {path} in simulated time; step times: {describe_step_time(model, path)}"
     else:
-        run_variant = StepVariant(events, overrides, args.policy)
+        spec = prepare_steps(prepared, source, events, overrides, args.policy)
         meta = {"trace": str(path), "arrivals": "steps", "step_time": None}
         title = (f"sweep of {path} at the recorded arrival steps, in steps (a step-exact what-if has no time: "
                  f"for ms, sweep in simulated time)")
     if not args.json:
         print(title)
-    rc = print_sweep(run_variant, variants, args, {**meta, "overrides": overrides})
+    rc = print_sweep(spec, source, prepared, variants, args, {**meta, "overrides": overrides})
     if timed and not args.json:
-        print_unvaried_note(replay.step_time)
+        print_unvaried_note(model)
     return rc
 
 

@@ -7,7 +7,8 @@ from tracengine.cli.flags import (add_config_arguments, add_synthetic_arguments,
 from tracengine.cli.outputs import check_outputs
 from tracengine.cli.steptime import (add_step_time_arguments, describe_step_time, input_files, print_unvaried_note,
                                      step_time_from_args)
-from tracengine.cli.sweeps import add_sweep_arguments, print_sweep, sweep_options
+from tracengine.cli.search import add_search_arguments, check_search_flags
+from tracengine.cli.sweeps import add_sweep_arguments, check_executor_flags, print_sweep, sweep_options
 from tracengine.errors import TracengineError
 from tracengine.progress import RequestProgress
 
@@ -33,6 +34,7 @@ def add_to(sub):
     add_config_arguments(p, "config (num_kvcache_blocks is required: a simulation has no device to size the cache)")
     add_step_time_arguments(p)
     add_sweep_arguments(p)
+    add_search_arguments(p)
     add_fleet_arguments(p)
     p.set_defaults(run=run)
 
@@ -61,7 +63,12 @@ def run(args) -> int:
         raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
     workload = args.workload_file or args.workload
     overrides = config_overrides(args)
-    variants, slo = sweep_options(args, overrides)
+    check_search_flags(args)
+    if args.search:     # its flags are checked by run_search, once the workload is read
+        check_executor_flags(args, True)
+        variants, slo = None, None
+    else:
+        variants, slo = sweep_options(args, overrides)
     step_time = step_time_from_args(args)
     if step_time is None:
         raise TracengineError("simulate needs step times: --step-time FILE (tracengine calibrate) or --roofline CONFIG")
@@ -79,17 +86,20 @@ def run(args) -> int:
     fleet = fleet_spec_from_args(args, step_time)
     if fleet is not None and fleet.is_single:    # one replica: today's simulation, its trace and all
         fleet = None
-    if fleet is not None and variants is not None:     # every variant a fleet (docs/cluster.md)
-        from tracengine.sim.fleet_sweep import FleetVariant
-        print(f"simulate {len(requests):,} requests through a fleet of {fleet.total_replicas} replicas with "
-              f"{describe_step_time(step_time)}")
-        rc = print_sweep(FleetVariant(requests, overrides, step_time, fleet, slo), variants, args)
-        print_unvaried_note(step_time)
-        return rc
-    if variants is not None:
-        from tracengine.sim.sweep import SimulateVariant
-        print(f"simulate {len(requests):,} requests with {describe_step_time(step_time)}")
-        rc = print_sweep(SimulateVariant(requests, overrides, step_time, slo), variants, args)
+    if args.search or variants is not None:
+        from tracengine.sim.spec import FLEET, SIMULATE, PreparedSources, SweepSpec, workload_source
+        source, prepared = workload_source(workload_spec(args, workload=workload), vocab_size), PreparedSources()
+        prepared.add(source, requests)
+        if args.search:
+            if fleet is not None:
+                raise TracengineError("--search runs one engine; a fleet's capacity is not searched yet")
+            from tracengine.cli.search import run_search
+            return run_search(args, overrides, step_time, requests, source, prepared)
+        spec = SweepSpec(SIMULATE, source.digest, overrides, step_time.to_dict(), slo) if fleet is None else \
+            SweepSpec(FLEET, source.digest, overrides, step_time.to_dict(), slo, fleet=fleet.to_dict())
+        where = f"a fleet of {fleet.total_replicas} replicas with " if fleet is not None else ""
+        print(f"simulate {len(requests):,} requests with {where}{describe_step_time(step_time)}")
+        rc = print_sweep(spec, source, prepared, variants, args)
         print_unvaried_note(step_time)
         return rc
     config = simulate_config(overrides, requests)

@@ -59,6 +59,9 @@ class Config:
         if policy not in BUILTIN_POLICY_NAMES and not (sep and module and name):
             raise ConfigError(f"scheduling_policy must be {', '.join(BUILTIN_POLICY_NAMES)} or a Scheduler "
                               f"subclass as module:Class, got {policy!r}")
+        # the sampler hashes the seed as a signed 64-bit integer: checked here, before a run starts
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 1 << 63:
+            raise ConfigError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
 

@@ -185,7 +185,8 @@ class LLM(LLMEngine):
             return (times[seq.seq_id] - arrived_ns) / 1e9 if seq.seq_id in times else None
 
         return [{"prompt_token_ids": seq.prompt_token_ids,
-                 "text": self.tokenizer.decode(seq.completion_token_ids), "token_ids": seq.completion_token_ids,
+                 "text": completion_text(self.tokenizer, seq.completion_token_ids),
+                 "token_ids": seq.completion_token_ids,
                  "finish_reason": seq.finish_reason, "ttft_s": since_arrival(first_token_ns, seq, t),
                  "latency_s": since_arrival(finish_ns, seq, t)} for seq, t in zip(seqs, arrived_ns)]
 
@@ -198,6 +199,12 @@ class LLM(LLMEngine):
 
     def __exit__(self, *exc):
         self.close()
+
+
+def completion_text(tokenizer, token_ids: list[int]) -> str:
+    """A completion's text, as `generate` gives it and `serve` streams it: special tokens
+    (the EOS that ends it, among them) mark the text's end, they are not part of it."""
+    return tokenizer.decode(token_ids, skip_special_tokens=True)
 
 
 def load_tokenizer(model_dir: str):

@@ -9,7 +9,7 @@ import msgspec
 
 from tracengine.engine.config import Config
 from tracengine.errors import TraceError
-from tracengine.replay.whatif import OutputRunner, extract_workload
+from tracengine.replay.whatif import OutputRunner, extract_workload, requests_under
 from tracengine.sim.engine import run_timed
 from tracengine.sim.runners import check_requests
 from tracengine.sim.steptime import calibrate
@@ -60,7 +60,7 @@ class TimedReplay:
         """The config of a variant; a request that could never run under it is refused here."""
         from tracengine.engine.scheduler import Scheduler
         config = self.recorded.replace(**overrides)
-        check_requests(Scheduler(config), self.workload.requests)
+        check_requests(Scheduler(config), requests_under(self.workload, config))
         return config
 
     def ensure_step_time(self):
@@ -79,7 +79,7 @@ class TimedReplay:
         header = msgspec.structs.replace(self.workload.header, config=config.to_dict(),
                                          device=f"simulated ({step_time.kind})", created_at=time.time())
         runner = OutputRunner(self.workload.outputs, self.workload.middle, 0 if config.eos != 0 else 1)
-        return run_timed(config, self.workload.requests, step_time, runner, header=header, policy=policy,
+        return run_timed(config, requests_under(self.workload, config), step_time, runner, header=header, policy=policy,
                          first_step_ns=self.first_step_ns), runner
 
 

@@ -3,7 +3,7 @@ and each sequence's recorded output tokens) run again through the engine's
 step loop under another config, with no model. The outputs do not depend on
 the schedule, so only the scheduling changes."""
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgspec
 
@@ -102,10 +102,33 @@ def extract_workload(events) -> RecordedWorkload:
     return RecordedWorkload(header, requests, outputs, middle, timeline)
 
 
+def context_len(config: Config) -> int:
+    """The longest sequence `config` can run: max_model_len, or all the KV cache holds where that is less."""
+    if config.num_kvcache_blocks <= 0:         # sized by a runner: not known here
+        return config.max_model_len
+    return min(config.max_model_len, config.num_kvcache_blocks * config.kvcache_block_size)
+
+
+def requests_under(workload: RecordedWorkload, config: Config) -> list[Request]:
+    """The workload's requests as they ask under `config`. A request whose prompt and max_tokens
+    were exactly all the context there was asked for all of it (the server's default for a chat
+    request without max_tokens), so under `config` it asks for all the context there is;
+    every other request asks for what it asked (more than the context included: its own number)."""
+    recorded_len, new_len = context_len(Config.from_dict(workload.header.config)), context_len(config)
+    requests = []
+    for r in workload.requests:
+        num_prompt_tokens = len(r.prompt)
+        whole = new_len - num_prompt_tokens
+        if num_prompt_tokens + r.max_tokens == recorded_len and whole > 0 and whole != r.max_tokens:
+            r = replace(r, max_tokens=whole)      # the prompt is shared, not copied
+        requests.append(r)
+    return requests
+
+
 def whatif_config(workload: RecordedWorkload, overrides: dict) -> Config:
     """The recorded config with `overrides`; a recorded request that could never run under it is refused."""
     config = Config.from_dict(workload.header.config).replace(**overrides)
-    check_requests(Scheduler(config), workload.requests, "the new config")
+    check_requests(Scheduler(config), requests_under(workload, config), "the new config")
     return config
 
 
@@ -123,7 +146,7 @@ def whatif(events, overrides: dict, max_steps: int | None = None, policy: type |
     runner = OutputRunner(workload.outputs, workload.middle, filler=0 if config.eos != 0 else 1)
     if max_steps is None:
         max_steps = 100 * max(workload.timeline.num_steps, 1) + 10_000
-    events = run_workload(config, workload.requests, runner, max_steps=max_steps, policy=policy)
+    events = run_workload(config, requests_under(workload, config), runner, max_steps=max_steps, policy=policy)
     config = Config.from_dict(events[0].config)
     header = msgspec.structs.replace(workload.header, config=config.to_dict(), created_at=time.time())
     events[0] = header

@@ -16,12 +16,11 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from tracengine.errors import RequestError
+from tracengine.engine.llm import completion_text
 from tracengine.serve.engine_loop import EngineLoop, ServeRequest, ShuttingDown
 from tracengine.serve.metrics import CONTENT_TYPE_LATEST
-from tracengine.serve.protocol import (MAX_BODY_BYTES, APIError, ChatBody, CompletionBody, chat_messages,
-                                       completion_prompts, decode_body, now, plain_chat_prompt, refuse_unsupported,
-                                       request_sampling, usage)
+from tracengine.serve.prepare import RequestPreparer
+from tracengine.serve.protocol import MAX_BODY_BYTES, APIError, ChatBody, CompletionBody, now, usage
 
 _encode = msgspec.json.Encoder().encode
 
@@ -46,7 +45,7 @@ class Detokenizer:
         self.read_offset = 0       # tokens whose text has been given
 
     def _decode(self, token_ids) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        return completion_text(self.tokenizer, token_ids)
 
     def add(self, token_ids: list[int], final: bool = False) -> str:
         self.token_ids += token_ids
@@ -69,6 +68,8 @@ class Server:
         self.model_name = model_name
         self.api_key = api_key.encode() if api_key else None
         self.max_body_bytes = max_body_bytes
+        self.preparer = RequestPreparer(llm, model_name)
+        self.stopping = asyncio.Event()    # set at shutdown: a body still on its way is not waited for
         self.created = now()
 
     # -- checks -------------------------------------------------------------------------------
@@ -83,6 +84,21 @@ class Server:
                            code="invalid_api_key")
 
     async def read_body(self, request: Request) -> bytes:
+        """The whole body; a shutdown does not wait for one still on its way (a client that
+        sent its headers and stalled)."""
+        reading = asyncio.ensure_future(self._read_body(request))
+        stopping = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait((reading, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not reading.done():
+            reading.cancel()
+            raise APIError(503, "the server is shutting down; the request body had not arrived",
+                           type="service_unavailable")
+        return reading.result()
+
+    async def _read_body(self, request: Request) -> bytes:
         limit = self.max_body_bytes
         length = request.headers.get("content-length")
         if length is not None:
@@ -98,32 +114,6 @@ class Server:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def check_model(self, model: str) -> None:
-        if model != self.model_name:
-            raise APIError(404, f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
-                           type="NotFoundError", param="model", code="model_not_found")
-
-    def check_token_ids(self, token_ids: list[int], max_tokens: int) -> None:
-        vocab_size = self.llm.hf_config.vocab_size
-        bad = next((t for t in token_ids if not 0 <= t < vocab_size), None)
-        if bad is not None:
-            raise APIError(400, f"token id {bad} is outside the model's vocabulary of {vocab_size}", param="prompt")
-        try:
-            self.llm.scheduler.check_request(len(token_ids), max_tokens)
-        except RequestError as exc:
-            raise APIError(400, str(exc)) from None
-
-    def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
-        tokenizer = self.llm.tokenizer
-        if getattr(tokenizer, "chat_template", None):
-            from jinja2 import TemplateError     # transformers renders chat templates with jinja2
-            try:
-                text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            except TemplateError as exc:
-                raise APIError(400, f"the chat template refused the messages: {exc}", param="messages") from None
-            return tokenizer.encode(text, add_special_tokens=False, verbose=False)
-        return tokenizer.encode(plain_chat_prompt(messages), verbose=False)
-
     # -- endpoints ----------------------------------------------------------------------------
 
     async def completions(self, request: Request) -> Response:
@@ -133,26 +123,12 @@ class Server:
         return await self._generate(request, ChatBody)
 
     async def _generate(self, request: Request, cls) -> Response:
-        arrival_time = self.engine_loop.now()     # the trace's arrival: when the request reached the server
         try:
             self.check_auth(request)
-            body = decode_body(await self.read_body(request), cls)
-            self.check_model(body.model)
-            refuse_unsupported(body)
-            if cls is CompletionBody:
-                # as LLM.add_request tokenizes; a prompt over the tokenizer's own limit is ours to refuse
-                prompts = [self.llm.tokenizer.encode(p, verbose=False) if isinstance(p, str) else p
-                           for p in completion_prompts(body)]
-            else:
-                prompts = [self.chat_prompt_ids(chat_messages(body))]
-            max_model_len = self.llm.config.max_model_len
+            body, prepared = await self.preparer.run(await self.read_body(request), cls)
             queue: asyncio.Queue = asyncio.Queue()
             event_loop = asyncio.get_running_loop()
-            requests = []
-            for token_ids in prompts:
-                sp = request_sampling(body, len(token_ids), max_model_len)
-                self.check_token_ids(token_ids, sp.max_tokens)
-                requests.append(ServeRequest(token_ids, sp, arrival_time, queue, event_loop))
+            requests = [ServeRequest(token_ids, sp, queue, event_loop) for token_ids, sp in prepared]
             try:
                 for r in requests:
                     self.engine_loop.submit(r)
@@ -297,6 +273,11 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
     return json_response(APIError(exc.status_code, str(exc.detail)).body(), exc.status_code)
 
 
+async def _server_error(request: Request, exc: Exception) -> Response:
+    # a bug: the client gets OpenAI's error object, and the log keeps the traceback
+    return json_response(APIError(500, "internal server error", type="internal_error").body(), 500)
+
+
 def build_app(server: Server) -> Starlette:
     routes = [
         Route("/v1/completions", server.completions, methods=["POST"]),
@@ -305,4 +286,4 @@ def build_app(server: Server) -> Starlette:
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.metrics_text, methods=["GET"]),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _server_error})

@@ -26,11 +26,11 @@ class ServeRequest:
     __slots__ = ("prompt_token_ids", "sampling_params", "arrival_time", "queue", "event_loop", "seq",
                  "num_delivered", "first_token_ns", "last_token_ns", "done")
 
-    def __init__(self, prompt_token_ids: list[int], sampling_params: SamplingParams, arrival_time: float,
-                 queue: asyncio.Queue, event_loop: asyncio.AbstractEventLoop):
+    def __init__(self, prompt_token_ids: list[int], sampling_params: SamplingParams, queue: asyncio.Queue,
+                 event_loop: asyncio.AbstractEventLoop):
         self.prompt_token_ids = prompt_token_ids
         self.sampling_params = sampling_params
-        self.arrival_time = arrival_time     # seconds from the engine's start_ns
+        self.arrival_time = 0.0              # seconds from the engine's start_ns; stamped by submit
         self.queue = queue                   # receives (self, Output); may be shared by a request's prompts
         self.event_loop = event_loop
         self.seq = None                      # the engine's Sequence, once added
@@ -74,10 +74,15 @@ class EngineLoop:
     # -- called from the event loop ----------------------------------------------------------
 
     def submit(self, request: ServeRequest) -> None:
+        """The request arrives now: whole (its body read), tokenized and checked, as vLLM's
+        API server hands a request to its engine. Stamped under the inbox's lock, so the
+        engine adds requests in the order of their arrival times and the trace's arrival
+        times never go backwards (a long upload does not count as queueing)."""
         with self._cond:
             if self._stopping or not self.alive:
                 raise ShuttingDown("the server is shutting down" if self._stopping else
                                    f"the engine loop has stopped: {self.error!r}")
+            request.arrival_time = self.now()
             self._inbox.append(request)
             self._cond.notify()
 
@@ -151,6 +156,8 @@ class EngineLoop:
         self.llm.abort_request(seq.seq_id, reason)
         deliveries.append((request, Output([], "abort")))
         if self.metrics is not None:
+            # the gauges now, not at the next step: an idle server has none to come
+            self.metrics.queues(self.llm)
             self.metrics.request_finished(request, "abort")
 
     def _step(self, deliveries: list) -> None:

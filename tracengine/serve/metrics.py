@@ -1,7 +1,7 @@
 """Prometheus metrics of the server, under vLLM's names (`vllm:` prefix, a
 `model_name` label), so dashboards and alerts written for `vllm serve` read
 them. Each server has its own registry: two servers in one process (tests)
-do not share counters. Updated by the engine loop once per step."""
+do not share counters. Updated by the engine loop after each step and each abort."""
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for the app)
 
@@ -61,11 +61,15 @@ class ServerMetrics:
         if request.last_token_ns:
             self.e2e.observe((request.last_token_ns - self.start_ns) / 1e9 - request.arrival_time)
 
-    def step(self, llm, is_prefill: bool, num_new_tokens: int, num_preemptions: int) -> None:
+    def queues(self, llm) -> None:
+        """The gauges, from the scheduler's queues and free blocks: after every step and abort."""
         scheduler = llm.scheduler
         self.num_requests_running.set(len(scheduler.running))
         self.num_requests_waiting.set(len(scheduler.waiting))
         self.kv_cache_usage.set(1 - scheduler.block_manager.num_free_blocks / self.num_kvcache_blocks)
+
+    def step(self, llm, is_prefill: bool, num_new_tokens: int, num_preemptions: int) -> None:
+        self.queues(llm)
         if is_prefill:
             self.prompt_tokens.inc(llm.num_batched_tokens)
         self.generation_tokens.inc(num_new_tokens)

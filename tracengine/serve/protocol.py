@@ -71,6 +71,7 @@ class ChatBody(_Sampling, kw_only=True):
     messages: list[Message]
     max_completion_tokens: int | None = None   # the newer name of max_tokens
     logprobs: bool = False
+    top_logprobs: int | None = None
     tools: list | None = None
 
 
@@ -87,6 +88,8 @@ def decode_body(body: bytes, cls):
         raise APIError(400, f"invalid request: {exc}") from None
     except msgspec.DecodeError as exc:
         raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:      # msgspec's depth bound: a hostile body, not a server failure
+        raise APIError(400, "the request body is nested too deeply") from None
 
 
 def refuse_unsupported(body) -> None:
@@ -97,7 +100,7 @@ def refuse_unsupported(body) -> None:
         checks += [("echo", body.echo), ("logprobs", body.logprobs is not None),
                    ("best_of", body.best_of not in (None, 1)), ("suffix", body.suffix is not None)]
     else:
-        checks += [("logprobs", body.logprobs), ("tools", bool(body.tools))]
+        checks += [("logprobs", body.logprobs), ("top_logprobs", bool(body.top_logprobs)), ("tools", bool(body.tools))]
     for name, given in checks:
         if given:
             raise APIError(400, f"{name} is not supported by this server (docs/serve.md)", param=name)
@@ -150,13 +153,18 @@ def plain_chat_prompt(messages: list[dict]) -> str:
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
 
 
-def request_sampling(body, num_prompt_tokens: int, max_model_len: int) -> SamplingParams:
-    """The engine's sampling parameters; max_tokens defaults to what the context has left."""
+def request_sampling(body, num_prompt_tokens: int, max_model_len: int, num_cache_tokens: int) -> SamplingParams:
+    """The engine's sampling parameters. A chat request without max_tokens gets what the
+    context has left, as vLLM gives: max_model_len, or all the KV cache holds where that is
+    less (a sequence longer than the cache could never run), minus the prompt."""
     max_tokens = body.max_tokens
     if isinstance(body, ChatBody) and body.max_completion_tokens is not None:
         max_tokens = body.max_completion_tokens
     if max_tokens is None:
-        max_tokens = 16 if isinstance(body, CompletionBody) else max_model_len - num_prompt_tokens
+        context_len = min(max_model_len, num_cache_tokens)
+        max_tokens = 16 if isinstance(body, CompletionBody) else context_len - num_prompt_tokens
+        if max_tokens <= 0 and num_prompt_tokens < max_model_len:
+            max_tokens = 1              # no room in the cache: the scheduler's check says so
     if max_tokens <= 0:
         if num_prompt_tokens >= max_model_len:
             raise APIError(400, f"This model's maximum context length is {max_model_len} tokens; the prompt has "
@@ -173,6 +181,8 @@ def request_sampling(body, num_prompt_tokens: int, max_model_len: int) -> Sampli
         raise APIError(400, f"top_p must be in (0, 1], got {body.top_p}", param="top_p")
     if body.top_k is not None and not (body.top_k == -1 or body.top_k > 0):
         raise APIError(400, f"top_k must be -1 (all tokens) or positive, got {body.top_k}", param="top_k")
+    if body.seed is not None and not 0 <= body.seed < 1 << 63:     # -1 too: the trace's "no seed"
+        raise APIError(400, f"seed must be an integer in [0, 2**63), got {body.seed}", param="seed")
     request = Request([0], max_tokens, temperature=temperature, ignore_eos=body.ignore_eos,
                       top_k=-1 if body.top_k is None else body.top_k, top_p=1.0 if body.top_p is None else body.top_p,
                       seed=-1 if body.seed is None else body.seed)

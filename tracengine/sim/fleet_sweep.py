@@ -37,3 +37,10 @@ class FleetVariant:
         from tracengine.sim.fleet import simulate_fleet
         config = simulate_config({**self.base, **overrides}, self.requests)
         return fleet_row_of(fleet_stats(simulate_fleet(config, self.requests, self.step_time, self.spec), self.slo))
+
+
+def fleet_runner(spec, requests) -> FleetVariant:
+    """The maker of a fleet sweep's variants (sim/spec.py): the fleet travels in the spec as data."""
+    from tracengine.sim.fleet import FleetSpec
+    from tracengine.sim.spec import step_time_of
+    return FleetVariant(requests, spec.base, step_time_of(spec.step_time), FleetSpec.from_dict(spec.fleet), spec.slo)

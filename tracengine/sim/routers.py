@@ -20,6 +20,7 @@ import random
 from dataclasses import dataclass
 
 from tracengine.engine.block_hasher import compute_hashes
+from tracengine.engine.hash_id_prompt import HashIdPrompt
 from tracengine.errors import ConfigError
 
 
@@ -43,9 +44,8 @@ class RoutedRequest:
         """The hashes the block manager computes for the prompt's full blocks (compute_hash's chain)."""
         if self._hashes is None:
             prompt = self.prompt_token_ids
-            # a hash-id prompt (engine/hash_id_prompt.py) has its hashes from its hash ids
-            self._hashes = (prompt.block_hashes(self.block_size) if hasattr(prompt, "block_hashes")
-                            else compute_hashes(prompt, self.block_size))
+            self._hashes = prompt.block_hashes(self.block_size) if isinstance(prompt, HashIdPrompt) \
+                else compute_hashes(prompt, self.block_size)
         return self._hashes
 
 

@@ -1,17 +1,13 @@
 """Sweeps: one run per point of a grid of config values (`--sweep NAME=V1,V2`,
-repeatable), in parallel worker processes, one row of figures per variant.
+repeatable), one row of figures per variant; where they run, executors.py says.
 
 Every figure of a row is read from `tracengine stats`' dict of that run
 (analysis/stats.py), so a row equals the stats of the same run made alone: in
 ms and tokens/s in simulated time, in steps for a step-exact sweep (whose runs
 have no time of their own).
-A variant is a function of its overrides only; workers are forked from the
-process that prepared the workload (calibrated, read), so nothing is read or
-fitted twice."""
+A variant is a function of its overrides only (spec.py makes it data); the
+workload is read and the step-time model fitted once, before any variant runs."""
 import itertools
-import multiprocessing
-import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from tracengine.engine.config import parse_override
@@ -96,41 +92,18 @@ def step_row_of(s: dict) -> dict:
             "preemptions": s["preemption"]["num_preemptions"]}
 
 
-_VARIANT = None     # the worker's run function, set by the initializer (inherited when forked)
-
-
-def _init(run_variant):
-    global _VARIANT
-    _VARIANT = run_variant
-
-
-def _run(overrides: dict) -> dict:
-    return _VARIANT(overrides)
-
-
-def run_sweep(run_variant, variants: list[dict], jobs: int | None = None) -> list[dict]:
-    """`run_variant(overrides) -> row` for every variant, in `jobs` processes (default one
-    per core); rows in the order of `variants`. One job runs them here, in order. A variant
-    that could never run (`run_variant.check`) is refused before any runs, not in its worker
-    after the others."""
-    for v in variants:
-        run_variant.check(v)
-    jobs = min(jobs or os.cpu_count() or 1, len(variants))
-    if jobs <= 1:
-        return [run_variant(v) for v in variants]
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init, initargs=(run_variant,)) as pool:
-        return list(pool.map(_run, variants))
-
-
 def render_rows(variants: list[dict], rows: list[dict], figures: SweepFigures = IN_TIME) -> str:
+    """One line per variant; a variant stopped by its timeout (sim/executors.py: a row of
+    `timed_out_s` alone) has no figures, and a last column says so."""
     from tracengine.analysis.tables import make_table, table_text
     names = list(variants[0]) if variants else []
-    show = [c for c in figures.columns if c[0] != "goodput" or any(r["goodput"] is not None for r in rows)]
-    cells = [[str(v[n]) for n in names] + ["-" if r[key] is None else fmt.format(r[key]) for key, _, fmt in show]
+    show = [c for c in figures.columns if c[0] != "goodput" or any(r.get("goodput") is not None for r in rows)]
+    timed_out = any("timed_out_s" in r for r in rows)
+    cells = [[str(v[n]) for n in names] + ["-" if r.get(key) is None else fmt.format(r[key]) for key, _, fmt in show]
+             + ([f"timed out ({r['timed_out_s']:g} s)" if "timed_out_s" in r else "ok"] if timed_out else [])
              for v, r in zip(variants, rows)]
-    return table_text(make_table(names + [title for _, title, _ in show], cells, left_columns=0))
+    header = names + [title for _, title, _ in show] + (["status"] if timed_out else [])
+    return table_text(make_table(header, cells, left_columns=0))
 
 
 def plot_rows(path: str, variants: list[dict], rows: list[dict], figure: str, figures: SweepFigures = IN_TIME):
@@ -147,7 +120,7 @@ def plot_rows(path: str, variants: list[dict], rows: list[dict], figure: str, fi
     x_name, others = names[0], names[1:]
     lines: dict[tuple, list] = {}
     for v, r in zip(variants, rows):
-        lines.setdefault(tuple(v[n] for n in others), []).append((v[x_name], r[figure]))
+        lines.setdefault(tuple(v[n] for n in others), []).append((v[x_name], r.get(figure)))
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, points in lines.items():
         points = [(x, y) for x, y in points if y is not None]

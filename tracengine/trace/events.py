@@ -37,7 +37,7 @@ class TraceHeader(Event, tag=0):
     seed: int
     created_at: float = 0.0
     tensor_parallel_size: int = 1
-    # Format version 5: a fleet run's replicas, routers and KV transfers (tracengine/sim/fleet.py,
+    # Format version 4: a fleet run's replicas, routers and KV transfers (tracengine/sim/fleet.py,
     # FleetSpec.to_dict); empty for one engine
     fleet: dict[str, str | int | float | bool | None] = {}
 
@@ -172,7 +172,7 @@ class SeqAbort(Event, tag=11):
     num_completion_tokens: int
 
 
-# Format version 5: a fleet of replicas in one trace (tracengine/sim/fleet.py, docs/cluster.md).
+# Format version 4: a fleet of replicas in one trace (tracengine/sim/fleet.py, docs/cluster.md).
 
 class ReplicaScope(Event, tag=12):
     """The engine events after it, up to the next ReplicaScope, are replica `replica`'s; a trace
