@@ -95,3 +95,61 @@ def batched_and_alone(llm, prompts, params) -> tuple[list, list]:
         alone.append(llm.generate([prompt], sp, use_tqdm=False)[0]["token_ids"])
     llm.last_run = summary
     return batched, alone
+
+
+# -- sweeps (test_sweeps.py, test_sweeps_ray.py) ---------------------------------------------
+
+SWEEP_MODEL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "head_dim": 16, "intermediate_size": 128, "vocab_size": 1000, "torch_dtype": "bfloat16"}
+# a slow device, so that a few dozen short requests queue at a few hundred requests/s
+SLOW_DEVICE = ["--peak-tflops", "1", "--bandwidth-tbs", "0.05"]
+SWEEP_SLO = {"ttft": 0.2, "tpot": 0.02}
+
+
+def write_mooncake(path, num_requests: int = 60, seed: int = 0) -> str:
+    """A Mooncake-format workload: arrivals in ms, lengths, and hash ids that share blocks."""
+    import json
+    import random
+    rng = random.Random(seed)
+    t = 0
+    with open(path, "w") as f:
+        for _ in range(num_requests):
+            t += rng.randint(1, 40)
+            num_blocks = rng.randint(1, 4)
+            f.write(json.dumps({"timestamp": t, "input_length": num_blocks * 512 - rng.randint(0, 300),
+                                "output_length": rng.randint(4, 40),
+                                "hash_ids": [rng.randint(0, 30) for _ in range(num_blocks)]}) + "\n")
+    return str(path)
+
+
+def simulate_argv(workload, roofline, *extra) -> list[str]:
+    """`simulate` of the workload on the slow device, with SWEEP_SLO's objectives."""
+    return ["simulate", workload, "--roofline", roofline, *SLOW_DEVICE, "--length-scale", "0.25",
+            "--set", "num_kvcache_blocks=400", "--slo", "ttft=200ms", "--slo", "tpot=20ms", *extra]
+
+
+def table_of(out: str) -> list[str]:
+    """A sweep's table: its lines but the one that says how long it took and where."""
+    return [line for line in out.splitlines() if " variants in " not in line]
+
+
+def sweep_of(workload, roofline):
+    """(spec, source, prepared) of simulate_argv's sweep, as the command makes them."""
+    from tracengine.sim.roofline import ModelShape, RooflineStepTime
+    from tracengine.sim.spec import SIMULATE, PreparedSources, SweepSpec, workload_source
+    from tracengine.workload.sources import WorkloadSpec
+    source = workload_source(WorkloadSpec(workload=workload, length_scale=0.25), 1000)
+    step_time = RooflineStepTime.for_hardware(ModelShape.from_file(roofline), None, 1.0, 0.05)
+    spec = SweepSpec(SIMULATE, source.digest, {"num_kvcache_blocks": 400}, step_time.to_dict(), SWEEP_SLO)
+    return spec, source, PreparedSources()
+
+
+def good_share(spec, source, prepared, overrides: dict, rate: float) -> float:
+    """The share of good requests of one run at `rate`, made alone: no executor, no cache."""
+    from tracengine.analysis.stats import stats
+    from tracengine.sim.engine import simulate, simulate_config
+    from tracengine.sim.spec import at_rate
+    runner = prepared.runner(spec, source, None)
+    requests = at_rate(runner.requests, rate, source.params)
+    config = simulate_config({**spec.base, **overrides}, requests)
+    return stats(simulate(config, requests, runner.step_time), spec.slo)["goodput"]["good_request_share"]

@@ -1,78 +1,27 @@
 """Sweeps on the local executor: the result cache, the per-variant timeout, the capacity
 search and their flags (the same on Ray: tests/test_sweeps_ray.py)."""
 import json
-import random
 import subprocess
 import sys
 
 import pytest
 
-from tracengine.analysis.stats import stats
+from tests.helpers import SLOW_DEVICE, SWEEP_MODEL, good_share, simulate_argv, sweep_of, table_of, write_mooncake
 from tracengine.cli.main import main
-from tracengine.sim.engine import simulate, simulate_config
-from tracengine.sim.executors import LocalExecutor, run_variants
+from tracengine.sim.executors import LocalExecutor
 from tracengine.sim.search import search_rates
-from tracengine.sim.spec import SIMULATE, PreparedSources, SweepSpec, Variant, at_rate, workload_source
-from tracengine.workload.sources import WorkloadSpec
-
-TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "intermediate_size": 128, "vocab_size": 1000, "torch_dtype": "bfloat16"}
-# a slow device, so that a few dozen short requests queue at a few hundred requests/s
-ROOFLINE = ["--peak-tflops", "1", "--bandwidth-tbs", "0.05"]
-SLO = {"ttft": 0.2, "tpot": 0.02}
-
-
-def write_mooncake(path, num_requests: int = 60, seed: int = 0):
-    """A Mooncake-format workload: arrivals in ms, lengths, and hash ids that share blocks."""
-    rng = random.Random(seed)
-    t = 0
-    with open(path, "w") as f:
-        for _ in range(num_requests):
-            t += rng.randint(1, 40)
-            num_blocks = rng.randint(1, 4)
-            f.write(json.dumps({"timestamp": t, "input_length": num_blocks * 512 - rng.randint(0, 300),
-                                "output_length": rng.randint(4, 40),
-                                "hash_ids": [rng.randint(0, 30) for _ in range(num_blocks)]}) + "\n")
-    return str(path)
-
+from tracengine.sim.spec import Variant
 
 @pytest.fixture
 def roofline(tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(TINY))
+    path.write_text(json.dumps(SWEEP_MODEL))
     return str(path)
 
 
 @pytest.fixture
 def workload(tmp_path):
     return write_mooncake(tmp_path / "mooncake.jsonl")
-
-
-def simulate_argv(workload, roofline, *extra):
-    return ["simulate", workload, "--roofline", roofline, *ROOFLINE, "--length-scale", "0.25",
-            "--set", "num_kvcache_blocks=400", "--slo", "ttft=200ms", "--slo", "tpot=20ms", *extra]
-
-
-def table_of(out: str) -> list[str]:
-    """A sweep's table: its lines but the one that says how long it took and where."""
-    return [line for line in out.splitlines() if " variants in " not in line]
-
-
-def sweep_of(workload, roofline):
-    """(spec, source, prepared) of a simulate sweep over the workload, as the command makes them."""
-    from tracengine.sim.roofline import ModelShape, RooflineStepTime
-    source = workload_source(WorkloadSpec(workload=workload, length_scale=0.25), 1000)
-    step_time = RooflineStepTime.for_hardware(ModelShape.from_file(roofline), None, 1.0, 0.05)
-    spec = SweepSpec(SIMULATE, source.digest, {"num_kvcache_blocks": 400}, step_time.to_dict(), SLO)
-    return spec, source, PreparedSources()
-
-
-def good_share(spec, source, prepared, overrides: dict, rate: float) -> float:
-    """The share of good requests of one run at `rate`, made alone: no executor, no cache."""
-    runner = prepared.runner(spec, source, None)
-    requests = at_rate(runner.requests, rate, source.params)
-    config = simulate_config({**spec.base, **overrides}, requests)
-    return stats(simulate(config, requests, runner.step_time), spec.slo)["goodput"]["good_request_share"]
 
 
 def test_a_rerun_reads_the_cache_and_an_extended_sweep_computes_only_what_is_new(workload, roofline, tmp_path,
@@ -179,7 +128,7 @@ def test_search_on_the_command_line_prints_each_configs_rate_and_plots(workload,
 
 def test_a_synthetic_workload_is_searched_at_its_own_rate(roofline, capsys):
     argv = ["simulate", "--num-prompts", "30", "--input-len", "64:256", "--output-len", "8:32", "--roofline",
-            roofline, *ROOFLINE, "--set", "num_kvcache_blocks=400", "--set", "max_num_batched_tokens=256",
+            roofline, *SLOW_DEVICE, "--set", "num_kvcache_blocks=400", "--set", "max_num_batched_tokens=256",
             "--slo", "ttft=5ms", "--search", "request_rate",
             "--goodput", "0.9", "--search-precision", "5", "--no-cache"]
     assert main(argv) == 0

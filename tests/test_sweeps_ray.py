@@ -5,9 +5,10 @@ computes nothing; a timed-out variant says so. Ray is the 'ray' extra, which CI 
 import json
 
 import pytest
-import ray
 
-from tests.test_sweeps import good_share, simulate_argv, sweep_of, table_of, write_mooncake
+ray = pytest.importorskip("ray", reason="Ray is the 'ray' extra: pip install -e \".[ray]\"")
+
+from tests.helpers import SWEEP_MODEL, good_share, simulate_argv, sweep_of, table_of, write_mooncake
 from tracengine.cli.main import main
 from tracengine.sim.executors import LocalExecutor, RayExecutor, run_variants
 from tracengine.sim.search import search_rates
@@ -24,9 +25,8 @@ def cluster():
 
 @pytest.fixture
 def roofline(tmp_path):
-    from tests.test_sweeps import TINY
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(TINY))
+    path.write_text(json.dumps(SWEEP_MODEL))
     return str(path)
 
 

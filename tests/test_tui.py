@@ -219,7 +219,7 @@ async def test_the_seeds_worked_example_is_explained_step_by_step():
         assert explanation(app) == "decode: 3 seqs, 1 token each"
 
 
-@pytest.mark.parametrize("name", ["worked_example", "preemption", "default_mix", "hash_ids"])
+@pytest.mark.parametrize("name", ["worked_example", "preemption", "default_mix", "hash_ids", "mixed", "vllm"])
 async def test_golden_traces_show_what_the_fold_says(name):
     path = GOLDEN / f"{name}.trace"
     fold = Fold.from_trace(path)

@@ -17,6 +17,8 @@ from tracengine.trace.events import iter_steps
 
 SCHEDULING_CONFIG = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "kvcache_block_size",
                      "num_kvcache_blocks", "eos")
+VLLM_SCHEDULING_CONFIG = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size", "num_gpu_blocks",
+                          "enable_prefix_caching", "policy", "long_prefill_token_threshold")
 
 LEGEND = "# step phase seq:tokens[@cached] | stop_reason | arrivals, blocks, preemptions, finishes | free blocks"
 MAX_LIST_ITEMS = 12   # longer lists are shortened (`events --json` prints all)
@@ -123,6 +125,9 @@ def render_step(events) -> str:
 
 def render_header(header: TraceHeader) -> str:
     config = header.config
+    if header.engine == "vllm":
+        return f"# vLLM {header.engine_version} ({config.get('scheduler_kind')}): " + " ".join(
+            f"{name}={config.get(name)}" for name in VLLM_SCHEDULING_CONFIG)
     policy = config.get("scheduling_policy", "prefill_first")     # named when it is not the default
     return "# config: " + " ".join(f"{name}={config.get(name)}" for name in SCHEDULING_CONFIG) + (
         f" scheduling_policy={policy}" if policy != "prefill_first" else "")

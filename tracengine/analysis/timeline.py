@@ -18,7 +18,7 @@ from itertools import repeat
 import msgspec
 
 from tracengine.errors import TraceError
-from tracengine.trace.events import (BlockAllocate, Preempt, RequestAdded,
+from tracengine.trace.events import (BlockAllocate, block_pool_config, Preempt, RequestAdded,
                                      ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader,
                                      prefill_flags)
 
@@ -61,9 +61,8 @@ class RequestTimeline:
     def __init__(self, header: TraceHeader | None = None, lean: bool = False):
         self.header = header
         self.lean = lean
-        config = header.config if header is not None else {}
-        self.block_size: int | None = config.get("kvcache_block_size")
-        num_blocks = config.get("num_kvcache_blocks", -1)
+        _, num_blocks, block_size = block_pool_config(header) if header is not None else (-1, -1, None)
+        self.block_size: int | None = block_size or None
         self.num_kvcache_blocks: int | None = num_blocks if num_blocks and num_blocks > 0 else None
         self.steps: list[StepRecord] = []
         self.requests: dict[int, RequestRecord] = {}

@@ -50,6 +50,10 @@ def _event_json(event):
 
 
 def run(args) -> int:
+    with TraceReader(args.trace) as reader:
+        if reader.header.engine == "vllm":     # vLLM's own scheduler: tracengine/vllm/
+            from tracengine.vllm.command import run_replay as run_vllm_replay
+            return run_vllm_replay(args)
     check_plot_figure(args)
     check_executor_flags(args, bool(args.sweep))
     overrides = config_overrides(args)
@@ -97,9 +101,10 @@ def show_state(path, step: int) -> int:
     return EXIT_OK
 
 
-def run_replay(path, as_json: bool = False, policy: str | None = None) -> int:
+def run_replay(path, as_json: bool = False, policy: str | None = None, replayer=None) -> int:
+    """`replayer`: the re-execution to run (vLLM's, for a vLLM trace); tracengine's by default."""
     with TraceReader(path) as reader:
-        result = reexecute(reader.events(), policy)
+        result = replayer(reader.events()) if replayer is not None else reexecute(reader.events(), policy)
         note_torn_tail(reader)
     if as_json:
         d = result.divergence
@@ -124,7 +129,11 @@ def run_replay(path, as_json: bool = False, policy: str | None = None) -> int:
 def run_whatif(path, events, overrides: dict, record, as_json: bool = False, policy: str | None = None) -> int:
     """`events`: those of the trace at `path`, read."""
     from tracengine.replay.whatif import whatif
-    result = whatif(events, overrides, policy=policy)
+    return print_whatif(path, whatif(events, overrides, policy=policy), record, as_json)
+
+
+def print_whatif(path, result, record, as_json: bool = False) -> int:
+    """A what-if's result (replay/whatif.py's WhatIfResult), its trace written to `record`."""
     if record:
         write_trace(record, result.events)
     if as_json:

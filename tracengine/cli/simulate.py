@@ -36,6 +36,9 @@ def add_to(sub):
     add_sweep_arguments(p)
     add_search_arguments(p)
     add_fleet_arguments(p)
+    p.add_argument("--scheduler", choices=("tracengine", "vllm"), default="tracengine",
+                   help="whose scheduler: tracengine's, or vLLM's own (installed; --set takes vLLM's config "
+                   "fields, docs/vllm.md)")
     p.set_defaults(run=run)
 
 
@@ -57,6 +60,9 @@ def simulation_progress(num_requests: int, enabled: bool = True) -> RequestProgr
 
 
 def run(args) -> int:
+    if args.scheduler == "vllm":
+        from tracengine.vllm.command import run_simulate
+        return run_simulate(args)
     import time
     from tracengine.sim.engine import check_token_prompts, simulate, simulate_config, simulation_header
     if args.workload_file and args.workload:

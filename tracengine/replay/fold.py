@@ -16,7 +16,7 @@ from tracengine.engine.block_pool import FreeKVCacheBlockQueue
 from tracengine.errors import TraceError
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
                                      ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader,
-                                     prefill_flags)
+                                     block_pool_config, prefill_flags)
 from tracengine.replay.state import FINISHED, RUNNING, WAITING, BlockState, FoldState, SeqState, live_state
 from tracengine.trace.tracelog import TraceReader, check_header
 
@@ -150,6 +150,9 @@ class _Projection:
             waiting.remove(s.seq_id)
         self.running.append(s.seq_id)
         s.status = RUNNING
+
+    def scheduled_when_finished(self, seq_id: int) -> bool:   # vLLM's async scheduling: vllm/fold.py
+        return False
 
     def _take_free_block(self, block_id: int):
         if self.free.head() != block_id:
@@ -308,7 +311,7 @@ class Fold:
         if self.header is None:
             raise IndexError("the trace has no header yet")
         kf = self._keyframes[(step + 1) // self.keyframe_interval]
-        p = _Projection.from_keyframe(kf, self.block_size)
+        p = type(self._live).from_keyframe(kf, self.block_size)
         handlers = p.handlers
         for s in range(kf.step + 1, step + 1):
             for event in self._steps[s]:
@@ -316,15 +319,16 @@ class Fold:
         return p.state(step, self._decisions[step] if step >= 0 else None)
 
 
-
 def _projection_of(header) -> _Projection:
-    """The empty state of the block pool the header describes."""
-    config = check_header(header).config
-    num_blocks, block_size = config.get("num_kvcache_blocks", -1), config.get("kvcache_block_size", 0)
-    if not (type(num_blocks) is int and 0 < num_blocks <= MAX_FOLD_BLOCKS
-            and type(block_size) is int and block_size > 0):
+    """The empty state of the block pool the header describes (vLLM's, for its scheduler's trace)."""
+    num_blocks, _, block_size = block_pool_config(check_header(header))
+    if not (type(num_blocks) is int and 0 < num_blocks <= MAX_FOLD_BLOCKS and type(block_size) is int
+            and block_size > 0):
         raise TraceError(f"the trace header has no plausible block pool: num_kvcache_blocks={num_blocks!r} "
                          f"(at most {MAX_FOLD_BLOCKS}), kvcache_block_size={block_size!r}")
+    if header.engine == "vllm":
+        from tracengine.vllm.fold import vllm_projection
+        return vllm_projection(num_blocks, block_size)
     return _Projection(num_blocks, block_size)
 
 
@@ -365,10 +369,10 @@ class EventCheck:
         elif t is ScheduleDecision:
             if self.state.decision is not None and self.state.decision.step == self.step:
                 return "a second ScheduleDecision in one step"
-            # decode takes running sequences; prefill waiting ones, and under a policy that mixes
-            # them (mixed) running ones too
+            # decode takes running sequences; prefill waiting ones, and mixed (a policy) running ones too
             queues = (self.state.running,) if e.phase == "decode" else (self.state.waiting, self.state.running)
-            missing = [ss.seq_id for ss in e.seqs if not any(ss.seq_id in q for q in queues)]
+            missing = [ss.seq_id for ss in e.seqs if not any(ss.seq_id in q for q in queues)
+                       and not self.state.scheduled_when_finished(ss.seq_id)]
             if missing:
                 return f"seq {missing[0]} is not {'running' if e.phase == 'decode' else 'waiting or running'}"
             self.scheduled = {ss.seq_id for ss in e.seqs}

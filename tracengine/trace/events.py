@@ -13,8 +13,9 @@ Phase = Literal["prefill", "decode", "mixed"]
 # "preempted" (a preemption this step: no admission, as vLLM V1); "not_admitted": a policy's `admit` said no.
 StopReason = Literal["waiting_empty", "max_num_seqs", "budget_exhausted", "no_free_blocks", "chunk_gate",
                      "running_empty", "preempted", "not_admitted"]
-FinishReason = Literal["eos", "length"]
-AbortReason = Literal["client", "shutdown"]   # the client went away; the server shut down
+# "stop": one of the request's stop tokens (vLLM's stop_token_ids); "error": vLLM finished it with an error
+FinishReason = Literal["eos", "length", "stop", "error"]
+AbortReason = Literal["client", "shutdown", "error"]   # the client went away; the server shut down; vLLM's error
 
 
 class Event(msgspec.Struct, frozen=True, gc=False, array_like=True, omit_defaults=True, tag_field="t"):
@@ -40,6 +41,22 @@ class TraceHeader(Event, tag=0):
     # Format version 4: a fleet run's replicas, routers and KV transfers (tracengine/sim/fleet.py,
     # FleetSpec.to_dict); empty for one engine
     fleet: dict[str, str | int | float | bool | None] = {}
+    # Format version 5: the engine whose scheduler made the decisions ("tracengine", or "vllm" for a
+    # trace of vLLM's own scheduler, whose config then holds vLLM's fields) and its exact version.
+    engine: str = "tracengine"
+    engine_version: str = ""
+
+
+def block_pool_config(header: TraceHeader) -> tuple[int, int, int]:
+    """(num_blocks, num_usable_blocks, block_size) of the KV block pool a header's config names:
+    tracengine's fields, or vLLM's in a trace of vLLM's scheduler (whose block 0 is its null
+    block, never used); -1, -1, 0 where they are not recorded."""
+    config = header.config
+    if header.engine == "vllm":
+        num_blocks, block_size = config.get("num_gpu_blocks", -1), config.get("block_size", 0)
+        return num_blocks, num_blocks - 1 if isinstance(num_blocks, int) and num_blocks > 0 else -1, block_size
+    num_blocks = config.get("num_kvcache_blocks", -1)
+    return num_blocks, num_blocks, config.get("kvcache_block_size", 0)
 
 
 class RequestAdded(Event, tag=1):
@@ -60,6 +77,17 @@ class RequestAdded(Event, tag=1):
     prompt_hash_ids: list[int] = msgspec.field(default_factory=list)
     num_hash_id_prompt_tokens: int = 0
     hash_id_block_tokens: int = 0
+    # Format version 5, what vLLM's scheduler reads of a request (tracengine/vllm/):
+    request_id: str = ""      # the engine's own id of the request ("": tracengine's seq_id is the id)
+    priority: int = 0         # the priority policy's order (lower first)
+    arrival_time: float = 0.0   # vLLM's arrival time as its scheduler got it (priority ties); 0: not recorded
+    min_tokens: int = 0
+    eos_token_id: int = -1    # -1: none (ignore_eos, or the engine's own EOS)
+    stop_token_ids: list[int] = msgspec.field(default_factory=list)
+    # Steps scheduled whose output had not come back when the request arrived (0 but for vLLM's
+    # engine core, whose model output arrives after the next step is scheduled): a replay adds it
+    # at the same point between schedule and update calls.
+    num_steps_in_flight: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -89,6 +117,9 @@ class ScheduleDecision(Event, tag=2):
     # "prefill" or "decode" decision, whose phase says it for all. (On ScheduleDecision, not on each
     # ScheduledSeq: an array-like struct writes every field, so this costs a byte per step, not per seq.)
     num_decode_seqs: int = 0
+    # Format version 5: sequences admitted back from waiting after a preemption (the rest of the
+    # prefill seqs admitted this step are new)
+    resumed_seq_ids: list[int] = msgspec.field(default_factory=list)
 
 
 def prefill_flags(decision: "ScheduleDecision") -> list[bool]:
@@ -158,6 +189,9 @@ class StepEnd(Event, tag=10):
     # this one: idle time waiting for arrivals and the loop's own work. Step s starts at the
     # sum of gap_ns and durations before it; a v1 trace reads as gaps of 0.
     gap_ns: int = 0
+    # Format version 5: steps scheduled after this one before its model output came back
+    # (vLLM's async scheduling: 1); a replay updates at the same point.
+    num_scheduled_ahead: int = 0
 
 
 class SeqAbort(Event, tag=11):
@@ -170,6 +204,8 @@ class SeqAbort(Event, tag=11):
     status: Literal["waiting", "running"]   # the queue it was taken from
     num_prompt_tokens: int
     num_completion_tokens: int
+    # Format version 5: as RequestAdded's; an abort can come while a step is in flight
+    num_steps_in_flight: int = 0
 
 
 # Format version 4: a fleet of replicas in one trace (tracengine/sim/fleet.py, docs/cluster.md).

@@ -1,11 +1,13 @@
 """The trace file's bytes: the format, its frames and their heads (writer.py writes them,
 reader.py reads them; nothing else knows frames).
 
-Format version 4: this layout, the events of events.py, and the dictionary of
-dictionary.py. Version 3 had neither RequestAdded's hash-id prompt fields nor a fleet's
-events (ReplicaScope, RouteDecision, KVTransfer and the header's fleet); versions 1 and 2
-also had a frame head without its own check (12 bytes); version 1 had the events without
-the fields appended since. All read, with those fields' defaults.
+Format version 5: this layout, the events of events.py, and the dictionary of
+dictionary.py. Version 4 had the events without the fields version 5 appended
+(the header's engine, what vLLM's scheduler records: tracengine/vllm/); version 3
+had neither RequestAdded's hash-id prompt fields nor a fleet's events
+(ReplicaScope, RouteDecision, KVTransfer and the header's fleet); versions 1 and 2
+also had a frame head without its own check (12 bytes); version 1 had the events
+without the fields appended since. All read, with those fields' defaults.
 
     preamble  b"TRCE" + uint16 format version + 2 reserved bytes (zero)
     frame     uint32 length word + uint64 checksum + uint32 head check (little-endian),
@@ -67,11 +69,11 @@ import xxhash
 
 from tracengine.trace.dictionary import DICTIONARY
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 # 2 appended arrival_ns, top_k, top_p, seed to RequestAdded and gap_ns to StepEnd; 3 checks each frame head;
 # 4 adds RequestAdded's hash-id prompt fields, a fleet's events (ReplicaScope, RouteDecision, KVTransfer)
-# and TraceHeader.fleet (docs/cluster.md)
-READABLE_VERSIONS = (1, 2, 3, 4)
+# and TraceHeader.fleet (docs/cluster.md); 5 appends the engine and what vLLM's scheduler records
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 MAGIC = b"TRCE"
 PREAMBLE = struct.Struct("<4sH2x")     # magic, format version, 2 reserved bytes (0)
 FRAME_HEAD = struct.Struct("<IQI")     # length word, xxh64 of the stored payload (seed: the flag), head check

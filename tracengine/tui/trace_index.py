@@ -87,6 +87,7 @@ class TraceIndex:
             self.name = os.path.basename(self.path)
             self.fold = Fold([self.header])
             self.num_blocks = self.fold.num_blocks
+            self.num_free_blocks_at_start = self.fold.state_at(-1).num_free_blocks   # vLLM's: all but its null block
             self.num_steps = 0           # published: complete, folded and summarized
             self._next_frame = 1
             self._summary = _StepIndex()
@@ -194,7 +195,7 @@ class TraceIndex:
 
     def view_at(self, step: int) -> StepView:
         state = self.fold.state_at(step)
-        free_before = self._summary.num_free_blocks[step - 1] if step > 0 else self.num_blocks
+        free_before = self._summary.num_free_blocks[step - 1] if step > 0 else self.num_free_blocks_at_start
         config = self.header.config
         explanation = explain_step(self.events_at(step), state.seqs, free_before,
                                    config.get("max_num_batched_tokens", 0), config.get("max_num_seqs", 0))

@@ -5,22 +5,25 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from tracengine.trace.events import TraceHeader
+from tracengine.trace.events import TraceHeader, block_pool_config
 from tracengine.tui.trace_index import StepView
 
 
 def describe_trace(name: str, header: TraceHeader) -> str:
     config, model = header.config, header.model
-    return (f"{name} · {model.name} ({model.architecture}, {model.dtype}) on {header.device} · "
-            f"{config.get('num_kvcache_blocks')} blocks × {config.get('kvcache_block_size')} tokens · "
+    num_blocks, _, block_size = block_pool_config(header)
+    engine = f" · vLLM {header.engine_version}'s scheduler" if header.engine == "vllm" else ""
+    return (f"{name} · {model.name} ({model.architecture}, {model.dtype}) on {header.device}{engine} · "
+            f"{num_blocks} blocks × {block_size} tokens · "
             f"budget {config.get('max_num_batched_tokens')} tokens, {config.get('max_num_seqs')} seqs")
 
 
 class TraceHeaderBar(Widget):
-    COMPONENT_CLASSES = {"header--prefill", "header--decode", "header--live", "header--note"}
+    COMPONENT_CLASSES = {"header--prefill", "header--decode", "header--mixed", "header--live", "header--note"}
     DEFAULT_CSS = """
     TraceHeaderBar > .header--prefill { color: $warning; text-style: bold; }
     TraceHeaderBar > .header--decode { color: $primary; text-style: bold; }
+    TraceHeaderBar > .header--mixed { color: $accent; text-style: bold; }
     TraceHeaderBar > .header--live { color: $error; text-style: bold; }
     TraceHeaderBar > .header--note { color: $text-muted; }
     """

@@ -1,0 +1,166 @@
+"""vLLM's V1 scheduler built from flat data: the config fields a trace header
+records (`header_config`) and the scheduler they rebuild (`build_scheduler`),
+with its real KVCacheManager, block pool and prefix cache, on any machine:
+the device is "cpu", the model a folder holding only a config.json.
+
+The header's config is flat (scalars, as a TraceHeader holds it): every
+scalar field of vLLM's SchedulerConfig, the CacheConfig fields that decide
+scheduling, `max_model_len`, the KV cache's one full-attention group
+(`num_gpu_blocks`, `num_kv_heads`, `head_size`, `kv_dtype`), and
+`scheduler_kind` ("sync" for Scheduler, "async" for AsyncScheduler)."""
+import dataclasses
+import json
+import os
+import tempfile
+
+from tracengine.errors import ConfigError
+
+# CacheConfig fields that decide scheduling (block size and count, the prefix cache)
+CACHE_FIELDS = ("block_size", "enable_prefix_caching", "prefix_caching_hash_algo", "sliding_window")
+KV_FIELDS = ("num_kv_heads", "head_size", "kv_dtype")
+# SchedulerConfig fields that name code or are vLLM's own bookkeeping, not a scheduling value
+_SKIPPED_SCHEDULER_FIELDS = ("scheduler_cls", "is_multimodal_model", "runner_type")
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def scheduler_field_names() -> list[str]:
+    from vllm.config import SchedulerConfig
+    # a pydantic field declared init=False keeps it on its FieldInfo, not on the dataclass field
+    return [f.name for f in dataclasses.fields(SchedulerConfig)
+            if f.init and getattr(f.default, "init", None) is not False
+            and f.name not in _SKIPPED_SCHEDULER_FIELDS and not f.name.startswith("_")]
+
+
+def header_config(scheduler) -> dict:
+    """The flat config a trace header records for a running vLLM scheduler."""
+    vllm_config = scheduler.vllm_config
+    config: dict = {}
+    for name in scheduler_field_names():
+        value = getattr(vllm_config.scheduler_config, name)
+        if isinstance(value, _SCALARS):
+            config[name] = value
+    for name in CACHE_FIELDS:
+        config[name] = getattr(vllm_config.cache_config, name)
+    config["max_model_len"] = vllm_config.model_config.max_model_len
+    kv_config = scheduler.kv_cache_config
+    if len(kv_config.kv_cache_groups) != 1:
+        raise ConfigError(f"tracengine records a vLLM model with one KV cache group, this one has "
+                          f"{len(kv_config.kv_cache_groups)}")
+    spec = kv_config.kv_cache_groups[0].kv_cache_spec
+    config["num_gpu_blocks"] = kv_config.num_blocks
+    config["num_kv_heads"] = spec.num_kv_heads
+    config["head_size"] = spec.head_size
+    config["kv_dtype"] = str(spec.dtype).removeprefix("torch.")
+    config["scheduler_kind"] = "async" if _is_async(type(scheduler)) else "sync"
+    return config
+
+
+def _is_async(cls) -> bool:
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    return issubclass(cls, AsyncScheduler)
+
+
+def settable_fields() -> list[str]:
+    """The names `replay --set` and `simulate --scheduler vllm` accept for a vLLM trace."""
+    return scheduler_field_names() + list(CACHE_FIELDS) + ["max_model_len", "num_gpu_blocks", "scheduler_kind"]
+
+
+def default_config(**overrides) -> dict:
+    """A small vLLM config in the header's terms (tests, `simulate --scheduler vllm`)."""
+    config = {"max_num_batched_tokens": 2048, "max_num_seqs": 128, "enable_chunked_prefill": True,
+              "policy": "fcfs", "long_prefill_token_threshold": 0, "block_size": 16,
+              "enable_prefix_caching": True, "prefix_caching_hash_algo": "sha256", "sliding_window": None,
+              "max_model_len": 4096, "num_gpu_blocks": 1024, "num_kv_heads": 2, "head_size": 64,
+              "kv_dtype": "float32", "scheduler_kind": "sync"}
+    return apply_overrides(config, overrides)
+
+
+def apply_overrides(config: dict, overrides: dict) -> dict:
+    unknown = sorted(set(overrides) - set(settable_fields()))
+    if unknown:
+        raise ConfigError(f"unknown vLLM config field {unknown[0]!r}; known: {', '.join(settable_fields())}")
+    return {**config, **overrides}
+
+
+def build_scheduler(config: dict, scheduler_cls=None, record: str = ""):
+    """vLLM's scheduler for a header's `config`: `scheduler_cls` (a Scheduler subclass), or
+    the recording class of the recorded kind, recording to `record` if given as vLLM's
+    engine core would have it (else not until `record_to`; $TRACENGINE_RECORD is not read).
+    Raises ConfigError for a value vLLM refuses."""
+    import torch
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    if scheduler_cls is None:
+        from tracengine.vllm.recorder import recording_classes
+        kind = "RecordingAsyncScheduler" if config.get("scheduler_kind") == "async" else "RecordingScheduler"
+        scheduler_cls = recording_classes()[kind]
+    names = set(scheduler_field_names())
+    block_size = config["block_size"]
+    try:
+        with tempfile.TemporaryDirectory(prefix="tracengine-vllm-") as model_dir:
+            _write_model_config(model_dir, config)
+            model_config = ModelConfig(model=model_dir, skip_tokenizer_init=True,
+                                       max_model_len=config["max_model_len"], dtype="float32", seed=0)
+            scheduler_config = SchedulerConfig(
+                max_model_len=config["max_model_len"], is_encoder_decoder=False,
+                **{k: v for k, v in config.items() if k in names})
+            cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=config["enable_prefix_caching"],
+                                       prefix_caching_hash_algo=config["prefix_caching_hash_algo"],
+                                       sliding_window=config.get("sliding_window"))
+            cache_config.num_gpu_blocks = config["num_gpu_blocks"]
+            vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
+                                     cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
+                                     additional_config={"tracengine": {"record": record}})
+    except (ValueError, TypeError) as exc:     # pydantic's ValidationError is a ValueError
+        raise ConfigError(f"vLLM refuses the config: {_first_line(exc)}") from None
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=config["num_kv_heads"],
+                             head_size=config["head_size"], dtype=getattr(torch, config["kv_dtype"]))
+    kv_cache_config = KVCacheConfig(num_blocks=config["num_gpu_blocks"], kv_cache_tensors=[],
+                                    kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    return scheduler_cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                         structured_output_manager=StructuredOutputManager(vllm_config),
+                         block_size=block_size, log_stats=True)
+
+
+def _first_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+def _write_model_config(model_dir: str, config: dict) -> None:
+    """A tiny Llama architecture: the scheduler reads only lengths from the model."""
+    hf_config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+                 "intermediate_size": 256, "num_attention_heads": 4, "num_hidden_layers": 1,
+                 "num_key_value_heads": config["num_kv_heads"], "head_dim": config["head_size"],
+                 "vocab_size": 32000, "max_position_embeddings": config["max_model_len"],
+                 "torch_dtype": "float32"}
+    with open(os.path.join(model_dir, "config.json"), "w") as f:
+        json.dump(hf_config, f)
+
+
+def trace_header(scheduler):
+    """The TraceHeader of a recording of `scheduler`: engine "vllm", its version, its config."""
+    import platform
+    import time
+
+    import torch
+    import vllm
+
+    from tracengine.trace.events import ModelInfo, TraceHeader
+    from tracengine.trace.tracelog import FORMAT_VERSION
+    from tracengine import __version__
+    model_config = scheduler.vllm_config.model_config
+    architectures = getattr(model_config.hf_config, "architectures", None) or ["unknown"]
+    model = ModelInfo(os.path.basename(str(model_config.model)) if scheduler_is_stub(model_config) else
+                      str(model_config.model), str(model_config.dtype).removeprefix("torch."), architectures[0])
+    return TraceHeader(FORMAT_VERSION, __version__, header_config(scheduler), model,
+                       str(scheduler.vllm_config.device_config.device_type or platform.machine()), str(torch.__version__),
+                       model_config.seed if model_config.seed is not None else 0, time.time(),
+                       scheduler.vllm_config.parallel_config.tensor_parallel_size, engine="vllm",
+                       engine_version=vllm.__version__)
+
+
+def scheduler_is_stub(model_config) -> bool:
+    """A scheduler built here (replay, simulation): its model is a temporary folder."""
+    return os.path.basename(str(model_config.model)).startswith("tracengine-vllm-")

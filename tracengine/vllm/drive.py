@@ -1,0 +1,144 @@
+"""Driving vLLM's scheduler as vLLM's engine core does, with no model:
+requests arrive at their steps, each step is `schedule()`, a fabricated
+ModelRunnerOutput, `update_from_output()`. With async scheduling (vLLM's
+`step_with_batch_queue`, two batches in flight) step k's output comes back
+after step k+1 is scheduled. The fabricated output follows vLLM's own tests:
+one sampled token for a request that reached the end of what it had to
+compute, an empty list for one still mid-prefill."""
+from collections import deque
+from dataclasses import dataclass, field
+
+EOS_TOKEN_ID = 2
+FILLER_TOKEN_IDS = (0, 1)     # past a recorded output: the first that stops nothing
+
+
+@dataclass
+class RequestSpec:
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    arrival_step: int = 0
+    priority: int = 0
+    eos_after: int = 0        # > 0: the model samples EOS as this output token (1 = the first)
+    stop_token_ids: list[int] = field(default_factory=list)
+    # A recorded request (what-if): the tokens the model gave it, in order (past them, FILLER);
+    # its own sampling parameters and arrival time (None: from eos_after, and its index).
+    output_token_ids: list[int] | None = None
+    sampling: dict | None = None
+    arrival_time: float | None = None
+
+
+def make_request(request_id: str, prompt_token_ids, *, max_tokens: int, arrival_time: float, block_size: int,
+                 hash_algo: str = "sha256", priority: int = 0, ignore_eos: bool = True, eos_token_id=None,
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed=None, min_tokens: int = 0,
+                 stop_token_ids=()):
+    """A vLLM Request as the engine core hands it to the scheduler (block hashes included)."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    hash_fn = get_hash_fn_by_name(hash_algo)
+    init_none_hash(hash_fn)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, temperature=temperature, top_k=top_k,
+                            top_p=top_p, seed=seed, min_tokens=min_tokens, stop_token_ids=list(stop_token_ids))
+    params.update_from_generation_config({}, eos_token_id)
+    return Request(request_id, list(prompt_token_ids), params, None, arrival_time=arrival_time, priority=priority,
+                   block_hasher=get_request_block_hasher(block_size, hash_fn))
+
+
+def model_output(req_ids, tokens: dict):
+    """A ModelRunnerOutput: `tokens[req_id]` (a list) for each request scheduled, [] if none."""
+    from vllm.v1.outputs import ModelRunnerOutput
+    req_ids = list(req_ids)
+    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                             sampled_token_ids=[list(tokens.get(r, ())) for r in req_ids])
+
+
+def sampling_req_ids(scheduler, out) -> list[str]:
+    """The requests of a step just scheduled that sample a token: those whose scheduled tokens
+    reach the end of what they had to compute (vLLM's `is_prefill_chunk` is then false)."""
+    return [req_id for req_id in out.num_scheduled_tokens if not scheduler.requests[req_id].is_prefill_chunk]
+
+
+def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, in_step_aborts: dict | None = None,
+        max_steps: int = 100_000, schedule_log: list | None = None, past_output: set | None = None) -> int:
+    """Runs `specs` through `scheduler` until it has no requests; returns the number of steps.
+    A request arrives before the step its `arrival_step` names (an idle engine skips ahead to
+    the next arrival, so steps then run behind that count). `aborts[k]`: request ids aborted before step k is scheduled; `in_step_aborts[k]`: ids aborted
+    while step k is in flight, before its output is processed (vLLM's aborts queue).
+    `past_output` gets the ids of recorded requests that ran past their recorded output."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.request import RequestStatus
+
+    aborts, in_step_aborts = aborts or {}, in_step_aborts or {}
+    batch_queue_size = 2 if isinstance(scheduler, AsyncScheduler) else 1
+    block_size = scheduler.block_size
+    hash_algo = scheduler.vllm_config.cache_config.prefix_caching_hash_algo
+    pending = deque(sorted(specs, key=lambda s: s.arrival_step))
+    index = {spec.request_id: i for i, spec in enumerate(specs)}
+    by_id = {spec.request_id: spec for spec in specs}
+    batch_queue: deque = deque()
+    num_scheduled = 0
+    tick = 0          # the arrivals' clock: a step, or an idle wait for the next arrival
+
+    def arrive(step: int):
+        while pending and pending[0].arrival_step <= step:
+            spec = pending.popleft()
+            sampling = spec.sampling if spec.sampling is not None else dict(
+                ignore_eos=not spec.eos_after, eos_token_id=EOS_TOKEN_ID if spec.eos_after else None,
+                stop_token_ids=spec.stop_token_ids)
+            arrival_time = spec.arrival_time if spec.arrival_time is not None else float(index[spec.request_id])
+            scheduler.add_request(make_request(
+                spec.request_id, spec.prompt_token_ids, max_tokens=spec.max_tokens, arrival_time=arrival_time,
+                block_size=block_size, hash_algo=hash_algo, priority=spec.priority, **sampling))
+
+    def fabricate(req_ids) -> dict:
+        tokens = {}
+        for req_id in req_ids:
+            request = scheduler.requests.get(req_id)
+            if request is None:
+                continue
+            spec = by_id[req_id]
+            if spec.output_token_ids is not None:
+                tokens[req_id] = [recorded_token(spec, request.num_output_tokens, past_output)]
+            elif spec.eos_after and request.num_output_tokens + 1 >= spec.eos_after:
+                tokens[req_id] = [EOS_TOKEN_ID]
+            else:
+                tokens[req_id] = [100 + (index[req_id] * 31 + request.num_output_tokens) % 900]
+        return tokens
+
+    # aborts and steps are keyed by schedule() calls, arrivals by `tick`
+    while num_scheduled < max_steps:
+        if not scheduler.has_requests() and not batch_queue:
+            if not pending:
+                return num_scheduled
+            tick = max(tick, pending[0].arrival_step)
+        arrive(tick)
+        for req_id in aborts.get(num_scheduled, ()):
+            scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
+        if scheduler.has_requests():
+            out = scheduler.schedule()
+            if schedule_log is not None:     # what vLLM decided: each request's tokens, the preempted
+                schedule_log.append((dict(out.num_scheduled_tokens), sorted(out.preempted_req_ids)))
+            batch_queue.appendleft((num_scheduled, out, sampling_req_ids(scheduler, out)))
+            num_scheduled += 1
+            tick += 1
+            if len(batch_queue) < batch_queue_size and (out.total_num_scheduled_tokens > 0
+                                                        or scheduler.has_requests()):
+                continue
+        step, out, req_ids = batch_queue.pop()
+        for req_id in in_step_aborts.get(step, ()):
+            scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
+        scheduler.update_from_output(out, model_output(out.num_scheduled_tokens, fabricate(req_ids)))
+    raise RuntimeError(f"the scheduler did not finish in {max_steps} steps")
+
+
+def recorded_token(spec: RequestSpec, position: int, past_output: set | None) -> int:
+    """The recorded output token at `position`; past the recorded output a filler token."""
+    if position < len(spec.output_token_ids):
+        return spec.output_token_ids[position]
+    if past_output is not None:
+        past_output.add(spec.request_id)
+    stops = {spec.sampling.get("eos_token_id"), *spec.sampling.get("stop_token_ids", ())}
+    return next(t for t in FILLER_TOKEN_IDS if t not in stops)

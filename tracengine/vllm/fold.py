@@ -1,0 +1,58 @@
+"""The fold of a vLLM trace: the events applied as vLLM's scheduler and block
+pool did them. Imports no vLLM: stats, render, check and the TUI read a vLLM
+trace anywhere.
+
+Where vLLM differs from tracengine's block manager and scheduler:
+- block 0 is vLLM's null block (`BlockPool.null_block`), never free: N
+  configured blocks are N-1 usable;
+- its free queue puts a freed block without a hash at the head and a hashed
+  one at the tail (`BlockPool.free_blocks`), so a block is taken from
+  wherever the events say, not only from the head;
+- scheduling does not reorder `running`;
+- with async scheduling step k+1 is scheduled before step k's output comes
+  back, so a request that finished in step k's output can be in step k+1's
+  batch: it is left as it is (vLLM drops that output)."""
+import msgspec
+
+from tracengine.replay.fold import _Projection
+from tracengine.replay.state import FINISHED
+from tracengine.trace.events import ScheduleDecision, prefill_flags
+
+NULL_BLOCK_ID = 0
+
+
+class VllmProjection(_Projection):
+
+    def _take_free_block(self, block_id: int):
+        self.free.remove(block_id)       # a ValueError if it is not free
+        h = self.hashes[block_id]
+        if h != -1 and self.hash_to_block_id.get(h) == block_id:
+            del self.hash_to_block_id[h]
+        self.hashes[block_id] = -1
+        self.ref_counts[block_id] = 1
+
+    def scheduled_when_finished(self, seq_id: int) -> bool:
+        seq = self.seqs.get(seq_id)
+        return seq is not None and seq.status == FINISHED
+
+    def schedule_decision(self, e: ScheduleDecision):
+        seqs = self.seqs
+        live = [(ss, p) for ss, p in zip(e.seqs, prefill_flags(e)) if seqs[ss.seq_id].status != FINISHED]
+        if len(live) != len(e.seqs):
+            num_decode_seqs = sum(1 for _, p in live if not p)
+            phase = "decode" if num_decode_seqs == len(live) else "prefill" if not num_decode_seqs else "mixed"
+            e = msgspec.structs.replace(e, phase=phase, seqs=[ss for ss, _ in live],
+                                        num_decode_seqs=num_decode_seqs if phase == "mixed" else 0)
+        running = list(self.running)
+        super().schedule_decision(e)
+        if e.phase == "decode":
+            self.running.clear()
+            self.running.extend(running)    # vLLM schedules running in place
+        else:
+            self.decision = e
+
+
+def vllm_projection(num_blocks: int, block_size: int) -> VllmProjection:
+    projection = VllmProjection(num_blocks, block_size)
+    projection.free.remove(NULL_BLOCK_ID)
+    return projection

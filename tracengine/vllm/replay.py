@@ -1,0 +1,156 @@
+"""Re-execution of a vLLM trace: vLLM's real scheduler rebuilt from the
+header, the recorded requests and aborts given to it at the points between
+calls where they came, the recorded sampled tokens fed back as its model
+output, and every event it records compared with the trace's, stopping at
+the first difference (the report is tracengine's own: replay/render.py).
+
+The calls are made in the recorded order: step k is scheduled when the
+previous steps are; its output is processed once `num_scheduled_ahead`
+more steps have been scheduled (async scheduling); a request or an abort
+comes when `step` steps have been scheduled and `step -
+num_steps_in_flight` updated. A step's events are compared right after its
+`schedule()` (so a different batch is reported before its output is fed)
+and again, whole, when its frame is written."""
+import time
+
+from tracengine.errors import TraceError, TraceVersionError
+from tracengine.trace.events import iter_steps
+from tracengine.replay import reexec
+from tracengine.replay.reexec import _COMPARED, ComparingSink, Divergence, ReplayResult
+from tracengine.trace.events import RequestAdded, SeqAbort, StepEnd, TokenSample
+from tracengine.trace.tracelog import split_header
+from tracengine.vllm.state import live_vllm_state
+
+INSTALL_HINT = "scripts/install-vllm-cpu.sh installs it"
+
+
+class _Diverged(reexec._Diverged):
+    """A difference found by the replay itself; `index`: of the event in its step (None: the sink's)."""
+
+    def __init__(self, expected, actual, reason, index=None):
+        super().__init__(expected, actual, reason)
+        self.index = index
+
+
+def check_vllm_version(header) -> str:
+    """The installed vLLM's version, which must be the recorded one."""
+    try:
+        import vllm
+    except ImportError:
+        raise TraceVersionError(f"the trace was recorded with vLLM {header.engine_version}; vLLM is not "
+                                f"installed here ({INSTALL_HINT})") from None
+    if vllm.__version__ != header.engine_version:
+        raise TraceVersionError(f"the trace was recorded with vLLM {header.engine_version}; the installed vLLM is "
+                                f"{vllm.__version__} (a replay needs the recorded version)")
+    return vllm.__version__
+
+
+def reexecute(events, config: dict | None = None) -> ReplayResult:
+    """Re-executes a vLLM trace (TraceHeader first); `config`: the header's, unless given."""
+    from tracengine.vllm.build import build_scheduler
+    header, it = split_header(events)
+    if header.engine != "vllm":
+        raise TraceError(f"the trace's decisions are {header.engine}'s, not vLLM's")
+    check_vllm_version(header)
+    scheduler = build_scheduler(header.config if config is None else config)
+    sink = ComparingSink()
+    recorder = scheduler.record_to(sink, header.created_at)
+    return _Replay(scheduler, recorder, sink, list(iter_steps(it))).run()
+
+
+class _Replay:
+    def __init__(self, scheduler, recorder, sink, frames):
+        self.scheduler, self.recorder, self.sink = scheduler, recorder, sink
+        self.frames = frames
+        self.num_steps = sum(1 for f in frames if type(f[-1]) is StepEnd)
+        self.arrivals = [e for f in frames for e in f if type(e) in (RequestAdded, SeqAbort)]
+        self.request_ids: dict[int, str] = {}
+        self.outputs: dict[int, object] = {}     # step -> its SchedulerOutput, until its update
+        self.num_events = 0
+        self.step = 0
+
+    def run(self) -> ReplayResult:
+        start = time.perf_counter()
+        try:
+            self._calls()
+        except reexec._Diverged as d:
+            state = live_vllm_state(self.scheduler, self.step, self.recorder.seq_ids)
+            index = getattr(d, "index", None)
+            index = self.sink.index if index is None else index
+            return ReplayResult(self.step, self.num_events + index, time.perf_counter() - start,
+                                Divergence(self.step, index, d.expected, d.actual, d.reason, state))
+        num_running, num_waiting = self.scheduler.get_request_counts()
+        return ReplayResult(self.num_steps, self.num_events, time.perf_counter() - start,
+                            num_unfinished=num_running + num_waiting)
+
+    def _calls(self) -> None:
+        num_scheduled = num_updated = next_arrival = 0
+        frames, arrivals = self.frames, self.arrivals
+        while True:
+            if next_arrival < len(arrivals):
+                e = arrivals[next_arrival]
+                if (e.step, e.step - e.num_steps_in_flight) == (num_scheduled, num_updated):
+                    self.step = e.step
+                    self._arrive(e)
+                    next_arrival += 1
+                    continue
+            if num_updated < num_scheduled and \
+                    num_scheduled == num_updated + 1 + frames[num_updated][-1].num_scheduled_ahead:
+                self.step = num_updated
+                self._update(num_updated)
+                num_updated += 1
+            elif num_scheduled < self.num_steps:
+                self.step = num_scheduled
+                self._schedule(num_scheduled)
+                num_scheduled += 1
+            else:
+                break
+        if next_arrival < len(arrivals):
+            e = arrivals[next_arrival]
+            raise _Diverged(e, None, "the replay never came to the point where the trace has this event", 0)
+
+    def _arrive(self, e) -> None:
+        from vllm.v1.request import RequestStatus
+        scheduler = self.scheduler
+        if type(e) is RequestAdded:
+            from tracengine.vllm.drive import make_request
+            self.request_ids[e.seq_id] = e.request_id
+            cache = scheduler.vllm_config.cache_config
+            scheduler.add_request(make_request(
+                e.request_id, e.prompt_token_ids, max_tokens=e.max_tokens, arrival_time=e.arrival_time,
+                block_size=scheduler.block_size, hash_algo=cache.prefix_caching_hash_algo, priority=e.priority,
+                ignore_eos=e.ignore_eos, eos_token_id=None if e.eos_token_id == -1 else e.eos_token_id,
+                temperature=e.temperature, top_k=max(e.top_k, 0), top_p=e.top_p,
+                seed=None if e.seed == -1 else e.seed, min_tokens=e.min_tokens, stop_token_ids=e.stop_token_ids))
+        else:
+            status = RequestStatus.FINISHED_ERROR if e.reason == "error" else RequestStatus.FINISHED_ABORTED
+            if not scheduler.finish_requests(self.request_ids.get(e.seq_id, ""), status):
+                raise _Diverged(e, None, f"the replay has no request s{e.seq_id} to abort", None)
+
+    def _schedule(self, step: int) -> None:
+        self.outputs[step] = self.scheduler.schedule()
+        expected = self.frames[step]
+        for i, event in enumerate(self.recorder.steps.get(step, ())):
+            recorded = expected[i] if i < len(expected) else None
+            if not _same(recorded, event):
+                raise _Diverged(recorded, event, "the replay emitted a different event" if recorded is not None
+                                else "the replay emitted an event the trace does not have", i)
+
+    def _update(self, step: int) -> None:
+        from tracengine.vllm.drive import model_output
+        out = self.outputs.pop(step)
+        frame = self.frames[step]
+        tokens: dict[str, list[int]] = {}
+        for e in frame:
+            if type(e) is TokenSample:
+                tokens.setdefault(self.request_ids[e.seq_id], []).append(e.token_id)
+        self.sink.expected, self.sink.index = frame, 0
+        self.scheduler.update_from_output(out, model_output(out.num_scheduled_tokens, tokens))
+        if self.sink.index < len(frame):
+            raise _Diverged(frame[self.sink.index], None, "the trace has an event the replay did not emit", None)
+        self.num_events += len(frame)
+
+
+def _same(recorded, event) -> bool:
+    return recorded == event or (type(recorded) is type(event)
+                                 and _COMPARED[type(event)](recorded) == _COMPARED[type(event)](event))
