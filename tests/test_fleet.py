@@ -379,7 +379,7 @@ def test_a_sweep_of_a_fleet_gives_each_variant_the_fleets_figures(tmp_path, moon
     assert main(["simulate", mooncake, "--step-time", st, "--set", "num_kvcache_blocks=200", "--quiet",
                  "--replicas", "2", "--router", "least_loaded", "--sweep", "max_num_seqs=1,4", "--jobs", "1"]) == 0
     out = capsys.readouterr().out
-    assert "through a fleet of 2 replicas" in out and "2 variants in" in out
+    assert "a fleet of 2 replicas" in out and "2 variants in" in out
     # a row is the fleet's figures of that run made alone
     requests = read_workload(mooncake, vocab_size=151_936, time_scale=20)   # arrivals 1 ms apart
     variant = FleetVariant(requests, {"num_kvcache_blocks": 200}, load_step_time(st), FleetSpec(2, "least_loaded"))

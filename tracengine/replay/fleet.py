@@ -12,14 +12,16 @@ and step where it first acts."""
 import time
 from dataclasses import dataclass
 
-from tracengine.engine.hash_id_prompt import request_prompt
+import msgspec
+
 from tracengine.engine.config import Config
+from tracengine.engine.hash_id_prompt import request_prompt
+from tracengine.engine.request import Request
 from tracengine.errors import ConfigError
 from tracengine.replay.reexec import ComparingSink, RecordedRunner, _Diverged
 from tracengine.sim.engine import SimulatedEngine
 from tracengine.sim.fleet import Fleet, FleetSpec
 from tracengine.sim.routers import BUILTIN_ROUTERS
-from tracengine.engine.request import Request
 from tracengine.trace.events import (Event, KVTransfer, ReplicaScope, RequestAdded, RouteDecision, StepEnd,
                                      TokenSample)
 from tracengine.trace.tracelog import split_header
@@ -152,11 +154,7 @@ def _recorded_requests(recorded: list, disaggregated: bool) -> dict[int, Request
                 requests[e.seq_id] = e
             elif disaggregated:
                 first = requests[e.seq_id]
-                requests[e.seq_id] = RequestAdded(first.step, first.seq_id, first.prompt_token_ids,
-                                                  e.max_tokens + 1, first.temperature, first.ignore_eos,
-                                                  arrival_ns=first.arrival_ns, prompt_hash_ids=first.prompt_hash_ids,
-                                                  num_hash_id_prompt_tokens=first.num_hash_id_prompt_tokens,
-                                                  hash_id_block_tokens=first.hash_id_block_tokens)
+                requests[e.seq_id] = msgspec.structs.replace(first, max_tokens=e.max_tokens + 1)
     return requests
 
 

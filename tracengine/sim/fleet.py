@@ -197,7 +197,7 @@ class Fleet:
 
     def handoff(self, seq: Sequence, now_ns: int) -> tuple[Replica, int]:
         """A prefilled sequence to the decode pool: (its decode replica, the transfer's ns)."""
-        # a hash-id prompt goes on as the tokens it stands for (its twin: the same block hashes)
+        # the prompt and the first token, as token ids (a hash-id prompt's twin: the same block hashes)
         request = Request([*seq.prompt_token_ids, *seq.completion[:1]], self.max_tokens[seq.seq_id] - 1, now_ns,
                           seq.temperature, seq.ignore_eos, seq_id=seq.seq_id)
         replica = self.route(request, "decode", now_ns)
