@@ -48,11 +48,21 @@ cpu = time.process_time()
 with TraceWriter(trace, header, deflate=False) as writer:
     simulate(config, requests, step_time, writer, header)
 cpu = time.process_time() - cpu
+# The decisions, by the fields every format has: neither the header (its created_at) nor the
+# prompts and hashes (which differ between token ids and hash ids), nor fields a later format
+# appended (their defaults would make equal decisions hash apart).
+DECIDED = {"ScheduleDecision": ("step", "phase", "num_batched_tokens", "stop_reason"),
+           "Preempt": ("step", "seq_id", "by_seq_id"), "BlockAllocate": ("step", "seq_id", "block_ids", "num_cached_blocks"),
+           "BlockAppend": ("step", "seq_id", "block_id"), "BlockFree": ("step", "seq_id", "block_ids"),
+           "TokenSample": ("step", "seq_id", "token_id", "kept"), "SeqFinish": ("step", "seq_id", "reason"),
+           "StepEnd": ("step", "num_free_blocks")}
 digest = xxhash.xxh64()
-with TraceReader(trace) as reader:    # the decisions: neither the header (its created_at) nor the prompts
-    for e in reader.events():        # and hashes, which differ between token ids and hash ids
-        if type(e).__name__ not in ("TraceHeader", "RequestAdded", "BlockHash"):
-            digest.update(msgspec.msgpack.encode(e))
+with TraceReader(trace) as reader:
+    for e in reader.events():
+        fields = DECIDED.get(type(e).__name__)
+        if fields is not None:
+            seqs = [(s.seq_id, s.num_tokens, s.num_cached_tokens) for s in getattr(e, "seqs", ())]
+            digest.update(msgspec.msgpack.encode([type(e).__name__, seqs, *(getattr(e, f) for f in fields)]))
 print(cpu, digest.hexdigest())
 """
 
