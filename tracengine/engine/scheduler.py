@@ -135,6 +135,8 @@ class Scheduler:
         free block, and while there is none the running tail is preempted for it (`self.running`
         holds the sequences not scheduled yet), or `seq` itself when nobody is left behind it
         (False then)."""
+        if (seq.num_tokens - 1) % self.block_size:
+            return True     # the token lands in the sequence's last block, which has room
         while not self.block_manager.can_append(seq):
             if self.running:
                 self.preempt(self.preempt_victim(seq), by=seq)   # the running tail gives way
