@@ -39,13 +39,13 @@ all one kind, "mixed" when it holds both, listing its decodes first
 (`num_decode_seqs` of them: running keeps decoding sequences ahead of the one
 still in prefill, so this is the order they were scheduled in); the engine
 runs a mixed batch on the runner's general (prefill) path."""
-import importlib
 
 from tracengine.engine.config import BUILTIN_POLICY_NAMES, Config
 from tracengine.engine.scheduler import Scheduler
 from tracengine.engine.sequence import Sequence, SequenceStatus
 from tracengine.errors import ConfigError
 from tracengine.trace.events import Phase, StopReason
+from tracengine.user_classes import load_class
 
 
 class MixedScheduler(Scheduler):
@@ -144,20 +144,7 @@ def policy_path(policy: type) -> str:
 def load_policy(spec: str) -> type[Scheduler]:
     """The policy named `spec`: a built-in, or module:Class imported. Only for a name the user
     gave (a flag, an argument); a trace's recorded name goes through `scheduler_class`."""
-    if spec in BUILTIN_POLICIES:
-        return BUILTIN_POLICIES[spec]
-    module_name, sep, qualname = spec.partition(":")
-    if not (sep and module_name and qualname):
-        raise ConfigError(f"scheduling policy {spec!r}: expected {', '.join(BUILTIN_POLICIES)} or module:Class")
-    try:
-        obj = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot load scheduling policy {spec!r}: {exc}") from None
-    if not (isinstance(obj, type) and issubclass(obj, Scheduler)):
-        raise ConfigError(f"scheduling policy {spec!r} is not a Scheduler subclass")
-    return obj
+    return load_class(spec, BUILTIN_POLICIES, Scheduler, "scheduling policy", "Scheduler")
 
 
 def scheduler_class(config: Config, policy: type | str | None = None) -> type[Scheduler]:

@@ -15,13 +15,12 @@ tracengine import it on its own.
   plus the prompt blocks still to compute there; active blocks are the KV blocks in use.
 - `random`: uniform, from `seed`.
 """
-import importlib
 import random
 from dataclasses import dataclass
 
 from tracengine.engine.block_hasher import compute_hashes
 from tracengine.engine.hash_id_prompt import HashIdPrompt
-from tracengine.errors import ConfigError
+from tracengine.user_classes import load_class
 
 
 @dataclass
@@ -115,20 +114,7 @@ BUILTIN_ROUTERS: dict[str, type[Router]] = {cls.name: cls for cls in (RoundRobin
 
 def load_router(spec: str) -> type[Router]:
     """The router named `spec`: a built-in, or module:Class imported (a name the user gave)."""
-    if spec in BUILTIN_ROUTERS:
-        return BUILTIN_ROUTERS[spec]
-    module_name, sep, qualname = spec.partition(":")
-    if not (sep and module_name and qualname):
-        raise ConfigError(f"router {spec!r}: expected {', '.join(BUILTIN_ROUTERS)} or module:Class")
-    try:
-        obj = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot load router {spec!r}: {exc}") from None
-    if not (isinstance(obj, type) and issubclass(obj, Router)):
-        raise ConfigError(f"router {spec!r} is not a tracengine.sim.routers.Router subclass")
-    return obj
+    return load_class(spec, BUILTIN_ROUTERS, Router, "router", "tracengine.sim.routers.Router")
 
 
 def router_name(cls: type[Router]) -> str:

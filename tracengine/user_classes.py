@@ -1,0 +1,24 @@
+"""A class the user names by import path (a scheduling policy, a router): `module:Class`,
+imported only because the user gave its name (a flag, an argument), never because a trace
+recorded it."""
+import importlib
+
+from tracengine.errors import ConfigError
+
+
+def load_class(spec: str, builtins: dict, base: type, kind: str, base_name: str):
+    """`builtins[spec]`, or the class `spec` names as module:Class, which must subclass `base`."""
+    if spec in builtins:
+        return builtins[spec]
+    module_name, sep, qualname = spec.partition(":")
+    if not (sep and module_name and qualname):
+        raise ConfigError(f"{kind} {spec!r}: expected {', '.join(builtins)} or module:Class")
+    try:
+        obj = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load {kind} {spec!r}: {exc}") from None
+    if not (isinstance(obj, type) and issubclass(obj, base)):
+        raise ConfigError(f"{kind} {spec!r} is not a {base_name} subclass")
+    return obj
