@@ -478,30 +478,6 @@ def test_an_impossible_variant_of_a_step_exact_sweep_is_refused_before_any_run(t
     assert "can never run" in capsys.readouterr().err and ran == []
 
 
-@pytest.mark.parametrize("num_blocks, budget", [(400, 512), (60, 64)])
-def test_prompts_that_come_encoded_give_the_run_of_plain_prompts(num_blocks, budget):
-    """Mooncake's prompts come with their encoding (EncodedTokens): the same events as plain lists,
-    with preemptions and chunked prefills, at two block sizes."""
-    import dataclasses
-    from tracengine.engine.config import Config
-    from tracengine.sim.roofline import ModelShape, RooflineStepTime
-    from tracengine.sim.engine import simulate
-    from tracengine.trace.encoded import EncodedTokens
-    from tracengine.workload import read_workload
-    step_time = RooflineStepTime.for_hardware(ModelShape.from_hf_config(TINY, "tiny"), "H100")
-    requests = [dataclasses.replace(r, max_tokens=60) for r in
-                read_workload(str(DATA / "mooncake_sample.jsonl"), vocab_size=1000, length_scale=0.5) * 3]
-    assert all(type(r.prompt) is EncodedTokens for r in requests)
-    plain = [dataclasses.replace(r, prompt=list(r.prompt)) for r in requests]
-    for block_size in (4, 16):
-        config = Config(num_kvcache_blocks=num_blocks * 16 // block_size, kvcache_block_size=block_size,
-                        max_num_batched_tokens=budget, max_model_len=1024)
-        events = simulate(config, requests, step_time)
-        assert events[1:] == simulate(config, plain, step_time)[1:]     # the header apart: its created_at
-        kinds = {type(e).__name__ for e in events}
-        assert "BlockHash" in kinds and ("Preempt" in kinds) == (num_blocks == 60)
-
-
 def test_a_run_leaves_nothing_for_the_collector(tmp_path):
     """The engine, scheduler, block manager and event sinks make no reference cycle: with the
     collector off, as a simulation runs, a run's pool of blocks and its live fold go when it

@@ -95,37 +95,6 @@ def test_extract_workload():
     assert workload.middle == {(0, 20): next(e.token_id for e in events if type(e) is TokenSample)}
 
 
-@pytest.mark.parametrize("name", CANNED_WORKLOADS)
-def test_a_workload_hands_its_runs_read_only_encoded_prompts_that_schedule_as_plain_ones(name, tmp_path):
-    """extract_workload encodes each prompt once (EncodedTokens): its encoding is the
-    trace's, and a what-if of it gives the events, and the
-    recorded file, of the same prompts given as plain lists."""
-    import dataclasses
-    import msgspec
-    from tracengine.trace.encoded import EncodedTokens
-    from tracengine.trace.events import RequestAdded
-    from tracengine.trace.tracelog import TraceWriter
-    events = run_canned(name)
-    workload = extract_workload(events)
-    added = [e for e in events if type(e) is RequestAdded]
-    for r, e in zip(workload.requests, added, strict=True):
-        assert type(r.prompt) is EncodedTokens and r.prompt == e.prompt_token_ids
-        assert r.prompt.msgpack() == msgspec.msgpack.encode(e.prompt_token_ids)
-    plain = dataclasses.replace(workload, requests=[dataclasses.replace(r, prompt=list(r.prompt))
-                                                    for r in workload.requests])
-    for overrides in ({}, {"num_kvcache_blocks": 7}, {"max_num_batched_tokens": 8}):
-        try:
-            runs = [whatif(events, overrides, workload=w).events for w in (workload, plain)]
-        except RequestError:      # a config this workload cannot run under: refused either way
-            continue
-        assert diff_traces(runs[0], runs[1]).identical       # the same decisions, tokens and blocks
-        with TraceWriter(tmp_path / "w.trace", runs[0][0], deflate=False) as writer:
-            for event in runs[0][1:]:
-                writer.emit(event)
-        with TraceReader(tmp_path / "w.trace") as reader:      # its prompts written from their encoding
-            assert list(reader.events())[1:] == runs[0][1:]
-
-
 def test_metrics_in_steps():
     s = stats(run_canned("worked_example"))
     steps = s["steps"]

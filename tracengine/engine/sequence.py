@@ -5,7 +5,6 @@ from enum import Enum, auto
 from tracengine.engine.block_hasher import compute_hashes
 from tracengine.engine.hash_id_prompt import HashIdPrompt
 from tracengine.engine.sampling_params import SamplingParams
-from tracengine.trace.encoded import EncodedTokens
 
 
 class SequenceStatus(Enum):
@@ -23,16 +22,13 @@ class Sequence:
 
     def __init__(self, seq_id: int, token_ids: list[int], block_size: int,
                  sampling_params: SamplingParams | None = None):
-        """`token_ids`: a list, EncodedTokens (trace/encoded.py: a prompt that a workload reader
-        has already encoded for the trace) or a HashIdPrompt (a prompt known by its hash ids)."""
+        """`token_ids`: a list, or a HashIdPrompt (a prompt known by its hash ids)."""
         sp = sampling_params if sampling_params is not None else SamplingParams()
         self.seq_id = seq_id
         self.status = SequenceStatus.WAITING
-        encoded = isinstance(token_ids, (EncodedTokens, HashIdPrompt))
-        # Tokens only ever append, to `completion`: a read-only prompt with its encoding is kept as it
-        # is, never copied (a 13,000-token prompt's copy and its freeing cost about what its hashing
-        # does); a list is copied, as its owner may change it.
-        self.prompt = token_ids if encoded else list(token_ids)
+        # Tokens only ever append, to `completion`: a read-only HashIdPrompt is kept as it is; a
+        # list is copied, as its owner may change it.
+        self.prompt = token_ids if isinstance(token_ids, HashIdPrompt) else list(token_ids)
         self.completion: list[int] = []
         self.last_token = self.prompt[-1] if self.prompt else -1   # empty: the scheduler refuses it
         self.num_tokens = len(self.prompt)
@@ -104,7 +100,7 @@ class Sequence:
 
     @property
     def prompt_token_ids(self):
-        """The prompt: the sequence's own list (or the read-only EncodedTokens or HashIdPrompt it was given)."""
+        """The prompt: the sequence's own list (or the read-only HashIdPrompt it was given)."""
         return self.prompt
 
     @property

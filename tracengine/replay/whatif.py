@@ -16,7 +16,6 @@ from tracengine.engine.request import Request
 from tracengine.sim.runners import check_requests, run_workload
 from tracengine.engine.scheduler import Scheduler
 from tracengine.engine.hash_id_prompt import request_prompt
-from tracengine.workload.formats import encoded_prompt
 
 
 class OutputRunner:
@@ -89,10 +88,7 @@ def extract_workload(events) -> RecordedWorkload:
                 for s in e.seqs:
                     positions[s.seq_id] = s.num_cached_tokens + s.num_tokens
         elif t is RequestAdded:
-            # encoded once, read-only: no run of the workload (a what-if has two, a sweep
-            # one a variant) copies or, recording, encodes the prompt again
-            prompt = request_prompt(e) if e.prompt_hash_ids else encoded_prompt(e.prompt_token_ids)
-            requests.append(Request(prompt, e.max_tokens, e.arrival_ns, e.temperature,
+            requests.append(Request(request_prompt(e), e.max_tokens, e.arrival_ns, e.temperature,
                                     e.ignore_eos, seq_id=e.seq_id, arrival_step=e.step))
             outputs[e.seq_id] = []
     for r in requests:      # a client that left: it leaves the new run when it left this one

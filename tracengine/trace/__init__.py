@@ -1,1 +1,1 @@
-"""The trace: the event vocabulary (events.py), the file format (frames.py; writer.py and reader.py write and read it; tracelog.py is what the rest imports), its deflate dictionary, and token ids that carry their encoding (encoded.py)."""
+"""The trace: the event vocabulary (events.py), the file format (frames.py; writer.py and reader.py write and read it; tracelog.py is what the rest imports), and its deflate dictionary (dictionary.py)."""

@@ -9,8 +9,7 @@ import msgspec
 
 from tracengine.errors import TraceError, TracengineError
 from tracengine.signals import interrupt_signal_name
-from tracengine.trace.encoded import EncodedTokens
-from tracengine.trace.events import Event, RequestAdded, RunEnd, StepEnd, TraceHeader
+from tracengine.trace.events import Event, RunEnd, StepEnd, TraceHeader
 from tracengine.trace.frames import (
     BETWEEN_STEPS,
     DEFLATED,
@@ -177,11 +176,6 @@ class TraceWriter:
         # allocation here is paid cold, so the frame is encoded into the writer's one buffer,
         # stored (deflate waits for close), and goes to the file in one write call on an
         # unbuffered file.
-        for i, event in enumerate(events):   # the requests a step adds come first in its frame
-            if type(event) is not RequestAdded:
-                break
-            if type(event.prompt_token_ids) is EncodedTokens:     # the same bytes, copied
-                events[i] = msgspec.structs.replace(event, prompt_token_ids=msgspec.Raw(event.prompt_token_ids.msgpack()))
         payload = self._payload
         try:
             self._encoder.encode_into(events, payload)

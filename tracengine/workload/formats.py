@@ -12,11 +12,11 @@ import random
 import struct
 from datetime import datetime
 from functools import lru_cache, partial
+from itertools import chain
 
 from tracengine.engine.hash_id_prompt import HashIdPrompt
 from tracengine.engine.request import Request
 from tracengine.errors import TracengineError
-from tracengine.trace.encoded import EncodedTokens, encoded_items
 
 FORMATS = ("mooncake", "azure", "tracengine")
 MOONCAKE_BLOCK_TOKENS = 512          # each Mooncake hash id names a block of 512 prompt tokens
@@ -159,18 +159,10 @@ def block_token_ids(block_id: int, num_tokens: int, vocab_size: int) -> tuple[in
     return tuple(v % vocab_size for v in struct.unpack(f"<{num_tokens}I", raw))
 
 
-def encoded_prompt(token_ids: list[int]) -> EncodedTokens:
-    """A prompt of token ids as a reader hands it over: read-only, encoded as the trace encodes it,
-    once (no run copies or encodes it again)."""
-    return EncodedTokens(token_ids, (encoded_items(token_ids),))
-
-
 @lru_cache(maxsize=4096)
-def _mooncake_block(block_id: int, num_tokens: int, vocab_size: int) -> tuple[tuple[int, ...], bytes]:
-    """A named block's tokens, made once: as token ids and as the trace encodes them
-    (trace.encoded.encoded_items)."""
-    tokens = block_token_ids(block_id, num_tokens, vocab_size)
-    return tokens, encoded_items(tokens)
+def _mooncake_block(block_id: int, num_tokens: int, vocab_size: int) -> tuple[int, ...]:
+    """A named block's tokens, made once for the requests that share it."""
+    return block_token_ids(block_id, num_tokens, vocab_size)
 
 
 def _mooncake(f, path, vocab_size, length_scale, seed, hash_id_prompts=False):
@@ -192,8 +184,9 @@ def _mooncake(f, path, vocab_size, length_scale, seed, hash_id_prompts=False):
         block_ids = [_integer(hash_id, "a hash id", where, 0) for hash_id in hash_ids[:-(-num_tokens // block_len)]]
         if hash_id_prompts:
             prompt = HashIdPrompt(block_ids, num_tokens, block_len)
-        else:      # with the blocks' encodings: a recording copies them
-            prompt = EncodedTokens.from_pieces([_mooncake_block(i, block_len, vocab_size) for i in block_ids], num_tokens)
+        else:
+            prompt = list(chain.from_iterable(_mooncake_block(i, block_len, vocab_size) for i in block_ids))
+            del prompt[num_tokens:]
         # An output length of 0 still samples the first token, as every engine does.
         yield Request(prompt, scale_length(max(output_length, 1), length_scale), round(timestamp * 1_000_000),
                       ignore_eos=True, source=where)
@@ -237,7 +230,7 @@ def _azure(f, path, vocab_size, length_scale, seed):
         # The trace has lengths only: each request gets tokens of its own (no shared prefixes).
         num_tokens = scale_length(lengths[0], length_scale)
         raw = random.Random(f"azure:{seed}:{reader.line_num}").randbytes(4 * num_tokens)
-        prompt = encoded_prompt([v % vocab_size for v in struct.unpack(f"<{num_tokens}I", raw)])
+        prompt = [v % vocab_size for v in struct.unpack(f"<{num_tokens}I", raw)]
         yield Request(prompt, scale_length(max(lengths[1], 1), length_scale), round(arrival_s * 1e9),
                       ignore_eos=True, source=where)
 
@@ -268,7 +261,7 @@ def _tracengine(f, path, vocab_size, length_scale, seed):
                     raise TracengineError(f"{where}: token id {token!r} is outside the vocabulary of {vocab_size}")
             if length_scale > 1.0:
                 raise TracengineError(f"{where}: --length-scale above 1 cannot lengthen given token ids")
-            prompt = encoded_prompt(prompt[:scale_length(len(prompt), length_scale)])
+            prompt = prompt[:scale_length(len(prompt), length_scale)]
         max_tokens = _integer(record.get("max_tokens", DEFAULT_MAX_TOKENS), "max_tokens", where, 1)
         temperature = _number(record.get("temperature", 1.0), "temperature", where)
         if temperature < 0:
