@@ -12,6 +12,9 @@ from tracengine.engine.block_hasher import compute_hash
 from tracengine.engine import scheduler as scheduler_module
 from tracengine.engine.block_manager import BlockManager
 from tracengine.engine.reference_block_manager import ReferenceBlockManager
+from tracengine.engine.reference_vllm_block_manager import ReferenceVllmBlockManager
+from tracengine.engine.vllm_block_manager import VllmBlockManager
+from tracengine.engine import policies as policies_module
 from tracengine.engine.config import Config
 from tracengine.engine.scheduler import Scheduler
 from tracengine.trace.events import (BlockAllocate, ListSink, Preempt, RequestAdded, ScheduleDecision, SeqFinish,
@@ -84,11 +87,13 @@ def run_checked(config: Config, requests: list[Request], eos_at: dict[int, int],
                 policy=None):
     """Run with every check after every step; returns the recorded events."""
     sink = ListSink()
-    fold = Fold([make_header(config)], keyframe_interval=keyframe_interval)
+    fold = None
     num_folded = 0
 
     def on_step(engine):
-        nonlocal num_folded
+        nonlocal num_folded, fold
+        if fold is None:     # the engine's config names the policy and the block rules it resolved
+            fold = Fold([make_header(engine.config)], keyframe_interval=keyframe_interval)
         check_block_invariants(engine.scheduler)
         fold.append(sink.events[num_folded:])      # follow mode: the step's events just arrived
         num_folded = len(sink.events)
@@ -136,19 +141,23 @@ def test_invariants_hold_after_every_step_and_the_run_replays(workload, keyframe
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads(), st.booleans())
-def test_the_block_manager_gives_the_events_of_the_plain_reference(workload, colliding):
+@given(workloads(), st.booleans(), st.sampled_from(["prefill_first", "mixed"]))
+def test_the_block_manager_gives_the_events_of_the_plain_reference(workload, colliding, policy):
     """The same run, event for event, with the engine's BlockManager (a pool with an O(1)
     free queue, batched, tokens compared in bulk) and with ReferenceBlockManager (nano-vllm's
-    plain form); `colliding`: with a digest of eight values, so that equal hashes say nothing
+    plain form), and under `mixed` with VllmBlockManager and ReferenceVllmBlockManager (vLLM's
+    block rules); `colliding`: with a digest of eight values, so that equal hashes say nothing
     of equal tokens and the token comparison decides."""
     config, requests, eos_at = workload
     assume(requests)
+    config = config.replace(scheduling_policy=policy)
     real = xxhash.xxh64_intdigest
     with mock.patch.object(xxhash, "xxh64_intdigest", (lambda data: real(data) & 7) if colliding else real):
         runs = []
-        for manager in (BlockManager, ReferenceBlockManager):
-            with mock.patch.object(scheduler_module, "BlockManager", manager):
+        for manager, vllm_manager in ((BlockManager, VllmBlockManager),
+                                      (ReferenceBlockManager, ReferenceVllmBlockManager)):
+            with mock.patch.object(scheduler_module, "BlockManager", manager), \
+                    mock.patch.object(policies_module, "VllmBlockManager", vllm_manager):
                 runs.append(run_workload(config, requests, SyntheticRunner(eos=EOS, eos_at=eos_at)))
     assert [without_wall_clock(e) for e in runs[0][1:]] == [without_wall_clock(e) for e in runs[1][1:]]
     event("prefix-cache hit" if any(type(e) is BlockAllocate and e.num_cached_blocks for e in runs[0]) else "no hit")
