@@ -57,8 +57,10 @@ def check_block_invariants(scheduler):
     for h, block_id in bm.hash_to_block_id.items():
         block = bm.blocks[block_id]
         assert block.hash == h and len(block.token_ids) == bm.block_size
-    # and each computed full block of a live sequence holds its tokens, hashed as a chain
-    for seq in live:
+    # with prefix caching off nothing is registered; with it on each computed full block of a live
+    # sequence holds its tokens, hashed as a chain
+    assert bm.enable_caching or not bm.hash_to_block_id
+    for seq in live if bm.enable_caching else ():
         parent = -1
         for i in range(min(seq.num_cached_tokens, seq.num_tokens) // bm.block_size):
             block = bm.blocks[seq.block_table[i]]
@@ -141,16 +143,16 @@ def test_invariants_hold_after_every_step_and_the_run_replays(workload, keyframe
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads(), st.booleans(), st.sampled_from(["prefill_first", "mixed"]))
-def test_the_block_manager_gives_the_events_of_the_plain_reference(workload, colliding, policy):
+@given(workloads(), st.booleans(), st.sampled_from(["prefill_first", "mixed"]), st.sampled_from([True, True, False]))
+def test_the_block_manager_gives_the_events_of_the_plain_reference(workload, colliding, policy, caching):
     """The same run, event for event, with the engine's BlockManager (a pool with an O(1)
     free queue, batched, tokens compared in bulk) and with ReferenceBlockManager (nano-vllm's
     plain form), and under `mixed` with VllmBlockManager and ReferenceVllmBlockManager (vLLM's
     block rules); `colliding`: with a digest of eight values, so that equal hashes say nothing
-    of equal tokens and the token comparison decides."""
+    of equal tokens and the token comparison decides; `caching`: prefix caching on or off."""
     config, requests, eos_at = workload
     assume(requests)
-    config = config.replace(scheduling_policy=policy)
+    config = config.replace(scheduling_policy=policy, enable_prefix_caching=caching)
     real = xxhash.xxh64_intdigest
     with mock.patch.object(xxhash, "xxh64_intdigest", (lambda data: real(data) & 7) if colliding else real):
         runs = []
@@ -204,11 +206,13 @@ def check_mixed_decisions(events, config: Config):
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads(), st.integers(1, 6))
-def test_mixed_invariants_hold_after_every_step_and_the_run_replays(workload, keyframe_interval):
+@given(workloads(), st.integers(1, 6), st.sampled_from(["auto", "nano-vllm"]), st.sampled_from([True, True, False]))
+def test_mixed_invariants_hold_after_every_step_and_the_run_replays(workload, keyframe_interval, rules, caching):
+    """Under vLLM's block rules (auto) and nano-vllm's (mixed traces recorded before them), with
+    prefix caching on or off."""
     config, requests, eos_at = workload
     assume(requests)
-    config = config.replace(scheduling_policy="mixed")
+    config = config.replace(scheduling_policy="mixed", block_rules=rules, enable_prefix_caching=caching)
     events = run_checked(config, requests, eos_at, keyframe_interval)    # blocks, ref counts, all finish
     event("mixed batch" if any(type(e) is ScheduleDecision and e.phase == "mixed" for e in events) else "no mix")
     event("preempted" if any(type(e) is Preempt for e in events) else "no preemption")

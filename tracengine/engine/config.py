@@ -36,6 +36,8 @@ class Config:
     scheduling_policy: str = _field("prefill_first", "prefill_first (nano-vllm's), mixed (vLLM V1's: decode tokens "
                                     "and prefill chunks in one batch) or a Scheduler subclass as module:Class "
                                     "(docs/policies.md)")
+    enable_prefix_caching: bool = _field(True, "prefix caching (vLLM's enable_prefix_caching): when off, no "
+                                         "prompt hits the cache and no block is registered in it", flag=False)
     block_rules: str = _field("auto", "the KV block rules: vllm (vLLM 0.33's: slots per chunk, a block's hash "
                               "registered when it is allocated, vLLM's free-queue order; the mixed policy only), "
                               "nano-vllm (a prompt's blocks at admission, hashes after the step) or auto (the "

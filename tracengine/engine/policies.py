@@ -62,7 +62,8 @@ class MixedScheduler(Scheduler):
         super().__init__(config, sink)
         self.allocate_per_chunk = block_rules(type(self), config) == "vllm"
         if self.allocate_per_chunk:
-            self.block_manager = VllmBlockManager(config.num_kvcache_blocks, config.kvcache_block_size, sink)
+            self.block_manager = VllmBlockManager(config.num_kvcache_blocks, config.kvcache_block_size, sink,
+                                                  config.enable_prefix_caching)
 
     def schedule(self) -> tuple[list[Sequence], bool]:
         self.order_waiting()

@@ -44,7 +44,8 @@ class ReferenceVllmBlockManager(ReferenceBlockManager):
         return True
 
     def cache_blocks(self, seq: Sequence, num_cached_blocks: int, num_tokens: int):
-        for i in range(num_cached_blocks, min(num_tokens, seq.num_tokens) // self.block_size):
+        end = min(num_tokens, seq.num_tokens) // self.block_size if self.enable_caching else 0
+        for i in range(num_cached_blocks, end):
             block = self.blocks[seq.block_table[i]]
             block.hash, block.token_ids = self._block_hash(seq, i), seq.block(i)
             self.hash_to_block_id[block.hash] = block.block_id

@@ -51,8 +51,8 @@ class VllmBlockPool(BlockPool):
 
 class VllmBlockManager(BlockManager):
 
-    def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK):
-        super().__init__(num_blocks, block_size, sink)
+    def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK, enable_caching: bool = True):
+        super().__init__(num_blocks, block_size, sink, enable_caching)
         self.pool = VllmBlockPool(num_blocks, self.prefix_cache.hashes)
 
     def num_computed_tokens(self, seq: Sequence, num_cached_blocks: int) -> int:
@@ -104,7 +104,7 @@ class VllmBlockManager(BlockManager):
         `num_cached_blocks`, registered before."""
         size = self.block_size
         end = min(num_tokens, seq.num_tokens) // size
-        if num_cached_blocks >= end:
+        if num_cached_blocks >= end or not self.enable_caching:
             return
         hashes = seq.hash_full_blocks()[num_cached_blocks:end]
         block_ids = seq.block_table[num_cached_blocks:end]
