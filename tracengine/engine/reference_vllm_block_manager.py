@@ -4,10 +4,25 @@ deque, one hash at a time. It makes the same decisions and emits the same
 events (tests/test_scheduler_properties.py runs both under the mixed policy)."""
 from tracengine.engine.reference_block_manager import ReferenceBlockManager
 from tracengine.engine.sequence import Sequence
-from tracengine.trace.events import BlockAllocate, BlockAppend, BlockFree, BlockHash
+from tracengine.trace.events import NULL_SINK, BlockAllocate, BlockAppend, BlockFree, BlockHash
 
 
 class ReferenceVllmBlockManager(ReferenceBlockManager):
+
+    def __init__(self, num_blocks: int, block_size: int, sink=NULL_SINK, enable_caching: bool = True):
+        super().__init__(num_blocks, block_size, sink, enable_caching)
+        self.registered: dict[int, int] = {}     # block id -> when it was registered (a count)
+        self.num_registered = 0
+
+    def _take_free_block(self, block_id: int) -> int:
+        """A hash found in this block is found from now on in the block registered next under it."""
+        block = self.blocks[block_id]
+        if block.hash != -1 and self.hash_to_block_id.get(block.hash) == block_id:
+            del self.hash_to_block_id[block.hash]
+            others = [b.block_id for b in self.blocks if b.hash == block.hash and b is not block]
+            if others:
+                self.hash_to_block_id[block.hash] = min(others, key=self.registered.__getitem__)
+        return super()._take_free_block(block_id)
 
     def num_computed_tokens(self, seq: Sequence, num_cached_blocks: int) -> int:
         return num_cached_blocks * self.block_size      # no transfers here
@@ -48,7 +63,9 @@ class ReferenceVllmBlockManager(ReferenceBlockManager):
         for i in range(num_cached_blocks, end):
             block = self.blocks[seq.block_table[i]]
             block.hash, block.token_ids = self._block_hash(seq, i), seq.block(i)
-            self.hash_to_block_id[block.hash] = block.block_id
+            self.hash_to_block_id.setdefault(block.hash, block.block_id)    # the first registered is found
+            self.registered[block.block_id] = self.num_registered
+            self.num_registered += 1
             if self.sink.enabled:
                 self.sink.emit(BlockHash(self.step, seq.seq_id, block.block_id, block.hash))
 

@@ -13,6 +13,11 @@ single_type_kv_cache_manager.py):
   the prefix cache when its slots are allocated (`cache_blocks` at the end of
   vLLM's `allocate_slots`), before the step runs: a sequence admitted later
   in the same step hits them. Nothing is left to register after the step.
+- The first block registered under a hash is the one found (vLLM's
+  BlockHashToBlockMap): a block that registers a hash another block holds
+  (the same prompt computed twice in one step; the last block, which a hit
+  never covers) is found only once every block registered before it was
+  handed out again.
 - The free queue's order. A sequence's blocks are released tail first; one
   left with no reference goes to the head of the free queue when it holds no
   hash (reused first) and to its tail when it does (evicted last).
@@ -22,7 +27,7 @@ blocks), BlockAppend for each block a later chunk or token is given, BlockHash
 for each block registered, in the step that allocates it."""
 from tracengine.engine.block_manager import BlockManager
 from tracengine.engine.block_pool import BlockPool
-from tracengine.engine.prefix_cache import NO_HASH
+from tracengine.engine.prefix_cache import NO_HASH, PrefixCache
 from tracengine.engine.sequence import Sequence
 from tracengine.trace.events import NULL_SINK, BlockAllocate, BlockAppend, BlockHash, EventSink
 
@@ -49,10 +54,49 @@ class VllmBlockPool(BlockPool):
         self.free_block_queue.append_n(evict_last)
 
 
+class VllmPrefixCache(PrefixCache):
+    """The prefix cache with vLLM's rule for a hash two blocks hold: the first registered is
+    found; `later_block_ids` keeps the others, in order, for when it is handed out."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        super().__init__(num_blocks, block_size)
+        self.later_block_ids: dict[int, list[int]] = {}
+
+    def insert(self, block_ids: list[int], block_hashes: list[int], token_ids=None):
+        self._last_lookup = None
+        size, hashes, held, index = self.block_size, self.hashes, self.token_ids, self.hash_to_block_id
+        for i, (block_id, h) in enumerate(zip(block_ids, block_hashes)):
+            hashes[block_id] = h
+            held[block_id] = None if token_ids is None else token_ids[i * size:(i + 1) * size]
+            if index.setdefault(h, block_id) != block_id:
+                self.later_block_ids.setdefault(h, []).append(block_id)
+
+    def evict(self, block_ids: list[int]):
+        self._last_lookup = None
+        hashes, held, index, later = self.hashes, self.token_ids, self.hash_to_block_id, self.later_block_ids
+        for block_id in block_ids:
+            h = hashes[block_id]
+            if h == NO_HASH:
+                continue
+            others = later.get(h)
+            if index[h] == block_id:      # the next registered is found from now on, if any
+                if others:
+                    index[h] = others.pop(0)
+                else:
+                    del index[h]
+            else:
+                others.remove(block_id)
+            if others == []:
+                del later[h]
+            hashes[block_id] = NO_HASH
+            held[block_id] = None
+
+
 class VllmBlockManager(BlockManager):
 
     def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK, enable_caching: bool = True):
         super().__init__(num_blocks, block_size, sink, enable_caching)
+        self.prefix_cache = VllmPrefixCache(num_blocks, block_size)
         self.pool = VllmBlockPool(num_blocks, self.prefix_cache.hashes)
 
     def num_computed_tokens(self, seq: Sequence, num_cached_blocks: int) -> int:

@@ -1,14 +1,61 @@
 """The fold's projection for the block rules a trace was recorded under: a
 vLLM trace's (vllm/fold.py), tracengine's own under vLLM's block rules
 (engine/vllm_block_manager.py), or nano-vllm's (fold.py's `_Projection`)."""
+import msgspec
+
 from tracengine.engine.config import recorded_block_rules
-from tracengine.replay.fold import _Projection
-from tracengine.trace.events import BlockFree
+from tracengine.replay.fold import _Keyframe, _Projection
+from tracengine.trace.events import BlockFree, BlockHash
+
+
+class VllmRulesKeyframe(_Keyframe, frozen=True, gc=False):
+    later_block_ids: dict      # hash -> the blocks registered under it after the one found
 
 
 class VllmRulesProjection(_Projection):
-    """vLLM's free queue: a block freed with no reference left goes to the head when it holds
-    no hash, to the tail when it does (the blocks come tail first, as the sequence released them)."""
+    """vLLM's block rules: a block freed with no reference left goes to the head of the free
+    queue when it holds no hash, to the tail when it does (the blocks come tail first, as the
+    sequence released them); the first block registered under a hash is the one found, the
+    later ones in turn once it is handed out."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        super().__init__(num_blocks, block_size)
+        self.later_block_ids: dict[int, list[int]] = {}
+
+    def keyframe(self, step: int) -> VllmRulesKeyframe:
+        kf = super().keyframe(step)
+        return VllmRulesKeyframe(*msgspec.structs.astuple(kf),
+                                 {h: list(ids) for h, ids in self.later_block_ids.items()})
+
+    @classmethod
+    def from_keyframe(cls, kf: VllmRulesKeyframe, block_size: int) -> "VllmRulesProjection":
+        p = super().from_keyframe(kf, block_size)
+        p.later_block_ids = {h: list(ids) for h, ids in kf.later_block_ids.items()}
+        return p
+
+    def _take_free_block(self, block_id: int):
+        if self.free.head() != block_id:
+            raise ValueError(f"block {block_id} is not the next free block {self.free.head()}")
+        self.free.popleft()
+        h = self.hashes[block_id]
+        if h != -1:
+            index, others = self.hash_to_block_id, self.later_block_ids.get(h)
+            if index[h] == block_id:
+                if others:
+                    index[h] = others.pop(0)
+                else:
+                    del index[h]
+            else:
+                others.remove(block_id)
+            if others == []:
+                del self.later_block_ids[h]
+        self.hashes[block_id] = -1
+        self.ref_counts[block_id] = 1
+
+    def block_hash(self, e: BlockHash):
+        self.hashes[e.block_id] = e.hash
+        if self.hash_to_block_id.setdefault(e.hash, e.block_id) != e.block_id:
+            self.later_block_ids.setdefault(e.hash, []).append(e.block_id)
 
     def block_free(self, e: BlockFree):
         ref_counts, hashes = self.ref_counts, self.hashes
