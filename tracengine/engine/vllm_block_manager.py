@@ -108,16 +108,17 @@ class VllmBlockManager(BlockManager):
             num_computed = max(num_computed, min(num_external, seq.num_tokens - 1))
         return num_computed
 
-    def allocate(self, seq: Sequence, num_cached_blocks: int, num_new_tokens: int):
+    def allocate(self, seq: Sequence, num_cached_blocks: int, num_new_tokens: int | None = None):
         """Admission: the hits, and slots for the first `num_new_tokens` past the computed ones
-        (the caller checked with `num_blocks_needed` that the whole sequence fits)."""
+        (None: all of them, as a KV transfer installs a prompt, sim/fleet.py); the caller checked
+        with `num_blocks_needed` that the whole sequence fits."""
         assert not seq.block_table
         hits = self.cached_block_ids(seq)[:num_cached_blocks]
         assert len(hits) == num_cached_blocks
         self.pool.touch(hits)
         seq.num_cached_tokens = self.num_computed_tokens(seq, num_cached_blocks)
         self.external_tokens.pop(seq.seq_id, None)
-        num_slots = seq.num_cached_tokens + num_new_tokens
+        num_slots = seq.num_tokens if num_new_tokens is None else seq.num_cached_tokens + num_new_tokens
         new_block_ids = self.pool.get_new_blocks(-(-num_slots // self.block_size) - num_cached_blocks)
         self.prefix_cache.evict(new_block_ids)     # their cached content is overwritten
         seq.block_table = hits + new_block_ids
