@@ -10,8 +10,14 @@ turn it off). Printed per workload: steps of each, preemptions of each, the
 share of steps that agree and of steps whose block events agree (over the
 shorter run), before -> after, and the first step that differs after.
 
-    python benchmarks/bench_mixed_vs_vllm.py
+    python benchmarks/bench_mixed_vs_vllm.py [--random 150]
+
+`--random N` also runs N seeded random workloads (shared prefixes, twin prompts,
+2-16 sequences, budgets of 32-256, from just enough blocks to 30 more, prefix
+caching on in 80%) and prints how many agree on every step and block event.
 """
+import argparse
+import random
 import sys
 import warnings
 from pathlib import Path
@@ -62,7 +68,28 @@ WORKLOADS = [
 ]
 
 
+def random_workload(seed: int):
+    """(work, num_blocks, budget, max_num_seqs, prefix_caching) of seed `seed`. A long first
+    request keeps the engine busy: an idle vLLM engine core runs one empty step more."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randint(0, 50) for _ in range(rng.choice([16, 20, 32, 48]))] for _ in range(3)]
+    work, step = [], 0
+    for _ in range(rng.randint(4, 20)):
+        prompt = rng.choice(prefixes + [[]]) + [rng.randint(0, 50) for _ in range(rng.randint(1, 120))]
+        work.append((prompt, rng.randint(1, 40), step))
+        if rng.random() < 0.3:
+            work.append((list(prompt), rng.randint(1, 40), step))
+        step += rng.randint(0, 2)
+    work.insert(0, ([7] * 5, step + 60, 0))
+    most = max(-(-(len(prompt) + max_tokens) // 16) for prompt, max_tokens, _ in work)
+    return (work, most + 1 + rng.randint(0, 30), rng.choice([32, 64, 128, 256]), rng.randint(2, 16),
+            rng.random() < 0.8)
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--random", type=int, default=0, metavar="N", help="also N seeded random workloads")
+    args = parser.parse_args()
     print("| workload | steps mixed / vLLM | preemptions mixed / vLLM | steps that agree | "
           "block events that agree | first difference |")
     print("|---|---|---|---|---|---|")
@@ -71,6 +98,16 @@ def main() -> None:
         before = run_mixed(work, num_blocks, budget, max_num_seqs, block_rules="nano-vllm")
         after = run_mixed(work, num_blocks, budget, max_num_seqs, prefix_caching=caching)
         print(compare(name, before, after, run_vllm(work, num_blocks, budget, max_num_seqs, prefix_caching=caching)))
+    if args.random:
+        num_agree = num_preempting = 0
+        for seed in range(args.random):
+            work, num_blocks, budget, max_num_seqs, caching = random_workload(seed)
+            a = agreement(run_mixed(work, num_blocks, budget, max_num_seqs, prefix_caching=caching),
+                          run_vllm(work, num_blocks, budget, max_num_seqs, prefix_caching=caching))
+            num_agree += a["agree"] == a["agree_blocks"] == 1.0 and a["num_steps"][0] + 1 == a["num_steps"][1]
+            num_preempting += a["num_preemptions"][1] > 0
+        print(f"random workloads: {num_agree} of {args.random} agree on every step and block event "
+              f"({num_preempting} of them preempt)")
 
 
 if __name__ == "__main__":
