@@ -71,8 +71,10 @@ def _fold(events) -> FleetTimelines:
     return folded
 
 
-def replica_streams(events) -> tuple[TraceHeader, dict[int, list]]:
-    """Each replica's events as a trace of its own (the header first), by replica."""
+def replica_streams(events, transfers: bool = False) -> tuple[TraceHeader, dict[int, list]]:
+    """Each replica's events as a trace of its own (the header first), by replica. `transfers`:
+    each KVTransfer in the stream of the decode replica it lands on, where it landed (a fold of
+    that stream takes its blocks in: replay/fold_transfer.py)."""
     it = iter(events)
     header = next(it)
     streams: dict[int, list] = {0: [header]}
@@ -81,7 +83,10 @@ def replica_streams(events) -> tuple[TraceHeader, dict[int, list]]:
         t = type(event)
         if t is ReplicaScope:
             current = streams.setdefault(event.replica, [header])
-        elif t is not RouteDecision and t is not KVTransfer:
+        elif t is KVTransfer:
+            if transfers:
+                streams.setdefault(event.replica, [header]).append(event)
+        elif t is not RouteDecision:
             current.append(event)
     return header, streams
 

@@ -172,35 +172,59 @@ def _step_tokens(recorded: list, start: int) -> dict[int, int]:
 
 class FleetEventCheck:
     """EventCheck (replay/fold.py) of a fleet trace: each replica's events checked by a checker
-    of its own, frame by frame (a fleet's frame is the routers' and transfers' events, then one
-    ReplicaScope and that replica's step). `step` names the step of the replica last checked.
-    A decode replica of a disaggregated fleet is not folded: a KV transfer fills its prefix
-    cache with blocks no event of its own allocates (sim/fleet.py, install_prompt_kv)."""
+    of its own, one ReplicaScope's events at a time (a fleet's frame is the routers' and
+    transfers' events and one replica's step; a replica that a client's departure left idle
+    ends its events without a step). A KVTransfer goes to the checker of the decode replica it
+    lands on, whose fold takes its blocks in (replay/fold_transfer.py). `step` names the step
+    of the replica last checked."""
 
     def __init__(self, header):
-        from tracengine.replay.fold import EventCheck
+        from tracengine.analysis.fleet import num_replicas
         self.header = header
-        self.checkers: dict[int, EventCheck] = {}
+        self.num_replicas = num_replicas(header)
+        self.checkers: dict = {}
         self.step = 0
-        fleet = header.fleet
-        num_prefill = fleet.get("num_prefill_replicas", 0)
-        self.unfolded = set(range(num_prefill, num_prefill + fleet.get("num_decode_replicas", 0)))
 
-    def frame(self, events) -> None:
+    def _checker(self, replica: int):
         from tracengine.errors import TraceError
         from tracengine.replay.fold import EventCheck
-        scope = next((i for i, e in enumerate(events) if type(e) is ReplicaScope), None)
-        if scope is None:
-            if any(type(e) not in (RouteDecision, KVTransfer) for e in events):
-                raise TraceError("a fleet frame with engine events and no ReplicaScope")
-            return
-        replica = events[scope].replica
-        if replica in self.unfolded:
-            return
+        if not 0 <= replica < self.num_replicas:
+            raise TraceError(f"the fleet has no replica {replica} (it has {self.num_replicas})")
         checker = self.checkers.get(replica)
         if checker is None:
             checker = self.checkers[replica] = EventCheck(self.header)
+        return checker
+
+    def frame(self, events) -> None:
+        from tracengine.errors import TraceError
+        replica, segment = None, []
+        for e in events:
+            t = type(e)
+            if t is ReplicaScope:
+                self._check(replica, segment)
+                replica, segment = e.replica, []
+            elif t is KVTransfer or t is RouteDecision:     # the fleet's own, between replica steps
+                self._check(replica, segment)
+                replica, segment = None, []
+                if t is RouteDecision:
+                    continue
+                checker = self._checker(e.replica)
+                if e.step != checker.step:
+                    raise TraceError(f"replica {e.replica}, step {checker.step}: a KVTransfer stamped step {e.step}")
+                checker.state.handlers[KVTransfer](e)
+            else:
+                if replica is None:
+                    raise TraceError("a fleet frame with engine events and no ReplicaScope")
+                segment.append(e)
+        self._check(replica, segment)
+
+    def _check(self, replica, segment: list) -> None:
+        if not segment:
+            return
+        checker = self._checker(replica)
         try:
-            checker.frame(events[scope + 1:])
+            checker.frame(segment)
         finally:
             self.step = checker.step
+        # a replica's events may end between its steps: the next ones are its own all the same
+        checker.open_frame = False

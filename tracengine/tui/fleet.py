@@ -40,7 +40,7 @@ class FleetView:
         for e in folded.routes + folded.transfers:
             self.routes.setdefault(e.seq_id, []).append(e)
         self._dir = tempfile.TemporaryDirectory(prefix="tracengine-fleet-")
-        _, streams = replica_streams(events)
+        _, streams = replica_streams(events, transfers=True)     # a decode replica's blocks view takes them in
         self.paths = []
         for r in range(self.num_replicas):
             replica_path = os.path.join(self._dir.name, f"replica-{r}.trace")
