@@ -22,8 +22,8 @@ from tracengine.replay.reexec import ComparingSink, RecordedRunner, _Diverged
 from tracengine.sim.engine import SimulatedEngine
 from tracengine.sim.fleet import Fleet, FleetSpec
 from tracengine.sim.routers import BUILTIN_ROUTERS
-from tracengine.trace.events import (Event, KVTransfer, ReplicaScope, RequestAdded, RouteDecision, StepEnd,
-                                     TokenSample)
+from tracengine.trace.events import (BlockFree, Event, KVTransfer, ReplicaScope, RequestAdded, RouteDecision,
+                                     SeqAbort, StepEnd, TokenSample)
 from tracengine.trace.tracelog import split_header
 
 
@@ -126,10 +126,11 @@ def reexecute_fleet(events, policy=None, routers: dict | None = None) -> FleetRe
                 runners[e.replica].tokens = _step_tokens(recorded, i + 1)
                 # its clock past every routed arrival, so they enter now (no time is compared)
                 replica.engine.now_ns = max([replica.engine.now_ns] + [r.arrival_ns for r in replica.queued])
-                finished = fleet.step(replica)
-                num_steps += 1
-                for seq in fleet.prefilled_seqs(replica, finished):
-                    prefilled[seq.seq_id] = (seq, replica)
+                finished = fleet.step(replica, _segment_aborts(recorded, i + 1))
+                if finished is not None:
+                    num_steps += 1
+                    for seq in fleet.prefilled_seqs(replica, finished):
+                        prefilled[seq.seq_id] = (seq, replica)
             else:
                 raise _Diverged(e, None, "the trace has an event the replay did not emit")
             if sink.index == i:
@@ -156,6 +157,19 @@ def _recorded_requests(recorded: list, disaggregated: bool) -> dict[int, Request
                 first = requests[e.seq_id]
                 requests[e.seq_id] = msgspec.structs.replace(first, max_tokens=e.max_tokens + 1)
     return requests
+
+
+def _segment_aborts(recorded: list, start: int) -> list[tuple[int, str]]:
+    """(seq_id, reason) of the SeqAborts among the events that a replica's step begins with at
+    `start` (the requests entering, then the clients that left): applied where recorded."""
+    aborts = []
+    for e in recorded[start:]:
+        t = type(e)
+        if t is SeqAbort:
+            aborts.append((e.seq_id, e.reason))
+        elif t is not RequestAdded and t is not BlockFree:
+            break
+    return aborts
 
 
 def _step_tokens(recorded: list, start: int) -> dict[int, int]:

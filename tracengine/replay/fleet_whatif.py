@@ -48,13 +48,18 @@ def fleet_workload(events) -> tuple[list[Request], dict[int, list[int]], dict]:
             if seen is None:
                 requests[r.seq_id] = r
                 outputs[r.seq_id] = list(workload.outputs[r.seq_id])
-            elif len(r.prompt) > len(seen.prompt):   # the decode side's: prompt and first token
-                seen.max_tokens = r.max_tokens + 1
+                continue
+            if len(r.prompt) > len(seen.prompt):   # the decode side's: prompt and first token
+                prefill, decode = seen, r
                 outputs[r.seq_id] += workload.outputs[r.seq_id]
             else:                                                      # the prefill side's, met second
-                r.max_tokens = seen.max_tokens + 1
+                prefill, decode = r, seen
                 requests[r.seq_id] = r
                 outputs[r.seq_id] = workload.outputs[r.seq_id] + outputs[r.seq_id]
+            prefill.max_tokens = decode.max_tokens + 1
+            if decode.abort_ns >= 0:     # its client left on the decode side
+                prefill.abort_ns, prefill.abort_step, prefill.abort_reason = \
+                    decode.abort_ns, decode.abort_step, decode.abort_reason
         middle.update(workload.middle)
     for r in requests.values():
         r.arrival_ns = arrivals.get(r.seq_id, r.arrival_ns)

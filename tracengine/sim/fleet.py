@@ -28,6 +28,7 @@ from tracengine.engine.config import Config
 from tracengine.engine.sequence import Sequence
 from tracengine.errors import ConfigError, TracengineError
 from tracengine.engine.request import Request
+from tracengine.sim.fleet_departures import FleetDepartures
 from tracengine.sim.runners import sampling_params_of
 from tracengine.sim.routers import RoutedRequest, Router, load_router, router_name
 from tracengine.trace.events import NULL_SINK, KVTransfer, ReplicaScope, RouteDecision
@@ -148,6 +149,7 @@ class Fleet:
         self.routers: dict[str, Router] = {pool: cls(**options) for pool, cls in router_classes(spec, routers).items()}
         self.prefilled: dict[int, tuple[Sequence, Request]] = {}   # handed off, KV not landed yet
         self.max_tokens: dict[int, int] = {}     # a disaggregated request's own max_tokens
+        self.departures = FleetDepartures([])    # the clients that leave (run_fleet's requests')
 
     # -- what the clock drives: routing, entering, steps, transfers -----------------------
 
@@ -175,17 +177,24 @@ class Fleet:
                               seq_id=request.seq_id)
         replica = self.route(request, "prefill" if self.spec.disaggregated else "all", now_ns)
         replica.queued.append(request)
+        self.departures.moved(request.seq_id, replica.index)
         return replica
 
-    def step(self, replica: Replica) -> list[Sequence]:
-        """The requests routed to `replica` enter, then it steps; returns the sequences that
-        finished. A fleet writes a ReplicaScope first, so the step's frame says whose it is."""
+    def step(self, replica: Replica, aborts: list[tuple[int, str]] | None = None) -> list[Sequence] | None:
+        """The requests routed to `replica` enter, those whose clients left by now leave
+        (`aborts`: (seq_id, reason) of each; default: the departures due, fleet_departures.py),
+        then it steps; returns the sequences that finished, or None when no step was left to
+        take. A fleet writes a ReplicaScope first, so the step's frame says whose it is."""
         engine = replica.engine
         if self.sink.enabled and not self.spec.is_single:
             self.sink.emit(ReplicaScope(engine.num_steps, replica.index))
         for r in replica.queued:
             engine.add_request(r.prompt, sampling_params_of(r), seq_id=r.seq_id, arrival_ns=r.arrival_ns)
         replica.queued.clear()
+        for seq_id, reason in self.departures.leaving(replica.index, engine.now_ns) if aborts is None else aborts:
+            engine.abort_request(seq_id, reason)
+        if engine.is_finished():     # every request it held left: no step (run_timed's rule)
+            return None
         return engine.step()[1]
 
     def prefilled_seqs(self, replica: Replica, finished: list[Sequence]) -> list[Sequence]:
@@ -202,6 +211,7 @@ class Fleet:
                           seq.temperature, seq.ignore_eos, seq_id=seq.seq_id)
         replica = self.route(request, "decode", now_ns)
         self.prefilled[seq.seq_id] = (seq, request)
+        self.departures.moved(seq.seq_id, None)
         return replica, self.spec.transfer_ns(seq.num_prompt_tokens)[1]
 
     def land(self, seq_id: int, src: Replica, dst: Replica, now_ns: int):
@@ -218,6 +228,7 @@ class Fleet:
                                       num_bytes, duration_ns, num_blocks))
         request.arrival_ns = now_ns
         dst.queued.append(request)
+        self.departures.moved(seq_id, dst.index)
 
 
 def router_classes(spec: FleetSpec, routers: dict | None = None) -> dict[str, type[Router]]:
@@ -270,6 +281,7 @@ def run_fleet(fleet: Fleet, requests: list[Request], step_time, max_steps: int =
     """The fleet serves `requests` (each with arrival_ns) in simulated time; its events go to the
     fleet's sink. `on_progress(num_done, now_ns)`: as run_timed's, per replica step."""
     gap_ns, wake_ns = step_time.gap_ns, step_time.wake_ns
+    fleet.departures = FleetDepartures(requests)
     clock: list[tuple[int, int, int, object]] = []     # (time, order, kind, what): arrivals, handoffs, landings
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_ns)
     for n, i in enumerate(order):
@@ -309,11 +321,18 @@ def run_fleet(fleet: Fleet, requests: list[Request], step_time, max_steps: int =
         replica, engine = next_step, next_step.engine
         engine.now_ns = replica.start_ns
         finished = fleet.step(replica)
+        if finished is None:     # its clients left: it sleeps until the next request routed to it
+            replica.start_ns = None
+            continue
         num_steps += 1
         handed = fleet.prefilled_seqs(replica, finished)
         for seq in handed:
             heapq.heappush(clock, (engine.now_ns, counter, HANDOFF, (replica, seq)))
             counter += 1
+        handed_ids = {seq.seq_id for seq in handed}
+        for seq in finished:
+            if seq.seq_id not in handed_ids:
+                fleet.departures.finished(seq.seq_id)
         num_done += len(finished) - len(handed)
         replica.start_ns = engine.now_ns + gap_ns if (replica.queued or not engine.is_finished()) else None
         if engine.num_steps >= max_steps:
