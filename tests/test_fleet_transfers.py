@@ -71,11 +71,11 @@ def test_the_tui_blocks_view_of_a_decode_replica_is_the_live_block_pool(tmp_path
     config, step_time = CONFIG.replace(max_num_seqs=2, num_kvcache_blocks=30), fixed_step_time()
     spec = FleetSpec(num_prefill_replicas=2, num_decode_replicas=1)
     sink = LiveBlocks(2)
-    sink.fleet = fleet = Fleet(config, spec, lambda i: SimulatedEngine(config, SyntheticRunner(seed=1), step_time,
+    sink.fleet = fleet = Fleet(config, spec, lambda i, c: SimulatedEngine(c, SyntheticRunner(seed=1), step_time,
                                                                        sink), sink)
     run_fleet(fleet, workload(16), step_time)
-    path = tmp_path / "pd.trace"
-    with_writer(path, [fleet_header(config, step_time, spec), *sink.inner.events])
+    path, events = tmp_path / "pd.trace", [fleet_header(config, step_time, spec), *sink.inner.events]
+    with_writer(path, events)
     view = FleetView(path)
     index = view.index(2)
     try:
@@ -90,7 +90,7 @@ def test_the_tui_blocks_view_of_a_decode_replica_is_the_live_block_pool(tmp_path
             num_cached += sum(block_kind(b, state) == "cached" for b in state.blocks)
         assert num_cached > 0      # the blocks view shows free, cached blocks: those transfers took in
         # the step that took a transfer in says so
-        _, streams = replica_streams(sink.inner.events)
+        _, streams = replica_streams(events)
         first = next(e.step for e in streams[2] if type(e) is ScheduleDecision)
         assert "prompt KV landed from replica" in index.view_at(first).explanation
     finally:

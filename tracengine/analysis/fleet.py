@@ -21,6 +21,24 @@ def num_replicas(header: TraceHeader) -> int:
     return fleet.get("num_replicas", 1)
 
 
+def replica_headers(header: TraceHeader) -> list[TraceHeader]:
+    """Each replica's header: the fleet's, with the replica's config (a pool's or a replica's
+    own fields over every replica's, sim/fleet_overrides.py); all the fleet's when none differs."""
+    import msgspec
+
+    from tracengine.engine.config import Config
+    from tracengine.sim.fleet import FleetSpec
+    from tracengine.sim.fleet_overrides import replica_configs
+    n = num_replicas(header)
+    if not header.fleet:
+        return [header]
+    spec = FleetSpec.from_dict(header.fleet)
+    if not spec.replica_config:
+        return [header] * n
+    return [msgspec.structs.replace(header, config=c.to_dict())
+            for c in replica_configs(Config.from_dict(header.config), spec)]
+
+
 class FleetTimelines:
     """An event sink (or a fold of a trace's events) keeping each replica's RequestTimeline,
     the routers' decisions and the KV transfers; passes every event on to `inner` if given."""
@@ -29,7 +47,7 @@ class FleetTimelines:
     def __init__(self, header: TraceHeader, inner=None):
         self.header = header
         self.inner = inner if inner is not None and inner.enabled else None
-        self.timelines = {r: RequestTimeline(header) for r in range(num_replicas(header))}
+        self.timelines = {r: RequestTimeline(h) for r, h in enumerate(replica_headers(header))}
         self.routes: list[RouteDecision] = []
         self.transfers: list[KVTransfer] = []
         self.torn_tail: str | None = None
@@ -72,20 +90,27 @@ def _fold(events) -> FleetTimelines:
 
 
 def replica_streams(events, transfers: bool = False) -> tuple[TraceHeader, dict[int, list]]:
-    """Each replica's events as a trace of its own (the header first), by replica. `transfers`:
-    each KVTransfer in the stream of the decode replica it lands on, where it landed (a fold of
-    that stream takes its blocks in: replay/fold_transfer.py)."""
+    """Each replica's events as a trace of its own (its header first: replica_headers'), by
+    replica. `transfers`: each KVTransfer in the stream of the decode replica it lands on, where
+    it landed (a fold of that stream takes its blocks in: replay/fold_transfer.py)."""
     it = iter(events)
     header = next(it)
-    streams: dict[int, list] = {0: [header]}
-    current = streams[0]
+    headers = replica_headers(header)
+    streams: dict[int, list] = {}
+
+    def stream(replica: int) -> list:
+        if replica not in streams:
+            streams[replica] = [headers[replica] if replica < len(headers) else header]
+        return streams[replica]
+
+    current = stream(0)
     for event in it:
         t = type(event)
         if t is ReplicaScope:
-            current = streams.setdefault(event.replica, [header])
+            current = stream(event.replica)
         elif t is KVTransfer:
             if transfers:
-                streams.setdefault(event.replica, [header]).append(event)
+                stream(event.replica).append(event)
         elif t is not RouteDecision:
             current.append(event)
     return header, streams

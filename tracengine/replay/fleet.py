@@ -88,9 +88,9 @@ def reexecute_fleet(events, policy=None, routers: dict | None = None) -> FleetRe
     sink.expected, sink.index = recorded, 1
     runners: dict[int, RecordedRunner] = {}
 
-    def make_engine(index: int):
+    def make_engine(index: int, replica_config: Config):
         runners[index] = RecordedRunner()
-        return SimulatedEngine(config, runners[index], _NoTime, sink, policy=policy)
+        return SimulatedEngine(replica_config, runners[index], _NoTime, sink, policy=policy)
 
     fleet = Fleet(config, spec, make_engine, sink, fleet_routers(header, routers))
     requests = _recorded_requests(recorded, spec.disaggregated)
@@ -193,9 +193,10 @@ class FleetEventCheck:
     of the replica last checked."""
 
     def __init__(self, header):
-        from tracengine.analysis.fleet import num_replicas
+        from tracengine.analysis.fleet import replica_headers
         self.header = header
-        self.num_replicas = num_replicas(header)
+        self.headers = replica_headers(header)      # each replica's config
+        self.num_replicas = len(self.headers)
         self.checkers: dict = {}
         self.step = 0
 
@@ -206,7 +207,7 @@ class FleetEventCheck:
             raise TraceError(f"the fleet has no replica {replica} (it has {self.num_replicas})")
         checker = self.checkers.get(replica)
         if checker is None:
-            checker = self.checkers[replica] = EventCheck(self.header)
+            checker = self.checkers[replica] = EventCheck(self.headers[replica])
         return checker
 
     def frame(self, events) -> None:

@@ -4,7 +4,7 @@ prompt's full blocks into its prefix cache, with no event of its own but the KVT
 A KVTransfer lands between the replica's steps, and the request it carries enters at the
 replica's next step, landings in the order they came: so the blocks are taken in when its
 RequestAdded comes (its prompt gives the block hashes the KVTransfer does not carry), before
-the request is added, as `install_prompt_kv` took them in: the leading blocks the cache holds
+the request is added, as sim/kv_transfer.install_prompt_kv took them in: the leading blocks the cache holds
 are hits (never the last one), the others come from the head of the free queue and are
 registered under their hashes, then all are released, the last first."""
 from tracengine.engine.hash_id_prompt import request_prompt

@@ -16,7 +16,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from tracengine.analysis.fleet import fleet_stats, fold_fleet, num_replicas, render_fleet, replica_streams
+from tracengine.analysis.fleet import (fleet_stats, fold_fleet, num_replicas, render_fleet, replica_headers,
+                                      replica_streams)
 from tracengine.tui.app import TraceApp
 from tracengine.tui.trace_index import TraceIndex
 
@@ -44,8 +45,9 @@ class FleetView:
         self.paths = []
         for r in range(self.num_replicas):
             replica_path = os.path.join(self._dir.name, f"replica-{r}.trace")
-            with TraceWriter(replica_path, self.header, deflate=False) as writer:
-                for e in streams.get(r, [self.header])[1:]:
+            stream = streams.get(r) or [replica_headers(self.header)[r]]
+            with TraceWriter(replica_path, stream[0], deflate=False) as writer:     # the replica's own config
+                for e in stream[1:]:
                     writer.emit(e)
             self.paths.append(replica_path)
 
