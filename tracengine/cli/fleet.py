@@ -44,11 +44,6 @@ def add_fleet_arguments(p, what_if: bool = False):
                    help=f"fixed time of each KV transfer ({default} 0)")
 
 
-def fleet_flags_given(args) -> bool:
-    from tracengine.sim.fleet_overrides import FLEET_NAMES
-    return any(getattr(args, name, None) is not None for name in FLEET_NAMES)
-
-
 def fleet_changes(args) -> dict:
     """The fleet flags given, by name (sim/fleet_overrides.py's names, as a sweep names them)."""
     from tracengine.sim.fleet_overrides import FLEET_NAMES
