@@ -86,3 +86,25 @@ def test_a_recorded_abort_leaves_the_fleet_at_its_time_on_the_replica_that_holds
     capsys.readouterr()
     again = fleet_whatif(result.events, spec, {}, fixed_step_time())
     assert again.events[1:] == result.events[1:]
+
+
+def test_a_departure_that_leaves_a_replica_idle_replays_checks_and_what_ifs_again(tmp_path, capsys):
+    from tracengine.engine.request import Request
+    from tracengine.sim.fleet import simulate_fleet
+    from tracengine.trace.events import ReplicaScope, StepEnd
+    requests = [Request(list(range(10, 30)), 30, 0, ignore_eos=True, seq_id=0),
+                Request(list(range(40, 60)), 30, 100_000, ignore_eos=True, seq_id=1, abort_ns=5_000_000),
+                Request(list(range(70, 90)), 5, 20_000_000, ignore_eos=True, seq_id=2),
+                Request(list(range(90, 110)), 5, 25_000_000, ignore_eos=True, seq_id=3)]
+    spec = FleetSpec(2, "round_robin")
+    events = simulate_fleet(CONFIG, requests, fixed_step_time(), spec)
+    # s1, alone on replica 1, leaves it with nothing to take: its events end without a step
+    i = next(i for i, e in enumerate(events) if type(e) is SeqAbort)
+    scope = max(j for j in range(i) if type(events[j]) is ReplicaScope)
+    assert events[scope].replica == 1 and StepEnd not in {type(e) for e in events[scope:i + 3]}
+    assert reexecute_fleet(events).ok
+    path = tmp_path / "idle.trace"
+    with_writer(path, events)
+    assert main(["check", str(path)]) == 0
+    capsys.readouterr()
+    assert fleet_whatif(events, spec, {}, fixed_step_time()).events[1:] == events[1:]

@@ -14,7 +14,7 @@ from tracengine.replay.whatif import OutputRunner, extract_workload
 from tracengine.sim.fleet import FleetSpec, fleet_header, simulate_fleet
 from tracengine.engine.request import Request
 from tracengine.sim.sweep import IN_TIME
-from tracengine.trace.events import RouteDecision, StepEnd
+from tracengine.trace.events import KVTransfer, ReplicaScope, RouteDecision, SeqAbort, StepEnd
 
 
 @dataclass
@@ -39,12 +39,17 @@ def fleet_workload(events) -> tuple[list[Request], dict[int, list[int]], dict]:
         return workload.requests, workload.outputs, workload.middle
     _, streams = replica_streams(events)
     arrivals = {e.seq_id: e.arrival_ns for e in events if type(e) is RouteDecision and e.pool != "decode"}
+    left_idle = _left_idle(events)
     requests: dict[int, Request] = {}
     outputs: dict[int, list[int]] = {}
     middle: dict = {}
-    for stream in streams.values():
+    for replica, stream in streams.items():
         workload = extract_workload(stream)
         for r in workload.requests:
+            if left_idle.get(r.seq_id) == replica:
+                # its client left at a step its replica then had nothing to take: after the step before
+                end_ns = workload.timeline.end_ns(r.abort_step - 1) if r.abort_step > 0 else r.arrival_ns
+                r.abort_ns = max(r.arrival_ns, end_ns)
             seen = requests.get(r.seq_id)
             if seen is None:
                 requests[r.seq_id] = r
@@ -65,6 +70,27 @@ def fleet_workload(events) -> tuple[list[Request], dict[int, list[int]], dict]:
     for r in requests.values():
         r.arrival_ns = arrivals.get(r.seq_id, r.arrival_ns)
     return [requests[k] for k in sorted(requests)], outputs, middle
+
+
+def _left_idle(events) -> dict[int, int]:
+    """seq_id -> replica of each SeqAbort among a replica's events that end without a step: the
+    departures left it nothing to take (the time of that step's start, which the recording
+    never took, comes after the replica's step before; Fleet.step)."""
+    left, replica, segment = {}, None, []
+
+    def close():
+        if segment and type(segment[-1]) is not StepEnd:
+            left.update((e.seq_id, replica) for e in segment if type(e) is SeqAbort)
+
+    for e in events[1:]:
+        t = type(e)
+        if t is ReplicaScope or t is RouteDecision or t is KVTransfer:
+            close()
+            replica, segment = (e.replica if t is ReplicaScope else None), []
+        else:
+            segment.append(e)
+    close()
+    return left
 
 
 class FleetReplay:
