@@ -94,16 +94,18 @@ def test_one_engines_trace_swept_through_fleets(tmp_path, capsys):
     assert three["ttft_p99_ms"] < one["ttft_p99_ms"]
 
 
-@pytest.mark.parametrize("sweep, message", [
-    (["replicas=0,2"], "--replicas must be positive"),
-    (["replica[2].max_num_seqs=1,2"], "replica[2].max_num_seqs: the fleet has replicas 0..1"),
-    (["decode.max_num_seqs=1,2"], "has no decode pool"),
-    (["router=round_robin,nowhere"], "router 'nowhere'"),
-    (["replicas=x,2"], "replicas expects an int"),
+@pytest.mark.parametrize("flags, message", [
+    (["--sweep", "replicas=0,2"], "--replicas must be positive"),
+    (["--sweep", "replica[2].max_num_seqs=1,2"], "replica[2].max_num_seqs: the fleet has replicas 0..1"),
+    (["--sweep", "decode.max_num_seqs=1,2"], "has no decode pool"),
+    (["--sweep", "router=round_robin,nowhere"], "router 'nowhere'"),
+    (["--sweep", "replicas=x,2"], "replicas expects an int"),
+    (["--sweep", "router=round_robin,random", "--router", "random"], "--router and --sweep both name router"),
+    (["--sweep", "prefill_replicas=1,2"], "both positive"),       # and no decode pool to go with it
 ])
-def test_a_bad_fleet_sweep_is_refused_before_any_run(tmp_path, fleet_trace, capsys, sweep, message):
+def test_a_bad_fleet_sweep_is_refused_before_any_run(tmp_path, fleet_trace, capsys, flags, message):
     argv = ["replay", fleet_trace, "--step-time", step_time_file(tmp_path), "--jobs", "1", "--no-cache"]
-    assert main(argv + [f"--sweep={s}" for s in sweep]) == 2
+    assert main(argv + flags) == 2
     err = capsys.readouterr().err
     assert err.startswith("tracengine: error: ") and message in err and err.count("\n") == 1
 

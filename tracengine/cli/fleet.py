@@ -23,7 +23,9 @@ def add_fleet_arguments(p, what_if: bool = False):
     """The fleet flags; on `replay`, `what_if`: they change a fleet trace's recorded fleet."""
     default = "the recorded" if what_if else "default"
     g = p.add_argument_group("fleet: replicas behind a router (docs/cluster.md)" +
-                             (": a fleet trace's what-if" if what_if else ""))
+                             (": a fleet trace's what-if" if what_if else ""),
+                             "--set prefill.FIELD=V, decode.FIELD=V or replica[N].FIELD=V sets a pool's or a "
+                             "replica's own config; --sweep takes these names, and the fleet flags' (replicas=2,4)")
     g.add_argument("--replicas", type=int, metavar="N", help="replicas, each the real scheduler with its own KV cache")
     g.add_argument("--router", metavar="NAME", help="round_robin (default), least_loaded, prefix_aware, random, "
                    "or a tracengine.sim.routers.Router subclass as module:Class" +
@@ -48,6 +50,15 @@ def fleet_changes(args) -> dict:
     """The fleet flags given, by name (sim/fleet_overrides.py's names, as a sweep names them)."""
     from tracengine.sim.fleet_overrides import FLEET_NAMES
     return {name: getattr(args, name) for name in FLEET_NAMES if getattr(args, name, None) is not None}
+
+
+def check_flags_not_swept(args):
+    """A fleet flag and --sweep may not name the same field (one of the two would silently win)."""
+    swept = {text.partition("=")[0].strip().replace("-", "_") for text in args.sweep}
+    both = [name for name in fleet_changes(args) if name in swept]
+    if both:
+        raise TracengineError(f"--{both[0].replace('_', '-')} and --sweep both name {both[0]}; give its values "
+                              "to --sweep alone")
 
 
 def take_scoped_sets(args) -> dict:

@@ -68,10 +68,11 @@ def run(args) -> int:
     if args.workload_file and args.workload:
         raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
     workload = args.workload_file or args.workload
-    from tracengine.cli.fleet import fleet_changes, take_scoped_sets
+    from tracengine.cli.fleet import check_flags_not_swept, fleet_changes, take_scoped_sets
     from tracengine.sim.fleet_overrides import is_fleet_name, parse_fleet_override
     scoped = take_scoped_sets(args)      # a pool's or a replica's fields: a fleet's (docs/cluster.md)
     overrides = config_overrides(args)
+    check_flags_not_swept(args)
     check_search_flags(args)
     if args.search:     # its flags are checked by run_search, once the workload is read
         check_executor_flags(args, True)
