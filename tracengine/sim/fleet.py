@@ -29,8 +29,8 @@ from tracengine.engine.sequence import Sequence
 from tracengine.errors import ConfigError, TracengineError
 from tracengine.engine.request import Request
 from tracengine.sim.fleet_departures import FleetDepartures
-from tracengine.sim.kv_transfer import install_prompt_kv
 from tracengine.sim.fleet_overrides import SCOPED, replica_configs, scope_fits
+from tracengine.sim.kv_transfer import install_prompt_kv
 from tracengine.sim.runners import sampling_params_of
 from tracengine.sim.routers import RoutedRequest, Router, load_router, router_name
 from tracengine.trace.events import NULL_SINK, KVTransfer, ReplicaScope, RouteDecision
