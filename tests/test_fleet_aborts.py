@@ -48,7 +48,7 @@ def test_one_replica_leaves_as_one_engines_whatif_does():
     alone = timed_whatif(recorded, {}, fixed_step_time()).self_check
     fleet = fleet_whatif(recorded, FleetSpec(1), {}, fixed_step_time())
     assert fleet.events[1:] == alone[1:]
-    assert fleet.new["requests"] == {"num_requests": 30, "num_finished": 25}
+    assert fleet.new["requests"] == {"num_requests": 30, "num_finished": 25, "num_aborted": 5}
 
 
 @pytest.mark.parametrize("spec", [FleetSpec(3, "least_loaded"),

@@ -144,7 +144,9 @@ def fleet_stats(source, slo: dict[str, float] | None = None) -> dict:
     return {
         "fleet": dict(fleet),
         "num_replicas": num_replicas(folded.header),
-        "requests": {"num_requests": len(requests), "num_finished": num_finished},
+        "requests": {"num_requests": len(requests), "num_finished": num_finished,
+                     # a request leaves on one replica: its client's, where it was then
+                     "num_aborted": sum(p["stats"]["requests"]["num_aborted"] for p in per_replica)},
         "duration_s": duration_s,
         "completion_tokens_per_s": num_completion / duration_s if duration_s else None,
         "latency": {name: summarize([r[f"{name}_s"] for r in requests if r[f"{name}_s"] is not None])
@@ -195,8 +197,9 @@ def render_fleet(s: dict, title: str = ""):
              f"{f.get('router')} / {f.get('decode_router') or f.get('router')}" if f.get("num_prefill_replicas")
              else f"{s['num_replicas']} replicas, router {f.get('router')}")
     r = s["requests"]
-    lines = [f"{title + chr(10) if title else ''}{shape}: {r['num_requests']} requests ({r['num_finished']} finished) "
-             f"in {s['duration_s'] * 1e3:,.1f} ms"]
+    aborted = f", {r['num_aborted']} aborted" if r.get("num_aborted") else ""
+    lines = [f"{title + chr(10) if title else ''}{shape}: {r['num_requests']} requests ({r['num_finished']} finished"
+             f"{aborted}) in {s['duration_s'] * 1e3:,.1f} ms"]
     lat = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("fleet latency", "n", "mean ms", "p50 ms", "p90 ms", "p99 ms"):
         lat.add_column(col, justify="left" if col == "fleet latency" else "right")

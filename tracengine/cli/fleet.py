@@ -132,7 +132,8 @@ def fleet_stats_command(path, slo, as_json: bool) -> int:
 WHATIF_ROWS = [("duration ms", ("duration_s",), 1e3, "{:,.1f}")]
 WHATIF_ROWS += [(f"{label} {p} ms", ("latency", name, p), 1e3, "{:,.2f}")
                 for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "e2e")) for p in ("p50", "p90", "p99")]
-WHATIF_ROWS += [("cache hit", ("token_hit_rate",), 100, "{:.1f}%"),
+WHATIF_ROWS += [("aborted", ("requests", "num_aborted"), 1, "{:,}"),
+                ("cache hit", ("token_hit_rate",), 100, "{:.1f}%"),
                 ("request imbalance", ("request_imbalance",), 1, "{:.2f}"),
                 ("KV transfers", ("kv_transfer", "num_transfers"), 1, "{:,}")]
 
