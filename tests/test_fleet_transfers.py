@@ -42,13 +42,13 @@ def _first_decode_scope(events) -> int:
 
 
 class LiveBlocks:
-    """A sink that keeps, at each step's end of replica `replica`, its block pool as the live
-    block manager holds it (replay/state.live_state)."""
+    """A sink that keeps, at each step's end of each replica, its block pool as the live block
+    manager holds it (replay/state.live_state), by replica."""
     enabled = True
 
-    def __init__(self, replica: int):
+    def __init__(self):
         from tracengine.trace.events import ListSink
-        self.replica, self.fleet, self.current, self.states = replica, None, 0, []
+        self.fleet, self.current, self.states = None, 0, {}
         self.inner = ListSink()
 
     def emit(self, e):
@@ -57,36 +57,59 @@ class LiveBlocks:
         self.inner.emit(e)
         if type(e) is ReplicaScope:
             self.current = e.replica
-        elif type(e) is StepEnd and self.current == self.replica:
-            self.states.append(live_state(self.fleet.replicas[self.replica].scheduler, e.step))
+        elif type(e) is StepEnd:
+            scheduler = self.fleet.replicas[self.current].scheduler
+            self.states.setdefault(self.current, []).append(live_state(scheduler, e.step))
 
 
-def test_the_tui_blocks_view_of_a_decode_replica_is_the_live_block_pool(tmp_path):
+def run_live(config, spec, requests):
+    """(the events, header first, and LiveBlocks' states) of a fleet's run in simulated time."""
     from tracengine.sim.engine import SimulatedEngine
     from tracengine.sim.fleet import Fleet, fleet_header, run_fleet
     from tracengine.sim.runners import SyntheticRunner
+    step_time, sink = fixed_step_time(), LiveBlocks()
+    sink.fleet = fleet = Fleet(config, spec, lambda i, c: SimulatedEngine(c, SyntheticRunner(seed=1), step_time,
+                                                                       sink, policy=c.scheduling_policy), sink)
+    run_fleet(fleet, requests, step_time)
+    return [fleet_header(config, step_time, spec), *sink.inner.events], sink.states
+
+
+def same_pool(state, live) -> bool:
+    return ((state.free_block_ids, state.ref_counts, state.hashes, state.hash_to_block_id, state.waiting,
+             state.running) == (live.free_block_ids, live.ref_counts, live.hashes, live.hash_to_block_id,
+                                live.waiting, live.running)
+            and all(state.seqs[s].block_table == q.block_table for s, q in live.seqs.items()))
+
+
+@pytest.mark.parametrize("policy", ["prefill_first", "mixed"])
+@pytest.mark.parametrize("num_blocks, seed", [(24, 0), (30, 1), (48, 2)])
+def test_every_replicas_fold_is_its_live_block_pool_step_for_step(policy, num_blocks, seed):
+    from tracengine.replay.fold import Fold
+    config = CONFIG.replace(scheduling_policy=policy, num_kvcache_blocks=num_blocks, max_num_seqs=3)
+    events, states = run_live(config, FleetSpec(num_prefill_replicas=1, num_decode_replicas=2), workload(24, seed))
+    _, streams = replica_streams(events, transfers=True)
+    for replica in (0, 1, 2):
+        fold = Fold(streams[replica])
+        assert fold.num_steps == len(states[replica]) > 0
+        assert all(same_pool(fold.state_at(live.step), live) for live in states[replica])
+
+
+def test_the_tui_blocks_view_of_a_decode_replica_is_the_live_block_pool(tmp_path):
     from tracengine.tui.fleet import FleetView
     from tracengine.tui.widgets.block_map import block_kind
     # one decode replica of few sequences and a small cache: transferred requests wait there, and evict
-    config, step_time = CONFIG.replace(max_num_seqs=2, num_kvcache_blocks=30), fixed_step_time()
-    spec = FleetSpec(num_prefill_replicas=2, num_decode_replicas=1)
-    sink = LiveBlocks(2)
-    sink.fleet = fleet = Fleet(config, spec, lambda i, c: SimulatedEngine(c, SyntheticRunner(seed=1), step_time,
-                                                                       sink), sink)
-    run_fleet(fleet, workload(16), step_time)
-    path, events = tmp_path / "pd.trace", [fleet_header(config, step_time, spec), *sink.inner.events]
+    events, states = run_live(CONFIG.replace(max_num_seqs=2, num_kvcache_blocks=30),
+                              FleetSpec(num_prefill_replicas=2, num_decode_replicas=1), workload(16))
+    path = tmp_path / "pd.trace"
     with_writer(path, events)
     view = FleetView(path)
     index = view.index(2)
     try:
-        assert index.num_steps == len(sink.states) > 0
+        assert index.num_steps == len(states[2]) > 0
         num_cached = 0
-        for live in sink.states:
+        for live in states[2]:
             state = index.state_at(live.step)
-            assert (state.free_block_ids, state.ref_counts, state.hashes, state.hash_to_block_id) == \
-                (live.free_block_ids, live.ref_counts, live.hashes, live.hash_to_block_id)
-            assert (state.waiting, state.running) == (live.waiting, live.running)
-            assert {s: state.seqs[s].block_table for s in live.seqs} == {s: q.block_table for s, q in live.seqs.items()}
+            assert same_pool(state, live)
             num_cached += sum(block_kind(b, state) == "cached" for b in state.blocks)
         assert num_cached > 0      # the blocks view shows free, cached blocks: those transfers took in
         # the step that took a transfer in says so
