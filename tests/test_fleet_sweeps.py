@@ -140,7 +140,7 @@ def test_a_heterogeneous_fleet_runs_each_replica_under_its_config_and_replays(tm
                  "replica[1].num_kvcache_blocks=24", "--set", "replica[0].scheduling_policy=mixed", "--record",
                  out]) == 0
     text = capsys.readouterr().out
-    assert "fleet replica[1].num_kvcache_blocks None -> 24" in text
+    assert "fleet replica[1].num_kvcache_blocks - -> 24" in text
     events = events_of(out)
     assert events[0].fleet["replica[1].num_kvcache_blocks"] == 24 and events[0].config["num_kvcache_blocks"] == 48
     _, streams = replica_streams(events)

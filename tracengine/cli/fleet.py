@@ -158,7 +158,8 @@ def fleet_whatif_command(path, events: list, spec, overrides: dict, record, step
                           "what_if": {k: v for k, v in result.new.items() if k not in drop}, "record": record},
                          indent=2))
         return EXIT_OK
-    changes = ", ".join(f"{name} {a} -> {b}" for name, a, b in result.changes) or "no change"
+    changes = ", ".join(f"{name} {'-' if a is None else a} -> {'-' if b is None else b}"
+                        for name, a, b in result.changes) or "no change"
     print(f"fleet what-if on {path} in simulated time: {changes}")
     from tracengine.cli.steptime import describe_step_time
     print(f"step times: {describe_step_time(result.step_time, str(path))}")
