@@ -157,8 +157,10 @@ def test_a_heterogeneous_fleet_runs_each_replica_under_its_config_and_replays(tm
     from tracengine.tui.fleet import FleetView
     view = FleetView(out)
     try:
+        from tracengine.tui.fleet import FleetTraceApp
         index = view.index(1)
         assert index.num_blocks == 24 and index.num_steps == sum(1 for e in streams[1] if type(e) is StepEnd)
+        assert FleetTraceApp(index, view, 1).replica_note.startswith("replica 1 of 2 (all, num_kvcache_blocks=24)")
         index.close()
     finally:
         view.close()

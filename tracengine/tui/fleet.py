@@ -37,6 +37,9 @@ class FleetView:
         self.stats = fleet_stats(folded)
         self.roles = [p["role"] for p in self.stats["replicas"]]
         self.starts = [[t.start_ns(s) for s in range(t.num_steps)] for _, t in sorted(folded.timelines.items())]
+        # each replica's config fields of its own (a pool's or its own, sim/fleet_overrides.py)
+        self.own_config = [{k: v for k, v in h.config.items() if self.header.config.get(k) != v}
+                           for h in replica_headers(self.header)]
         self.routes: dict[int, list] = {}
         for e in folded.routes + folded.transfers:
             self.routes.setdefault(e.seq_id, []).append(e)
@@ -108,7 +111,8 @@ class FleetTraceApp(TraceApp):
         self.fleet = fleet
         self.replica = replica
         self.switch_to: tuple[int, int, int] | None = None    # (replica, step, selected seq) to show next
-        self.replica_note = (f"replica {replica} of {fleet.num_replicas} ({fleet.roles[replica]}); "
+        own = "".join(f", {k}={v}" for k, v in fleet.own_config[replica].items())
+        self.replica_note = (f"replica {replica} of {fleet.num_replicas} ({fleet.roles[replica]}{own}); "
                              f"r: next replica, F: fleet, w: routing")
         self.set_reactive(TraceApp.note, self.replica_note)
         if index.num_steps:
