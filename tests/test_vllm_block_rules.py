@@ -154,3 +154,27 @@ def test_a_whatif_to_mixed_runs_mixed_with_its_own_block_rules():
     assert result.events[0].config["block_rules"] == "vllm"
     mixed = run_workload(config.replace(scheduling_policy="mixed"), WORKLOAD)
     assert diff_traces(result.events, mixed).identical
+
+
+@pytest.mark.parametrize("changes", [dict(scheduling_policy="mixed"),
+                                     dict(scheduling_policy="mixed", enable_prefix_caching=False),
+                                     dict(enable_prefix_caching=False),
+                                     dict(scheduling_policy="mixed", block_rules="nano-vllm")],
+                         ids=["mixed", "mixed-no-cache", "prefill_first-no-cache", "mixed-nano-vllm"])
+def test_a_pd_fleets_replicas_fold_to_their_live_block_pools_under_each_rule(changes):
+    # a KV transfer lands through the prefix cache: with it off none lands, and the fold agrees
+    from test_fleet import CONFIG, workload
+    from test_fleet_transfers import run_live, same_pool
+    from tracengine.analysis.fleet import replica_streams
+    from tracengine.replay.fold import Fold
+    from tracengine.sim.fleet import FleetSpec
+    from tracengine.trace.events import KVTransfer
+    config = CONFIG.replace(num_kvcache_blocks=30, max_num_seqs=3, **changes)
+    events, states = run_live(config, FleetSpec(num_prefill_replicas=1, num_decode_replicas=2), workload(24, 1))
+    landed = [e.num_blocks for e in events if type(e) is KVTransfer]
+    assert landed and (any(landed) == config.enable_prefix_caching)
+    _, streams = replica_streams(events, transfers=True)
+    for replica in (0, 1, 2):
+        fold = Fold(streams[replica])
+        assert fold.num_steps == len(states[replica]) > 0
+        assert all(same_pool(fold.state_at(live.step), live) for live in states[replica])

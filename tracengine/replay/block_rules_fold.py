@@ -1,10 +1,12 @@
 """The fold's projection for the block rules a trace was recorded under: a
 vLLM trace's (vllm/fold.py), tracengine's own under vLLM's block rules
-(engine/vllm_block_manager.py), or nano-vllm's (fold.py's `_Projection`)."""
+(engine/vllm_block_manager.py), or nano-vllm's (fold.py's `_Projection`); a
+disaggregated fleet's decode replica takes in KV transfers (fold_transfer.py)."""
 import msgspec
 
 from tracengine.engine.config import recorded_block_rules
 from tracengine.replay.fold import _Keyframe, _Projection
+from tracengine.replay.fold_transfer import TransferProjection
 from tracengine.trace.events import BlockFree, BlockHash
 
 
@@ -53,9 +55,12 @@ class VllmRulesProjection(_Projection):
         self.ref_counts[block_id] = 1
 
     def block_hash(self, e: BlockHash):
-        self.hashes[e.block_id] = e.hash
-        if self.hash_to_block_id.setdefault(e.hash, e.block_id) != e.block_id:
-            self.later_block_ids.setdefault(e.hash, []).append(e.block_id)
+        self._register(e.block_id, e.hash)
+
+    def _register(self, block_id: int, h: int):
+        self.hashes[block_id] = h
+        if self.hash_to_block_id.setdefault(h, block_id) != block_id:
+            self.later_block_ids.setdefault(h, []).append(block_id)
 
     def block_free(self, e: BlockFree):
         ref_counts, hashes = self.ref_counts, self.hashes
@@ -73,11 +78,16 @@ class VllmRulesProjection(_Projection):
         s.num_cached_tokens = 0
 
 
+class VllmRulesTransferProjection(VllmRulesProjection, TransferProjection):
+    """A disaggregated fleet's decode replica (fold_transfer.py) under vLLM's block rules."""
+
+
 def projection(header, num_blocks: int, block_size: int) -> _Projection:
     """The empty projection of the block pool the header describes."""
     if header.engine == "vllm":
         from tracengine.vllm.fold import vllm_projection
         return vllm_projection(num_blocks, block_size)
-    if recorded_block_rules(header.config) == "vllm":
-        return VllmRulesProjection(num_blocks, block_size)
-    return _Projection(num_blocks, block_size)
+    vllm_rules = recorded_block_rules(header.config) == "vllm"
+    if header.fleet.get("num_decode_replicas"):
+        return (VllmRulesTransferProjection if vllm_rules else TransferProjection)(num_blocks, block_size)
+    return (VllmRulesProjection if vllm_rules else _Projection)(num_blocks, block_size)
