@@ -178,3 +178,21 @@ def test_a_pd_fleets_replicas_fold_to_their_live_block_pools_under_each_rule(cha
         fold = Fold(streams[replica])
         assert fold.num_steps == len(states[replica]) > 0
         assert all(same_pool(fold.state_at(live.step), live) for live in states[replica])
+
+
+def test_check_replay_state_and_stats_read_a_mixed_trace_under_vllms_rules(tmp_path, capsys):
+    from tracengine.cli.main import main
+    from tracengine.trace.events import Preempt
+    from tracengine.trace.tracelog import TraceWriter
+    config = Config(num_kvcache_blocks=14, kvcache_block_size=8, max_num_batched_tokens=32, max_model_len=256,
+                    scheduling_policy="mixed")
+    events = run_workload(config, WORKLOAD)
+    assert any(type(e) is Preempt for e in events)          # chunks and decodes run out of blocks
+    path = tmp_path / "mixed.trace"
+    with TraceWriter(path, events[0]) as writer:
+        for e in events[1:]:
+            writer.emit(e)
+    assert main(["check", str(path)]) == 0 and "whole" in capsys.readouterr().out
+    assert main(["replay", str(path)]) == 0 and "reproduced exactly" in capsys.readouterr().out
+    assert main(["replay", str(path), "--state", "6"]) == 0 and "state after step 6" in capsys.readouterr().out
+    assert main(["stats", str(path)]) == 0 and "preemptions" in capsys.readouterr().out

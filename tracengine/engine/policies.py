@@ -9,9 +9,10 @@ chunks share a batch:
 
 1. running first, in order: a decoding sequence gets its one token, a
    sequence still in prefill the rest of its prompt or as much as the budget
-   leaves (its next chunk). A decoding sequence that needs a block and finds
-   none preempts the tail of running by recomputation (V1's
-   `self.running.pop()`), itself when nobody is left behind it;
+   leaves (its next chunk). A sequence whose tokens need blocks and find too
+   few free (a decode; under V1's block rules, below, a chunk too) preempts
+   the tail of running by recomputation (V1's `self.running.pop()`), itself
+   when nobody is left behind it;
 2. then, unless a preemption happened this step (V1 admits nothing then),
    waiting in FIFO order into the budget left: each admitted sequence moves
    to running at once, even when only a chunk of it fits, which makes the
