@@ -180,19 +180,42 @@ def test_a_pd_fleets_replicas_fold_to_their_live_block_pools_under_each_rule(cha
         assert all(same_pool(fold.state_at(live.step), live) for live in states[replica])
 
 
-def test_check_replay_state_and_stats_read_a_mixed_trace_under_vllms_rules(tmp_path, capsys):
-    from tracengine.cli.main import main
+def write_mixed_trace(path) -> list:
+    """A mixed run under vLLM's block rules where chunks and decodes run out of blocks, at `path`."""
     from tracengine.trace.events import Preempt
     from tracengine.trace.tracelog import TraceWriter
     config = Config(num_kvcache_blocks=14, kvcache_block_size=8, max_num_batched_tokens=32, max_model_len=256,
                     scheduling_policy="mixed")
     events = run_workload(config, WORKLOAD)
-    assert any(type(e) is Preempt for e in events)          # chunks and decodes run out of blocks
-    path = tmp_path / "mixed.trace"
+    assert any(type(e) is Preempt for e in events)
     with TraceWriter(path, events[0]) as writer:
         for e in events[1:]:
             writer.emit(e)
+    return events
+
+
+def test_check_replay_state_and_stats_read_a_mixed_trace_under_vllms_rules(tmp_path, capsys):
+    from tracengine.cli.main import main
+    path = tmp_path / "mixed.trace"
+    write_mixed_trace(path)
     assert main(["check", str(path)]) == 0 and "whole" in capsys.readouterr().out
     assert main(["replay", str(path)]) == 0 and "reproduced exactly" in capsys.readouterr().out
     assert main(["replay", str(path), "--state", "6"]) == 0 and "state after step 6" in capsys.readouterr().out
     assert main(["stats", str(path)]) == 0 and "preemptions" in capsys.readouterr().out
+
+
+async def test_the_tui_shows_what_the_fold_says_on_a_mixed_trace_under_vllms_rules(tmp_path):
+    from test_tui import assert_panels_match, opened, steps_with
+    from tracengine.replay.fold import Fold
+    from tracengine.trace.events import Preempt
+    path = tmp_path / "mixed.trace"
+    write_mixed_trace(path)
+    fold = Fold.from_trace(path)
+    steps = sorted({0, fold.num_steps - 1, *steps_with(fold, Preempt)[:3], *steps_with(fold, BlockAppend)[:3]})
+    app, running = opened(path)
+    async with running as pilot:
+        await app.workers.wait_for_complete()
+        for step in steps:
+            app.go(step)
+            await pilot.pause()
+            assert_panels_match(app, fold, step)
