@@ -43,16 +43,21 @@ DYNAMO = r"""
 import json, sys
 from dynamo.replay import run_trace_replay
 path, block_size, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+per_request = sys.argv[4] if len(sys.argv) > 4 else None     # where to write each request's figures
 report = run_trace_replay([path], extra_engine_args={"engine": {
     "backend": "vllm", "block_size": block_size, "num_gpu_blocks": %(num_kvcache_blocks)d,
     "max_model_len": %(max_model_len)d, "max_num_batched_tokens": %(max_num_batched_tokens)d,
     "max_num_seqs": %(max_num_seqs)d, "enable_prefix_caching": True, "enable_chunked_prefill": True,
     "timing_model": {"type": "fixed", "prefill_ms": %(prefill_ms)s, "decode_ms": %(decode_ms)s}}},
     num_workers=1, replay_mode="offline", router_mode="round_robin", trace_format="mooncake",
-    trace_block_size=%(hash_id_tokens)d)
+    trace_block_size=%(hash_id_tokens)d, capture_per_request=per_request is not None)
 summary = report.summary if hasattr(report, "summary") else report
 with open(out, "w") as f:
     json.dump(summary, f, default=str)
+if per_request:
+    with open(per_request, "w") as f:
+        json.dump([{k: r[k] for k in ("arrival_time_ms", "input_length", "output_length", "ttft_ms",
+                                       "e2e_latency_ms", "reused_input_tokens")} for r in report.per_request], f)
 """ % {**SETTINGS, "prefill_ms": PREFILL_MS, "decode_ms": DECODE_MS, "hash_id_tokens": HASH_ID_TOKENS}
 
 
@@ -100,13 +105,16 @@ PARTS = ("schedule_ns", "model_ns", "postprocess_ns")
 
 
 def fixed_step_time(path: str):
-    """tracengine's linear step-time model with only the two constants."""
+    """Dynamo's `fixed` timing as tracengine's linear step-time model: constants only. Dynamo
+    charges a step PREFILL_MS when its batch computes prompt tokens plus DECODE_MS when it
+    decodes, so a step of both (vLLM V1 batches them) costs both: the model's `mixed` row."""
 
     def phase(ms):
         return {part: [ms * 1e6 if part == "model_ns" and f == "const" else 0.0 for f in FEATURES] for part in PARTS}
     with open(path, "w") as f:
         json.dump({"kind": "linear", "features": list(FEATURES), "parts": list(PARTS), "gap_ns": 0, "wake_ns": 0,
-                   "coefficients": {"prefill": phase(PREFILL_MS), "decode": phase(DECODE_MS)},
+                   "coefficients": {"prefill": phase(PREFILL_MS), "decode": phase(DECODE_MS),
+                                    "mixed": phase(PREFILL_MS + DECODE_MS)},
                    "source": {"model": "fixed"}}, f)
 
 
