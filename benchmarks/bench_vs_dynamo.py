@@ -57,7 +57,8 @@ with open(out, "w") as f:
 if per_request:
     with open(per_request, "w") as f:
         json.dump([{k: r[k] for k in ("arrival_time_ms", "input_length", "output_length", "ttft_ms",
-                                       "e2e_latency_ms", "reused_input_tokens")} for r in report.per_request], f)
+                                       "e2e_latency_ms", "reused_input_tokens", "readmission_count")}
+                   for r in report.per_request], f)
 """ % {**SETTINGS, "prefill_ms": PREFILL_MS, "decode_ms": DECODE_MS, "hash_id_tokens": HASH_ID_TOKENS}
 
 

@@ -3,15 +3,16 @@
 bench_vs_dynamo.py compares the two runs' percentiles; this script says where they come from.
 The same Mooncake file (bench_vs_dynamo.conversation_workload, or --workload FILE) goes
 through both with bench_vs_dynamo's settings and fixed step times; Dynamo with
-`capture_per_request`, tracengine recorded (`simulate --record`). Each request's TTFT,
-TPOT ((e2e - TTFT) / (tokens - 1), vLLM's), end-to-end latency and prompt tokens found in the
-prefix cache (tracengine: its first allocation's cached blocks times the block size; Dynamo:
-`reused_input_tokens`) are set side by side, the requests matched by arrival time and
-lengths (the file's order; Dynamo names a request by a random id). Printed per figure: how
-many requests agree exactly, how many are lower or higher here, the largest differences and
-the requests that show them; then the percentiles of both sides' per-request values taken
-the same way (tracengine's: linear between closest ranks) beside Dynamo's own summary (which
-takes the closest rank), so that a difference of method is not read as one of simulation.
+`capture_per_request`, tracengine recorded (`simulate --record`). Set side by side per
+request: TTFT, TPOT ((e2e - TTFT) / (tokens - 1), vLLM's), end-to-end latency, prompt tokens
+found in the prefix cache (tracengine: its first allocation's cached blocks times the block
+size; Dynamo: `reused_input_tokens`) and preemptions (Dynamo: `readmission_count`); the
+requests are matched by arrival time and lengths (the file's order; Dynamo names a request by
+a random id). Printed per figure: how many requests agree exactly, how many are lower or
+higher here, the largest differences and the requests that show them; then the percentiles
+of both sides' per-request values taken the same way (tracengine's: linear between closest
+ranks) beside Dynamo's own summary (which takes the closest rank), so that a difference of
+method is not read as one of simulation.
 
     python benchmarks/bench_vs_dynamo_requests.py --dynamo-python /tmp/dynamo-venv/bin/python \\
         [--requests 1000] [--block-sizes 16,64,512] [--workload FILE] [--show 5]
@@ -32,7 +33,7 @@ from tracengine.analysis.stats import stats, summarize                          
 from tracengine.trace.events import BlockAllocate                                                    # noqa: E402
 from tracengine.trace.reader import TraceReader                                                      # noqa: E402
 
-FIGURES = ("ttft_ms", "tpot_ms", "e2e_ms", "reused_tokens")
+FIGURES = ("ttft_ms", "tpot_ms", "e2e_ms", "reused_tokens", "preemptions")
 
 
 def dynamo_requests(python: str, script: str, workload: str, block_size: int, tmp: str) -> tuple[list[dict], dict]:
@@ -48,7 +49,7 @@ def dynamo_requests(python: str, script: str, workload: str, block_size: int, tm
                  "ttft_ms": r["ttft_ms"], "e2e_ms": r["e2e_latency_ms"],
                  "tpot_ms": ((r["e2e_latency_ms"] - r["ttft_ms"]) / (r["output_length"] - 1)
                              if r["output_length"] > 1 else None),
-                 "reused_tokens": r["reused_input_tokens"]} for r in records]
+                 "reused_tokens": r["reused_input_tokens"], "preemptions": r["readmission_count"]} for r in records]
     return sorted(requests, key=_order), summary
 
 
@@ -67,7 +68,8 @@ def tracengine_requests(workload: str, step_time: str, block_size: int, tmp: str
     requests = [{"arrival_ms": r["arrival_s"] * 1e3, "prompt": r["num_prompt_tokens"],
                  "tokens": r["num_completion_tokens"], "ttft_ms": r["ttft_s"] * 1e3, "e2e_ms": r["e2e_s"] * 1e3,
                  "tpot_ms": r["tpot_s"] * 1e3 if r["tpot_s"] is not None else None,
-                 "reused_tokens": cached_blocks.get(r["seq_id"], 0) * block_size, "seq_id": r["seq_id"]}
+                 "reused_tokens": cached_blocks.get(r["seq_id"], 0) * block_size, "preemptions": r["num_preemptions"],
+                 "seq_id": r["seq_id"]}
                 for r in s["per_request"]]
     return sorted(requests, key=_order), s["steps"]["total_s"] * 1e3
 

@@ -77,3 +77,17 @@ def test_a_last_chunk_of_one_prompt_token_is_prefill_not_decode():
     """A prompt one token longer than the budget: two prefill steps of 100 ms (Dynamo: 200 ms)."""
     requests = [Request(list(range(257)), 5, arrival_ns=0, ignore_eos=True)]
     assert latencies_ms(requests, fixed(110)) == [(200, 240)]
+
+
+def test_a_recomputation_after_a_preemption_pays_its_prefill_and_a_decode():
+    """B (16 tokens) is preempted for A's blocks when its second token needs a block; A done at
+    140 ms, B's recomputation (its prompt and its token) samples its second token at 250 ms: the
+    step costs 110 ms, as in Dynamo (it prices a token sampled after an earlier one as a decode)."""
+    config = Config(num_kvcache_blocks=100, kvcache_block_size=16, max_num_batched_tokens=16384, max_num_seqs=16,
+                    max_model_len=4096, eos=-1, scheduling_policy="mixed")
+    requests = [Request(list(range(1000, 2583)), 5, arrival_ns=0, ignore_eos=True),
+                Request(list(range(16)), 2, arrival_ns=0, ignore_eos=True)]
+    s = stats(run_timed(config, requests, fixed(110)))
+    assert s["preemption"]["num_preemptions"] == 1
+    assert [(round(r["ttft_s"] * 1e3, 6), round(r["e2e_s"] * 1e3, 6)) for r in s["per_request"]] == [(100, 140),
+                                                                                                        (100, 250)]

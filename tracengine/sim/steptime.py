@@ -86,11 +86,11 @@ _NUM_SCHEDULED, _NUM_CACHED = attrgetter("num_scheduled_tokens"), attrgetter("nu
 
 def holds_decode(seqs) -> bool:
     """Whether a prefill batch of `Sequence`s (scheduled, before postprocess) also decodes: a
-    sequence that computes one token after a context holding a token it sampled. A prompt's
-    last chunk of one token is prefill; a recomputation's, after a preemption, counts as a decode
-    (it computes what a decode computes)."""
+    sequence that samples a token after one it sampled before. That is a decode, or the last
+    chunk of a recomputation after a preemption (Dynamo's mocker prices both as decodes); a
+    prompt's last chunk, even of one token, is prefill."""
     for seq in seqs:
-        if seq.num_scheduled_tokens == 1 and seq.num_completion_tokens and seq.num_cached_tokens + 1 == seq.num_tokens:
+        if seq.num_completion_tokens and seq.num_cached_tokens + seq.num_scheduled_tokens == seq.num_tokens:
             return True
     return False
 
