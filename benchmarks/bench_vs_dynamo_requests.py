@@ -6,7 +6,7 @@ through both with bench_vs_dynamo's settings and fixed step times; Dynamo with
 `capture_per_request`, tracengine recorded (`simulate --record`). Set side by side per
 request: TTFT, TPOT ((e2e - TTFT) / (tokens - 1), vLLM's), end-to-end latency, prompt tokens
 found in the prefix cache (tracengine: its first allocation's cached blocks times the block
-size; Dynamo: `reused_input_tokens`) and preemptions (Dynamo: `readmission_count`); the
+size; Dynamo: its first admission's `reused_input_tokens`) and preemptions (Dynamo: `readmission_count`); the
 requests are matched by arrival time and lengths (the file's order; Dynamo names a request by
 a random id). Printed per figure: how many requests agree exactly, how many are lower or
 higher here, the largest differences and the requests that show them; then the percentiles
@@ -14,8 +14,8 @@ of both sides' per-request values taken the same way (tracengine's: linear betwe
 ranks) beside Dynamo's own summary (which takes the closest rank), so that a difference of
 method is not read as one of simulation.
 
-    python benchmarks/bench_vs_dynamo_requests.py --dynamo-python /tmp/dynamo-venv/bin/python \\
-        [--requests 1000] [--block-sizes 16,64,512] [--workload FILE] [--show 5]
+    python benchmarks/bench_vs_dynamo_requests.py --dynamo-python VENV/bin/python \\
+        [--requests 1000] [--block-sizes 16,64,512] [--num-kvcache-blocks N] [--workload FILE] [--show 5]
 
 (Dynamo's venv: bench_vs_dynamo.py's docstring.)"""
 import argparse
@@ -28,7 +28,8 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from bench_vs_dynamo import DYNAMO, ROOT, conversation_workload, fixed_step_time, tracengine_argv   # noqa: E402
+from bench_vs_dynamo import (DYNAMO, ROOT, SETTINGS, conversation_workload, fixed_step_time,       # noqa: E402
+                             tracengine_argv)
 from tracengine.analysis.stats import stats, summarize                                               # noqa: E402
 from tracengine.trace.events import BlockAllocate                                                    # noqa: E402
 from tracengine.trace.reader import TraceReader                                                      # noqa: E402
@@ -36,10 +37,11 @@ from tracengine.trace.reader import TraceReader                                 
 FIGURES = ("ttft_ms", "tpot_ms", "e2e_ms", "reused_tokens", "preemptions")
 
 
-def dynamo_requests(python: str, script: str, workload: str, block_size: int, tmp: str) -> tuple[list[dict], dict]:
+def dynamo_requests(python: str, script: str, workload: str, block_size: int, num_blocks: int,
+                    tmp: str) -> tuple[list[dict], dict]:
     """Its requests in the file's order, and its summary."""
     summary, per_request = os.path.join(tmp, "summary.json"), os.path.join(tmp, "per_request.json")
-    subprocess.run([python, script, workload, str(block_size), summary, per_request], check=True,
+    subprocess.run([python, script, workload, str(block_size), summary, per_request, str(num_blocks)], check=True,
                    stdout=subprocess.DEVNULL)
     with open(per_request) as f:
         records = json.load(f)
@@ -49,15 +51,16 @@ def dynamo_requests(python: str, script: str, workload: str, block_size: int, tm
                  "ttft_ms": r["ttft_ms"], "e2e_ms": r["e2e_latency_ms"],
                  "tpot_ms": ((r["e2e_latency_ms"] - r["ttft_ms"]) / (r["output_length"] - 1)
                              if r["output_length"] > 1 else None),
-                 "reused_tokens": r["reused_input_tokens"], "preemptions": r["readmission_count"]} for r in records]
+                 "reused_tokens": r["first_reused_input_tokens"], "preemptions": r["readmission_count"]} for r in records]
     return sorted(requests, key=_order), summary
 
 
-def tracengine_requests(workload: str, step_time: str, block_size: int, tmp: str) -> tuple[list[dict], float]:
+def tracengine_requests(workload: str, step_time: str, block_size: int, num_blocks: int,
+                        tmp: str) -> tuple[list[dict], float]:
     """Its requests in the file's order, and the simulated duration in ms."""
     trace = os.path.join(tmp, "sim.trace")
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    subprocess.run(tracengine_argv(workload, step_time, block_size, trace), check=True, env=env, cwd=ROOT,
+    subprocess.run(tracengine_argv(workload, step_time, block_size, trace, num_blocks), check=True, env=env, cwd=ROOT,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     cached_blocks: dict[int, int] = {}
     with TraceReader(trace) as reader:
@@ -103,8 +106,9 @@ def compare(ours: list[dict], theirs: list[dict], summary: dict, show: int):
             print(f"  {name[:-3] + ' ' + p:<14} {here[p]:>12,.3f} {there[p]:>12,.3f} {own:>15,.3f}")
     num_reused = {side: sum(r["reused_tokens"] for r in rs) for side, rs in (("here", ours), ("Dynamo", theirs))}
     num_prompt = sum(r["prompt"] for r in ours)
-    print(f"  prompt tokens found cached: {num_reused['here'] / num_prompt:.4%} here, "
-          f"{num_reused['Dynamo'] / num_prompt:.4%} in Dynamo (its summary: {summary['prefix_cache_reused_ratio']:.4%})")
+    print(f"  prompt tokens found cached at first admission: {num_reused['here'] / num_prompt:.4%} here, "
+          f"{num_reused['Dynamo'] / num_prompt:.4%} in Dynamo (its summary: "
+          f"{summary['first_admission_prefix_cache_reused_ratio']:.4%})")
 
 
 def main():
@@ -114,6 +118,8 @@ def main():
     parser.add_argument("--workload", help="a Mooncake JSONL file to use instead of writing one")
     parser.add_argument("--block-sizes", default="16", help="comma-separated KV block sizes (default 16)")
     parser.add_argument("--show", type=int, default=5, help="requests shown per differing figure (default 5)")
+    parser.add_argument("--num-kvcache-blocks", type=int, default=SETTINGS["num_kvcache_blocks"],
+                        help=f"KV blocks on both sides (default {SETTINGS['num_kvcache_blocks']:,}; fewer: memory pressure)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         step_time, script = os.path.join(tmp, "fixed.json"), os.path.join(tmp, "dynamo_replay.py")
@@ -125,9 +131,10 @@ def main():
             workload = os.path.join(tmp, f"conversation_{args.requests}.jsonl")
             conversation_workload(workload, args.requests)
         for block_size in map(int, args.block_sizes.split(",")):
-            theirs, summary = dynamo_requests(args.dynamo_python, script, workload, block_size, tmp)
-            ours, duration_ms = tracengine_requests(workload, step_time, block_size, tmp)
-            print(f"\nblock size {block_size}, {len(ours):,} requests, simulated duration "
+            theirs, summary = dynamo_requests(args.dynamo_python, script, workload, block_size,
+                                              args.num_kvcache_blocks, tmp)
+            ours, duration_ms = tracengine_requests(workload, step_time, block_size, args.num_kvcache_blocks, tmp)
+            print(f"\nblock size {block_size}, {args.num_kvcache_blocks:,} blocks, {len(ours):,} requests, simulated duration "
                   f"{duration_ms:,.1f} ms here, {summary['duration_ms']:,.1f} ms in Dynamo")
             compare(ours, theirs, summary, args.show)
 
