@@ -119,8 +119,7 @@ def run(args) -> int:
         wall, cpu = time.perf_counter(), time.process_time()
         if args.record:
             from tracengine.trace.tracelog import TraceWriter
-            # stored as they are: a simulated prompt's made-up tokens hardly deflate (docs/simulation.md)
-            with TraceWriter(args.record, header, deflate=False) as writer:
+            with TraceWriter(args.record, header) as writer:
                 sink = RequestTimelineSink(header, writer, lean=True)
                 simulate(config, requests, step_time, sink, header, on_progress)
         else:

@@ -178,7 +178,7 @@ class FleetEventCheck:
     cache with blocks no event of its own allocates (sim/fleet.py, install_prompt_kv)."""
 
     def __init__(self, header):
-        from tracengine.replay.fold import EventCheck
+        from tracengine.replay.event_check import EventCheck
         self.header = header
         self.checkers: dict[int, EventCheck] = {}
         self.step = 0
@@ -188,7 +188,7 @@ class FleetEventCheck:
 
     def frame(self, events) -> None:
         from tracengine.errors import TraceError
-        from tracengine.replay.fold import EventCheck
+        from tracengine.replay.event_check import EventCheck
         scope = next((i for i, e in enumerate(events) if type(e) is ReplicaScope), None)
         if scope is None:
             if any(type(e) not in (RouteDecision, KVTransfer) for e in events):
