@@ -136,6 +136,7 @@ def test_the_lean_live_fold_gives_the_figures_of_the_whole_one(policy):
     assert stats(lean) == stats(whole) == stats(events)
     assert stats(lean)["preemption"]["num_preemptions"] and stats(lean)["prefix_cache"]["num_hit_blocks"]
     assert all(not r.scheduled for r in lean.requests.values())
+    assert not lean.steps and len(whole.steps) == lean.num_steps     # lean: the steps' sums, not the steps
 
 
 def test_a_disaggregated_fleet_hands_a_hash_id_prompt_to_its_decode_side_and_replays(tmp_path, capsys):
