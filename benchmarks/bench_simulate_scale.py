@@ -14,22 +14,24 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_vs_dynamo import ROOT, conversation_workload, fixed_step_time, timed, tracengine_argv   # noqa: E402
+from bench_vs_dynamo import ROOT, conversation_workload, fixed_step_time, tracengine_argv   # noqa: E402
 
 
 def run_in(tree: str, argv: list[str]) -> tuple[float, float, float]:
-    """timed(argv) with `tree` first on the path (timed puts this tree there; a baseline's goes before it)."""
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = tree + (os.pathsep + old if old else "")
-    try:
-        return timed(argv)
-    finally:
-        if old is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = old
+    """(wall seconds, peak RSS in MB, CPU seconds) of argv run as a whole process in `tree`, with
+    `tree` first on the path (`python -m` puts the working folder first: it must be the tree)."""
+    env = {**os.environ, "PYTHONPATH": tree + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=tree)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status):
+        raise SystemExit(f"{argv[0]} failed in {tree}: {proc.stderr.read().decode()[-2000:]}")
+    proc.stderr.close()
+    return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
 def main():
