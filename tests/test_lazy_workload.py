@@ -112,3 +112,20 @@ def test_a_bad_line_of_a_lazily_read_workload_is_a_one_line_error(tmp_path, caps
     (tmp_path / "empty.jsonl").write_text("\n\n")
     with pytest.raises(TracengineError, match="no requests"):
         list(iter_workload(str(tmp_path / "empty.jsonl"), "mooncake", vocab_size=1000))
+
+
+def test_stats_of_a_recorded_simulation_are_the_simulations_own(tmp_path, capsys):
+    """The figures simulate prints (folded live, lean) are `tracengine stats` of its trace, whose
+    hash-id prompts' blocks are PromptBlocksHashed events (format 7)."""
+    path = write_mooncake(tmp_path / "conversations.jsonl")
+    step_time = tmp_path / "fixed.json"
+    step_time.write_text(json.dumps(fixed_step_time()))
+    trace = str(tmp_path / "sim.trace")
+    assert main(["simulate", str(path), "--step-time", str(step_time), "--quiet", "--num-kvcache-blocks", "3000",
+                 "--max-num-batched-tokens", "1024", "--max-model-len", "32768", "--record", trace]) == 0
+    simulated = capsys.readouterr().out.splitlines()
+    assert main(["stats", trace]) == 0
+    recorded = capsys.readouterr().out.splitlines()
+    assert simulated[2:-1] == recorded[1:] and simulated[1] == "simulated run" and recorded[0] == trace
+    with TraceReader(trace) as reader:
+        assert any(type(e).__name__ == "PromptBlocksHashed" for e in reader.events())
