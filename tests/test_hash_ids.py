@@ -172,3 +172,20 @@ def test_format_7_records_a_hash_id_prompts_blocks_as_their_hash_ids_and_reads_b
     last = len([e for e in old_events if type(e).__name__ == "StepEnd"]) - 1
     assert Fold(new_events).state_at(last).hash_to_block_id == Fold(old_events).state_at(last).hash_to_block_id
     assert reexecute(new_events).ok and reexecute(old_events).ok      # replay of the older format too
+
+
+@pytest.mark.parametrize("damage", [{"hash_ids": []}, {"hash_id_block_tokens": 0}, {"block_size": 8}])
+def test_a_prompt_blocks_event_its_hash_ids_cannot_stand_for_does_not_follow(damage):
+    """`check` (EventCheck) refuses a PromptBlocksHashed whose hash ids cannot hold its blocks, or
+    whose block size is not the pool's, naming it, rather than failing on it."""
+    from pathlib import Path
+    from tracengine.errors import TraceError
+    from tracengine.replay.event_check import EventCheck
+    from tracengine.trace.events import iter_steps
+    with TraceReader(str(Path(__file__).parent.parent / "traces" / "hash_ids_v7.trace")) as reader:
+        events = list(reader.events())
+    check = EventCheck(events[0])
+    first = next(e for e in events if type(e) is PromptBlocksHashed)
+    with pytest.raises(TraceError, match="PromptBlocksHashed, does not follow"):
+        for step in iter_steps(events[1:]):
+            check.frame([msgspec.structs.replace(e, **damage) if e is first else e for e in step])
