@@ -4,7 +4,8 @@ deque, one hash at a time. It makes the same decisions and emits the same
 events (tests/test_scheduler_properties.py runs both under the mixed policy)."""
 from tracengine.engine.reference_block_manager import ReferenceBlockManager
 from tracengine.engine.sequence import Sequence
-from tracengine.trace.events import NULL_SINK, BlockAllocate, BlockAppend, BlockFree, BlockHash
+from tracengine.engine.hash_id_prompt import hashed_block_events
+from tracengine.trace.events import NULL_SINK, BlockAllocate, BlockAppend, BlockFree
 
 
 class ReferenceVllmBlockManager(ReferenceBlockManager):
@@ -66,8 +67,11 @@ class ReferenceVllmBlockManager(ReferenceBlockManager):
             self.hash_to_block_id.setdefault(block.hash, block.block_id)    # the first registered is found
             self.registered[block.block_id] = self.num_registered
             self.num_registered += 1
-            if self.sink.enabled:
-                self.sink.emit(BlockHash(self.step, seq.seq_id, block.block_id, block.hash))
+        if self.sink.enabled and num_cached_blocks < end:
+            block_ids = seq.block_table[num_cached_blocks:end]
+            for event in hashed_block_events(self.step, seq, num_cached_blocks, block_ids,
+                                             [self.blocks[b].hash for b in block_ids]):
+                self.sink.emit(event)
 
     def hash_blocks(self, seq: Sequence):
         pass    # registered at allocation

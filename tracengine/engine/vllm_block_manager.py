@@ -27,9 +27,10 @@ blocks), BlockAppend for each block a later chunk or token is given, BlockHash
 for each block registered, in the step that allocates it."""
 from tracengine.engine.block_manager import BlockManager
 from tracengine.engine.block_pool import BlockPool
+from tracengine.engine.hash_id_prompt import hashed_block_events
 from tracengine.engine.prefix_cache import NO_HASH, PrefixCache
 from tracengine.engine.sequence import Sequence
-from tracengine.trace.events import NULL_SINK, BlockAllocate, BlockAppend, BlockHash, EventSink
+from tracengine.trace.events import NULL_SINK, BlockAllocate, BlockAppend, EventSink
 
 
 class VllmBlockPool(BlockPool):
@@ -156,8 +157,8 @@ class VllmBlockManager(BlockManager):
         self.prefix_cache.insert(block_ids, hashes,
                                  seq.tokens(num_cached_blocks * size, end * size) if seq.has_tokens else None)
         if self.sink.enabled:
-            for block_id, h in zip(block_ids, hashes):
-                self.sink.emit(BlockHash(self.step, seq.seq_id, block_id, h))
+            for event in hashed_block_events(self.step, seq, num_cached_blocks, block_ids, hashes):
+                self.sink.emit(event)
 
     def hash_blocks(self, seq: Sequence):
         """Nothing: the blocks a step fills were registered when their slots were allocated."""
