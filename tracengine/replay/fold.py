@@ -18,6 +18,7 @@ from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, Bloc
                                      ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader,
                                      block_pool_config, prefill_flags)
 from tracengine.replay.state import FINISHED, RUNNING, WAITING, BlockState, FoldState, SeqState, live_state
+from tracengine.trace.frames import BETWEEN_STEPS, BETWEEN_STEPS_FRAMES_SINCE
 from tracengine.trace.tracelog import TraceReader, check_header
 
 __all__ = ["Fold", "FoldState", "SeqState", "BlockState", "EventCheck", "live_state"]
@@ -341,12 +342,14 @@ class EventCheck:
         self.state = _projection_of(header)
         self.num_blocks = len(self.state.ref_counts)
         self.step = 0                   # the step in progress
-        self.open_frame = False         # the last frame ended without a StepEnd
+        self.open_frame = False         # the last frame ended in the middle of a step
+        # format 7: a frame of events between steps (requests added, aborted) may come before its step's
+        self.between_steps_frames = header.format_version >= BETWEEN_STEPS_FRAMES_SINCE
         self.scheduled: set[int] = set()
 
     def frame(self, events) -> None:
         if self.open_frame:
-            raise TraceError(f"step {self.step}: a frame follows one that ended without a StepEnd")
+            raise TraceError(f"step {self.step}: a frame follows one that ended without its step's StepEnd")
         if not events:
             raise TraceError(f"step {self.step}: a frame without events")
         for i, event in enumerate(events):
@@ -354,7 +357,8 @@ class EventCheck:
             if reason is not None:
                 raise TraceError(f"step {self.step}: event {i} of the frame, {type(event).__name__}, "
                                  f"does not follow: {reason}")
-        self.open_frame = type(events[-1]) is not StepEnd
+        self.open_frame = type(events[-1]) is not StepEnd and not (
+            self.between_steps_frames and all(type(e).__name__ in BETWEEN_STEPS for e in events))
 
     def _impossible(self, e, is_last: bool) -> str | None:
         t = type(e)
