@@ -1,7 +1,7 @@
 """The server against clients that push on its limits (issue 34): a huge prompt does not stall
 other clients, a chat request without max_tokens gets what fits a small KV cache, bad seeds and
 deeply nested bodies are 400s, arrivals are stamped when a request is whole, an abort shows at
-once in /metrics, and chat's top_logprobs is refused, not ignored."""
+once in /metrics and in the trace file, and chat's top_logprobs is refused, not ignored."""
 import json
 import socket
 import threading
@@ -17,7 +17,7 @@ from tracengine.engine.sampling_params import SamplingParams
 from tracengine.errors import ConfigError
 from tracengine.replay.whatif import whatif
 from tracengine.serve.server import ServeApp
-from tracengine.trace.events import RequestAdded
+from tracengine.trace.events import BlockFree, RequestAdded, SeqAbort
 from tracengine.trace.tracelog import open_trace
 
 # a KV cache of 8 blocks of 16 tokens holds 128 tokens, half of max_model_len
@@ -250,6 +250,13 @@ def test_an_abort_shows_in_the_gauges_at_once(served):
     assert metric(app, "vllm:num_requests_running") == 0.0
     assert metric(app, "vllm:num_requests_waiting") == 0.0
     assert metric(app, "vllm:kv_cache_usage_perc") == 0.0
+    # and the abort is in the trace file already: the writer is open and no step has come since
+    events = list(open_trace(path))
+    found = [i for i, e in enumerate(events) if type(e) is SeqAbort and e.num_prompt_tokens == len(prompt)]
+    assert len(found) == 1, "the abort is not in the trace file"
+    i = found[0]
+    assert (events[i].reason, events[i].status) == ("client", "running")
+    assert type(events[i + 1]) is BlockFree and events[i + 1].seq_id == events[i].seq_id
 
 
 # -- 12: top_logprobs, and one rule for the text --------------------------------------------------
