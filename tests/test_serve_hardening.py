@@ -5,6 +5,7 @@ once in /metrics and in the trace file, and chat's top_logprobs is refused, not 
 import json
 import socket
 import threading
+from pathlib import Path
 
 import httpx
 import openai
@@ -167,6 +168,19 @@ def test_generate_and_serve_refuse_a_bad_seed_before_touching_a_file(tmp_path, c
     err = capsys.readouterr().err
     assert err.startswith("tracengine: error: seed must be") and err.count("\n") == 1
     assert old.read_bytes() == b"keep me"
+
+
+@pytest.mark.parametrize("argv", [["--num-prompts", "3"], ["--num-prompts", "3", "--sweep", "max_num_seqs=2,4"],
+                                  ["--num-prompts", "3", "--replicas", "2"]], ids=["run", "sweep", "fleet"])
+def test_simulate_refuses_a_bad_workload_seed_as_generate_does(tmp_path, capsys, argv):
+    steptime = Path(__file__).parent / "data" / "fixed_steptime.json"
+    record = [] if "--sweep" in argv else ["--record", str(tmp_path / "sim.trace")]
+    for seed in (1 << 63, -5):
+        assert main(["simulate", *argv, "--step-time", str(steptime), "--num-kvcache-blocks", "64",
+                     "--seed", str(seed), *record]) == 2
+        err = capsys.readouterr().err
+        assert err == f"tracengine: error: seed must be an integer in [0, 2**63), got {seed}\n"
+    assert not (tmp_path / "sim.trace").exists()
 
 
 @pytest.mark.parametrize("seed", [1 << 63, -1, -5, 2 ** 64])

@@ -8,6 +8,7 @@ import random
 from dataclasses import dataclass
 
 from tracengine.errors import TracengineError
+from tracengine.engine.config import check_seed
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.workload.arrivals import arrival_times, check_rate
 from tracengine.engine.request import Request
@@ -170,6 +171,7 @@ def workload_requests(spec: WorkloadSpec, vocab_size: int, max_model_len: int | 
     workload = spec.workload
     time_scale, length_scale = spec.time_scale, spec.length_scale
     rate, burstiness = check_rate(spec.request_rate), spec.burstiness
+    check_seed(spec.seed)         # simulate's and bench-serve's too, as generate's engine checks it
     max_requests = spec.max_requests
     if max_requests is not None and max_requests <= 0:
         raise TracengineError(f"--max-requests must be positive, got {max_requests}")
