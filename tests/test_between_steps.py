@@ -163,3 +163,20 @@ def test_a_frame_that_begins_a_step_and_does_not_end_it_is_last(tmp_path):
     check.frame(frames[3][:-1])              # step 2 without its StepEnd
     with pytest.raises(TraceError, match="ended without its step's StepEnd"):
         check.frame(frames[3][-1:])
+
+
+def test_a_flushed_frame_replaces_the_old_file_as_a_step_would(tmp_path):
+    # a server started with --force whose first request is aborted before any step: the abort is
+    # in the file at its path at once, not in a temporary file beside the old trace
+    path = tmp_path / "served.trace"
+    path.write_bytes(b"the old trace")
+    writer = TraceWriter(path, make_header(every_event_type_config()))
+    config = every_event_type_config()
+    engine = LLMEngine(config, SyntheticRunner(eos=config.eos), writer)
+    engine.add_request(list(range(20, 30)), SamplingParams(max_tokens=4))
+    engine.abort_request(0, "client")
+    writer.flush()
+    assert [type(e) for e in open_trace(path)][1:] == [RequestAdded, SeqAbort]
+    assert not (tmp_path / "served.trace.recording.tmp").exists()
+    writer.close()
+    assert main(["check", str(path)]) == 0

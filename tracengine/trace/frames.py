@@ -67,7 +67,8 @@ leaves the stored trace (and its copy, removed by the next writer of the path).
 
 A writer given the path of an existing regular file writes beside it
 (PATH.recording.tmp) and renames its trace over the old one when the first
-step's frame is on the file (or, for a run of no step, when it closes whole):
+step's frame (or a flushed between-steps frame) is on the file (or, for a run
+of no step, when it closes whole):
 a run that fails before its first step leaves the old file as it was.
 
 Events are decoded by one typed msgspec Decoder only. The frame index alone

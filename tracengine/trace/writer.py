@@ -214,6 +214,8 @@ class TraceWriter:
             # detached before the write: an interrupt in it writes them or loses them, never twice
             self._pending = pending[begun:]
             self._write_frame(pending[:begun])
+            if self._replacing is not None:     # the new run has recorded something of its own
+                self._replace_old_file()
 
     def close(self) -> None:
         """Ends the trace at the last finished step, then the end frame. Of the events
