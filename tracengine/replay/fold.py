@@ -18,8 +18,7 @@ from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, Bloc
                                      ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader,
                                      block_pool_config, prefill_flags)
 from tracengine.replay.state import FINISHED, RUNNING, WAITING, BlockState, FoldState, SeqState, live_state
-from tracengine.trace.frames import BETWEEN_STEPS, BETWEEN_STEPS_FRAMES_SINCE
-from tracengine.trace.tracelog import TraceReader, check_header
+from tracengine.trace.tracelog import TraceReader, check_header, ends_mid_step
 
 __all__ = ["Fold", "FoldState", "SeqState", "BlockState", "EventCheck", "live_state"]
 
@@ -334,17 +333,15 @@ def _projection_of(header) -> _Projection:
 
 
 class EventCheck:
-    """Checks, one frame at a time, that every event follows from the ones before
-    it, applying them as the fold does; it keeps the state, not the events.
-    `frame(events)` raises TraceError naming the first event that does not follow."""
+    """Checks, one frame at a time, that every event follows from the ones before it, applied as the
+    fold applies them (the state kept, not the events); `frame(events)` raises TraceError at the first."""
 
     def __init__(self, header: TraceHeader):
         self.state = _projection_of(header)
         self.num_blocks = len(self.state.ref_counts)
         self.step = 0                   # the step in progress
-        self.open_frame = False         # the last frame ended in the middle of a step
-        # format 7: a frame of events between steps (requests added, aborted) may come before its step's
-        self.between_steps_frames = header.format_version >= BETWEEN_STEPS_FRAMES_SINCE
+        self.open_frame = False         # the last frame ended in the middle of a step (frames.ends_mid_step)
+        self.version = header.format_version
         self.scheduled: set[int] = set()
 
     def frame(self, events) -> None:
@@ -357,8 +354,7 @@ class EventCheck:
             if reason is not None:
                 raise TraceError(f"step {self.step}: event {i} of the frame, {type(event).__name__}, "
                                  f"does not follow: {reason}")
-        self.open_frame = type(events[-1]) is not StepEnd and not (
-            self.between_steps_frames and all(type(e).__name__ in BETWEEN_STEPS for e in events))
+        self.open_frame = ends_mid_step(events, self.version)
 
     def _impossible(self, e, is_last: bool) -> str | None:
         t = type(e)

@@ -86,7 +86,7 @@ import msgspec
 import xxhash
 
 from tracengine.trace.dictionary import DICTIONARY
-from tracengine.trace.events import RunEnd
+from tracengine.trace.events import RunEnd, StepEnd
 
 FORMAT_VERSION = 7
 # 2 appended arrival_ns, top_k, top_p, seed to RequestAdded and gap_ns to StepEnd; 3 checks each frame head;
@@ -149,6 +149,14 @@ END_FRAME_V2 = FRAME_HEAD_V2.pack(len(END_PAYLOAD), xxhash.xxh64_intdigest(END_P
 # Between steps (before a step's first scheduling event) come only these: requests that
 # arrive and requests taken out (SeqAbort and the BlockFree of its blocks).
 BETWEEN_STEPS = frozenset({"RequestAdded", "SeqAbort", "BlockFree"})
+
+
+def ends_mid_step(events: list, version: int) -> bool:
+    """Whether a frame of `events`, in a trace of format `version`, ends in the middle of a step,
+    so that no frame may follow it: a frame without its StepEnd, but, from format 7, one of
+    events between steps only (a between-steps frame, before its step's frame)."""
+    return type(events[-1]) is not StepEnd and not (
+        version >= BETWEEN_STEPS_FRAMES_SINCE and all(type(e).__name__ in BETWEEN_STEPS for e in events))
 
 
 class FrameInfo(NamedTuple):
