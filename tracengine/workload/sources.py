@@ -41,6 +41,8 @@ class WorkloadSpec:
     temperature: float | None = None
     ignore_eos: bool | None = None
 
+MAX_ARRIVAL_NS = 1 << 63      # a trace's int64 ns
+
 # The built-in run: a small KV cache and token budget, so that a minute on the
 # CPU shows chunked prefill, head-of-line blocking, preemption and prefix hits.
 DEFAULT_CONFIG = dict(kvcache_block_size=16, num_kvcache_blocks=48, max_num_batched_tokens=256, max_num_seqs=8)
@@ -204,6 +206,11 @@ def workload_requests(spec: WorkloadSpec, vocab_size: int, max_model_len: int | 
     if not math.isinf(rate):
         for r, t in zip(requests, arrival_times(len(requests), rate, burstiness, spec.seed)):
             r.arrival_ns = round(t * 1e9)
+    # a trace records arrivals as 64-bit ns: a later one is refused here, before a run waits for it
+    late = next((r for r in requests if r.arrival_ns >= MAX_ARRIVAL_NS), None)
+    if late is not None:
+        raise TracengineError(f"{late.source or 'a request'} arrives {late.arrival_s:.4g} s into the run, past "
+                              f"the {MAX_ARRIVAL_NS / 1e9 / 86400 / 365.25:.0f} years a trace's clock (ns, 64-bit) holds")
     return requests
 
 
