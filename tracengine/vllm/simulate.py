@@ -25,9 +25,11 @@ def simulate(config: dict, requests, step_time, sink) -> int:
     clock = {"now_ns": 0, "last_end_ns": 0}
 
     def step_times(decision) -> tuple[int, int, int, int]:
-        is_prefill = any(prefill_flags(decision))
+        flags = prefill_flags(decision)
+        is_prefill = any(flags)
         shape = step_shape((s.num_tokens, s.num_cached_tokens) for s in decision.seqs)
-        schedule_ns, model_ns, postprocess_ns = step_time.predict(is_prefill, *shape)
+        schedule_ns, model_ns, postprocess_ns = step_time.predict(is_prefill, *shape,
+                                                                  mixed=is_prefill and not all(flags))
         gap_ns = clock["now_ns"] - clock["last_end_ns"]
         clock["last_end_ns"] = clock["now_ns"] = clock["now_ns"] + schedule_ns + model_ns + postprocess_ns
         return schedule_ns, model_ns, postprocess_ns, gap_ns
