@@ -281,6 +281,16 @@ def test_chat_top_logprobs_is_refused_not_ignored(served, client):
                                        max_tokens=2, top_logprobs=3)
 
 
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_stream_options_without_stream_is_refused_not_ignored(served, route):
+    body = {"model": "embedded", "prompt": "x", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+            "stream_options": {"include_usage": True}}
+    response = httpx.post(served[0].url + route, json=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "stream_options"
+    assert httpx.post(served[0].url + route, json={**body, "stream": True}).status_code == 200
+
+
 def test_generate_and_serve_give_the_same_text_without_special_tokens(client):
     sp = SamplingParams(temperature=1.0, max_tokens=100, seed=3)   # a request's seed: the same tokens in any engine
     with LLM("", **CONFIG) as llm:
