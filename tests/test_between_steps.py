@@ -1,4 +1,4 @@
-"""Format 7's between-steps frames (issue 34, item 8): an abort that leaves the engine idle is
+"""Format 8's between-steps frames (issue 34, item 8): an abort that leaves the engine idle is
 written at once, as a frame of its own before the step it precedes (TraceWriter.flush), and
 every reader of a trace (re-execution, fold, check, stats, what-if, export, diff, events, the
 TUI's index, live or not) reads a step split that way as the same step."""
@@ -12,7 +12,8 @@ from tracengine.cli import main
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.errors import TraceError
-from tracengine.replay.fold import EventCheck, Fold
+from tracengine.replay.event_check import EventCheck
+from tracengine.replay.fold import Fold
 from tracengine.replay.reexec import reexecute
 from tracengine.replay.whatif import whatif
 from tracengine.sim.runners import SyntheticRunner
@@ -21,7 +22,7 @@ from tracengine.trace.events import BlockAllocate, BlockFree, RequestAdded, Sche
 from tracengine.trace.tracelog import TraceReader, TraceWriter, make_header, open_trace
 from tracengine.tui.trace_index import TraceIndex
 
-GOLDEN = Path(__file__).resolve().parents[1] / "traces" / "format-v7.trace"
+GOLDEN = Path(__file__).resolve().parents[1] / "traces" / "format-v8.trace"
 # the frames of aborts_between_steps, by their first step: step 2's abort before step 2's frame,
 # and the last abort, after step 6, before the end frame
 FRAME_STEPS = [-1, 0, 1, 2, 2, 3, 4, 5, 6, 7]
@@ -74,18 +75,18 @@ def test_flush_writes_only_what_came_between_steps(tmp_path):
         assert reader.read_step(5) == step_5 and list(reader.events())[1:] == rest
 
 
-def test_the_format_v7_trace_is_what_the_writer_writes(tmp_path):
+def test_the_format_v8_trace_is_what_the_writer_writes(tmp_path):
     # scripts/make_format_trace.py wrote it; a change in the writer's frames shows here
-    path = tmp_path / "v7.trace"
+    path = tmp_path / "v8.trace"
     with TraceWriter(path, make_header(every_event_type_config())) as writer:
         aborts_between_steps(writer)
     with TraceReader(path) as new, TraceReader(GOLDEN) as old:
-        assert old.version == 7 and old.ended and old.run_end is None
+        assert old.version == 8 and old.ended and old.run_end is None
         assert [f.step for f in new.frames()] == [f.step for f in old.frames()] == FRAME_STEPS
         assert ([type(e).__name__ for e in new.events()] == [type(e).__name__ for e in old.events()])
 
 
-def test_every_reader_reads_the_format_v7_trace(tmp_path, capsys):
+def test_every_reader_reads_the_format_v8_trace(tmp_path, capsys):
     events = list(open_trace(GOLDEN))
     assert reexecute(events).ok
     fold = Fold(events)
@@ -142,11 +143,11 @@ def test_the_tui_index_follows_a_server_idle_after_an_abort(tmp_path):
             index.close()
 
 
-def test_a_format_6_trace_may_not_continue_after_a_frame_without_a_step_end():
-    # before format 7 only a trace's last frame ends without a StepEnd: a frame after it is damage
+def test_a_format_7_trace_may_not_continue_after_a_frame_without_a_step_end():
+    # before format 8 only a trace's last frame ends without a StepEnd: a frame after it is damage
     with TraceReader(GOLDEN) as reader:
         frames = [reader.read_frame(i) for i in range(1, reader.num_frames)]
-        header = msgspec.structs.replace(reader.header, format_version=6)
+        header = msgspec.structs.replace(reader.header, format_version=7)
     check = EventCheck(header)
     for events in frames[:3]:
         check.frame(events)

@@ -310,10 +310,10 @@ def every_event_type(sink) -> LLMEngine:
 
 def aborts_between_steps(writer) -> LLMEngine:
     """A server's run in engine terms, with each abort flushed as a server's engine loop does
-    (format 7's between-steps frames): seq 1 is aborted while seq 0 runs (its frame comes
+    (format 8's between-steps frames): seq 1 is aborted while seq 0 runs (its frame comes
     before step 2's), seq 0 finishes, then seq 2 arrives, runs two steps and is aborted with
     nothing left to run (its frame is the last before the end frame). `writer`: a TraceWriter.
-    `traces/format-v7.trace` pins it."""
+    `traces/format-v8.trace` pins it."""
     config = every_event_type_config()
     engine = LLMEngine(config, SyntheticRunner(eos=config.eos), writer)
     sp = SamplingParams(max_tokens=5, ignore_eos=True)

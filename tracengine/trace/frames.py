@@ -1,9 +1,11 @@
 """The trace file's bytes: the format, its frames and their heads (writer.py writes them,
 reader.py reads them; nothing else knows frames).
 
-Format version 7: this layout, the events of events.py, and the dictionary of
-dictionary.py. Version 6 had no between-steps frame but a trace's last (below); version 5
-had no RunEnd; version 4 had the events without the fields version 5 appended
+Format version 8: this layout, the events of events.py, and the dictionary of
+dictionary.py. Version 7 had no between-steps frame but a trace's last (below); version 6
+had no PromptBlocksHashed (a hash-id prompt's blocks were a
+BlockHash each); version 5 no RunEnd in the end frame; version 4 had the events
+without the fields version 5 appended
 (the header's engine, what vLLM's scheduler records: tracengine/vllm/); version 3
 had neither RequestAdded's hash-id prompt fields nor a fleet's events
 (ReplicaScope, RouteDecision, KVTransfer and the header's fleet); versions 1 and 2
@@ -50,7 +52,7 @@ BETWEEN_STEPS) are written with the step they precede, except where the writer
 is flushed first (`TraceWriter.flush`: a server whose abort leaves the engine
 idle, with no step to come): then they are a between-steps frame of their own,
 written at once, and that step's frame follows with the rest of its events
-(format 7). A step's events are so one or more frames of that step, the last
+(format 8). A step's events are so one or more frames of that step, the last
 ending with its StepEnd; a reader that wants a step reads them all
 (`TraceReader.read_step`), a reader of the stream sees the same events in the
 same order either way. Closing the writer appends the end frame, an empty array (stored,
@@ -88,15 +90,16 @@ import xxhash
 from tracengine.trace.dictionary import DICTIONARY
 from tracengine.trace.events import RunEnd, StepEnd
 
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 # 2 appended arrival_ns, top_k, top_p, seed to RequestAdded and gap_ns to StepEnd; 3 checks each frame head;
 # 4 adds RequestAdded's hash-id prompt fields, a fleet's events (ReplicaScope, RouteDecision, KVTransfer)
 # and TraceHeader.fleet (docs/cluster.md); 5 appends the engine and what vLLM's scheduler records;
-# 6 ends a failed or interrupted run's trace with a RunEnd in its end frame; 7 writes a
-# between-steps frame before its step's frame where the writer is flushed
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+# 6 ends a failed or interrupted run's trace with a RunEnd in its end frame; 7 records a hash-id
+# prompt's full blocks as one PromptBlocksHashed, whose hashes a reader recomputes, not a BlockHash each
+# 8 writes a between-steps frame before its step's frame where the writer is flushed
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 RUN_END_SINCE = 6                      # the first version whose end frame may hold a RunEnd
-BETWEEN_STEPS_FRAMES_SINCE = 7         # the first version whose between-steps frames may come before their step's
+BETWEEN_STEPS_FRAMES_SINCE = 8         # the first version whose between-steps frames may come before their step's
 MAGIC = b"TRCE"
 PREAMBLE = struct.Struct("<4sH2x")     # magic, format version, 2 reserved bytes (0)
 FRAME_HEAD = struct.Struct("<IQI")     # length word, xxh64 of the stored payload (seed: the flag), head check
@@ -153,7 +156,7 @@ BETWEEN_STEPS = frozenset({"RequestAdded", "SeqAbort", "BlockFree"})
 
 def ends_mid_step(events: list, version: int) -> bool:
     """Whether a frame of `events`, in a trace of format `version`, ends in the middle of a step,
-    so that no frame may follow it: a frame without its StepEnd, but, from format 7, one of
+    so that no frame may follow it: a frame without its StepEnd, but, from format 8, one of
     events between steps only (a between-steps frame, before its step's frame)."""
     return type(events[-1]) is not StepEnd and not (
         version >= BETWEEN_STEPS_FRAMES_SINCE and all(type(e).__name__ in BETWEEN_STEPS for e in events))

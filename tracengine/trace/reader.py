@@ -221,7 +221,7 @@ class TraceReader:
         return self._decode_frame(i, data, 0)
 
     def read_step(self, step: int) -> list[AnyEvent]:
-        """A step's events: from its first frame (from format 7, a between-steps frame may come
+        """A step's events: from its first frame (from format 8, a between-steps frame may come
         before the step's own: frames.py) to the one that ends with its StepEnd, or as far as
         the index goes. Empty for a step not in the index."""
         events: list[AnyEvent] = []

@@ -202,7 +202,7 @@ class TraceWriter:
 
     def flush(self) -> None:
         """Writes the events that came since the last step and before the next one began
-        (requests added or aborted) as a between-steps frame, now (format 7): a server
+        (requests added or aborted) as a between-steps frame, now (format 8): a server
         whose abort leaves the engine idle has the abort on the file at once, not at a next
         step that may never come. The step's own events, if it has begun, wait for its
         StepEnd; nothing pending, nothing written."""

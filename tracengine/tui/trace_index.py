@@ -114,7 +114,7 @@ class TraceIndex:
         self._next_frame = end
         self.fold.append(e for events in frames for e in events)
         for events in frames:
-            # a between-steps frame (format 7: frames.py) is summarized with the step it precedes
+            # a between-steps frame (format 8: frames.py) is summarized with the step it precedes
             self._open_step += events
             if self._open_step and type(self._open_step[-1]) is StepEnd:
                 self._summarize(self._open_step)
