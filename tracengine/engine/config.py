@@ -8,6 +8,13 @@ BUILTIN_POLICY_NAMES = ("prefill_first", "mixed")
 BLOCK_RULES = ("auto", "vllm", "nano-vllm")
 
 
+def check_seed(seed) -> None:
+    """The one rule for a run's seed (the engine's, a synthetic workload's): the sampler hashes it
+    as a signed 64-bit integer, so it is checked before a run starts."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 63:
+        raise ConfigError(f"seed must be an integer in [0, 2**63), got {seed!r}")
+
+
 def _field(default, help: str, flag: bool = True):
     """A Config field whose `help` the command line shows; `flag`: whether it is an engine flag
     (`--max-num-seqs`) besides `--set max_num_seqs=` (which takes every field)."""
@@ -67,9 +74,7 @@ class Config:
         if policy not in BUILTIN_POLICY_NAMES and not (sep and module and name):
             raise ConfigError(f"scheduling_policy must be {', '.join(BUILTIN_POLICY_NAMES)} or a Scheduler "
                               f"subclass as module:Class, got {policy!r}")
-        # the sampler hashes the seed as a signed 64-bit integer: checked here, before a run starts
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 1 << 63:
-            raise ConfigError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        check_seed(self.seed)
         if self.block_rules not in BLOCK_RULES:
             raise ConfigError(f"block_rules must be {', '.join(BLOCK_RULES)}, got {self.block_rules!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
