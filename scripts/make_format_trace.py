@@ -5,7 +5,8 @@ tracengines still read it. Version 1's holds one engine's event types; version 4
 one engine's run interrupted by SIGTERM after its last step, so that its end frame holds a RunEnd
 (tests/test_run_end.py reads it); version 8's a server's aborts, each flushed as a between-steps
 frame before the step it precedes or the end frame (testing.aborts_between_steps;
-tests/test_between_steps.py reads it). Run once
+tests/test_between_steps.py reads it); version 9's the run of version 1's, its block id lists as
+runs (tests/test_block_runs.py reads it as the same events as format-v1.trace). Run once
 per new format version (name the file after it); never regenerate a released one.
 
     python scripts/make_format_trace.py [OUT]
@@ -23,7 +24,10 @@ from tracengine.trace.tracelog import FORMAT_VERSION, TraceReader, TraceWriter, 
 
 
 def main(out: Path) -> None:
-    if FORMAT_VERSION >= 8:
+    if FORMAT_VERSION >= 9:
+        with TraceWriter(out, make_header(every_event_type_config())) as writer:
+            every_event_type(writer)
+    elif FORMAT_VERSION == 8:
         with TraceWriter(out, make_header(every_event_type_config())) as writer:
             aborts_between_steps(writer)
     elif FORMAT_VERSION >= 6:       # 7's own trace is traces/hash_ids_v7.trace

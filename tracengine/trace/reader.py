@@ -13,6 +13,7 @@ import msgspec
 import xxhash
 
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
+from tracengine.trace.block_runs import WireEvent, events_from_wire
 from tracengine.trace.dictionary import DICTIONARY
 from tracengine.trace.events import AnyEvent, RunEnd, StepEnd, TraceHeader
 from tracengine.trace.frames import (
@@ -54,7 +55,7 @@ class TraceReader:
 
     def __init__(self, path, max_frames: int | None = None):
         self.path = os.fspath(path)
-        self._decoder = msgspec.msgpack.Decoder(list[AnyEvent])
+        self._decoder = msgspec.msgpack.Decoder(list[WireEvent])
         self._fd = os.open(self.path, os.O_RDONLY)
         try:
             if stat.S_ISDIR(os.fstat(self._fd).st_mode):   # opens on Linux; its reads fail with no name
@@ -235,8 +236,8 @@ class TraceReader:
         """Frame i's events from `data`, which holds the frame at `pos`."""
         word, stored = self._stored(i, data, pos)
         try:
-            return self._decoder.decode(self._inflate(stored, i) if word & DEFLATED else stored)
-        except msgspec.DecodeError as exc:
+            return events_from_wire(self._decoder.decode(self._inflate(stored, i) if word & DEFLATED else stored))
+        except (msgspec.DecodeError, ValueError) as exc:
             raise self._damaged(i, f"does not decode ({exc})") from None
 
     def _stored(self, i: int, data: bytes, pos: int) -> tuple[int, bytes]:

@@ -10,6 +10,7 @@ import msgspec
 
 from tracengine.errors import TraceError, TracengineError
 from tracengine.signals import interrupt_signal_name
+from tracengine.trace.block_runs import events_to_wire
 from tracengine.trace.events import Event, RunEnd, StepEnd, TraceHeader
 from tracengine.trace.frames import (
     BETWEEN_STEPS,
@@ -179,7 +180,7 @@ class TraceWriter:
         # unbuffered file.
         payload = self._payload
         try:
-            self._encoder.encode_into(events, payload)
+            self._encoder.encode_into(events_to_wire(events), payload)
         except OverflowError as exc:    # a simulated time past 2**64 ns (a step-time model's absurd scale)
             raise TraceError(f"a number of the run does not fit the trace's 64-bit integers ({exc})") from None
         nbytes = len(payload)
