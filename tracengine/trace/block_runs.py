@@ -8,8 +8,9 @@ consumer sees a wire form.
 
 A run list is flat: `start, count, start, count, ...`; a positive count is the ids start,
 start + 1, ..., a negative one start, start - 1, ... (a run released tail first); no count is 0
-and none holds more than MAX_RUN_LENGTH ids, so a frame's ids take at most MAX_RUN_LENGTH / 2
-times the memory of its payload bytes (frames.py: bounds on hostile files)."""
+and none holds more than MAX_RUN_LENGTH ids (the writer splits a longer run), so a run (two
+msgpack ints, two bytes at least) stands for at most MAX_RUN_LENGTH / 2 ids a payload byte: a
+frame's memory stays proportional to its size (frames.py: bounds on hostile files)."""
 from typing import Union
 
 import msgspec

@@ -32,8 +32,8 @@ without the fields appended since. All read, with those fields' defaults.
 
 Bounds on hostile files: a frame's stored bytes, what they may inflate to and
 the typed events they decode to (flat lists of scalars; the header's config a
-flat map of scalars) keep the memory a frame takes proportional to its size in
-the file: any file is read or refused in memory proportional to the file.
+flat map of scalars; block id runs of bounded length, block_runs.py) keep the memory a
+frame takes proportional to its size in the file: any file is read or refused in memory proportional to the file.
 
 The writer stores each frame as it is written and deflates them all when it
 closes (compaction): the step pays only for encode, checksum and one write
