@@ -6,10 +6,22 @@ import pytest
 
 from tracengine.errors import TraceCorruptError
 from tracengine.testing import every_event_type, every_event_type_config
-from tracengine.trace.block_runs import (MAX_RUN_LENGTH, BlockFreeRuns, WireEvent, id_runs, ids_of_runs,
-                                         to_wire)
-from tracengine.trace.events import (BlockAllocate, BlockFree, Preempt, PromptBlocksHashed, StepEnd,
-                                     without_wall_clock)
+from tracengine.trace.block_runs import (
+    MAX_RUN_LENGTH,
+    BlockFreeRuns,
+    WireEvent,
+    id_runs,
+    ids_of_runs,
+    to_wire,
+)
+from tracengine.trace.events import (
+    BlockAllocate,
+    BlockFree,
+    Preempt,
+    PromptBlocksHashed,
+    StepEnd,
+    without_wall_clock,
+)
 from tracengine.trace.tracelog import TraceReader, TraceWriter, make_header
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"

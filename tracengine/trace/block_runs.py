@@ -15,7 +15,13 @@ from typing import Union
 
 import msgspec
 
-from tracengine.trace.events import AnyEvent, BlockAllocate, BlockFree, Preempt, PromptBlocksHashed
+from tracengine.trace.events import (
+    AnyEvent,
+    BlockAllocate,
+    BlockFree,
+    Preempt,
+    PromptBlocksHashed,
+)
 
 MAX_RUN_LENGTH = 1024
 
