@@ -28,10 +28,11 @@ def add_sweep_arguments(p):
     add_executor_arguments(g)
 
 
-def sweep_options(args, overrides: dict, figures=None):
+def sweep_options(args, overrides: dict, figures=None, parse=None):
     """(variants, slo) of the sweep flags; variants is None without --sweep. `overrides`: the
     --set fields, which no --sweep may name too (one of the two would silently win). `figures`:
-    the sweep's (replay.sweep.IN_TIME, the default, or IN_STEPS), which --plot-figure names one of."""
+    the sweep's (replay.sweep.IN_TIME, the default, or IN_STEPS), which --plot-figure names one of.
+    `parse`: how a `NAME=VALUE` is typed (sim.sweep.parse_sweep's; None: tracengine's config)."""
     from tracengine.analysis.stats import parse_slos
     from tracengine.sim.sweep import IN_STEPS, IN_TIME, parse_sweep
     figures = figures or IN_TIME
@@ -56,7 +57,7 @@ def sweep_options(args, overrides: dict, figures=None):
     check_outputs({"--plot": args.plot}, input_files(args), getattr(args, "force", False))
     if args.plot:
         check_plot_format(args.plot)
-    variants = parse_sweep(args.sweep)
+    variants = parse_sweep(args.sweep) if parse is None else parse_sweep(args.sweep, parse)
     both = [name for name in variants[0] if name in overrides]
     if both:
         raise TracengineError(f"--set and --sweep both name {', '.join(both)}; give its values to --sweep alone")

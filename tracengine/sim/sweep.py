@@ -48,15 +48,16 @@ IN_STEPS = SweepFigures(STEP_COLUMNS, "ttft_p99_steps",
                         "per step")
 
 
-def parse_sweep(texts: list[str]) -> list[dict]:
-    """The grid of `NAME=V1,V2,...` texts, each value typed as `--set` types it; a name once."""
+def parse_sweep(texts: list[str], parse=parse_override) -> list[dict]:
+    """The grid of `NAME=V1,V2,...` texts, each value typed as `--set` types it (`parse`: a
+    `NAME=VALUE` text to (name, value); a vLLM trace's types vLLM's fields); a name once."""
     axes, names = [], set()
     for text in texts:
         name, sep, raw = text.partition("=")
         values = [v for v in raw.split(",") if v.strip()] if sep else []
         if not values:
             raise ConfigError(f"--sweep expects NAME=V1,V2,..., got {text!r}")
-        parsed = [parse_override(f"{name}={v}") for v in values]
+        parsed = [parse(f"{name}={v}") for v in values]
         if parsed[0][0] in names:
             raise ConfigError(f"--sweep names {parsed[0][0]} twice")
         seen = set()

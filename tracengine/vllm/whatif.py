@@ -46,7 +46,7 @@ def extract_workload(events) -> VllmWorkload:
         elif t is RequestAdded:
             specs[e.seq_id] = RequestSpec(
                 e.request_id, list(e.prompt_token_ids), e.max_tokens, arrival_step=e.step, priority=e.priority,
-                output_token_ids=[], arrival_time=e.arrival_time, sampling=dict(
+                output_token_ids=[], arrival_time=e.arrival_time, arrival_ns=e.arrival_ns, sampling=dict(
                     ignore_eos=e.ignore_eos, eos_token_id=None if e.eos_token_id == -1 else e.eos_token_id,
                     temperature=e.temperature, top_k=max(e.top_k, 0), top_p=e.top_p,
                     seed=None if e.seed == -1 else e.seed, min_tokens=e.min_tokens,
