@@ -119,6 +119,15 @@ def test_a_sweep_in_simulated_time_gives_each_variants_own_run(files, simulated,
     assert rows[0] != rows[1]
 
 
+def test_a_sweep_on_ray_gives_the_local_rows(files, simulated, capsys):
+    pytest.importorskip("ray", reason="Ray is the 'ray' extra: pip install -e \".[ray]\"")
+    argv = ["replay", str(simulated["async"]), *roofline_argv(files), "--sweep", "num_gpu_blocks=48,64"]
+    local = sweep_rows(argv, capsys)
+    # a Ray cluster of one CPU started for the run: its worker imports vLLM once and runs both
+    assert sweep_rows(argv + ["--executor", "ray", "--jobs", "1"], capsys) == local
+    assert local[0] != local[1]
+
+
 def test_a_step_exact_sweep_of_a_vllm_trace_gives_each_whatif_in_steps(simulated, capsys):
     from tracengine.vllm.whatif import whatif
     events = list(open_trace(simulated["async"]))
