@@ -100,7 +100,7 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = ""):
     block_size = config["block_size"]
     try:
         with tempfile.TemporaryDirectory(prefix="tracengine-vllm-") as model_dir:
-            _write_model_config(model_dir, config)
+            write_model_config(model_dir, config)
             model_config = ModelConfig(model=model_dir, skip_tokenizer_init=True,
                                        max_model_len=config["max_model_len"], dtype="float32", seed=0)
             scheduler_config = SchedulerConfig(
@@ -128,7 +128,7 @@ def _first_line(exc: Exception) -> str:
     return " ".join(str(exc).split())[:300]
 
 
-def _write_model_config(model_dir: str, config: dict) -> None:
+def write_model_config(model_dir: str, config: dict) -> None:
     """A tiny Llama architecture: the scheduler reads only lengths from the model."""
     hf_config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
                  "intermediate_size": 256, "num_attention_heads": 4, "num_hidden_layers": 1,
