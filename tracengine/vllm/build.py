@@ -18,8 +18,11 @@ from tracengine.errors import ConfigError
 # CacheConfig fields that decide scheduling (block size and count, the prefix cache)
 CACHE_FIELDS = ("block_size", "enable_prefix_caching", "prefix_caching_hash_algo", "sliding_window")
 KV_FIELDS = ("num_kv_heads", "head_size", "kv_dtype")
-# SchedulerConfig fields that name code or are vLLM's own bookkeeping, not a scheduling value
-_SKIPPED_SCHEDULER_FIELDS = ("scheduler_cls", "is_multimodal_model", "runner_type")
+# SchedulerConfig fields that name code or are vLLM's own bookkeeping, not a scheduling value;
+# and disable_hybrid_kv_cache_manager, which vLLM resolves from the platform and the KV cache
+# groups (a server's resolution, given back, is refused where the platform differs) and which
+# changes nothing with the one full-attention group tracengine records
+_SKIPPED_SCHEDULER_FIELDS = ("scheduler_cls", "is_multimodal_model", "runner_type", "disable_hybrid_kv_cache_manager")
 _SCALARS = (str, int, float, bool, type(None))
 
 

@@ -176,3 +176,17 @@ def recorded_token(spec: RequestSpec, position: int, past_output: set | None) ->
         past_output.add(spec.request_id)
     stops = {spec.sampling.get("eos_token_id"), *spec.sampling.get("stop_token_ids", ())}
     return next(t for t in FILLER_TOKEN_IDS if t not in stops)
+
+
+def record_workload(config: dict, specs: list[RequestSpec], **drive) -> list:
+    """The events (header first) of `specs` through vLLM's recording scheduler for `config` (a
+    header's, build.default_config's), driven by `run` (`drive`: its aborts and in_step_aborts)."""
+    from tracengine.trace.events import ListSink
+    from tracengine.vllm.build import build_scheduler, trace_header
+    scheduler = build_scheduler(config)
+    header = trace_header(scheduler)
+    sink = ListSink()
+    scheduler.record_to(sink, header.created_at)
+    run(scheduler, specs, **drive)
+    scheduler.shutdown()
+    return [header] + sink.events

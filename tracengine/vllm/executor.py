@@ -58,6 +58,8 @@ class NoModelExecutor(Executor):
             # exactly the memory of the blocks asked for (the override decides the count anyway)
             spec = next(iter(self.kv_cache_spec().values()))
             result = spec.page_size_bytes * len(self.kv_cache_spec()) * self.cache_config.num_gpu_blocks_override
+        elif method == "get_supported_tasks":
+            result = ("generate",)
         elif method == "get_supported_kv_cache_layouts":
             result = ["LBNHC"]        # vLLM's default layout; nothing is laid out
         else:       # initialize_from_config, compile_or_warm_up_model, set_kv_cache_layout, ...: nothing to do

@@ -87,6 +87,7 @@ def whatif(events, overrides: dict) -> WhatIfResult:
     past_output: set = set()
     new_events = run_workload(workload, config, past_output)
     new_config = new_events[0].config
-    changes = [(name, value, new_config.get(name)) for name, value in recorded.items()
-               if new_config.get(name) != value]
+    # a field the new header does not record (one a later tracengine leaves to vLLM) is no change
+    changes = [(name, value, new_config[name]) for name, value in recorded.items()
+               if name in new_config and new_config[name] != value]
     return WhatIfResult(stats(workload.events), stats(new_events), changes, new_events, len(past_output))
