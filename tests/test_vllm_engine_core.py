@@ -30,7 +30,7 @@ def engine_core(kind: str, additional_config: dict):
     from vllm.v1.engine.core import EngineCore
 
     from tracengine.vllm.build import default_config, write_model_config
-    from tracengine.vllm.executor import NoModelExecutor
+    from tracengine.vllm.executor import executor_class
     name = "RecordingAsyncScheduler" if kind == "async" else "RecordingScheduler"
     with tempfile.TemporaryDirectory() as model_dir:
         write_model_config(model_dir, default_config(max_model_len=496))
@@ -46,7 +46,7 @@ def engine_core(kind: str, additional_config: dict):
             device_config=DeviceConfig(device="cpu"),
             parallel_config=ParallelConfig(distributed_executor_backend="tracengine.vllm.executor.NoModelExecutor"),
             additional_config=additional_config)
-        return EngineCore(config, executor_class=NoModelExecutor, log_stats=True)
+        return EngineCore(config, executor_class=executor_class(), log_stats=True)
 
 
 def serve(core, num_requests: int = 16) -> int:

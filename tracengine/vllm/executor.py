@@ -13,10 +13,9 @@ scheduled tokens reach the end of what it holds (prompt and tokens sampled so fa
 model runner does; the token is made up from the request's id and position. The executor
 follows each request as a model runner does (new, cached, resumed, finished), from the
 SchedulerOutputs alone."""
+import functools
 import zlib
 from concurrent.futures import Future
-
-from vllm.v1.executor.abstract import Executor
 
 FIRST_TOKEN_ID = 100      # made-up tokens are FIRST_TOKEN_ID .. FIRST_TOKEN_ID + NUM_TOKEN_IDS - 1
 NUM_TOKEN_IDS = 900
@@ -28,8 +27,27 @@ def _done(value) -> Future:
     return future
 
 
-class NoModelExecutor(Executor):
-    """vLLM's Executor with no model: made-up tokens, a KV cache of `num_gpu_blocks_override` blocks."""
+def __getattr__(name):
+    # Lazy, as tracengine.vllm's recording classes: vLLM resolves the executor's path by getattr
+    if name == "NoModelExecutor":
+        return executor_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.cache
+def executor_class() -> type:
+    """NoModelExecutor: vLLM's Executor with `_NoModel` in front, made once, when first asked for."""
+    from vllm.v1.executor.abstract import Executor
+
+    class NoModelExecutor(_NoModel, Executor):
+        """vLLM's Executor with no model: made-up tokens, a KV cache of `num_gpu_blocks_override` blocks."""
+
+    NoModelExecutor.__module__, NoModelExecutor.__qualname__ = __name__, "NoModelExecutor"
+    return NoModelExecutor
+
+
+class _NoModel:
+    """What NoModelExecutor answers in place of a model's workers."""
 
     def _init_executor(self) -> None:
         if self.cache_config.num_gpu_blocks_override is None:
