@@ -86,7 +86,7 @@ class DynamoFixedTime:
     def runner(self, index: int):
         return _Watched(self, SyntheticRunner(eos=-1, seed=0))
 
-    def predict(self, is_prefill, *shape):
+    def predict(self, is_prefill, *shape, mixed=False):
         ms = (PREFILL_MS if self.num_prefill else 0.0) + (DECODE_MS if self.num_decode else 0.0)
         return 0, round(ms * 1e6), 0
 

@@ -13,10 +13,10 @@ TTFT/TPOT/e2e p50 and p99, prefix-cache hit rate, preemptions).
 Dynamo is installed from its wheels into a virtual environment of its own (its other
 dependencies are not needed for offline replay), whose python this script is given:
 
-    python -m venv /tmp/dynamo-venv
-    /tmp/dynamo-venv/bin/pip install --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1
-    /tmp/dynamo-venv/bin/pip install typing_extensions
-    python benchmarks/bench_vs_dynamo.py --dynamo-python /tmp/dynamo-venv/bin/python \\
+    python -m venv VENV
+    VENV/bin/pip install --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1
+    VENV/bin/pip install typing_extensions
+    python benchmarks/bench_vs_dynamo.py --dynamo-python VENV/bin/python \\
         [--requests 1000] [--block-sizes 16,64,512] [--repeats 3]
 
 The workload is written here, with the statistics of Mooncake's public conversation trace
@@ -43,16 +43,24 @@ DYNAMO = r"""
 import json, sys
 from dynamo.replay import run_trace_replay
 path, block_size, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+per_request = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] else None   # where to write each request's figures
+num_blocks = int(sys.argv[5]) if len(sys.argv) > 5 else %(num_kvcache_blocks)d
 report = run_trace_replay([path], extra_engine_args={"engine": {
-    "backend": "vllm", "block_size": block_size, "num_gpu_blocks": %(num_kvcache_blocks)d,
+    "backend": "vllm", "block_size": block_size, "num_gpu_blocks": num_blocks,
     "max_model_len": %(max_model_len)d, "max_num_batched_tokens": %(max_num_batched_tokens)d,
     "max_num_seqs": %(max_num_seqs)d, "enable_prefix_caching": True, "enable_chunked_prefill": True,
     "timing_model": {"type": "fixed", "prefill_ms": %(prefill_ms)s, "decode_ms": %(decode_ms)s}}},
     num_workers=1, replay_mode="offline", router_mode="round_robin", trace_format="mooncake",
-    trace_block_size=%(hash_id_tokens)d)
+    trace_block_size=%(hash_id_tokens)d, capture_per_request=per_request is not None)
 summary = report.summary if hasattr(report, "summary") else report
 with open(out, "w") as f:
     json.dump(summary, f, default=str)
+if per_request:
+    with open(per_request, "w") as f:
+        json.dump([{**{k: r[k] for k in ("arrival_time_ms", "input_length", "output_length", "ttft_ms",
+                                          "e2e_latency_ms", "readmission_count")},
+                    "first_reused_input_tokens": r["admission_history"][0]["reused_input_tokens"]}
+                   for r in report.per_request], f)
 """ % {**SETTINGS, "prefill_ms": PREFILL_MS, "decode_ms": DECODE_MS, "hash_id_tokens": HASH_ID_TOKENS}
 
 
@@ -100,20 +108,25 @@ PARTS = ("schedule_ns", "model_ns", "postprocess_ns")
 
 
 def fixed_step_time(path: str):
-    """tracengine's linear step-time model with only the two constants."""
+    """Dynamo's `fixed` timing as tracengine's linear step-time model: constants only. Dynamo
+    charges a step PREFILL_MS when its batch computes prompt tokens plus DECODE_MS when it
+    decodes, so a step of both (vLLM V1 batches them) costs both: the model's `mixed` row."""
 
     def phase(ms):
         return {part: [ms * 1e6 if part == "model_ns" and f == "const" else 0.0 for f in FEATURES] for part in PARTS}
     with open(path, "w") as f:
         json.dump({"kind": "linear", "features": list(FEATURES), "parts": list(PARTS), "gap_ns": 0, "wake_ns": 0,
-                   "coefficients": {"prefill": phase(PREFILL_MS), "decode": phase(DECODE_MS)},
+                   "coefficients": {"prefill": phase(PREFILL_MS), "decode": phase(DECODE_MS),
+                                    "mixed": phase(PREFILL_MS + DECODE_MS)},
                    "source": {"model": "fixed"}}, f)
 
 
-def tracengine_argv(workload: str, step_time: str, block_size: int, record: str | None = None) -> list[str]:
+def tracengine_argv(workload: str, step_time: str, block_size: int, record: str | None = None,
+                    num_kvcache_blocks: int | None = None) -> list[str]:
+    settings = {**SETTINGS, **({"num_kvcache_blocks": num_kvcache_blocks} if num_kvcache_blocks else {})}
     argv = [sys.executable, "-m", "tracengine.cli", "simulate", workload, "--step-time", step_time, "--quiet",
             "--scheduling-policy", "mixed", "--block-size", str(block_size),
-            *(f"--{name.replace('_', '-')}={value}" for name, value in SETTINGS.items())]
+            *(f"--{name.replace('_', '-')}={value}" for name, value in settings.items())]
     return argv + (["--record", record, "--force"] if record else [])
 
 

@@ -358,7 +358,8 @@ def test_a_fleet_whatif_changes_replicas_router_and_config_from_the_command_line
                  "--json"]) == 0
     j = json.loads(capsys.readouterr().out)
     assert j["what_if"]["num_replicas"] == 2 and j["what_if"]["kv_transfer"]["num_transfers"] == 30
-    assert j["recorded"]["requests"] == j["what_if"]["requests"] == {"num_requests": 30, "num_finished": 30}
+    assert j["recorded"]["requests"] == j["what_if"]["requests"] == {"num_requests": 30, "num_finished": 30,
+                                                                      "num_aborted": 0}
     # and back: a disaggregated trace through an aggregated fleet (its decode router goes with its pool)
     pd = tmp_path / "pd.trace"
     with_writer(pd, simulate_fleet(CONFIG, workload(), fixed_step_time(), FleetSpec(

@@ -112,3 +112,19 @@ def test_the_search_on_ray_meets_the_goodput_at_its_rate_and_fails_one_step_abov
         assert good_share(spec, source, prepared, result.overrides, result.rate) >= 0.9
         assert good_share(spec, source, prepared, result.overrides, result.rate + precision) < 0.9
     assert [(r.rate, r.row, r.probes) for r in on_ray.results] == [(r.rate, r.row, r.probes) for r in local.results]
+
+
+def test_a_fleet_traces_sweep_on_ray_equals_the_local_one(tmp_path, capsys):
+    from tests.test_fleet import CONFIG, fixed_step_time, step_time_file, with_writer, workload
+    from tracengine.sim.fleet import FleetSpec, simulate_fleet
+    trace = str(tmp_path / "fleet.trace")
+    with_writer(trace, simulate_fleet(CONFIG, workload(), fixed_step_time(), FleetSpec(num_prefill_replicas=1,
+                                                                                      num_decode_replicas=2)))
+    argv = ["replay", trace, "--step-time", step_time_file(tmp_path), "--sweep", "decode_replicas=1,2", "--sweep",
+            "decode.max_num_seqs=1,4", "--json", "--no-cache"]
+    results = []
+    for executor in ("local", "ray"):
+        assert main(argv + ["--executor", executor]) == 0
+        results.append(json.loads(capsys.readouterr().out))
+    assert results[0]["variants"] == results[1]["variants"] and len(results[0]["variants"]) == 4
+    assert [r["executor"] for r in results] == ["local", "ray"]

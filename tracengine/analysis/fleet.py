@@ -21,6 +21,24 @@ def num_replicas(header: TraceHeader) -> int:
     return fleet.get("num_replicas", 1)
 
 
+def replica_headers(header: TraceHeader) -> list[TraceHeader]:
+    """Each replica's header: the fleet's, with the replica's config (a pool's or a replica's
+    own fields over every replica's, sim/fleet_overrides.py); all the fleet's when none differs."""
+    import msgspec
+
+    from tracengine.engine.config import Config
+    from tracengine.sim.fleet import FleetSpec
+    from tracengine.sim.fleet_overrides import replica_configs
+    n = num_replicas(header)
+    if not header.fleet:
+        return [header]
+    spec = FleetSpec.from_dict(header.fleet)
+    if not spec.replica_config:
+        return [header] * n
+    return [msgspec.structs.replace(header, config=c.to_dict())
+            for c in replica_configs(Config.from_dict(header.config), spec)]
+
+
 class FleetTimelines:
     """An event sink (or a fold of a trace's events) keeping each replica's RequestTimeline,
     the routers' decisions and the KV transfers; passes every event on to `inner` if given."""
@@ -29,7 +47,7 @@ class FleetTimelines:
     def __init__(self, header: TraceHeader, inner=None):
         self.header = header
         self.inner = inner if inner is not None and inner.enabled else None
-        self.timelines = {r: RequestTimeline(header) for r in range(num_replicas(header))}
+        self.timelines = {r: RequestTimeline(h) for r, h in enumerate(replica_headers(header))}
         self.routes: list[RouteDecision] = []
         self.transfers: list[KVTransfer] = []
         self.torn_tail: str | None = None
@@ -71,17 +89,29 @@ def _fold(events) -> FleetTimelines:
     return folded
 
 
-def replica_streams(events) -> tuple[TraceHeader, dict[int, list]]:
-    """Each replica's events as a trace of its own (the header first), by replica."""
+def replica_streams(events, transfers: bool = False) -> tuple[TraceHeader, dict[int, list]]:
+    """Each replica's events as a trace of its own (its header first: replica_headers'), by
+    replica. `transfers`: each KVTransfer in the stream of the decode replica it lands on, where
+    it landed (a fold of that stream takes its blocks in: replay/fold_transfer.py)."""
     it = iter(events)
     header = next(it)
-    streams: dict[int, list] = {0: [header]}
-    current = streams[0]
+    headers = replica_headers(header)
+    streams: dict[int, list] = {}
+
+    def stream(replica: int) -> list:
+        if replica not in streams:
+            streams[replica] = [headers[replica] if replica < len(headers) else header]
+        return streams[replica]
+
+    current = stream(0)
     for event in it:
         t = type(event)
         if t is ReplicaScope:
-            current = streams.setdefault(event.replica, [header])
-        elif t is not RouteDecision and t is not KVTransfer:
+            current = stream(event.replica)
+        elif t is KVTransfer:
+            if transfers:
+                stream(event.replica).append(event)
+        elif t is not RouteDecision:
             current.append(event)
     return header, streams
 
@@ -114,7 +144,9 @@ def fleet_stats(source, slo: dict[str, float] | None = None) -> dict:
     return {
         "fleet": dict(fleet),
         "num_replicas": num_replicas(folded.header),
-        "requests": {"num_requests": len(requests), "num_finished": num_finished},
+        "requests": {"num_requests": len(requests), "num_finished": num_finished,
+                     # a request leaves on one replica: its client's, where it was then
+                     "num_aborted": sum(p["stats"]["requests"]["num_aborted"] for p in per_replica)},
         "duration_s": duration_s,
         "completion_tokens_per_s": num_completion / duration_s if duration_s else None,
         "latency": {name: summarize([r[f"{name}_s"] for r in requests if r[f"{name}_s"] is not None])
@@ -165,8 +197,9 @@ def render_fleet(s: dict, title: str = ""):
              f"{f.get('router')} / {f.get('decode_router') or f.get('router')}" if f.get("num_prefill_replicas")
              else f"{s['num_replicas']} replicas, router {f.get('router')}")
     r = s["requests"]
-    lines = [f"{title + chr(10) if title else ''}{shape}: {r['num_requests']} requests ({r['num_finished']} finished) "
-             f"in {s['duration_s'] * 1e3:,.1f} ms"]
+    aborted = f", {r['num_aborted']} aborted" if r.get("num_aborted") else ""
+    lines = [f"{title + chr(10) if title else ''}{shape}: {r['num_requests']} requests ({r['num_finished']} finished"
+             f"{aborted}) in {s['duration_s'] * 1e3:,.1f} ms"]
     lat = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("fleet latency", "n", "mean ms", "p50 ms", "p90 ms", "p99 ms"):
         lat.add_column(col, justify="left" if col == "fleet latency" else "right")

@@ -23,7 +23,9 @@ def add_fleet_arguments(p, what_if: bool = False):
     """The fleet flags; on `replay`, `what_if`: they change a fleet trace's recorded fleet."""
     default = "the recorded" if what_if else "default"
     g = p.add_argument_group("fleet: replicas behind a router (docs/cluster.md)" +
-                             (": a fleet trace's what-if" if what_if else ""))
+                             (": a fleet trace's what-if" if what_if else ""),
+                             "--set prefill.FIELD=V, decode.FIELD=V or replica[N].FIELD=V sets a pool's or a "
+                             "replica's own config; --sweep takes these names, and the fleet flags' (replicas=2,4)")
     g.add_argument("--replicas", type=int, metavar="N", help="replicas, each the real scheduler with its own KV cache")
     g.add_argument("--router", metavar="NAME", help="round_robin (default), least_loaded, prefix_aware, random, "
                    "or a tracengine.sim.routers.Router subclass as module:Class" +
@@ -44,52 +46,53 @@ def add_fleet_arguments(p, what_if: bool = False):
                    help=f"fixed time of each KV transfer ({default} 0)")
 
 
-# flag -> FleetSpec field, and how a flag's value becomes the field's
-SPEC_FLAGS = {"router": ("router", str), "decode_router": ("decode_router", str),
-              "router_seed": ("router_seed", int), "prefix_weight": ("prefix_weight", float),
-              "load_weight": ("load_weight", float), "kv_bytes_per_token": ("kv_bytes_per_token", int),
-              "kv_transfer_gbps": ("kv_transfer_gbps", float),
-              "kv_transfer_latency_ms": ("kv_transfer_latency_ns", lambda ms: round(ms * 1e6))}
-SHAPE_FLAGS = ("replicas", "prefill_replicas", "decode_replicas")
+def fleet_changes(args) -> dict:
+    """The fleet flags given, by name (sim/fleet_overrides.py's names, as a sweep names them)."""
+    from tracengine.sim.fleet_overrides import FLEET_NAMES
+    return {name: getattr(args, name) for name in FLEET_NAMES if getattr(args, name, None) is not None}
 
 
-def fleet_flags_given(args) -> bool:
-    return any(getattr(args, name, None) is not None for name in (*SPEC_FLAGS, *SHAPE_FLAGS))
+def check_flags_not_swept(args):
+    """A fleet flag and --sweep may not name the same field (one of the two would silently win)."""
+    swept = {text.partition("=")[0].strip().replace("-", "_") for text in args.sweep}
+    both = [name for name in fleet_changes(args) if name in swept]
+    if both:
+        raise TracengineError(f"--{both[0].replace('_', '-')} and --sweep both name {both[0]}; give its values "
+                              "to --sweep alone")
 
 
-def fleet_spec_from_args(args, step_time, base=None):
-    """The FleetSpec the flags describe over `base` (a recorded fleet's; default FleetSpec()), or
-    None for one engine when no fleet flag is given and there is no base."""
-    import dataclasses
+def take_scoped_sets(args) -> dict:
+    """The --set entries naming a pool or a replica (`decode.max_num_seqs=64`,
+    `replica[2].num_kvcache_blocks=5000`), typed, taken out of `args.set` (the rest are every
+    replica's, one engine's)."""
+    from tracengine.sim.fleet_overrides import SCOPED, parse_fleet_override
+    scoped, rest = {}, []
+    for text in args.set:
+        name = text.partition("=")[0].strip().replace("-", "_")
+        if SCOPED.fullmatch(name):
+            key, value = parse_fleet_override(text)
+            if key in scoped:
+                raise TracengineError(f"{key} is given twice in --set")
+            scoped[key] = value
+        elif "[" in name or "." in name:
+            raise TracengineError(f"--set {name}: a pool's or a replica's field is prefill.FIELD, decode.FIELD or "
+                                  "replica[N].FIELD (N: its index in the fleet, the prefill pool first)")
+        else:
+            rest.append(text)
+    args.set = rest
+    return scoped
 
-    from tracengine.sim.fleet import FleetSpec, router_classes
-    if base is None and not fleet_flags_given(args):
+
+def fleet_spec_from_args(args, step_time, base=None, scoped: dict | None = None):
+    """The FleetSpec the flags (and the pool and replica --set fields `scoped`) describe over
+    `base` (a recorded fleet's; default FleetSpec()), or None for one engine when neither is given
+    and there is no base."""
+    from tracengine.sim.fleet import FleetSpec
+    from tracengine.sim.fleet_overrides import resolve
+    changes = {**fleet_changes(args), **(scoped or {})}
+    if base is None and not changes:
         return None
-    base = base if base is not None else FleetSpec()
-    changes = {field: convert(getattr(args, flag)) for flag, (field, convert) in SPEC_FLAGS.items()
-               if getattr(args, flag) is not None}
-    disaggregated = args.prefill_replicas is not None or args.decode_replicas is not None
-    if disaggregated and args.replicas is not None:
-        raise TracengineError("give --replicas, or --prefill-replicas and --decode-replicas, not both")
-    if args.replicas is not None:
-        # aggregated: a recorded disaggregated fleet's decode router goes with its decode pool
-        changes.update(num_replicas=args.replicas, num_prefill_replicas=0, num_decode_replicas=0,
-                       decode_router=args.decode_router or "")
-    elif disaggregated:
-        changes.update(num_prefill_replicas=args.prefill_replicas or 0, num_decode_replicas=args.decode_replicas or 0)
-    spec = dataclasses.replace(base, **changes)
-    if spec.decode_router and not spec.disaggregated:
-        raise TracengineError("--decode-router goes with --prefill-replicas and --decode-replicas")
-    if args.kv_bytes_per_token is None and not spec.kv_bytes_per_token:
-        model = getattr(step_time, "model", None) if step_time is not None and step_time.kind == "roofline" else None
-        if model is not None:
-            spec = dataclasses.replace(spec, kv_bytes_per_token=2 * model.num_layers * model.num_kv_heads
-                                       * model.head_dim * model.dtype_bytes)
-    if spec.disaggregated and spec.kv_transfer_gbps and not spec.kv_bytes_per_token:
-        raise TracengineError("--kv-transfer-gbps needs the KV bytes of a token: give --kv-bytes-per-token "
-                              "(or a --roofline model)")
-    router_classes(spec)      # a router that does not load fails here, before the run
-    return spec
+    return resolve(base if base is not None else FleetSpec(), changes, step_time)[1]
 
 
 def simulate_fleet_command(args, config, requests, step_time, spec, slo, on_progress) -> dict:
@@ -129,7 +132,8 @@ def fleet_stats_command(path, slo, as_json: bool) -> int:
 WHATIF_ROWS = [("duration ms", ("duration_s",), 1e3, "{:,.1f}")]
 WHATIF_ROWS += [(f"{label} {p} ms", ("latency", name, p), 1e3, "{:,.2f}")
                 for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "e2e")) for p in ("p50", "p90", "p99")]
-WHATIF_ROWS += [("cache hit", ("token_hit_rate",), 100, "{:.1f}%"),
+WHATIF_ROWS += [("aborted", ("requests", "num_aborted"), 1, "{:,}"),
+                ("cache hit", ("token_hit_rate",), 100, "{:.1f}%"),
                 ("request imbalance", ("request_imbalance",), 1, "{:.2f}"),
                 ("KV transfers", ("kv_transfer", "num_transfers"), 1, "{:,}")]
 
@@ -154,7 +158,8 @@ def fleet_whatif_command(path, events: list, spec, overrides: dict, record, step
                           "what_if": {k: v for k, v in result.new.items() if k not in drop}, "record": record},
                          indent=2))
         return EXIT_OK
-    changes = ", ".join(f"{name} {a} -> {b}" for name, a, b in result.changes) or "no change"
+    changes = ", ".join(f"{name} {'-' if a is None else a} -> {'-' if b is None else b}"
+                        for name, a, b in result.changes) or "no change"
     print(f"fleet what-if on {path} in simulated time: {changes}")
     from tracengine.cli.steptime import describe_step_time
     print(f"step times: {describe_step_time(result.step_time, str(path))}")

@@ -56,6 +56,8 @@ def run(args) -> int:
             return run_vllm_replay(args)
     check_plot_figure(args)
     check_executor_flags(args, bool(args.sweep))
+    from tracengine.cli.fleet import take_scoped_sets
+    scoped = take_scoped_sets(args)      # a pool's or a replica's fields: a fleet's (docs/cluster.md)
     overrides = config_overrides(args)
     if args.state is not None:
         if overrides or args.record or args.json or args.sweep:
@@ -68,11 +70,13 @@ def run(args) -> int:
     check_outputs({"--record": args.record}, input_files(args), args.force)
     step_time = step_time_from_args(args)
     timed = args.arrivals == "time" or step_time is not None
-    from tracengine.cli.fleet import SHAPE_FLAGS, SPEC_FLAGS, is_fleet_trace
+    from tracengine.cli.fleet import fleet_changes, is_fleet_trace
+    from tracengine.sim.fleet_overrides import is_fleet_name
     fleet_trace = is_fleet_trace(args.trace)
-    reshaped = any(getattr(args, name) is not None for name in (*SPEC_FLAGS, *SHAPE_FLAGS) if name != "router")
+    reshaped = any(name != "router" for name in fleet_changes(args)) or bool(scoped) or \
+        any(is_fleet_name(text.partition("=")[0].strip().replace("-", "_")) for text in args.sweep)
     if fleet_trace or reshaped or args.router:
-        return run_fleet_replay(args, fleet_trace, reshaped, overrides, timed, step_time)
+        return run_fleet_replay(args, fleet_trace, reshaped, overrides, timed, step_time, scoped)
     if not (overrides or args.record or timed or args.sweep):
         return run_replay(args.trace, args.json, args.policy)
     if timed and args.arrivals == "steps":
@@ -279,20 +283,23 @@ def run_timed_whatif(path, events: list, overrides: dict, record, step_time, pol
     return EXIT_OK
 
 
-def run_fleet_replay(args, fleet_trace: bool, reshaped: bool, overrides: dict, timed: bool, step_time) -> int:
+def run_fleet_replay(args, fleet_trace: bool, reshaped: bool, overrides: dict, timed: bool, step_time,
+                     scoped: dict) -> int:
     """A fleet trace re-executed whole (alone, --router: with that router), or a trace's workload
-    through another fleet (docs/cluster.md)."""
+    through another fleet (docs/cluster.md), one or a sweep. `scoped`: the pools' and replicas'
+    --set fields."""
     from tracengine.cli.fleet import fleet_replay_command, fleet_spec_from_args, fleet_whatif_command
     from tracengine.sim.fleet import FleetSpec
-    if args.sweep:
-        raise TraceError("a --sweep runs one engine; a fleet's what-if runs one fleet")
     if args.arrivals == "steps":
         raise TraceError("a fleet runs in time: --arrivals steps is one engine's")
     with TraceReader(args.trace) as reader:
         events = list(reader.events())
         note_torn_tail(reader)
+    if args.sweep:
+        from tracengine.cli.fleet_sweeps import fleet_sweep_command
+        return fleet_sweep_command(args, events, overrides, scoped, step_time)
     if fleet_trace and not (reshaped or overrides or args.record or timed):
         return fleet_replay_command(args.trace, events, args.json, args.policy, args.router)
-    recorded = FleetSpec.from_dict(events[0].fleet) if fleet_trace else None
-    spec = fleet_spec_from_args(args, step_time, recorded if recorded is not None else FleetSpec())
+    recorded = FleetSpec.from_dict(events[0].fleet) if fleet_trace else FleetSpec()
+    spec = fleet_spec_from_args(args, step_time, recorded, scoped)
     return fleet_whatif_command(args.trace, events, spec, overrides, args.record, step_time, args.policy, args.json)

@@ -68,13 +68,18 @@ def run(args) -> int:
     if args.workload_file and args.workload:
         raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
     workload = args.workload_file or args.workload
+    from tracengine.cli.fleet import check_flags_not_swept, fleet_changes, take_scoped_sets
+    from tracengine.sim.fleet_overrides import is_fleet_name, parse_fleet_override
+    scoped = take_scoped_sets(args)      # a pool's or a replica's fields: a fleet's (docs/cluster.md)
     overrides = config_overrides(args)
+    check_flags_not_swept(args)
     check_search_flags(args)
     if args.search:     # its flags are checked by run_search, once the workload is read
         check_executor_flags(args, True)
         variants, slo = None, None
     else:
-        variants, slo = sweep_options(args, overrides)
+        variants, slo = sweep_options(args, {**overrides, **fleet_changes(args), **scoped}, parse=parse_fleet_override)
+    fleet_swept = variants is not None and any(is_fleet_name(name) for name in variants[0])
     step_time = step_time_from_args(args)
     if step_time is None:
         raise TracengineError("simulate needs step times: --step-time FILE (tracengine calibrate) or --roofline CONFIG")
@@ -89,8 +94,9 @@ def run(args) -> int:
     requests = workload_for_simulation(args, workload, vocab_size)
     check_token_prompts(requests)
     from tracengine.cli.fleet import fleet_spec_from_args
-    fleet = fleet_spec_from_args(args, step_time)
-    if fleet is not None and fleet.is_single:    # one replica: today's simulation, its trace and all
+    from tracengine.sim.fleet import FleetSpec
+    fleet = fleet_spec_from_args(args, step_time, FleetSpec() if fleet_swept else None, scoped)
+    if fleet is not None and fleet.is_single and not fleet_swept:    # one replica: today's simulation, its trace
         fleet = None
     if args.search or variants is not None:
         from tracengine.sim.spec import FLEET, SIMULATE, PreparedSources, SweepSpec, workload_source

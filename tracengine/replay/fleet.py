@@ -22,8 +22,8 @@ from tracengine.replay.reexec import ComparingSink, RecordedRunner, _Diverged
 from tracengine.sim.engine import SimulatedEngine
 from tracengine.sim.fleet import Fleet, FleetSpec
 from tracengine.sim.routers import BUILTIN_ROUTERS
-from tracengine.trace.events import (Event, KVTransfer, ReplicaScope, RequestAdded, RouteDecision, StepEnd,
-                                     TokenSample)
+from tracengine.trace.events import (BlockFree, Event, KVTransfer, ReplicaScope, RequestAdded, RouteDecision,
+                                     SeqAbort, StepEnd, TokenSample)
 from tracengine.trace.tracelog import split_header
 
 
@@ -33,7 +33,7 @@ class _NoTime:
     gap_ns = wake_ns = 0
 
     @staticmethod
-    def predict(is_prefill, *shape):
+    def predict(is_prefill, *shape, mixed=False):
         return 0, 0, 0
 
 
@@ -88,9 +88,9 @@ def reexecute_fleet(events, policy=None, routers: dict | None = None) -> FleetRe
     sink.expected, sink.index = recorded, 1
     runners: dict[int, RecordedRunner] = {}
 
-    def make_engine(index: int):
+    def make_engine(index: int, replica_config: Config):
         runners[index] = RecordedRunner()
-        return SimulatedEngine(config, runners[index], _NoTime, sink, policy=policy)
+        return SimulatedEngine(replica_config, runners[index], _NoTime, sink, policy=policy)
 
     fleet = Fleet(config, spec, make_engine, sink, fleet_routers(header, routers))
     requests = _recorded_requests(recorded, spec.disaggregated)
@@ -126,10 +126,11 @@ def reexecute_fleet(events, policy=None, routers: dict | None = None) -> FleetRe
                 runners[e.replica].tokens = _step_tokens(recorded, i + 1)
                 # its clock past every routed arrival, so they enter now (no time is compared)
                 replica.engine.now_ns = max([replica.engine.now_ns] + [r.arrival_ns for r in replica.queued])
-                finished = fleet.step(replica)
-                num_steps += 1
-                for seq in fleet.prefilled_seqs(replica, finished):
-                    prefilled[seq.seq_id] = (seq, replica)
+                finished = fleet.step(replica, _segment_aborts(recorded, i + 1))
+                if finished is not None:
+                    num_steps += 1
+                    for seq in fleet.prefilled_seqs(replica, finished):
+                        prefilled[seq.seq_id] = (seq, replica)
             else:
                 raise _Diverged(e, None, "the trace has an event the replay did not emit")
             if sink.index == i:
@@ -158,6 +159,19 @@ def _recorded_requests(recorded: list, disaggregated: bool) -> dict[int, Request
     return requests
 
 
+def _segment_aborts(recorded: list, start: int) -> list[tuple[int, str]]:
+    """(seq_id, reason) of the SeqAborts among the events that a replica's step begins with at
+    `start` (the requests entering, then the clients that left): applied where recorded."""
+    aborts = []
+    for e in recorded[start:]:
+        t = type(e)
+        if t is SeqAbort:
+            aborts.append((e.seq_id, e.reason))
+        elif t is not RequestAdded and t is not BlockFree:
+            break
+    return aborts
+
+
 def _step_tokens(recorded: list, start: int) -> dict[int, int]:
     """The tokens the step beginning at `start` sampled, by seq_id."""
     tokens = {}
@@ -172,35 +186,60 @@ def _step_tokens(recorded: list, start: int) -> dict[int, int]:
 
 class FleetEventCheck:
     """EventCheck (replay/fold.py) of a fleet trace: each replica's events checked by a checker
-    of its own, frame by frame (a fleet's frame is the routers' and transfers' events, then one
-    ReplicaScope and that replica's step). `step` names the step of the replica last checked.
-    A decode replica of a disaggregated fleet is not folded: a KV transfer fills its prefix
-    cache with blocks no event of its own allocates (sim/fleet.py, install_prompt_kv)."""
+    of its own, one ReplicaScope's events at a time (a fleet's frame is the routers' and
+    transfers' events and one replica's step; a replica that a client's departure left idle
+    ends its events without a step). A KVTransfer goes to the checker of the decode replica it
+    lands on, whose fold takes its blocks in (replay/fold_transfer.py). `step` names the step
+    of the replica last checked."""
 
     def __init__(self, header):
-        from tracengine.replay.fold import EventCheck
+        from tracengine.analysis.fleet import replica_headers
         self.header = header
-        self.checkers: dict[int, EventCheck] = {}
+        self.headers = replica_headers(header)      # each replica's config
+        self.num_replicas = len(self.headers)
+        self.checkers: dict = {}
         self.step = 0
-        fleet = header.fleet
-        num_prefill = fleet.get("num_prefill_replicas", 0)
-        self.unfolded = set(range(num_prefill, num_prefill + fleet.get("num_decode_replicas", 0)))
+
+    def _checker(self, replica: int):
+        from tracengine.errors import TraceError
+        from tracengine.replay.fold import EventCheck
+        if not 0 <= replica < self.num_replicas:
+            raise TraceError(f"the fleet has no replica {replica} (it has {self.num_replicas})")
+        checker = self.checkers.get(replica)
+        if checker is None:
+            checker = self.checkers[replica] = EventCheck(self.headers[replica])
+        return checker
 
     def frame(self, events) -> None:
         from tracengine.errors import TraceError
-        from tracengine.replay.fold import EventCheck
-        scope = next((i for i, e in enumerate(events) if type(e) is ReplicaScope), None)
-        if scope is None:
-            if any(type(e) not in (RouteDecision, KVTransfer) for e in events):
-                raise TraceError("a fleet frame with engine events and no ReplicaScope")
+        replica, segment = None, []
+        for e in events:
+            t = type(e)
+            if t is ReplicaScope:
+                self._check(replica, segment)
+                replica, segment = e.replica, []
+            elif t is KVTransfer or t is RouteDecision:     # the fleet's own, between replica steps
+                self._check(replica, segment)
+                replica, segment = None, []
+                if t is RouteDecision:
+                    continue
+                checker = self._checker(e.replica)
+                if e.step != checker.step:
+                    raise TraceError(f"replica {e.replica}, step {checker.step}: a KVTransfer stamped step {e.step}")
+                checker.state.handlers[KVTransfer](e)
+            else:
+                if replica is None:
+                    raise TraceError("a fleet frame with engine events and no ReplicaScope")
+                segment.append(e)
+        self._check(replica, segment)
+
+    def _check(self, replica, segment: list) -> None:
+        if not segment:
             return
-        replica = events[scope].replica
-        if replica in self.unfolded:
-            return
-        checker = self.checkers.get(replica)
-        if checker is None:
-            checker = self.checkers[replica] = EventCheck(self.header)
+        checker = self._checker(replica)
         try:
-            checker.frame(events[scope + 1:])
+            checker.frame(segment)
         finally:
             self.step = checker.step
+        # a replica's events may end between its steps: the next ones are its own all the same
+        checker.open_frame = False

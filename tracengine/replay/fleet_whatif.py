@@ -13,7 +13,8 @@ from tracengine.errors import TraceError
 from tracengine.replay.whatif import OutputRunner, extract_workload
 from tracengine.sim.fleet import FleetSpec, fleet_header, simulate_fleet
 from tracengine.engine.request import Request
-from tracengine.trace.events import RouteDecision, StepEnd
+from tracengine.sim.sweep import IN_TIME
+from tracengine.trace.events import KVTransfer, ReplicaScope, RouteDecision, SeqAbort, StepEnd
 
 
 @dataclass
@@ -38,57 +39,115 @@ def fleet_workload(events) -> tuple[list[Request], dict[int, list[int]], dict]:
         return workload.requests, workload.outputs, workload.middle
     _, streams = replica_streams(events)
     arrivals = {e.seq_id: e.arrival_ns for e in events if type(e) is RouteDecision and e.pool != "decode"}
+    left_idle = _left_idle(events)
     requests: dict[int, Request] = {}
     outputs: dict[int, list[int]] = {}
     middle: dict = {}
-    for stream in streams.values():
+    for replica, stream in streams.items():
         workload = extract_workload(stream)
         for r in workload.requests:
+            if left_idle.get(r.seq_id) == replica:
+                # its client left at a step its replica then had nothing to take: after the step before
+                end_ns = workload.timeline.end_ns(r.abort_step - 1) if r.abort_step > 0 else r.arrival_ns
+                r.abort_ns = max(r.arrival_ns, end_ns)
             seen = requests.get(r.seq_id)
             if seen is None:
                 requests[r.seq_id] = r
                 outputs[r.seq_id] = list(workload.outputs[r.seq_id])
-            elif len(r.prompt) > len(seen.prompt):   # the decode side's: prompt and first token
-                seen.max_tokens = r.max_tokens + 1
+                continue
+            if len(r.prompt) > len(seen.prompt):   # the decode side's: prompt and first token
+                prefill, decode = seen, r
                 outputs[r.seq_id] += workload.outputs[r.seq_id]
             else:                                                      # the prefill side's, met second
-                r.max_tokens = seen.max_tokens + 1
+                prefill, decode = r, seen
                 requests[r.seq_id] = r
                 outputs[r.seq_id] = workload.outputs[r.seq_id] + outputs[r.seq_id]
+            prefill.max_tokens = decode.max_tokens + 1
+            if decode.abort_ns >= 0:     # its client left on the decode side
+                prefill.abort_ns, prefill.abort_step, prefill.abort_reason = \
+                    decode.abort_ns, decode.abort_step, decode.abort_reason
         middle.update(workload.middle)
     for r in requests.values():
         r.arrival_ns = arrivals.get(r.seq_id, r.arrival_ns)
     return [requests[k] for k in sorted(requests)], outputs, middle
 
 
+def _left_idle(events) -> dict[int, int]:
+    """seq_id -> replica of each SeqAbort among a replica's events that end without a step: the
+    departures left it nothing to take (the time of that step's start, which the recording
+    never took, comes after the replica's step before; Fleet.step)."""
+    left, replica, segment = {}, None, []
+
+    def close():
+        if segment and type(segment[-1]) is not StepEnd:
+            left.update((e.seq_id, replica) for e in segment if type(e) is SeqAbort)
+
+    for e in events[1:]:
+        t = type(e)
+        if t is ReplicaScope or t is RouteDecision or t is KVTransfer:
+            close()
+            replica, segment = (e.replica if t is ReplicaScope else None), []
+        else:
+            segment.append(e)
+    close()
+    return left
+
+
+class FleetReplay:
+    """A trace's workload ready to run through any fleet in simulated time (TimedReplay's, for
+    fleets): `run(config, spec)` gives the events of one run. Calibrates on the trace (its
+    replica 0) unless given a model."""
+
+    def __init__(self, events, step_time=None, trace_name: str = ""):
+        self.events = events = list(events)
+        self.header = header = events[0]
+        self.requests, self.outputs, self.middle = fleet_workload(events)
+        self.recorded = Config.from_dict(header.config)
+        self.recorded_spec = FleetSpec.from_dict(header.fleet) if header.fleet else FleetSpec()
+        self.step_time = step_time
+        self.trace_name = trace_name
+        # a recorded engine's start-up came before its step 0: no run starts earlier (TimedReplay's rule)
+        self.first_step_ns = 0 if header.fleet else next((e.gap_ns for e in events if type(e) is StepEnd), 0)
+
+    def ensure_step_time(self):
+        if self.step_time is None:
+            from tracengine.sim.steptime import calibrate
+            try:
+                self.step_time = calibrate(replica_streams(self.events)[1][0], self.trace_name)
+            except TraceError as exc:
+                raise TraceError(f"{exc}: give --step-time or --roofline") from None
+        return self.step_time
+
+    def config(self, overrides: dict, policy=None) -> Config:
+        """The recorded config with `overrides`; `policy` (replay --policy) unless they name one."""
+        config = self.recorded.replace(**overrides)
+        if policy is not None and "scheduling_policy" not in overrides:
+            config = config.replace(scheduling_policy=policy)
+        return config
+
+    def run(self, config: Config, spec: FleetSpec) -> list:
+        step_time = self.ensure_step_time()
+        filler = 0 if config.eos != 0 else 1
+        shifted = {seq_id: out[1:] for seq_id, out in self.outputs.items()}
+
+        def make_runner(index: int):
+            decode = spec.disaggregated and index >= spec.num_prefill_replicas
+            return OutputRunner(shifted if decode else self.outputs, self.middle, filler)
+
+        new = simulate_fleet(config, self.requests, step_time, spec, make_runner=make_runner,
+                             first_step_ns=self.first_step_ns)
+        new[0] = msgspec.structs.replace(fleet_header(config, step_time, spec), model=self.header.model)
+        return new
+
+
 def fleet_whatif(events, spec: FleetSpec, overrides: dict, step_time=None, trace_name: str = "",
                  policy=None) -> FleetWhatIf:
     """`events`' workload through the fleet `spec` with the recorded config changed by `overrides`;
     `step_time` defaults to a model calibrated on the trace (its replica 0)."""
-    events = list(events)
-    header = events[0]
-    requests, outputs, middle = fleet_workload(events)
-    recorded = Config.from_dict(header.config)
-    config = recorded.replace(**overrides)
-    if policy is not None:
-        config = config.replace(scheduling_policy=policy)
-    if step_time is None:
-        from tracengine.sim.steptime import calibrate
-        try:
-            step_time = calibrate(replica_streams(events)[1][0], trace_name)
-        except TraceError as exc:
-            raise TraceError(f"{exc}: give --step-time or --roofline") from None
-    filler = 0 if config.eos != 0 else 1
-    shifted = {seq_id: out[1:] for seq_id, out in outputs.items()}
-
-    def make_runner(index: int):
-        decode = spec.disaggregated and index >= spec.num_prefill_replicas
-        return OutputRunner(shifted if decode else outputs, middle, filler)
-
-    # a recorded engine's start-up came before its step 0: no run starts earlier (TimedReplay's rule)
-    first_step_ns = 0 if header.fleet else next((e.gap_ns for e in events if type(e) is StepEnd), 0)
-    new = simulate_fleet(config, requests, step_time, spec, make_runner=make_runner, first_step_ns=first_step_ns)
-    new[0] = msgspec.structs.replace(fleet_header(config, step_time, spec), model=header.model)
+    replay = FleetReplay(events, step_time, trace_name)
+    config = replay.config(overrides, policy)
+    new = replay.run(config, spec)
+    header, recorded = replay.header, replay.recorded
     changes = [(name, value, getattr(config, name)) for name, value in recorded.to_dict().items()
                if getattr(config, name) != value]
     # the fleets as their headers name them (each pool's router resolved); one engine's: one replica
@@ -96,5 +155,31 @@ def fleet_whatif(events, spec: FleetSpec, overrides: dict, step_time=None, trace
     after = new[0].fleet or {"num_replicas": 1}
     changes += [(f"fleet {name}", before.get(name), after.get(name)) for name in dict.fromkeys([*before, *after])
                 if before.get(name) != after.get(name)]
-    return FleetWhatIf(step_time, spec, fleet_stats(events), fleet_stats(new), new, changes)
+    return FleetWhatIf(replay.step_time, spec, fleet_stats(replay.events), fleet_stats(new), new, changes)
 
+
+class FleetTraceVariant:
+    """A fleet what-if of a trace (FleetReplay) under base + overrides, for a sweep: config
+    fields of every replica, of a pool or of one replica, and the fleet's own fields
+    (sim/fleet_overrides.py), over the recorded fleet (one replica for one engine's trace)."""
+    figures = IN_TIME
+
+    def __init__(self, replay: FleetReplay, base: dict, slo: dict | None = None, policy=None, spec=None):
+        self.replay, self.base, self.slo, self.policy = replay, base, slo, policy
+        self.spec = spec if spec is not None else replay.recorded_spec
+        replay.ensure_step_time()      # fitted once, before the workers fork
+
+    def _resolve(self, overrides: dict) -> tuple[Config, FleetSpec]:
+        from tracengine.sim.fleet_overrides import resolve
+        fields, spec = resolve(self.spec, {**self.base, **overrides}, self.replay.step_time)
+        return self.replay.config(fields, self.policy), spec
+
+    def check(self, overrides: dict):
+        from tracengine.sim.fleet import check_fleet_requests
+        config, spec = self._resolve(overrides)
+        check_fleet_requests(config, spec, self.replay.requests)
+
+    def __call__(self, overrides: dict) -> dict:
+        from tracengine.sim.fleet_sweep import fleet_row_of
+        config, spec = self._resolve(overrides)
+        return fleet_row_of(fleet_stats(self.replay.run(config, spec), self.slo))

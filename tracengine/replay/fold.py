@@ -1,12 +1,10 @@
-"""Event sourcing: the scheduler and block-manager state at any step, from
-the events alone.
+"""Event sourcing: the scheduler and block-manager state at any step, from the events alone.
 
-`Fold` applies each event to a mutable projection that mirrors what the
-scheduler and the block manager did (queues, block tables, ref counts,
-hashes, the free queue), and keeps a keyframe every `keyframe_interval`
-steps. `state_at(step)` starts from the nearest keyframe at or before the
-step and applies at most `keyframe_interval` steps of events. The states it
-returns are values: nothing changes them after they are returned."""
+`Fold` applies each event to a mutable projection that mirrors what the scheduler and the
+block manager did (queues, block tables, ref counts, hashes, the free queue), and keeps a
+keyframe every `keyframe_interval` steps. `state_at(step)` starts from the nearest keyframe
+at or before the step and applies at most `keyframe_interval` steps of events. The states
+it returns are values: nothing changes them after they are returned."""
 from collections import deque
 from itertools import islice
 
@@ -167,11 +165,9 @@ class _Projection:
     def block_allocate(self, e: BlockAllocate):
         ref_counts = self.ref_counts
         for block_id in e.block_ids[:e.num_cached_blocks]:    # prefix-cache hits
-            if ref_counts[block_id] > 0:
-                ref_counts[block_id] += 1
-            else:
-                ref_counts[block_id] = 1
+            if ref_counts[block_id] == 0:      # a hit on a freed block takes it out of the free queue
                 self.free.remove(block_id)
+            ref_counts[block_id] += 1
         for block_id in e.block_ids[e.num_cached_blocks:]:
             self._take_free_block(block_id)
         s = self.seqs[e.seq_id]
@@ -320,7 +316,8 @@ class Fold:
 
 
 def _projection_of(header) -> _Projection:
-    """The empty state of the block pool the header describes (vLLM's, for its scheduler's trace)."""
+    """The empty state of the block pool the header describes (vLLM's, for its scheduler's trace;
+    a disaggregated fleet's replica takes in KV transfers: fold_transfer.py)."""
     num_blocks, _, block_size = block_pool_config(check_header(header))
     if not (type(num_blocks) is int and 0 < num_blocks <= MAX_FOLD_BLOCKS and type(block_size) is int
             and block_size > 0):
@@ -329,6 +326,9 @@ def _projection_of(header) -> _Projection:
     if header.engine == "vllm":
         from tracengine.vllm.fold import vllm_projection
         return vllm_projection(num_blocks, block_size)
+    if header.fleet.get("num_decode_replicas"):
+        from tracengine.replay.fold_transfer import TransferProjection
+        return TransferProjection(num_blocks, block_size)
     return _Projection(num_blocks, block_size)
 
 

@@ -14,7 +14,7 @@ from tracengine.engine.llm_engine import LLMEngine
 from tracengine.errors import TracengineError
 from tracengine.engine.request import Request
 from tracengine.sim.runners import Departures, SyntheticRunner, check_requests, sampling_params_of
-from tracengine.sim.steptime import seqs_shape
+from tracengine.sim.steptime import holds_decode, seqs_shape
 from tracengine.trace.events import NULL_SINK, ListSink, ModelInfo, StepEnd, TraceHeader
 from tracengine.trace.tracelog import make_header
 
@@ -44,7 +44,8 @@ class SimulatedEngine(LLMEngine):
         shape = seqs_shape(seqs, is_prefill)
         self.num_batched_tokens = shape[0]
         token_ids = self.runner.run(seqs, is_prefill)
-        schedule_ns, model_ns, postprocess_ns = self.step_time.predict(is_prefill, *shape)
+        schedule_ns, model_ns, postprocess_ns = self.step_time.predict(
+            is_prefill, *shape, mixed=is_prefill and holds_decode(seqs))
         finished = scheduler.postprocess(seqs, token_ids, is_prefill)
         if self.sink.enabled:
             self.sink.emit(StepEnd(self.num_steps, scheduler.block_manager.num_free_blocks, schedule_ns,

@@ -22,12 +22,15 @@ otherwise each replica step (and the requests it adds) follows a ReplicaScope, a
 routers' choices and the transfers are RouteDecision and KVTransfer events."""
 import dataclasses
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tracengine.engine.config import Config
 from tracengine.engine.sequence import Sequence
 from tracengine.errors import ConfigError, TracengineError
 from tracengine.engine.request import Request
+from tracengine.sim.fleet_departures import FleetDepartures
+from tracengine.sim.fleet_overrides import SCOPED, replica_configs, scope_fits
+from tracengine.sim.kv_transfer import install_prompt_kv
 from tracengine.sim.runners import sampling_params_of
 from tracengine.sim.routers import RoutedRequest, Router, load_router, router_name
 from tracengine.trace.events import NULL_SINK, KVTransfer, ReplicaScope, RouteDecision
@@ -49,6 +52,8 @@ class FleetSpec:
     kv_bytes_per_token: int = 0            # K and V of one token, all layers
     kv_transfer_gbps: float = 0.0          # GB/s; 0: no bandwidth cost
     kv_transfer_latency_ns: int = 0
+    # a pool's or a replica's config fields, e.g. {"decode.max_num_seqs": 64} (sim/fleet_overrides.py)
+    replica_config: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.disaggregated:
@@ -58,6 +63,17 @@ class FleetSpec:
             raise ConfigError(f"--replicas must be positive, got {self.num_replicas}")
         if self.kv_bytes_per_token < 0 or self.kv_transfer_gbps < 0 or self.kv_transfer_latency_ns < 0:
             raise ConfigError("KV transfer figures (bytes per token, GB/s, latency) cannot be negative")
+        for name in self.replica_config:
+            reason = scope_fits(name, self.num_prefill_replicas, self.num_decode_replicas, self.num_replicas) \
+                if SCOPED.fullmatch(name) else f"{name!r} names no pool or replica"
+            if reason is not None:
+                raise ConfigError(reason)
+
+    @property
+    def roles(self) -> list[str]:
+        """Each replica's: "all", or "prefill" then "decode"."""
+        return (["prefill"] * self.num_prefill_replicas + ["decode"] * self.num_decode_replicas
+                if self.disaggregated else ["all"] * self.num_replicas)
 
     @property
     def disaggregated(self) -> bool:
@@ -70,7 +86,7 @@ class FleetSpec:
     @property
     def is_single(self) -> bool:
         """One engine: its trace is the one simulated engine's, no fleet event in it."""
-        return not self.disaggregated and self.num_replicas == 1
+        return not self.disaggregated and self.num_replicas == 1 and not self.replica_config
 
     def transfer_ns(self, num_tokens: int) -> tuple[int, int]:
         """(bytes, ns) of shipping `num_tokens` tokens' KV."""
@@ -79,11 +95,14 @@ class FleetSpec:
         return num_bytes, self.kv_transfer_latency_ns + wire_ns
 
     def to_dict(self) -> dict:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        """Flat, as a trace header's `fleet` holds it: the pool and replica fields by their names."""
+        return {**{name: getattr(self, name) for name in self.__dataclass_fields__ if name != "replica_config"},
+                **self.replica_config}
 
     @classmethod
     def from_dict(cls, values: dict) -> "FleetSpec":
-        return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__})
+        fields = {k: v for k, v in values.items() if k in cls.__dataclass_fields__ and k != "replica_config"}
+        return cls(**fields, replica_config={k: v for k, v in values.items() if SCOPED.fullmatch(k)})
 
 
 class Replica:
@@ -135,19 +154,21 @@ class Fleet:
     re-execution (replay/fleet.py) drives the same methods in a trace's order."""
 
     def __init__(self, config: Config, spec: FleetSpec, make_engine, sink=NULL_SINK, routers=None):
-        """`make_engine(index)`: a replica's engine, sending its events to `sink`. `routers`:
-        {pool: Router class} instead of the spec's names (a user's classes, loaded once)."""
+        """`make_engine(index, config)`: a replica's engine under its config (FleetSpec.replica_config's
+        over `config`), sending its events to `sink`. `routers`: {pool: Router class} instead of the
+        spec's names (a user's classes, loaded once)."""
         self.config = config
         self.spec = spec
         self.sink = sink
-        roles = (["prefill"] * spec.num_prefill_replicas + ["decode"] * spec.num_decode_replicas
-                 if spec.disaggregated else ["all"] * spec.num_replicas)
-        self.replicas = [Replica(i, role, make_engine(i)) for i, role in enumerate(roles)]
+        roles = spec.roles
+        self.configs = replica_configs(config, spec)
+        self.replicas = [Replica(i, role, make_engine(i, self.configs[i])) for i, role in enumerate(roles)]
         self.pools = {pool: [r for r in self.replicas if r.role == pool] for pool in dict.fromkeys(roles)}
         options = {"seed": spec.router_seed, "prefix_weight": spec.prefix_weight, "load_weight": spec.load_weight}
         self.routers: dict[str, Router] = {pool: cls(**options) for pool, cls in router_classes(spec, routers).items()}
         self.prefilled: dict[int, tuple[Sequence, Request]] = {}   # handed off, KV not landed yet
         self.max_tokens: dict[int, int] = {}     # a disaggregated request's own max_tokens
+        self.departures = FleetDepartures([])    # the clients that leave (run_fleet's requests')
 
     # -- what the clock drives: routing, entering, steps, transfers -----------------------
 
@@ -175,17 +196,24 @@ class Fleet:
                               seq_id=request.seq_id)
         replica = self.route(request, "prefill" if self.spec.disaggregated else "all", now_ns)
         replica.queued.append(request)
+        self.departures.moved(request.seq_id, replica.index)
         return replica
 
-    def step(self, replica: Replica) -> list[Sequence]:
-        """The requests routed to `replica` enter, then it steps; returns the sequences that
-        finished. A fleet writes a ReplicaScope first, so the step's frame says whose it is."""
+    def step(self, replica: Replica, aborts: list[tuple[int, str]] | None = None) -> list[Sequence] | None:
+        """The requests routed to `replica` enter, those whose clients left by now leave
+        (`aborts`: (seq_id, reason) of each; default: the departures due, fleet_departures.py),
+        then it steps; returns the sequences that finished, or None when no step was left to
+        take. A fleet writes a ReplicaScope first, so the step's frame says whose it is."""
         engine = replica.engine
         if self.sink.enabled and not self.spec.is_single:
             self.sink.emit(ReplicaScope(engine.num_steps, replica.index))
         for r in replica.queued:
             engine.add_request(r.prompt, sampling_params_of(r), seq_id=r.seq_id, arrival_ns=r.arrival_ns)
         replica.queued.clear()
+        for seq_id, reason in self.departures.leaving(replica.index, engine.now_ns) if aborts is None else aborts:
+            engine.abort_request(seq_id, reason)
+        if engine.is_finished():     # every request it held left: no step (run_timed's rule)
+            return None
         return engine.step()[1]
 
     def prefilled_seqs(self, replica: Replica, finished: list[Sequence]) -> list[Sequence]:
@@ -202,6 +230,7 @@ class Fleet:
                           seq.temperature, seq.ignore_eos, seq_id=seq.seq_id)
         replica = self.route(request, "decode", now_ns)
         self.prefilled[seq.seq_id] = (seq, request)
+        self.departures.moved(seq.seq_id, None)
         return replica, self.spec.transfer_ns(seq.num_prompt_tokens)[1]
 
     def land(self, seq_id: int, src: Replica, dst: Replica, now_ns: int):
@@ -218,6 +247,7 @@ class Fleet:
                                       num_bytes, duration_ns, num_blocks))
         request.arrival_ns = now_ns
         dst.queued.append(request)
+        self.departures.moved(seq_id, dst.index)
 
 
 def router_classes(spec: FleetSpec, routers: dict | None = None) -> dict[str, type[Router]]:
@@ -238,38 +268,12 @@ def header_fields(spec: FleetSpec, routers: dict[str, type[Router]]) -> dict:
     return fields
 
 
-def install_prompt_kv(block_manager, seq_id: int, token_ids) -> int:
-    """The full blocks of `token_ids` put into the block manager's prefix cache as a KV
-    connector's transfer fills them: allocated (those it holds already are hits), hashed and
-    released, so they stay cached until reused. As many leading blocks as the free ones
-    allow; returns how many. Writes no event (the KVTransfer says it)."""
-    size = block_manager.block_size
-    num_blocks = len(token_ids) // size
-    sink, block_manager.sink = block_manager.sink, NULL_SINK
-    try:
-        while num_blocks > 0:
-            carrier = Sequence(seq_id, list(token_ids[:num_blocks * size]), size)
-            num_cached, num_new = block_manager.num_blocks_needed(carrier)
-            if num_new <= block_manager.num_free_blocks:
-                break
-            num_blocks -= num_new - block_manager.num_free_blocks    # the leading blocks that fit
-        if num_blocks <= 0:
-            return 0
-        block_manager.allocate(carrier, num_cached)
-        carrier.num_scheduled_tokens = carrier.num_tokens - carrier.num_cached_tokens
-        block_manager.hash_blocks(carrier)
-        carrier.num_cached_tokens, carrier.num_scheduled_tokens = carrier.num_tokens, 0
-        block_manager.deallocate(carrier)
-        return num_blocks
-    finally:
-        block_manager.sink = sink
-
-
 def run_fleet(fleet: Fleet, requests: list[Request], step_time, max_steps: int = 10_000_000,
               on_progress=None, first_step_ns: int = 0) -> None:
     """The fleet serves `requests` (each with arrival_ns) in simulated time; its events go to the
     fleet's sink. `on_progress(num_done, now_ns)`: as run_timed's, per replica step."""
     gap_ns, wake_ns = step_time.gap_ns, step_time.wake_ns
+    fleet.departures = FleetDepartures(requests)
     clock: list[tuple[int, int, int, object]] = []     # (time, order, kind, what): arrivals, handoffs, landings
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_ns)
     for n, i in enumerate(order):
@@ -309,11 +313,18 @@ def run_fleet(fleet: Fleet, requests: list[Request], step_time, max_steps: int =
         replica, engine = next_step, next_step.engine
         engine.now_ns = replica.start_ns
         finished = fleet.step(replica)
+        if finished is None:     # its clients left: it sleeps until the next request routed to it
+            replica.start_ns = None
+            continue
         num_steps += 1
         handed = fleet.prefilled_seqs(replica, finished)
         for seq in handed:
             heapq.heappush(clock, (engine.now_ns, counter, HANDOFF, (replica, seq)))
             counter += 1
+        handed_ids = {seq.seq_id for seq in handed}
+        for seq in finished:
+            if seq.seq_id not in handed_ids:
+                fleet.departures.finished(seq.seq_id)
         num_done += len(finished) - len(handed)
         replica.start_ns = engine.now_ns + gap_ns if (replica.queued or not engine.is_finished()) else None
         if engine.num_steps >= max_steps:
@@ -333,20 +344,38 @@ def simulate_fleet(config: Config, requests: list[Request], step_time, spec: Fle
     outputs, a benchmark's that watches the batches). `first_step_ns`: the earliest start of a
     replica's step 0 (run_timed's)."""
     from tracengine.sim.engine import SimulatedEngine, check_token_prompts
-    from tracengine.sim.runners import SyntheticRunner, check_requests
+    from tracengine.sim.runners import SyntheticRunner
     from tracengine.trace.events import ListSink
     check_token_prompts(requests)
     events_sink = sink if sink is not None else ListSink()
 
-    def make_engine(index: int):
-        runner = make_runner(index) if make_runner else SyntheticRunner(eos=config.eos, seed=config.seed)
-        return SimulatedEngine(config, runner, step_time, events_sink, policy=config.scheduling_policy)
+    def make_engine(index: int, replica_config: Config):
+        runner = make_runner(index) if make_runner else SyntheticRunner(eos=replica_config.eos,
+                                                                        seed=replica_config.seed)
+        return SimulatedEngine(replica_config, runner, step_time, events_sink,
+                               policy=replica_config.scheduling_policy)
 
+    check_fleet_requests(config, spec, requests)
     fleet = Fleet(config, spec, make_engine, events_sink, routers)
-    check_requests(fleet.replicas[0].scheduler, requests)
     run_fleet(fleet, requests, step_time, on_progress=on_progress, first_step_ns=first_step_ns)
     head = header if header is not None else fleet_header(config, step_time, spec, routers)
     return [head] if sink is not None else [head, *events_sink.events]
+
+
+def check_fleet_requests(config: Config, spec: FleetSpec, requests: list[Request]):
+    """Refuse, before the run, a request that a replica of its pool could never run under its
+    config (a prefill replica runs its prompt and first token)."""
+    from tracengine.engine.scheduler import Scheduler
+    from tracengine.sim.runners import check_requests
+    checked = set()
+    for index, (role, replica_config) in enumerate(zip(spec.roles, replica_configs(config, spec))):
+        key = (role, tuple(replica_config.to_dict().items()))
+        if key in checked:
+            continue
+        checked.add(key)
+        asked = [dataclasses.replace(r, max_tokens=1) for r in requests] if role == "prefill" else requests
+        check_requests(Scheduler(replica_config), asked,
+                       f"replica {index}'s config" if spec.replica_config else "the config")
 
 
 def fleet_header(config: Config, step_time, spec: FleetSpec, routers: dict | None = None):

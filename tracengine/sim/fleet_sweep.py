@@ -1,5 +1,6 @@
 """Sweeps of a fleet (docs/cluster.md): `simulate --replicas N ... --sweep NAME=V1,V2`, one row
-per config variant, every replica run under it. A row's figures are the fleet's (analysis/
+per variant of the config (every replica's, a pool's or a replica's) or of the fleet itself
+(`replicas`, `router`, ...: sim/fleet_overrides.py). A row's figures are the fleet's (analysis/
 fleet.py: latencies from each request's arrival at the router), in the columns of one
 engine's sweep (sim/sweep.py); preemptions are summed over the replicas."""
 from tracengine.sim.sweep import IN_TIME
@@ -19,24 +20,28 @@ def fleet_row_of(s: dict) -> dict:
 
 
 class FleetVariant:
-    """`tracengine simulate` of a fleet (`spec`) under base + overrides."""
+    """`tracengine simulate` of a fleet (`spec`) under base + overrides: config fields of every
+    replica, of a pool or of one replica, and the fleet's own (sim/fleet_overrides.py)."""
     figures = IN_TIME
 
     def __init__(self, requests: list, base: dict, step_time, spec, slo: dict | None = None):
         self.requests, self.base, self.step_time, self.spec, self.slo = requests, base, step_time, spec, slo
 
-    def check(self, overrides: dict):
-        from tracengine.engine.scheduler import Scheduler
+    def _resolve(self, overrides: dict):
         from tracengine.sim.engine import simulate_config
-        from tracengine.sim.runners import check_requests
-        check_requests(Scheduler(simulate_config({**self.base, **overrides}, self.requests)), self.requests)
+        from tracengine.sim.fleet_overrides import resolve
+        fields, spec = resolve(self.spec, {**self.base, **overrides}, self.step_time)
+        return simulate_config(fields, self.requests), spec
+
+    def check(self, overrides: dict):
+        from tracengine.sim.fleet import check_fleet_requests
+        check_fleet_requests(*self._resolve(overrides), self.requests)
 
     def __call__(self, overrides: dict) -> dict:
         from tracengine.analysis.fleet import fleet_stats
-        from tracengine.sim.engine import simulate_config
         from tracengine.sim.fleet import simulate_fleet
-        config = simulate_config({**self.base, **overrides}, self.requests)
-        return fleet_row_of(fleet_stats(simulate_fleet(config, self.requests, self.step_time, self.spec), self.slo))
+        config, spec = self._resolve(overrides)
+        return fleet_row_of(fleet_stats(simulate_fleet(config, self.requests, self.step_time, spec), self.slo))
 
 
 def fleet_runner(spec, requests) -> FleetVariant:

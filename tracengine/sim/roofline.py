@@ -227,7 +227,8 @@ class RooflineStepTime:
         return cls(model, peak, bandwidth, overhead, hardware or "custom")
 
     def predict(self, is_prefill: bool, num_tokens: int, num_seqs: int, context: int,
-                attended: int) -> tuple[int, int, int]:
+                attended: int, mixed: bool = False) -> tuple[int, int, int]:
+        # a mixed step costs what its shape does, which counts its decodes: `mixed` changes nothing
         per_token, per_seq, per_pair, weight_bytes, kv_bytes_per_token = self._coefficients
         if self._moe:
             weight_bytes += self.model.expert_bytes * self.model.experts_hit(num_tokens)

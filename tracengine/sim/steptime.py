@@ -28,6 +28,12 @@ recordings (docs/simulation.md, BENCHMARKS.md):
   fidelity benchmark within 8% on quiet recordings.
 No weight is negative (a feature whose fitted weight would be is left out and the rest
 refitted): a longer step never costs less, where a simulation extrapolates past the recording.
+A model may also hold a third row, `mixed`, for a step whose batch holds both prompt tokens and
+decodes (a `mixed` policy's mixed step; `holds_decode` says which); without it such a step is
+priced by the prefill row (its shape counts its decodes), and `calibrate` fits none. A model
+that charges such a step its prefill time plus its decode time, as NVIDIA Dynamo's mocker
+prices a step with its `fixed` timing, needs it: no linear function of the shape is 1 when a
+batch also decodes and 0 when it does not.
 It is fitted from a trace by `calibrate`, which holds out every fifth step to
 measure the error before fitting on all of them. `roofline.RooflineStepTime` answers the
 same `predict` for hardware nobody recorded on. `load_step_time` reads either
@@ -50,6 +56,7 @@ PHASE_FIT = {"prefill": "least_squares", "decode": "median"}
 DECODE_WINDOW = 16         # consecutive decode steps whose summed time the decode fit takes the median of
 PARTS = ("schedule_ns", "model_ns", "postprocess_ns")
 PHASES = ("prefill", "decode")
+MIXED = "mixed"            # the optional row of a prefill step that also decodes (the module docstring)
 HOLDOUT_EVERY = 5          # every fifth step is held out of the fit that measures the error
 
 
@@ -77,6 +84,17 @@ def seqs_shape(seqs, is_prefill: bool = True) -> tuple[int, int, int, int]:
 _NUM_SCHEDULED, _NUM_CACHED = attrgetter("num_scheduled_tokens"), attrgetter("num_cached_tokens")
 
 
+def holds_decode(seqs) -> bool:
+    """Whether a prefill batch of `Sequence`s (scheduled, before postprocess) also decodes: a
+    sequence that samples a token after one it sampled before. That is a decode, or the last
+    chunk of a recomputation after a preemption (Dynamo's mocker prices both as decodes); a
+    prompt's last chunk, even of one token, is prefill."""
+    for seq in seqs:
+        if seq.num_completion_tokens and seq.num_cached_tokens + seq.num_scheduled_tokens == seq.num_tokens:
+            return True
+    return False
+
+
 class LinearStepTime:
     """`coefficients[phase][part]` are the weights of FEATURES; a prediction is
     clipped at 0 ns. `gap_ns`: the loop's time between two steps when it is busy;
@@ -92,13 +110,15 @@ class LinearStepTime:
         self.source = source or {}
         self.error = error or {}
         self._rows = {phase: tuple(tuple(float(w) for w in coefficients[phase][part]) for part in PARTS)
-                      for phase in PHASES}
+                      for phase in ((*PHASES, MIXED) if MIXED in coefficients else PHASES)}
+        self._rows.setdefault(MIXED, self._rows["prefill"])
 
     def predict(self, is_prefill: bool, num_tokens: int, num_seqs: int, context: int,
-                attended: int) -> tuple[int, int, int]:
-        """(schedule_ns, model_ns, postprocess_ns) of a step of this shape."""
+                attended: int, mixed: bool = False) -> tuple[int, int, int]:
+        """(schedule_ns, model_ns, postprocess_ns) of a step of this shape; `mixed`: a prefill
+        step that also decodes (`holds_decode`), priced by the `mixed` row where there is one."""
         out = []
-        for k, t, s, c, a in self._rows["prefill" if is_prefill else "decode"]:
+        for k, t, s, c, a in self._rows[MIXED if mixed else "prefill" if is_prefill else "decode"]:
             ns = k + t * num_tokens + s * num_seqs + c * context + a * attended
             out.append(round(ns) if ns > 0 else 0)
         return out[0], out[1], out[2]
@@ -114,7 +134,7 @@ class LinearStepTime:
             raise TracengineError(f"a linear step-time model has features {list(FEATURES)} and parts {list(PARTS)}")
         coefficients = d.get("coefficients")
         try:
-            for phase in PHASES:
+            for phase in ((*PHASES, MIXED) if MIXED in coefficients else PHASES):
                 for part in PARTS:
                     weights = coefficients[phase][part]
                     if len(weights) != len(FEATURES) or not all(

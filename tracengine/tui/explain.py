@@ -3,7 +3,8 @@ the seeds' terms (head-of-line blocking, chunk gate, running tail). It reads
 the step's recorded events; it decides nothing."""
 from collections.abc import Mapping
 
-from tracengine.trace.events import BlockAllocate, Preempt, ScheduleDecision, SeqAbort, SeqFinish, TokenSample
+from tracengine.trace.events import (BlockAllocate, KVTransfer, Preempt, ScheduleDecision, SeqAbort, SeqFinish,
+                                     TokenSample)
 
 
 def explain_step(events: list, seqs: Mapping, num_free_before: int,
@@ -20,9 +21,12 @@ def explain_step(events: list, seqs: Mapping, num_free_before: int,
         text = _mixed(decision, events, seqs, max_num_batched_tokens, max_num_seqs)
     else:
         text = _decode(decision, events, num_free_before, max_num_seqs)
+    # a disaggregated fleet's decode replica: the prompts' KV that landed before the step
+    landed = [f"seq {e.seq_id}'s prompt KV landed from replica {e.src_replica} ({e.num_blocks} blocks cached)"
+              for e in events if isinstance(e, KVTransfer)]
     finished = [f"seq {e.seq_id} aborted ({e.reason})" for e in events if isinstance(e, SeqAbort)]
     finished += [f"seq {e.seq_id} finished ({e.reason})" for e in events if isinstance(e, SeqFinish)]
-    return "; ".join([text] + finished)
+    return "; ".join(landed + [text] + finished)
 
 
 def _mixed(decision, events, seqs, budget, max_num_seqs) -> str:

@@ -16,7 +16,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from tracengine.analysis.fleet import fleet_stats, fold_fleet, num_replicas, render_fleet, replica_streams
+from tracengine.analysis.fleet import (fleet_stats, fold_fleet, num_replicas, render_fleet, replica_headers,
+                                      replica_streams)
 from tracengine.tui.app import TraceApp
 from tracengine.tui.trace_index import TraceIndex
 
@@ -36,16 +37,20 @@ class FleetView:
         self.stats = fleet_stats(folded)
         self.roles = [p["role"] for p in self.stats["replicas"]]
         self.starts = [[t.start_ns(s) for s in range(t.num_steps)] for _, t in sorted(folded.timelines.items())]
+        # each replica's config fields of its own (a pool's or its own, sim/fleet_overrides.py)
+        self.own_config = [{k: v for k, v in h.config.items() if self.header.config.get(k) != v}
+                           for h in replica_headers(self.header)]
         self.routes: dict[int, list] = {}
         for e in folded.routes + folded.transfers:
             self.routes.setdefault(e.seq_id, []).append(e)
         self._dir = tempfile.TemporaryDirectory(prefix="tracengine-fleet-")
-        _, streams = replica_streams(events)
+        _, streams = replica_streams(events, transfers=True)     # a decode replica's blocks view takes them in
         self.paths = []
         for r in range(self.num_replicas):
             replica_path = os.path.join(self._dir.name, f"replica-{r}.trace")
-            with TraceWriter(replica_path, self.header, deflate=False) as writer:
-                for e in streams.get(r, [self.header])[1:]:
+            stream = streams.get(r) or [replica_headers(self.header)[r]]
+            with TraceWriter(replica_path, stream[0], deflate=False) as writer:     # the replica's own config
+                for e in stream[1:]:
                     writer.emit(e)
             self.paths.append(replica_path)
 
@@ -106,7 +111,8 @@ class FleetTraceApp(TraceApp):
         self.fleet = fleet
         self.replica = replica
         self.switch_to: tuple[int, int, int] | None = None    # (replica, step, selected seq) to show next
-        self.replica_note = (f"replica {replica} of {fleet.num_replicas} ({fleet.roles[replica]}); "
+        own = "".join(f", {k}={v}" for k, v in fleet.own_config[replica].items())
+        self.replica_note = (f"replica {replica} of {fleet.num_replicas} ({fleet.roles[replica]}{own}); "
                              f"r: next replica, F: fleet, w: routing")
         self.set_reactive(TraceApp.note, self.replica_note)
         if index.num_steps:

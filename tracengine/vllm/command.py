@@ -15,14 +15,14 @@ def run_replay(args) -> int:
     """As cli/replay.run, with vLLM's scheduler: re-execution, --state, the what-if in steps or in
     simulated time (--step-time, --roofline, or a trace with arrival times), sweeps of either."""
     from tracengine.cli import replay as cli_replay
-    from tracengine.cli.fleet import fleet_flags_given
+    from tracengine.cli.fleet import fleet_changes
     from tracengine.cli.outputs import check_outputs, note_torn_tail
     from tracengine.cli.steptime import input_files, step_time_from_args
     from tracengine.cli.sweeps import check_executor_flags, check_plot_figure
     if args.policy:
         raise TraceError("--policy names a tracengine scheduling policy; a vLLM trace runs vLLM's scheduler "
                          "(--set policy=priority for vLLM's priority policy)")
-    if fleet_flags_given(args):
+    if fleet_changes(args):
         raise TraceError("a vLLM trace runs one vLLM scheduler; a fleet's what-if is tracengine's")
     check_plot_figure(args)
     check_executor_flags(args, bool(args.sweep))

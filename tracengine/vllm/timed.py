@@ -54,9 +54,11 @@ def run_timed(scheduler, specs, step_time, *, first_step_ns: int = 0, past_outpu
             out = scheduler.schedule()
             check_progress(scheduler, out)
             decision = next(e for e in recorder.steps[num_scheduled] if type(e) is ScheduleDecision)
-            is_prefill = any(prefill_flags(decision))
+            flags = prefill_flags(decision)
+            is_prefill = any(flags)
             shape = step_shape((s.num_tokens, s.num_cached_tokens) for s in decision.seqs)
-            schedule_ns, model_ns, postprocess_ns = step_time.predict(is_prefill, *shape)
+            schedule_ns, model_ns, postprocess_ns = step_time.predict(is_prefill, *shape,
+                                                                      mixed=is_prefill and not all(flags))
             times[num_scheduled] = (schedule_ns, model_ns, postprocess_ns, start - last_end_ns)
             now_ns = last_end_ns = start + schedule_ns + model_ns + postprocess_ns
             batch_queue.appendleft((out, sampling_req_ids(scheduler, out)))
