@@ -38,12 +38,12 @@ def run_timed(scheduler, specs, step_time, *, first_step_ns: int = 0, past_outpu
     leaving = deque(sorted((s for s in specs if s.abort_ns is not None), key=lambda s: s.abort_ns))
     batch_queue: deque = deque()
     gap_ns, wake_ns = step_time.gap_ns, step_time.wake_ns
-    now_ns = last_end_ns = num_scheduled = 0
+    end_ns = num_scheduled = 0          # the last step's end on the simulated clock
     while num_scheduled < max_steps:
         idle = not scheduler.has_requests() and not batch_queue
         if idle and not pending:
             return num_scheduled
-        start = now_ns + gap_ns if num_scheduled else max(gap_ns, first_step_ns)
+        start = end_ns + gap_ns if num_scheduled else max(gap_ns, first_step_ns)
         if idle:        # it sleeps until the next arrival, and wakes late
             start = max(start, pending[0].arrival_ns + wake_ns)
         while pending and pending[0].arrival_ns <= start:
@@ -59,8 +59,8 @@ def run_timed(scheduler, specs, step_time, *, first_step_ns: int = 0, past_outpu
             shape = step_shape((s.num_tokens, s.num_cached_tokens) for s in decision.seqs)
             schedule_ns, model_ns, postprocess_ns = step_time.predict(is_prefill, *shape,
                                                                       mixed=is_prefill and not all(flags))
-            times[num_scheduled] = (schedule_ns, model_ns, postprocess_ns, start - last_end_ns)
-            now_ns = last_end_ns = start + schedule_ns + model_ns + postprocess_ns
+            times[num_scheduled] = (schedule_ns, model_ns, postprocess_ns, start - end_ns)
+            end_ns = start + schedule_ns + model_ns + postprocess_ns
             batch_queue.appendleft((out, sampling_req_ids(scheduler, out)))
             num_scheduled += 1
             if len(batch_queue) < queue_size and (out.total_num_scheduled_tokens > 0 or scheduler.has_requests()):
