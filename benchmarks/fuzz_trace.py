@@ -86,7 +86,7 @@ def main() -> int:
 
 def check_events(path: Path) -> None:
     """What `tracengine check` does past the frames: fold every event."""
-    from tracengine.replay.fold import EventCheck
+    from tracengine.replay.event_check import EventCheck
     from tracengine.trace.tracelog import TraceReader
     with TraceReader(path) as reader:
         check = EventCheck(reader.header)

@@ -8,14 +8,14 @@ import pytest
 from tracengine.cli import main
 from tracengine.engine.block_hasher import compute_hashes
 from tracengine.engine.config import Config
-from tracengine.engine.hash_id_prompt import HashIdPrompt, request_prompt
+from tracengine.engine.hash_id_prompt import HashIdPrompt, hashed_blocks, request_prompt
 from tracengine.engine.sequence import Sequence
 from tracengine.replay.diff import diff_traces
 from tracengine.replay.reexec import reexecute
 from tracengine.replay.whatif import whatif
 from tracengine.engine.request import Request
 from tracengine.sim.runners import SyntheticRunner, run_workload
-from tracengine.trace.events import RequestAdded, without_wall_clock
+from tracengine.trace.events import PromptBlocksHashed, RequestAdded, without_wall_clock
 from tracengine.trace.tracelog import FORMAT_VERSION, TraceReader, write_trace
 
 
@@ -67,10 +67,15 @@ def workload(prompts, rng):
 
 
 def scheduling(events):
-    """The events but RequestAdded's prompt fields (token ids for one, hash ids for the other)."""
-    return [without_wall_clock(msgspec.structs.replace(e, prompt_token_ids=[], prompt_hash_ids=[],
-                                                       num_hash_id_prompt_tokens=0, hash_id_block_tokens=0)
-                               if type(e) is RequestAdded else e) for e in events[1:]]
+    """The events but RequestAdded's prompt fields (token ids for one, hash ids for the other), a
+    hash-id prompt's PromptBlocksHashed as the BlockHash events it stands for (a token prompt's)."""
+    out = []
+    for e in events[1:]:
+        if type(e) is RequestAdded:
+            e = msgspec.structs.replace(e, prompt_token_ids=[], prompt_hash_ids=[], num_hash_id_prompt_tokens=0,
+                                        hash_id_block_tokens=0)
+        out += map(without_wall_clock, hashed_blocks(e) if type(e) is PromptBlocksHashed else [e])
+    return out
 
 
 @pytest.mark.parametrize("policy", ["prefill_first", "mixed"])
@@ -86,7 +91,9 @@ def test_hash_id_requests_and_their_token_twins_give_the_same_events_and_hashes(
     by_tokens = run_workload(config, workload([list(p) for p in prompts], random.Random(0)), SyntheticRunner(eos=-1))
     assert scheduling(by_hash_ids) == scheduling(by_tokens)
     kinds = {type(e).__name__ for e in by_hash_ids}
-    assert "BlockHash" in kinds and ("Preempt" in kinds) == (num_blocks == 14)
+    assert "PromptBlocksHashed" in kinds and ("Preempt" in kinds) == (num_blocks == 14)
+    assert "BlockHash" in kinds     # a block filled by decoded tokens: hashed from them, recorded
+    assert "PromptBlocksHashed" not in {type(e).__name__ for e in by_tokens}
     assert any(getattr(e, "num_cached_blocks", 0) for e in by_hash_ids)       # hits
     added = [e for e in by_hash_ids if type(e) is RequestAdded]
     assert all(e.prompt_token_ids == [] and request_prompt(e) == p for e, p in zip(added, prompts))
@@ -129,6 +136,7 @@ def test_the_lean_live_fold_gives_the_figures_of_the_whole_one(policy):
     assert stats(lean) == stats(whole) == stats(events)
     assert stats(lean)["preemption"]["num_preemptions"] and stats(lean)["prefix_cache"]["num_hit_blocks"]
     assert all(not r.scheduled for r in lean.requests.values())
+    assert not lean.steps and len(whole.steps) == lean.num_steps     # lean: the steps' sums, not the steps
 
 
 def test_a_disaggregated_fleet_hands_a_hash_id_prompt_to_its_decode_side_and_replays(tmp_path, capsys):
@@ -145,3 +153,39 @@ def test_a_disaggregated_fleet_hands_a_hash_id_prompt_to_its_decode_side_and_rep
     assert any(e.prompt_hash_ids for e in added) and any(e.prompt_token_ids for e in added)   # prefill, decode
     assert main(["replay", out]) == 0
     capsys.readouterr()
+
+
+def test_format_7_records_a_hash_id_prompts_blocks_as_their_hash_ids_and_reads_back_the_same_hashes():
+    """traces/hash_ids_v7.trace is hash_ids.trace's run recorded in format 7: each chunk of a
+    prompt's blocks is one PromptBlocksHashed (hashes not stored), which readers expand into the
+    BlockHash events format 4 recorded, chunks that start inside a hash id included."""
+    from pathlib import Path
+    from tracengine.replay.fold import Fold
+    traces = Path(__file__).parent.parent / "traces"
+    with TraceReader(str(traces / "hash_ids.trace")) as old, TraceReader(str(traces / "hash_ids_v7.trace")) as new:
+        old_events, new_events = list(old.events()), list(new.events())
+        assert (old.version, new.version) == (4, 7)
+    chunks = [e for e in new_events if type(e) is PromptBlocksHashed]
+    assert chunks and any(e.first_block * e.block_size % e.hash_id_block_tokens for e in chunks)
+    assert scheduling(new_events) == scheduling(old_events)
+    assert diff_traces(old_events, new_events).identical
+    last = len([e for e in old_events if type(e).__name__ == "StepEnd"]) - 1
+    assert Fold(new_events).state_at(last).hash_to_block_id == Fold(old_events).state_at(last).hash_to_block_id
+    assert reexecute(new_events).ok and reexecute(old_events).ok      # replay of the older format too
+
+
+@pytest.mark.parametrize("damage", [{"hash_ids": []}, {"hash_id_block_tokens": 0}, {"block_size": 8}])
+def test_a_prompt_blocks_event_its_hash_ids_cannot_stand_for_does_not_follow(damage):
+    """`check` (EventCheck) refuses a PromptBlocksHashed whose hash ids cannot hold its blocks, or
+    whose block size is not the pool's, naming it, rather than failing on it."""
+    from pathlib import Path
+    from tracengine.errors import TraceError
+    from tracengine.replay.event_check import EventCheck
+    from tracengine.trace.events import iter_steps
+    with TraceReader(str(Path(__file__).parent.parent / "traces" / "hash_ids_v7.trace")) as reader:
+        events = list(reader.events())
+    check = EventCheck(events[0])
+    first = next(e for e in events if type(e) is PromptBlocksHashed)
+    with pytest.raises(TraceError, match="PromptBlocksHashed, does not follow"):
+        for step in iter_steps(events[1:]):
+            check.frame([msgspec.structs.replace(e, **damage) if e is first else e for e in step])

@@ -150,3 +150,16 @@ def test_optional_extras_are_imported_inside_functions_only():
     at_top = {str(p.relative_to(ROOT)): sorted(n for n in top_level_imports(p) if n.split(".")[0] in EXTRAS)
               for p in PACKAGE.rglob("*.py")}
     assert {path: names for path, names in at_top.items() if names} == {}
+
+
+def test_a_command_line_that_names_its_command_imports_no_other_command():
+    """`tracengine simulate ...` builds simulate's parser only: neither the server's modules nor
+    asyncio are imported for it (the full parser, for a command line without one, imports all)."""
+    code = ("import sys; from tracengine.cli.main import main; "
+            "assert main(['simulate', 'no-such-workload.jsonl', '--num-kvcache-blocks', '8', "
+            "'--step-time', 'no-such-model.json']) == 2; "
+            "print(*sorted(m for m in sys.modules if m.startswith('tracengine.cli.') or m == 'asyncio'))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    modules = set(result.stdout.split())
+    assert "tracengine.cli.simulate" in modules
+    assert not modules & {"asyncio", "tracengine.cli.serve", "tracengine.cli.generate", "tracengine.cli.tui"}

@@ -21,7 +21,7 @@ import pytest
 from helpers import record_every_event_type
 from tracengine.cli import main
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
-from tracengine.replay.fold import EventCheck
+from tracengine.replay.event_check import EventCheck
 from tracengine.testing import every_event_type_config
 from tracengine.trace.events import (ModelInfo, RequestAdded, ScheduledSeq, ScheduleDecision, StepEnd,
                                      TokenSample, TraceHeader)

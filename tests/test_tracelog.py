@@ -18,9 +18,10 @@ import xxhash
 
 from helpers import EOS, record_every_event_type
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
-from tracengine.trace.events import (EVENT_TYPES, FLEET_EVENT_TYPES,
+from tracengine.trace.events import (EVENT_TYPES, FLEET_EVENT_TYPES, HASH_ID_EVENT_TYPES,
                                BlockAllocate, BlockAppend, BlockFree, BlockHash, ModelInfo,
-                               Preempt, RequestAdded, ScheduledSeq, ScheduleDecision, SeqAbort, SeqFinish, StepEnd,
+                               Preempt, PromptBlocksHashed, RequestAdded, ScheduledSeq, ScheduleDecision, SeqAbort,
+                               SeqFinish, StepEnd,
                                TokenSample, TraceHeader, ReplicaScope, RouteDecision, KVTransfer, RunEnd)
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.replay.reexec import reexecute
@@ -59,6 +60,7 @@ SAMPLES = [
     BlockAllocate(0, 1, [0, 1], 1),
     BlockAppend(3, 1, 2),
     BlockHash(0, 1, 0, 2**64 - 1),
+    PromptBlocksHashed(0, 1, [3, 4], 2, 16, 2**64 - 1, [7, 8], 64),
     BlockFree(4, 1, [2, 1, 0]),
     Preempt(5, 2, 1, [4, 3], 9),
     TokenSample(0, 1, 42, False),
@@ -87,7 +89,7 @@ def test_every_event_type_round_trips(tmp_path, event):
 
 def test_recorded_run_reads_back_event_for_event(recorded):
     path, header, events, engine = recorded
-    assert {type(e).__name__ for e in events} == set(EVENT_TYPES) - {"TraceHeader", "SeqAbort", "RunEnd"} - FLEET_EVENT_TYPES   # no server, fleet or failure
+    assert {type(e).__name__ for e in events} == set(EVENT_TYPES) - {"TraceHeader", "SeqAbort", "RunEnd"} - FLEET_EVENT_TYPES - HASH_ID_EVENT_TYPES   # no server, fleet or failure
     assert list(open_trace(path)) == [header] + events
     with TraceReader(path) as reader:
         assert reader.header == header

@@ -11,8 +11,8 @@ the first 12 and how many more."""
 import msgspec
 
 from tracengine.trace.events import (WALL_CLOCK_FIELDS, BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt,
-                                     RequestAdded, ScheduleDecision, ScheduledSeq, SeqAbort, SeqFinish, StepEnd,
-                                     TokenSample, TraceHeader)
+                                     PromptBlocksHashed, RequestAdded, ScheduleDecision, ScheduledSeq, SeqAbort,
+                                     SeqFinish, StepEnd, TokenSample, TraceHeader)
 from tracengine.trace.events import iter_steps
 
 SCHEDULING_CONFIG = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "kvcache_block_size",
@@ -90,6 +90,8 @@ def render_step(events) -> str:
             appends.append(f"s{e.seq_id}+{e.block_id}")
         elif t is BlockHash:
             hashed.setdefault(e.seq_id, []).append(e.block_id)
+        elif t is PromptBlocksHashed:
+            hashed.setdefault(e.seq_id, []).extend(e.block_ids)
         elif t is Preempt:
             by = "self" if e.by_seq_id == e.seq_id else f"by s{e.by_seq_id}"
             preempts.append(f"s{e.seq_id}({by}, recompute {e.num_computed_tokens})")
@@ -214,6 +216,9 @@ def describe_event(e) -> str:
             return f"seq {e.seq_id} gets block {e.block_id}"
         case BlockHash():
             return f"seq {e.seq_id} fills block {e.block_id}, hash {e.hash & 0xFFFFFFFF:08x}"
+        case PromptBlocksHashed():
+            return (f"seq {e.seq_id} fills blocks {format_value(e.block_ids)} of its prompt (from its block "
+                    f"{e.first_block}), hashes from hash ids {format_value(e.hash_ids)}")
         case BlockFree():
             return f"seq {e.seq_id} frees blocks {format_value(e.block_ids)}"
         case Preempt():

@@ -32,7 +32,6 @@ from operator import sub
 
 from tracengine.analysis.timeline import RequestTimeline, load
 from tracengine.errors import TracengineError
-from tracengine.trace.events import prefill_flags
 
 STATS_VERSION = 1
 NS = 1e9
@@ -149,27 +148,9 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> dict:
         itl_steps += map(sub, steps[1:], steps)
         itl_s += [(b - a) / NS for a, b in zip(ends, ends[1:])]
 
-    phase_tokens = {"prefill": 0, "decode": 0, "mixed": 0}
-    phase_ns = {"prefill": 0, "decode": 0, "mixed": 0}
-    phase_steps = {"prefill": 0, "decode": 0, "mixed": 0}
-    kind_tokens = {"prefill": 0, "decode": 0}      # tokens by kind, a mixed step's split by sequence
-    hol_prefill, hol_decode, blocked = 0, 0, set()
-    for rec in t.steps:
-        d = rec.decision
-        phase_tokens[d.phase] += d.num_batched_tokens
-        phase_ns[d.phase] += rec.duration_ns
-        phase_steps[d.phase] += 1
-        if d.phase == "mixed":
-            for ss, is_prefill in zip(d.seqs, prefill_flags(d)):
-                kind_tokens["prefill" if is_prefill else "decode"] += ss.num_tokens
-        else:
-            kind_tokens[d.phase] += d.num_batched_tokens
-        if d.phase != "decode" and d.stop_reason == "no_free_blocks":
-            hol_prefill += 1
-            blocked.add(d.blocked_seq_id)
-        elif d.phase == "decode" and d.blocked_seq_id != -1:
-            hol_decode += 1     # the waiting head did not fit, so the step decoded instead
-            blocked.add(d.blocked_seq_id)
+    f = t.step_figures
+    phase_tokens, phase_ns, phase_steps, kind_tokens = f.phase_tokens, f.phase_ns, f.phase_steps, f.kind_tokens
+    hol_prefill, hol_decode, blocked = f.num_blocked_prefill_steps, f.num_blocked_decode_steps, f.blocked_seq_ids
 
     preempts = [p for req in t.requests.values() for p in req.preempts]
     reasons = {}
@@ -190,14 +171,11 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> dict:
 
     kv = {"num_blocks": t.num_kvcache_blocks, "utilization_mean": None, "utilization_peak": None,
           "peak_step": None, "min_free_blocks": None}
-    if t.steps:
-        free = [rec.end.num_free_blocks for rec in t.steps]
-        kv["min_free_blocks"] = min(free)
-        kv["peak_step"] = free.index(min(free))
+    if t.num_steps:
+        kv["min_free_blocks"], kv["peak_step"] = f.min_free_blocks, f.min_free_step
         if t.num_kvcache_blocks:
-            used = [1 - f / t.num_kvcache_blocks for f in free]
-            kv["utilization_mean"] = sum(used) / len(used)
-            kv["utilization_peak"] = max(used)
+            kv["utilization_mean"] = f.utilization_sum / t.num_steps
+            kv["utilization_peak"] = 1 - f.min_free_blocks / t.num_kvcache_blocks   # the fullest step
 
     return {
         "stats_version": STATS_VERSION,

@@ -52,11 +52,51 @@ class RequestRecord:
     abort: SeqAbort | None = None                     # taken out before it finished (a server's client left)
 
 
+@dataclass(slots=True)
+class StepFigures:
+    """What `stats` reads of the steps, folded as each ends: a run folded live keeps these sums,
+    not its steps. Phases are a decision's ("prefill", "decode", "mixed"); `kind_tokens` splits
+    a mixed step's tokens by sequence; a blocked step is one whose waiting head did not fit."""
+    phase_tokens: dict = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
+    phase_ns: dict = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
+    phase_steps: dict = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
+    kind_tokens: dict = field(default_factory=lambda: {"prefill": 0, "decode": 0})
+    num_blocked_prefill_steps: int = 0
+    num_blocked_decode_steps: int = 0
+    blocked_seq_ids: set = field(default_factory=set)
+    busy_ns: int = 0                       # the steps' durations, summed
+    min_free_blocks: int | None = None
+    min_free_step: int | None = None       # the first step that left that few
+    utilization_sum: float = 0             # of 1 - free / blocks over the steps, in step order
+
+    def add(self, d: ScheduleDecision, end: StepEnd, duration_ns: int, num_kvcache_blocks: int | None) -> None:
+        self.phase_tokens[d.phase] += d.num_batched_tokens
+        self.phase_ns[d.phase] += duration_ns
+        self.phase_steps[d.phase] += 1
+        if d.phase == "mixed":
+            for ss, is_prefill in zip(d.seqs, prefill_flags(d)):
+                self.kind_tokens["prefill" if is_prefill else "decode"] += ss.num_tokens
+        else:
+            self.kind_tokens[d.phase] += d.num_batched_tokens
+        if d.phase != "decode" and d.stop_reason == "no_free_blocks":
+            self.num_blocked_prefill_steps += 1
+            self.blocked_seq_ids.add(d.blocked_seq_id)
+        elif d.phase == "decode" and d.blocked_seq_id != -1:
+            self.num_blocked_decode_steps += 1     # the waiting head did not fit, so the step decoded instead
+            self.blocked_seq_ids.add(d.blocked_seq_id)
+        self.busy_ns += duration_ns
+        free = end.num_free_blocks
+        if self.min_free_blocks is None or free < self.min_free_blocks:
+            self.min_free_blocks, self.min_free_step = free, end.step
+        if num_kvcache_blocks:
+            self.utilization_sum += 1 - free / num_kvcache_blocks
+
+
 class RequestTimeline:
-    """The fold. `steps[i].step == i`; `requests` in arrival order. `lean`: only what `stats`
-    reads (a run folded live): no per-request schedule (`RequestRecord.scheduled`, which
-    `export` draws) and no scheduled sequences of a step all one phase, so that its memory
-    follows the requests and steps, not the scheduled tokens."""
+    """The fold. `steps[i].step == i`; `requests` in arrival order; `step_figures` the steps'
+    sums. `lean`: only what `stats` reads (a run folded live): no steps (`steps` stays empty;
+    their times and sums are kept) and no per-request schedule (`RequestRecord.scheduled`, which
+    `export` draws), so that its memory follows the requests, not the steps or the tokens."""
 
     def __init__(self, header: TraceHeader | None = None, lean: bool = False):
         self.header = header
@@ -70,9 +110,10 @@ class RequestTimeline:
         self.num_hit_blocks = 0         # their leading blocks found in the prefix cache
         self.num_lookup_tokens = 0      # tokens of the sequences at their (re)allocations
         self.torn_tail: str | None = None   # what the reader reported about an incomplete last frame
+        self.step_figures = StepFigures()
         self._decision: ScheduleDecision | None = None
-        self._starts: list[int] = []    # each step's start and end on the time axis
-        self._ends: list[int] = []
+        self._starts = array("q")    # each step's start and end on the time axis
+        self._ends = array("q")
 
     def add(self, event) -> None:
         # By exact type, one dict lookup: a run folded live (generate, simulate) pays this per event.
@@ -127,16 +168,16 @@ class RequestTimeline:
 
     def _step_ended(self, event: StepEnd) -> None:
         decision, self._decision = self._decision, None
-        if decision is None or decision.step != event.step or event.step != len(self.steps):
+        if decision is None or decision.step != event.step or event.step != self.num_steps:
             raise TraceError(f"step {event.step} ends without its ScheduleDecision "
-                             f"(expected step {len(self.steps)})")
-        if self.lean and decision.phase != "mixed":     # stats read a step's sequences only when mixed
-            decision = msgspec.structs.replace(decision, seqs=[])
-        record = StepRecord(decision, event)
-        self.steps.append(record)
+                             f"(expected step {self.num_steps})")
+        duration_ns = event.schedule_ns + event.model_ns + event.postprocess_ns
+        self.step_figures.add(decision, event, duration_ns, self.num_kvcache_blocks)
+        if not self.lean:
+            self.steps.append(StepRecord(decision, event))
         start = self.total_ns + event.gap_ns
         self._starts.append(start)
-        self._ends.append(start + record.duration_ns)
+        self._ends.append(start + duration_ns)
 
     def _request(self, seq_id: int, event) -> RequestRecord:
         req = self.requests.get(seq_id)
@@ -151,7 +192,7 @@ class RequestTimeline:
 
     @property
     def num_steps(self) -> int:
-        return len(self.steps)
+        return len(self._ends)
 
     @property
     def total_ns(self) -> int:
@@ -161,7 +202,7 @@ class RequestTimeline:
     @property
     def gap_ns(self) -> int:
         """Time between steps (idle waits and the loop's own work) over the run."""
-        return self.total_ns - sum(rec.duration_ns for rec in self.steps)
+        return self.total_ns - self.step_figures.busy_ns
 
     def start_ns(self, step: int) -> int:
         """When step `step` begins; a step past the end begins when the trace ends."""

@@ -6,7 +6,7 @@ import os
 
 from tracengine.cli.common import EXIT_FAILED_CHECK, EXIT_NOT_ENDED, EXIT_OK, EXIT_RUN_FAILED, add_parser
 from tracengine.errors import TraceCorruptError, TraceError
-from tracengine.replay.fold import EventCheck
+from tracengine.replay.event_check import EventCheck
 from tracengine.trace.events import EVENT_TYPES, StepEnd
 from tracengine.trace.tracelog import TraceReader
 

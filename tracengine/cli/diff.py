@@ -4,7 +4,7 @@ import json
 from tracengine.analysis.render import format_event, render_step
 from tracengine.cli.common import EXIT_FAILED_CHECK, EXIT_OK, add_parser
 from tracengine.cli.outputs import note_torn_tail
-from tracengine.replay.diff import SCHEDULING_TYPES, diff_traces
+from tracengine.replay.diff import diff_traces, scheduling_events
 from tracengine.replay.metrics import side_by_side
 from tracengine.trace.events import to_builtins
 from tracengine.trace.tracelog import TraceReader
@@ -35,8 +35,7 @@ def run(args) -> int:
         d = diff_traces(reader_a.events(), reader_b.events())
         note_torn_tail(reader_a)
         note_torn_tail(reader_b)
-    a_sched = [e for e in d.a_events if isinstance(e, SCHEDULING_TYPES)]
-    b_sched = [e for e in d.b_events if isinstance(e, SCHEDULING_TYPES)]
+    a_sched, b_sched = scheduling_events(d.a_events), scheduling_events(d.b_events)
     if args.json:
         print(json.dumps({
             "a": str(args.a), "b": str(args.b), "identical": d.identical,

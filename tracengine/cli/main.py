@@ -36,19 +36,22 @@ BATCH_COMMANDS = frozenset({"check", "replay", "diff", "calibrate", "simulate", 
 OWN_SIGTERM = frozenset({"serve", "tui"})
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser, or only `command`'s: a command line that names its command
+    first imports no other command's module (a command's own work starts sooner)."""
     parser = argparse.ArgumentParser(prog="tracengine", description=DESCRIPTION, epilog=EXIT_CODES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     from tracengine import __version__
     parser.add_argument("--version", action="version", version=f"tracengine {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
+    for name in COMMANDS if command is None else [command]:
         importlib.import_module(f"tracengine.cli.{name}").add_to(sub)
     return parser
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
     try:
         with collector_paused() if args.command in BATCH_COMMANDS else nullcontext(), \
                 nullcontext() if args.command in OWN_SIGTERM else sigterm_as_interrupt():

@@ -45,16 +45,18 @@ def add_to(sub):
 DEFAULT_VOCAB_SIZE = 151_936     # Qwen3's: the made-up token ids of a length-only workload stay below it
 
 
-def workload_for_simulation(args, workload: str | None, vocab_size: int):
+def workload_for_simulation(args, workload: str | None, vocab_size: int, lazy: bool = False):
+    """The requests; `lazy`: a workload file read as the run takes them (workload_requests)."""
     from tracengine.workload.sources import workload_requests
     if not workload and args.num_prompts is None and not args.prompt_lens:
         raise TracengineError("simulate needs a WORKLOAD file, --num-prompts or --prompt-lens")
     # text prompts need a tokenizer, and there is no model to sample with a temperature
-    return workload_requests(workload_spec(args, workload=workload), vocab_size, hash_id_prompts=True)
+    return workload_requests(workload_spec(args, workload=workload), vocab_size, hash_id_prompts=True, lazy=lazy)
 
 
-def simulation_progress(num_requests: int, enabled: bool = True) -> RequestProgress:
-    """Finished requests and the simulated time so far; `on_progress` is its update."""
+def simulation_progress(num_requests: int | None, enabled: bool = True) -> RequestProgress:
+    """Finished requests (of `num_requests`; None: not known before the end) and the simulated
+    time so far; `on_progress` is its update."""
     return RequestProgress("Simulating", num_requests, "{task.fields[simulated_s]:,.1f} s simulated", enabled,
                            simulated_s=0.0)
 
@@ -63,8 +65,7 @@ def run(args) -> int:
     if args.scheduler == "vllm":
         from tracengine.vllm.command import run_simulate
         return run_simulate(args)
-    import time
-    from tracengine.sim.engine import check_token_prompts, simulate, simulate_config, simulation_header
+    from tracengine.sim.engine import check_token_prompts, simulate_config
     if args.workload_file and args.workload:
         raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
     workload = args.workload_file or args.workload
@@ -91,13 +92,18 @@ def run(args) -> int:
         vocab_size = step_time.model.vocab_size if step_time.kind == "roofline" else DEFAULT_VOCAB_SIZE
     elif vocab_size <= 0:
         raise TracengineError(f"--vocab-size must be positive, got {vocab_size}")
-    requests = workload_for_simulation(args, workload, vocab_size)
-    check_token_prompts(requests)
     from tracengine.cli.fleet import fleet_spec_from_args
     from tracengine.sim.fleet import FleetSpec
     fleet = fleet_spec_from_args(args, step_time, FleetSpec() if fleet_swept else None, scoped)
     if fleet is not None and fleet.is_single and not fleet_swept:    # one replica: today's simulation, its trace
         fleet = None
+    # One run whose max_model_len is given reads its workload as it goes: its memory follows the
+    # requests in flight, not the file (without it, the longest request sets max_model_len).
+    lazy = not args.search and variants is None and fleet is None and "max_model_len" in overrides
+    requests = workload_for_simulation(args, workload, vocab_size, lazy)
+    if not isinstance(requests, list):
+        return simulate_run(args, simulate_config(overrides, []), requests, step_time, slo, None)
+    check_token_prompts(requests)
     if args.search or variants is not None:
         from tracengine.sim.spec import FLEET, SIMULATE, PreparedSources, SweepSpec, workload_source
         source, prepared = workload_source(workload_spec(args, workload=workload), vocab_size), PreparedSources()
@@ -117,16 +123,23 @@ def run(args) -> int:
     config = simulate_config(overrides, requests)
     if fleet is not None:
         return simulate_fleet_run(args, config, requests, step_time, fleet, slo)
-    header = simulation_header(config, step_time)
+    return simulate_run(args, config, requests, step_time, slo, len(requests))
+
+
+def simulate_run(args, config, requests, step_time, slo, num_requests: int | None) -> int:
+    """One engine's run of `requests` (a list, or an iterator read as the run goes: `num_requests`
+    None), its stats printed and its trace recorded."""
+    import time
     from tracengine.analysis.timeline import RequestTimelineSink
-    with simulation_progress(len(requests), enabled=not args.quiet) as progress:
+    from tracengine.sim.engine import simulate, simulation_header
+    header = simulation_header(config, step_time)
+    with simulation_progress(num_requests, enabled=not args.quiet) as progress:
         on_progress = (lambda num_finished, now_ns: progress.update(num_finished, simulated_s=now_ns / 1e9)) \
             if not args.quiet else None
         wall, cpu = time.perf_counter(), time.process_time()
         if args.record:
             from tracengine.trace.tracelog import TraceWriter
-            # stored as they are: a simulated prompt's made-up tokens hardly deflate (docs/simulation.md)
-            with TraceWriter(args.record, header, deflate=False) as writer:
+            with TraceWriter(args.record, header) as writer:
                 sink = RequestTimelineSink(header, writer, lean=True)
                 simulate(config, requests, step_time, sink, header, on_progress)
         else:
@@ -135,7 +148,7 @@ def run(args) -> int:
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     from tracengine.analysis.stats import render, stats
     s = stats(sink.timeline, slo)
-    print(f"simulated {len(requests):,} requests with {describe_step_time(step_time)}: "
+    print(f"simulated {s['requests']['num_requests']:,} requests with {describe_step_time(step_time)}: "
           f"{s['steps']['num_steps']:,} steps in {wall:.2f} s wall, {cpu:.2f} s CPU")
     print_table(render(s, title="simulated run"))
     print_unvaried_note(step_time)

@@ -12,7 +12,8 @@ from typing import NamedTuple
 from tracengine.engine.block_pool import BlockPool
 from tracengine.engine.prefix_cache import PrefixCache
 from tracengine.engine.sequence import Sequence
-from tracengine.trace.events import NULL_SINK, BlockAllocate, BlockAppend, BlockFree, BlockHash, EventSink
+from tracengine.engine.hash_id_prompt import hashed_block_events
+from tracengine.trace.events import NULL_SINK, BlockAllocate, BlockAppend, BlockFree, EventSink
 
 
 class Block(NamedTuple):
@@ -134,5 +135,5 @@ class BlockManager:
         block_ids = seq.block_table[start:end]
         self.prefix_cache.insert(block_ids, hashes, seq.tokens(start * size, end * size) if seq.has_tokens else None)
         if self.sink.enabled:
-            for block_id, h in zip(block_ids, hashes):
-                self.sink.emit(BlockHash(self.step, seq.seq_id, block_id, h))
+            for event in hashed_block_events(self.step, seq, start, block_ids, hashes):
+                self.sink.emit(event)

@@ -12,11 +12,14 @@ prompt runs in simulation (and replay, what-if, diff) only.
 
 Block hashes are the chain of block_hasher.compute_hashes over those tokens. When the
 KV block size divides `block_tokens`, a hash id's blocks are hashed once per parent
-hash (a shared prefix repeats the same hash ids after the same parent: a memo, bounded)."""
+hash (a shared prefix repeats the same hash ids after the same parent: a memo, bounded).
+A trace records the registration of such blocks as one PromptBlocksHashed, not a BlockHash
+each: the hashes follow from the hash ids, and a reader recomputes them (`hashed_blocks`)."""
 from collections.abc import Sequence as _Sequence
 from functools import lru_cache
 
 from tracengine.engine.block_hasher import NO_PARENT, compute_hashes
+from tracengine.trace.events import BlockHash, PromptBlocksHashed
 
 MOONCAKE_BLOCK_TOKENS = 512
 
@@ -67,19 +70,34 @@ class HashIdPrompt(_Sequence):
 
     def block_hashes(self, block_size: int) -> list[int]:
         """The chained hashes of its full blocks of `block_size` tokens: those of `list(self)`."""
-        size = self.block_tokens
-        if size % block_size:      # blocks straddle hash ids: hashed from the tokens they stand for
-            return compute_hashes(self, block_size)
-        num_full = self.num_tokens // block_size
-        hashes: list[int] = []
-        parent = NO_PARENT
-        for hash_id in self.hash_ids:
-            if len(hashes) >= num_full:
-                break
-            hashes += _hash_id_blocks(parent, hash_id, size, block_size)
-            parent = hashes[-1]
-        del hashes[num_full:]
-        return hashes
+        return prompt_block_hashes(self.hash_ids, self.block_tokens, block_size, 0, self.num_tokens // block_size)
+
+
+def prompt_block_hashes(hash_ids: list[int], block_tokens: int, block_size: int, first_block: int,
+                        num_blocks: int, parent: int = NO_PARENT) -> list[int]:
+    """The chained hashes of blocks `first_block` .. `first_block + num_blocks - 1` of a prompt
+    whose hash ids, from the one holding the first block's first token on, are `hash_ids`;
+    `parent`: the hash of the block before them (NO_PARENT for block 0)."""
+    start = first_block * block_size
+    if block_tokens % block_size:      # blocks straddle hash ids: hashed from the tokens they stand for
+        origin = start // block_tokens * block_tokens      # the first token of hash_ids[0]
+        tokens = [hash_ids[(p - origin) // block_tokens] * block_tokens + p % block_tokens
+                  for p in range(start, start + num_blocks * block_size)]
+        return compute_hashes(tokens, block_size, parent)
+    hashes: list[int] = []
+    offset = start % block_tokens      # where the first block starts in its hash id's tokens
+    for hash_id in hash_ids:
+        if len(hashes) >= num_blocks:
+            break
+        if offset:      # the rest of a hash id whose first blocks an earlier chunk hashed
+            first = hash_id * block_tokens
+            hashes += compute_hashes(range(first + offset, first + block_tokens), block_size, parent)
+            offset = 0
+        else:
+            hashes += _hash_id_blocks(parent, hash_id, block_tokens, block_size)
+        parent = hashes[-1]
+    del hashes[num_blocks:]
+    return hashes
 
 
 @lru_cache(maxsize=8192)
@@ -87,6 +105,39 @@ def _hash_id_blocks(parent: int, hash_id: int, block_tokens: int, block_size: in
     """The chained hashes of the blocks of one hash id after a block hashed to `parent`."""
     first = hash_id * block_tokens
     return tuple(compute_hashes(range(first, first + block_tokens), block_size, parent))
+
+
+def hashed_block_events(step: int, seq, first_block: int, block_ids: list[int], hashes: list[int]) -> list:
+    """The events of `seq`'s blocks `first_block`, ... (`block_ids`) registered under `hashes`: a
+    BlockHash each, but for the full blocks of a hash-id prompt, whose hashes follow from its hash
+    ids: one PromptBlocksHashed for those (a reader recomputes them: `hashed_blocks`)."""
+    num_prompt_blocks = 0
+    if isinstance(seq.prompt, HashIdPrompt):
+        num_prompt_blocks = max(0, min(len(block_ids), seq.num_prompt_tokens // seq.block_size - first_block))
+    events = []
+    if num_prompt_blocks:
+        prompt, block_size = seq.prompt, seq.block_size
+        first_hash_id = first_block * block_size // prompt.block_tokens
+        end_hash_id = -(-(first_block + num_prompt_blocks) * block_size // prompt.block_tokens)
+        parent = seq.block_hashes[first_block - 1] if first_block else NO_PARENT
+        events.append(PromptBlocksHashed(step, seq.seq_id, block_ids[:num_prompt_blocks], first_block, block_size,
+                                         parent, prompt.hash_ids[first_hash_id:end_hash_id], prompt.block_tokens))
+    events += [BlockHash(step, seq.seq_id, block_id, h)
+               for block_id, h in zip(block_ids[num_prompt_blocks:], hashes[num_prompt_blocks:])]
+    return events
+
+
+def hashed_blocks(event: PromptBlocksHashed) -> list[BlockHash]:
+    """The BlockHash events that `event` stands for, their hashes recomputed from its hash ids."""
+    num_blocks, block_size, block_tokens = len(event.block_ids), event.block_size, event.hash_id_block_tokens
+    first_token = event.first_block * block_size if block_size > 0 else -1
+    if block_tokens <= 0 or first_token < 0 or len(event.hash_ids) * block_tokens < (
+            first_token % block_tokens + num_blocks * block_size) or min(event.hash_ids, default=0) < 0:
+        raise ValueError(f"{len(event.hash_ids)} hash ids of {block_tokens} tokens cannot hold blocks "
+                         f"{event.first_block}.. ({num_blocks} of {block_size} tokens)")
+    hashes = prompt_block_hashes(event.hash_ids, block_tokens, block_size, event.first_block, num_blocks,
+                                 event.parent_hash)
+    return [BlockHash(event.step, event.seq_id, block_id, h) for block_id, h in zip(event.block_ids, hashes)]
 
 
 def request_prompt(event):

@@ -8,7 +8,8 @@ from collections import deque
 
 from tracengine.engine.block_hasher import compute_hash
 from tracengine.engine.sequence import Sequence
-from tracengine.trace.events import NULL_SINK, BlockAllocate, BlockAppend, BlockFree, BlockHash, EventSink
+from tracengine.engine.hash_id_prompt import hashed_block_events
+from tracengine.trace.events import NULL_SINK, BlockAllocate, BlockAppend, BlockFree, EventSink
 
 
 class ReferenceBlock:
@@ -112,5 +113,7 @@ class ReferenceBlockManager:
             block = self.blocks[seq.block_table[i]]
             block.hash, block.token_ids = self._block_hash(seq, i), seq.block(i)
             self.hash_to_block_id[block.hash] = block.block_id
-            if self.sink.enabled:
-                self.sink.emit(BlockHash(self.step, seq.seq_id, block.block_id, block.hash))
+        if self.sink.enabled:
+            block_ids = seq.block_table[start:end]
+            for event in hashed_block_events(self.step, seq, start, block_ids, [self.blocks[b].hash for b in block_ids]):
+                self.sink.emit(event)

@@ -7,12 +7,13 @@ from tracengine.analysis.stats import stats
 from tracengine.analysis.timeline import RequestTimeline
 from tracengine.engine.config import Config
 
-from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, ScheduleDecision,
-                                     without_wall_clock)
+from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, PromptBlocksHashed,
+                                     ScheduleDecision, without_wall_clock)
+from tracengine.engine.hash_id_prompt import hashed_blocks
 from tracengine.trace.tracelog import split_header
 from tracengine.trace.events import iter_steps
 
-SCHEDULING_TYPES = (ScheduleDecision, Preempt, BlockAllocate, BlockAppend, BlockHash, BlockFree)
+SCHEDULING_TYPES = (ScheduleDecision, Preempt, BlockAllocate, BlockAppend, BlockHash, PromptBlocksHashed, BlockFree)
 
 
 @dataclass
@@ -30,8 +31,20 @@ class TraceDiff:
         return self.step is None
 
 
+def scheduling_events(events) -> list:
+    """The scheduling events of `events`, a PromptBlocksHashed as the BlockHash events it stands for:
+    a trace older than format 7 recorded those, and the same run is the same either way."""
+    out = []
+    for e in events:
+        if type(e) is PromptBlocksHashed:
+            out += hashed_blocks(e)
+        elif isinstance(e, SCHEDULING_TYPES):
+            out.append(e)
+    return out
+
+
 def scheduling_key(events) -> list[tuple]:
-    return [without_wall_clock(e) for e in events if isinstance(e, SCHEDULING_TYPES)]
+    return [without_wall_clock(e) for e in scheduling_events(events)]
 
 
 def header_config(header) -> dict:

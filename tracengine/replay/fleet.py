@@ -202,7 +202,7 @@ class FleetEventCheck:
 
     def _checker(self, replica: int):
         from tracengine.errors import TraceError
-        from tracengine.replay.fold import EventCheck
+        from tracengine.replay.event_check import EventCheck
         if not 0 <= replica < self.num_replicas:
             raise TraceError(f"the fleet has no replica {replica} (it has {self.num_replicas})")
         checker = self.checkers.get(replica)

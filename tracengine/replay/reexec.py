@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 from tracengine.engine.config import Config
 from tracengine.errors import RequestError
-from tracengine.engine.hash_id_prompt import request_prompt
-from tracengine.trace.events import WALL_CLOCK_FIELDS, AnyEvent, Event, RequestAdded, SeqAbort, StepEnd, TokenSample
+from tracengine.engine.hash_id_prompt import hashed_blocks, request_prompt
+from tracengine.trace.events import (WALL_CLOCK_FIELDS, AnyEvent, BlockHash, Event, PromptBlocksHashed, RequestAdded,
+                                     SeqAbort, StepEnd, TokenSample)
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.analysis.render import format_event, render_state, render_step
 from tracengine.replay.fold import Fold
@@ -86,6 +87,15 @@ class ComparingSink:
         self.index = 0
 
     def emit(self, event: Event) -> None:
+        if type(event) is PromptBlocksHashed and self.index < len(self.expected) \
+                and type(self.expected[self.index]) is BlockHash:
+            # a trace older than format 7 recorded a hash-id prompt's blocks as a BlockHash each
+            for block_hash in hashed_blocks(event):
+                self._compare(block_hash)
+        else:
+            self._compare(event)
+
+    def _compare(self, event: Event) -> None:
         i = self.index
         try:
             recorded = self.expected[i]

@@ -59,35 +59,49 @@ class SimulatedEngine(LLMEngine):
 PROGRESS_EVERY = 512     # steps between two calls of a run's `on_progress`
 
 
-def run_timed(config: Config, requests: list[Request], step_time, runner=None, sink=None,
+def checked_requests(scheduler, requests):
+    """`requests` (an iterator), each refused as check_requests refuses it when it is taken."""
+    for i, request in enumerate(requests):
+        check_requests(scheduler, [request], first_index=i)
+        yield request
+
+
+def run_timed(config: Config, requests, step_time, runner=None, sink=None,
               header: TraceHeader | None = None, max_steps: int = 10_000_000, policy=None,
               first_step_ns: int = 0, on_progress=None) -> list:
     """Run `requests` (each with `arrival_ns`) in simulated time; the events, header first.
-    With `sink` given (a TraceWriter) the events go there and the list holds the header only.
-    `first_step_ns`: the earliest start of step 0 (a recording's start-up: see TimedReplay).
-    `on_progress(num_finished, now_ns)`: called every PROGRESS_EVERY steps and at the end."""
+    `requests`: a list, run in arrival order, a request without a seq_id numbered by its index;
+    or an iterator giving them in arrival order (a workload file read as the run goes, numbered
+    as they come: the run holds only the requests that have arrived and not finished; none
+    leaves before it finishes). With `sink` given (a TraceWriter) the events go there and the
+    list holds the header only. `first_step_ns`: the earliest start of step 0 (a recording's
+    start-up: see TimedReplay). `on_progress(num_finished, now_ns)`: called every
+    PROGRESS_EVERY steps and at the end."""
     events_sink = sink if sink is not None else ListSink()
     runner = runner if runner is not None else SyntheticRunner(eos=config.eos, seed=config.seed)
     engine = SimulatedEngine(config, runner, step_time, events_sink, policy=policy)   # policy: as LLMEngine's
-    check_requests(engine.scheduler, requests)
-    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_ns)
+    if isinstance(requests, list):
+        check_requests(engine.scheduler, requests)     # all of them, before the run
+        leaving = Departures(requests, "abort_ns")
+        arriving = iter(sorted(enumerate(requests), key=lambda item: item[1].arrival_ns))
+    else:
+        leaving = Departures([], "abort_ns")
+        arriving = enumerate(checked_requests(engine.scheduler, requests))
     gap_ns, wake_ns = step_time.gap_ns, step_time.wake_ns
-    i, n = 0, len(order)
-    leaving = Departures(requests, "abort_ns")
+    index, request = next(arriving, (0, None))      # the next to arrive (None: no more)
     num_finished = 0
     while True:
         idle = engine.is_finished()
-        if idle and i == n:
+        if idle and request is None:
             break
         start = engine.now_ns + gap_ns if engine.num_steps else max(gap_ns, first_step_ns)
         if idle:    # the engine sleeps until the next arrival, and wakes late
-            start = max(start, requests[order[i]].arrival_ns + wake_ns)
+            start = max(start, request.arrival_ns + wake_ns)
         engine.now_ns = start
-        while i < n and requests[order[i]].arrival_ns <= start:
-            r = requests[order[i]]
-            engine.add_request(r.prompt, sampling_params_of(r), seq_id=order[i] if r.seq_id is None else r.seq_id,
-                               arrival_ns=r.arrival_ns)
-            i += 1
+        while request is not None and request.arrival_ns <= start:
+            engine.add_request(request.prompt, sampling_params_of(request),
+                               seq_id=index if request.seq_id is None else request.seq_id, arrival_ns=request.arrival_ns)
+            index, request = next(arriving, (0, None))
         if leaving.next_due <= start:      # the clients that left by now, as they left the recording
             leaving.abort(engine, start)
             if engine.is_finished():
@@ -121,20 +135,31 @@ def simulation_header(config: Config, step_time) -> TraceHeader:
                                          "simulated"), device=f"simulated ({step_time.kind})")
 
 
-def check_token_prompts(requests: list[Request]):
-    """A simulation has no tokenizer: every prompt is token ids (or lengths made into them)."""
+def token_prompts(requests):
+    """`requests`, each checked as it is taken: a simulation has no tokenizer, so every prompt
+    is token ids (or lengths made into them, or hash ids)."""
     for i, r in enumerate(requests):
         if isinstance(r.prompt, str):
             raise TracengineError(f"{r.source or f'request {i}'}: a text prompt needs a tokenizer; "
                                   "simulate takes token ids (prompt_token_ids) or lengths")
+        yield r
+
+
+def check_token_prompts(requests: list[Request]):
+    """token_prompts over a whole list, before a run."""
+    for _ in token_prompts(requests):
+        pass
 
 
 def simulate(config: Config, requests, step_time, sink=None, header: TraceHeader | None = None,
              on_progress=None) -> list:
-    """`requests` (each with its arrival_ns) through the scheduler in simulated time, tokens
-    from SyntheticRunner; the events (header first), or with `sink` (a TraceWriter made with
+    """`requests` (each with its arrival_ns; a list, or an iterator as run_timed takes it)
+    through the scheduler in simulated time, tokens from SyntheticRunner; the events (header first), or with `sink` (a TraceWriter made with
     `header`, by default `simulation_header`) the header alone. `on_progress`: as run_timed's."""
-    check_token_prompts(requests)
+    if isinstance(requests, list):
+        check_token_prompts(requests)
+    else:      # an iterator (run_timed): each is checked as the run takes it
+        requests = token_prompts(requests)
     header = header if header is not None else simulation_header(config, step_time)
     # the config comes from the user's flags, not a trace: a policy it names is loaded
     return run_timed(config, requests, step_time, sink=sink, header=header, policy=config.scheduling_policy,

@@ -74,14 +74,16 @@ def sampling_params_of(request: Request) -> SamplingParams:
     return SamplingParams(request.temperature, request.max_tokens, request.ignore_eos)
 
 
-def check_requests(scheduler, requests: list[Request], under: str = "the config"):
-    """Refuse, before a run and naming it, a request that could never run under the scheduler's config."""
-    for r in requests:
+def check_requests(scheduler, requests: list[Request], under: str = "the config", first_index: int = 0):
+    """Refuse, before a run and naming it, a request that could never run under the scheduler's config
+    (a request without a seq_id is named by its index, the first `first_index`)."""
+    for i, r in enumerate(requests, first_index):
         try:
             scheduler.check_request(len(r.prompt), r.max_tokens)
         except RequestError as exc:
             arriving = f"at {r.arrival_ns / 1e9:.3f} s" if r.arrival_ns >= 0 else f"before step {r.arrival_step}"
-            raise RequestError(f"request s{r.seq_id} (arriving {arriving}) can never run under {under}: {exc}") \
+            seq_id = i if r.seq_id is None else r.seq_id
+            raise RequestError(f"request s{seq_id} (arriving {arriving}) can never run under {under}: {exc}") \
                 from None
 
 

@@ -254,13 +254,32 @@ class RunEnd(Event, tag=15):
     reason: str           # the error's one line, or the signal's name
 
 
+class PromptBlocksHashed(Event, tag=16):
+    """Format 7: full blocks of a prompt known by its hash ids (engine/hash_id_prompt.py) registered
+    in the prefix cache, one event where a token prompt has a BlockHash per block. Their hashes are
+    not stored: they follow from what is here (`hash_id_prompt.hashed_blocks` gives the BlockHash
+    events), which is what shrinks a simulated trace. The blocks are the sequence's blocks
+    `first_block`, `first_block + 1`, ..., held in `block_ids`; `hash_ids` are the prompt's hash ids
+    from the one holding the first block's first token on, `hash_id_block_tokens` tokens each."""
+    step: int
+    seq_id: int
+    block_ids: list[int]
+    first_block: int         # index of the first of them in the sequence's blocks
+    block_size: int          # tokens a block
+    parent_hash: int         # the hash of the sequence's block before the first; -1: none (block 0)
+    hash_ids: list[int]
+    hash_id_block_tokens: int
+
+
 AnyEvent = Union[TraceHeader, RequestAdded, ScheduleDecision, BlockAllocate, BlockAppend, BlockHash,
                  BlockFree, Preempt, TokenSample, SeqFinish, StepEnd, SeqAbort, ReplicaScope, RouteDecision,
-                 KVTransfer, RunEnd]
+                 KVTransfer, RunEnd, PromptBlocksHashed]
 
 EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in AnyEvent.__args__}
 # Only a fleet's trace holds these (one engine's never does)
 FLEET_EVENT_TYPES = frozenset({"ReplicaScope", "RouteDecision", "KVTransfer"})
+# Only a trace of prompts known by their hash ids holds these (a token prompt's blocks are a BlockHash each)
+HASH_ID_EVENT_TYPES = frozenset({"PromptBlocksHashed"})
 
 # Fields a replay does not compare: wall-clock readings.
 WALL_CLOCK_FIELDS = frozenset({"schedule_ns", "model_ns", "postprocess_ns", "created_at", "arrival_ns", "gap_ns"})

@@ -1,8 +1,10 @@
 """The trace file's bytes: the format, its frames and their heads (writer.py writes them,
 reader.py reads them; nothing else knows frames).
 
-Format version 5: this layout, the events of events.py, and the dictionary of
-dictionary.py. Version 4 had the events without the fields version 5 appended
+Format version 7: this layout, the events of events.py, and the dictionary of
+dictionary.py. Version 6 had no PromptBlocksHashed (a hash-id prompt's blocks were a
+BlockHash each); version 5 no RunEnd in the end frame; version 4 had the events
+without the fields version 5 appended
 (the header's engine, what vLLM's scheduler records: tracengine/vllm/); version 3
 had neither RequestAdded's hash-id prompt fields nor a fleet's events
 (ReplicaScope, RouteDecision, KVTransfer and the header's fleet); versions 1 and 2
@@ -78,12 +80,13 @@ import xxhash
 from tracengine.trace.dictionary import DICTIONARY
 from tracengine.trace.events import RunEnd
 
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 # 2 appended arrival_ns, top_k, top_p, seed to RequestAdded and gap_ns to StepEnd; 3 checks each frame head;
 # 4 adds RequestAdded's hash-id prompt fields, a fleet's events (ReplicaScope, RouteDecision, KVTransfer)
 # and TraceHeader.fleet (docs/cluster.md); 5 appends the engine and what vLLM's scheduler records;
-# 6 ends a failed or interrupted run's trace with a RunEnd in its end frame
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
+# 6 ends a failed or interrupted run's trace with a RunEnd in its end frame; 7 records a hash-id
+# prompt's full blocks as one PromptBlocksHashed, whose hashes a reader recomputes, not a BlockHash each
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 RUN_END_SINCE = 6                      # the first version whose end frame may hold a RunEnd
 MAGIC = b"TRCE"
 PREAMBLE = struct.Struct("<4sH2x")     # magic, format version, 2 reserved bytes (0)

@@ -10,6 +10,7 @@ import json
 import math
 import random
 import struct
+from collections.abc import Iterator
 from datetime import datetime
 from functools import lru_cache, partial
 from itertools import chain
@@ -39,6 +40,17 @@ def read_workload(path: str, format: str | None = None, *, vocab_size: int, max_
     the first request; tracengine's `arrival_s` is taken as written. `hash_id_prompts`: a
     Mooncake prompt as its hash ids (engine.hash_id_prompt.HashIdPrompt), never expanded into
     tokens, for a run with no model (simulation)."""
+    return list(iter_workload(path, format, vocab_size=vocab_size, max_requests=max_requests,
+                              time_scale=time_scale, length_scale=length_scale, max_model_len=max_model_len,
+                              seed=seed, hash_id_prompts=hash_id_prompts))
+
+
+def iter_workload(path: str, format: str | None = None, *, vocab_size: int, max_requests: int | None = None,
+                  time_scale: float = 1.0, length_scale: float = 1.0, max_model_len: int | None = None,
+                  seed: int = 0, hash_id_prompts: bool = False) -> Iterator[Request]:
+    """read_workload's requests one at a time, as the file gives them (in arrival order): a run
+    that takes each when it arrives holds none it has not reached. The arguments are checked
+    now; a bad line is an error when it is reached."""
     if format is None:
         format = detect_format(path)
     if format not in FORMATS:
@@ -52,31 +64,34 @@ def read_workload(path: str, format: str | None = None, *, vocab_size: int, max_
         raise TracengineError(f"vocab size must be positive, got {vocab_size}")
     parse = {"mooncake": partial(_mooncake, hash_id_prompts=hash_id_prompts), "azure": _azure,
              "tracengine": _tracengine}[format]
-    requests = _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_len)
-    if not requests:
-        raise TracengineError(f"{path}: no requests")
-    origin = requests[0].arrival_ns if format in ("mooncake", "azure") else 0
-    for request in requests:
-        request.arrival_ns = round((request.arrival_ns - origin) / time_scale)
-    return requests
+    return _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_len,
+                 format in ("mooncake", "azure"), time_scale)
 
 
-def _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_len) -> list[Request]:
-    requests = []
+def _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_len, from_first: bool,
+          time_scale: float) -> Iterator[Request]:
+    """The requests, checked line by line; `from_first`: times count from the first request's."""
+    num_requests, origin, last_ns = 0, None, None
     # utf-8-sig: a byte-order mark (some editors write one) is not part of the first line
     with open(path, encoding="utf-8-sig", newline="") as f:
         for request in parse(_text_lines(f, path), path, vocab_size, length_scale, seed):
-            if requests and request.arrival_ns < requests[-1].arrival_ns:
+            if last_ns is not None and request.arrival_ns < last_ns:
                 raise TracengineError(f"{request.source}: arrival time goes back ({request.arrival_s:g} s after "
-                                      f"{requests[-1].arrival_s:g} s on the line before): timestamps must not decrease")
+                                      f"{last_ns / 1e9:g} s on the line before): timestamps must not decrease")
             if max_model_len is not None and not isinstance(request.prompt, str) \
                     and len(request.prompt) > max_model_len:
                 raise TracengineError(f"{request.source}: a prompt of {len(request.prompt)} tokens can never fit "
                                       f"max_model_len={max_model_len} (--length-scale shortens prompts)")
-            requests.append(request)
-            if len(requests) == max_requests:
+            last_ns = request.arrival_ns
+            if origin is None:
+                origin = last_ns if from_first else 0
+            request.arrival_ns = round((last_ns - origin) / time_scale)
+            yield request
+            num_requests += 1
+            if num_requests == max_requests:
                 break
-    return requests
+    if not num_requests:
+        raise TracengineError(f"{path}: no requests")
 
 
 def detect_format(path: str) -> str:

@@ -11,7 +11,7 @@ from tracengine.errors import TracengineError
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.workload.arrivals import arrival_times, check_rate
 from tracengine.engine.request import Request
-from tracengine.workload.formats import read_workload
+from tracengine.workload.formats import iter_workload
 
 
 
@@ -164,9 +164,11 @@ def num_sources(spec: WorkloadSpec) -> int:
 
 
 def workload_requests(spec: WorkloadSpec, vocab_size: int, max_model_len: int | None = None,
-                      hash_id_prompts: bool = False) -> list[Request]:
+                      hash_id_prompts: bool = False, lazy: bool = False) -> list[Request]:
     """The requests of a run, with their arrival times, from the workload arguments.
-    `hash_id_prompts`: see read_workload (a run with no model)."""
+    `hash_id_prompts`: see read_workload (a run with no model). `lazy`: a workload file whose
+    own times are the arrivals is read as the run takes its requests (an iterator, in arrival
+    order: sim.engine.run_timed); any other source is a list."""
     workload = spec.workload
     time_scale, length_scale = spec.time_scale, spec.length_scale
     rate, burstiness = check_rate(spec.request_rate), spec.burstiness
@@ -181,18 +183,13 @@ def workload_requests(spec: WorkloadSpec, vocab_size: int, max_model_len: int | 
         if time_scale != 1.0 and not math.isinf(rate):
             raise TracengineError("--time-scale scales the file's arrival times; with --request-rate they come "
                                   "from the rate")
-        requests = read_workload(workload, spec.workload_format, vocab_size=vocab_size,
-                                 max_requests=max_requests, time_scale=time_scale, length_scale=length_scale,
-                                 max_model_len=max_model_len, seed=spec.seed, hash_id_prompts=hash_id_prompts)
-        max_tokens, temperature = spec.max_tokens, spec.temperature
-        ignore_eos = spec.ignore_eos
-        for r in requests:       # flags given on the command line win over the file
-            if max_tokens is not None:
-                r.max_tokens = max_tokens
-            if temperature is not None:
-                r.temperature = temperature
-            if ignore_eos is not None:
-                r.ignore_eos = ignore_eos
+        requests = _with_flags(iter_workload(workload, spec.workload_format, vocab_size=vocab_size,
+                                             max_requests=max_requests, time_scale=time_scale,
+                                             length_scale=length_scale, max_model_len=max_model_len, seed=spec.seed,
+                                             hash_id_prompts=hash_id_prompts), spec)
+        if lazy and math.isinf(rate):
+            return requests
+        requests = list(requests)
     else:
         if time_scale != 1.0 or length_scale != 1.0 or spec.workload_format:
             raise TracengineError("--time-scale, --length-scale and --workload-format apply to a --workload file")
@@ -222,3 +219,15 @@ def workload_config(spec: WorkloadSpec) -> dict:
     """The config fields a workload brings, under the user's own: the built-in mix's small KV
     cache and token budget (when no source is given), and its seed, which seeds sampling too."""
     return {**(DEFAULT_CONFIG if num_sources(spec) == 0 else {}), "seed": spec.seed}
+
+
+def _with_flags(requests, spec: WorkloadSpec):
+    """`requests`, the sampling flags given on the command line winning over the file's."""
+    for r in requests:
+        if spec.max_tokens is not None:
+            r.max_tokens = spec.max_tokens
+        if spec.temperature is not None:
+            r.temperature = spec.temperature
+        if spec.ignore_eos is not None:
+            r.ignore_eos = spec.ignore_eos
+        yield r

@@ -1,0 +1,73 @@
+"""Checking a trace frame by frame (`tracengine check`): every event follows from the ones
+before it, applied as the fold (fold.py) applies them."""
+from tracengine.errors import TraceError
+from tracengine.replay.fold import _projection_of
+from tracengine.trace.events import RequestAdded, ScheduleDecision, StepEnd, TokenSample, TraceHeader
+
+
+class EventCheck:
+    """Checks, one frame at a time, that every event follows from the ones before
+    it, applying them as the fold does; it keeps the state, not the events.
+    `frame(events)` raises TraceError naming the first event that does not follow."""
+
+    def __init__(self, header: TraceHeader):
+        self.state = _projection_of(header)
+        self.num_blocks = len(self.state.ref_counts)
+        self.step = 0                   # the step in progress
+        self.open_frame = False         # the last frame ended without a StepEnd
+        self.scheduled: set[int] = set()
+
+    def frame(self, events) -> None:
+        if self.open_frame:
+            raise TraceError(f"step {self.step}: a frame follows one that ended without a StepEnd")
+        if not events:
+            raise TraceError(f"step {self.step}: a frame without events")
+        for i, event in enumerate(events):
+            reason = self._impossible(event, i == len(events) - 1)
+            if reason is not None:
+                raise TraceError(f"step {self.step}: event {i} of the frame, {type(event).__name__}, "
+                                 f"does not follow: {reason}")
+        self.open_frame = type(events[-1]) is not StepEnd
+
+    def _impossible(self, e, is_last: bool) -> str | None:
+        t = type(e)
+        if t is TraceHeader:
+            return "a TraceHeader after the first frame"
+        if e.step != self.step:
+            return f"it is stamped step {e.step}"
+        seqs = self.state.seqs
+        if t is RequestAdded:
+            if e.seq_id in seqs:
+                return f"seq {e.seq_id} was added before"
+        elif t is ScheduleDecision:
+            if self.state.decision is not None and self.state.decision.step == self.step:
+                return "a second ScheduleDecision in one step"
+            # decode takes running sequences; prefill waiting ones, and mixed (a policy) running ones too
+            queues = (self.state.running,) if e.phase == "decode" else (self.state.waiting, self.state.running)
+            missing = [ss.seq_id for ss in e.seqs if not any(ss.seq_id in q for q in queues)
+                       and not self.state.scheduled_when_finished(ss.seq_id)]
+            if missing:
+                return f"seq {missing[0]} is not {'running' if e.phase == 'decode' else 'waiting or running'}"
+            self.scheduled = {ss.seq_id for ss in e.seqs}
+        elif t is not StepEnd and e.seq_id not in seqs:
+            return f"seq {e.seq_id} was never added"
+        elif t is TokenSample and e.seq_id not in self.scheduled:
+            return f"seq {e.seq_id} was not scheduled in this step"
+        for name in ("block_ids", "freed_block_ids"):
+            bad = [b for b in getattr(e, name, ()) if not 0 <= b < self.num_blocks]
+            if bad:
+                return f"block {bad[0]} is outside the pool of {self.num_blocks}"
+        block_id = getattr(e, "block_id", 0)
+        if not 0 <= block_id < self.num_blocks:
+            return f"block {block_id} is outside the pool of {self.num_blocks}"
+        if t is StepEnd and not is_last:
+            return "events of the step follow its StepEnd in the same frame"
+        if t is not TokenSample:
+            try:
+                self.state.handlers[t](e)
+            except (KeyError, IndexError, ValueError) as exc:
+                return str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__} {exc}"
+        if t is StepEnd:
+            self.step += 1
+            self.scheduled = set()
+        return None
