@@ -3,7 +3,9 @@ event types of its version, kept forever so that tests/test_tracelog.py proves n
 tracengines still read it. Version 1's holds one engine's event types; version 4's a fleet's
 (testing.every_fleet_event_type: replica scopes, routing decisions, KV transfers); version 6's
 one engine's run interrupted by SIGTERM after its last step, so that its end frame holds a RunEnd
-(tests/test_run_end.py reads it). Run once
+(tests/test_run_end.py reads it); version 8's a server's aborts, each flushed as a between-steps
+frame before the step it precedes or the end frame (testing.aborts_between_steps;
+tests/test_between_steps.py reads it). Run once
 per new format version (name the file after it); never regenerate a released one.
 
     python scripts/make_format_trace.py [OUT]
@@ -15,13 +17,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tracengine.signals import Terminated  # noqa: E402
-from tracengine.testing import (every_event_type, every_event_type_config, every_fleet_event_type,  # noqa: E402
-                                fleet_event_type_header)
+from tracengine.testing import (aborts_between_steps, every_event_type, every_event_type_config,  # noqa: E402
+                                every_fleet_event_type, fleet_event_type_header)
 from tracengine.trace.tracelog import FORMAT_VERSION, TraceReader, TraceWriter, make_header  # noqa: E402
 
 
 def main(out: Path) -> None:
-    if FORMAT_VERSION >= 6:
+    if FORMAT_VERSION >= 8:
+        with TraceWriter(out, make_header(every_event_type_config())) as writer:
+            aborts_between_steps(writer)
+    elif FORMAT_VERSION >= 6:       # 7's own trace is traces/hash_ids_v7.trace
         writer = TraceWriter(out, make_header(every_event_type_config()))
         every_event_type(writer)
         writer.end_with(Terminated("SIGTERM"))     # format 6's end frame: a RunEnd

@@ -138,21 +138,23 @@ def test_a_run_replaces_the_old_file_at_its_first_step(tmp_path):
 
 
 def test_simulate_records_why_its_run_failed(tmp_path, capsys):
+    from tracengine.sim.steptime import FEATURES, PARTS, LinearStepTime, save
     old = tmp_path / "sim.trace"
     old.write_bytes(b"the old trace")
-    workload = tmp_path / "w.jsonl"   # the second arrives past 2**64 ns: its frame cannot be written
-    workload.write_text("".join(json.dumps({"timestamp": t, "input_length": 16, "output_length": 4, "hash_ids": [0]})
-                                + "\n" for t in (0, 1e20)))
-    model = tmp_path / "config.json"
-    model.write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                                 "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
-                                 "vocab_size": 1000, "torch_dtype": "bfloat16"}))
-    rc = main(["simulate", str(workload), "--roofline", str(model), "--hardware", "h200",
-               "--num-kvcache-blocks", "64", "--record", str(old), "--force", "--quiet"])
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps({"timestamp": 0, "input_length": 16, "output_length": 4, "hash_ids": [0]}) + "\n")
+
+    def model_ns(ns):
+        return {part: [ns if part == "model_ns" else 0] + [0] * (len(FEATURES) - 1) for part in PARTS}
+    # a decode step of 10**20 ns: past the trace's 64-bit integers, its frame cannot be written
+    model = tmp_path / "steptime.json"
+    save(LinearStepTime({"prefill": model_ns(1_000_000), "decode": model_ns(10**20)}), str(model))
+    rc = main(["simulate", str(workload), "--step-time", str(model), "--num-kvcache-blocks", "64",
+               "--record", str(old), "--force", "--quiet"])
     assert rc == 2
     assert "does not fit" in capsys.readouterr().err
-    assert sorted(os.listdir(tmp_path)) == ["config.json", "sim.trace", "w.jsonl"]
+    assert sorted(os.listdir(tmp_path)) == ["sim.trace", "steptime.json", "w.jsonl"]
     assert main(["check", str(old)]) == EXIT_RUN_FAILED      # replaced at step 0, then failed
     out = capsys.readouterr().out
-    # steps 0..3 serve the first request (a prefill and 3 decodes: 4 tokens); step 4 waits past 2**64 ns
-    assert "run failed after step 3: a number of the run does not fit the trace's 64-bit integers" in out
+    # step 0 prefills the request; step 1, its first decode, cannot be written
+    assert "run failed after step 0: a number of the run does not fit the trace's 64-bit integers" in out

@@ -12,6 +12,9 @@ from tracengine.engine.block_hasher import compute_hash
 from tracengine.engine import scheduler as scheduler_module
 from tracengine.engine.block_manager import BlockManager
 from tracengine.engine.reference_block_manager import ReferenceBlockManager
+from tracengine.engine.reference_vllm_block_manager import ReferenceVllmBlockManager
+from tracengine.engine.vllm_block_manager import VllmBlockManager
+from tracengine.engine import policies as policies_module
 from tracengine.engine.config import Config
 from tracengine.engine.scheduler import Scheduler
 from tracengine.trace.events import (BlockAllocate, ListSink, Preempt, RequestAdded, ScheduleDecision, SeqFinish,
@@ -54,8 +57,10 @@ def check_block_invariants(scheduler):
     for h, block_id in bm.hash_to_block_id.items():
         block = bm.blocks[block_id]
         assert block.hash == h and len(block.token_ids) == bm.block_size
-    # and each computed full block of a live sequence holds its tokens, hashed as a chain
-    for seq in live:
+    # with prefix caching off nothing is registered; with it on each computed full block of a live
+    # sequence holds its tokens, hashed as a chain
+    assert bm.enable_caching or not bm.hash_to_block_id
+    for seq in live if bm.enable_caching else ():
         parent = -1
         for i in range(min(seq.num_cached_tokens, seq.num_tokens) // bm.block_size):
             block = bm.blocks[seq.block_table[i]]
@@ -84,11 +89,13 @@ def run_checked(config: Config, requests: list[Request], eos_at: dict[int, int],
                 policy=None):
     """Run with every check after every step; returns the recorded events."""
     sink = ListSink()
-    fold = Fold([make_header(config)], keyframe_interval=keyframe_interval)
+    fold = None
     num_folded = 0
 
     def on_step(engine):
-        nonlocal num_folded
+        nonlocal num_folded, fold
+        if fold is None:     # the engine's config names the policy and the block rules it resolved
+            fold = Fold([make_header(engine.config)], keyframe_interval=keyframe_interval)
         check_block_invariants(engine.scheduler)
         fold.append(sink.events[num_folded:])      # follow mode: the step's events just arrived
         num_folded = len(sink.events)
@@ -136,19 +143,23 @@ def test_invariants_hold_after_every_step_and_the_run_replays(workload, keyframe
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads(), st.booleans())
-def test_the_block_manager_gives_the_events_of_the_plain_reference(workload, colliding):
+@given(workloads(), st.booleans(), st.sampled_from(["prefill_first", "mixed"]), st.sampled_from([True, True, False]))
+def test_the_block_manager_gives_the_events_of_the_plain_reference(workload, colliding, policy, caching):
     """The same run, event for event, with the engine's BlockManager (a pool with an O(1)
     free queue, batched, tokens compared in bulk) and with ReferenceBlockManager (nano-vllm's
-    plain form); `colliding`: with a digest of eight values, so that equal hashes say nothing
-    of equal tokens and the token comparison decides."""
+    plain form), and under `mixed` with VllmBlockManager and ReferenceVllmBlockManager (vLLM's
+    block rules); `colliding`: with a digest of eight values, so that equal hashes say nothing
+    of equal tokens and the token comparison decides; `caching`: prefix caching on or off."""
     config, requests, eos_at = workload
     assume(requests)
+    config = config.replace(scheduling_policy=policy, enable_prefix_caching=caching)
     real = xxhash.xxh64_intdigest
     with mock.patch.object(xxhash, "xxh64_intdigest", (lambda data: real(data) & 7) if colliding else real):
         runs = []
-        for manager in (BlockManager, ReferenceBlockManager):
-            with mock.patch.object(scheduler_module, "BlockManager", manager):
+        for manager, vllm_manager in ((BlockManager, VllmBlockManager),
+                                      (ReferenceBlockManager, ReferenceVllmBlockManager)):
+            with mock.patch.object(scheduler_module, "BlockManager", manager), \
+                    mock.patch.object(policies_module, "VllmBlockManager", vllm_manager):
                 runs.append(run_workload(config, requests, SyntheticRunner(eos=EOS, eos_at=eos_at)))
     assert [without_wall_clock(e) for e in runs[0][1:]] == [without_wall_clock(e) for e in runs[1][1:]]
     event("prefix-cache hit" if any(type(e) is BlockAllocate and e.num_cached_blocks for e in runs[0]) else "no hit")
@@ -195,11 +206,13 @@ def check_mixed_decisions(events, config: Config):
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads(), st.integers(1, 6))
-def test_mixed_invariants_hold_after_every_step_and_the_run_replays(workload, keyframe_interval):
+@given(workloads(), st.integers(1, 6), st.sampled_from(["auto", "nano-vllm"]), st.sampled_from([True, True, False]))
+def test_mixed_invariants_hold_after_every_step_and_the_run_replays(workload, keyframe_interval, rules, caching):
+    """Under vLLM's block rules (auto) and nano-vllm's (mixed traces recorded before them), with
+    prefix caching on or off."""
     config, requests, eos_at = workload
     assume(requests)
-    config = config.replace(scheduling_policy="mixed")
+    config = config.replace(scheduling_policy="mixed", block_rules=rules, enable_prefix_caching=caching)
     events = run_checked(config, requests, eos_at, keyframe_interval)    # blocks, ref counts, all finish
     event("mixed batch" if any(type(e) is ScheduleDecision and e.phase == "mixed" for e in events) else "no mix")
     event("preempted" if any(type(e) is Preempt for e in events) else "no preemption")

@@ -207,7 +207,7 @@ def test_sampling_fields_reach_the_engine(served, client):
         client.completions.create(model="embedded", prompt="x", temperature=-1)
 
 
-def test_a_client_that_disconnects_before_a_whole_response_is_aborted(served):
+def test_a_client_that_disconnects_before_a_whole_response_is_aborted(served, monkeypatch):
     import json
     import socket
     app, llm, _, _ = served
@@ -217,14 +217,30 @@ def test_a_client_that_disconnects_before_a_whole_response_is_aborted(served):
         text = httpx.get(app.url + "/metrics").text
         return metric(app, "vllm:request_success_total", aborted) if aborted in text else 0.0
 
+    # the request's decode steps wait until the server has taken the disconnect as an abort: it
+    # cannot finish first, however the threads are scheduled
+    prompt = list(range(200, 220))
+    running, abort_queued = threading.Event(), threading.Event()
+    run, abort = llm.runner.run, app.engine_loop.abort
+
+    def held_run(seqs, is_prefill):
+        if not is_prefill and any(seq.prompt_token_ids[:1] == prompt[:1] for seq in seqs):
+            running.set()
+            abort_queued.wait(60)
+        return run(seqs, is_prefill)
+
+    def noted_abort(request, reason="client"):
+        abort(request, reason)
+        abort_queued.set()
+    monkeypatch.setattr(llm.runner, "run", held_run)
+    monkeypatch.setattr(app.engine_loop, "abort", noted_abort)
     before = num_aborted()
-    body = json.dumps({"model": "embedded", "prompt": list(range(200, 220)), "max_tokens": 100,
-                       "ignore_eos": True}).encode()
+    body = json.dumps({"model": "embedded", "prompt": prompt, "max_tokens": 100, "ignore_eos": True}).encode()
     with socket.create_connection(("127.0.0.1", app.port)) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: "
                      + str(len(body)).encode() + b"\r\n\r\n" + body)
-        wait_for(lambda: metric(app, "vllm:num_requests_running") > 0 or num_aborted() > before, "it to run")
+        assert running.wait(60)
     wait_for(lambda: num_aborted() > before, "the abort")
     wait_for(lambda: llm.is_finished(), "the engine to go idle")
     assert llm.scheduler.block_manager.num_free_blocks == llm.config.num_kvcache_blocks

@@ -1,10 +1,11 @@
 """The server against clients that push on its limits (issue 34): a huge prompt does not stall
 other clients, a chat request without max_tokens gets what fits a small KV cache, bad seeds and
 deeply nested bodies are 400s, arrivals are stamped when a request is whole, an abort shows at
-once in /metrics, and chat's top_logprobs is refused, not ignored."""
+once in /metrics and in the trace file, and chat's top_logprobs is refused, not ignored."""
 import json
 import socket
 import threading
+from pathlib import Path
 
 import httpx
 import openai
@@ -17,7 +18,7 @@ from tracengine.engine.sampling_params import SamplingParams
 from tracengine.errors import ConfigError
 from tracengine.replay.whatif import whatif
 from tracengine.serve.server import ServeApp
-from tracengine.trace.events import RequestAdded
+from tracengine.trace.events import BlockFree, RequestAdded, SeqAbort
 from tracengine.trace.tracelog import open_trace
 
 # a KV cache of 8 blocks of 16 tokens holds 128 tokens, half of max_model_len
@@ -169,6 +170,19 @@ def test_generate_and_serve_refuse_a_bad_seed_before_touching_a_file(tmp_path, c
     assert old.read_bytes() == b"keep me"
 
 
+@pytest.mark.parametrize("argv", [["--num-prompts", "3"], ["--num-prompts", "3", "--sweep", "max_num_seqs=2,4"],
+                                  ["--num-prompts", "3", "--replicas", "2"]], ids=["run", "sweep", "fleet"])
+def test_simulate_refuses_a_bad_workload_seed_as_generate_does(tmp_path, capsys, argv):
+    steptime = Path(__file__).parent / "data" / "fixed_steptime.json"
+    record = [] if "--sweep" in argv else ["--record", str(tmp_path / "sim.trace")]
+    for seed in (1 << 63, -5):
+        assert main(["simulate", *argv, "--step-time", str(steptime), "--num-kvcache-blocks", "64",
+                     "--seed", str(seed), *record]) == 2
+        err = capsys.readouterr().err
+        assert err == f"tracengine: error: seed must be an integer in [0, 2**63), got {seed}\n"
+    assert not (tmp_path / "sim.trace").exists()
+
+
 @pytest.mark.parametrize("seed", [1 << 63, -1, -5, 2 ** 64])
 def test_a_requests_bad_seed_is_a_400_and_the_engine_goes_on(served, client, seed):
     response = httpx.post(served[0].url + "/v1/completions",
@@ -250,6 +264,13 @@ def test_an_abort_shows_in_the_gauges_at_once(served):
     assert metric(app, "vllm:num_requests_running") == 0.0
     assert metric(app, "vllm:num_requests_waiting") == 0.0
     assert metric(app, "vllm:kv_cache_usage_perc") == 0.0
+    # and the abort is in the trace file already: the writer is open and no step has come since
+    events = list(open_trace(path))
+    found = [i for i, e in enumerate(events) if type(e) is SeqAbort and e.num_prompt_tokens == len(prompt)]
+    assert len(found) == 1, "the abort is not in the trace file"
+    i = found[0]
+    assert (events[i].reason, events[i].status) == ("client", "running")
+    assert type(events[i + 1]) is BlockFree and events[i + 1].seq_id == events[i].seq_id
 
 
 # -- 12: top_logprobs, and one rule for the text --------------------------------------------------
@@ -258,6 +279,16 @@ def test_chat_top_logprobs_is_refused_not_ignored(served, client):
     with pytest.raises(openai.BadRequestError, match="top_logprobs is not supported"):
         client.chat.completions.create(model="embedded", messages=[{"role": "user", "content": "x"}],
                                        max_tokens=2, top_logprobs=3)
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_stream_options_without_stream_is_refused_not_ignored(served, route):
+    body = {"model": "embedded", "prompt": "x", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+            "stream_options": {"include_usage": True}}
+    response = httpx.post(served[0].url + route, json=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "stream_options"
+    assert httpx.post(served[0].url + route, json={**body, "stream": True}).status_code == 200
 
 
 def test_generate_and_serve_give_the_same_text_without_special_tokens(client):

@@ -155,6 +155,39 @@ def test_a_killed_server_leaves_every_finished_step_stored(tmp_path, capsys):
     assert "reproduced exactly" in capsys.readouterr().out
 
 
+def test_a_server_killed_right_after_an_abort_leaves_the_abort_in_its_trace(tmp_path, capsys):
+    path = tmp_path / "aborted.trace"
+    proc, url = start_server(path)
+    try:
+        body = {"model": "embedded", "prompt": list(range(1, 24)), "max_tokens": 200, "ignore_eos": True,
+                "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    break                   # it runs: hang up, the only request, so the server goes idle
+        aborted = 'vllm:request_success_total{finished_reason="abort",model_name="embedded"} 1.0'
+        for _ in range(6000):               # bounds a hang only
+            if aborted in httpx.get(url + "/metrics").text:
+                break
+            threading.Event().wait(0.01)
+        else:
+            raise AssertionError("the abort never showed in /metrics")
+        proc.send_signal(signal.SIGKILL)    # no step, no close after the abort
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    events = list(open_trace(path))
+    assert [(e.reason, e.status, e.num_prompt_tokens) for e in events if type(e) is SeqAbort] == [
+        ("client", "running", 23)]
+    assert type(events[-1]).__name__ == "BlockFree"      # the abort's, the last thing the server did
+    assert main(["check", str(path)]) == 3               # intact, no end frame: its writer was killed
+    capsys.readouterr()
+    assert main(["replay", str(path)]) == 0
+    assert "reproduced exactly" in capsys.readouterr().out
+
+
 def test_serve_refuses_an_existing_trace_and_a_port_in_use(tmp_path, capsys):
     path = tmp_path / "old.trace"
     path.write_bytes(b"keep me")

@@ -266,17 +266,33 @@ def test_the_engine_core_path_records_where_the_config_or_the_environment_says(t
     assert reexecute(events).ok
 
 
-def test_mixed_agrees_with_vllm_where_no_rule_differs():
-    # docs/policies.md: `mixed` against vLLM's scheduler on the same workload; a light one agrees
-    # on every step, vLLM's one step longer (the empty step that sends the last finished ids); with
-    # vLLM's prefix cache off they part at step 2 (tracengine cannot turn its cache off)
-    from tracengine.vllm.compare import agreement, decisions, run_mixed, run_vllm
-    work = [(SHARED_PREFIX + [i] * (20 + 5 * i), 8 + i, 2 * i) for i in range(12)]
-    mixed, real = run_mixed(work, 512, 256, 16), run_vllm(work, 512, 256, 16)
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_mixed_agrees_with_vllm_where_no_rule_differs(prefix_caching):
+    # docs/policies.md: `mixed` against vLLM's scheduler under KV pressure (preemptions), each
+    # prompt arriving twice in its step (prefix hits within a step, two blocks holding one hash):
+    # the same batch and the same block events (vLLM's block ids less one) on every step
+    from tracengine.engine.config import Config
+    from tracengine.engine.request import Request
+    from tracengine.sim.runners import run_workload
+    from tracengine.vllm.compare import agreement, block_steps, decisions, run_mixed, run_vllm
+    work = [(SHARED_PREFIX + [i] * (20 + 5 * i), 8 + i, 2 * i) for i in range(10) for _ in range(2)]
+    mixed, real = run_mixed(work, 24, 64, 16, prefix_caching), run_vllm(work, 24, 64, 16, prefix_caching)
+    result = agreement(mixed, real)
+    assert result["agree"] == result["agree_blocks"] == 1.0 and result["num_preemptions"][0] > 0
+    assert any(type(e) is BlockAllocate and e.num_cached_blocks for e in mixed) == prefix_caching
+    # what remains: vLLM's run is one step longer, an empty one (the finished ids go out) ...
     assert decisions(mixed) == decisions(real)[:-1] and decisions(real)[-1] == {}
-    assert agreement(mixed, real)["agree"] == 1.0
-    off = run_vllm(work, 512, 256, 16, prefix_caching=False)
-    assert agreement(mixed, off)["first_difference"] == 2
+    # ... and its block 0 is its null block: N configured blocks are tracengine's N - 1
+    assert {b for step in block_steps(real) for e in step if e[0] == "alloc" for b in e[2]} >= {1, 23}
+    assert not any(0 in e[2] for step in block_steps(real) for e in step if e[0] == "alloc")
+    all_blocks = run_workload(Config(max_num_batched_tokens=64, max_num_seqs=16, kvcache_block_size=16,
+                                     num_kvcache_blocks=24, max_model_len=4096, scheduling_policy="mixed",
+                                     enable_prefix_caching=prefix_caching),
+                              [Request(p, m, arrival_step=a, ignore_eos=True) for p, m, a in work])
+    assert agreement(all_blocks, real)["first_difference"] == (10 if prefix_caching else 5)
+    # nano-vllm's block rules (mixed traces recorded before vLLM's) part from the first step
+    nano = run_mixed(work, 24, 64, 16, prefix_caching, block_rules="nano-vllm")
+    assert agreement(nano, real)["first_block_difference"] == 0
 
 
 def test_simulate_a_workload_through_vllms_scheduler_in_simulated_time(tmp_path, capsys):

@@ -16,6 +16,7 @@ from tracengine.sim.runners import SyntheticRunner
 from tracengine.trace.events import BlockAllocate, ListSink
 from tracengine.workload import Request, arrival_times, detect_format, read_workload
 from tracengine.workload.arrivals import check_rate
+from tracengine.cli import main
 from tracengine.cli.flags import add_workload_arguments, workload_spec
 from tracengine.workload.sources import sampling_params, workload_requests
 
@@ -256,3 +257,22 @@ def test_mooncake_block_tokens_are_pinned():
     tokens = block_token_ids(123456, 512, 151936)
     assert len(tokens) == 512 and max(tokens) == 151772
     assert xxhash.xxh64_hexdigest(struct.pack("<512q", *tokens)) == "de4c306c9cbf420b"
+
+
+@pytest.mark.parametrize("command", ["generate", "simulate"])
+def test_an_arrival_past_the_traces_clock_is_refused_before_the_run(tmp_path, capsys, command):
+    # 10**17 ms: 10**14 s, past the 2**63 ns a trace records (generate's wait for it overflowed sleep)
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(f'{{"timestamp": {t}, "input_length": 10, "output_length": 4, "hash_ids": [{i}]}}\n'
+                                for i, t in enumerate((0, 10**17))))
+    old = tmp_path / "run.trace"
+    old.write_bytes(b"the old trace")
+    source = [str(workload), "--step-time", str(DATA / "fixed_steptime.json")] if command == "simulate" \
+        else ["--workload", str(workload)]
+    assert main([command, *source, "--num-kvcache-blocks", "64", "--record", str(old), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"tracengine: error: {workload}:2 arrives 1e+14 s into the run, past the 292 years a trace's "
+                   f"clock (ns, 64-bit) holds\n")
+    assert old.read_bytes() == b"the old trace" and sorted(p.name for p in tmp_path.iterdir()) == ["run.trace", "w.jsonl"]
+    with pytest.raises(TracengineError, match="a request arrives .* past the 292 years"):
+        workload_requests(workload_spec(argparse.Namespace(num_prompts=3, request_rate=1e-12)), 1000)

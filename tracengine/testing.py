@@ -27,7 +27,7 @@ Fixtures: `trace_snapshot` and `workload_snapshot`, and `vllm_snapshot` for vLLM
 scheduler (all on pytest-snapshot's `snapshot` storage, so `--snapshot-update` accepts a change). Helpers:
 `make_request()`, `run_requests()`. For tracengine's own tests, and as examples
 of behaviours worth pinning: the canned workloads (`canned_workload`,
-`CANNED_WORKLOADS`), `random_workload` and `every_event_type`."""
+`CANNED_WORKLOADS`), `random_workload`, `every_event_type` and `aborts_between_steps`."""
 import dataclasses
 import difflib
 import itertools
@@ -351,6 +351,31 @@ def every_event_type(sink) -> LLMEngine:
     engine.add_request(list(range(70, 75)), SamplingParams(max_tokens=6))
     while not engine.is_finished():
         engine.step()
+    return engine
+
+
+def aborts_between_steps(writer) -> LLMEngine:
+    """A server's run in engine terms, with each abort flushed as a server's engine loop does
+    (format 8's between-steps frames): seq 1 is aborted while seq 0 runs (its frame comes
+    before step 2's), seq 0 finishes, then seq 2 arrives, runs two steps and is aborted with
+    nothing left to run (its frame is the last before the end frame). `writer`: a TraceWriter.
+    `traces/format-v8.trace` pins it."""
+    config = every_event_type_config()
+    engine = LLMEngine(config, SyntheticRunner(eos=config.eos), writer)
+    sp = SamplingParams(max_tokens=5, ignore_eos=True)
+    engine.add_request(list(range(20, 30)), sp)
+    engine.add_request(list(range(40, 46)), sp)
+    engine.step()
+    engine.step()
+    engine.abort_request(1, "client")
+    writer.flush()
+    while not engine.is_finished():
+        engine.step()
+    engine.add_request(list(range(60, 66)), sp)
+    engine.step()
+    engine.step()
+    engine.abort_request(2, "client")
+    writer.flush()
     return engine
 
 

@@ -72,7 +72,7 @@ def format_event(event, wall_clock: bool = True) -> str:
 def render_step(events) -> str:
     """One line for one step's events: a row of the step table."""
     step, decision, end = None, None, None
-    arrived, allocs, appends, hashed, preempts, finishes = [], [], [], {}, [], []
+    arrived, allocs, appended, hashed, preempts, finishes = [], [], {}, {}, [], []
     for e in events:
         t = type(e)
         if t is TraceHeader:
@@ -86,8 +86,8 @@ def render_step(events) -> str:
             hits, new = e.block_ids[:e.num_cached_blocks], e.block_ids[e.num_cached_blocks:]
             blocks = ", ".join(part for part in (f"hit {id_ranges(hits)}" if hits else "", id_ranges(new)) if part)
             allocs.append(f"s{e.seq_id}[{blocks}]")
-        elif t is BlockAppend:
-            appends.append(f"s{e.seq_id}+{e.block_id}")
+        elif t is BlockAppend:       # a chunk's slots (vLLM's block rules) may take several blocks
+            appended.setdefault(e.seq_id, []).append(e.block_id)
         elif t is BlockHash:
             hashed.setdefault(e.seq_id, []).append(e.block_id)
         elif t is PromptBlocksHashed:
@@ -118,7 +118,9 @@ def render_step(events) -> str:
             stop += f"(s{blocked})"
         head = f"{decision.step:>4} {decision.phase:<7} {seqs} | {stop}"
     segments = [f"{label} {' '.join(items)}" for label, items in (
-        ("arrive", arrived), ("alloc", allocs), ("append", appends),
+        ("arrive", arrived), ("alloc", allocs),
+        ("append", [f"s{sid}+{ids[0]}" if len(ids) == 1 else f"s{sid}+[{id_ranges(ids)}]"
+                    for sid, ids in appended.items()]),
         ("hashed", [f"s{sid}[{id_ranges(ids)}]" for sid, ids in hashed.items()]),
         ("preempt", preempts), ("finish", finishes)) if items]
     line = head + (" | " + "; ".join(segments) if segments else "")

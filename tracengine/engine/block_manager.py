@@ -26,8 +26,9 @@ class Block(NamedTuple):
 
 class BlockManager:
 
-    def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK):
+    def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK, enable_caching: bool = True):
         self.block_size = block_size
+        self.enable_caching = enable_caching     # off: no lookup, no block registered (vLLM's rule)
         self.pool = BlockPool(num_blocks)
         self.prefix_cache = PrefixCache(num_blocks, block_size)
         self.num_hit_blocks = 0   # prefix-cache hits, in blocks, over the manager's life
@@ -68,7 +69,7 @@ class BlockManager:
         """The blocks the prefix cache holds for seq's leading full blocks, up to the first
         miss; never its last block, so at least one token is computed."""
         num_full = seq.num_blocks - 1
-        if num_full <= 0:
+        if num_full <= 0 or not self.enable_caching:
             return []
         return self.prefix_cache.lookup(seq.hash_full_blocks()[:num_full], seq.tokens if seq.has_tokens else None,
                                         seq.seq_id)
@@ -129,7 +130,7 @@ class BlockManager:
         size = self.block_size
         start = seq.num_cached_tokens // size
         end = (seq.num_cached_tokens + seq.num_scheduled_tokens) // size
-        if start == end:     # a decoded token that does not fill its block
+        if start == end or not self.enable_caching:     # a decoded token that does not fill its block
             return
         hashes = seq.hash_full_blocks()[start:end]
         block_ids = seq.block_table[start:end]

@@ -82,6 +82,22 @@ class FreeKVCacheBlockQueue:
         prev[self.sentinel] = last
         self.num_free_blocks += len(block_ids)
 
+    def prepend_n(self, block_ids: list[int]):
+        """`block_ids` at the head, in order: the first is handed out first (vLLM's free
+        queue takes back a block that holds no hash there, block_pool.py)."""
+        prev, next_ = self.prev, self.next
+        last = self.sentinel
+        first = next_[last]
+        for block_id in block_ids:
+            if prev[block_id] != -1:
+                raise ValueError(f"block {block_id} is already free")
+            next_[last] = block_id
+            prev[block_id] = last
+            last = block_id
+        next_[last] = first
+        prev[first] = last
+        self.num_free_blocks += len(block_ids)
+
     def remove(self, block_id: int):
         self.remove_n([block_id])
 

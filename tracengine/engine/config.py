@@ -5,6 +5,14 @@ from dataclasses import dataclass, field, fields
 from tracengine.errors import ConfigError
 
 BUILTIN_POLICY_NAMES = ("prefill_first", "mixed")
+BLOCK_RULES = ("auto", "vllm", "nano-vllm")
+
+
+def check_seed(seed) -> None:
+    """The one rule for a run's seed (the engine's, a synthetic workload's): the sampler hashes it
+    as a signed 64-bit integer, so it is checked before a run starts."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 63:
+        raise ConfigError(f"seed must be an integer in [0, 2**63), got {seed!r}")
 
 
 def _field(default, help: str, flag: bool = True):
@@ -35,6 +43,12 @@ class Config:
     scheduling_policy: str = _field("prefill_first", "prefill_first (nano-vllm's), mixed (vLLM V1's: decode tokens "
                                     "and prefill chunks in one batch) or a Scheduler subclass as module:Class "
                                     "(docs/policies.md)")
+    enable_prefix_caching: bool = _field(True, "prefix caching (vLLM's enable_prefix_caching): when off, no "
+                                         "prompt hits the cache and no block is registered in it", flag=False)
+    block_rules: str = _field("auto", "the KV block rules: vllm (vLLM 0.33's: slots per chunk, a block's hash "
+                              "registered when it is allocated, vLLM's free-queue order; the mixed policy only), "
+                              "nano-vllm (a prompt's blocks at admission, hashes after the step) or auto (the "
+                              "policy's own: vllm for mixed, nano-vllm for prefill_first)", flag=False)
 
     def __post_init__(self):
         self.validate()
@@ -60,9 +74,9 @@ class Config:
         if policy not in BUILTIN_POLICY_NAMES and not (sep and module and name):
             raise ConfigError(f"scheduling_policy must be {', '.join(BUILTIN_POLICY_NAMES)} or a Scheduler "
                               f"subclass as module:Class, got {policy!r}")
-        # the sampler hashes the seed as a signed 64-bit integer: checked here, before a run starts
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 1 << 63:
-            raise ConfigError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        check_seed(self.seed)
+        if self.block_rules not in BLOCK_RULES:
+            raise ConfigError(f"block_rules must be {', '.join(BLOCK_RULES)}, got {self.block_rules!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
 
@@ -70,15 +84,33 @@ class Config:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def replace(self, **changes) -> "Config":
+        """A variant. Another scheduling policy comes with its own block rules unless
+        `block_rules` is given too (a what-if to `mixed` runs `mixed` as it is)."""
         unknown = sorted(set(changes) - set(field_names()))
         if unknown:
             raise ConfigError(f"unknown config field {unknown[0]!r}; known: {', '.join(field_names())}")
+        if changes.get("scheduling_policy", self.scheduling_policy) != self.scheduling_policy:
+            changes.setdefault("block_rules", "auto")
         return Config(**{**self.to_dict(), **changes})
 
     @classmethod
     def from_dict(cls, values: dict) -> "Config":
+        """A recorded config (a trace header's), with the block rules its run used."""
         known = set(field_names())
-        return cls(**{k: v for k, v in values.items() if k in known})
+        return cls(**{**{k: v for k, v in values.items() if k in known}, "block_rules": recorded_block_rules(values)})
+
+
+def recorded_block_rules(values: dict) -> str:
+    """The block rules of the run a recorded config `values` (a trace header's) describes: its
+    field. A header without it was written before vLLM's rules existed: nano-vllm's, whatever the
+    policy. "auto" (a header written before the engine resolved it) is a built-in policy's own as
+    format 6 defines them: vllm for mixed, nano-vllm for prefill_first; a policy of one's own
+    keeps "auto" (its class decides; tracengine's engine records what it resolved)."""
+    rules = values.get("block_rules", "nano-vllm")
+    policy = values.get("scheduling_policy", "prefill_first")
+    if rules == "auto" and policy in BUILTIN_POLICY_NAMES:
+        return "vllm" if policy == "mixed" else "nano-vllm"
+    return rules
 
 
 def field_names() -> list[str]:

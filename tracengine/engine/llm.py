@@ -96,6 +96,13 @@ class LLM(LLMEngine):
             self.writer = None
             self.set_sink(NULL_SINK)
 
+    def flush_recording(self):
+        """Writes what came between steps since the last one (requests added or aborted) to the
+        trace now, not with the next step: a server whose abort leaves the engine idle has no
+        next step to wait for (TraceWriter.flush)."""
+        if self.writer is not None:
+            self.writer.flush()
+
     def set_sink(self, sink):
         """Where the engine, the scheduler and the block manager emit from now on (no reset)."""
         self.sink = self.scheduler.sink = self.scheduler.block_manager.sink = sink

@@ -16,7 +16,7 @@ from tracengine.engine.config import Config
 from tracengine.errors import ConfigError
 from tracengine.trace.events import NULL_SINK, EventSink, RequestAdded, StepEnd
 from tracengine.engine.sampling_params import SamplingParams
-from tracengine.engine.policies import policy_path, scheduler_class
+from tracengine.engine.policies import block_rules, policy_path, scheduler_class
 from tracengine.engine.sequence import Sequence
 
 
@@ -25,11 +25,11 @@ class LLMEngine:
     def __init__(self, config: Config, runner, sink: EventSink = NULL_SINK, tokenizer=None,
                  policy: type | str | None = None):
         """`policy`: a Scheduler subclass or a name to load (engine/policies.py); None: the built-in
-        policy `config.scheduling_policy` names. The config records the policy's name."""
+        policy `config.scheduling_policy` names. The config records the policy's name and block rules."""
         self.scheduler_class = scheduler_class(config, policy)
-        name = policy_path(self.scheduler_class)
-        if config.scheduling_policy != name:
-            config = config.replace(scheduling_policy=name)
+        name, rules = policy_path(self.scheduler_class), block_rules(self.scheduler_class, config)
+        if (config.scheduling_policy, config.block_rules) != (name, rules):
+            config = config.replace(scheduling_policy=name, block_rules=rules)
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer

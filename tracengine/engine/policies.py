@@ -9,9 +9,10 @@ chunks share a batch:
 
 1. running first, in order: a decoding sequence gets its one token, a
    sequence still in prefill the rest of its prompt or as much as the budget
-   leaves (its next chunk). A decoding sequence that needs a block and finds
-   none preempts the tail of running by recomputation (V1's
-   `self.running.pop()`), itself when nobody is left behind it;
+   leaves (its next chunk). A sequence whose tokens need blocks and find too
+   few free (a decode; under V1's block rules, below, a chunk too) preempts
+   the tail of running by recomputation (V1's `self.running.pop()`), itself
+   when nobody is left behind it;
 2. then, unless a preemption happened this step (V1 admits nothing then),
    waiting in FIFO order into the budget left: each admitted sequence moves
    to running at once, even when only a chunk of it fits, which makes the
@@ -29,10 +30,15 @@ head. Left out: `long_prefill_token_threshold` (0 in V1 by default: no
 cap on one request's chunk), `max_num_partial_prefills` (V1's scheduler has
 no such limit; here at most one prefill is partial at a step's end, because
 a partial chunk ends the budget), priorities, speculative decoding, encoder
-inputs, KV connectors and async scheduling. One difference of the block
-manager: blocks are allocated for a sequence's whole prompt when it is
-admitted (nano-vllm's `allocate`), not per chunk as V1's `allocate_slots`,
-so a prefill in running never needs a block; only decodes preempt.
+inputs, KV connectors and async scheduling.
+
+The block rules are V1's too (`block_rules` "vllm", engine/vllm_block_manager.py):
+admission checks that the whole sequence fits but allocates only the slots of
+the tokens scheduled this step, as V1's `allocate_slots`; so a prefill chunk
+in running needs blocks as a decode does, and preempts the tail when there
+are none. With `block_rules` "nano-vllm" (the `mixed` traces recorded before
+the field) a prompt's blocks are all allocated when it is admitted, and only
+decodes preempt.
 
 A step's ScheduleDecision has phase "prefill" or "decode" when its batch is
 all one kind, "mixed" when it holds both, listing its decodes first
@@ -43,14 +49,22 @@ runs a mixed batch on the runner's general (prefill) path."""
 from tracengine.engine.config import BUILTIN_POLICY_NAMES, Config
 from tracengine.engine.scheduler import Scheduler
 from tracengine.engine.sequence import Sequence, SequenceStatus
+from tracengine.engine.vllm_block_manager import VllmBlockManager
 from tracengine.errors import ConfigError
-from tracengine.trace.events import Phase, StopReason
+from tracengine.trace.events import NULL_SINK, EventSink, Phase, StopReason
 from tracengine.user_classes import load_class
 
 
 class MixedScheduler(Scheduler):
     """vLLM V1's FCFS scheduling with chunked prefill (the module docstring says what is followed).
     `seq.is_prefill` is True while a sequence still has prompt (or recompute) tokens to schedule."""
+
+    def __init__(self, config: Config, sink: EventSink = NULL_SINK):
+        super().__init__(config, sink)
+        self.allocate_per_chunk = block_rules(type(self), config) == "vllm"
+        if self.allocate_per_chunk:
+            self.block_manager = VllmBlockManager(config.num_kvcache_blocks, config.kvcache_block_size, sink,
+                                                  config.enable_prefix_caching)
 
     def schedule(self) -> tuple[list[Sequence], bool]:
         self.order_waiting()
@@ -65,12 +79,15 @@ class MixedScheduler(Scheduler):
         scheduled_running: list[Sequence] = []
         while self.running and token_budget > 0:
             seq = self.running.popleft()
-            if seq.is_prefill:         # the rest of its prompt, or the chunk the budget leaves
-                seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_cached_tokens, token_budget)
-            elif self._append_slot(seq):
-                seq.num_scheduled_tokens = 1    # in its last block, or in the block it was just given
-            else:
+            # the rest of its prompt or the chunk the budget leaves; a decoding one, its one token
+            num_new_tokens = min(seq.num_tokens - seq.num_cached_tokens, token_budget) if seq.is_prefill else 1
+            if self.allocate_per_chunk:
+                has_slots = self._allocate_slots(seq, num_new_tokens)
+            else:            # the whole prompt was allocated at admission: only a decode needs a block
+                has_slots = seq.is_prefill or self._append_slot(seq)
+            if not has_slots:
                 break                           # it preempted itself
+            seq.num_scheduled_tokens = num_new_tokens
             self._take(seq, scheduled_seqs, prefill_flags)
             token_budget -= seq.num_scheduled_tokens
             scheduled_running.append(seq)
@@ -96,8 +113,13 @@ class MixedScheduler(Scheduler):
                     # head-of-line block: shorter requests behind it wait too
                     stop_reason, blocked_seq_id, num_blocks_needed = "no_free_blocks", seq.seq_id, num_new_blocks
                     break
-                self.block_manager.allocate(seq, num_cached_blocks)
-                seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_cached_tokens, token_budget)
+                if self.allocate_per_chunk:   # the hits and the first chunk's slots
+                    num_computed = self.block_manager.num_computed_tokens(seq, num_cached_blocks)
+                    seq.num_scheduled_tokens = min(seq.num_tokens - num_computed, token_budget)
+                    self.block_manager.allocate(seq, num_cached_blocks, seq.num_scheduled_tokens)
+                else:
+                    self.block_manager.allocate(seq, num_cached_blocks)
+                    seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_cached_tokens, token_budget)
                 token_budget -= seq.num_scheduled_tokens
                 seq.status = SequenceStatus.RUNNING
                 self.waiting.popleft()
@@ -119,6 +141,18 @@ class MixedScheduler(Scheduler):
                             num_decode_seqs if phase == "mixed" else 0)
         return scheduled_seqs, phase != "decode"
 
+    def _allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """V1's running loop: slots for `seq`'s tokens of this step, preempting the running tail
+        (`self.running` holds the sequences not scheduled yet) while there are too few free
+        blocks, or `seq` itself when nobody is left behind it (False then)."""
+        while not self.block_manager.allocate_slots(seq, num_new_tokens):
+            if self.running:
+                self.preempt(self.preempt_victim(seq), by=seq)
+            else:
+                self.preempt(seq, by=seq)
+                return False
+        return True
+
     @staticmethod
     def _take(seq: Sequence, scheduled_seqs: list[Sequence], prefill_flags: list[bool]):
         prefill_flags.append(seq.is_prefill)
@@ -129,6 +163,18 @@ class MixedScheduler(Scheduler):
 
 BUILTIN_POLICIES: dict[str, type[Scheduler]] = {"prefill_first": Scheduler, "mixed": MixedScheduler}
 assert tuple(BUILTIN_POLICIES) == BUILTIN_POLICY_NAMES
+
+
+def block_rules(policy: type[Scheduler], config: Config) -> str:
+    """The block rules `policy` runs under `config`: `config.block_rules`, "auto" being the
+    policy's own (vLLM's for `mixed` and its subclasses, nano-vllm's for the rest). vLLM's
+    allocate per chunk, which only a MixedScheduler schedules."""
+    is_mixed = issubclass(policy, MixedScheduler)
+    if config.block_rules == "auto":
+        return "vllm" if is_mixed else "nano-vllm"
+    if config.block_rules == "vllm" and not is_mixed:
+        raise ConfigError(f"block_rules=vllm needs the mixed policy (a MixedScheduler), not {policy_path(policy)}")
+    return config.block_rules
 
 
 def policy_path(policy: type) -> str:

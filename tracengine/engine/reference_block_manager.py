@@ -23,8 +23,9 @@ class ReferenceBlock:
 
 class ReferenceBlockManager:
 
-    def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK):
+    def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK, enable_caching: bool = True):
         self.block_size = block_size
+        self.enable_caching = enable_caching
         self.blocks = [ReferenceBlock(i) for i in range(num_blocks)]
         self.hash_to_block_id: dict[int, int] = {}
         self.free_block_ids: deque[int] = deque(range(num_blocks))
@@ -57,7 +58,7 @@ class ReferenceBlockManager:
 
     def _cached_block_ids(self, seq: Sequence) -> list[int]:
         block_ids = []
-        for i in range(seq.num_blocks - 1):     # never the last block
+        for i in range(seq.num_blocks - 1 if self.enable_caching else 0):     # never the last block
             block_id = self.hash_to_block_id.get(self._block_hash(seq, i))
             if block_id is None or self.blocks[block_id].token_ids != seq.block(i):
                 break
@@ -108,7 +109,7 @@ class ReferenceBlockManager:
 
     def hash_blocks(self, seq: Sequence):
         start = seq.num_cached_tokens // self.block_size
-        end = (seq.num_cached_tokens + seq.num_scheduled_tokens) // self.block_size
+        end = (seq.num_cached_tokens + seq.num_scheduled_tokens) // self.block_size if self.enable_caching else 0
         for i in range(start, end):
             block = self.blocks[seq.block_table[i]]
             block.hash, block.token_ids = self._block_hash(seq, i), seq.block(i)

@@ -25,7 +25,8 @@ class Scheduler:
         self.max_model_len = config.max_model_len
         self.eos = config.eos
         self.block_size = config.kvcache_block_size
-        self.block_manager = BlockManager(config.num_kvcache_blocks, config.kvcache_block_size, sink)
+        self.block_manager = BlockManager(config.num_kvcache_blocks, config.kvcache_block_size, sink,
+                                          config.enable_prefix_caching)
         self.waiting: deque[Sequence] = deque()   # not fully prefilled: new, mid-chunk, preempted
         self.running: deque[Sequence] = deque()   # prefilled, decoding
         self.sink = sink

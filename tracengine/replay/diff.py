@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from tracengine.analysis.stats import stats
 from tracengine.analysis.timeline import RequestTimeline
-from tracengine.engine.config import Config
+from tracengine.engine.config import Config, recorded_block_rules
 
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, PromptBlocksHashed,
                                      ScheduleDecision, without_wall_clock)
@@ -49,8 +49,9 @@ def scheduling_key(events) -> list[tuple]:
 
 def header_config(header) -> dict:
     """A trace header's config, a field an older trace lacks read as its Config default (what
-    `replay` and what-if run it with: a format-1 trace's policy is prefill_first)."""
-    return {**Config().to_dict(), **header.config}
+    `replay` and what-if run it with: a format-1 trace's policy is prefill_first, and every trace
+    before `block_rules` ran nano-vllm's)."""
+    return {**Config().to_dict(), **header.config, "block_rules": recorded_block_rules(header.config)}
 
 
 def diff_traces(a, b) -> TraceDiff:

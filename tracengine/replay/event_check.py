@@ -3,6 +3,7 @@ before it, applied as the fold (fold.py) applies them."""
 from tracengine.errors import TraceError
 from tracengine.replay.fold import _projection_of
 from tracengine.trace.events import RequestAdded, ScheduleDecision, StepEnd, TokenSample, TraceHeader
+from tracengine.trace.tracelog import ends_mid_step
 
 
 class EventCheck:
@@ -14,12 +15,13 @@ class EventCheck:
         self.state = _projection_of(header)
         self.num_blocks = len(self.state.ref_counts)
         self.step = 0                   # the step in progress
-        self.open_frame = False         # the last frame ended without a StepEnd
+        self.open_frame = False         # the last frame ended in the middle of a step (frames.ends_mid_step)
+        self.version = header.format_version
         self.scheduled: set[int] = set()
 
     def frame(self, events) -> None:
         if self.open_frame:
-            raise TraceError(f"step {self.step}: a frame follows one that ended without a StepEnd")
+            raise TraceError(f"step {self.step}: a frame follows one that ended without its step's StepEnd")
         if not events:
             raise TraceError(f"step {self.step}: a frame without events")
         for i, event in enumerate(events):
@@ -27,7 +29,7 @@ class EventCheck:
             if reason is not None:
                 raise TraceError(f"step {self.step}: event {i} of the frame, {type(event).__name__}, "
                                  f"does not follow: {reason}")
-        self.open_frame = type(events[-1]) is not StepEnd
+        self.open_frame = ends_mid_step(events, self.version)
 
     def _impossible(self, e, is_last: bool) -> str | None:
         t = type(e)

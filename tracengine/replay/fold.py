@@ -324,17 +324,12 @@ class Fold:
 
 
 def _projection_of(header) -> _Projection:
-    """The empty state of the block pool the header describes (vLLM's, for its scheduler's trace;
-    a disaggregated fleet's replica takes in KV transfers: fold_transfer.py)."""
+    """The empty state of the block pool the header describes, under the block rules it was recorded with
+    (vLLM's, for its scheduler's trace; a disaggregated fleet's replica takes in KV transfers)."""
     num_blocks, _, block_size = block_pool_config(check_header(header))
     if not (type(num_blocks) is int and 0 < num_blocks <= MAX_FOLD_BLOCKS and type(block_size) is int
             and block_size > 0):
         raise TraceError(f"the trace header has no plausible block pool: num_kvcache_blocks={num_blocks!r} "
                          f"(at most {MAX_FOLD_BLOCKS}), kvcache_block_size={block_size!r}")
-    if header.engine == "vllm":
-        from tracengine.vllm.fold import vllm_projection
-        return vllm_projection(num_blocks, block_size)
-    if header.fleet.get("num_decode_replicas"):
-        from tracengine.replay.fold_transfer import TransferProjection
-        return TransferProjection(num_blocks, block_size)
-    return _Projection(num_blocks, block_size)
+    from tracengine.replay.block_rules_fold import projection    # vLLM's block rules, or nano-vllm's
+    return projection(header, num_blocks, block_size)

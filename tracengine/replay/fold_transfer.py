@@ -32,6 +32,11 @@ class TransferProjection(_Projection):
             self._take_in(e, transfer.num_blocks)
         super().request_added(e)
 
+    def _register(self, block_id: int, h: int):
+        """A block's hash, as the block manager's prefix cache registers it."""
+        self.hashes[block_id] = h
+        self.hash_to_block_id[h] = block_id
+
     def _take_in(self, e: RequestAdded, num_blocks: int):
         prompt = request_prompt(e)
         if len(prompt) < num_blocks * self.block_size:
@@ -52,8 +57,7 @@ class TransferProjection(_Projection):
         for h in hashes[len(hits):]:
             block_id = self.free.head()
             self._take_free_block(block_id)
-            self.hashes[block_id] = h
-            self.hash_to_block_id[h] = block_id
+            self._register(block_id, h)
             new.append(block_id)
         for block_id in reversed(hits + new):
             ref_counts[block_id] -= 1

@@ -74,8 +74,10 @@ class TimedReplay:
     def run(self, config: Config, policy=None) -> tuple[list, OutputRunner]:
         step_time = self.ensure_step_time()
         if policy is not None:      # the header names the policy that runs
-            from tracengine.engine.policies import policy_path
+            from tracengine.engine.policies import block_rules, policy_path, scheduler_class
+            cls = scheduler_class(config, policy)
             config = config.replace(scheduling_policy=policy if isinstance(policy, str) else policy_path(policy))
+            config = config.replace(block_rules=block_rules(cls, config))    # and the block rules it runs
         header = msgspec.structs.replace(self.workload.header, config=config.to_dict(),
                                          device=f"simulated ({step_time.kind})", created_at=time.time())
         runner = OutputRunner(self.workload.outputs, self.workload.middle, 0 if config.eos != 0 else 1)

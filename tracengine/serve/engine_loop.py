@@ -3,7 +3,8 @@ is queued or running, and blocks on a condition otherwise (no spinning, no
 empty steps). HTTP handlers never touch the engine: they put requests and
 aborts in an inbox, which the loop drains between steps, so each request
 enters at the step after it arrived and each abort is applied between steps,
-where the trace records it. Outputs go back to each request's asyncio queue,
+where the trace records it (at once when the engine is left idle: no step
+follows to write it). Outputs go back to each request's asyncio queue,
 one call into the event loop per step."""
 import asyncio
 import threading
@@ -155,6 +156,10 @@ class EngineLoop:
             return                        # finished meanwhile
         self.llm.abort_request(seq.seq_id, reason)
         deliveries.append((request, Output([], "abort")))
+        if self.llm.is_finished():
+            # idle now: no step comes to carry the abort to the trace, so it is written at once,
+            # before the gauges show it (what /metrics says has happened is on the file)
+            self.llm.flush_recording()
         if self.metrics is not None:
             # the gauges now, not at the next step: an idle server has none to come
             self.metrics.queues(self.llm)

@@ -104,6 +104,8 @@ def refuse_unsupported(body) -> None:
     for name, given in checks:
         if given:
             raise APIError(400, f"{name} is not supported by this server (docs/serve.md)", param=name)
+    if body.stream_options is not None and not body.stream:     # ignored otherwise: refused, as vLLM does
+        raise APIError(400, "Stream options can only be defined when `stream=True`.", param="stream_options")
 
 
 def completion_prompts(body: CompletionBody) -> list[str | list[int]]:

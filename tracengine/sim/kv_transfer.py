@@ -11,7 +11,7 @@ def install_prompt_kv(block_manager, seq_id: int, token_ids) -> int:
     released, so they stay cached until reused. As many leading blocks as the free ones
     allow; returns how many. Writes no event (the KVTransfer says it)."""
     size = block_manager.block_size
-    num_blocks = len(token_ids) // size
+    num_blocks = len(token_ids) // size if block_manager.enable_caching else 0   # it lands through the cache
     sink, block_manager.sink = block_manager.sink, NULL_SINK
     try:
         while num_blocks > 0:

@@ -1,8 +1,9 @@
 """The trace file's bytes: the format, its frames and their heads (writer.py writes them,
 reader.py reads them; nothing else knows frames).
 
-Format version 7: this layout, the events of events.py, and the dictionary of
-dictionary.py. Version 6 had no PromptBlocksHashed (a hash-id prompt's blocks were a
+Format version 8: this layout, the events of events.py, and the dictionary of
+dictionary.py. Version 7 had no between-steps frame but a trace's last (below); version 6
+had no PromptBlocksHashed (a hash-id prompt's blocks were a
 BlockHash each); version 5 no RunEnd in the end frame; version 4 had the events
 without the fields version 5 appended
 (the header's engine, what vLLM's scheduler records: tracengine/vllm/); version 3
@@ -46,7 +47,15 @@ valid trace too, about 1.4x larger (BENCHMARKS.md, trace size).
 The first frame holds only the TraceHeader; each later frame holds one engine
 step's events and is written (one write on an unbuffered file) when that
 step's StepEnd arrives, so a killed process leaves every finished step
-readable. Closing the writer appends the end frame, an empty array (stored,
+readable. Events that come between steps (requests added, requests aborted:
+BETWEEN_STEPS) are written with the step they precede, except where the writer
+is flushed first (`TraceWriter.flush`: a server whose abort leaves the engine
+idle, with no step to come): then they are a between-steps frame of their own,
+written at once, and that step's frame follows with the rest of its events
+(format 8). A step's events are so one or more frames of that step, the last
+ending with its StepEnd; a reader that wants a step reads them all
+(`TraceReader.read_step`), a reader of the stream sees the same events in the
+same order either way. Closing the writer appends the end frame, an empty array (stored,
 one byte of payload): a reader following the file knows the recording is
 over, and a trace without it is still being written or was left by a killed
 writer. A run that failed or was interrupted ends instead with an end frame
@@ -60,7 +69,8 @@ leaves the stored trace (and its copy, removed by the next writer of the path).
 
 A writer given the path of an existing regular file writes beside it
 (PATH.recording.tmp) and renames its trace over the old one when the first
-step's frame is on the file (or, for a run of no step, when it closes whole):
+step's frame (or a flushed between-steps frame) is on the file (or, for a run
+of no step, when it closes whole):
 a run that fails before its first step leaves the old file as it was.
 
 Events are decoded by one typed msgspec Decoder only. The frame index alone
@@ -78,16 +88,18 @@ import msgspec
 import xxhash
 
 from tracengine.trace.dictionary import DICTIONARY
-from tracengine.trace.events import RunEnd
+from tracengine.trace.events import RunEnd, StepEnd
 
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 # 2 appended arrival_ns, top_k, top_p, seed to RequestAdded and gap_ns to StepEnd; 3 checks each frame head;
 # 4 adds RequestAdded's hash-id prompt fields, a fleet's events (ReplicaScope, RouteDecision, KVTransfer)
 # and TraceHeader.fleet (docs/cluster.md); 5 appends the engine and what vLLM's scheduler records;
 # 6 ends a failed or interrupted run's trace with a RunEnd in its end frame; 7 records a hash-id
 # prompt's full blocks as one PromptBlocksHashed, whose hashes a reader recomputes, not a BlockHash each
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+# 8 writes a between-steps frame before its step's frame where the writer is flushed
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 RUN_END_SINCE = 6                      # the first version whose end frame may hold a RunEnd
+BETWEEN_STEPS_FRAMES_SINCE = 8         # the first version whose between-steps frames may come before their step's
 MAGIC = b"TRCE"
 PREAMBLE = struct.Struct("<4sH2x")     # magic, format version, 2 reserved bytes (0)
 FRAME_HEAD = struct.Struct("<IQI")     # length word, xxh64 of the stored payload (seed: the flag), head check
@@ -140,6 +152,14 @@ END_FRAME_V2 = FRAME_HEAD_V2.pack(len(END_PAYLOAD), xxhash.xxh64_intdigest(END_P
 # Between steps (before a step's first scheduling event) come only these: requests that
 # arrive and requests taken out (SeqAbort and the BlockFree of its blocks).
 BETWEEN_STEPS = frozenset({"RequestAdded", "SeqAbort", "BlockFree"})
+
+
+def ends_mid_step(events: list, version: int) -> bool:
+    """Whether a frame of `events`, in a trace of format `version`, ends in the middle of a step,
+    so that no frame may follow it: a frame without its StepEnd, but, from format 8, one of
+    events between steps only (a between-steps frame, before its step's frame)."""
+    return type(events[-1]) is not StepEnd and not (
+        version >= BETWEEN_STEPS_FRAMES_SINCE and all(type(e).__name__ in BETWEEN_STEPS for e in events))
 
 
 class FrameInfo(NamedTuple):

@@ -14,7 +14,7 @@ import xxhash
 
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
 from tracengine.trace.dictionary import DICTIONARY
-from tracengine.trace.events import AnyEvent, RunEnd, TraceHeader
+from tracengine.trace.events import AnyEvent, RunEnd, StepEnd, TraceHeader
 from tracengine.trace.frames import (
     DEFLATED,
     END_FRAME_V2,
@@ -219,6 +219,17 @@ class TraceReader:
         frame = self._frames[i]
         data = os.pread(self._fd, self._head.size + frame.nbytes, frame.offset)
         return self._decode_frame(i, data, 0)
+
+    def read_step(self, step: int) -> list[AnyEvent]:
+        """A step's events: from its first frame (from format 8, a between-steps frame may come
+        before the step's own: frames.py) to the one that ends with its StepEnd, or as far as
+        the index goes. Empty for a step not in the index."""
+        events: list[AnyEvent] = []
+        for i in range(self.step_frame(step), len(self._frames)):
+            events += self.read_frame(i)
+            if events and type(events[-1]) is StepEnd:
+                break
+        return events
 
     def _decode_frame(self, i: int, data: bytes, pos: int) -> list[AnyEvent]:
         """Frame i's events from `data`, which holds the frame at `pos`."""

@@ -1,5 +1,6 @@
 """Writing a trace: `TraceWriter`, the event sink that writes one frame per step as it
-ends (crash-safe: a killed process leaves every finished step), the end frame at close, and
+ends (crash-safe: a killed process leaves every finished step), a between-steps frame when
+flushed (an idle server's abort), the end frame at close, and
 the compaction that then deflates the closed trace in place (frames.py: the format)."""
 import os
 import stat
@@ -199,6 +200,23 @@ class TraceWriter:
             with memoryview(data) as view:
                 written += self._file.write(view[written:])
 
+    def flush(self) -> None:
+        """Writes the events that came since the last step and before the next one began
+        (requests added or aborted) as a between-steps frame, now (format 8): a server
+        whose abort leaves the engine idle has the abort on the file at once, not at a next
+        step that may never come. The step's own events, if it has begun, wait for its
+        StepEnd; nothing pending, nothing written."""
+        pending = self._pending
+        if self._file.closed or (pending and type(pending[-1]) is StepEnd):   # a step interrupted in its write
+            return
+        begun = _first_step_event(pending)
+        if begun:
+            # detached before the write: an interrupt in it writes them or loses them, never twice
+            self._pending = pending[begun:]
+            self._write_frame(pending[:begun])
+            if self._replacing is not None:     # the new run has recorded something of its own
+                self._replace_old_file()
+
     def close(self) -> None:
         """Ends the trace at the last finished step, then the end frame. Of the events
         after it, those between steps (requests added or aborted) are written as a
@@ -211,8 +229,7 @@ class TraceWriter:
             if pending[-1].step == self._last_step_written:   # interrupted in its write: written or lost
                 pending = []
         else:
-            begun = next((i for i, e in enumerate(pending) if type(e).__name__ not in BETWEEN_STEPS), len(pending))
-            pending = pending[:begun]
+            pending = pending[:_first_step_event(pending)]
         try:
             if pending:
                 self._write_frame(pending)
@@ -269,6 +286,12 @@ class TraceWriter:
         if exc is not None:
             self.end_with(exc)
         self.close()
+
+
+def _first_step_event(pending: list[Event]) -> int:
+    """The index of the first event of `pending` that belongs to a step (len(pending) if none):
+    the events before it came between steps."""
+    return next((i for i, e in enumerate(pending) if type(e).__name__ not in BETWEEN_STEPS), len(pending))
 
 
 def write_trace(path, events, **writer_options) -> str:

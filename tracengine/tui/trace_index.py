@@ -90,6 +90,7 @@ class TraceIndex:
             self.num_free_blocks_at_start = self.fold.state_at(-1).num_free_blocks   # vLLM's: all but its null block
             self.num_steps = 0           # published: complete, folded and summarized
             self._next_frame = 1
+            self._open_step: list = []   # events read of the step not yet ended
             self._summary = _StepIndex()
             self._milestones: dict[int, list[Milestone]] = {}
             self._index_frames()         # what the first slice read, so step 0 shows at once
@@ -113,15 +114,17 @@ class TraceIndex:
         self._next_frame = end
         self.fold.append(e for events in frames for e in events)
         for events in frames:
-            self._summarize(events)
+            # a between-steps frame (format 8: frames.py) is summarized with the step it precedes
+            self._open_step += events
+            if self._open_step and type(self._open_step[-1]) is StepEnd:
+                self._summarize(self._open_step)
+                self._open_step = []
         before, self.num_steps = self.num_steps, self.fold.num_steps
         return self.num_steps - before
 
     def _summarize(self, events: list) -> None:
         s = self._summary
         step = len(s.num_tokens)
-        if not events or type(events[-1]) is not StepEnd:
-            return          # an unfinished last step (a writer closed mid-step): not a step yet
         names = set()
         decision = None
         for e in events:
@@ -188,7 +191,7 @@ class TraceIndex:
 
     def events_at(self, step: int) -> list:
         """A step's events, read by offset from the file."""
-        return self.reader.read_frame(self.reader.step_frame(step))
+        return self.reader.read_step(step)
 
     def state_at(self, step: int) -> FoldState:
         return self.fold.state_at(step)

@@ -8,6 +8,7 @@ import random
 from dataclasses import dataclass
 
 from tracengine.errors import TracengineError
+from tracengine.engine.config import check_seed
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.workload.arrivals import arrival_times, check_rate
 from tracengine.engine.request import Request
@@ -39,6 +40,8 @@ class WorkloadSpec:
     max_tokens: int | None = None
     temperature: float | None = None
     ignore_eos: bool | None = None
+
+MAX_ARRIVAL_NS = 1 << 63      # a trace's int64 ns
 
 # The built-in run: a small KV cache and token budget, so that a minute on the
 # CPU shows chunked prefill, head-of-line blocking, preemption and prefix hits.
@@ -172,6 +175,7 @@ def workload_requests(spec: WorkloadSpec, vocab_size: int, max_model_len: int | 
     workload = spec.workload
     time_scale, length_scale = spec.time_scale, spec.length_scale
     rate, burstiness = check_rate(spec.request_rate), spec.burstiness
+    check_seed(spec.seed)         # simulate's and bench-serve's too, as generate's engine checks it
     max_requests = spec.max_requests
     if max_requests is not None and max_requests <= 0:
         raise TracengineError(f"--max-requests must be positive, got {max_requests}")
@@ -199,6 +203,11 @@ def workload_requests(spec: WorkloadSpec, vocab_size: int, max_model_len: int | 
     if not math.isinf(rate):
         for r, t in zip(requests, arrival_times(len(requests), rate, burstiness, spec.seed)):
             r.arrival_ns = round(t * 1e9)
+    # a trace records arrivals as 64-bit ns: a later one is refused here, before a run waits for it
+    late = next((r for r in requests if r.arrival_ns >= MAX_ARRIVAL_NS), None)
+    if late is not None:
+        raise TracengineError(f"{late.source or 'a request'} arrives {late.arrival_s:.4g} s into the run, past "
+                              f"the {MAX_ARRIVAL_NS / 1e9 / 86400 / 365.25:.0f} years a trace's clock (ns, 64-bit) holds")
     return requests
 
 

@@ -1,0 +1,164 @@
+"""vLLM 0.33's block rules on tracengine's block pool and prefix cache: the
+block manager of the `mixed` policy (block_rules "vllm", docs/policies.md).
+Each rule is vLLM's (vllm/v1/core/kv_cache_manager.py, block_pool.py,
+single_type_kv_cache_manager.py):
+
+- Slots per chunk. Admission checks that the whole sequence would fit
+  (`num_blocks_needed`, vLLM's `full_sequence_must_fit`, on by default as
+  `scheduler_reserve_full_isl`) but allocates the prefix-cache hits and the
+  slots of the first chunk only (`allocate`); every later chunk or decoded
+  token gets its own slots (`allocate_slots`), which refuses, allocating
+  nothing, when the free blocks do not cover them.
+- Hashes at allocation. The full blocks a chunk computes are registered in
+  the prefix cache when its slots are allocated (`cache_blocks` at the end of
+  vLLM's `allocate_slots`), before the step runs: a sequence admitted later
+  in the same step hits them. Nothing is left to register after the step.
+- The first block registered under a hash is the one found (vLLM's
+  BlockHashToBlockMap): a block that registers a hash another block holds
+  (the same prompt computed twice in one step; the last block, which a hit
+  never covers) is found only once every block registered before it was
+  handed out again.
+- The free queue's order. A sequence's blocks are released tail first; one
+  left with no reference goes to the head of the free queue when it holds no
+  hash (reused first) and to its tail when it does (evicted last).
+
+Events: BlockAllocate at admission (the hits, then the first chunk's new
+blocks), BlockAppend for each block a later chunk or token is given, BlockHash
+for each block registered, in the step that allocates it."""
+from tracengine.engine.block_manager import BlockManager
+from tracengine.engine.block_pool import BlockPool
+from tracengine.engine.hash_id_prompt import hashed_block_events
+from tracengine.engine.prefix_cache import NO_HASH, PrefixCache
+from tracengine.engine.sequence import Sequence
+from tracengine.trace.events import NULL_SINK, BlockAllocate, BlockAppend, EventSink
+
+
+class VllmBlockPool(BlockPool):
+    """The pool with vLLM's `free_blocks`: `hashes` is the prefix cache's hash per block id."""
+
+    def __init__(self, num_blocks: int, hashes: list[int]):
+        super().__init__(num_blocks)
+        self.hashes = hashes
+
+    def free_blocks(self, block_ids: list[int]):
+        """A reference less to each of `block_ids` (in eviction order, the first evicted
+        first); those left with none go to the head of the free queue when they hold no
+        hash, to its tail when they do, each group in that order."""
+        ref_counts, hashes = self.ref_counts, self.hashes
+        evict_first, evict_last = [], []
+        for block_id in block_ids:
+            ref_counts[block_id] -= 1
+            assert ref_counts[block_id] >= 0, f"block {block_id} freed more often than it was taken"
+            if ref_counts[block_id] == 0:
+                (evict_first if hashes[block_id] == NO_HASH else evict_last).append(block_id)
+        self.free_block_queue.prepend_n(evict_first)
+        self.free_block_queue.append_n(evict_last)
+
+
+class VllmPrefixCache(PrefixCache):
+    """The prefix cache with vLLM's rule for a hash two blocks hold: the first registered is
+    found; `later_block_ids` keeps the others, in order, for when it is handed out."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        super().__init__(num_blocks, block_size)
+        self.later_block_ids: dict[int, list[int]] = {}
+
+    def insert(self, block_ids: list[int], block_hashes: list[int], token_ids=None):
+        self._last_lookup = None
+        size, hashes, held, index = self.block_size, self.hashes, self.token_ids, self.hash_to_block_id
+        for i, (block_id, h) in enumerate(zip(block_ids, block_hashes)):
+            hashes[block_id] = h
+            held[block_id] = None if token_ids is None else token_ids[i * size:(i + 1) * size]
+            if index.setdefault(h, block_id) != block_id:
+                self.later_block_ids.setdefault(h, []).append(block_id)
+
+    def evict(self, block_ids: list[int]):
+        self._last_lookup = None
+        hashes, held, index, later = self.hashes, self.token_ids, self.hash_to_block_id, self.later_block_ids
+        for block_id in block_ids:
+            h = hashes[block_id]
+            if h == NO_HASH:
+                continue
+            others = later.get(h)
+            if index[h] == block_id:      # the next registered is found from now on, if any
+                if others:
+                    index[h] = others.pop(0)
+                else:
+                    del index[h]
+            else:
+                others.remove(block_id)
+            if others == []:
+                del later[h]
+            hashes[block_id] = NO_HASH
+            held[block_id] = None
+
+
+class VllmBlockManager(BlockManager):
+
+    def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK, enable_caching: bool = True):
+        super().__init__(num_blocks, block_size, sink, enable_caching)
+        self.prefix_cache = VllmPrefixCache(num_blocks, block_size)
+        self.pool = VllmBlockPool(num_blocks, self.prefix_cache.hashes)
+
+    def num_computed_tokens(self, seq: Sequence, num_cached_blocks: int) -> int:
+        """The tokens of `seq` computed when it is admitted with `num_cached_blocks` hits: the
+        hits, or a transfer's tokens (BlockManager._take_external's rule)."""
+        num_computed = num_cached_blocks * self.block_size
+        num_external = self.external_tokens.get(seq.seq_id, 0)
+        if num_external and num_cached_blocks == num_external // self.block_size:
+            num_computed = max(num_computed, min(num_external, seq.num_tokens - 1))
+        return num_computed
+
+    def allocate(self, seq: Sequence, num_cached_blocks: int, num_new_tokens: int | None = None):
+        """Admission: the hits, and slots for the first `num_new_tokens` past the computed ones
+        (None: all of them, as a KV transfer installs a prompt, sim/fleet.py); the caller checked
+        with `num_blocks_needed` that the whole sequence fits."""
+        assert not seq.block_table
+        hits = self.cached_block_ids(seq)[:num_cached_blocks]
+        assert len(hits) == num_cached_blocks
+        self.pool.touch(hits)
+        seq.num_cached_tokens = self.num_computed_tokens(seq, num_cached_blocks)
+        self.external_tokens.pop(seq.seq_id, None)
+        num_slots = seq.num_tokens if num_new_tokens is None else seq.num_cached_tokens + num_new_tokens
+        new_block_ids = self.pool.get_new_blocks(-(-num_slots // self.block_size) - num_cached_blocks)
+        self.prefix_cache.evict(new_block_ids)     # their cached content is overwritten
+        seq.block_table = hits + new_block_ids
+        self.num_hit_blocks += num_cached_blocks
+        if self.sink.enabled:
+            self.sink.emit(BlockAllocate(self.step, seq.seq_id, list(seq.block_table), num_cached_blocks))
+        self.cache_blocks(seq, num_cached_blocks, num_slots)
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Slots for `num_new_tokens` more tokens of a sequence that holds blocks; False, and
+        nothing allocated, when the free blocks do not cover them."""
+        num_slots = seq.num_cached_tokens + num_new_tokens
+        num_new_blocks = -(-num_slots // self.block_size) - len(seq.block_table)
+        if num_new_blocks > self.pool.num_free_blocks:
+            return False
+        if num_new_blocks > 0:
+            new_block_ids = self.pool.get_new_blocks(num_new_blocks)
+            self.prefix_cache.evict(new_block_ids)
+            seq.block_table += new_block_ids
+            if self.sink.enabled:
+                for block_id in new_block_ids:
+                    self.sink.emit(BlockAppend(self.step, seq.seq_id, block_id))
+        self.cache_blocks(seq, seq.num_cached_tokens // self.block_size, num_slots)
+        return True
+
+    def cache_blocks(self, seq: Sequence, num_cached_blocks: int, num_tokens: int):
+        """Register the full blocks among seq's first `num_tokens` (those it knows) past its first
+        `num_cached_blocks`, registered before."""
+        size = self.block_size
+        end = min(num_tokens, seq.num_tokens) // size
+        if num_cached_blocks >= end or not self.enable_caching:
+            return
+        hashes = seq.hash_full_blocks()[num_cached_blocks:end]
+        block_ids = seq.block_table[num_cached_blocks:end]
+        self.prefix_cache.insert(block_ids, hashes,
+                                 seq.tokens(num_cached_blocks * size, end * size) if seq.has_tokens else None)
+        if self.sink.enabled:
+            for event in hashed_block_events(self.step, seq, num_cached_blocks, block_ids, hashes):
+                self.sink.emit(event)
+
+    def hash_blocks(self, seq: Sequence):
+        """Nothing: the blocks a step fills were registered when their slots were allocated."""

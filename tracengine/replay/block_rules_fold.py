@@ -1,0 +1,93 @@
+"""The fold's projection for the block rules a trace was recorded under: a
+vLLM trace's (vllm/fold.py), tracengine's own under vLLM's block rules
+(engine/vllm_block_manager.py), or nano-vllm's (fold.py's `_Projection`); a
+disaggregated fleet's decode replica takes in KV transfers (fold_transfer.py)."""
+import msgspec
+
+from tracengine.engine.config import recorded_block_rules
+from tracengine.replay.fold import _Keyframe, _Projection
+from tracengine.replay.fold_transfer import TransferProjection
+from tracengine.trace.events import BlockFree, BlockHash
+
+
+class VllmRulesKeyframe(_Keyframe, frozen=True, gc=False):
+    later_block_ids: dict      # hash -> the blocks registered under it after the one found
+
+
+class VllmRulesProjection(_Projection):
+    """vLLM's block rules: a block freed with no reference left goes to the head of the free
+    queue when it holds no hash, to the tail when it does (the blocks come tail first, as the
+    sequence released them); the first block registered under a hash is the one found, the
+    later ones in turn once it is handed out."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        super().__init__(num_blocks, block_size)
+        self.later_block_ids: dict[int, list[int]] = {}
+
+    def keyframe(self, step: int) -> VllmRulesKeyframe:
+        kf = super().keyframe(step)
+        return VllmRulesKeyframe(*msgspec.structs.astuple(kf),
+                                 {h: list(ids) for h, ids in self.later_block_ids.items()})
+
+    @classmethod
+    def from_keyframe(cls, kf: VllmRulesKeyframe, block_size: int) -> "VllmRulesProjection":
+        p = super().from_keyframe(kf, block_size)
+        p.later_block_ids = {h: list(ids) for h, ids in kf.later_block_ids.items()}
+        return p
+
+    def _take_free_block(self, block_id: int):
+        if self.free.head() != block_id:
+            raise ValueError(f"block {block_id} is not the next free block {self.free.head()}")
+        self.free.popleft()
+        h = self.hashes[block_id]
+        if h != -1:
+            index, others = self.hash_to_block_id, self.later_block_ids.get(h)
+            if index[h] == block_id:
+                if others:
+                    index[h] = others.pop(0)
+                else:
+                    del index[h]
+            else:
+                others.remove(block_id)
+            if others == []:
+                del self.later_block_ids[h]
+        self.hashes[block_id] = -1
+        self.ref_counts[block_id] = 1
+
+    def block_hash(self, e: BlockHash):
+        self._register(e.block_id, e.hash)
+
+    def _register(self, block_id: int, h: int):
+        self.hashes[block_id] = h
+        if self.hash_to_block_id.setdefault(h, block_id) != block_id:
+            self.later_block_ids.setdefault(h, []).append(block_id)
+
+    def block_free(self, e: BlockFree):
+        ref_counts, hashes = self.ref_counts, self.hashes
+        evict_first, evict_last = [], []
+        for block_id in e.block_ids:
+            ref_counts[block_id] -= 1
+            if ref_counts[block_id] == 0:
+                (evict_first if hashes[block_id] == -1 else evict_last).append(block_id)
+            elif ref_counts[block_id] < 0:
+                raise ValueError(f"block {block_id} freed more often than allocated")
+        self.free.prepend_n(evict_first)
+        self.free.append_n(evict_last)
+        s = self.seqs[e.seq_id]
+        s.block_table = []
+        s.num_cached_tokens = 0
+
+
+class VllmRulesTransferProjection(VllmRulesProjection, TransferProjection):
+    """A disaggregated fleet's decode replica (fold_transfer.py) under vLLM's block rules."""
+
+
+def projection(header, num_blocks: int, block_size: int) -> _Projection:
+    """The empty projection of the block pool the header describes."""
+    if header.engine == "vllm":
+        from tracengine.vllm.fold import vllm_projection
+        return vllm_projection(num_blocks, block_size)
+    vllm_rules = recorded_block_rules(header.config) == "vllm"
+    if header.fleet.get("num_decode_replicas"):
+        return (VllmRulesTransferProjection if vllm_rules else TransferProjection)(num_blocks, block_size)
+    return (VllmRulesProjection if vllm_rules else _Projection)(num_blocks, block_size)
