@@ -23,8 +23,8 @@ where tracengine is installed, and would need pytest-snapshot there too
 (`pip install tracengine[testing]`); a test suite that wants them says so
 in one line, as tracengine's own tests/conftest.py does.
 
-Fixtures: `trace_snapshot` and `workload_snapshot` (both on pytest-snapshot's
-`snapshot` storage, so `--snapshot-update` accepts a change). Helpers:
+Fixtures: `trace_snapshot` and `workload_snapshot`, and `vllm_snapshot` for vLLM's own
+scheduler (all on pytest-snapshot's `snapshot` storage, so `--snapshot-update` accepts a change). Helpers:
 `make_request()`, `run_requests()`. For tracengine's own tests, and as examples
 of behaviours worth pinning: the canned workloads (`canned_workload`,
 `CANNED_WORKLOADS`), `random_workload`, `every_event_type` and `aborts_between_steps`."""
@@ -146,9 +146,10 @@ class TraceSnapshot(_StepTableSnapshot):
         `<name>.trace` beside the table; from then on the stored run, not the
         recorded one, is what must reproduce. The recorded trace is never written.
         `policy`: the Scheduler subclass to run (a trace recorded with a policy
-        that is not built in names it, and it is never imported on its own)."""
+        that is not built in names it, and it is never imported on its own).
+        A trace of vLLM's own scheduler (docs/vllm.md) is re-executed and
+        rescheduled by the installed vLLM's."""
         __tracebackhide__ = True
-        from tracengine.replay.reexec import reexecute
         from tracengine.analysis.render import render_steps
         from tracengine.replay.reexec import divergence_report
         from tracengine.trace.tracelog import TraceReader
@@ -161,13 +162,13 @@ class TraceSnapshot(_StepTableSnapshot):
             torn = reader.describe_torn_tail()
         if torn is not None:
             pytest.fail(f"{reference}: {torn}: a snapshot pins a whole trace", pytrace=False)
-        result = reexecute(events, policy)
+        reexecute, reschedule = _replayers(events[0], policy)
+        result = reexecute(events)
         notes = []
         if result.ok:
             table = render_steps(events)
         else:
-            from tracengine.replay.whatif import whatif
-            rescheduled = whatif(events, {}, policy=policy).events
+            rescheduled = reschedule(events)
             table = render_steps(rescheduled)
             if self.update:
                 self.snapshot.assert_match(_trace_bytes(rescheduled), accepted.name)
@@ -190,6 +191,20 @@ class WorkloadSnapshot(_StepTableSnapshot):
         runner = SyntheticRunner(eos=config.eos, seed=config.seed, eos_at=eos_at)
         table = render_steps(run_requests(config, requests, runner, step_time, policy))
         self._check(table, name if Path(name).suffix else name + ".txt", [])
+
+
+def _replayers(header, policy):
+    """(re-execute, reschedule) for a trace: each takes its events; reschedule gives the events of
+    its workload scheduled as the scheduler now does. vLLM's scheduler for a vLLM trace."""
+    if header.engine == "vllm":
+        if policy is not None:
+            raise TracengineError("a trace of vLLM's scheduler runs vLLM's scheduler: it takes no policy")
+        from tracengine.vllm.replay import reexecute as vllm_reexecute
+        from tracengine.vllm.whatif import whatif as vllm_whatif
+        return vllm_reexecute, lambda events: vllm_whatif(events, {}).events
+    from tracengine.replay.reexec import reexecute
+    from tracengine.replay.whatif import whatif
+    return (lambda events: reexecute(events, policy)), (lambda events: whatif(events, {}, policy=policy).events)
 
 
 def _trace_bytes(events) -> bytes:
@@ -215,6 +230,14 @@ def trace_snapshot(snapshot, request) -> TraceSnapshot:
 def workload_snapshot(snapshot, request) -> WorkloadSnapshot:
     """`workload_snapshot.assert_match(config, [make_request(...), ...], "name")`: pin a workload's step table."""
     return WorkloadSnapshot(snapshot, request.config.getoption("snapshot_update"))
+
+
+@pytest.fixture
+def vllm_snapshot(snapshot, request):
+    """`vllm_snapshot.assert_match([make_request(...), ...], "name", num_gpu_blocks=32)`: pin how
+    vLLM's own scheduler schedules a workload (vLLM installed; tracengine/vllm/snapshot.py)."""
+    from tracengine.vllm.snapshot import VllmWorkloadSnapshot
+    return VllmWorkloadSnapshot(snapshot, request.config.getoption("snapshot_update"))
 
 
 def random_workload(rng: random.Random, num_requests: int = 8, max_prompt_len: int = 40,

@@ -215,12 +215,17 @@ def timed_table(recorded: dict, self_check: dict, new: dict | None) -> str:
     return table_text(make_table(header, table[1:]))
 
 
-def run_sweep_replay(path, events: list, overrides: dict, timed: bool, step_time, args) -> int:
-    """`events`: those of the trace at `path`, read."""
-    from tracengine.replay.sweeps import prepare_steps, prepare_timed
+def run_sweep_replay(path, events: list, overrides: dict, timed: bool, step_time, args, makers=None,
+                     parse=None) -> int:
+    """`events`: those of the trace at `path`, read. `makers`: the module whose prepare_timed and
+    prepare_steps make the variants (vLLM's scheduler's for a vLLM trace: vllm/sweeps.py),
+    replay/sweeps.py by default; `parse`: as sweep_options'."""
     from tracengine.sim.spec import PreparedSources, Source
     from tracengine.sim.sweep import IN_STEPS, IN_TIME
-    variants, slo = sweep_options(args, overrides, IN_TIME if timed else IN_STEPS)
+    if makers is None:
+        from tracengine.replay import sweeps as makers
+    prepare_steps, prepare_timed = makers.prepare_steps, makers.prepare_timed
+    variants, slo = sweep_options(args, overrides, IN_TIME if timed else IN_STEPS, parse)
     if args.record:
         raise TracengineError("--record writes one run; a --sweep makes many")
     source, prepared = Source.of("trace", path), PreparedSources()
@@ -243,10 +248,12 @@ def run_sweep_replay(path, events: list, overrides: dict, timed: bool, step_time
 
 
 def run_timed_whatif(path, events: list, overrides: dict, record, step_time, policy: str | None = None,
-                     as_json: bool = False) -> int:
-    """`events`: those of the trace at `path`, read."""
+                     as_json: bool = False, timed_whatif=None) -> int:
+    """`events`: those of the trace at `path`, read. `timed_whatif`: the what-if to run (vLLM's
+    scheduler's for a vLLM trace: vllm/timed.py), replay/timed.py's by default."""
     from tracengine.analysis.stats import stats
-    from tracengine.replay.timed import timed_whatif
+    if timed_whatif is None:
+        from tracengine.replay.timed import timed_whatif
     # `replay` checked --record (exists without --force, or the input) before calling
     result = timed_whatif(events, overrides, step_time, os.path.basename(path), policy)
     recorded, self_check = stats(result.recorded), stats(result.self_check)

@@ -32,7 +32,7 @@ def sweep_options(args, overrides: dict, figures=None, parse=None):
     """(variants, slo) of the sweep flags; variants is None without --sweep. `overrides`: the
     --set fields, which no --sweep may name too (one of the two would silently win). `figures`:
     the sweep's (replay.sweep.IN_TIME, the default, or IN_STEPS), which --plot-figure names one of.
-    `parse`: how a swept value is typed (parse_sweep's)."""
+    `parse`: how a swept value is typed (parse_sweep's; a vLLM trace's types vLLM's fields)."""
     from tracengine.analysis.stats import parse_slos
     from tracengine.sim.sweep import IN_STEPS, IN_TIME, parse_sweep
     figures = figures or IN_TIME

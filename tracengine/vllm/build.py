@@ -18,8 +18,11 @@ from tracengine.errors import ConfigError
 # CacheConfig fields that decide scheduling (block size and count, the prefix cache)
 CACHE_FIELDS = ("block_size", "enable_prefix_caching", "prefix_caching_hash_algo", "sliding_window")
 KV_FIELDS = ("num_kv_heads", "head_size", "kv_dtype")
-# SchedulerConfig fields that name code or are vLLM's own bookkeeping, not a scheduling value
-_SKIPPED_SCHEDULER_FIELDS = ("scheduler_cls", "is_multimodal_model", "runner_type")
+# SchedulerConfig fields that name code or are vLLM's own bookkeeping, not a scheduling value;
+# and disable_hybrid_kv_cache_manager, which vLLM resolves from the platform and the KV cache
+# groups (a server's resolution, given back, is refused where the platform differs) and which
+# changes nothing with the one full-attention group tracengine records
+_SKIPPED_SCHEDULER_FIELDS = ("scheduler_cls", "is_multimodal_model", "runner_type", "disable_hybrid_kv_cache_manager")
 _SCALARS = (str, int, float, bool, type(None))
 
 
@@ -100,7 +103,7 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = ""):
     block_size = config["block_size"]
     try:
         with tempfile.TemporaryDirectory(prefix="tracengine-vllm-") as model_dir:
-            _write_model_config(model_dir, config)
+            write_model_config(model_dir, config)
             model_config = ModelConfig(model=model_dir, skip_tokenizer_init=True,
                                        max_model_len=config["max_model_len"], dtype="float32", seed=0)
             scheduler_config = SchedulerConfig(
@@ -128,7 +131,7 @@ def _first_line(exc: Exception) -> str:
     return " ".join(str(exc).split())[:300]
 
 
-def _write_model_config(model_dir: str, config: dict) -> None:
+def write_model_config(model_dir: str, config: dict) -> None:
     """A tiny Llama architecture: the scheduler reads only lengths from the model."""
     hf_config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
                  "intermediate_size": 256, "num_attention_heads": 4, "num_hidden_layers": 1,

@@ -1,8 +1,9 @@
 """`tracengine replay` on a trace of vLLM's own scheduler: re-execution through
-vLLM's scheduler, `--state`, and the what-if in steps (`--set` any field of
-the header's config: vLLM's scheduler and cache fields, `num_gpu_blocks`,
-`scheduler_kind`). The output is the one `replay` prints for tracengine's
-traces (cli/replay.py)."""
+vLLM's scheduler, `--state`, and the what-if in steps or in simulated time
+(`--set` any field of the header's config: vLLM's scheduler and cache fields,
+`num_gpu_blocks`, `scheduler_kind`), one run or a sweep; and `simulate
+--scheduler vllm`. The output is the one `replay` and `simulate` print for
+tracengine's traces and workloads (cli/replay.py, cli/simulate.py)."""
 from tracengine.errors import ConfigError, TraceError
 from tracengine.trace.tracelog import TraceReader
 
@@ -11,31 +12,54 @@ FLAG_ALIASES = {"kvcache_block_size": "block_size", "num_kvcache_blocks": "num_g
 
 
 def run_replay(args) -> int:
+    """As cli/replay.run, with vLLM's scheduler: re-execution, --state, the what-if in steps or in
+    simulated time (--step-time, --roofline, or a trace with arrival times), sweeps of either."""
     from tracengine.cli import replay as cli_replay
+    from tracengine.cli.fleet import fleet_changes
     from tracengine.cli.outputs import check_outputs, note_torn_tail
-    from tracengine.cli.steptime import input_files
-    unsupported = [flag for flag, given in (
-        ("--sweep", args.sweep), ("--step-time", getattr(args, "step_time", None)),
-        ("--roofline", getattr(args, "roofline", None)), ("--arrivals time", args.arrivals == "time"),
-        ("--policy", args.policy), ("--slo", getattr(args, "slo", None)), ("--plot", getattr(args, "plot", None)))
-        if given]
-    if unsupported:
-        raise TraceError(f"{unsupported[0]} is not supported on a trace of vLLM's scheduler yet "
-                         f"(replay, --state, --set and --record are)")
+    from tracengine.cli.steptime import input_files, step_time_from_args
+    from tracengine.cli.sweeps import check_executor_flags, check_plot_figure
+    if args.policy:
+        raise TraceError("--policy names a tracengine scheduling policy; a vLLM trace runs vLLM's scheduler "
+                         "(--set policy=priority for vLLM's priority policy)")
+    if fleet_changes(args):
+        raise TraceError("a vLLM trace runs one vLLM scheduler; a fleet's what-if is tracengine's")
+    check_plot_figure(args)
+    check_executor_flags(args, bool(args.sweep))
     with TraceReader(args.trace) as reader:
         header = reader.header
     overrides = vllm_overrides(args, header.config)
     if args.state is not None:
-        if overrides or args.record or args.json:
-            raise TraceError("--state shows the recorded state; it does not combine with --set, --record or --json")
+        if overrides or args.record or args.json or args.sweep:
+            raise TraceError("--state shows the recorded state; it does not combine with --set, --sweep, --record "
+                             "or --json")
         return cli_replay.show_state(args.trace, args.state)
-    if not (overrides or args.record):
+    if not args.sweep and (args.slo or args.plot or args.jobs is not None):
+        raise TraceError("--slo, --plot and --jobs go with --sweep (for one run's goodput: --record it and "
+                         "`tracengine stats --slo`)")
+    check_outputs({"--record": args.record}, input_files(args), args.force)
+    step_time = step_time_from_args(args)
+    timed = args.arrivals == "time" or step_time is not None
+    if not (overrides or args.record or timed or args.sweep):
         from tracengine.vllm.replay import reexecute
         return cli_replay.run_replay(args.trace, args.json, replayer=reexecute)
-    check_outputs({"--record": args.record}, input_files(args), args.force)
+    if timed and args.arrivals == "steps":
+        raise TraceError("--step-time and --roofline time a what-if in simulated time; "
+                         "they do not combine with --arrivals steps")
     with TraceReader(args.trace) as reader:
         events = list(reader.events())
         note_torn_tail(reader)
+    if args.arrivals is None:    # time when the trace has arrival times, steps otherwise
+        from tracengine.replay.timed import has_arrivals
+        timed = timed or has_arrivals(events)
+    if args.sweep:
+        from tracengine.vllm import sweeps
+        return cli_replay.run_sweep_replay(args.trace, events, overrides, timed, step_time, args, sweeps,
+                                           lambda text: parsed_field(text, header.config))
+    if timed:
+        from tracengine.vllm.timed import timed_whatif
+        return cli_replay.run_timed_whatif(args.trace, events, overrides, args.record, step_time,
+                                           as_json=args.json, timed_whatif=timed_whatif)
     from tracengine.vllm.whatif import whatif
     return cli_replay.print_whatif(args.trace, whatif(events, overrides), args.record, args.json)
 
@@ -56,16 +80,23 @@ def vllm_overrides(args, config: dict) -> dict:
                                   f"{', '.join(known)}")
             given[field] = value
     for text in args.set:
-        name, sep, raw = text.partition("=")
-        name = FLAG_ALIASES.get(name.strip().replace("-", "_"), name.strip().replace("-", "_"))
-        if not sep:
-            raise ConfigError(f"expected NAME=VALUE, got {text!r}")
-        if name not in known:
-            raise ConfigError(f"unknown vLLM config field {name!r}; known: {', '.join(known)}")
+        name, value = parsed_field(text, config)
         if name in given:
             raise ConfigError(f"{name} is given twice (as a flag and in --set, or twice in --set)")
-        given[name] = typed(name, raw.strip(), config.get(name))
+        given[name] = value
     return given
+
+
+def parsed_field(text: str, config: dict) -> tuple[str, object]:
+    """`NAME=VALUE` (--set, --sweep's values) as a vLLM field and its value, typed as `config` has it."""
+    from tracengine.vllm.build import settable_fields
+    name, sep, raw = text.partition("=")
+    name = FLAG_ALIASES.get(name.strip().replace("-", "_"), name.strip().replace("-", "_"))
+    if not sep:
+        raise ConfigError(f"expected NAME=VALUE, got {text!r}")
+    if name not in settable_fields():
+        raise ConfigError(f"unknown vLLM config field {name!r}; known: {', '.join(settable_fields())}")
+    return name, typed(name, raw.strip(), config.get(name))
 
 
 def typed(name: str, raw: str, recorded):
@@ -86,47 +117,60 @@ def typed(name: str, raw: str, recorded):
 
 
 def run_simulate(args) -> int:
-    """`tracengine simulate WORKLOAD --scheduler vllm`: vllm/simulate.py, printed as simulate prints."""
+    """`tracengine simulate WORKLOAD --scheduler vllm`: vllm/simulate.py, printed as simulate prints;
+    a --sweep's variants through vLLM's scheduler (vllm/sweeps.py)."""
     import time
 
     from tracengine.analysis.stats import render, stats
     from tracengine.cli.common import print_table
+    from tracengine.cli.flags import workload_spec
     from tracengine.cli.outputs import check_outputs
     from tracengine.cli.simulate import DEFAULT_VOCAB_SIZE, workload_for_simulation
-    from tracengine.cli.steptime import describe_step_time, input_files, step_time_from_args
+    from tracengine.cli.steptime import describe_step_time, input_files, print_unvaried_note, step_time_from_args
+    from tracengine.cli.sweeps import print_sweep, sweep_options
     from tracengine.errors import TracengineError
     from tracengine.sim.engine import check_token_prompts
-    from tracengine.trace.events import ListSink
     from tracengine.vllm.build import default_config
-    from tracengine.vllm.simulate import header, simulate
+    from tracengine.vllm.simulate import simulate
     if args.workload_file and args.workload:
         raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
-    if args.sweep:
-        raise TracengineError("--sweep is not supported with --scheduler vllm yet")
+    if args.search:
+        raise TracengineError("--search is not supported with --scheduler vllm yet (--sweep is)")
+    base = default_config()
+    overrides = vllm_overrides(args, base)
+    variants, slo = sweep_options(args, overrides, parse=lambda text: parsed_field(text, base))
     step_time = step_time_from_args(args)
     if step_time is None:
         raise TracengineError("simulate needs step times: --step-time FILE (tracengine calibrate) or --roofline CONFIG")
-    base = default_config()
-    overrides = vllm_overrides(args, base)
-    if "num_gpu_blocks" not in overrides:
+    if "num_gpu_blocks" not in overrides and not (variants and "num_gpu_blocks" in variants[0]):
         raise TracengineError("simulate --scheduler vllm needs num_gpu_blocks (--set num_gpu_blocks=N or "
                               "--num-kvcache-blocks N): a simulation has no device to size the cache")
-    config = {**base, **overrides, "scheduler_kind": "sync"}
+    if args.record and variants is not None:
+        raise TracengineError("--record writes one run; a --sweep makes many")
+    config = {**base, **overrides}
     check_outputs({"--record": args.record}, input_files(args), args.force)
     vocab_size = args.vocab_size or (step_time.model.vocab_size if step_time.kind == "roofline" else DEFAULT_VOCAB_SIZE)
-    requests = workload_for_simulation(args, args.workload_file or args.workload, vocab_size)
+    workload = args.workload_file or args.workload
+    requests = workload_for_simulation(args, workload, vocab_size)
     check_token_prompts(requests)
-    head = header(config, step_time)
-    sink = ListSink()
+    if variants is not None:
+        from tracengine.sim.spec import PreparedSources, SweepSpec, workload_source
+        from tracengine.vllm.sweeps import SIMULATE
+        source, prepared = workload_source(workload_spec(args, workload=workload), vocab_size), PreparedSources()
+        prepared.add(source, requests)
+        spec = SweepSpec(SIMULATE, source.digest, config, step_time.to_dict(), slo)
+        print(f"simulate {len(requests):,} requests through vLLM's scheduler with {describe_step_time(step_time)}")
+        rc = print_sweep(spec, source, prepared, variants, args)
+        print_unvaried_note(step_time)
+        return rc
     wall, cpu = time.perf_counter(), time.process_time()
-    simulate(config, requests, step_time, sink)
+    events = simulate(config, requests, step_time)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    events = [head] + sink.events
     if args.record:
         from tracengine.trace.tracelog import write_trace
         write_trace(args.record, events)
-    s = stats(events)
-    print(f"simulated {len(requests):,} requests through vLLM {head.engine_version}'s scheduler with "
+    s = stats(events, slo)
+    print(f"simulated {len(requests):,} requests through vLLM {events[0].engine_version}'s scheduler with "
           f"{describe_step_time(step_time)}: {s['steps']['num_steps']:,} steps in {wall:.2f} s wall, {cpu:.2f} s CPU")
     print_table(render(s, title="simulated run"))
     if args.record:

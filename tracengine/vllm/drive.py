@@ -26,6 +26,9 @@ class RequestSpec:
     output_token_ids: list[int] | None = None
     sampling: dict | None = None
     arrival_time: float | None = None
+    # In simulated time (timed.py): when it arrives and, a client that left, when it leaves (ns)
+    arrival_ns: int = 0
+    abort_ns: int | None = None
 
 
 def make_request(request_id: str, prompt_token_ids, *, max_tokens: int, arrival_time: float, block_size: int,
@@ -61,52 +64,81 @@ def sampling_req_ids(scheduler, out) -> list[str]:
     return [req_id for req_id in out.num_scheduled_tokens if not scheduler.requests[req_id].is_prefill_chunk]
 
 
+class Driver:
+    """A workload's requests for one scheduler, as both loops (steps here, simulated time in
+    timed.py) give them: each added as the engine core adds it, and each step's tokens made up
+    (a recorded request's own, EOS where a spec says, else a token that stops nothing)."""
+
+    def __init__(self, scheduler, specs: list[RequestSpec], past_output: set | None = None):
+        self.scheduler = scheduler
+        self.block_size = scheduler.block_size
+        self.hash_algo = scheduler.vllm_config.cache_config.prefix_caching_hash_algo
+        self.index = {spec.request_id: i for i, spec in enumerate(specs)}
+        self.by_id = {spec.request_id: spec for spec in specs}
+        self.past_output = past_output
+
+    def add(self, spec: RequestSpec) -> None:
+        sampling = spec.sampling if spec.sampling is not None else dict(
+            ignore_eos=not spec.eos_after, eos_token_id=EOS_TOKEN_ID if spec.eos_after else None,
+            stop_token_ids=spec.stop_token_ids)
+        arrival_time = spec.arrival_time if spec.arrival_time is not None else float(self.index[spec.request_id])
+        self.scheduler.add_request(make_request(
+            spec.request_id, spec.prompt_token_ids, max_tokens=spec.max_tokens, arrival_time=arrival_time,
+            block_size=self.block_size, hash_algo=self.hash_algo, priority=spec.priority, **sampling))
+
+    def tokens(self, req_ids) -> dict:
+        """The sampled tokens of the requests of a step that sample one."""
+        tokens = {}
+        for req_id in req_ids:
+            request = self.scheduler.requests.get(req_id)
+            if request is None:
+                continue
+            spec = self.by_id[req_id]
+            if spec.output_token_ids is not None:
+                tokens[req_id] = [recorded_token(spec, request.num_output_tokens, self.past_output)]
+            elif spec.eos_after and request.num_output_tokens + 1 >= spec.eos_after:
+                tokens[req_id] = [EOS_TOKEN_ID]
+            else:
+                tokens[req_id] = [100 + (self.index[req_id] * 31 + request.num_output_tokens) % 900]
+        return tokens
+
+
+def check_progress(scheduler, out) -> None:
+    """A step that scheduled and preempted nothing with nobody running and a request waiting: the
+    waiting head never fits (all the blocks are free or evictable), so no later step would run it."""
+    if out.total_num_scheduled_tokens == 0 and not out.preempted_req_ids and not scheduler.running \
+            and scheduler.waiting:
+        from tracengine.errors import ConfigError
+        request = scheduler.waiting.peek_request()
+        manager = scheduler.kv_cache_manager
+        raise ConfigError(f"vLLM's scheduler can never run request {request.request_id} ({request.num_tokens} "
+                          f"tokens) with {manager.block_pool.num_gpu_blocks - 1} usable KV blocks of "
+                          f"{scheduler.block_size} tokens: give more num_gpu_blocks")
+
+
+def batch_queue_size(scheduler) -> int:
+    """The steps vLLM's engine core keeps in flight: two with async scheduling (step_with_batch_queue)."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    return 2 if isinstance(scheduler, AsyncScheduler) else 1
+
+
 def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, in_step_aborts: dict | None = None,
         max_steps: int = 100_000, schedule_log: list | None = None, past_output: set | None = None) -> int:
     """Runs `specs` through `scheduler` until it has no requests; returns the number of steps.
     A request arrives before the step its `arrival_step` names (an idle engine skips ahead to
-    the next arrival, so steps then run behind that count). `aborts[k]`: request ids aborted before step k is scheduled; `in_step_aborts[k]`: ids aborted
-    while step k is in flight, before its output is processed (vLLM's aborts queue).
-    `past_output` gets the ids of recorded requests that ran past their recorded output."""
-    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    the next arrival, so steps then run behind that count). `aborts[k]`: request ids aborted
+    before step k is scheduled; `in_step_aborts[k]`: ids aborted while step k is in flight,
+    before its output is processed (vLLM's aborts queue). `past_output` gets the ids of
+    recorded requests that ran past their recorded output."""
     from vllm.v1.request import RequestStatus
 
     aborts, in_step_aborts = aborts or {}, in_step_aborts or {}
-    batch_queue_size = 2 if isinstance(scheduler, AsyncScheduler) else 1
-    block_size = scheduler.block_size
-    hash_algo = scheduler.vllm_config.cache_config.prefix_caching_hash_algo
+    queue_size = batch_queue_size(scheduler)
+    driver = Driver(scheduler, specs, past_output)
     pending = deque(sorted(specs, key=lambda s: s.arrival_step))
-    index = {spec.request_id: i for i, spec in enumerate(specs)}
-    by_id = {spec.request_id: spec for spec in specs}
     batch_queue: deque = deque()
     num_scheduled = 0
     tick = 0          # the arrivals' clock: a step, or an idle wait for the next arrival
-
-    def arrive(step: int):
-        while pending and pending[0].arrival_step <= step:
-            spec = pending.popleft()
-            sampling = spec.sampling if spec.sampling is not None else dict(
-                ignore_eos=not spec.eos_after, eos_token_id=EOS_TOKEN_ID if spec.eos_after else None,
-                stop_token_ids=spec.stop_token_ids)
-            arrival_time = spec.arrival_time if spec.arrival_time is not None else float(index[spec.request_id])
-            scheduler.add_request(make_request(
-                spec.request_id, spec.prompt_token_ids, max_tokens=spec.max_tokens, arrival_time=arrival_time,
-                block_size=block_size, hash_algo=hash_algo, priority=spec.priority, **sampling))
-
-    def fabricate(req_ids) -> dict:
-        tokens = {}
-        for req_id in req_ids:
-            request = scheduler.requests.get(req_id)
-            if request is None:
-                continue
-            spec = by_id[req_id]
-            if spec.output_token_ids is not None:
-                tokens[req_id] = [recorded_token(spec, request.num_output_tokens, past_output)]
-            elif spec.eos_after and request.num_output_tokens + 1 >= spec.eos_after:
-                tokens[req_id] = [EOS_TOKEN_ID]
-            else:
-                tokens[req_id] = [100 + (index[req_id] * 31 + request.num_output_tokens) % 900]
-        return tokens
 
     # aborts and steps are keyed by schedule() calls, arrivals by `tick`
     while num_scheduled < max_steps:
@@ -114,23 +146,25 @@ def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, in_s
             if not pending:
                 return num_scheduled
             tick = max(tick, pending[0].arrival_step)
-        arrive(tick)
+        while pending and pending[0].arrival_step <= tick:
+            driver.add(pending.popleft())
         for req_id in aborts.get(num_scheduled, ()):
             scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
         if scheduler.has_requests():
             out = scheduler.schedule()
+            check_progress(scheduler, out)
             if schedule_log is not None:     # what vLLM decided: each request's tokens, the preempted
                 schedule_log.append((dict(out.num_scheduled_tokens), sorted(out.preempted_req_ids)))
             batch_queue.appendleft((num_scheduled, out, sampling_req_ids(scheduler, out)))
             num_scheduled += 1
             tick += 1
-            if len(batch_queue) < batch_queue_size and (out.total_num_scheduled_tokens > 0
-                                                        or scheduler.has_requests()):
+            if len(batch_queue) < queue_size and (out.total_num_scheduled_tokens > 0
+                                                  or scheduler.has_requests()):
                 continue
         step, out, req_ids = batch_queue.pop()
         for req_id in in_step_aborts.get(step, ()):
             scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
-        scheduler.update_from_output(out, model_output(out.num_scheduled_tokens, fabricate(req_ids)))
+        scheduler.update_from_output(out, model_output(out.num_scheduled_tokens, driver.tokens(req_ids)))
     raise RuntimeError(f"the scheduler did not finish in {max_steps} steps")
 
 
@@ -142,3 +176,17 @@ def recorded_token(spec: RequestSpec, position: int, past_output: set | None) ->
         past_output.add(spec.request_id)
     stops = {spec.sampling.get("eos_token_id"), *spec.sampling.get("stop_token_ids", ())}
     return next(t for t in FILLER_TOKEN_IDS if t not in stops)
+
+
+def record_workload(config: dict, specs: list[RequestSpec], **drive) -> list:
+    """The events (header first) of `specs` through vLLM's recording scheduler for `config` (a
+    header's, build.default_config's), driven by `run` (`drive`: its aborts and in_step_aborts)."""
+    from tracengine.trace.events import ListSink
+    from tracengine.vllm.build import build_scheduler, trace_header
+    scheduler = build_scheduler(config)
+    header = trace_header(scheduler)
+    sink = ListSink()
+    scheduler.record_to(sink, header.created_at)
+    run(scheduler, specs, **drive)
+    scheduler.shutdown()
+    return [header] + sink.events

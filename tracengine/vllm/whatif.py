@@ -46,7 +46,7 @@ def extract_workload(events) -> VllmWorkload:
         elif t is RequestAdded:
             specs[e.seq_id] = RequestSpec(
                 e.request_id, list(e.prompt_token_ids), e.max_tokens, arrival_step=e.step, priority=e.priority,
-                output_token_ids=[], arrival_time=e.arrival_time, sampling=dict(
+                output_token_ids=[], arrival_time=e.arrival_time, arrival_ns=e.arrival_ns, sampling=dict(
                     ignore_eos=e.ignore_eos, eos_token_id=None if e.eos_token_id == -1 else e.eos_token_id,
                     temperature=e.temperature, top_k=max(e.top_k, 0), top_p=e.top_p,
                     seed=None if e.seed == -1 else e.seed, min_tokens=e.min_tokens,
@@ -87,6 +87,7 @@ def whatif(events, overrides: dict) -> WhatIfResult:
     past_output: set = set()
     new_events = run_workload(workload, config, past_output)
     new_config = new_events[0].config
-    changes = [(name, value, new_config.get(name)) for name, value in recorded.items()
-               if new_config.get(name) != value]
+    # a field the new header does not record (one a later tracengine leaves to vLLM) is no change
+    changes = [(name, value, new_config[name]) for name, value in recorded.items()
+               if name in new_config and new_config[name] != value]
     return WhatIfResult(stats(workload.events), stats(new_events), changes, new_events, len(past_output))

@@ -1,0 +1,84 @@
+"""Sweeps through vLLM's own scheduler (docs/sweeps.md, docs/vllm.md): the makers of a vLLM
+trace's variants (replay/sweeps.py's, for vLLM's scheduler: what-ifs in simulated time and
+step-exact ones) and of `simulate --scheduler vllm`'s. A maker is named in the SweepSpec, so
+a worker, local or Ray, makes the same variant object from the same source."""
+from tracengine.sim.spec import PreparedSources, Source, SweepSpec, step_time_of
+from tracengine.sim.sweep import IN_STEPS, IN_TIME
+
+
+class TimedVariant:
+    """A what-if of a vLLM trace in simulated time (timed.VllmTimedReplay) under base + overrides."""
+    figures = IN_TIME
+
+    def __init__(self, timed, base: dict, slo: dict | None = None):
+        self.timed, self.base, self.slo = timed, base, slo
+        timed.ensure_step_time()      # fitted once, before the workers fork
+
+    def check(self, overrides: dict):
+        self.timed.config({**self.base, **overrides})
+
+    def __call__(self, overrides: dict) -> dict:
+        from tracengine.analysis.stats import stats
+        from tracengine.sim.sweep import row_of
+        return row_of(stats(self.timed.run(self.timed.config({**self.base, **overrides})), self.slo))
+
+
+class StepVariant:
+    """A step-exact what-if of a vLLM trace (whatif.py) under base + overrides, in steps."""
+    figures = IN_STEPS
+
+    def __init__(self, events: list, base: dict):
+        from tracengine.vllm.whatif import extract_workload
+        self.events, self.base = events, base
+        self.workload = extract_workload(events)
+
+    def check(self, overrides: dict):
+        from tracengine.vllm.build import apply_overrides, build_scheduler
+        build_scheduler(apply_overrides(self.workload.header.config, {**self.base, **overrides}), record="").shutdown()
+
+    def __call__(self, overrides: dict) -> dict:
+        from tracengine.analysis.stats import stats
+        from tracengine.sim.sweep import step_row_of
+        from tracengine.vllm.whatif import whatif
+        return step_row_of(stats(whatif(self.events, {**self.base, **overrides}).events))
+
+
+def timed_runner(spec: SweepSpec, events: list) -> TimedVariant:
+    from tracengine.vllm.timed import VllmTimedReplay
+    return TimedVariant(VllmTimedReplay(events, step_time_of(spec.step_time)), spec.base, spec.slo)
+
+
+def step_runner(spec: SweepSpec, events: list) -> StepVariant:
+    return StepVariant(events, spec.base)
+
+
+def simulate_runner(spec: SweepSpec, requests):
+    from tracengine.vllm.simulate import VllmSimulateVariant
+    return VllmSimulateVariant(requests, spec.base, step_time_of(spec.step_time), spec.slo)
+
+
+TIMED, STEPS, SIMULATE = f"{__name__}:timed_runner", f"{__name__}:step_runner", f"{__name__}:simulate_runner"
+
+
+def prepare_timed(prepared: PreparedSources, source: Source, events: list, step_time, trace_name: str, base: dict,
+                  slo, policy=None):
+    """As replay/sweeps.prepare_timed (`policy` is tracengine's: a vLLM trace has none)."""
+    from tracengine.vllm.replay import check_vllm_version
+    from tracengine.vllm.timed import VllmTimedReplay
+    replay = VllmTimedReplay(events, step_time, trace_name)
+    check_vllm_version(replay.workload.header)
+    model = replay.ensure_step_time()
+    spec = SweepSpec(TIMED, source.digest, base, model.to_dict(), slo)
+    replay.step_time = step_time_of(spec.step_time)
+    prepared.add(source, events)
+    prepared.add_runner(spec, TimedVariant(replay, base, slo))
+    return spec, replay.step_time
+
+
+def prepare_steps(prepared: PreparedSources, source: Source, events: list, base: dict, policy=None) -> SweepSpec:
+    """As replay/sweeps.prepare_steps."""
+    from tracengine.vllm.replay import check_vllm_version
+    from tracengine.trace.tracelog import split_header
+    check_vllm_version(split_header(events)[0])
+    prepared.add(source, events)
+    return SweepSpec(STEPS, source.digest, base, None)
