@@ -1,7 +1,8 @@
 """The event vocabulary: every decision of the scheduler, the block manager
 and the engine as a typed fact. One tagged union, small int tags, array-like
-structs. Tags are listed here (and 17-20, the wire forms of block_runs.py) and never reused; new fields are appended with
-defaults (anything else bumps FORMAT_VERSION in tracelog)."""
+structs. Tags are listed here (and 17-20, the wire forms of block_runs.py) and never
+reused; new fields are appended with defaults (anything else bumps FORMAT_VERSION in
+tracelog)."""
 from typing import Literal, Protocol, Union
 
 import msgspec
