@@ -31,6 +31,7 @@ KINDS = ("mooncake", "decode", "prefill", "steploop")
 def child(kind: str, size: int, workload: str, shape: dict):
     """One run of `kind` at `size`, in the tree on sys.path (this script's folder is not on it)."""
     import gc
+    import inspect
     from tracengine.engine.config import Config
     from tracengine.sim.roofline import ModelShape, RooflineStepTime
     from tracengine.sim.engine import simulate, simulation_header
@@ -65,8 +66,9 @@ def child(kind: str, size: int, workload: str, shape: dict):
         manager = BlockManager(100_000, 16, ListSink())
         live = []
         for seq in seqs:
-            num_cached_blocks, _ = manager.num_blocks_needed(seq)
-            manager.allocate(seq, num_cached_blocks)
+            hits = manager.cached_block_ids(seq)
+            # A tree before the hits were handed to allocate took their count.
+            manager.allocate(seq, hits if "hits" in inspect.signature(manager.allocate).parameters else len(hits))
             seq.num_scheduled_tokens = seq.num_tokens - seq.num_cached_tokens
             manager.hash_blocks(seq)
             seq.num_cached_tokens, seq.num_scheduled_tokens = seq.num_tokens, 0

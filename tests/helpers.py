@@ -153,3 +153,16 @@ def good_share(spec, source, prepared, overrides: dict, rate: float) -> float:
     requests = at_rate(runner.requests, rate, source.params)
     config = simulate_config({**spec.base, **overrides}, requests)
     return stats(simulate(config, requests, runner.step_time), spec.slo)["goodput"]["good_request_share"]
+
+
+def blocks_needed(manager, seq) -> tuple[int, int]:
+    """(prefix-cache hits, free blocks needed) for seq's first allocation."""
+    hits = manager.cached_block_ids(seq)
+    return len(hits), manager.num_blocks_needed(seq, hits)
+
+
+def allocate_with_hits(manager, seq, num_cached_blocks: int, *more):
+    """Allocates seq with its prefix-cache hits, which must be `num_cached_blocks` blocks."""
+    hits = manager.cached_block_ids(seq)
+    assert len(hits) == num_cached_blocks
+    manager.allocate(seq, hits, *more)

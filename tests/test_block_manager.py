@@ -12,6 +12,8 @@ from tracengine.engine.prefix_cache import PrefixCache
 from tracengine.trace.events import BlockAllocate, BlockHash, ListSink
 from tracengine.engine.sequence import Sequence
 
+from helpers import allocate_with_hits, blocks_needed
+
 
 def seq_of(seq_id, token_ids, block_size=4):
     return Sequence(seq_id, token_ids, block_size)
@@ -19,8 +21,8 @@ def seq_of(seq_id, token_ids, block_size=4):
 
 def fill(manager, seq):
     """Allocate and compute the whole prompt, registering its full blocks."""
-    num_cached_blocks, _ = manager.num_blocks_needed(seq)
-    manager.allocate(seq, num_cached_blocks)
+    num_cached_blocks, _ = blocks_needed(manager, seq)
+    allocate_with_hits(manager, seq, num_cached_blocks)
     seq.num_scheduled_tokens = seq.num_tokens - seq.num_cached_tokens
     manager.hash_blocks(seq)
     seq.num_cached_tokens = seq.num_tokens
@@ -120,8 +122,8 @@ def test_shared_prefix_is_shared_with_ref_counts():
     a = seq_of(0, list(range(10)))              # blocks [0..3] [4..7] [8 9]
     fill(manager, a)
     b = seq_of(1, list(range(8)) + [50, 51])
-    assert manager.num_blocks_needed(b) == (2, 1)   # two full leading blocks hit
-    manager.allocate(b, 2)
+    assert blocks_needed(manager, b) == (2, 1)   # two full leading blocks hit
+    allocate_with_hits(manager, b, 2)
     assert b.block_table[:2] == a.block_table[:2]
     assert [manager.blocks[i].ref_count for i in a.block_table[:2]] == [2, 2]
     assert b.num_cached_tokens == 8
@@ -134,7 +136,7 @@ def test_last_block_is_never_matched_so_one_token_is_computed():
     a = seq_of(0, list(range(8)))
     fill(manager, a)
     same = seq_of(1, list(range(8)))
-    assert manager.num_blocks_needed(same)[0] == 1   # block 1 is full and hashed, but it is the last
+    assert blocks_needed(manager, same)[0] == 1   # block 1 is full and hashed, but it is the last
 
 
 def test_freed_blocks_keep_their_hash_until_reused():
@@ -144,8 +146,8 @@ def test_freed_blocks_keep_their_hash_until_reused():
     manager.deallocate(a)
     assert list(manager.free_block_ids) == [3, 2, 1, 0]   # tail first
     again = seq_of(1, list(range(9)))
-    assert manager.num_blocks_needed(again) == (2, 3)   # both full blocks still cached while free
-    manager.allocate(again, 2)
+    assert blocks_needed(manager, again) == (2, 3)   # both full blocks still cached while free
+    allocate_with_hits(manager, again, 2)
     assert again.block_table == [0, 1, 3]
     assert list(manager.free_block_ids) == [2]
 
@@ -157,7 +159,7 @@ def test_reusing_a_block_drops_its_stale_hash():
     h = manager.blocks[a.block_table[0]].hash
     manager.deallocate(a)
     b = seq_of(1, [9, 9, 9, 9, 9, 9, 9, 9])
-    manager.allocate(b, manager.num_blocks_needed(b)[0])
+    allocate_with_hits(manager, b, blocks_needed(manager, b)[0])
     assert h not in manager.hash_to_block_id
 
 
@@ -167,7 +169,7 @@ def test_free_cached_blocks_count_against_the_free_pool():
     fill(manager, a)
     manager.deallocate(a)
     b = seq_of(1, list(range(8)) + [7, 7, 7, 7, 7])   # 4 blocks: more than the pool
-    num_cached_blocks, num_new_blocks = manager.num_blocks_needed(b)
+    num_cached_blocks, num_new_blocks = blocks_needed(manager, b)
     assert num_cached_blocks == 2 and num_new_blocks == 4 > manager.num_free_blocks
 
 
@@ -208,8 +210,8 @@ def test_a_hash_collision_ends_the_hits_at_the_block_whose_tokens_differ(collidi
     other[colliding * 4] = 99                    # block `colliding` holds other tokens
     b = seq_of(1, other)
     assert b.block_hashes == a.block_hashes
-    assert manager.num_blocks_needed(b)[0] == colliding
-    manager.allocate(b, colliding)
+    assert blocks_needed(manager, b)[0] == colliding
+    allocate_with_hits(manager, b, colliding)
     assert b.block_table[:colliding] == a.block_table[:colliding]
     assert not set(b.block_table[colliding:]) & set(a.block_table)
 
@@ -257,8 +259,8 @@ def test_the_hits_end_at_the_first_miss(first_miss):
         manager.prefix_cache.evict([a.block_table[first_miss]])
     hits = num_blocks if first_miss is None else first_miss
     b = seq_of(1, list(range(num_blocks + 1)), block_size=1)
-    assert manager.num_blocks_needed(b) == (hits, b.num_blocks - hits)
-    manager.allocate(b, hits)
+    assert blocks_needed(manager, b) == (hits, b.num_blocks - hits)
+    allocate_with_hits(manager, b, hits)
     assert b.block_table[:hits] == a.block_table[:hits]
     assert not set(b.block_table[hits:]) & set(a.block_table)
 
@@ -270,7 +272,7 @@ def test_a_hash_filled_twice_maps_to_the_later_block():
     prompt = list(range(17))
     a, b = seq_of(0, prompt), seq_of(1, prompt)
     for seq in (a, b):          # both looked up and allocated before either is computed
-        manager.allocate(seq, manager.num_blocks_needed(seq)[0])
+        allocate_with_hits(manager, seq, blocks_needed(manager, seq)[0])
     assert not set(a.block_table) & set(b.block_table)
     for seq in (a, b):
         seq.num_scheduled_tokens = seq.num_tokens
@@ -278,8 +280,8 @@ def test_a_hash_filled_twice_maps_to_the_later_block():
     assert [manager.hash_to_block_id[h] for h in a.block_hashes] == b.block_table[:4]
     assert [manager.blocks[i].hash for i in a.block_table[:4]] == a.block_hashes      # the earlier keep theirs
     c = seq_of(2, prompt + [5])
-    assert manager.num_blocks_needed(c)[0] == 4
-    manager.allocate(c, 4)
+    assert blocks_needed(manager, c)[0] == 4
+    allocate_with_hits(manager, c, 4)
     assert c.block_table[:4] == b.block_table[:4]
 
 
@@ -307,8 +309,8 @@ def test_a_hash_that_repeats_within_a_prompt_hits_its_block_twice(monkeypatch):
     shared = a.block_table[1]                         # the later block registered under 7
     manager.deallocate(a)
     b = seq_of(1, [0] * 9)
-    assert manager.num_blocks_needed(b) == (2, 3)     # 3 - 2 hits + the free hit, counted once per hit
-    manager.allocate(b, 2)
+    assert blocks_needed(manager, b) == (2, 3)     # 3 - 2 hits + the free hit, counted once per hit
+    allocate_with_hits(manager, b, 2)
     assert b.block_table[:2] == [shared, shared] and manager.blocks[shared].ref_count == 2
     manager.deallocate(b)
     assert list(manager.free_block_ids).count(shared) == 1 and manager.num_free_blocks == 8

@@ -19,13 +19,15 @@ from tracengine.trace.events import BlockAllocate, BlockAppend, BlockHash, ListS
 from tracengine.trace.tracelog import open_trace
 from pathlib import Path
 
+from helpers import allocate_with_hits, blocks_needed
+
 TRACES = Path(__file__).parent.parent / "traces"
 
 
 def admit(manager: VllmBlockManager, seq: Sequence, num_new_tokens: int):
-    num_cached_blocks, num_new_blocks = manager.num_blocks_needed(seq)
+    num_cached_blocks, num_new_blocks = blocks_needed(manager, seq)
     assert num_new_blocks <= manager.num_free_blocks
-    manager.allocate(seq, num_cached_blocks, num_new_tokens)
+    allocate_with_hits(manager, seq, num_cached_blocks, num_new_tokens)
 
 
 def compute(seq: Sequence, num_tokens: int):
@@ -54,7 +56,7 @@ def test_admission_allocates_the_first_chunk_and_registers_its_full_blocks_at_on
     assert [(e.block_id, e.hash) for e in sink.events[1:]] == [(0, hashes[0]), (1, hashes[1])]
     # a sequence with the same prompt, admitted in the same step, hits the two registered blocks
     twin = Sequence(1, list(range(22)), 4)
-    assert manager.num_blocks_needed(twin) == (2, 4)
+    assert blocks_needed(manager, twin) == (2, 4)
     compute(seq, 10)
     sink.events.clear()
     assert manager.allocate_slots(seq, 12)           # the rest: 22 tokens, blocks 3 to 5

@@ -1,7 +1,8 @@
 """The block manager: a sequence's block table over the KV block pool, with prefix caching.
 
-It reads like nano-vllm's: `num_blocks_needed` (nano-vllm's can_allocate, with the
-count the record keeps), `allocate`, `deallocate`, `can_append`, `may_append` and
+It reads like nano-vllm's: `cached_block_ids` (the prefix-cache hits, vLLM's
+get_computed_blocks), `num_blocks_needed` (nano-vllm's can_allocate, with the count
+the record keeps), `allocate` (given those hits, as vLLM's allocate_slots is), `deallocate`, `can_append`, `may_append` and
 `hash_blocks`. The block pool (block_pool.py) holds the ref counts and the free
 queue; the prefix cache (prefix_cache.py) maps a chained block hash to the block
 holding it and states the hit rule. A sequence is seen through its block hashes
@@ -71,25 +72,24 @@ class BlockManager:
         num_full = seq.num_blocks - 1
         if num_full <= 0 or not self.enable_caching:
             return []
-        return self.prefix_cache.lookup(seq.hash_full_blocks()[:num_full], seq.tokens if seq.has_tokens else None,
-                                        seq.seq_id)
+        return self.prefix_cache.lookup(seq.hash_full_blocks()[:num_full], seq.tokens if seq.has_tokens else None)
 
-    def num_blocks_needed(self, seq: Sequence) -> tuple[int, int]:
-        """(cached leading blocks, free blocks needed) for a first allocation: a cached block
-        that is free still takes a free block; one a live sequence holds does not."""
-        block_ids = self.cached_block_ids(seq)
+    def num_blocks_needed(self, seq: Sequence, hits: list[int]) -> int:
+        """Free blocks a first allocation with these `hits` (`cached_block_ids`) takes: a
+        cached block that is free still takes a free block; one a live sequence holds does not."""
         ref_counts = self.pool.ref_counts
-        num_free_hits = sum(1 for block_id in block_ids if ref_counts[block_id] == 0)
-        return len(block_ids), seq.num_blocks - len(block_ids) + num_free_hits
+        num_free_hits = sum(1 for block_id in hits if ref_counts[block_id] == 0)
+        return seq.num_blocks - len(hits) + num_free_hits
 
-    def allocate(self, seq: Sequence, num_cached_blocks: int):
+    def allocate(self, seq: Sequence, hits: list[int]):
+        """The sequence's block table: `hits` (its `cached_block_ids`, asked in this step with
+        nothing allocated or freed since), then new blocks for the rest."""
         assert not seq.block_table
-        hits = self.cached_block_ids(seq)[:num_cached_blocks]
-        assert len(hits) == num_cached_blocks
+        num_cached_blocks = len(hits)
         self.pool.touch(hits)
         new_block_ids = self.pool.get_new_blocks(seq.num_blocks - num_cached_blocks)
         self.prefix_cache.evict(new_block_ids)     # their cached content is overwritten
-        seq.block_table = hits + new_block_ids
+        seq.block_table = list(hits) + new_block_ids
         seq.num_cached_tokens = num_cached_blocks * self.block_size
         if self.external_tokens:
             self._take_external(seq, num_cached_blocks)

@@ -108,17 +108,18 @@ class MixedScheduler(Scheduler):
                 if not self.admit(seq):
                     stop_reason = "not_admitted"   # a policy's refusal, no head-of-line block
                     break
-                num_cached_blocks, num_new_blocks = self.block_manager.num_blocks_needed(seq)
+                hits = self.block_manager.cached_block_ids(seq)
+                num_new_blocks = self.block_manager.num_blocks_needed(seq, hits)
                 if num_new_blocks > self.block_manager.num_free_blocks:
                     # head-of-line block: shorter requests behind it wait too
                     stop_reason, blocked_seq_id, num_blocks_needed = "no_free_blocks", seq.seq_id, num_new_blocks
                     break
                 if self.allocate_per_chunk:   # the hits and the first chunk's slots
-                    num_computed = self.block_manager.num_computed_tokens(seq, num_cached_blocks)
+                    num_computed = self.block_manager.num_computed_tokens(seq, len(hits))
                     seq.num_scheduled_tokens = min(seq.num_tokens - num_computed, token_budget)
-                    self.block_manager.allocate(seq, num_cached_blocks, seq.num_scheduled_tokens)
+                    self.block_manager.allocate(seq, hits, seq.num_scheduled_tokens)
                 else:
-                    self.block_manager.allocate(seq, num_cached_blocks)
+                    self.block_manager.allocate(seq, hits)
                     seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_cached_tokens, token_budget)
                 token_budget -= seq.num_scheduled_tokens
                 seq.status = SequenceStatus.RUNNING

@@ -24,23 +24,15 @@ class PrefixCache:
         self.hash_to_block_id: dict[int, int] = {}
         self.hashes = [NO_HASH] * num_blocks    # per block id: the hash of the full block it holds
         self.token_ids: list[list[int] | None] = [None] * num_blocks   # per block id: those tokens, if known
-        # The last lookup, by sequence: (seq_id, its block hashes, the hits), kept until the index
-        # changes. A scheduler asks about a sequence twice in a row (how many blocks it needs, then
-        # its allocation), and a blocked waiting head again each step.
-        self._last_lookup: tuple[int, list[int], list[int]] | None = None
 
-    def lookup(self, block_hashes: list[int], tokens=None, seq_id: int = -1) -> list[int]:
+    def lookup(self, block_hashes: list[int], tokens=None) -> list[int]:
         """The blocks holding the leading blocks of `block_hashes`, up to the first miss.
         `tokens(start, end)`: the sequence's token ids in [start, end), where it has them."""
-        last = self._last_lookup
-        if last is not None and last[0] == seq_id != -1 and last[1] == block_hashes:
-            return list(last[2])
         block_ids = list(map(self.hash_to_block_id.get, block_hashes))
         if None in block_ids:
             del block_ids[block_ids.index(None):]      # the first miss ends the hits
         if tokens is not None and block_ids:
             del block_ids[self._num_same_tokens(block_ids, tokens(0, len(block_ids) * self.block_size)):]
-        self._last_lookup = (seq_id, block_hashes, list(block_ids))
         return block_ids
 
     def _num_same_tokens(self, block_ids: list[int], token_ids) -> int:
@@ -59,7 +51,6 @@ class PrefixCache:
     def insert(self, block_ids: list[int], block_hashes: list[int], token_ids=None):
         """Register each of `block_ids` (just filled) under its hash in `block_hashes`, with its
         tokens when `token_ids` gives them (the blocks' tokens, end to end)."""
-        self._last_lookup = None
         size, hashes, held = self.block_size, self.hashes, self.token_ids
         if token_ids is None:
             blocks_tokens = [None] * len(block_ids)
@@ -72,7 +63,6 @@ class PrefixCache:
 
     def evict(self, block_ids: list[int]):
         """Forget what `block_ids` held: they are handed out to be overwritten."""
-        self._last_lookup = None
         hashes, held, index = self.hashes, self.token_ids, self.hash_to_block_id
         for block_id in block_ids:
             h = hashes[block_id]

@@ -56,7 +56,7 @@ class ReferenceBlockManager:
             parent = compute_hash(seq.block(j), parent)
         return parent
 
-    def _cached_block_ids(self, seq: Sequence) -> list[int]:
+    def cached_block_ids(self, seq: Sequence) -> list[int]:
         block_ids = []
         for i in range(seq.num_blocks - 1 if self.enable_caching else 0):     # never the last block
             block_id = self.hash_to_block_id.get(self._block_hash(seq, i))
@@ -65,14 +65,14 @@ class ReferenceBlockManager:
             block_ids.append(block_id)
         return block_ids
 
-    def num_blocks_needed(self, seq: Sequence) -> tuple[int, int]:
-        block_ids = self._cached_block_ids(seq)
-        num_free_hits = sum(1 for block_id in block_ids if self.blocks[block_id].ref_count == 0)
-        return len(block_ids), seq.num_blocks - len(block_ids) + num_free_hits
+    def num_blocks_needed(self, seq: Sequence, hits: list[int]) -> int:
+        num_free_hits = sum(1 for block_id in hits if self.blocks[block_id].ref_count == 0)
+        return seq.num_blocks - len(hits) + num_free_hits
 
-    def allocate(self, seq: Sequence, num_cached_blocks: int):
+    def allocate(self, seq: Sequence, hits: list[int]):
         assert not seq.block_table
-        for block_id in self._cached_block_ids(seq)[:num_cached_blocks]:
+        num_cached_blocks = len(hits)
+        for block_id in hits:
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 self.free_block_ids.remove(block_id)

@@ -28,10 +28,11 @@ class ReferenceVllmBlockManager(ReferenceBlockManager):
     def num_computed_tokens(self, seq: Sequence, num_cached_blocks: int) -> int:
         return num_cached_blocks * self.block_size      # no transfers here
 
-    def allocate(self, seq: Sequence, num_cached_blocks: int, num_new_tokens: int):
+    def allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int):
         """The hits, then slots for the first `num_new_tokens` past them."""
         assert not seq.block_table
-        for block_id in self._cached_block_ids(seq)[:num_cached_blocks]:
+        num_cached_blocks = len(hits)
+        for block_id in hits:
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 self.free_block_ids.remove(block_id)

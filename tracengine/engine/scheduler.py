@@ -75,19 +75,20 @@ class Scheduler:
                     stop_reason = "not_admitted"   # a policy's refusal, no head-of-line block
                     break
                 # can_allocate, keeping the count of blocks needed for the record
-                num_cached_blocks, num_new_blocks = self.block_manager.num_blocks_needed(seq)
+                hits = self.block_manager.cached_block_ids(seq)
+                num_new_blocks = self.block_manager.num_blocks_needed(seq, hits)
                 if num_new_blocks > self.block_manager.num_free_blocks:
                     # head-of-line block: shorter requests behind it wait too
                     stop_reason, blocked_seq_id, num_blocks_needed = "no_free_blocks", seq.seq_id, num_new_blocks
                     break
-                num_tokens = seq.num_tokens - num_cached_blocks * self.block_size
+                num_tokens = seq.num_tokens - len(hits) * self.block_size
             else:                      # the rest of a chunked prefill; its blocks are allocated
                 num_tokens = seq.num_tokens - seq.num_cached_tokens
             if remaining < num_tokens and scheduled_seqs:  # only allow chunked prefill for the first seq
                 stop_reason, blocked_seq_id = "chunk_gate", seq.seq_id
                 break
             if not seq.block_table:
-                self.block_manager.allocate(seq, num_cached_blocks)
+                self.block_manager.allocate(seq, hits)
                 num_tokens = seq.num_tokens - seq.num_cached_tokens   # a transfer's tokens are computed
             seq.num_scheduled_tokens = min(num_tokens, remaining)
             num_batched_tokens += seq.num_scheduled_tokens

@@ -64,7 +64,6 @@ class VllmPrefixCache(PrefixCache):
         self.later_block_ids: dict[int, list[int]] = {}
 
     def insert(self, block_ids: list[int], block_hashes: list[int], token_ids=None):
-        self._last_lookup = None
         size, hashes, held, index = self.block_size, self.hashes, self.token_ids, self.hash_to_block_id
         for i, (block_id, h) in enumerate(zip(block_ids, block_hashes)):
             hashes[block_id] = h
@@ -73,7 +72,6 @@ class VllmPrefixCache(PrefixCache):
                 self.later_block_ids.setdefault(h, []).append(block_id)
 
     def evict(self, block_ids: list[int]):
-        self._last_lookup = None
         hashes, held, index, later = self.hashes, self.token_ids, self.hash_to_block_id, self.later_block_ids
         for block_id in block_ids:
             h = hashes[block_id]
@@ -109,20 +107,20 @@ class VllmBlockManager(BlockManager):
             num_computed = max(num_computed, min(num_external, seq.num_tokens - 1))
         return num_computed
 
-    def allocate(self, seq: Sequence, num_cached_blocks: int, num_new_tokens: int | None = None):
-        """Admission: the hits, and slots for the first `num_new_tokens` past the computed ones
-        (None: all of them, as a KV transfer installs a prompt, sim/fleet.py); the caller checked
-        with `num_blocks_needed` that the whole sequence fits."""
+    def allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int | None = None):
+        """Admission: the `hits` (its `cached_block_ids`, asked in this step with nothing
+        allocated or freed since), and slots for the first `num_new_tokens` past the computed
+        ones (None: all of them, as a KV transfer installs a prompt, sim/fleet.py); the caller
+        checked with `num_blocks_needed` that the whole sequence fits."""
         assert not seq.block_table
-        hits = self.cached_block_ids(seq)[:num_cached_blocks]
-        assert len(hits) == num_cached_blocks
+        num_cached_blocks = len(hits)
         self.pool.touch(hits)
         seq.num_cached_tokens = self.num_computed_tokens(seq, num_cached_blocks)
         self.external_tokens.pop(seq.seq_id, None)
         num_slots = seq.num_tokens if num_new_tokens is None else seq.num_cached_tokens + num_new_tokens
         new_block_ids = self.pool.get_new_blocks(-(-num_slots // self.block_size) - num_cached_blocks)
         self.prefix_cache.evict(new_block_ids)     # their cached content is overwritten
-        seq.block_table = hits + new_block_ids
+        seq.block_table = list(hits) + new_block_ids
         self.num_hit_blocks += num_cached_blocks
         if self.sink.enabled:
             self.sink.emit(BlockAllocate(self.step, seq.seq_id, list(seq.block_table), num_cached_blocks))

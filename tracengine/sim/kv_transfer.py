@@ -16,13 +16,14 @@ def install_prompt_kv(block_manager, seq_id: int, token_ids) -> int:
     try:
         while num_blocks > 0:
             carrier = Sequence(seq_id, list(token_ids[:num_blocks * size]), size)
-            num_cached, num_new = block_manager.num_blocks_needed(carrier)
+            hits = block_manager.cached_block_ids(carrier)
+            num_new = block_manager.num_blocks_needed(carrier, hits)
             if num_new <= block_manager.num_free_blocks:
                 break
             num_blocks -= num_new - block_manager.num_free_blocks    # the leading blocks that fit
         if num_blocks <= 0:
             return 0
-        block_manager.allocate(carrier, num_cached)
+        block_manager.allocate(carrier, hits)
         carrier.num_scheduled_tokens = carrier.num_tokens - carrier.num_cached_tokens
         block_manager.hash_blocks(carrier)
         carrier.num_cached_tokens, carrier.num_scheduled_tokens = carrier.num_tokens, 0
