@@ -49,6 +49,18 @@ def _event_json(event):
     return None if event is None else to_builtins(event)
 
 
+def check_flags_combine(args, overrides: dict) -> None:
+    """--state goes alone, --slo/--plot/--jobs only with --sweep, and --record never over an input
+    or (without --force) an existing file; a TraceError says which."""
+    if args.state is not None and (overrides or args.record or args.json or args.sweep):
+        raise TraceError("--state shows the recorded state; it does not combine with --set, --sweep, --record "
+                         "or --json")
+    if not args.sweep and (args.slo or args.plot or args.jobs is not None):
+        raise TraceError("--slo, --plot and --jobs go with --sweep (for one run's goodput: --record it and "
+                         "`tracengine stats --slo`)")
+    check_outputs({"--record": args.record}, input_files(args), args.force)
+
+
 def run(args) -> int:
     with TraceReader(args.trace) as reader:
         if reader.header.engine == "vllm":     # vLLM's own scheduler: tracengine/vllm/
@@ -59,15 +71,9 @@ def run(args) -> int:
     from tracengine.cli.fleet import take_scoped_sets
     scoped = take_scoped_sets(args)      # a pool's or a replica's fields: a fleet's (docs/cluster.md)
     overrides = config_overrides(args)
+    check_flags_combine(args, overrides)
     if args.state is not None:
-        if overrides or args.record or args.json or args.sweep:
-            raise TraceError("--state shows the recorded state; it does not combine with --set, --sweep, --record "
-                             "or --json")
         return show_state(args.trace, args.state)
-    if not args.sweep and (args.slo or args.plot or args.jobs is not None):
-        raise TraceError("--slo, --plot and --jobs go with --sweep (for one run's goodput: --record it and "
-                         "`tracengine stats --slo`)")
-    check_outputs({"--record": args.record}, input_files(args), args.force)
     step_time = step_time_from_args(args)
     timed = args.arrivals == "time" or step_time is not None
     from tracengine.cli.fleet import fleet_changes, is_fleet_trace

@@ -17,6 +17,14 @@ from tracengine.sim.sweep import IN_STEPS, IN_TIME, row_of, step_row_of
 from tracengine.trace.events import RequestAdded, StepEnd
 
 
+def calibrated_step_time(events: list, trace_name: str):
+    """The step-time model fitted to a trace's own steps, for a what-if given no model."""
+    try:
+        return calibrate(events, trace_name)
+    except TraceError as exc:
+        raise TraceError(f"{exc}: give --step-time or --roofline, or --arrivals steps") from None
+
+
 @dataclass
 class TimedWhatIf:
     step_time: object            # the model the runs were timed with
@@ -65,10 +73,7 @@ class TimedReplay:
 
     def ensure_step_time(self):
         if self.step_time is None:
-            try:
-                self.step_time = calibrate(self.events, self.trace_name)
-            except TraceError as exc:
-                raise TraceError(f"{exc}: give --step-time or --roofline, or --arrivals steps") from None
+            self.step_time = calibrated_step_time(self.events, self.trace_name)
         return self.step_time
 
     def run(self, config: Config, policy=None) -> tuple[list, OutputRunner]:

@@ -16,8 +16,8 @@ def run_replay(args) -> int:
     simulated time (--step-time, --roofline, or a trace with arrival times), sweeps of either."""
     from tracengine.cli import replay as cli_replay
     from tracengine.cli.fleet import fleet_changes
-    from tracengine.cli.outputs import check_outputs, note_torn_tail
-    from tracengine.cli.steptime import input_files, step_time_from_args
+    from tracengine.cli.outputs import note_torn_tail
+    from tracengine.cli.steptime import step_time_from_args
     from tracengine.cli.sweeps import check_executor_flags, check_plot_figure
     if args.policy:
         raise TraceError("--policy names a tracengine scheduling policy; a vLLM trace runs vLLM's scheduler "
@@ -29,15 +29,9 @@ def run_replay(args) -> int:
     with TraceReader(args.trace) as reader:
         header = reader.header
     overrides = vllm_overrides(args, header.config)
+    cli_replay.check_flags_combine(args, overrides)
     if args.state is not None:
-        if overrides or args.record or args.json or args.sweep:
-            raise TraceError("--state shows the recorded state; it does not combine with --set, --sweep, --record "
-                             "or --json")
         return cli_replay.show_state(args.trace, args.state)
-    if not args.sweep and (args.slo or args.plot or args.jobs is not None):
-        raise TraceError("--slo, --plot and --jobs go with --sweep (for one run's goodput: --record it and "
-                         "`tracengine stats --slo`)")
-    check_outputs({"--record": args.record}, input_files(args), args.force)
     step_time = step_time_from_args(args)
     timed = args.arrivals == "time" or step_time is not None
     if not (overrides or args.record or timed or args.sweep):

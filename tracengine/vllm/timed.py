@@ -132,11 +132,8 @@ class VllmTimedReplay:
 
     def ensure_step_time(self):
         if self.step_time is None:
-            from tracengine.sim.steptime import calibrate
-            try:
-                self.step_time = calibrate(self.events, self.trace_name)
-            except TraceError as exc:
-                raise TraceError(f"{exc}: give --step-time or --roofline, or --arrivals steps") from None
+            from tracengine.replay.timed import calibrated_step_time
+            self.step_time = calibrated_step_time(self.events, self.trace_name)
         return self.step_time
 
     def run(self, config: dict, past_output: set | None = None) -> list:
