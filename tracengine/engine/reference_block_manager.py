@@ -72,18 +72,22 @@ class ReferenceBlockManager:
     def allocate(self, seq: Sequence, hits: list[int]):
         assert not seq.block_table
         num_cached_blocks = len(hits)
-        for block_id in hits:
-            block = self.blocks[block_id]
-            if block.ref_count == 0:
-                self.free_block_ids.remove(block_id)
-            block.ref_count += 1
-            seq.block_table.append(block_id)
+        self._take_hits(seq, hits)
         for _ in range(seq.num_blocks - num_cached_blocks):
             seq.block_table.append(self._take_free_block(self.free_block_ids[0]))
         seq.num_cached_tokens = num_cached_blocks * self.block_size
         self.num_hit_blocks += num_cached_blocks
         if self.sink.enabled:
             self.sink.emit(BlockAllocate(self.step, seq.seq_id, list(seq.block_table), num_cached_blocks))
+
+    def _take_hits(self, seq: Sequence, hits: list[int]):
+        """seq's block table starts with its hits; a hit that was free leaves the free queue."""
+        for block_id in hits:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                self.free_block_ids.remove(block_id)
+            block.ref_count += 1
+            seq.block_table.append(block_id)
 
     def deallocate(self, seq: Sequence):
         released = seq.block_table[::-1]

@@ -32,12 +32,7 @@ class ReferenceVllmBlockManager(ReferenceBlockManager):
         """The hits, then slots for the first `num_new_tokens` past them."""
         assert not seq.block_table
         num_cached_blocks = len(hits)
-        for block_id in hits:
-            block = self.blocks[block_id]
-            if block.ref_count == 0:
-                self.free_block_ids.remove(block_id)
-            block.ref_count += 1
-            seq.block_table.append(block_id)
+        self._take_hits(seq, hits)
         seq.num_cached_tokens = num_cached_blocks * self.block_size
         num_slots = seq.num_cached_tokens + num_new_tokens
         while len(seq.block_table) * self.block_size < num_slots:
