@@ -89,7 +89,7 @@ import msgspec
 import xxhash
 
 from tracengine.trace.dictionary import DICTIONARY
-from tracengine.trace.events import RunEnd, StepEnd
+from tracengine.trace.events import BlockFree, RequestAdded, RunEnd, SeqAbort, StepEnd
 
 FORMAT_VERSION = 9
 # 2 appended arrival_ns, top_k, top_p, seed to RequestAdded and gap_ns to StepEnd; 3 checks each frame head;
@@ -153,7 +153,7 @@ def end_frame(run_end: RunEnd | None = None) -> bytes:
 END_FRAME_V2 = FRAME_HEAD_V2.pack(len(END_PAYLOAD), xxhash.xxh64_intdigest(END_PAYLOAD, 0)) + END_PAYLOAD
 # Between steps (before a step's first scheduling event) come only these: requests that
 # arrive and requests taken out (SeqAbort and the BlockFree of its blocks).
-BETWEEN_STEPS = frozenset({"RequestAdded", "SeqAbort", "BlockFree"})
+BETWEEN_STEPS = frozenset({RequestAdded, SeqAbort, BlockFree})
 
 
 def ends_mid_step(events: list, version: int) -> bool:
@@ -161,7 +161,7 @@ def ends_mid_step(events: list, version: int) -> bool:
     so that no frame may follow it: a frame without its StepEnd, but, from format 8, one of
     events between steps only (a between-steps frame, before its step's frame)."""
     return type(events[-1]) is not StepEnd and not (
-        version >= BETWEEN_STEPS_FRAMES_SINCE and all(type(e).__name__ in BETWEEN_STEPS for e in events))
+        version >= BETWEEN_STEPS_FRAMES_SINCE and all(type(e) in BETWEEN_STEPS for e in events))
 
 
 class FrameInfo(NamedTuple):

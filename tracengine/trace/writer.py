@@ -292,7 +292,7 @@ class TraceWriter:
 def _first_step_event(pending: list[Event]) -> int:
     """The index of the first event of `pending` that belongs to a step (len(pending) if none):
     the events before it came between steps."""
-    return next((i for i, e in enumerate(pending) if type(e).__name__ not in BETWEEN_STEPS), len(pending))
+    return next((i for i, e in enumerate(pending) if type(e) not in BETWEEN_STEPS), len(pending))
 
 
 def write_trace(path, events, **writer_options) -> str:
