@@ -1,5 +1,6 @@
 """Builders the tests share: the real scheduler on a tiny config (no model), canned runs,
 traces written whole or cut as a kill would leave them."""
+import shutil
 from pathlib import Path
 
 from tracengine.engine.config import Config
@@ -166,3 +167,20 @@ def allocate_with_hits(manager, seq, num_cached_blocks: int, *more):
     hits = manager.cached_block_ids(seq)
     assert len(hits) == num_cached_blocks
     manager.allocate(seq, hits, *more)
+
+
+def user_project(pytester, conftest: str, tests: str, trace: str):
+    """A user's project in `pytester`: its conftest, its tests as test_scheduling.py, and
+    traces/`trace` copied from the repository's traces."""
+    # pytest-asyncio, installed here, warns without this setting (and warnings are errors in this suite)
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    pytester.makeconftest(conftest)
+    pytester.makepyfile(test_scheduling=tests)
+    (pytester.path / "traces").mkdir()
+    shutil.copy(Path(__file__).parent.parent / "traces" / trace, pytester.path / "traces")
+    return pytester
+
+
+def stored_snapshot(project, test: str, name: str) -> Path:
+    """Where the user's project stores snapshot `name` of test_scheduling.py's `test`."""
+    return project.path / "snapshots" / "test_scheduling" / test / name

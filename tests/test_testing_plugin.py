@@ -3,7 +3,6 @@ project pins a recorded trace and a scripted workload; a scheduler change
 fails it with the first divergent step and a diff of step tables; accepting
 with --snapshot-update makes the next run pass. And `tracengine render`
 prints the tables the snapshots hold."""
-import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from tracengine.cli import main
 from tracengine.analysis.render import render_steps
 from tracengine.testing import CANNED_WORKLOADS, canned_workload, make_request, run_requests
 from tracengine.trace.events import Preempt, RequestAdded
+from helpers import stored_snapshot, user_project
 
 ROOT = Path(__file__).parent.parent
 SNAPSHOTS = Path(__file__).parent / "snapshots"
@@ -60,25 +60,15 @@ def test_four_prompts_in_nine_blocks(workload_snapshot):
 
 @pytest.fixture
 def project(pytester):
-    # pytest-asyncio, installed here, warns without this setting (and warnings are errors in this suite)
-    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
-    pytester.makeconftest(USER_CONFTEST)
-    pytester.makepyfile(test_scheduling=USER_TESTS)
-    (pytester.path / "traces").mkdir()
-    shutil.copy(ROOT / "traces" / "preemption.trace", pytester.path / "traces")
-    return pytester
-
-
-def stored(project, test: str, name: str) -> Path:
-    return project.path / "snapshots" / "test_scheduling" / test / name
+    return user_project(pytester, USER_CONFTEST, USER_TESTS, "preemption.trace")
 
 
 def test_a_user_suite_pins_accepts_and_catches_a_scheduler_change(project, monkeypatch):
     # first run with --snapshot-update stores the tables (pytest-snapshot reports that as an error)
     project.runpytest("--snapshot-update").assert_outcomes(passed=2, errors=2)
-    table = stored(project, "test_recorded_trace", "preemption.txt").read_text()
+    table = stored_snapshot(project, "test_recorded_trace", "preemption.txt").read_text()
     assert table == (SNAPSHOTS / "golden_preemption.txt").read_text()     # the one renderer's table
-    assert stored(project, "test_four_prompts_in_nine_blocks", "four_prompts.txt").read_text() == \
+    assert stored_snapshot(project, "test_four_prompts_in_nine_blocks", "four_prompts.txt").read_text() == \
         (SNAPSHOTS / "preemption_tail.txt").read_text()                   # the canned workload it copies
     project.runpytest().assert_outcomes(passed=2)                         # the unchanged scheduler passes
 
@@ -105,8 +95,8 @@ def test_a_user_suite_pins_accepts_and_catches_a_scheduler_change(project, monke
 
     # accepting: the tables are rewritten (and the trace's new run stored beside its table) ...
     project.runpytest("--snapshot-update").assert_outcomes(passed=2, errors=2)
-    assert stored(project, "test_recorded_trace", "preemption.trace").is_file()
-    assert stored(project, "test_recorded_trace", "preemption.txt").read_text() != table
+    assert stored_snapshot(project, "test_recorded_trace", "preemption.trace").is_file()
+    assert stored_snapshot(project, "test_recorded_trace", "preemption.txt").read_text() != table
     project.runpytest().assert_outcomes(passed=2)                         # ... and the next run passes
     assert (project.path / "traces" / "preemption.trace").read_bytes() == \
         (ROOT / "traces" / "preemption.trace").read_bytes()                # the recorded trace is not written

@@ -2,7 +2,6 @@
 fresh project pins a recorded vLLM trace (`trace_snapshot`, re-executed by the installed vLLM)
 and a scripted workload driven through vLLM's scheduler by the recorder (`vllm_snapshot`); a
 planted change to vLLM's admission fails both at the step it first decides differently."""
-import shutil
 import warnings
 from pathlib import Path
 
@@ -16,6 +15,7 @@ with warnings.catch_warnings():
 from tracengine.replay.fold import Fold  # noqa: E402
 from tracengine.trace.events import BlockAllocate  # noqa: E402
 from tracengine.trace.tracelog import open_trace  # noqa: E402
+from helpers import stored_snapshot, user_project  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 
@@ -65,16 +65,7 @@ def planted_step(events) -> int:
 
 @pytest.fixture
 def project(pytester):
-    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
-    pytester.makeconftest(USER_CONFTEST)
-    pytester.makepyfile(test_scheduling=USER_TESTS)
-    (pytester.path / "traces").mkdir()
-    shutil.copy(ROOT / "traces" / "vllm.trace", pytester.path / "traces")
-    return pytester
-
-
-def stored(project, test: str, name: str) -> Path:
-    return project.path / "snapshots" / "test_scheduling" / test / name
+    return user_project(pytester, USER_CONFTEST, USER_TESTS, "vllm.trace")
 
 
 def test_a_user_suite_pins_vllms_scheduling_and_catches_a_planted_change(project, monkeypatch):
@@ -87,7 +78,7 @@ def test_a_user_suite_pins_vllms_scheduling_and_catches_a_planted_change(project
     trace_step, workload_step = planted_step(recorded), planted_step(workload_events())
 
     project.runpytest("--snapshot-update").assert_outcomes(passed=2, errors=2)      # stores the tables
-    table = stored(project, "test_vllm_under_pressure", "pressure.txt").read_text()
+    table = stored_snapshot(project, "test_vllm_under_pressure", "pressure.txt").read_text()
     assert table.startswith(f"# vLLM {vllm.__version__} (async): max_num_batched_tokens=64")
     assert " mixed " in table and "preempt " in table and "s6:abort(client)" in table
     project.runpytest().assert_outcomes(passed=2)                                  # vLLM as it is passes
@@ -104,8 +95,8 @@ def test_a_user_suite_pins_vllms_scheduling_and_catches_a_planted_change(project
     assert "+++ the scheduler as it now is" in out and "pytest --snapshot-update" in out
 
     project.runpytest("--snapshot-update").assert_outcomes(passed=2, errors=2)     # accepting the change
-    assert stored(project, "test_served_trace", "vllm.trace").is_file()          # the new run, beside its table
-    assert stored(project, "test_vllm_under_pressure", "pressure.txt").read_text() != table
+    assert stored_snapshot(project, "test_served_trace", "vllm.trace").is_file()          # the new run, beside its table
+    assert stored_snapshot(project, "test_vllm_under_pressure", "pressure.txt").read_text() != table
     project.runpytest().assert_outcomes(passed=2)
     monkeypatch.delenv(PLANTED[0])
     project.runpytest().assert_outcomes(failed=2)                                 # undoing it is a change too
