@@ -71,8 +71,8 @@ class StepRecorder:
         self.num_preempted = 0        # preemptions in this step
         self.timing: dict[int, list] = {}   # step -> [schedule start, schedule end] (perf_counter_ns)
         self.last_update_end = time.perf_counter_ns()
-        # (schedule_ns, model_ns, postprocess_ns, gap_ns) of a step from its ScheduleDecision, in
-        # place of the clock's readings: a simulation in simulated time (vllm/simulate.py)
+        # step -> its (schedule_ns, model_ns, postprocess_ns, gap_ns), in place of the clock's
+        # readings: a simulation in simulated time (vllm/timed.py, which times each decision)
         self.step_times = None
         self.num_free_blocks = self.free_blocks()   # as the events written so far leave them
         self.free_delta: dict[int, int] = {}        # step -> the change its events made, until StepEnd
@@ -242,8 +242,7 @@ class StepRecorder:
         self.num_free_blocks += self.free_delta.pop(step, 0)
         schedule_start, schedule_end = self.timing.pop(step)
         if self.step_times is not None:
-            decision = next(e for e in self.steps[step] if type(e) is ScheduleDecision)
-            times = self.step_times(decision)
+            times = self.step_times(step)
         else:
             times = (schedule_end - schedule_start, max(start_ns - schedule_end, 0), end_ns - start_ns,
                      max(schedule_start - self.last_update_end, 0))

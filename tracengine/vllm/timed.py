@@ -31,7 +31,7 @@ def run_timed(scheduler, specs, step_time, *, first_step_ns: int = 0, past_outpu
     from vllm.v1.request import RequestStatus
     recorder = scheduler.tracengine
     times: dict[int, tuple] = {}        # step -> (schedule_ns, model_ns, postprocess_ns, gap_ns)
-    recorder.step_times = lambda decision: times.pop(decision.step)
+    recorder.step_times = times.pop
     driver = Driver(scheduler, specs, past_output)
     queue_size = batch_queue_size(scheduler)
     pending = deque(sorted(specs, key=lambda s: s.arrival_ns))
