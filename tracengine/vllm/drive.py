@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 
 EOS_TOKEN_ID = 2
 FILLER_TOKEN_IDS = (0, 1)     # past a recorded output: the first that stops nothing
+# made-up tokens (here and executor.py's) are FIRST_TOKEN_ID .. FIRST_TOKEN_ID + NUM_TOKEN_IDS - 1
+FIRST_TOKEN_ID = 100
+NUM_TOKEN_IDS = 900
 
 
 @dataclass
@@ -99,7 +102,8 @@ class Driver:
             elif spec.eos_after and request.num_output_tokens + 1 >= spec.eos_after:
                 tokens[req_id] = [EOS_TOKEN_ID]
             else:
-                tokens[req_id] = [100 + (self.index[req_id] * 31 + request.num_output_tokens) % 900]
+                made_up = (self.index[req_id] * 31 + request.num_output_tokens) % NUM_TOKEN_IDS
+                tokens[req_id] = [FIRST_TOKEN_ID + made_up]
         return tokens
 
 

@@ -17,8 +17,7 @@ import functools
 import zlib
 from concurrent.futures import Future
 
-FIRST_TOKEN_ID = 100      # made-up tokens are FIRST_TOKEN_ID .. FIRST_TOKEN_ID + NUM_TOKEN_IDS - 1
-NUM_TOKEN_IDS = 900
+from tracengine.vllm.drive import FIRST_TOKEN_ID, NUM_TOKEN_IDS
 
 
 def _done(value) -> Future:
