@@ -73,8 +73,9 @@ class _NoModel:
             result = self.kv_cache_spec()
         elif method == "determine_available_memory":
             # exactly the memory of the blocks asked for (the override decides the count anyway)
-            spec = next(iter(self.kv_cache_spec().values()))
-            result = spec.page_size_bytes * len(self.kv_cache_spec()) * self.cache_config.num_gpu_blocks_override
+            specs = self.kv_cache_spec()
+            spec = next(iter(specs.values()))
+            result = spec.page_size_bytes * len(specs) * self.cache_config.num_gpu_blocks_override
         elif method == "get_supported_tasks":
             result = ("generate",)
         elif method == "get_supported_kv_cache_layouts":
