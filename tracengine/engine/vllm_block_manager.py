@@ -98,15 +98,6 @@ class VllmBlockManager(BlockManager):
         self.prefix_cache = VllmPrefixCache(num_blocks, block_size)
         self.pool = VllmBlockPool(num_blocks, self.prefix_cache.hashes)
 
-    def num_computed_tokens(self, seq: Sequence, num_cached_blocks: int) -> int:
-        """The tokens of `seq` computed when it is admitted with `num_cached_blocks` hits: the
-        hits, or a transfer's tokens (BlockManager._take_external's rule)."""
-        num_computed = num_cached_blocks * self.block_size
-        num_external = self.external_tokens.get(seq.seq_id, 0)
-        if num_external and num_cached_blocks == num_external // self.block_size:
-            num_computed = max(num_computed, min(num_external, seq.num_tokens - 1))
-        return num_computed
-
     def allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int | None = None):
         """Admission: the `hits` (its `cached_block_ids`, asked in this step with nothing
         allocated or freed since), and slots for the first `num_new_tokens` past the computed
