@@ -77,18 +77,24 @@ class VllmPrefixCache(PrefixCache):
             h = hashes[block_id]
             if h == NO_HASH:
                 continue
-            others = later.get(h)
-            if index[h] == block_id:      # the next registered is found from now on, if any
-                if others:
-                    index[h] = others.pop(0)
-                else:
-                    del index[h]
-            else:
-                others.remove(block_id)
-            if others == []:
-                del later[h]
+            unregister(index, later, h, block_id)
             hashes[block_id] = NO_HASH
             held[block_id] = None
+
+
+def unregister(hash_to_block_id: dict[int, int], later_block_ids: dict[int, list[int]], h: int, block_id: int):
+    """`block_id` no longer holds hash `h`: when it was the block found, the next registered
+    under `h` is found from now on, if any (vLLM's BlockHashToBlockMap)."""
+    others = later_block_ids.get(h)
+    if hash_to_block_id[h] == block_id:
+        if others:
+            hash_to_block_id[h] = others.pop(0)
+        else:
+            del hash_to_block_id[h]
+    else:
+        others.remove(block_id)
+    if others == []:
+        del later_block_ids[h]
 
 
 class VllmBlockManager(BlockManager):
