@@ -8,7 +8,7 @@ from tracengine.engine.config import recorded_block_rules
 from tracengine.engine.vllm_block_manager import unregister
 from tracengine.replay.fold import _Keyframe, _Projection
 from tracengine.replay.fold_transfer import TransferProjection
-from tracengine.trace.events import BlockFree, BlockHash
+from tracengine.trace.events import BlockFree
 
 
 class VllmRulesKeyframe(_Keyframe, frozen=True, gc=False):
@@ -45,9 +45,6 @@ class VllmRulesProjection(_Projection):
             unregister(self.hash_to_block_id, self.later_block_ids, h, block_id)
         self.hashes[block_id] = -1
         self.ref_counts[block_id] = 1
-
-    def block_hash(self, e: BlockHash):
-        self._register(e.block_id, e.hash)
 
     def _register(self, block_id: int, h: int):
         self.hashes[block_id] = h

@@ -181,8 +181,12 @@ class _Projection:
         self.seqs[e.seq_id].block_table.append(e.block_id)
 
     def block_hash(self, e: BlockHash):
-        self.hashes[e.block_id] = e.hash
-        self.hash_to_block_id[e.hash] = e.block_id
+        self._register(e.block_id, e.hash)
+
+    def _register(self, block_id: int, h: int):
+        """A block's hash, as the block manager's prefix cache registers it."""
+        self.hashes[block_id] = h
+        self.hash_to_block_id[h] = block_id
 
     def prompt_blocks_hashed(self, e: PromptBlocksHashed):
         if e.block_size != self.block_size:
