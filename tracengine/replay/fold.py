@@ -164,12 +164,17 @@ class _Projection:
         self.hashes[block_id] = -1
         self.ref_counts[block_id] = 1
 
-    def block_allocate(self, e: BlockAllocate):
+    def _take_hits(self, block_ids: list[int]):
+        """A reference more to each prefix-cache hit; a hit on a freed block takes it out of
+        the free queue."""
         ref_counts = self.ref_counts
-        for block_id in e.block_ids[:e.num_cached_blocks]:    # prefix-cache hits
-            if ref_counts[block_id] == 0:      # a hit on a freed block takes it out of the free queue
+        for block_id in block_ids:
+            if ref_counts[block_id] == 0:
                 self.free.remove(block_id)
             ref_counts[block_id] += 1
+
+    def block_allocate(self, e: BlockAllocate):
+        self._take_hits(e.block_ids[:e.num_cached_blocks])
         for block_id in e.block_ids[e.num_cached_blocks:]:
             self._take_free_block(block_id)
         s = self.seqs[e.seq_id]

@@ -44,10 +44,7 @@ class TransferProjection(_Projection):
             if block_id is None:
                 break
             hits.append(block_id)
-        for block_id in hits:
-            if ref_counts[block_id] == 0:
-                self.free.remove(block_id)
-            ref_counts[block_id] += 1
+        self._take_hits(hits)
         new = []
         for h in hashes[len(hits):]:
             block_id = self.free.head()
