@@ -138,12 +138,6 @@ WHATIF_ROWS += [("aborted", ("requests", "num_aborted"), 1, "{:,}"),
                 ("KV transfers", ("kv_transfer", "num_transfers"), 1, "{:,}")]
 
 
-def _figure(s: dict, keys):
-    for key in keys:
-        s = s.get(key) if isinstance(s, dict) else None
-    return s
-
-
 def fleet_whatif_command(path, events: list, spec, overrides: dict, record, step_time, policy, as_json: bool) -> int:
     from tracengine.replay.fleet_whatif import fleet_whatif
     from tracengine.trace.tracelog import write_trace
@@ -163,15 +157,15 @@ def fleet_whatif_command(path, events: list, spec, overrides: dict, record, step
     print(f"fleet what-if on {path} in simulated time: {changes}")
     from tracengine.cli.steptime import describe_step_time
     print(f"step times: {describe_step_time(result.step_time, str(path))}")
-    rows = [("", "recorded", "what-if", "change")]
+    from tracengine.analysis.tables import make_table, table_text
+    from tracengine.cli.replay import pick_figure
+    rows = []
     for label, keys, scale, fmt in WHATIF_ROWS:
-        a, b = _figure(result.recorded, keys), _figure(result.new, keys)
+        a, b = pick_figure(result.recorded, *keys), pick_figure(result.new, *keys)
         cell = [("-" if v is None else fmt.format(v * scale)) for v in (a, b)]
         change = "-" if a in (None, 0) or b is None else f"{(b - a) / a:+.1%}"
-        rows.append((label, *cell, change))
-    widths = [max(len(r[c]) for r in rows) for c in range(4)]
-    for r in rows:
-        print("  ".join(cell.ljust(widths[0]) if c == 0 else cell.rjust(widths[c]) for c, cell in enumerate(r)))
+        rows.append([label, *cell, change])
+    print(table_text(make_table(["", "recorded", "what-if", "change"], rows)))
     if record:
         print(f"wrote {record}")
     return EXIT_OK
@@ -226,6 +220,7 @@ def fleet_diff_command(args, a_events: list, b_events: list) -> int:
     """Two traces of which one at least is a fleet's: the first routing difference, then each
     replica's first scheduling difference."""
     from tracengine.analysis.fleet import fleet_stats, replica_streams
+    from tracengine.analysis.stats import _num, _pct
     from tracengine.replay.diff import diff_traces
     from tracengine.trace.events import RouteDecision, without_wall_clock
     routes_a = [e for e in a_events if type(e) is RouteDecision]
@@ -264,7 +259,7 @@ def fleet_diff_command(args, a_events: list, b_events: list) -> int:
     for label, s in (("a", stats_a), ("b", stats_b)):
         t = s["latency"]["ttft"]
         print(f"{label}: {s['duration_s'] * 1e3:,.1f} ms, TTFT p50 {_ms(t['p50'])} p99 {_ms(t['p99'])} ms, "
-              f"cache hit {_pct(s['token_hit_rate'])}, imbalance {_num(s['request_imbalance'])}")
+              f"cache hit {_pct(s['token_hit_rate'])}, imbalance {_num(s['request_imbalance'], '{:.2f}')}")
     return EXIT_FAILED_CHECK
 
 
@@ -278,11 +273,3 @@ def _describe_route(r) -> str:
 
 def _ms(x):
     return "-" if x is None else f"{x * 1e3:,.2f}"
-
-
-def _pct(x):
-    return "-" if x is None else f"{x:.1%}"
-
-
-def _num(x):
-    return "-" if x is None else f"{x:.2f}"

@@ -165,7 +165,8 @@ def print_whatif(path, result, record, as_json: bool = False) -> int:
 # -- the what-if in simulated time ------------------------------------------------------------
 
 
-def _pick(s: dict, *keys):
+def pick_figure(s: dict, *keys):
+    """The figure at `keys` in a stats dict (nested dicts), or None where one is missing."""
     value = s
     for key in keys:
         value = value.get(key) if isinstance(value, dict) else None
@@ -188,7 +189,7 @@ def timed_rows(s: dict) -> list[tuple[str, float | None, str]]:
     """(label, value, format) rows of a stats dict, for the simulated-time table."""
     rows = []
     for label, keys, scale, fmt in TIMED_ROWS:
-        value = _pick(s, *keys)
+        value = pick_figure(s, *keys)
         rows.append((label, None if value is None else value * scale, fmt))
     return rows
 

@@ -111,11 +111,9 @@ class FleetReplay:
 
     def ensure_step_time(self):
         if self.step_time is None:
-            from tracengine.sim.steptime import calibrate
-            try:
-                self.step_time = calibrate(replica_streams(self.events)[1][0], self.trace_name)
-            except TraceError as exc:
-                raise TraceError(f"{exc}: give --step-time or --roofline") from None
+            from tracengine.replay.timed import calibrated_step_time
+            self.step_time = calibrated_step_time(replica_streams(self.events)[1][0], self.trace_name,
+                                                  "--step-time or --roofline")
         return self.step_time
 
     def config(self, overrides: dict, policy=None) -> Config:

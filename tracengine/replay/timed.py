@@ -17,12 +17,14 @@ from tracengine.sim.sweep import IN_STEPS, IN_TIME, row_of, step_row_of
 from tracengine.trace.events import RequestAdded, StepEnd
 
 
-def calibrated_step_time(events: list, trace_name: str):
-    """The step-time model fitted to a trace's own steps, for a what-if given no model."""
+def calibrated_step_time(events: list, trace_name: str,
+                         instead: str = "--step-time or --roofline, or --arrivals steps"):
+    """The step-time model fitted to a trace's own steps, for a what-if given no model; when it
+    cannot be fitted, the error names what to give `instead`."""
     try:
         return calibrate(events, trace_name)
     except TraceError as exc:
-        raise TraceError(f"{exc}: give --step-time or --roofline, or --arrivals steps") from None
+        raise TraceError(f"{exc}: give {instead}") from None
 
 
 @dataclass

@@ -18,9 +18,9 @@ from tracengine.collector import collector_paused
 from tracengine.errors import TracengineError
 from tracengine.sim.cache import ResultCache, variant_key
 from tracengine.sim.spec import PreparedSources, Source, SweepSpec, Variant, run_variant
+from tracengine.sim.sweep import TIMED_OUT, is_timed_out
 
 EXECUTORS = ("local", "ray")
-TIMED_OUT = "timed_out_s"      # the key of a timed-out row: the limit it ran past, in seconds
 
 
 class VariantTimeout(BaseException):
@@ -43,10 +43,6 @@ def time_limit(seconds: float | None):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-
-
-def is_timed_out(row: dict) -> bool:
-    return TIMED_OUT in row
 
 
 def run_one(spec: SweepSpec, source: Source, variant: Variant, timeout: float | None, prepared: PreparedSources,

@@ -13,8 +13,9 @@ than one halving."""
 from dataclasses import dataclass, field
 
 from tracengine.errors import TracengineError
-from tracengine.sim.executors import is_timed_out, run_variants
+from tracengine.sim.executors import run_variants
 from tracengine.sim.spec import Variant
+from tracengine.sim.sweep import TIMED_OUT, is_timed_out
 
 MAX_DOUBLINGS = 24      # above start * 2**24 a rate that still passes is reported as a lower bound
 
@@ -84,7 +85,7 @@ def search_rates(spec, source, configs: list[dict], executor, prepared, goodput:
 
     def passes(row):
         if is_timed_out(row):
-            raise TracengineError(f"a probe ran past --variant-timeout {row['timed_out_s']:g} s; the search needs "
+            raise TracengineError(f"a probe ran past --variant-timeout {row[TIMED_OUT]:g} s; the search needs "
                                   "its answer: give a longer timeout")
         return row["good_request_share"] is not None and row["good_request_share"] >= goodput
 

@@ -42,6 +42,13 @@ class SweepFigures:
         return [key for key, _, _ in self.columns]
 
 
+TIMED_OUT = "timed_out_s"      # the key of a timed-out row (sim/executors.py): the limit it ran past, in s
+
+
+def is_timed_out(row: dict) -> bool:
+    return TIMED_OUT in row
+
+
 IN_TIME = SweepFigures(COLUMNS, "ttft_p99_ms", "latencies in ms from arrival, throughput in completion tokens/s")
 IN_STEPS = SweepFigures(STEP_COLUMNS, "ttft_p99_steps",
                         "latencies in steps from the step a request was added, throughput in completion tokens "
@@ -99,9 +106,9 @@ def render_rows(variants: list[dict], rows: list[dict], figures: SweepFigures = 
     from tracengine.analysis.tables import make_table, table_text
     names = list(variants[0]) if variants else []
     show = [c for c in figures.columns if c[0] != "goodput" or any(r.get("goodput") is not None for r in rows)]
-    timed_out = any("timed_out_s" in r for r in rows)
+    timed_out = any(map(is_timed_out, rows))
     cells = [[str(v[n]) for n in names] + ["-" if r.get(key) is None else fmt.format(r[key]) for key, _, fmt in show]
-             + ([f"timed out ({r['timed_out_s']:g} s)" if "timed_out_s" in r else "ok"] if timed_out else [])
+             + ([f"timed out ({r[TIMED_OUT]:g} s)" if is_timed_out(r) else "ok"] if timed_out else [])
              for v, r in zip(variants, rows)]
     header = names + [title for _, title, _ in show] + (["status"] if timed_out else [])
     return table_text(make_table(header, cells, left_columns=0))

@@ -10,15 +10,12 @@ import bisect
 import os
 import tempfile
 
-from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
-from textual.screen import ModalScreen
-from textual.widgets import Label, Static
 
 from tracengine.analysis.fleet import (fleet_stats, fold_fleet, num_replicas, render_fleet, replica_headers,
                                       replica_streams)
 from tracengine.tui.app import TraceApp
+from tracengine.tui.screens import TextScreen
 from tracengine.tui.trace_index import TraceIndex
 
 
@@ -80,21 +77,6 @@ class FleetView:
 
     def close(self):
         self._dir.cleanup()
-
-
-class TextScreen(ModalScreen[None]):
-    """A renderable under a title; Esc closes."""
-    BINDINGS = [Binding("escape,q", "dismiss", "Close")]
-
-    def __init__(self, renderable, title: str):
-        super().__init__()
-        self.renderable = renderable
-        self.title_text = title
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="help"):
-            yield Label(f"{self.title_text} (Esc closes)", id="help-title")
-            yield Static(self.renderable)
 
 
 class FleetTraceApp(TraceApp):

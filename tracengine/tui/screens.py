@@ -1,5 +1,5 @@
-"""Modal screens: the help, the run figures, a number prompt (go to step,
-select sequence) and the event-type picker. Each returns its answer with `dismiss`."""
+"""Modal screens: the help, a text under a title (the run figures, a fleet's), a number
+prompt (go to step, select sequence) and the event-type picker. Each returns its answer with `dismiss`."""
 from rich.table import Table
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -37,20 +37,29 @@ class HelpScreen(ModalScreen[None]):
             yield Static(table)
 
 
-class RunFiguresScreen(ModalScreen[None]):
+class TextScreen(ModalScreen[None]):
+    """A renderable under a title; Esc closes."""
+    BINDINGS = [Binding("escape,q", "dismiss", "Close")]
+
+    def __init__(self, renderable, title: str):
+        super().__init__()
+        self.renderable = renderable
+        self.title_text = title
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="help"):
+            yield Label(f"{self.title_text} (Esc closes)", id="help-title")
+            yield Static(self.renderable)
+
+
+class RunFiguresScreen(TextScreen):
     """`tracengine stats` of the steps read so far, rendered as the command does."""
     BINDINGS = [Binding("escape,q,i", "dismiss", "Close")]
 
     def __init__(self, figures: dict, title: str):
-        super().__init__()
-        self.figures = figures
-        self.title_text = title
-
-    def compose(self) -> ComposeResult:
         from tracengine.analysis.stats import render
-        with Vertical(id="help"):
-            yield Label(f"{self.title_text} (Esc closes)", id="help-title")
-            yield Static(render(self.figures))
+        super().__init__(render(figures), title)
+        self.figures = figures
 
 
 def key_help(bindings) -> list[tuple[str, str]]:
