@@ -90,19 +90,21 @@ class BlockManager:
         new_block_ids = self.pool.get_new_blocks(seq.num_blocks - num_cached_blocks)
         self.prefix_cache.evict(new_block_ids)     # their cached content is overwritten
         seq.block_table = list(hits) + new_block_ids
-        seq.num_cached_tokens = num_cached_blocks * self.block_size
-        if self.external_tokens:
-            self._take_external(seq, num_cached_blocks)
+        seq.num_cached_tokens = self.num_computed_tokens(seq, num_cached_blocks)
+        self.external_tokens.pop(seq.seq_id, None)
         self.num_hit_blocks += num_cached_blocks
         if self.sink.enabled:
             self.sink.emit(BlockAllocate(self.step, seq.seq_id, list(seq.block_table), num_cached_blocks))
 
-    def _take_external(self, seq: Sequence, num_cached_blocks: int):
-        """A transfer's tokens count as computed when the full blocks before them are this
-        allocation's hits (they were not evicted first); at least the last token is computed."""
-        num_external = self.external_tokens.pop(seq.seq_id, 0)
-        if num_cached_blocks == num_external // self.block_size:
-            seq.num_cached_tokens = max(seq.num_cached_tokens, min(num_external, seq.num_tokens - 1))
+    def num_computed_tokens(self, seq: Sequence, num_cached_blocks: int) -> int:
+        """The tokens of `seq` computed when it is admitted with `num_cached_blocks` hits: the
+        hits, or a transfer's tokens when the full blocks before them are these hits (they were
+        not evicted first); the last token is always computed anew."""
+        num_computed = num_cached_blocks * self.block_size
+        num_external = self.external_tokens.get(seq.seq_id, 0)
+        if num_external and num_cached_blocks == num_external // self.block_size:
+            num_computed = max(num_computed, min(num_external, seq.num_tokens - 1))
+        return num_computed
 
     def deallocate(self, seq: Sequence):
         released = seq.block_table[::-1]   # tail first, so prefix blocks stay cached longer

@@ -70,32 +70,27 @@ class FreeKVCacheBlockQueue:
 
     def append_n(self, block_ids: list[int]):
         """`block_ids` at the tail, in order."""
-        prev, next_ = self.prev, self.next
-        last = prev[self.sentinel]
-        for block_id in block_ids:
-            if prev[block_id] != -1:
-                raise ValueError(f"block {block_id} is already free")
-            next_[last] = block_id
-            prev[block_id] = last
-            last = block_id
-        next_[last] = self.sentinel
-        prev[self.sentinel] = last
-        self.num_free_blocks += len(block_ids)
+        self._insert_after(self.prev[self.sentinel], block_ids)
 
     def prepend_n(self, block_ids: list[int]):
         """`block_ids` at the head, in order: the first is handed out first (vLLM's free
         queue takes back a block that holds no hash there, block_pool.py)."""
+        self._insert_after(self.sentinel, block_ids)
+
+    def _insert_after(self, node: int, block_ids: list[int]):
+        """`block_ids`, in order, linked in between `node` (a block or the sentinel) and
+        the one after it."""
         prev, next_ = self.prev, self.next
-        last = self.sentinel
-        first = next_[last]
+        after = next_[node]
+        last = node
         for block_id in block_ids:
             if prev[block_id] != -1:
                 raise ValueError(f"block {block_id} is already free")
             next_[last] = block_id
             prev[block_id] = last
             last = block_id
-        next_[last] = first
-        prev[first] = last
+        next_[last] = after
+        prev[after] = last
         self.num_free_blocks += len(block_ids)
 
     def remove(self, block_id: int):

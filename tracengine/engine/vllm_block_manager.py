@@ -77,18 +77,24 @@ class VllmPrefixCache(PrefixCache):
             h = hashes[block_id]
             if h == NO_HASH:
                 continue
-            others = later.get(h)
-            if index[h] == block_id:      # the next registered is found from now on, if any
-                if others:
-                    index[h] = others.pop(0)
-                else:
-                    del index[h]
-            else:
-                others.remove(block_id)
-            if others == []:
-                del later[h]
+            unregister(index, later, h, block_id)
             hashes[block_id] = NO_HASH
             held[block_id] = None
+
+
+def unregister(hash_to_block_id: dict[int, int], later_block_ids: dict[int, list[int]], h: int, block_id: int):
+    """`block_id` no longer holds hash `h`: when it was the block found, the next registered
+    under `h` is found from now on, if any (vLLM's BlockHashToBlockMap)."""
+    others = later_block_ids.get(h)
+    if hash_to_block_id[h] == block_id:
+        if others:
+            hash_to_block_id[h] = others.pop(0)
+        else:
+            del hash_to_block_id[h]
+    else:
+        others.remove(block_id)
+    if others == []:
+        del later_block_ids[h]
 
 
 class VllmBlockManager(BlockManager):
@@ -97,15 +103,6 @@ class VllmBlockManager(BlockManager):
         super().__init__(num_blocks, block_size, sink, enable_caching)
         self.prefix_cache = VllmPrefixCache(num_blocks, block_size)
         self.pool = VllmBlockPool(num_blocks, self.prefix_cache.hashes)
-
-    def num_computed_tokens(self, seq: Sequence, num_cached_blocks: int) -> int:
-        """The tokens of `seq` computed when it is admitted with `num_cached_blocks` hits: the
-        hits, or a transfer's tokens (BlockManager._take_external's rule)."""
-        num_computed = num_cached_blocks * self.block_size
-        num_external = self.external_tokens.get(seq.seq_id, 0)
-        if num_external and num_cached_blocks == num_external // self.block_size:
-            num_computed = max(num_computed, min(num_external, seq.num_tokens - 1))
-        return num_computed
 
     def allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int | None = None):
         """Admission: the `hits` (its `cached_block_ids`, asked in this step with nothing

@@ -5,9 +5,10 @@ disaggregated fleet's decode replica takes in KV transfers (fold_transfer.py).""
 import msgspec
 
 from tracengine.engine.config import recorded_block_rules
+from tracengine.engine.vllm_block_manager import unregister
 from tracengine.replay.fold import _Keyframe, _Projection
 from tracengine.replay.fold_transfer import TransferProjection
-from tracengine.trace.events import BlockFree, BlockHash
+from tracengine.trace.events import BlockFree
 
 
 class VllmRulesKeyframe(_Keyframe, frozen=True, gc=False):
@@ -41,21 +42,9 @@ class VllmRulesProjection(_Projection):
         self.free.popleft()
         h = self.hashes[block_id]
         if h != -1:
-            index, others = self.hash_to_block_id, self.later_block_ids.get(h)
-            if index[h] == block_id:
-                if others:
-                    index[h] = others.pop(0)
-                else:
-                    del index[h]
-            else:
-                others.remove(block_id)
-            if others == []:
-                del self.later_block_ids[h]
+            unregister(self.hash_to_block_id, self.later_block_ids, h, block_id)
         self.hashes[block_id] = -1
         self.ref_counts[block_id] = 1
-
-    def block_hash(self, e: BlockHash):
-        self._register(e.block_id, e.hash)
 
     def _register(self, block_id: int, h: int):
         self.hashes[block_id] = h

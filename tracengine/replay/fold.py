@@ -164,12 +164,17 @@ class _Projection:
         self.hashes[block_id] = -1
         self.ref_counts[block_id] = 1
 
-    def block_allocate(self, e: BlockAllocate):
+    def _take_hits(self, block_ids: list[int]):
+        """A reference more to each prefix-cache hit; a hit on a freed block takes it out of
+        the free queue."""
         ref_counts = self.ref_counts
-        for block_id in e.block_ids[:e.num_cached_blocks]:    # prefix-cache hits
-            if ref_counts[block_id] == 0:      # a hit on a freed block takes it out of the free queue
+        for block_id in block_ids:
+            if ref_counts[block_id] == 0:
                 self.free.remove(block_id)
             ref_counts[block_id] += 1
+
+    def block_allocate(self, e: BlockAllocate):
+        self._take_hits(e.block_ids[:e.num_cached_blocks])
         for block_id in e.block_ids[e.num_cached_blocks:]:
             self._take_free_block(block_id)
         s = self.seqs[e.seq_id]
@@ -181,8 +186,12 @@ class _Projection:
         self.seqs[e.seq_id].block_table.append(e.block_id)
 
     def block_hash(self, e: BlockHash):
-        self.hashes[e.block_id] = e.hash
-        self.hash_to_block_id[e.hash] = e.block_id
+        self._register(e.block_id, e.hash)
+
+    def _register(self, block_id: int, h: int):
+        """A block's hash, as the block manager's prefix cache registers it."""
+        self.hashes[block_id] = h
+        self.hash_to_block_id[h] = block_id
 
     def prompt_blocks_hashed(self, e: PromptBlocksHashed):
         if e.block_size != self.block_size:

@@ -32,11 +32,6 @@ class TransferProjection(_Projection):
             self._take_in(e, transfer.num_blocks)
         super().request_added(e)
 
-    def _register(self, block_id: int, h: int):
-        """A block's hash, as the block manager's prefix cache registers it."""
-        self.hashes[block_id] = h
-        self.hash_to_block_id[h] = block_id
-
     def _take_in(self, e: RequestAdded, num_blocks: int):
         prompt = request_prompt(e)
         if len(prompt) < num_blocks * self.block_size:
@@ -49,10 +44,7 @@ class TransferProjection(_Projection):
             if block_id is None:
                 break
             hits.append(block_id)
-        for block_id in hits:
-            if ref_counts[block_id] == 0:
-                self.free.remove(block_id)
-            ref_counts[block_id] += 1
+        self._take_hits(hits)
         new = []
         for h in hashes[len(hits):]:
             block_id = self.free.head()
