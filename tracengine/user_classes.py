@@ -22,3 +22,12 @@ def load_class(spec: str, builtins: dict, base: type, kind: str, base_name: str)
     if not (isinstance(obj, type) and issubclass(obj, base)):
         raise ConfigError(f"{kind} {spec!r} is not a {base_name} subclass")
     return obj
+
+
+def class_name(cls: type, builtins: dict) -> str:
+    """What a config or a trace records for `cls`: a built-in's name, else module:Class
+    (the name `load_class` takes back)."""
+    for name, builtin in builtins.items():
+        if builtin is cls:
+            return name
+    return f"{cls.__module__}:{cls.__qualname__}"

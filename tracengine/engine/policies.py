@@ -52,7 +52,7 @@ from tracengine.engine.sequence import Sequence, SequenceStatus
 from tracengine.engine.vllm_block_manager import VllmBlockManager
 from tracengine.errors import ConfigError
 from tracengine.trace.events import NULL_SINK, EventSink, Phase, StopReason
-from tracengine.user_classes import load_class
+from tracengine.user_classes import class_name, load_class
 
 
 class MixedScheduler(Scheduler):
@@ -182,10 +182,7 @@ def policy_path(policy: type) -> str:
     """The name a config and a trace header record for `policy`: a built-in's name, else module:Class."""
     if not (isinstance(policy, type) and issubclass(policy, Scheduler)):
         raise ConfigError(f"a scheduling policy is a Scheduler subclass, got {policy!r}")
-    for name, cls in BUILTIN_POLICIES.items():
-        if cls is policy:
-            return name
-    return f"{policy.__module__}:{policy.__qualname__}"
+    return class_name(policy, BUILTIN_POLICIES)
 
 
 def load_policy(spec: str) -> type[Scheduler]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from tracengine.engine.block_hasher import compute_hashes
 from tracengine.engine.hash_id_prompt import HashIdPrompt
-from tracengine.user_classes import load_class
+from tracengine.user_classes import class_name, load_class
 
 
 @dataclass
@@ -119,7 +119,4 @@ def load_router(spec: str) -> type[Router]:
 
 def router_name(cls: type[Router]) -> str:
     """What a trace records for a router class: a built-in's name, else module:Class."""
-    for name, builtin in BUILTIN_ROUTERS.items():
-        if builtin is cls:
-            return name
-    return f"{cls.__module__}:{cls.__qualname__}"
+    return class_name(cls, BUILTIN_ROUTERS)
