@@ -16,7 +16,7 @@ from tracengine.trace.events import ListSink, RequestAdded, StepEnd
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.sim.runners import SyntheticRunner
 from tracengine.engine.sampling_params import SamplingParams
-from tracengine.analysis.stats import percentile, stats, summarize
+from tracengine.analysis.stats import percentile, stats, summarize, summarize_counts
 from tracengine.trace.tracelog import TraceWriter, make_header
 
 MS = 1_000_000
@@ -71,6 +71,23 @@ def test_percentiles_on_a_known_list():
     assert percentile([0.0, 10.0], 90) == 9.0
     assert percentile([7.0], 99) == 7.0
     assert summarize([]) == {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None}
+
+
+def test_figures_of_counted_values_are_those_of_the_list_that_repeats_them():
+    """summarize_counts({value: count}) is summarize of the list holding each value count times
+    (ITL is counted this way: a run's memory does not grow with its tokens)."""
+    import random
+    rng = random.Random(7)
+    for _ in range(200):
+        counts = {rng.randrange(-5, 40) * 250_000: rng.randrange(1, 30) for _ in range(rng.randrange(1, 12))}
+        values = [v / 1e9 for v, c in counts.items() for _ in range(c)]
+        rng.shuffle(values)
+        got, want = summarize_counts(counts, 1e9), summarize(values)
+        assert got.keys() == want.keys() and got["count"] == want["count"]
+        for key in ("mean", "p50", "p90", "p99"):
+            assert got[key] == pytest.approx(want[key], rel=1e-12, abs=1e-15)
+    assert summarize_counts({}) == summarize([])
+    assert summarize_counts({1: 8, 4: 1}) == summarize([1] * 8 + [4])
 
 
 def test_worked_example_figures():
@@ -417,3 +434,30 @@ def test_a_live_fold_gives_the_figures_of_its_events_and_is_freed_with_its_sink(
     finally:
         if collecting:
             gc.enable()
+
+
+@pytest.mark.parametrize("num_kvcache_blocks", [11, 64])
+def test_inter_token_gaps_counted_as_they_come_are_those_of_each_requests_token_steps(num_kvcache_blocks):
+    """The fold counts each gap between two kept tokens of a request when the later one's step
+    ends, lean or not; they are the gaps of the token steps a full fold keeps, in steps and
+    between step ends, a trace cut mid-step (a token with no StepEnd after it) included."""
+    from tracengine.analysis.timeline import RequestTimeline, fold
+    events = run_engine([25, 8, 6, 13, 30], max_tokens=6, arrivals=[0, 0, 2, 3, 9],
+                        num_kvcache_blocks=num_kvcache_blocks, max_num_batched_tokens=20)
+    last_end = max(i for i, e in enumerate(events) if type(e) is StepEnd)
+    for cut in (events, events[:last_end]):      # whole; the last step's tokens without its end
+        full = fold(cut)
+        lean = RequestTimeline(lean=True)
+        for event in cut:
+            lean.add(event)
+        want_steps, want_ns = {}, {}
+        for req in full.requests.values():
+            steps = list(req.token_steps)
+            for a, b in zip(steps, steps[1:]):
+                want_steps[b - a] = want_steps.get(b - a, 0) + 1
+                gap = full.end_ns(b) - full.end_ns(a)
+                want_ns[gap] = want_ns.get(gap, 0) + 1
+        assert sum(want_steps.values()) > 10
+        assert full.itl() == lean.itl() == (want_steps, want_ns)
+        assert all(not req.token_steps for req in lean.requests.values())
+        assert stats(lean) == stats(full)

@@ -28,7 +28,8 @@ Percentiles interpolate linearly between closest ranks (numpy's default).
 The JSON keys are stable (`stats_version` changes if one is renamed or
 removed); docs/stats.md lists them."""
 import math
-from operator import sub
+from bisect import bisect_right
+from itertools import accumulate
 
 from tracengine.analysis.timeline import RequestTimeline, load
 from tracengine.errors import TracengineError
@@ -81,18 +82,44 @@ def summarize(values: list[float]) -> dict:
             **{f"p{p}": percentile(ordered, p) for p in (50, 90, 99)}}
 
 
+class _Repeated:
+    """The sorted list that holds each value of `counts` (value -> how many) that many times,
+    each divided by `scale`, read by index without being built."""
+
+    def __init__(self, counts: dict[int, int], scale: float):
+        self.values = sorted(counts)
+        self.ends = list(accumulate(counts[v] for v in self.values))   # one past each value's last index
+        self.scale = scale
+
+    def __len__(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    def __getitem__(self, index: int) -> float:
+        return self.values[bisect_right(self.ends, index)] / self.scale
+
+
+def summarize_counts(counts: dict[int, int], scale: float = 1) -> dict:
+    """summarize of the values `counts` holds (value -> how many times), each divided by `scale`."""
+    repeated = _Repeated(counts, scale)
+    n = len(repeated)
+    if not n:
+        return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None}
+    return {"count": n, "mean": sum(v * c for v, c in counts.items()) / scale / n,
+            **{f"p{p}": percentile(repeated, p) for p in (50, 90, 99)}}
+
+
 def _ratio(num, den):
     return num / den if num is not None and den else None
 
 
 def request_figures(t: RequestTimeline, req) -> dict:
     added, first_sched = req.added_step, req.first_scheduled_step
-    first_token = req.token_steps[0] if req.token_steps else None
+    first_token = req.first_token_step
     arrival = t.arrival_ns(req)
     out = {"seq_id": req.seq_id, "added_step": added, "arrival_s": arrival / NS, "first_scheduled_step": first_sched,
            "first_token_step": first_token, "finish_step": req.finish_step,
            "finish_reason": req.finish_reason or None, "num_prompt_tokens": req.num_prompt_tokens,
-           "num_completion_tokens": len(req.token_steps), "num_preemptions": len(req.preempts),
+           "num_completion_tokens": req.num_tokens - req.num_prompt_tokens, "num_preemptions": len(req.preempts),
            "queueing_steps": None, "ttft_steps": None, "tpot_steps": None, "e2e_steps": None,
            "queueing_s": None, "ttft_s": None, "tpot_s": None, "e2e_s": None}
     if first_sched is not None:
@@ -104,9 +131,9 @@ def request_figures(t: RequestTimeline, req) -> dict:
     if req.finish_step is not None:
         out["e2e_steps"] = req.finish_step - added + 1
         out["e2e_s"] = (t.end_ns(req.finish_step) - arrival) / NS
-        n = len(req.token_steps)
+        n = req.num_tokens - req.num_prompt_tokens
         if n > 1:
-            first, last = req.token_steps[0], req.token_steps[-1]
+            first, last = req.first_token_step, req.last_token_step
             out["tpot_steps"] = (last - first) / (n - 1)
             out["tpot_s"] = (t.end_ns(last) - t.end_ns(first)) / NS / (n - 1)
     return out
@@ -141,12 +168,7 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> dict:
         return {"steps": summarize([r[f"{name}_steps"] for r in per_request if r[f"{name}_steps"] is not None]),
                 "seconds": summarize([r[f"{name}_s"] for r in per_request if r[f"{name}_s"] is not None])}
 
-    itl_steps, itl_s = [], []
-    for req in t.requests.values():     # per token: C-level maps where a call per token would do
-        steps = req.token_steps
-        ends = t.ends_ns(steps)
-        itl_steps += map(sub, steps[1:], steps)
-        itl_s += [(b - a) / NS for a, b in zip(ends, ends[1:])]
+    itl_steps, itl_ns = t.itl()
 
     f = t.step_figures
     phase_tokens, phase_ns, phase_steps, kind_tokens = f.phase_tokens, f.phase_ns, f.phase_steps, f.kind_tokens
@@ -201,7 +223,7 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> dict:
                        "total_tokens_per_s": _ratio(num_tokens, total_s),
                        "mixed_tokens_per_s": _ratio(phase_tokens["mixed"], phase_ns["mixed"] / NS)},
         "latency": {"queueing": latency("queueing"), "ttft": latency("ttft"),
-                    "itl": {"steps": summarize(itl_steps), "seconds": summarize(itl_s)},
+                    "itl": {"steps": summarize_counts(itl_steps), "seconds": summarize_counts(itl_ns, NS)},
                     "tpot": latency("tpot"), "e2e": latency("e2e")},
         "goodput": goodput(per_request, slo, total_s) if slo else None,
         "preemption": {"num_preemptions": len(preempts),

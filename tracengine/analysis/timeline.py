@@ -44,7 +44,9 @@ class RequestRecord:
     num_tokens: int                                   # prompt + kept tokens so far
     arrival_ns: int = -1                              # RequestAdded.arrival_ns; -1: not known (format 1)
     scheduled: list[tuple[int, str, int]] = field(default_factory=list)   # (step, phase, num_tokens); not lean
-    token_steps: array = field(default_factory=lambda: array("q"))        # steps of kept TokenSamples
+    token_steps: array = field(default_factory=lambda: array("q"))        # steps of kept TokenSamples; not lean
+    first_token_step: int | None = None               # of the first kept TokenSample
+    last_token_step: int | None = None                # of the latest
     first_scheduled_step: int | None = None
     preempts: list[Preempt] = field(default_factory=list)
     finish_step: int | None = None
@@ -95,8 +97,14 @@ class StepFigures:
 class RequestTimeline:
     """The fold. `steps[i].step == i`; `requests` in arrival order; `step_figures` the steps'
     sums. `lean`: only what `stats` reads (a run folded live): no steps (`steps` stays empty;
-    their times and sums are kept) and no per-request schedule (`RequestRecord.scheduled`, which
-    `export` draws), so that its memory follows the requests, not the steps or the tokens."""
+    their times and sums are kept) and no per-request schedule or token steps
+    (`RequestRecord.scheduled` and `token_steps`, which `export` draws), so that its memory
+    follows the requests, not the steps or the tokens.
+
+    Inter-token latencies are counted as they come, lean or not: `itl_steps` and `itl_ns` map a
+    gap between two kept tokens of a request (in steps; in ns, between the ends of their steps)
+    to how many there were. A gap closes when the later token's step ends; until then it is
+    open (`_open_gaps`: the earlier token's step -> count, for the tokens of `_open_step`)."""
 
     def __init__(self, header: TraceHeader | None = None, lean: bool = False):
         self.header = header
@@ -114,12 +122,20 @@ class RequestTimeline:
         self._decision: ScheduleDecision | None = None
         self._starts = array("q")    # each step's start and end on the time axis
         self._ends = array("q")
+        self.itl_steps: dict[int, int] = {}
+        self.itl_ns: dict[int, int] = {}
+        self._open_step = -1
+        self._open_gaps: dict[int, int] = {}
 
     def add(self, event) -> None:
         # By exact type, one dict lookup: a run folded live (generate, simulate) pays this per event.
         fold = FOLD.get(type(event))
         if fold is not None:
             fold(self, event)
+
+    def _header_read(self, header: TraceHeader) -> None:
+        """A trace's header starts the fold anew, lean or not as it was made."""
+        self.__init__(header, self.lean)
 
     def _request_added(self, event: RequestAdded) -> None:
         num_prompt_tokens = event.num_prompt_tokens
@@ -156,8 +172,40 @@ class RequestTimeline:
             req = self.requests.get(event.seq_id)
             if req is None:
                 raise self._unknown(event.seq_id, event)
-            req.token_steps.append(event.step)
+            step, previous = event.step, req.last_token_step
+            if previous is None:
+                req.first_token_step = step
+            else:       # a gap, open until this step ends
+                if step != self._open_step:
+                    if self._open_gaps:    # of a step that never ended (a torn frame's)
+                        self._close_gaps(self.itl_steps, self.itl_ns)
+                    self._open_step = step
+                self._open_gaps[previous] = self._open_gaps.get(previous, 0) + 1
+            req.last_token_step = step
             req.num_tokens += 1
+            if not self.lean:
+                req.token_steps.append(step)
+
+    def _close_gaps(self, itl_steps: dict[int, int], itl_ns: dict[int, int]) -> None:
+        """Count the open gaps into `itl_steps` and `itl_ns`, their tokens' step ending when
+        `end_ns` says (a step that has not ended: when the trace does), and forget them."""
+        step, end = self._open_step, self.end_ns(self._open_step)
+        for previous, count in self._open_gaps.items():
+            gap_steps, gap_ns = step - previous, end - self.end_ns(previous)
+            itl_steps[gap_steps] = itl_steps.get(gap_steps, 0) + count
+            itl_ns[gap_ns] = itl_ns.get(gap_ns, 0) + count
+        self._open_gaps = {}
+
+    def itl(self) -> tuple[dict[int, int], dict[int, int]]:
+        """The inter-token gaps so far, in steps and in ns, each -> how many: `itl_steps` and
+        `itl_ns` with the gaps still open (a step not ended) counted as ending with the trace."""
+        if not self._open_gaps:
+            return self.itl_steps, self.itl_ns
+        itl_steps, itl_ns = dict(self.itl_steps), dict(self.itl_ns)
+        open_gaps = self._open_gaps
+        self._close_gaps(itl_steps, itl_ns)
+        self._open_gaps = open_gaps
+        return itl_steps, itl_ns
 
     def _finished(self, event: SeqFinish) -> None:
         req = self._request(event.seq_id, event)
@@ -178,6 +226,8 @@ class RequestTimeline:
         start = self.total_ns + event.gap_ns
         self._starts.append(start)
         self._ends.append(start + duration_ns)
+        if self._open_gaps and self._open_step == event.step:
+            self._close_gaps(self.itl_steps, self.itl_ns)
 
     def _request(self, seq_id: int, event) -> RequestRecord:
         req = self.requests.get(seq_id)
@@ -210,13 +260,6 @@ class RequestTimeline:
 
     def end_ns(self, step: int) -> int:
         return self._ends[step] if step < len(self._ends) else self.total_ns
-
-    def ends_ns(self, steps: list[int]) -> list[int]:
-        """end_ns of each of `steps` (ascending, as a request's token steps are), in one pass."""
-        ends = self._ends
-        if not steps or steps[-1] < len(ends):
-            return list(map(ends.__getitem__, steps))
-        return [self.end_ns(step) for step in steps]
 
     def idle_gaps(self) -> list[tuple[int, int, int]]:
         """(step, from_ns, to_ns) for each gap the engine spent idle: no request was in
@@ -254,7 +297,7 @@ class RequestTimeline:
 # frees) add nothing: no figure needs them (the free counts come from StepEnd). Functions, not a
 # timeline's bound methods: a table of those on the timeline would hold it in a reference cycle,
 # alive after the run until the collector's next full pass.
-FOLD = {TraceHeader: RequestTimeline.__init__, RequestAdded: RequestTimeline._request_added,
+FOLD = {TraceHeader: RequestTimeline._header_read, RequestAdded: RequestTimeline._request_added,
         ScheduleDecision: RequestTimeline._decision_made, BlockAllocate: RequestTimeline._allocated,
         Preempt: RequestTimeline._preempted, TokenSample: RequestTimeline._token_sampled,
         SeqFinish: RequestTimeline._finished, SeqAbort: RequestTimeline._aborted, StepEnd: RequestTimeline._step_ended}
