@@ -137,7 +137,9 @@ class VllmBlockManager(BlockManager):
             if self.sink.enabled:
                 for block_id in new_block_ids:
                     self.sink.emit(BlockAppend(self.step, seq.seq_id, block_id))
-        self.cache_blocks(seq, seq.num_cached_tokens // self.block_size, num_slots)
+        num_cached_blocks = seq.num_cached_tokens // self.block_size
+        if num_slots // self.block_size > num_cached_blocks:     # these slots fill a block
+            self.cache_blocks(seq, num_cached_blocks, num_slots)
         return True
 
     def cache_blocks(self, seq: Sequence, num_cached_blocks: int, num_tokens: int):
