@@ -241,11 +241,11 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> dict:
     }
 
 
-def _num(value, fmt="{:,.2f}") -> str:
+def format_number(value, fmt="{:,.2f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
-def _pct(value) -> str:
+def format_percent(value) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
@@ -271,35 +271,35 @@ def render(s: dict, title: str = ""):
         for unit, key, scale, fmt in (("steps", "steps", 1, "{:,.2f}"), ("ms", "seconds", 1e3, "{:,.3f}")):
             f = s["latency"][name][key]
             lat.add_row(label if unit == "steps" else "", unit, str(f["count"]),
-                        *(_num(None if f[k] is None else f[k] * scale, fmt) for k in ("mean", "p50", "p90", "p99")))
+                        *(format_number(None if f[k] is None else f[k] * scale, fmt) for k in ("mean", "p50", "p90", "p99")))
 
     pre, pc, kv, hol = s["preemption"], s["prefix_cache"], s["kv_blocks"], s["head_of_line"]
     other = Table(box=None, pad_edge=False, show_header=False)
     other.add_column(style="bold")
     other.add_column()
     # prefill, decode and mixed over the time of their own steps; completion and all over the run
-    other.add_row("tokens/s", f"prefill {_num(tp['prefill_tokens_per_s'], '{:,.0f}')}, "
-                              f"decode {_num(tp['decode_tokens_per_s'], '{:,.0f}')}"
-                              + (f", mixed steps {_num(tp['mixed_tokens_per_s'], '{:,.0f}')}"
+    other.add_row("tokens/s", f"prefill {format_number(tp['prefill_tokens_per_s'], '{:,.0f}')}, "
+                              f"decode {format_number(tp['decode_tokens_per_s'], '{:,.0f}')}"
+                              + (f", mixed steps {format_number(tp['mixed_tokens_per_s'], '{:,.0f}')}"
                                  if st["num_mixed_steps"] else "")
                               + f" (over their steps' time); "
-                              f"completion {_num(tp['completion_tokens_per_s'], '{:,.0f}')}, "
-                              f"all {_num(tp['total_tokens_per_s'], '{:,.0f}')} (over the run's wall time)")
-    other.add_row("requests/s", _num(tp["requests_per_s"], "{:,.3f}") + " over the run")
+                              f"completion {format_number(tp['completion_tokens_per_s'], '{:,.0f}')}, "
+                              f"all {format_number(tp['total_tokens_per_s'], '{:,.0f}')} (over the run's wall time)")
+    other.add_row("requests/s", format_number(tp["requests_per_s"], "{:,.3f}") + " over the run")
     if s["goodput"] is not None:
         g = s["goodput"]
         objectives = ", ".join(f"{name} <= {limit * 1e3:g} ms" for name, limit in g["slo_s"].items())
-        other.add_row("goodput", f"{_num(g['requests_per_s'], '{:,.3f}')} requests/s: {g['num_good_requests']} of "
-                                 f"{r['num_requests']} ({_pct(g['good_request_share'])}) met {objectives}")
+        other.add_row("goodput", f"{format_number(g['requests_per_s'], '{:,.3f}')} requests/s: {g['num_good_requests']} of "
+                                 f"{r['num_requests']} ({format_percent(g['good_request_share'])}) met {objectives}")
     other.add_row("preemptions", f"{pre['num_preemptions']} ({pre['num_self_preemptions']} self) of "
                                  f"{pre['num_preempted_requests']} requests, "
                                  f"{pre['num_recomputed_tokens']:,} tokens recomputed")
     other.add_row("prefix cache", f"{pc['num_hit_blocks']}/{pc['num_allocated_blocks']} blocks "
-                                  f"({_pct(pc['block_hit_rate'])}), {_num(pc['num_hit_tokens'], '{:,}')}/"
-                                  f"{pc['num_lookup_tokens']:,} tokens ({_pct(pc['token_hit_rate'])})")
-    other.add_row("KV blocks", f"{_num(kv['num_blocks'], '{}')} blocks, utilisation mean "
-                               f"{_pct(kv['utilization_mean'])}, peak {_pct(kv['utilization_peak'])} "
-                               f"(first at step {_num(kv['peak_step'], '{}')})")
+                                  f"({format_percent(pc['block_hit_rate'])}), {format_number(pc['num_hit_tokens'], '{:,}')}/"
+                                  f"{pc['num_lookup_tokens']:,} tokens ({format_percent(pc['token_hit_rate'])})")
+    other.add_row("KV blocks", f"{format_number(kv['num_blocks'], '{}')} blocks, utilisation mean "
+                               f"{format_percent(kv['utilization_mean'])}, peak {format_percent(kv['utilization_peak'])} "
+                               f"(first at step {format_number(kv['peak_step'], '{}')})")
     other.add_row("head-of-line", f"{hol['num_blocked_steps']} steps blocked ({hol['num_blocked_prefill_steps']} "
                                   f"prefill, {hol['num_blocked_decode_steps']} decode), "
                                   f"{hol['num_blocked_requests']} requests")

@@ -220,7 +220,7 @@ def fleet_diff_command(args, a_events: list, b_events: list) -> int:
     """Two traces of which one at least is a fleet's: the first routing difference, then each
     replica's first scheduling difference."""
     from tracengine.analysis.fleet import fleet_stats, replica_streams
-    from tracengine.analysis.stats import _num, _pct
+    from tracengine.analysis.stats import format_number, format_percent
     from tracengine.replay.diff import diff_traces
     from tracengine.trace.events import RouteDecision, without_wall_clock
     routes_a = [e for e in a_events if type(e) is RouteDecision]
@@ -259,7 +259,7 @@ def fleet_diff_command(args, a_events: list, b_events: list) -> int:
     for label, s in (("a", stats_a), ("b", stats_b)):
         t = s["latency"]["ttft"]
         print(f"{label}: {s['duration_s'] * 1e3:,.1f} ms, TTFT p50 {_ms(t['p50'])} p99 {_ms(t['p99'])} ms, "
-              f"cache hit {_pct(s['token_hit_rate'])}, imbalance {_num(s['request_imbalance'], '{:.2f}')}")
+              f"cache hit {format_percent(s['token_hit_rate'])}, imbalance {format_number(s['request_imbalance'], '{:.2f}')}")
     return EXIT_FAILED_CHECK
 
 

@@ -41,18 +41,23 @@ class VllmBlockPool(BlockPool):
         self.hashes = hashes
 
     def free_blocks(self, block_ids: list[int]):
-        """A reference less to each of `block_ids` (in eviction order, the first evicted
-        first); those left with none go to the head of the free queue when they hold no
-        hash, to its tail when they do, each group in that order."""
-        ref_counts, hashes = self.ref_counts, self.hashes
-        evict_first, evict_last = [], []
-        for block_id in block_ids:
-            ref_counts[block_id] -= 1
-            assert ref_counts[block_id] >= 0, f"block {block_id} freed more often than it was taken"
-            if ref_counts[block_id] == 0:
-                (evict_first if hashes[block_id] == NO_HASH else evict_last).append(block_id)
-        self.free_block_queue.prepend_n(evict_first)
-        self.free_block_queue.append_n(evict_last)
+        release(self.ref_counts, self.hashes, self.free_block_queue, block_ids)
+
+
+def release(ref_counts: list[int], hashes: list[int], free_block_queue, block_ids: list[int]):
+    """vLLM's free rule (the pool's, and the replay fold's): a reference less to each of
+    `block_ids` (in eviction order, the first evicted first); those left with none go to the
+    head of the free queue when they hold no hash, to its tail when they do, each group in
+    that order."""
+    evict_first, evict_last = [], []
+    for block_id in block_ids:
+        ref_counts[block_id] -= 1
+        if ref_counts[block_id] == 0:
+            (evict_first if hashes[block_id] == NO_HASH else evict_last).append(block_id)
+        elif ref_counts[block_id] < 0:
+            raise ValueError(f"block {block_id} freed more often than it was taken")
+    free_block_queue.prepend_n(evict_first)
+    free_block_queue.append_n(evict_last)
 
 
 class VllmPrefixCache(PrefixCache):

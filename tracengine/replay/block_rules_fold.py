@@ -5,7 +5,7 @@ disaggregated fleet's decode replica takes in KV transfers (fold_transfer.py).""
 import msgspec
 
 from tracengine.engine.config import recorded_block_rules
-from tracengine.engine.vllm_block_manager import unregister
+from tracengine.engine.vllm_block_manager import release, unregister
 from tracengine.replay.fold import _Keyframe, _Projection
 from tracengine.replay.fold_transfer import TransferProjection
 from tracengine.trace.events import BlockFree
@@ -52,16 +52,7 @@ class VllmRulesProjection(_Projection):
             self.later_block_ids.setdefault(h, []).append(block_id)
 
     def block_free(self, e: BlockFree):
-        ref_counts, hashes = self.ref_counts, self.hashes
-        evict_first, evict_last = [], []
-        for block_id in e.block_ids:
-            ref_counts[block_id] -= 1
-            if ref_counts[block_id] == 0:
-                (evict_first if hashes[block_id] == -1 else evict_last).append(block_id)
-            elif ref_counts[block_id] < 0:
-                raise ValueError(f"block {block_id} freed more often than allocated")
-        self.free.prepend_n(evict_first)
-        self.free.append_n(evict_last)
+        release(self.ref_counts, self.hashes, self.free, e.block_ids)
         s = self.seqs[e.seq_id]
         s.block_table = []
         s.num_cached_tokens = 0
