@@ -17,7 +17,7 @@ dependencies are not needed for offline replay), whose python this script is giv
     VENV/bin/pip install --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1
     VENV/bin/pip install typing_extensions
     python benchmarks/bench_vs_dynamo.py --dynamo-python VENV/bin/python \\
-        [--requests 1000] [--block-sizes 16,64,512] [--repeats 3]
+        [--requests 1000] [--block-sizes 16,64,512] [--repeats 3] [--floor]
 
 The workload is written here, with the statistics of Mooncake's public conversation trace
 (mean prompt about 13,700 tokens in 512-token hash ids, mean output about 350 tokens,
@@ -158,6 +158,18 @@ print(json.dumps({"duration_ms": s["steps"]["total_s"] * 1e3,
 """
 
 
+# `--floor`: the same simulate command with its event sink switched off, so that no event is built
+# and nothing is folded (the printed figures are then empty): what the scheduler, block manager
+# and synthetic runner cost alone, the floor under any cost of the events and the stats.
+FLOOR = r"""
+import sys
+from tracengine.analysis.timeline import RequestTimelineSink
+from tracengine.cli.main import main
+RequestTimelineSink.enabled = False
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def tracengine_figures(trace: str) -> dict:
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return json.loads(subprocess.run([sys.executable, "-c", FIGURES, trace], env=env, cwd=ROOT, check=True,
@@ -177,6 +189,8 @@ def main():
     parser.add_argument("--requests", default="1000", help="comma-separated workload sizes (default 1000)")
     parser.add_argument("--block-sizes", default="16", help="comma-separated KV block sizes (default 16)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--floor", action="store_true",
+                        help="also time tracengine with its event sink off (no events, no stats), in turn with the others")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         step_time = os.path.join(tmp, "fixed.json")
@@ -194,23 +208,29 @@ def main():
                 summary_path = os.path.join(tmp, "summary.json")
                 dynamo = [args.dynamo_python, script, workload, str(block_size), summary_path]
                 ours = tracengine_argv(workload, step_time, block_size)
-                runs = {"tracengine": [], "dynamo": []}
+                floor = [sys.executable, "-c", FLOOR, *ours[3:]]      # ours without `-m tracengine.cli`
+                runs = {"tracengine": [], "dynamo": [], **({"no events": []} if args.floor else {})}
                 for _ in range(args.repeats):          # alternating, whole processes
                     runs["dynamo"].append(timed(dynamo))
                     runs["tracengine"].append(timed(ours))
+                    if args.floor:
+                        runs["no events"].append(timed(floor))
                 trace = os.path.join(tmp, "sim.trace")
                 timed(tracengine_argv(workload, step_time, block_size, trace))    # for its figures, not timed
                 with open(summary_path) as f:
                     figures = {"tracengine": tracengine_figures(trace), "dynamo": dynamo_figures(json.load(f))}
                 med = {side: [statistics.median(run[k] for run in r) for k in range(3)] for side, r in runs.items()}
                 print(f"\nblock size {block_size}, {num_requests:,} requests (median of {args.repeats}, alternating):")
-                for side in ("tracengine", "dynamo"):
+                for side in runs:
                     print(f"  {side:<10}  wall {med[side][0]:6.2f} s   CPU {med[side][2]:6.2f} s   peak RSS "
                           f"{med[side][1]:7.1f} MB   (wall of the runs {', '.join(f'{run[0]:.2f}' for run in runs[side])} s)")
                 print(f"  tracengine / dynamo: wall {med['tracengine'][0] / med['dynamo'][0]:.2f}x, "
                       f"CPU {med['tracengine'][2] / med['dynamo'][2]:.2f}x, "
                       f"peak RSS {med['tracengine'][1] / med['dynamo'][1]:.2f}x; "
                       f"tracengine per request {med['tracengine'][0] / num_requests * 1e3:.2f} ms")
+                if args.floor:
+                    print(f"  tracengine with no events / dynamo: wall {med['no events'][0] / med['dynamo'][0]:.2f}x, "
+                          f"CPU {med['no events'][2] / med['dynamo'][2]:.2f}x")
                 print(f"  {'figure':<16} {'tracengine':>12} {'dynamo':>12} {'difference':>11}")
                 for name, ours_value in figures["tracengine"].items():
                     theirs = figures["dynamo"][name]
