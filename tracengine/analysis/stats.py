@@ -271,7 +271,8 @@ def render(s: dict, title: str = ""):
         for unit, key, scale, fmt in (("steps", "steps", 1, "{:,.2f}"), ("ms", "seconds", 1e3, "{:,.3f}")):
             f = s["latency"][name][key]
             lat.add_row(label if unit == "steps" else "", unit, str(f["count"]),
-                        *(format_number(None if f[k] is None else f[k] * scale, fmt) for k in ("mean", "p50", "p90", "p99")))
+                        *(format_number(None if f[k] is None else f[k] * scale, fmt)
+                          for k in ("mean", "p50", "p90", "p99")))
 
     pre, pc, kv, hol = s["preemption"], s["prefix_cache"], s["kv_blocks"], s["head_of_line"]
     other = Table(box=None, pad_edge=False, show_header=False)
@@ -289,16 +290,19 @@ def render(s: dict, title: str = ""):
     if s["goodput"] is not None:
         g = s["goodput"]
         objectives = ", ".join(f"{name} <= {limit * 1e3:g} ms" for name, limit in g["slo_s"].items())
-        other.add_row("goodput", f"{format_number(g['requests_per_s'], '{:,.3f}')} requests/s: {g['num_good_requests']} of "
-                                 f"{r['num_requests']} ({format_percent(g['good_request_share'])}) met {objectives}")
+        other.add_row("goodput", f"{format_number(g['requests_per_s'], '{:,.3f}')} requests/s: "
+                                 f"{g['num_good_requests']} of {r['num_requests']} "
+                                 f"({format_percent(g['good_request_share'])}) met {objectives}")
     other.add_row("preemptions", f"{pre['num_preemptions']} ({pre['num_self_preemptions']} self) of "
                                  f"{pre['num_preempted_requests']} requests, "
                                  f"{pre['num_recomputed_tokens']:,} tokens recomputed")
     other.add_row("prefix cache", f"{pc['num_hit_blocks']}/{pc['num_allocated_blocks']} blocks "
-                                  f"({format_percent(pc['block_hit_rate'])}), {format_number(pc['num_hit_tokens'], '{:,}')}/"
+                                  f"({format_percent(pc['block_hit_rate'])}), "
+                                  f"{format_number(pc['num_hit_tokens'], '{:,}')}/"
                                   f"{pc['num_lookup_tokens']:,} tokens ({format_percent(pc['token_hit_rate'])})")
     other.add_row("KV blocks", f"{format_number(kv['num_blocks'], '{}')} blocks, utilisation mean "
-                               f"{format_percent(kv['utilization_mean'])}, peak {format_percent(kv['utilization_peak'])} "
+                               f"{format_percent(kv['utilization_mean'])}, "
+                               f"peak {format_percent(kv['utilization_peak'])} "
                                f"(first at step {format_number(kv['peak_step'], '{}')})")
     other.add_row("head-of-line", f"{hol['num_blocked_steps']} steps blocked ({hol['num_blocked_prefill_steps']} "
                                   f"prefill, {hol['num_blocked_decode_steps']} decode), "

@@ -177,8 +177,7 @@ class RequestTimeline:
                 req.first_token_step = step
             else:       # a gap, open until this step ends
                 if step != self._open_step:
-                    if self._open_gaps:    # of a step that never ended (a torn frame's)
-                        self._close_gaps(self.itl_steps, self.itl_ns)
+                    self._close_gaps()     # of a step that never ended (a torn frame's), if any
                     self._open_step = step
                 self._open_gaps[previous] = self._open_gaps.get(previous, 0) + 1
             req.last_token_step = step
@@ -186,25 +185,28 @@ class RequestTimeline:
             if not self.lean:
                 req.token_steps.append(step)
 
-    def _close_gaps(self, itl_steps: dict[int, int], itl_ns: dict[int, int]) -> None:
-        """Count the open gaps into `itl_steps` and `itl_ns`, their tokens' step ending when
-        `end_ns` says (a step that has not ended: when the trace does), and forget them."""
-        step, end = self._open_step, self.end_ns(self._open_step)
-        for previous, count in self._open_gaps.items():
+    def _close_gaps(self) -> None:
+        """Count the open gaps, and forget them."""
+        self._count_gaps(self._open_step, self._open_gaps, self.itl_steps, self.itl_ns)
+        self._open_gaps = {}
+
+    def _count_gaps(self, step: int, gaps: dict[int, int], itl_steps: dict[int, int], itl_ns: dict[int, int]):
+        """Count `gaps` (the earlier token's step -> how many) of tokens sampled at `step` into
+        `itl_steps` and `itl_ns`, each step ending when `end_ns` says (one that has not ended:
+        when the trace does)."""
+        end = self.end_ns(step)
+        for previous, count in gaps.items():
             gap_steps, gap_ns = step - previous, end - self.end_ns(previous)
             itl_steps[gap_steps] = itl_steps.get(gap_steps, 0) + count
             itl_ns[gap_ns] = itl_ns.get(gap_ns, 0) + count
-        self._open_gaps = {}
 
     def itl(self) -> tuple[dict[int, int], dict[int, int]]:
         """The inter-token gaps so far, in steps and in ns, each -> how many: `itl_steps` and
-        `itl_ns` with the gaps still open (a step not ended) counted as ending with the trace."""
+        `itl_ns`, with the gaps still open (a step not ended) counted as ending with the trace."""
         if not self._open_gaps:
             return self.itl_steps, self.itl_ns
         itl_steps, itl_ns = dict(self.itl_steps), dict(self.itl_ns)
-        open_gaps = self._open_gaps
-        self._close_gaps(itl_steps, itl_ns)
-        self._open_gaps = open_gaps
+        self._count_gaps(self._open_step, self._open_gaps, itl_steps, itl_ns)
         return itl_steps, itl_ns
 
     def _finished(self, event: SeqFinish) -> None:
@@ -226,8 +228,8 @@ class RequestTimeline:
         start = self.total_ns + event.gap_ns
         self._starts.append(start)
         self._ends.append(start + duration_ns)
-        if self._open_gaps and self._open_step == event.step:
-            self._close_gaps(self.itl_steps, self.itl_ns)
+        if self._open_step == event.step:
+            self._close_gaps()
 
     def _request(self, seq_id: int, event) -> RequestRecord:
         req = self.requests.get(seq_id)

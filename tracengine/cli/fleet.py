@@ -259,7 +259,8 @@ def fleet_diff_command(args, a_events: list, b_events: list) -> int:
     for label, s in (("a", stats_a), ("b", stats_b)):
         t = s["latency"]["ttft"]
         print(f"{label}: {s['duration_s'] * 1e3:,.1f} ms, TTFT p50 {_ms(t['p50'])} p99 {_ms(t['p99'])} ms, "
-              f"cache hit {format_percent(s['token_hit_rate'])}, imbalance {format_number(s['request_imbalance'], '{:.2f}')}")
+              f"cache hit {format_percent(s['token_hit_rate'])}, "
+              f"imbalance {format_number(s['request_imbalance'], '{:.2f}')}")
     return EXIT_FAILED_CHECK
 
 
