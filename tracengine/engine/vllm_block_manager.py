@@ -126,7 +126,8 @@ class VllmBlockManager(BlockManager):
         self.num_hit_blocks += num_cached_blocks
         if self.sink.enabled:
             self.sink.emit(BlockAllocate(self.step, seq.seq_id, list(seq.block_table), num_cached_blocks))
-        self.cache_blocks(seq, num_cached_blocks, num_slots)
+        if num_slots // self.block_size > num_cached_blocks:      # the first chunk fills blocks
+            self.cache_blocks(seq, num_cached_blocks, num_slots // self.block_size)
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Slots for `num_new_tokens` more tokens of a sequence that holds blocks; False, and
@@ -143,17 +144,16 @@ class VllmBlockManager(BlockManager):
                 for block_id in new_block_ids:
                     self.sink.emit(BlockAppend(self.step, seq.seq_id, block_id))
         num_cached_blocks = seq.num_cached_tokens // self.block_size
-        if num_slots // self.block_size > num_cached_blocks:     # these slots fill a block
-            self.cache_blocks(seq, num_cached_blocks, num_slots)
+        if num_slots // self.block_size > num_cached_blocks:      # these slots fill blocks (a decode: 1 in block_size)
+            self.cache_blocks(seq, num_cached_blocks, num_slots // self.block_size)
         return True
 
-    def cache_blocks(self, seq: Sequence, num_cached_blocks: int, num_tokens: int):
-        """Register the full blocks among seq's first `num_tokens` (those it knows) past its first
-        `num_cached_blocks`, registered before."""
-        size = self.block_size
-        end = min(num_tokens, seq.num_tokens) // size
-        if num_cached_blocks >= end or not self.enable_caching:
+    def cache_blocks(self, seq: Sequence, num_cached_blocks: int, end: int):
+        """Register seq's blocks from `num_cached_blocks` (those before it are registered) up to
+        `end`, which its slots fill (the slots of tokens the sequence has: never past them)."""
+        if not self.enable_caching:
             return
+        size = self.block_size
         hashes = seq.hash_full_blocks()[num_cached_blocks:end]
         block_ids = seq.block_table[num_cached_blocks:end]
         self.prefix_cache.insert(block_ids, hashes,
