@@ -73,10 +73,13 @@ def percentile(sorted_values: list[float], p: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (rank - lo)
 
 
+NO_VALUES = {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None}   # the figures of an empty list
+
+
 def summarize(values: list[float]) -> dict:
     """count, mean, p50, p90, p99; None for each figure of an empty list."""
     if not values:
-        return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None}
+        return dict(NO_VALUES)
     ordered = sorted(values)
     return {"count": len(ordered), "mean": sum(ordered) / len(ordered),
             **{f"p{p}": percentile(ordered, p) for p in (50, 90, 99)}}
@@ -103,7 +106,7 @@ def summarize_counts(counts: dict[int, int], scale: float = 1) -> dict:
     repeated = _Repeated(counts, scale)
     n = len(repeated)
     if not n:
-        return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None}
+        return dict(NO_VALUES)
     return {"count": n, "mean": sum(v * c for v, c in counts.items()) / scale / n,
             **{f"p{p}": percentile(repeated, p) for p in (50, 90, 99)}}
 
@@ -115,11 +118,12 @@ def _ratio(num, den):
 def request_figures(t: RequestTimeline, req) -> dict:
     added, first_sched = req.added_step, req.first_scheduled_step
     first_token = req.first_token_step
+    num_completion = req.num_tokens - req.num_prompt_tokens
     arrival = t.arrival_ns(req)
     out = {"seq_id": req.seq_id, "added_step": added, "arrival_s": arrival / NS, "first_scheduled_step": first_sched,
            "first_token_step": first_token, "finish_step": req.finish_step,
            "finish_reason": req.finish_reason or None, "num_prompt_tokens": req.num_prompt_tokens,
-           "num_completion_tokens": req.num_tokens - req.num_prompt_tokens, "num_preemptions": len(req.preempts),
+           "num_completion_tokens": num_completion, "num_preemptions": len(req.preempts),
            "queueing_steps": None, "ttft_steps": None, "tpot_steps": None, "e2e_steps": None,
            "queueing_s": None, "ttft_s": None, "tpot_s": None, "e2e_s": None}
     if first_sched is not None:
@@ -131,11 +135,10 @@ def request_figures(t: RequestTimeline, req) -> dict:
     if req.finish_step is not None:
         out["e2e_steps"] = req.finish_step - added + 1
         out["e2e_s"] = (t.end_ns(req.finish_step) - arrival) / NS
-        n = req.num_tokens - req.num_prompt_tokens
-        if n > 1:
-            first, last = req.first_token_step, req.last_token_step
-            out["tpot_steps"] = (last - first) / (n - 1)
-            out["tpot_s"] = (t.end_ns(last) - t.end_ns(first)) / NS / (n - 1)
+        if num_completion > 1:
+            first, last = first_token, req.last_token_step
+            out["tpot_steps"] = (last - first) / (num_completion - 1)
+            out["tpot_s"] = (t.end_ns(last) - t.end_ns(first)) / NS / (num_completion - 1)
     return out
 
 

@@ -188,7 +188,7 @@ class RequestTimeline:
     def _close_gaps(self) -> None:
         """Count the open gaps, and forget them."""
         self._count_gaps(self._open_step, self._open_gaps, self.itl_steps, self.itl_ns)
-        self._open_gaps = {}
+        self._open_gaps.clear()
 
     def _count_gaps(self, step: int, gaps: dict[int, int], itl_steps: dict[int, int], itl_ns: dict[int, int]):
         """Count `gaps` (the earlier token's step -> how many) of tokens sampled at `step` into
