@@ -163,7 +163,8 @@ def _segment_aborts(recorded: list, start: int) -> list[tuple[int, str]]:
     """(seq_id, reason) of the SeqAborts among the events that a replica's step begins with at
     `start` (the requests entering, then the clients that left): applied where recorded."""
     aborts = []
-    for e in recorded[start:]:
+    for i in range(start, len(recorded)):     # by index: a slice would copy the rest of the trace
+        e = recorded[i]
         t = type(e)
         if t is SeqAbort:
             aborts.append((e.seq_id, e.reason))
@@ -175,7 +176,8 @@ def _segment_aborts(recorded: list, start: int) -> list[tuple[int, str]]:
 def _step_tokens(recorded: list, start: int) -> dict[int, int]:
     """The tokens the step beginning at `start` sampled, by seq_id."""
     tokens = {}
-    for e in recorded[start:]:
+    for i in range(start, len(recorded)):
+        e = recorded[i]
         t = type(e)
         if t is TokenSample:
             tokens[e.seq_id] = e.token_id
