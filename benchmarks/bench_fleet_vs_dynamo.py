@@ -33,10 +33,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_simulate import mooncake_like                          # noqa: E402
-from tracengine.analysis.fleet import fleet_stats                  # noqa: E402
+from tracengine.fleet.stats import fleet_stats                  # noqa: E402
 from tracengine.analysis.stats import summarize                    # noqa: E402
 from tracengine.engine.config import Config                        # noqa: E402
-from tracengine.sim.fleet import FleetSpec, simulate_fleet         # noqa: E402
+from tracengine.fleet.engine import simulate_fleet         # noqa: E402
+from tracengine.fleet.spec import FleetSpec
 from tracengine.sim.runners import SyntheticRunner                 # noqa: E402
 from tracengine.workload import read_workload                      # noqa: E402
 

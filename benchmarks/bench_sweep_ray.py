@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_simulate import QWEN3_8B, mooncake_like                                  # noqa: E402
-from tracengine.collector import collector_paused                                    # noqa: E402
+from tracengine.process.collector import collector_paused                                    # noqa: E402
 from tracengine.sim.executors import LocalExecutor, RayExecutor, run_variants        # noqa: E402
 from tracengine.sim.roofline import ModelShape, RooflineStepTime                     # noqa: E402
 from tracengine.sim.spec import (SIMULATE, PreparedSources, Source, SweepSpec,  # noqa: E402

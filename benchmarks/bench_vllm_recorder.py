@@ -33,7 +33,8 @@ with warnings.catch_warnings():
     from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 
 from tracengine.trace.tracelog import TraceWriter  # noqa: E402
-from tracengine.vllm.build import build_scheduler, default_config, trace_header  # noqa: E402
+from tracengine.vllm.build import build_scheduler, default_config  # noqa: E402
+from tracengine.vllm.header import trace_header
 from tracengine.vllm.drive import RequestSpec, run  # noqa: E402
 
 PREFIX = list(range(100, 164))     # 4 blocks of 16 shared by every request

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tracengine.signals import Terminated  # noqa: E402
+from tracengine.process.signals import Terminated  # noqa: E402
 from tracengine.testing import (aborts_between_steps, every_event_type, every_event_type_config,  # noqa: E402
                                 every_fleet_event_type, fleet_event_type_header)
 from tracengine.trace.tracelog import FORMAT_VERSION, TraceReader, TraceWriter, make_header  # noqa: E402

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import msgspec  # noqa: E402
 import xxhash  # noqa: E402
 
-from tracengine import __version__  # noqa: E402
+from tracengine.version import __version__  # noqa: E402
 from tracengine.engine.config import Config  # noqa: E402
 from tracengine.trace.events import ModelInfo, RequestAdded, StepEnd, TraceHeader  # noqa: E402
 from tracengine.engine.llm_engine import LLMEngine  # noqa: E402

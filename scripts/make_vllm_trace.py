@@ -23,7 +23,8 @@ PREFIX = list(range(100, 132))
 def main(out: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        from tracengine.vllm.build import build_scheduler, default_config, trace_header
+        from tracengine.vllm.build import build_scheduler, default_config
+        from tracengine.vllm.header import trace_header
         from tracengine.vllm.drive import RequestSpec, run
     scheduler = build_scheduler(default_config(num_gpu_blocks=24, max_num_batched_tokens=64, max_num_seqs=8))
     header = trace_header(scheduler)

@@ -10,7 +10,7 @@ from helpers import cut_like_a_kill
 from test_stats import online_case, preemption_case, run_engine, worked_example
 from tracengine.cli import main
 from tracengine.trace.events import Preempt, RequestAdded
-from tracengine.analysis.export import export_perfetto
+from tracengine.analysis.export_stream import export_perfetto
 from tracengine.trace.tracelog import write_trace
 
 PHASES = {"X", "i", "C", "M"}

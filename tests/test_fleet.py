@@ -6,13 +6,14 @@ import random
 import msgspec
 import pytest
 
-from tracengine.analysis.fleet import fleet_stats, replica_streams
+from tracengine.fleet.stats import fleet_stats, replica_streams
 from tracengine.cli.main import main
 from tracengine.engine.config import Config
-from tracengine.replay.fleet import reexecute_fleet
+from tracengine.fleet.replay import reexecute_fleet
 from tracengine.sim.engine import simulate
-from tracengine.sim.fleet import FleetSpec, simulate_fleet
-from tracengine.sim.routers import BUILTIN_ROUTERS
+from tracengine.fleet.engine import simulate_fleet
+from tracengine.fleet.spec import FleetSpec
+from tracengine.fleet.routers import BUILTIN_ROUTERS
 from tracengine.engine.request import Request
 from tracengine.sim.steptime import FEATURES, PARTS, LinearStepTime
 from tracengine.trace.events import (BlockAllocate, KVTransfer, ReplicaScope, RequestAdded, RouteDecision,
@@ -240,7 +241,7 @@ def test_simulate_a_fleet_from_the_command_line(tmp_path, mooncake, capsys):
     (["--replicas", "0"], "--replicas must be positive"),
     (["--router", "nowhere"], "router 'nowhere'"),
     (["--router", "user_routers:Nothing"], "cannot load router"),
-    (["--router", "user_policies:ShortestFirst"], "is not a tracengine.sim.routers.Router subclass"),
+    (["--router", "user_policies:ShortestFirst"], "is not a tracengine.fleet.routers.Router subclass"),
     (["--prefill-replicas", "2"], "both positive"),
     (["--replicas", "2", "--prefill-replicas", "1", "--decode-replicas", "1"], "not both"),
     (["--decode-router", "random"], "goes with --prefill-replicas"),
@@ -276,7 +277,7 @@ def test_export_gives_each_replica_its_processes_and_each_transfer_a_flow(tmp_pa
 
 @pytest.fixture
 def fleet_view(tmp_path):
-    from tracengine.tui.fleet import FleetView
+    from tracengine.tui.fleet_app import FleetView
     spec = FleetSpec(num_prefill_replicas=1, num_decode_replicas=2, kv_bytes_per_token=100, kv_transfer_gbps=1.0)
     path = tmp_path / "pd.trace"
     with_writer(path, simulate_fleet(CONFIG, workload(8), fixed_step_time(), spec))
@@ -286,7 +287,7 @@ def fleet_view(tmp_path):
 
 
 async def test_the_tui_shows_one_replica_and_switches_with_a_key(fleet_view):
-    from tracengine.tui.fleet import FleetTraceApp
+    from tracengine.tui.fleet_app import FleetTraceApp
     index = fleet_view.index(1)
     app = FleetTraceApp(index, fleet_view, 1, step=3, seq_id=2)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -303,7 +304,7 @@ async def test_the_tui_shows_one_replica_and_switches_with_a_key(fleet_view):
 
 
 async def test_the_tui_shows_the_fleet_and_the_routing_of_the_selected_request(fleet_view):
-    from tracengine.tui.fleet import FleetTraceApp, TextScreen
+    from tracengine.tui.fleet_app import FleetTraceApp, TextScreen
     index = fleet_view.index(0)
     app = FleetTraceApp(index, fleet_view, 0, seq_id=5)
     async with app.run_test(size=(140, 50)) as pilot:
@@ -331,7 +332,7 @@ def test_the_tui_refuses_to_follow_a_fleet_trace(tmp_path, capsys):
                                             kv_transfer_gbps=1, kv_transfer_latency_ns=200_000)],
                          ids=["aggregated", "disaggregated"])
 def test_a_fleet_whatif_of_no_change_is_the_recorded_run_again(spec):
-    from tracengine.replay.fleet_whatif import fleet_whatif
+    from tracengine.fleet.whatif import fleet_whatif
     events = simulate_fleet(CONFIG, workload(), fixed_step_time(), spec)
     result = fleet_whatif(events, spec, {}, fixed_step_time())
     assert result.changes == [] and result.events[1:] == events[1:]
@@ -371,11 +372,11 @@ def test_a_fleet_whatif_changes_replicas_router_and_config_from_the_command_line
 
 
 def test_a_sweep_of_a_fleet_gives_each_variant_the_fleets_figures(tmp_path, mooncake, capsys):
-    from tracengine.sim.fleet_sweep import fleet_row_of
+    from tracengine.fleet.sweep import fleet_row_of
     from tracengine.sim.steptime import load_step_time
     from tracengine.workload import read_workload
     from tracengine.sim.engine import simulate_config
-    from tracengine.sim.fleet_sweep import FleetVariant
+    from tracengine.fleet.sweep import FleetVariant
     st = step_time_file(tmp_path)
     assert main(["simulate", mooncake, "--step-time", st, "--set", "num_kvcache_blocks=200", "--quiet",
                  "--replicas", "2", "--router", "least_loaded", "--sweep", "max_num_seqs=1,4", "--jobs", "1"]) == 0

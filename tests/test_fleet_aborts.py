@@ -1,19 +1,19 @@
-"""Clients that leave, through a fleet what-if (sim/fleet_departures.py, docs/cluster.md): a
+"""Clients that leave, through a fleet what-if (fleet/departures.py, docs/cluster.md): a
 recorded SeqAbort leaves the what-if at the same time, on whichever replica holds the
 request then, by the rule of one engine's what-if in time."""
 import dataclasses
 
 import pytest
 
-from tracengine.analysis.fleet import fleet_stats, replica_streams
+from tracengine.fleet.stats import fleet_stats, replica_streams
 from tracengine.analysis.timeline import RequestTimeline
 from tracengine.cli.main import main
-from tracengine.replay.fleet import reexecute_fleet
-from tracengine.replay.fleet_whatif import fleet_whatif
+from tracengine.fleet.replay import reexecute_fleet
+from tracengine.fleet.whatif import fleet_whatif
 from tracengine.replay.timed import timed_whatif
 from tracengine.replay.whatif import extract_workload
 from tracengine.sim.engine import run_timed
-from tracengine.sim.fleet import FleetSpec
+from tracengine.fleet.spec import FleetSpec
 from tracengine.trace.events import RequestAdded, SeqAbort
 from test_fleet import CONFIG, fixed_step_time, with_writer, workload
 
@@ -90,7 +90,7 @@ def test_a_recorded_abort_leaves_the_fleet_at_its_time_on_the_replica_that_holds
 
 def test_a_departure_that_leaves_a_replica_idle_replays_checks_and_what_ifs_again(tmp_path, capsys):
     from tracengine.engine.request import Request
-    from tracengine.sim.fleet import simulate_fleet
+    from tracengine.fleet.engine import simulate_fleet
     from tracengine.trace.events import ReplicaScope, StepEnd
     requests = [Request(list(range(10, 30)), 30, 0, ignore_eos=True, seq_id=0),
                 Request(list(range(40, 60)), 30, 100_000, ignore_eos=True, seq_id=1, abort_ns=5_000_000),

@@ -1,5 +1,5 @@
 """A fleet's what-ifs swept, and fleets whose pools or replicas differ in config
-(sim/fleet_overrides.py, docs/cluster.md): `replay FLEET.trace --sweep ...` over fleet fields,
+(fleet/overrides.py, docs/cluster.md): `replay FLEET.trace --sweep ...` over fleet fields,
 every replica's config fields and a pool's or a replica's; `--set decode.max_num_seqs=...`,
 `--set replica[2].num_kvcache_blocks=...`."""
 import dataclasses
@@ -7,15 +7,16 @@ import json
 
 import pytest
 
-from tracengine.analysis.fleet import fleet_stats, replica_streams
+from tracengine.fleet.stats import fleet_stats, replica_streams
 from tracengine.cli.main import main
 from tracengine.engine.config import Config
-from tracengine.replay.fleet import reexecute_fleet
-from tracengine.replay.fleet_whatif import fleet_whatif
+from tracengine.fleet.replay import reexecute_fleet
+from tracengine.fleet.whatif import fleet_whatif
 from tracengine.sim.engine import simulate
-from tracengine.sim.fleet import FleetSpec, simulate_fleet
-from tracengine.sim.fleet_overrides import replica_configs
-from tracengine.sim.fleet_sweep import fleet_row_of
+from tracengine.fleet.engine import simulate_fleet
+from tracengine.fleet.spec import FleetSpec
+from tracengine.fleet.overrides import replica_configs
+from tracengine.fleet.sweep import fleet_row_of
 from tracengine.trace.events import ScheduleDecision, StepEnd
 from tracengine.trace.tracelog import TraceReader
 from test_fleet import CONFIG, fixed_step_time, step_time_file, with_writer, workload
@@ -154,10 +155,10 @@ def test_a_heterogeneous_fleet_runs_each_replica_under_its_config_and_replays(tm
     capsys.readouterr()
     assert main(["stats", out, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["requests"]["num_finished"] == 30
-    from tracengine.tui.fleet import FleetView
+    from tracengine.tui.fleet_app import FleetView
     view = FleetView(out)
     try:
-        from tracengine.tui.fleet import FleetTraceApp
+        from tracengine.tui.fleet_app import FleetTraceApp
         index = view.index(1)
         assert index.num_blocks == 24 and index.num_steps == sum(1 for e in streams[1] if type(e) is StepEnd)
         assert FleetTraceApp(index, view, 1).replica_note.startswith("replica 1 of 2 (all, num_kvcache_blocks=24)")

@@ -6,9 +6,10 @@ import json
 import msgspec
 import pytest
 
-from tracengine.analysis.fleet import replica_streams
+from tracengine.fleet.stats import replica_streams
 from tracengine.cli.main import main
-from tracengine.sim.fleet import FleetSpec, simulate_fleet
+from tracengine.fleet.engine import simulate_fleet
+from tracengine.fleet.spec import FleetSpec
 from tracengine.trace.events import ScheduleDecision, StepEnd
 from test_fleet import CONFIG, fixed_step_time, with_writer, workload
 
@@ -65,7 +66,7 @@ class LiveBlocks:
 def run_live(config, spec, requests):
     """(the events, header first, and LiveBlocks' states) of a fleet's run in simulated time."""
     from tracengine.sim.engine import SimulatedEngine
-    from tracengine.sim.fleet import Fleet, fleet_header, run_fleet
+    from tracengine.fleet.engine import Fleet, fleet_header, run_fleet
     from tracengine.sim.runners import SyntheticRunner
     step_time, sink = fixed_step_time(), LiveBlocks()
     sink.fleet = fleet = Fleet(config, spec, lambda i, c: SimulatedEngine(c, SyntheticRunner(seed=1), step_time,
@@ -95,7 +96,7 @@ def test_every_replicas_fold_is_its_live_block_pool_step_for_step(policy, num_bl
 
 
 def test_the_tui_blocks_view_of_a_decode_replica_is_the_live_block_pool(tmp_path):
-    from tracengine.tui.fleet import FleetView
+    from tracengine.tui.fleet_app import FleetView
     from tracengine.tui.widgets.block_map import block_kind
     # one decode replica of few sequences and a small cache: transferred requests wait there, and evict
     events, states = run_live(CONFIG.replace(max_num_seqs=2, num_kvcache_blocks=30),

@@ -163,3 +163,68 @@ def test_a_command_line_that_names_its_command_imports_no_other_command():
     modules = set(result.stdout.split())
     assert "tracengine.cli.simulate" in modules
     assert not modules & {"asyncio", "tracengine.cli.serve", "tracengine.cli.generate", "tracengine.cli.tui"}
+
+
+def project_modules() -> dict[str, Path]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the project modules its statements import (inside functions too)."""
+    modules = project_modules()
+    return {module: {name for name in imports_in(path) if name in modules and name != module}
+            for module, path in modules.items()}
+
+
+def test_no_import_cycle_anywhere_counting_imports_inside_functions():
+    graph = import_graph()
+    state: dict[str, int] = {}      # 1: on the path being walked, 2: done
+    cycles = []
+
+    def walk(module, path):
+        state[module] = 1
+        for name in sorted(graph[module]):
+            if state.get(name) == 1:
+                cycles.append(" -> ".join(path[path.index(name):] + [name]))
+            elif name not in state:
+                walk(name, path + [name])
+        state[module] = 2
+    for module in sorted(graph):
+        if module not in state:
+            walk(module, [module])
+    assert cycles == []
+
+
+# The parts from the bottom up: a part imports only parts below it or beside it on its layer.
+# engine/llm.py (LLM: the engine with a model runner) sits above runner/, the rest of engine/ below.
+LAYERS = [["tracengine.errors", "tracengine.version", "tracengine.process"],
+          ["tracengine.jsonfile", "tracengine.trace"],
+          ["tracengine.model", "tracengine.analysis"],
+          ["tracengine.engine"],
+          ["tracengine.runner"],
+          ["tracengine.engine.llm", "tracengine.workload"],
+          ["tracengine.sim"],
+          ["tracengine.replay"],
+          ["tracengine.vllm", "tracengine.fleet"],
+          ["tracengine.serve", "tracengine.tui"],
+          ["tracengine.testing"],
+          ["tracengine.cli"],
+          ["tracengine"]]
+
+
+def layer_of(module: str) -> int:
+    matches = [(len(part), i) for i, layer in enumerate(LAYERS) for part in layer
+               if module == part or module.startswith(part + ".")]
+    assert matches, f"{module} is in no layer: add its part to LAYERS and docs/architecture.md"
+    return max(matches)[1]
+
+
+def test_the_layers_read_bottom_to_top():
+    upward = sorted(f"{module} imports {name}" for module, names in import_graph().items() for name in names
+                    if layer_of(name) > layer_of(module))
+    assert upward == []
+

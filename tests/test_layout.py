@@ -20,6 +20,10 @@ def test_no_module_is_over_400_lines():
     assert too_long == {}
 
 
+def test_at_most_five_modules_at_the_top_of_the_package():
+    assert len(list(PACKAGE.glob("*.py"))) <= 5, sorted(p.name for p in PACKAGE.glob("*.py"))
+
+
 def test_the_block_manager_modules_are_each_under_250_lines():
     sizes = {name: lines_of(PACKAGE / "engine" / name) for name in BLOCK_MODULES}
     assert all(size <= MAX_BLOCK_MODULE_LINES for size in sizes.values()), sizes

@@ -267,7 +267,7 @@ def test_stats_of_a_mixed_run_split_its_tokens_by_kind():
 
 
 def test_perfetto_export_names_mixed_steps_and_each_request_its_own_phase(tmp_path):
-    from tracengine.analysis.export import export_perfetto
+    from tracengine.analysis.export_stream import export_perfetto
     export_perfetto(mixed_events(), tmp_path / "out.json")
     doc = json.loads((tmp_path / "out.json").read_text())
     steps = [e["name"] for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "step"]

@@ -12,7 +12,7 @@ from tracengine.cli.common import EXIT_RUN_FAILED
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.errors import TraceError
-from tracengine.signals import Terminated
+from tracengine.process.signals import Terminated
 from tracengine.sim.runners import SyntheticRunner
 from tracengine.testing import every_event_type, every_event_type_config
 from tracengine.trace import writer as trace_writer

@@ -116,7 +116,8 @@ def test_the_search_on_ray_meets_the_goodput_at_its_rate_and_fails_one_step_abov
 
 def test_a_fleet_traces_sweep_on_ray_equals_the_local_one(tmp_path, capsys):
     from tests.test_fleet import CONFIG, fixed_step_time, step_time_file, with_writer, workload
-    from tracengine.sim.fleet import FleetSpec, simulate_fleet
+    from tracengine.fleet.engine import simulate_fleet
+    from tracengine.fleet.spec import FleetSpec
     trace = str(tmp_path / "fleet.trace")
     with_writer(trace, simulate_fleet(CONFIG, workload(), fixed_step_time(), FleetSpec(num_prefill_replicas=1,
                                                                                       num_decode_replicas=2)))

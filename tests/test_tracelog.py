@@ -497,7 +497,7 @@ def test_format_v1_trace_still_reads():
 
 def test_format_v4_trace_still_reads_and_replays_as_a_fleet():
     # traces/format-v4.trace is kept forever; made by scripts/make_format_trace.py (a fleet of three)
-    from tracengine.replay.fleet import reexecute_fleet
+    from tracengine.fleet.replay import reexecute_fleet
     from tracengine.testing import every_fleet_event_type
     path = REPO / "traces" / "format-v4.trace"
     with TraceReader(path) as reader:

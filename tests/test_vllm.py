@@ -25,7 +25,8 @@ from tracengine.replay.reexec import divergence_report  # noqa: E402
 from tracengine.trace.events import (BlockAllocate, ListSink, Preempt, RequestAdded, ScheduleDecision,  # noqa: E402
                                      SeqAbort, SeqFinish, without_wall_clock)
 from tracengine.trace.tracelog import TraceReader, TraceWriter, open_trace  # noqa: E402
-from tracengine.vllm.build import build_scheduler, default_config, trace_header  # noqa: E402
+from tracengine.vllm.build import build_scheduler, default_config  # noqa: E402
+from tracengine.vllm.header import trace_header
 from tracengine.vllm.drive import RequestSpec, run  # noqa: E402
 from tracengine.vllm.replay import reexecute  # noqa: E402
 

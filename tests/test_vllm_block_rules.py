@@ -167,9 +167,9 @@ def test_a_pd_fleets_replicas_fold_to_their_live_block_pools_under_each_rule(cha
     # a KV transfer lands through the prefix cache: with it off none lands, and the fold agrees
     from test_fleet import CONFIG, workload
     from test_fleet_transfers import run_live, same_pool
-    from tracengine.analysis.fleet import replica_streams
+    from tracengine.fleet.stats import replica_streams
     from tracengine.replay.fold import Fold
-    from tracengine.sim.fleet import FleetSpec
+    from tracengine.fleet.spec import FleetSpec
     from tracengine.trace.events import KVTransfer
     config = CONFIG.replace(num_kvcache_blocks=30, max_num_seqs=3, **changes)
     events, states = run_live(config, FleetSpec(num_prefill_replicas=1, num_decode_replicas=2), workload(24, 1))

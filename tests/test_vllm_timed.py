@@ -22,7 +22,8 @@ from tracengine.cli import main  # noqa: E402
 from tracengine.sim.sweep import row_of, step_row_of  # noqa: E402
 from tracengine.trace.events import SeqAbort, SeqFinish  # noqa: E402
 from tracengine.trace.tracelog import TraceWriter, open_trace  # noqa: E402
-from tracengine.vllm.build import build_scheduler, default_config, trace_header  # noqa: E402
+from tracengine.vllm.build import build_scheduler, default_config  # noqa: E402
+from tracengine.vllm.header import trace_header
 from tracengine.vllm.drive import RequestSpec, run  # noqa: E402
 from tracengine.vllm.replay import reexecute  # noqa: E402
 

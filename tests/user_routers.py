@@ -1,5 +1,5 @@
 """Routers of one's own, loaded by import path in tests/test_fleet.py."""
-from tracengine.sim.routers import RoundRobin, Router
+from tracengine.fleet.routers import RoundRobin, Router
 
 
 class LastReplica(Router):

@@ -2,13 +2,15 @@
 
 One folder per part (engine, model, runner, trace, replay, sim, analysis, tui, workload, serve,
 cli): docs/architecture.md is the map, what each part may import, and the way an event travels."""
-__version__ = "0.1.0"
 
 __all__ = ["LLM", "SamplingParams", "Config", "open_trace", "stats", "__version__"]
 
 
 def __getattr__(name):
     # Lazy, so that importing the scheduler or the trace reader never imports torch.
+    if name == "__version__":
+        from tracengine.version import __version__
+        return __version__
     if name == "LLM":
         from tracengine.engine.llm import LLM
         return LLM

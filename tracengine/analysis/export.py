@@ -20,7 +20,7 @@ Timestamps are integer microseconds on the trace's time axis (each step lasts
 its StepEnd durations and begins its gap_ns after the one before;
 tracengine/analysis/timeline.py), floored from the cumulative nanoseconds, so
 spans meet exactly and every track is monotonic."""
-from tracengine import __version__
+from tracengine.version import __version__
 from tracengine.analysis.timeline import RequestTimeline, StepRecord
 
 ENGINE_PID, REQUESTS_PID, STEPS_TID = 1, 2, 1
@@ -72,8 +72,9 @@ def step_events(rec: StepRecord, start: int, idle: tuple[int, int] | None) -> li
     return events
 
 
-def request_spans(t: "RequestClock | RequestTimeline", req) -> list[tuple[str, int, int, dict]]:
-    """The request's lifecycle as (name, first step, end step exclusive, args), back to back."""
+def request_spans(t: "RequestTimeline", req) -> list[tuple[str, int, int, dict]]:
+    """The request's lifecycle as (name, first step, end step exclusive, args), back to back
+    (`t`: a RequestTimeline, or the stream's RequestClock, which has the same step clock)."""
     spans: list[tuple[str, int, int, dict]] = []
 
     def add(name, a, b, args):
@@ -108,7 +109,7 @@ def request_spans(t: "RequestClock | RequestTimeline", req) -> list[tuple[str, i
     return spans
 
 
-def request_events(t: "RequestClock | RequestTimeline", req) -> list[dict]:
+def request_events(t: "RequestTimeline", req) -> list[dict]:
     tid = req.seq_id + 1
     events = _meta(REQUESTS_PID, tid, "thread", f"seq {req.seq_id}", req.seq_id)
     preempts = {p.step: p for p in req.preempts}
@@ -149,7 +150,7 @@ def metadata(header, num_steps: int, torn_tail: str | None) -> dict:
 
 def trace_events(t: RequestTimeline) -> dict:
     """The whole export of a folded timeline as a JSON-ready dict, in memory (a fleet's
-    replicas, analysis/fleet_export.py; one engine's trace is streamed by export_perfetto)."""
+    replicas, fleet/export.py; one engine's trace is streamed by export_perfetto)."""
     events = _meta(ENGINE_PID, 0, "process", "engine", 0) + _meta(REQUESTS_PID, 0, "process", "requests", 1)
     events += _meta(ENGINE_PID, STEPS_TID, "thread", "steps", 0)
     idle = {step: (a, b) for step, a, b in t.idle_gaps()}
@@ -158,12 +159,3 @@ def trace_events(t: RequestTimeline) -> dict:
     for req in t.requests.values():
         events += request_events(t, req)
     return {"traceEvents": events, "displayTimeUnit": "ms", "metadata": metadata(t.header, t.num_steps, t.torn_tail)}
-
-
-def export_perfetto(events, out_path) -> dict:
-    """Writes the Chrome trace-event JSON of `events` (a trace path, or an iterable of
-    events) to `out_path`, streamed (analysis/export_stream.py): written to a file beside it
-    and renamed over it when whole. Returns the metadata and the numbers of trace events
-    and requests written."""
-    from tracengine.analysis.export_stream import write_perfetto
-    return write_perfetto(events, out_path)

@@ -160,9 +160,11 @@ class PerfettoStream:
             self._finish(live)
 
 
-def write_perfetto(events, out_path) -> dict:
-    """See export.export_perfetto. A regular file is written beside OUT and renamed over it when
-    whole; a device or a pipe (`--perfetto /dev/null`) is written in place."""
+def export_perfetto(events, out_path) -> dict:
+    """Writes the Chrome trace-event JSON of `events` (a trace path, or an iterable of events)
+    to `out_path`, streamed; returns the metadata and the numbers of trace events and requests
+    written. A regular file is written beside OUT and renamed over it when whole; a device or a
+    pipe (`--perfetto /dev/null`) is written in place."""
     target = os.fspath(out_path)
     # a device or a pipe (--perfetto /dev/null) is written in place, never replaced
     in_place = os.path.exists(target) and not os.path.isfile(target)

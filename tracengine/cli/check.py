@@ -40,7 +40,7 @@ def run(args) -> int:
             try:
                 checker = EventCheck(reader.header)
                 if reader.header.fleet:      # each replica's events checked on their own (docs/cluster.md)
-                    from tracengine.replay.fleet import FleetEventCheck
+                    from tracengine.fleet.replay import FleetEventCheck
                     checker = FleetEventCheck(reader.header)
             except TraceError as exc:
                 impossible = {"message": str(exc), "offset": reader.frames()[0].offset, "step": None}

@@ -27,7 +27,7 @@ def _event_json(event):
 def run(args) -> int:
     with TraceReader(args.a) as reader_a, TraceReader(args.b) as reader_b:
         if reader_a.header.fleet or reader_b.header.fleet:    # docs/cluster.md
-            from tracengine.cli.fleet import fleet_diff_command
+            from tracengine.cli.fleet_commands import fleet_diff_command
             a_events, b_events = list(reader_a.events()), list(reader_b.events())
             note_torn_tail(reader_a)
             note_torn_tail(reader_b)

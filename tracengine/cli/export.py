@@ -12,10 +12,10 @@ def add_to(sub):
 
 
 def run(args) -> int:
-    from tracengine.analysis.export import export_perfetto
+    from tracengine.analysis.export_stream import export_perfetto
     from tracengine.cli.outputs import check_outputs
     check_outputs({"--perfetto": args.perfetto}, {"trace": args.trace}, args.force)
-    from tracengine.cli.fleet import fleet_export_command, is_fleet_trace
+    from tracengine.cli.fleet_commands import fleet_export_command, is_fleet_trace
     if is_fleet_trace(args.trace):     # a process per replica, transfers as flows (docs/cluster.md)
         return fleet_export_command(args.trace, args.perfetto)
     written = export_perfetto(args.trace, args.perfetto)

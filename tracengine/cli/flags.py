@@ -6,7 +6,7 @@ import math
 from dataclasses import fields
 
 from tracengine.engine.config import Config, field_help, flag_fields, parse_override
-from tracengine.errors import ConfigError
+from tracengine.errors import ConfigError, TracengineError
 from tracengine.workload.formats import FORMATS
 from tracengine.workload.sources import WorkloadSpec
 
@@ -100,3 +100,14 @@ def workload_spec(args, **given) -> WorkloadSpec:
     values = {f.name: getattr(args, f.name) for f in fields(WorkloadSpec) if hasattr(args, f.name)}
     return WorkloadSpec(**{**values, **given})
 
+
+DEFAULT_VOCAB_SIZE = 151_936     # Qwen3's: the made-up token ids of a length-only workload stay below it
+
+
+def workload_for_simulation(args, workload: str | None, vocab_size: int, lazy: bool = False):
+    """The requests; `lazy`: a workload file read as the run takes them (workload_requests)."""
+    from tracengine.workload.sources import workload_requests
+    if not workload and args.num_prompts is None and not args.prompt_lens:
+        raise TracengineError("simulate needs a WORKLOAD file, --num-prompts or --prompt-lens")
+    # text prompts need a tokenizer, and there is no model to sample with a temperature
+    return workload_requests(workload_spec(args, workload=workload), vocab_size, hash_id_prompts=True, lazy=lazy)

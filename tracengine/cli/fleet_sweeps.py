@@ -11,11 +11,11 @@ from tracengine.errors import TracengineError
 def fleet_sweep_command(args, events: list, overrides: dict, scoped: dict, step_time) -> int:
     """`events`: those of the trace at args.trace, read. The fleet flags, --set's fields of every
     replica and `scoped` (a pool's or a replica's) are every variant's base."""
-    from tracengine.cli.fleet import check_flags_not_swept, fleet_changes
+    from tracengine.cli.fleet_commands import check_flags_not_swept, fleet_changes
     from tracengine.cli.steptime import describe_step_time, print_unvaried_note, step_time_json
     from tracengine.cli.sweeps import print_sweep, sweep_options
-    from tracengine.replay.sweeps import prepare_fleet
-    from tracengine.sim.fleet_overrides import parse_fleet_override
+    from tracengine.fleet.whatif import prepare_fleet
+    from tracengine.fleet.overrides import parse_fleet_override
     from tracengine.sim.spec import PreparedSources, Source
     path = args.trace
     check_flags_not_swept(args)

@@ -11,9 +11,9 @@ from contextlib import nullcontext
 
 from tracengine.cli.common import (EXIT_BAD_INPUT, EXIT_CODES, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE_CLOSED,
                                    EXIT_TERMINATED)
-from tracengine.collector import collector_paused
+from tracengine.process.collector import collector_paused
 from tracengine.errors import TracengineError
-from tracengine.signals import interrupt_signal_name, sigterm_as_interrupt
+from tracengine.process.signals import interrupt_signal_name, sigterm_as_interrupt
 
 DESCRIPTION = """\
 tracengine runs an LLM inference engine (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE;
@@ -41,7 +41,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     first imports no other command's module (a command's own work starts sooner)."""
     parser = argparse.ArgumentParser(prog="tracengine", description=DESCRIPTION, epilog=EXIT_CODES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    from tracengine import __version__
+    from tracengine.version import __version__
     parser.add_argument("--version", action="version", version=f"tracengine {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS if command is None else [command]:

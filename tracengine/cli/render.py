@@ -22,7 +22,7 @@ def run(args) -> int:
     steps = parse_step_range(args.steps, "--steps") if args.steps is not None else None
     with TraceReader(args.trace) as reader:
         if reader.header.fleet:      # a fleet's: each replica's table (docs/cluster.md)
-            from tracengine.analysis.fleet import replica_streams
+            from tracengine.fleet.stats import replica_streams
             _, streams = replica_streams(reader.events())
             for replica, events in sorted(streams.items()):
                 sys.stdout.write(f"# replica {replica}\n" + render_steps(events, steps, args.seq))

@@ -1,16 +1,16 @@
 """`tracengine simulate`: a workload file (or a synthetic workload) through the real
 scheduler in simulated time, with no model (docs/simulation.md); one run or a sweep."""
 from tracengine.cli.common import EXIT_OK, add_parser, print_table
-from tracengine.cli.fleet import add_fleet_arguments
-from tracengine.cli.flags import (add_config_arguments, add_synthetic_arguments, add_workload_arguments,
-                                  config_overrides, workload_spec)
+from tracengine.cli.fleet_commands import add_fleet_arguments
+from tracengine.cli.flags import (DEFAULT_VOCAB_SIZE, add_config_arguments, add_synthetic_arguments,
+                                  add_workload_arguments, config_overrides, workload_for_simulation, workload_spec)
 from tracengine.cli.outputs import check_outputs
 from tracengine.cli.steptime import (add_step_time_arguments, describe_step_time, input_files, print_unvaried_note,
                                      step_time_from_args)
 from tracengine.cli.search import add_search_arguments, check_search_flags
 from tracengine.cli.sweeps import add_sweep_arguments, check_executor_flags, print_sweep, sweep_options
 from tracengine.errors import TracengineError
-from tracengine.progress import RequestProgress
+from tracengine.process.progress import RequestProgress
 
 
 def add_to(sub):
@@ -42,18 +42,6 @@ def add_to(sub):
     p.set_defaults(run=run)
 
 
-DEFAULT_VOCAB_SIZE = 151_936     # Qwen3's: the made-up token ids of a length-only workload stay below it
-
-
-def workload_for_simulation(args, workload: str | None, vocab_size: int, lazy: bool = False):
-    """The requests; `lazy`: a workload file read as the run takes them (workload_requests)."""
-    from tracengine.workload.sources import workload_requests
-    if not workload and args.num_prompts is None and not args.prompt_lens:
-        raise TracengineError("simulate needs a WORKLOAD file, --num-prompts or --prompt-lens")
-    # text prompts need a tokenizer, and there is no model to sample with a temperature
-    return workload_requests(workload_spec(args, workload=workload), vocab_size, hash_id_prompts=True, lazy=lazy)
-
-
 def simulation_progress(num_requests: int | None, enabled: bool = True) -> RequestProgress:
     """Finished requests (of `num_requests`; None: not known before the end) and the simulated
     time so far; `on_progress` is its update."""
@@ -63,14 +51,14 @@ def simulation_progress(num_requests: int | None, enabled: bool = True) -> Reque
 
 def run(args) -> int:
     if args.scheduler == "vllm":
-        from tracengine.vllm.command import run_simulate
+        from tracengine.cli.vllm_backend import run_simulate
         return run_simulate(args)
     from tracengine.sim.engine import check_token_prompts, simulate_config
     if args.workload_file and args.workload:
         raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
     workload = args.workload_file or args.workload
-    from tracengine.cli.fleet import check_flags_not_swept, fleet_changes, take_scoped_sets
-    from tracengine.sim.fleet_overrides import is_fleet_name, parse_fleet_override
+    from tracengine.cli.fleet_commands import check_flags_not_swept, fleet_changes, take_scoped_sets
+    from tracengine.fleet.overrides import is_fleet_name, parse_fleet_override
     scoped = take_scoped_sets(args)      # a pool's or a replica's fields: a fleet's (docs/cluster.md)
     overrides = config_overrides(args)
     check_flags_not_swept(args)
@@ -92,8 +80,8 @@ def run(args) -> int:
         vocab_size = step_time.model.vocab_size if step_time.kind == "roofline" else DEFAULT_VOCAB_SIZE
     elif vocab_size <= 0:
         raise TracengineError(f"--vocab-size must be positive, got {vocab_size}")
-    from tracengine.cli.fleet import fleet_spec_from_args
-    from tracengine.sim.fleet import FleetSpec
+    from tracengine.cli.fleet_commands import fleet_spec_from_args
+    from tracengine.fleet.spec import FleetSpec
     fleet = fleet_spec_from_args(args, step_time, FleetSpec() if fleet_swept else None, scoped)
     if fleet is not None and fleet.is_single and not fleet_swept:    # one replica: today's simulation, its trace
         fleet = None
@@ -159,7 +147,7 @@ def simulate_run(args, config, requests, step_time, slo, num_requests: int | Non
 
 def simulate_fleet_run(args, config, requests, step_time, fleet, slo) -> int:
     import time
-    from tracengine.cli.fleet import print_fleet_stats, simulate_fleet_command
+    from tracengine.cli.fleet_commands import print_fleet_stats, simulate_fleet_command
     with simulation_progress(len(requests), enabled=not args.quiet) as progress:
         on_progress = (lambda num_done, now_ns: progress.update(num_done, simulated_s=now_ns / 1e9)) \
             if not args.quiet else None

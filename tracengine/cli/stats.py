@@ -20,7 +20,7 @@ def add_to(sub):
 def run(args) -> int:
     from tracengine.analysis.stats import parse_slos, render, stats
     slo = parse_slos(args.slo)
-    from tracengine.cli.fleet import fleet_stats_command, is_fleet_trace
+    from tracengine.cli.fleet_commands import fleet_stats_command, is_fleet_trace
     if is_fleet_trace(args.trace):      # per replica and for the fleet (docs/cluster.md)
         return fleet_stats_command(args.trace, slo, args.json)
     s = stats(args.trace, slo or None)

@@ -28,11 +28,11 @@ def open_index(path: str, follow: bool, wait_s: float = 10.0):
 
 
 def run(args) -> int:
-    from tracengine.cli.fleet import is_fleet_trace
+    from tracengine.cli.fleet_commands import is_fleet_trace
     if is_fleet_trace(args.trace):      # one replica at a time (docs/cluster.md)
         if args.follow:
             raise TraceError("a fleet trace is shown whole: --follow follows one engine's")
-        from tracengine.tui.fleet import run_fleet_tui
+        from tracengine.tui.fleet_app import run_fleet_tui
         return run_fleet_tui(args.trace)
     index = open_index(args.trace, args.follow)
     try:

@@ -36,7 +36,7 @@ class BlockManager:
         self.sink = sink
         self.step = 0   # stamped on events; the scheduler sets it each step
         # seq_id -> tokens of its prompt whose KV a transfer put in place (a disaggregated fleet's
-        # decode replica, sim/fleet.py), as vLLM's KV connectors report external computed tokens
+        # decode replica, fleet/engine.py), as vLLM's KV connectors report external computed tokens
         self.external_tokens: dict[int, int] = {}
 
     @property

@@ -2,7 +2,7 @@
 import time
 from pathlib import Path
 
-from tracengine import __version__
+from tracengine.version import __version__
 from tracengine.errors import ModelError, RequestError, TracengineError
 from tracengine.trace.events import NULL_SINK, ModelInfo, TraceHeader
 from tracengine.engine.llm_engine import LLMEngine, build_config

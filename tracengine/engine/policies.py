@@ -52,7 +52,7 @@ from tracengine.engine.sequence import Sequence, SequenceStatus
 from tracengine.engine.vllm_block_manager import VllmBlockManager
 from tracengine.errors import ConfigError
 from tracengine.trace.events import NULL_SINK, EventSink, Phase, StopReason
-from tracengine.user_classes import class_name, load_class
+from tracengine.engine.user_classes import class_name, load_class
 
 
 class MixedScheduler(Scheduler):

@@ -1,7 +1,7 @@
 """The generate progress bar: finished requests, prefill and decode throughput.
 Its counters are for the live display only; the run's figures are
 `tracengine stats`' (`LLM.generate(summary=True)` leaves them in `last_run`)."""
-from tracengine.progress import RequestProgress
+from tracengine.process.progress import RequestProgress
 
 
 class GenerateProgress:

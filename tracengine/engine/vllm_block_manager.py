@@ -112,7 +112,7 @@ class VllmBlockManager(BlockManager):
     def allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int | None = None):
         """Admission: the `hits` (its `cached_block_ids`, asked in this step with nothing
         allocated or freed since), and slots for the first `num_new_tokens` past the computed
-        ones (None: all of them, as a KV transfer installs a prompt, sim/fleet.py); the caller
+        ones (None: all of them, as a KV transfer installs a prompt, fleet/engine.py); the caller
         checked with `num_blocks_needed` that the whole sequence fits."""
         assert not seq.block_table
         num_cached_blocks = len(hits)

@@ -1,21 +1,21 @@
 """The fold's projection for the block rules a trace was recorded under: a
-vLLM trace's (vllm/fold.py), tracengine's own under vLLM's block rules
-(engine/vllm_block_manager.py), or nano-vllm's (fold.py's `_Projection`); a
+vLLM trace's (replay/vllm_fold.py), tracengine's own under vLLM's block rules
+(engine/vllm_block_manager.py), or nano-vllm's (fold.py's `Projection`); a
 disaggregated fleet's decode replica takes in KV transfers (fold_transfer.py)."""
 import msgspec
 
 from tracengine.engine.config import recorded_block_rules
 from tracengine.engine.vllm_block_manager import release, unregister
-from tracengine.replay.fold import _Keyframe, _Projection
+from tracengine.replay.projection import Keyframe, Projection
 from tracengine.replay.fold_transfer import TransferProjection
 from tracengine.trace.events import BlockFree
 
 
-class VllmRulesKeyframe(_Keyframe, frozen=True, gc=False):
+class VllmRulesKeyframe(Keyframe, frozen=True, gc=False):
     later_block_ids: dict      # hash -> the blocks registered under it after the one found
 
 
-class VllmRulesProjection(_Projection):
+class VllmRulesProjection(Projection):
     """vLLM's block rules: a block freed with no reference left goes to the head of the free
     queue when it holds no hash, to the tail when it does (the blocks come tail first, as the
     sequence released them); the first block registered under a hash is the one found, the
@@ -62,12 +62,12 @@ class VllmRulesTransferProjection(VllmRulesProjection, TransferProjection):
     """A disaggregated fleet's decode replica (fold_transfer.py) under vLLM's block rules."""
 
 
-def projection(header, num_blocks: int, block_size: int) -> _Projection:
+def projection(header, num_blocks: int, block_size: int) -> Projection:
     """The empty projection of the block pool the header describes."""
     if header.engine == "vllm":
-        from tracengine.vllm.fold import vllm_projection
+        from tracengine.replay.vllm_fold import vllm_projection
         return vllm_projection(num_blocks, block_size)
     vllm_rules = recorded_block_rules(header.config) == "vllm"
     if header.fleet.get("num_decode_replicas"):
         return (VllmRulesTransferProjection if vllm_rules else TransferProjection)(num_blocks, block_size)
-    return (VllmRulesProjection if vllm_rules else _Projection)(num_blocks, block_size)
+    return (VllmRulesProjection if vllm_rules else Projection)(num_blocks, block_size)

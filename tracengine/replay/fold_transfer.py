@@ -1,4 +1,4 @@
-"""The fold of a disaggregated fleet's decode replica (sim/fleet.py): a KV transfer puts the
+"""The fold of a disaggregated fleet's decode replica (fleet/engine.py): a KV transfer puts the
 prompt's full blocks into its prefix cache, with no event of its own but the KVTransfer.
 
 A KVTransfer lands between the replica's steps, and the request it carries enters at the
@@ -9,12 +9,12 @@ are hits (never the last one), the others come from the head of the free queue a
 registered under their hashes, then all are released, the last first."""
 from tracengine.engine.hash_id_prompt import request_prompt
 from tracengine.engine.sequence import Sequence
-from tracengine.replay.fold import _Projection
+from tracengine.replay.projection import Projection
 from tracengine.trace.events import KVTransfer, RequestAdded
 
 
-class TransferProjection(_Projection):
-    """_Projection of a replica that KV transfers land on."""
+class TransferProjection(Projection):
+    """Projection of a replica that KV transfers land on."""
 
     def __init__(self, num_blocks: int, block_size: int):
         super().__init__(num_blocks, block_size)

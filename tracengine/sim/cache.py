@@ -13,7 +13,7 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-import tracengine
+from tracengine.version import __version__
 from tracengine.errors import TracengineError
 from tracengine.sim.spec import SweepSpec, Variant
 
@@ -32,8 +32,8 @@ def default_cache_dir() -> str:
 def code_digest() -> str:
     """tracengine's own source: a change to the code that computes a row is a new key, even
     where the version number is the same (a checkout between releases)."""
-    h = hashlib.sha256(tracengine.__version__.encode())
-    root = Path(tracengine.__file__).parent
+    h = hashlib.sha256(__version__.encode())
+    root = Path(__file__).parents[1]      # the package's folder
     for path in sorted(root.rglob("*.py")):
         h.update(str(path.relative_to(root)).encode())
         h.update(path.read_bytes())
@@ -41,7 +41,7 @@ def code_digest() -> str:
 
 
 def variant_key(spec: SweepSpec, variant: Variant) -> str:
-    text = json.dumps({"format": FORMAT, "version": tracengine.__version__, "code": code_digest(),
+    text = json.dumps({"format": FORMAT, "version": __version__, "code": code_digest(),
                        "spec": spec.key(), "overrides": variant.overrides, "request_rate": variant.request_rate},
                       sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()

@@ -14,7 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from tracengine.collector import collector_paused
+from tracengine.process.collector import collector_paused
 from tracengine.errors import TracengineError
 from tracengine.sim.cache import ResultCache, variant_key
 from tracengine.sim.spec import PreparedSources, Source, SweepSpec, Variant, run_variant
@@ -117,7 +117,7 @@ def _ray_task(spec: SweepSpec, source: Source, data_ref: list, variant: Variant,
     def fetch():
         import ray
         return ray.get(data_ref[0])
-    with collector_paused():     # as around the command that sent it (collector.py)
+    with collector_paused():     # as around the command that sent it (process/collector.py)
         return run_one(spec, source, variant, timeout, _RAY_WORKER, fetch)
 
 

@@ -77,7 +77,7 @@ class SweepSpec:
     step_time: dict | None        # the step-time model's to_dict() (None for a step-exact what-if)
     slo: dict | None = None       # objectives in seconds
     policy: str | None = None     # replay --policy
-    fleet: dict | None = None     # a fleet's FleetSpec.to_dict() (sim/fleet.py); None: one engine
+    fleet: dict | None = None     # a fleet's FleetSpec.to_dict() (fleet/engine.py); None: one engine
 
     def key(self) -> dict:
         return dataclasses.asdict(self)
@@ -172,7 +172,7 @@ def simulate_runner(spec: SweepSpec, requests):
 
 
 SIMULATE = f"{__name__}:simulate_runner"
-FLEET = "tracengine.sim.fleet_sweep:fleet_runner"     # `simulate --replicas N --sweep ...`
+FLEET = "tracengine.fleet.sweep:fleet_runner"     # `simulate --replicas N --sweep ...`
 
 
 def run_variant(spec: SweepSpec, source: Source, variant: Variant, prepared: PreparedSources, fetch=None) -> dict:

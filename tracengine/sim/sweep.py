@@ -57,7 +57,7 @@ IN_STEPS = SweepFigures(STEP_COLUMNS, "ttft_p99_steps",
 
 def parse_sweep(texts: list[str], parse=parse_override) -> list[dict]:
     """The grid of `NAME=V1,V2,...` texts, each value typed as `--set` types it (`parse`: a
-    fleet's names too, sim/fleet_overrides.py; a vLLM trace's, vLLM's fields); a name once."""
+    fleet's names too, fleet/overrides.py; a vLLM trace's, vLLM's fields); a name once."""
     axes, names = [], set()
     for text in texts:
         name, sep, raw = text.partition("=")

@@ -3,7 +3,7 @@ stream of events starts with one."""
 import time
 from typing import Iterator
 
-from tracengine import __version__
+from tracengine.version import __version__
 from tracengine.errors import TraceError
 from tracengine.trace.events import AnyEvent, ModelInfo, TraceHeader
 from tracengine.trace.frames import FORMAT_VERSION

@@ -9,7 +9,7 @@ import sys
 import msgspec
 
 from tracengine.errors import TraceError, TracengineError
-from tracengine.signals import interrupt_signal_name
+from tracengine.process.signals import interrupt_signal_name
 from tracengine.trace.block_runs import events_to_wire
 from tracengine.trace.events import Event, RunEnd, StepEnd, TraceHeader
 from tracengine.trace.frames import (

@@ -1,5 +1,5 @@
 """vLLM's V1 scheduler built from flat data: the config fields a trace header
-records (`header_config`) and the scheduler they rebuild (`build_scheduler`),
+records (header.py's `header_config`) and the scheduler they rebuild (`build_scheduler`),
 with its real KVCacheManager, block pool and prefix cache, on any machine:
 the device is "cpu", the model a folder holding only a config.json.
 
@@ -8,59 +8,12 @@ scalar field of vLLM's SchedulerConfig, the CacheConfig fields that decide
 scheduling, `max_model_len`, the KV cache's one full-attention group
 (`num_gpu_blocks`, `num_kv_heads`, `head_size`, `kv_dtype`), and
 `scheduler_kind` ("sync" for Scheduler, "async" for AsyncScheduler)."""
-import dataclasses
 import json
 import os
 import tempfile
 
 from tracengine.errors import ConfigError
-
-# CacheConfig fields that decide scheduling (block size and count, the prefix cache)
-CACHE_FIELDS = ("block_size", "enable_prefix_caching", "prefix_caching_hash_algo", "sliding_window")
-KV_FIELDS = ("num_kv_heads", "head_size", "kv_dtype")
-# SchedulerConfig fields that name code or are vLLM's own bookkeeping, not a scheduling value;
-# and disable_hybrid_kv_cache_manager, which vLLM resolves from the platform and the KV cache
-# groups (a server's resolution, given back, is refused where the platform differs) and which
-# changes nothing with the one full-attention group tracengine records
-_SKIPPED_SCHEDULER_FIELDS = ("scheduler_cls", "is_multimodal_model", "runner_type", "disable_hybrid_kv_cache_manager")
-_SCALARS = (str, int, float, bool, type(None))
-
-
-def scheduler_field_names() -> list[str]:
-    from vllm.config import SchedulerConfig
-    # a pydantic field declared init=False keeps it on its FieldInfo, not on the dataclass field
-    return [f.name for f in dataclasses.fields(SchedulerConfig)
-            if f.init and getattr(f.default, "init", None) is not False
-            and f.name not in _SKIPPED_SCHEDULER_FIELDS and not f.name.startswith("_")]
-
-
-def header_config(scheduler) -> dict:
-    """The flat config a trace header records for a running vLLM scheduler."""
-    vllm_config = scheduler.vllm_config
-    config: dict = {}
-    for name in scheduler_field_names():
-        value = getattr(vllm_config.scheduler_config, name)
-        if isinstance(value, _SCALARS):
-            config[name] = value
-    for name in CACHE_FIELDS:
-        config[name] = getattr(vllm_config.cache_config, name)
-    config["max_model_len"] = vllm_config.model_config.max_model_len
-    kv_config = scheduler.kv_cache_config
-    if len(kv_config.kv_cache_groups) != 1:
-        raise ConfigError(f"tracengine records a vLLM model with one KV cache group, this one has "
-                          f"{len(kv_config.kv_cache_groups)}")
-    spec = kv_config.kv_cache_groups[0].kv_cache_spec
-    config["num_gpu_blocks"] = kv_config.num_blocks
-    config["num_kv_heads"] = spec.num_kv_heads
-    config["head_size"] = spec.head_size
-    config["kv_dtype"] = str(spec.dtype).removeprefix("torch.")
-    config["scheduler_kind"] = "async" if _is_async(type(scheduler)) else "sync"
-    return config
-
-
-def _is_async(cls) -> bool:
-    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-    return issubclass(cls, AsyncScheduler)
+from tracengine.vllm.header import CACHE_FIELDS, scheduler_field_names
 
 
 def settable_fields() -> list[str]:
@@ -141,29 +94,3 @@ def write_model_config(model_dir: str, config: dict) -> None:
     with open(os.path.join(model_dir, "config.json"), "w") as f:
         json.dump(hf_config, f)
 
-
-def trace_header(scheduler):
-    """The TraceHeader of a recording of `scheduler`: engine "vllm", its version, its config."""
-    import platform
-    import time
-
-    import torch
-    import vllm
-
-    from tracengine.trace.events import ModelInfo, TraceHeader
-    from tracengine.trace.tracelog import FORMAT_VERSION
-    from tracengine import __version__
-    model_config = scheduler.vllm_config.model_config
-    architectures = getattr(model_config.hf_config, "architectures", None) or ["unknown"]
-    model = ModelInfo(os.path.basename(str(model_config.model)) if scheduler_is_stub(model_config) else
-                      str(model_config.model), str(model_config.dtype).removeprefix("torch."), architectures[0])
-    return TraceHeader(FORMAT_VERSION, __version__, header_config(scheduler), model,
-                       str(scheduler.vllm_config.device_config.device_type or platform.machine()), str(torch.__version__),
-                       model_config.seed if model_config.seed is not None else 0, time.time(),
-                       scheduler.vllm_config.parallel_config.tensor_parallel_size, engine="vllm",
-                       engine_version=vllm.__version__)
-
-
-def scheduler_is_stub(model_config) -> bool:
-    """A scheduler built here (replay, simulation): its model is a temporary folder."""
-    return os.path.basename(str(model_config.model)).startswith("tracengine-vllm-")

@@ -274,7 +274,7 @@ class _Recording:
         path = record_path(self.vllm_config)
         if path:
             from tracengine.trace.tracelog import TraceWriter
-            from tracengine.vllm.build import trace_header
+            from tracengine.vllm.header import trace_header
             header = trace_header(self)
             self.record_to(TraceWriter(path, header), header.created_at)
 

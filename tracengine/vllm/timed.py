@@ -75,7 +75,7 @@ def simulated_header(scheduler, step_time, model=None):
     """The TraceHeader of a run in simulated time (created_at 0: arrival_ns count from the run's
     start); `model`: the recorded run's ModelInfo, else the step-time model's source."""
     from tracengine.trace.events import ModelInfo
-    from tracengine.vllm.build import trace_header
+    from tracengine.vllm.header import trace_header
     if model is None:
         source = getattr(step_time, "source", None) or {}
         model = ModelInfo(source.get("model", "") or "synthetic", source.get("dtype", "none"), "simulated")

@@ -1,4 +1,4 @@
-"""Clients that leave a fleet (sim/fleet.py): a request with an `abort_ns` (a what-if of a
+"""Clients that leave a fleet (fleet/engine.py): a request with an `abort_ns` (a what-if of a
 trace that recorded its SeqAbort) leaves as it left the recording, on whichever replica
 holds it then, by the rule one simulated engine follows (sim/runners.Departures): at a
 replica's step, once the requests routed to it have entered, each request it holds whose

@@ -1,43 +1,10 @@
-"""Scheduling snapshot tests, for a user's test suite and for tracengine's own.
-
-A person changing a scheduler pins how it schedules their workloads: a step
-table (the one renderer, `tracengine render`) per recorded trace or scripted
-workload, stored by pytest-snapshot; a change in behaviour fails the test
-with a unified diff of the tables, and `pytest --snapshot-update` accepts it.
-
-    # conftest.py of the project that uses it
-    pytest_plugins = ["tracengine.testing"]
-
-    def test_my_trace(trace_snapshot):
-        trace_snapshot.assert_match("traces/run.trace")
-
-    def test_my_workload(workload_snapshot):
-        config = Config(num_kvcache_blocks=9, kvcache_block_size=4, max_num_batched_tokens=64, eos=999)
-        requests = [make_request(8, max_tokens=6, ignore_eos=True) for _ in range(4)]
-        workload_snapshot.assert_match(config, requests, "four")
-
-The plugin is opt-in (`pytest_plugins`, or `pytest -p tracengine.testing`)
-rather than a `pytest11` entry point: an entry point would load tracengine
-and its fixtures into every pytest run of every project in an environment
-where tracengine is installed, and would need pytest-snapshot there too
-(`pip install tracengine[testing]`); a test suite that wants them says so
-in one line, as tracengine's own tests/conftest.py does.
-
-Fixtures: `trace_snapshot` and `workload_snapshot`, and `vllm_snapshot` for vLLM's own
-scheduler (all on pytest-snapshot's `snapshot` storage, so `--snapshot-update` accepts a change). Helpers:
-`make_request()`, `run_requests()`. For tracengine's own tests, and as examples
-of behaviours worth pinning: the canned workloads (`canned_workload`,
-`CANNED_WORKLOADS`), `random_workload`, `every_event_type` and `aborts_between_steps`."""
+"""Scripted workloads for snapshot tests: requests made by hand (`make_request`), run through the
+scheduler with made-up tokens (`run_requests`), and the canned and random workloads and the
+every-event-type runs that tracengine's own tests pin."""
 import dataclasses
-import difflib
 import itertools
-import os
 import random
-import tempfile
-from pathlib import Path
 
-import msgspec
-import pytest
 
 from tracengine.engine.config import Config
 from tracengine.engine.llm_engine import LLMEngine
@@ -45,7 +12,6 @@ from tracengine.engine.sampling_params import SamplingParams
 from tracengine.errors import TracengineError
 from tracengine.engine.request import NO_TIME, Request
 from tracengine.sim.runners import SyntheticRunner, run_workload
-from tracengine.trace.events import StepEnd, WALL_CLOCK_FIELDS
 
 _FRESH_TOKEN_IDS = itertools.count(1 << 30)   # far above any vocabulary a test writes ids from
 
@@ -88,156 +54,6 @@ def run_requests(config: Config, requests: list[Request], runner=None, step_time
         timed = [r if r.arrival_ns >= 0 else dataclasses.replace(r, arrival_ns=0) for r in requests]
         return run_timed(config, timed, step_time if step_time is not None else constant_step_time(), runner)
     return run_workload(config, requests, runner, policy=policy)
-
-
-class _StepTableSnapshot:
-    """Compares a rendered step table with the one stored under `name` in
-    pytest-snapshot's directory; stores it with --snapshot-update."""
-
-    def __init__(self, snapshot, update: bool):
-        self.snapshot = snapshot
-        self.update = update
-
-    def _check(self, table: str, name: str, notes: list[str]) -> None:
-        __tracebackhide__ = True
-        path = Path(self.snapshot.snapshot_dir) / name
-        if self.update or not path.is_file():
-            self.snapshot.assert_match(table, name)    # stores it, or says how to; pytest-snapshot reports it
-            return
-        stored = path.read_text()
-        if stored != table:
-            notes.append(table_diff(stored, table, os.path.relpath(path)))
-        if notes:
-            notes.append("accept the new scheduling with `pytest --snapshot-update` (review the diff first)")
-            pytest.fail("\n\n".join(notes), pytrace=False)
-
-
-def first_differing_step(stored: str, table: str) -> int | None:
-    """The step of the first row where two step tables differ (None: only the header differs)."""
-    a, b = stored.splitlines(), table.splitlines()
-    for x, y in itertools.zip_longest(a, b, fillvalue=""):
-        if x != y:
-            row = x if not x.startswith("#") and x else y
-            return int(row.split()[0]) if row and not row.startswith("#") else None
-    return None
-
-
-def table_diff(stored: str, table: str, stored_name: str) -> str:
-    """A unified diff of step tables: `-` the stored snapshot, `+` the scheduler as it now is."""
-    step = first_differing_step(stored, table)
-    head = f"the step table differs from {stored_name}" + (f", first at step {step}" if step is not None else "")
-    diff = difflib.unified_diff(stored.splitlines(keepends=True), table.splitlines(keepends=True),
-                                fromfile=f"{stored_name} (stored)", tofile="the scheduler as it now is")
-    return head + ":\n" + "".join(diff).rstrip("\n")
-
-
-class TraceSnapshot(_StepTableSnapshot):
-    """A recorded trace, re-executed with the scheduler as it now is."""
-
-    def assert_match(self, trace, name: str | None = None, policy: type | str | None = None) -> None:
-        """Re-execute the trace at `trace` (a path); on divergence the failure holds
-        the divergence report (the step, the expected and the actual event, the
-        state around it). Then its step table is compared with the snapshot
-        `name` (default: the trace's file name with .txt). The table is the
-        trace's when it reproduces, and otherwise that of its workload (prompts,
-        arrival steps, recorded outputs) scheduled as the scheduler now does.
-
-        Accepting a divergence (--snapshot-update) also stores that run as
-        `<name>.trace` beside the table; from then on the stored run, not the
-        recorded one, is what must reproduce. The recorded trace is never written.
-        `policy`: the Scheduler subclass to run (a trace recorded with a policy
-        that is not built in names it, and it is never imported on its own).
-        A trace of vLLM's own scheduler (docs/vllm.md) is re-executed and
-        rescheduled by the installed vLLM's."""
-        __tracebackhide__ = True
-        from tracengine.analysis.render import render_steps
-        from tracengine.replay.reexec import divergence_report
-        from tracengine.trace.tracelog import TraceReader
-        trace = Path(trace)
-        name = name or trace.stem + ".txt"
-        accepted = Path(self.snapshot.snapshot_dir) / (Path(name).stem + ".trace")
-        reference = accepted if accepted.is_file() else trace
-        with TraceReader(reference) as reader:
-            events = list(reader.events())
-            torn = reader.describe_torn_tail()
-        if torn is not None:
-            pytest.fail(f"{reference}: {torn}: a snapshot pins a whole trace", pytrace=False)
-        reexecute, reschedule = _replayers(events[0], policy)
-        result = reexecute(events)
-        notes = []
-        if result.ok:
-            table = render_steps(events)
-        else:
-            rescheduled = reschedule(events)
-            table = render_steps(rescheduled)
-            if self.update:
-                self.snapshot.assert_match(_trace_bytes(rescheduled), accepted.name)
-            else:
-                notes.append(divergence_report(str(reference), result, events).rstrip("\n"))
-        self._check(table, name, notes)
-
-
-class WorkloadSnapshot(_StepTableSnapshot):
-    """A scripted workload through the real scheduler with the synthetic runner."""
-
-    def assert_match(self, config: Config, requests: list[Request], name: str,
-                     eos_at: dict[int, int] | None = None, step_time=None, policy: type | str | None = None) -> None:
-        """Run `requests` (see `make_request()`) under `config` and compare the step table
-        with the snapshot `name` (.txt added if it has no suffix). `eos_at` maps a
-        seq_id to the completion index at which the synthetic model samples eos;
-        `policy` a Scheduler subclass (default: `config.scheduling_policy`)."""
-        __tracebackhide__ = True
-        from tracengine.analysis.render import render_steps
-        runner = SyntheticRunner(eos=config.eos, seed=config.seed, eos_at=eos_at)
-        table = render_steps(run_requests(config, requests, runner, step_time, policy))
-        self._check(table, name if Path(name).suffix else name + ".txt", [])
-
-
-def _replayers(header, policy):
-    """(re-execute, reschedule) for a trace: each takes its events; reschedule gives the events of
-    its workload scheduled as the scheduler now does. vLLM's scheduler for a vLLM trace."""
-    if header.engine == "vllm":
-        if policy is not None:
-            raise TracengineError("a trace of vLLM's scheduler runs vLLM's scheduler: it takes no policy")
-        from tracengine.vllm.replay import reexecute as vllm_reexecute
-        from tracengine.vllm.whatif import whatif as vllm_whatif
-        return vllm_reexecute, lambda events: vllm_whatif(events, {}).events
-    from tracengine.replay.reexec import reexecute
-    from tracengine.replay.whatif import whatif
-    return (lambda events: reexecute(events, policy)), (lambda events: whatif(events, {}, policy=policy).events)
-
-
-def _trace_bytes(events) -> bytes:
-    """The events as a trace file, wall-clock fields zeroed so the same run gives the same bytes."""
-    from tracengine.trace.tracelog import TraceWriter
-    header = msgspec.structs.replace(events[0], created_at=0.0)
-    zero = {name: 0 for name in StepEnd.__struct_fields__ if name in WALL_CLOCK_FIELDS}
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "run.trace")
-        with TraceWriter(path, header) as writer:
-            for e in events[1:]:
-                writer.emit(msgspec.structs.replace(e, **zero) if type(e) is StepEnd else e)
-        return Path(path).read_bytes()
-
-
-@pytest.fixture
-def trace_snapshot(snapshot, request) -> TraceSnapshot:
-    """`trace_snapshot.assert_match("run.trace")`: re-execute a recorded trace and pin its step table."""
-    return TraceSnapshot(snapshot, request.config.getoption("snapshot_update"))
-
-
-@pytest.fixture
-def workload_snapshot(snapshot, request) -> WorkloadSnapshot:
-    """`workload_snapshot.assert_match(config, [make_request(...), ...], "name")`: pin a workload's step table."""
-    return WorkloadSnapshot(snapshot, request.config.getoption("snapshot_update"))
-
-
-@pytest.fixture
-def vllm_snapshot(snapshot, request):
-    """`vllm_snapshot.assert_match([make_request(...), ...], "name", num_gpu_blocks=32)`: pin how
-    vLLM's own scheduler schedules a workload (vLLM installed; tracengine/vllm/snapshot.py)."""
-    from tracengine.vllm.snapshot import VllmWorkloadSnapshot
-    return VllmWorkloadSnapshot(snapshot, request.config.getoption("snapshot_update"))
 
 
 def random_workload(rng: random.Random, num_requests: int = 8, max_prompt_len: int = 40,
@@ -361,19 +177,19 @@ def every_fleet_event_type(sink=None) -> list:
     replicas, round robin, KV transfers of 0.1 ms plus 1 GB/s; the events, header first (with
     `sink`, a TraceWriter made with `fleet_event_type_header()`, the header alone).
     `traces/format-v4.trace` pins it."""
-    from tracengine.sim.fleet import simulate_fleet
+    from tracengine.fleet.engine import simulate_fleet
     config, spec, step_time, requests = _fleet_event_type_run()
     return simulate_fleet(config, requests, step_time, spec, sink, fleet_event_type_header() if sink else None)
 
 
 def fleet_event_type_header():
-    from tracengine.sim.fleet import fleet_header
+    from tracengine.fleet.engine import fleet_header
     config, spec, step_time, _ = _fleet_event_type_run()
     return fleet_header(config, step_time, spec)
 
 
 def _fleet_event_type_run():
-    from tracengine.sim.fleet import FleetSpec
+    from tracengine.fleet.spec import FleetSpec
     from tracengine.engine.request import Request
     from tracengine.sim.steptime import FEATURES, PARTS, LinearStepTime
     config = every_event_type_config()

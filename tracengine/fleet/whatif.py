@@ -7,12 +7,14 @@ from dataclasses import dataclass
 
 import msgspec
 
-from tracengine.analysis.fleet import fleet_stats, replica_streams
+from tracengine.fleet.stats import fleet_stats, replica_streams
 from tracengine.engine.config import Config
 from tracengine.errors import TraceError
 from tracengine.replay.whatif import OutputRunner, extract_workload
-from tracengine.sim.fleet import FleetSpec, fleet_header, simulate_fleet
+from tracengine.fleet.engine import fleet_header, simulate_fleet
+from tracengine.fleet.spec import FleetSpec
 from tracengine.engine.request import Request
+from tracengine.sim.spec import PreparedSources, Source, SweepSpec, step_time_of
 from tracengine.sim.sweep import IN_TIME
 from tracengine.trace.events import KVTransfer, ReplicaScope, RouteDecision, SeqAbort, StepEnd
 
@@ -159,7 +161,7 @@ def fleet_whatif(events, spec: FleetSpec, overrides: dict, step_time=None, trace
 class FleetTraceVariant:
     """A fleet what-if of a trace (FleetReplay) under base + overrides, for a sweep: config
     fields of every replica, of a pool or of one replica, and the fleet's own fields
-    (sim/fleet_overrides.py), over the recorded fleet (one replica for one engine's trace)."""
+    (fleet/overrides.py), over the recorded fleet (one replica for one engine's trace)."""
     figures = IN_TIME
 
     def __init__(self, replay: FleetReplay, base: dict, slo: dict | None = None, policy=None, spec=None):
@@ -168,16 +170,41 @@ class FleetTraceVariant:
         replay.ensure_step_time()      # fitted once, before the workers fork
 
     def _resolve(self, overrides: dict) -> tuple[Config, FleetSpec]:
-        from tracengine.sim.fleet_overrides import resolve
+        from tracengine.fleet.overrides import resolve
         fields, spec = resolve(self.spec, {**self.base, **overrides}, self.replay.step_time)
         return self.replay.config(fields, self.policy), spec
 
     def check(self, overrides: dict):
-        from tracengine.sim.fleet import check_fleet_requests
+        from tracengine.fleet.engine import check_fleet_requests
         config, spec = self._resolve(overrides)
         check_fleet_requests(config, spec, self.replay.requests)
 
     def __call__(self, overrides: dict) -> dict:
-        from tracengine.sim.fleet_sweep import fleet_row_of
+        from tracengine.fleet.sweep import fleet_row_of
         config, spec = self._resolve(overrides)
         return fleet_row_of(fleet_stats(self.replay.run(config, spec), self.slo))
+
+
+def fleet_trace_runner(spec: SweepSpec, events: list):
+    """The maker of a fleet what-if's variants (`replay TRACE --sweep ...` of a fleet): the
+    fleet the variants change travels in the spec as data (spec.fleet)."""
+    from tracengine.fleet.spec import FleetSpec
+    return FleetTraceVariant(FleetReplay(events, step_time_of(spec.step_time)), spec.base, spec.slo, spec.policy,
+                             FleetSpec.from_dict(spec.fleet))
+
+
+FLEET_TRACE = f"{__name__}:fleet_trace_runner"
+
+
+def prepare_fleet(prepared: PreparedSources, source: Source, events: list, step_time, trace_name: str, base: dict,
+                  slo, policy):
+    """(spec, step-time model) of a sweep of fleet what-ifs of a trace (a fleet's, or one engine's
+    through a fleet), as prepare_timed's: the model fitted on the trace (its replica 0) unless
+    given; the fleet every variant starts from, the recorded one (one replica for one engine's)."""
+    replay = FleetReplay(events, step_time, trace_name)
+    model = replay.ensure_step_time()
+    spec = SweepSpec(FLEET_TRACE, source.digest, base, model.to_dict(), slo, policy, fleet=replay.recorded_spec.to_dict())
+    replay.step_time = step_time_of(spec.step_time)
+    prepared.add(source, events)
+    prepared.add_runner(spec, FleetTraceVariant(replay, base, slo, policy))
+    return spec, replay.step_time

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from tracengine.engine.block_hasher import compute_hashes
 from tracengine.engine.hash_id_prompt import HashIdPrompt
-from tracengine.user_classes import class_name, load_class
+from tracengine.engine.user_classes import class_name, load_class
 
 
 @dataclass
@@ -114,9 +114,17 @@ BUILTIN_ROUTERS: dict[str, type[Router]] = {cls.name: cls for cls in (RoundRobin
 
 def load_router(spec: str) -> type[Router]:
     """The router named `spec`: a built-in, or module:Class imported (a name the user gave)."""
-    return load_class(spec, BUILTIN_ROUTERS, Router, "router", "tracengine.sim.routers.Router")
+    return load_class(spec, BUILTIN_ROUTERS, Router, "router", "tracengine.fleet.routers.Router")
 
 
 def router_name(cls: type[Router]) -> str:
     """What a trace records for a router class: a built-in's name, else module:Class."""
     return class_name(cls, BUILTIN_ROUTERS)
+
+
+def router_classes(spec, routers: dict | None = None) -> dict[str, type[Router]]:
+    """Each pool's router class: `routers`' (by pool), else the one the spec names, loaded."""
+    routers = routers or {}
+    pools = {"prefill": spec.router, "decode": spec.decode_router or spec.router} if spec.disaggregated \
+        else {"all": spec.router}
+    return {pool: routers.get(pool) or load_router(name) for pool, name in pools.items()}

@@ -1,4 +1,4 @@
-"""`tracengine tui fleet.trace`: a fleet trace (sim/fleet.py), one replica at a time.
+"""`tracengine tui fleet.trace`: a fleet trace (fleet/engine.py), one replica at a time.
 
 Each replica's events are written out as a trace of their own (a temporary directory, gone
 when the TUI exits), and the replica's view is the one-engine app (app.py) with four keys
@@ -12,7 +12,7 @@ import tempfile
 
 from textual.binding import Binding
 
-from tracengine.analysis.fleet import (fleet_stats, fold_fleet, num_replicas, render_fleet, replica_headers,
+from tracengine.fleet.stats import (fleet_stats, fold_fleet, num_replicas, render_fleet, replica_headers,
                                       replica_streams)
 from tracengine.tui.app import TraceApp
 from tracengine.tui.screens import TextScreen
@@ -34,7 +34,7 @@ class FleetView:
         self.stats = fleet_stats(folded)
         self.roles = [p["role"] for p in self.stats["replicas"]]
         self.starts = [[t.start_ns(s) for s in range(t.num_steps)] for _, t in sorted(folded.timelines.items())]
-        # each replica's config fields of its own (a pool's or its own, sim/fleet_overrides.py)
+        # each replica's config fields of its own (a pool's or its own, fleet/overrides.py)
         self.own_config = [{k: v for k, v in h.config.items() if self.header.config.get(k) != v}
                            for h in replica_headers(self.header)]
         self.routes: dict[int, list] = {}

@@ -1,4 +1,4 @@
-"""Re-execution of a fleet trace (sim/fleet.py): every replica's real Scheduler and
+"""Re-execution of a fleet trace (fleet/engine.py): every replica's real Scheduler and
 BlockManager and every pool's router, driven in the trace's own order, each event they
 emit checked against the recorded one, stopping at the first difference.
 
@@ -20,8 +20,9 @@ from tracengine.engine.request import Request
 from tracengine.errors import ConfigError
 from tracengine.replay.reexec import ComparingSink, RecordedRunner, _Diverged
 from tracengine.sim.engine import SimulatedEngine
-from tracengine.sim.fleet import Fleet, FleetSpec
-from tracengine.sim.routers import BUILTIN_ROUTERS
+from tracengine.fleet.engine import Fleet
+from tracengine.fleet.spec import FleetSpec
+from tracengine.fleet.routers import BUILTIN_ROUTERS
 from tracengine.trace.events import (BlockFree, Event, KVTransfer, ReplicaScope, RequestAdded, RouteDecision,
                                      SeqAbort, StepEnd, TokenSample)
 from tracengine.trace.tracelog import split_header
@@ -195,7 +196,7 @@ class FleetEventCheck:
     of the replica last checked."""
 
     def __init__(self, header):
-        from tracengine.analysis.fleet import replica_headers
+        from tracengine.fleet.stats import replica_headers
         self.header = header
         self.headers = replica_headers(header)      # each replica's config
         self.num_replicas = len(self.headers)

@@ -137,7 +137,7 @@ def with_kv_bytes(spec, step_time):
 def complete_spec(spec, step_time, kv_bytes_given: bool = False):
     """`spec` ready to run: the KV bytes of a token from a roofline model unless given, and
     refused, before any run, a transfer bandwidth without them or a router that does not load."""
-    from tracengine.sim.fleet import router_classes
+    from tracengine.fleet.routers import router_classes
     if not kv_bytes_given:
         spec = with_kv_bytes(spec, step_time)
     if spec.disaggregated and spec.kv_transfer_gbps and not spec.kv_bytes_per_token:

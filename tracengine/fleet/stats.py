@@ -1,4 +1,4 @@
-"""A fleet trace (sim/fleet.py) read per replica and as a whole: `tracengine stats` of a fleet.
+"""A fleet trace (fleet/engine.py) read per replica and as a whole: `tracengine stats` of a fleet.
 
 Each replica's events (those after a ReplicaScope naming it) are an ordinary trace of one
 engine on the fleet's clock, so every per-replica figure is `stats`' own. The fleet's
@@ -23,12 +23,12 @@ def num_replicas(header: TraceHeader) -> int:
 
 def replica_headers(header: TraceHeader) -> list[TraceHeader]:
     """Each replica's header: the fleet's, with the replica's config (a pool's or a replica's
-    own fields over every replica's, sim/fleet_overrides.py); all the fleet's when none differs."""
+    own fields over every replica's, fleet/overrides.py); all the fleet's when none differs."""
     import msgspec
 
     from tracengine.engine.config import Config
-    from tracengine.sim.fleet import FleetSpec
-    from tracengine.sim.fleet_overrides import replica_configs
+    from tracengine.fleet.spec import FleetSpec
+    from tracengine.fleet.overrides import replica_configs
     n = num_replicas(header)
     if not header.fleet:
         return [header]

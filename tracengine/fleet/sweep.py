@@ -1,7 +1,6 @@
 """Sweeps of a fleet (docs/cluster.md): `simulate --replicas N ... --sweep NAME=V1,V2`, one row
 per variant of the config (every replica's, a pool's or a replica's) or of the fleet itself
-(`replicas`, `router`, ...: sim/fleet_overrides.py). A row's figures are the fleet's (analysis/
-fleet.py: latencies from each request's arrival at the router), in the columns of one
+(`replicas`, `router`, ...: fleet/overrides.py). A row's figures are the fleet's (fleet/stats.py: latencies from each request's arrival at the router), in the columns of one
 engine's sweep (sim/sweep.py); preemptions are summed over the replicas."""
 from tracengine.sim.sweep import IN_TIME
 
@@ -21,7 +20,7 @@ def fleet_row_of(s: dict) -> dict:
 
 class FleetVariant:
     """`tracengine simulate` of a fleet (`spec`) under base + overrides: config fields of every
-    replica, of a pool or of one replica, and the fleet's own (sim/fleet_overrides.py)."""
+    replica, of a pool or of one replica, and the fleet's own (fleet/overrides.py)."""
     figures = IN_TIME
 
     def __init__(self, requests: list, base: dict, step_time, spec, slo: dict | None = None):
@@ -29,23 +28,25 @@ class FleetVariant:
 
     def _resolve(self, overrides: dict):
         from tracengine.sim.engine import simulate_config
-        from tracengine.sim.fleet_overrides import resolve
+        from tracengine.fleet.overrides import resolve
         fields, spec = resolve(self.spec, {**self.base, **overrides}, self.step_time)
         return simulate_config(fields, self.requests), spec
 
     def check(self, overrides: dict):
-        from tracengine.sim.fleet import check_fleet_requests
+        from tracengine.fleet.engine import check_fleet_requests
         check_fleet_requests(*self._resolve(overrides), self.requests)
 
     def __call__(self, overrides: dict) -> dict:
-        from tracengine.analysis.fleet import fleet_stats
-        from tracengine.sim.fleet import simulate_fleet
+        from tracengine.fleet.stats import fleet_stats
+        from tracengine.fleet.engine import simulate_fleet
         config, spec = self._resolve(overrides)
         return fleet_row_of(fleet_stats(simulate_fleet(config, self.requests, self.step_time, spec), self.slo))
 
 
 def fleet_runner(spec, requests) -> FleetVariant:
     """The maker of a fleet sweep's variants (sim/spec.py): the fleet travels in the spec as data."""
-    from tracengine.sim.fleet import FleetSpec
+    from tracengine.fleet.spec import FleetSpec
     from tracengine.sim.spec import step_time_of
     return FleetVariant(requests, spec.base, step_time_of(spec.step_time), FleetSpec.from_dict(spec.fleet), spec.slo)
+
+

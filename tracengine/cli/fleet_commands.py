@@ -28,7 +28,7 @@ def add_fleet_arguments(p, what_if: bool = False):
                              "replica's own config; --sweep takes these names, and the fleet flags' (replicas=2,4)")
     g.add_argument("--replicas", type=int, metavar="N", help="replicas, each the real scheduler with its own KV cache")
     g.add_argument("--router", metavar="NAME", help="round_robin (default), least_loaded, prefix_aware, random, "
-                   "or a tracengine.sim.routers.Router subclass as module:Class" +
+                   "or a tracengine.fleet.routers.Router subclass as module:Class" +
                    ("; alone, the router a fleet trace is re-executed with" if what_if else ""))
     g.add_argument("--prefill-replicas", type=int, metavar="P", help="disaggregated: replicas that prefill")
     g.add_argument("--decode-replicas", type=int, metavar="D", help="disaggregated: replicas that decode")
@@ -47,8 +47,8 @@ def add_fleet_arguments(p, what_if: bool = False):
 
 
 def fleet_changes(args) -> dict:
-    """The fleet flags given, by name (sim/fleet_overrides.py's names, as a sweep names them)."""
-    from tracengine.sim.fleet_overrides import FLEET_NAMES
+    """The fleet flags given, by name (fleet/overrides.py's names, as a sweep names them)."""
+    from tracengine.fleet.overrides import FLEET_NAMES
     return {name: getattr(args, name) for name in FLEET_NAMES if getattr(args, name, None) is not None}
 
 
@@ -65,7 +65,7 @@ def take_scoped_sets(args) -> dict:
     """The --set entries naming a pool or a replica (`decode.max_num_seqs=64`,
     `replica[2].num_kvcache_blocks=5000`), typed, taken out of `args.set` (the rest are every
     replica's, one engine's)."""
-    from tracengine.sim.fleet_overrides import SCOPED, parse_fleet_override
+    from tracengine.fleet.overrides import SCOPED, parse_fleet_override
     scoped, rest = {}, []
     for text in args.set:
         name = text.partition("=")[0].strip().replace("-", "_")
@@ -87,8 +87,8 @@ def fleet_spec_from_args(args, step_time, base=None, scoped: dict | None = None)
     """The FleetSpec the flags (and the pool and replica --set fields `scoped`) describe over
     `base` (a recorded fleet's; default FleetSpec()), or None for one engine when neither is given
     and there is no base."""
-    from tracengine.sim.fleet import FleetSpec
-    from tracengine.sim.fleet_overrides import resolve
+    from tracengine.fleet.spec import FleetSpec
+    from tracengine.fleet.overrides import resolve
     changes = {**fleet_changes(args), **(scoped or {})}
     if base is None and not changes:
         return None
@@ -97,8 +97,9 @@ def fleet_spec_from_args(args, step_time, base=None, scoped: dict | None = None)
 
 def simulate_fleet_command(args, config, requests, step_time, spec, slo, on_progress) -> dict:
     """Runs the fleet, recording with --record; returns fleet_stats of the run."""
-    from tracengine.analysis.fleet import FleetTimelines, fleet_stats
-    from tracengine.sim.fleet import fleet_header, router_classes, simulate_fleet
+    from tracengine.fleet.stats import FleetTimelines, fleet_stats
+    from tracengine.fleet.engine import fleet_header, simulate_fleet
+    from tracengine.fleet.routers import router_classes
     routers = router_classes(spec)     # loaded once: a user's class is named in the header as it runs
     header = fleet_header(config, step_time, spec, routers)
     if args.record:
@@ -113,13 +114,13 @@ def simulate_fleet_command(args, config, requests, step_time, spec, slo, on_prog
 
 
 def print_fleet_stats(s: dict, title: str) -> None:
-    from tracengine.analysis.fleet import render_fleet
+    from tracengine.fleet.stats import render_fleet
     from tracengine.cli.common import print_table
     print_table(render_fleet(s, title=title))
 
 
 def fleet_stats_command(path, slo, as_json: bool) -> int:
-    from tracengine.analysis.fleet import fleet_stats
+    from tracengine.fleet.stats import fleet_stats
     s = fleet_stats(path, slo or None)
     if as_json:
         print(json.dumps(s, indent=2))
@@ -139,7 +140,7 @@ WHATIF_ROWS += [("aborted", ("requests", "num_aborted"), 1, "{:,}"),
 
 
 def fleet_whatif_command(path, events: list, spec, overrides: dict, record, step_time, policy, as_json: bool) -> int:
-    from tracengine.replay.fleet_whatif import fleet_whatif
+    from tracengine.fleet.whatif import fleet_whatif
     from tracengine.trace.tracelog import write_trace
     result = fleet_whatif(events, spec, overrides, step_time, str(path), policy)
     if record:
@@ -158,7 +159,7 @@ def fleet_whatif_command(path, events: list, spec, overrides: dict, record, step
     from tracengine.cli.steptime import describe_step_time
     print(f"step times: {describe_step_time(result.step_time, str(path))}")
     from tracengine.analysis.tables import make_table, table_text
-    from tracengine.cli.replay import pick_figure
+    from tracengine.cli.replay_runs import pick_figure
     rows = []
     for label, keys, scale, fmt in WHATIF_ROWS:
         a, b = pick_figure(result.recorded, *keys), pick_figure(result.new, *keys)
@@ -172,7 +173,7 @@ def fleet_whatif_command(path, events: list, spec, overrides: dict, record, step
 
 
 def fleet_export_command(path, out) -> int:
-    from tracengine.analysis.fleet_export import export_fleet_perfetto
+    from tracengine.fleet.export import export_fleet_perfetto
     doc = export_fleet_perfetto(path, out)
     print(f"wrote {out}: {len(doc['traceEvents']):,} trace events, {doc['metadata']['num_replicas']} replicas; "
           f"open it in ui.perfetto.dev or chrome://tracing")
@@ -183,7 +184,7 @@ def fleet_router_arg(header, router: str | None) -> dict | None:
     """replay --router: the class to replay every pool with."""
     if not router:
         return None
-    from tracengine.sim.routers import load_router
+    from tracengine.fleet.routers import load_router
     cls = load_router(router)
     pools = ("prefill", "decode") if header.fleet.get("num_prefill_replicas") else ("all",)
     return {pool: cls for pool in pools}
@@ -191,7 +192,7 @@ def fleet_router_arg(header, router: str | None) -> dict | None:
 
 def fleet_replay_command(path, events: list, as_json: bool, policy, router) -> int:
     from tracengine.analysis.render import format_event
-    from tracengine.replay.fleet import reexecute_fleet
+    from tracengine.fleet.replay import reexecute_fleet
     result = reexecute_fleet(events, policy, fleet_router_arg(events[0], router))
     d = result.divergence
     if as_json:
@@ -204,7 +205,7 @@ def fleet_replay_command(path, events: list, as_json: bool, policy, router) -> i
                               "actual": None if d.actual is None else to_builtins(d.actual)}}, indent=2))
         return EXIT_OK if result.ok else EXIT_FAILED_CHECK
     if result.ok:
-        from tracengine.analysis.fleet import num_replicas
+        from tracengine.fleet.stats import num_replicas
         print(f"{path}: a fleet of {num_replicas(events[0])} replicas, {result.num_steps} replica steps and "
               f"{result.num_events} events reproduced exactly ({result.seconds:.2f} s)")
         return EXIT_OK
@@ -219,7 +220,7 @@ def fleet_replay_command(path, events: list, as_json: bool, policy, router) -> i
 def fleet_diff_command(args, a_events: list, b_events: list) -> int:
     """Two traces of which one at least is a fleet's: the first routing difference, then each
     replica's first scheduling difference."""
-    from tracengine.analysis.fleet import fleet_stats, replica_streams
+    from tracengine.fleet.stats import fleet_stats, replica_streams
     from tracengine.analysis.stats import format_number, format_percent
     from tracengine.replay.diff import diff_traces
     from tracengine.trace.events import RouteDecision, without_wall_clock

@@ -1,4 +1,4 @@
-"""What a KV transfer puts into a disaggregated fleet's decode replica (sim/fleet.py): the
+"""What a KV transfer puts into a disaggregated fleet's decode replica (fleet/engine.py): the
 prompt's full blocks, in its prefix cache, as a KV connector's transfer fills them. The fold
 of a decode replica's events takes them in the same way (replay/fold_transfer.py)."""
 from tracengine.engine.sequence import Sequence

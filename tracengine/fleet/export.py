@@ -1,4 +1,4 @@
-"""A fleet trace (sim/fleet.py) as Chrome trace-event JSON: `tracengine export` of a fleet.
+"""A fleet trace (fleet/engine.py) as Chrome trace-event JSON: `tracengine export` of a fleet.
 
 Each replica is exported as one engine is (analysis/export.py), as two processes of its own:
 "replica R" (its steps and counters) and "replica R requests" (one thread per request it
@@ -8,7 +8,7 @@ prefill replica, where the transfer leaves, to its thread on the decode replica,
 import msgspec
 
 from tracengine.analysis.export import ENGINE_PID, REQUESTS_PID, _meta, _us, trace_events
-from tracengine.analysis.fleet import FleetTimelines, fold_fleet
+from tracengine.fleet.stats import FleetTimelines, fold_fleet
 from tracengine.analysis.timeline import RequestTimeline
 
 ROUTER_PID = 0

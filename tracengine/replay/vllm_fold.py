@@ -14,14 +14,14 @@ Where vLLM differs from tracengine's block manager and scheduler:
   batch: it is left as it is (vLLM drops that output)."""
 import msgspec
 
-from tracengine.replay.fold import _Projection
+from tracengine.replay.projection import Projection
 from tracengine.replay.state import FINISHED
 from tracengine.trace.events import ScheduleDecision, prefill_flags
 
 NULL_BLOCK_ID = 0
 
 
-class VllmProjection(_Projection):
+class VllmProjection(Projection):
 
     def _take_free_block(self, block_id: int):
         self.free.remove(block_id)       # a ValueError if it is not free

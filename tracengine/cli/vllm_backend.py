@@ -14,8 +14,8 @@ FLAG_ALIASES = {"kvcache_block_size": "block_size", "num_kvcache_blocks": "num_g
 def run_replay(args) -> int:
     """As cli/replay.run, with vLLM's scheduler: re-execution, --state, the what-if in steps or in
     simulated time (--step-time, --roofline, or a trace with arrival times), sweeps of either."""
-    from tracengine.cli import replay as cli_replay
-    from tracengine.cli.fleet import fleet_changes
+    from tracengine.cli import replay_runs
+    from tracengine.cli.fleet_commands import fleet_changes
     from tracengine.cli.outputs import note_torn_tail
     from tracengine.cli.steptime import step_time_from_args
     from tracengine.cli.sweeps import check_executor_flags, check_plot_figure
@@ -29,14 +29,14 @@ def run_replay(args) -> int:
     with TraceReader(args.trace) as reader:
         header = reader.header
     overrides = vllm_overrides(args, header.config)
-    cli_replay.check_flags_combine(args, overrides)
+    replay_runs.check_flags_combine(args, overrides)
     if args.state is not None:
-        return cli_replay.show_state(args.trace, args.state)
+        return replay_runs.show_state(args.trace, args.state)
     step_time = step_time_from_args(args)
     timed = args.arrivals == "time" or step_time is not None
     if not (overrides or args.record or timed or args.sweep):
         from tracengine.vllm.replay import reexecute
-        return cli_replay.run_replay(args.trace, args.json, replayer=reexecute)
+        return replay_runs.run_replay(args.trace, args.json, replayer=reexecute)
     if timed and args.arrivals == "steps":
         raise TraceError("--step-time and --roofline time a what-if in simulated time; "
                          "they do not combine with --arrivals steps")
@@ -48,14 +48,14 @@ def run_replay(args) -> int:
         timed = timed or has_arrivals(events)
     if args.sweep:
         from tracengine.vllm import sweeps
-        return cli_replay.run_sweep_replay(args.trace, events, overrides, timed, step_time, args, sweeps,
+        return replay_runs.run_sweep_replay(args.trace, events, overrides, timed, step_time, args, sweeps,
                                            lambda text: parsed_field(text, header.config))
     if timed:
         from tracengine.vllm.timed import timed_whatif
-        return cli_replay.run_timed_whatif(args.trace, events, overrides, args.record, step_time,
+        return replay_runs.run_timed_whatif(args.trace, events, overrides, args.record, step_time,
                                            as_json=args.json, timed_whatif=timed_whatif)
     from tracengine.vllm.whatif import whatif
-    return cli_replay.print_whatif(args.trace, whatif(events, overrides), args.record, args.json)
+    return replay_runs.print_whatif(args.trace, whatif(events, overrides), args.record, args.json)
 
 
 def vllm_overrides(args, config: dict) -> dict:
@@ -119,7 +119,7 @@ def run_simulate(args) -> int:
     from tracengine.cli.common import print_table
     from tracengine.cli.flags import workload_spec
     from tracengine.cli.outputs import check_outputs
-    from tracengine.cli.simulate import DEFAULT_VOCAB_SIZE, workload_for_simulation
+    from tracengine.cli.flags import DEFAULT_VOCAB_SIZE, workload_for_simulation
     from tracengine.cli.steptime import describe_step_time, input_files, print_unvaried_note, step_time_from_args
     from tracengine.cli.sweeps import print_sweep, sweep_options
     from tracengine.errors import TracengineError

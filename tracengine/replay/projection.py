@@ -1,0 +1,234 @@
+"""The fold's projection: a mutable mirror of what the scheduler and the block manager did
+(queues, block tables, ref counts, hashes, the free queue), one handler per event, and the
+keyframe it is saved to and restored from. nano-vllm's block rules; the other rules a trace
+may have run under subclass it (block_rules_fold.py)."""
+from collections import deque
+from itertools import islice
+
+import msgspec
+
+from tracengine.engine.block_pool import FreeKVCacheBlockQueue
+from tracengine.engine.hash_id_prompt import hashed_blocks
+from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, PromptBlocksHashed,
+                                     RequestAdded, ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample,
+                                     prefill_flags)
+from tracengine.replay.state import FINISHED, RUNNING, WAITING, FoldState, SeqState
+
+
+class Keyframe(msgspec.Struct, frozen=True, gc=False):
+    step: int                  # the state after this step
+    seqs: dict                 # seq_id -> SeqState, never mutated again
+    waiting: tuple
+    running: tuple
+    ref_counts: list
+    hashes: list
+    free: FreeKVCacheBlockQueue   # a copy, never mutated again
+    hash_to_block_id: dict
+    decision: object
+
+
+class Projection:
+    """The mutable state that events are applied to."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.block_size = block_size
+        self.seqs: dict[int, SeqState] = {}
+        self.waiting: deque[int] = deque()
+        self.running: deque[int] = deque()
+        self.ref_counts = [0] * num_blocks
+        self.hashes = [-1] * num_blocks
+        self.free = FreeKVCacheBlockQueue(num_blocks)
+        self.hash_to_block_id: dict[int, int] = {}
+        self.decision = None
+        self.handlers = {
+            RequestAdded: self.request_added, ScheduleDecision: self.schedule_decision,
+            BlockAllocate: self.block_allocate, BlockAppend: self.block_append, BlockHash: self.block_hash,
+            PromptBlocksHashed: self.prompt_blocks_hashed,
+            BlockFree: self.block_free, Preempt: self.preempt, TokenSample: self.token_sample,
+            SeqFinish: self.seq_finish, StepEnd: self.step_end, SeqAbort: self.seq_abort,
+        }
+
+    # -- keyframes --------------------------------------------------------------------------
+
+    def keyframe(self, step: int) -> Keyframe:
+        kf = Keyframe(step, dict(self.seqs), tuple(self.waiting), tuple(self.running), list(self.ref_counts),
+                       list(self.hashes), self.free.copy(), dict(self.hash_to_block_id), self.decision)
+        self._own_live_seqs(kf)
+        return kf
+
+    @classmethod
+    def from_keyframe(cls, kf: Keyframe, block_size: int) -> "Projection":
+        p = cls(0, block_size)
+        p.seqs = dict(kf.seqs)
+        p.waiting, p.running = deque(kf.waiting), deque(kf.running)
+        p.ref_counts, p.hashes = list(kf.ref_counts), list(kf.hashes)
+        p.free, p.hash_to_block_id = kf.free.copy(), dict(kf.hash_to_block_id)
+        p.decision = kf.decision
+        p._own_live_seqs(kf)
+        return p
+
+    def _own_live_seqs(self, kf: Keyframe):
+        """Copy the sequences later events can change, so the keyframe's stay as they are.
+        A finished sequence changes no more."""
+        seqs = self.seqs
+        for seq_id in (*kf.waiting, *kf.running):
+            seqs[seq_id] = seqs[seq_id]._copy()
+
+    def state(self, step: int, decision: ScheduleDecision | None) -> FoldState:
+        """A value: the projection must not be used after this."""
+        seqs = self.seqs
+        for ss in decision.seqs if decision is not None else ():
+            seqs[ss.seq_id] = msgspec.structs.replace(seqs[ss.seq_id], num_scheduled_tokens=ss.num_tokens)
+        return FoldState(step, list(self.waiting), list(self.running), seqs, self.ref_counts, self.hashes,
+                         list(self.free), self.hash_to_block_id, decision, self.block_size)
+
+    # -- events, as the scheduler and block manager produced them ------------------------------
+
+    def request_added(self, e: RequestAdded):
+        n = e.num_prompt_tokens
+        self.seqs[e.seq_id] = SeqState(e.seq_id, WAITING, n, n, arrival_step=e.step, block_table=[])
+        self.waiting.append(e.seq_id)
+
+    def schedule_decision(self, e: ScheduleDecision):
+        """The decision and, since they follow from it, its TokenSamples: each scheduled
+        sequence computes its tokens, and keeps a sample where it reaches its end.
+        (`num_scheduled_tokens` is filled in by `state`, from the decision.)"""
+        seqs = self.seqs
+        self.decision = e
+        if e.phase != "decode":
+            waiting, running, step = self.waiting, self.running, e.step
+            incomplete = []    # scheduled from waiting, prompt not done: prefill_first keeps them there
+            for ss, is_prefill in zip(e.seqs, prefill_flags(e)):
+                s = seqs[ss.seq_id]
+                if not is_prefill:                  # a decode token in a mixed batch
+                    s.num_cached_tokens = ss.num_cached_tokens + 1
+                    s.num_tokens += 1
+                    continue
+                s.num_cached_tokens = ss.num_cached_tokens + ss.num_tokens
+                complete = s.num_cached_tokens == s.num_tokens   # the whole prompt is computed; else a middle chunk
+                if complete:
+                    s.num_tokens += 1
+                    if s.first_token_step == -1:
+                        s.first_token_step = step
+                if s.status != WAITING:
+                    continue                        # the mixed policy's prefill in running
+                if complete:
+                    self._admit(s)
+                else:
+                    incomplete.append(s)
+            # The mixed policy moves an admitted sequence to running before its prompt is done:
+            # the queue lengths the decision records say so (both 0: not recorded, version 1).
+            if incomplete and (e.num_waiting or e.num_running):
+                for s in incomplete[:len(waiting) - e.num_waiting]:
+                    self._admit(s)
+        else:
+            for ss in e.seqs:
+                s = seqs[ss.seq_id]
+                s.num_cached_tokens = ss.num_cached_tokens + 1
+                s.num_tokens += 1
+            # decode takes running from the head; what it scheduled goes back to the head, in order
+            ids = [ss.seq_id for ss in e.seqs]
+            if list(islice(self.running, len(ids))) != ids:
+                chosen = set(ids)
+                self.running = deque(ids + [i for i in self.running if i not in chosen])
+
+    def _admit(self, s: SeqState):
+        waiting = self.waiting
+        if waiting[0] == s.seq_id:
+            waiting.popleft()
+        else:
+            waiting.remove(s.seq_id)
+        self.running.append(s.seq_id)
+        s.status = RUNNING
+
+    def scheduled_when_finished(self, seq_id: int) -> bool:   # vLLM's async scheduling: replay/vllm_fold.py
+        return False
+
+    def _take_free_block(self, block_id: int):
+        if self.free.head() != block_id:
+            raise ValueError(f"block {block_id} is not the next free block {self.free.head()}")
+        self.free.popleft()
+        h = self.hashes[block_id]
+        if h != -1 and self.hash_to_block_id.get(h) == block_id:
+            del self.hash_to_block_id[h]      # the cached content is overwritten
+        self.hashes[block_id] = -1
+        self.ref_counts[block_id] = 1
+
+    def _take_hits(self, block_ids: list[int]):
+        """A reference more to each prefix-cache hit; a hit on a freed block takes it out of
+        the free queue."""
+        ref_counts = self.ref_counts
+        for block_id in block_ids:
+            if ref_counts[block_id] == 0:
+                self.free.remove(block_id)
+            ref_counts[block_id] += 1
+
+    def block_allocate(self, e: BlockAllocate):
+        self._take_hits(e.block_ids[:e.num_cached_blocks])
+        for block_id in e.block_ids[e.num_cached_blocks:]:
+            self._take_free_block(block_id)
+        s = self.seqs[e.seq_id]
+        s.block_table = list(e.block_ids)
+        s.num_cached_tokens = e.num_cached_blocks * self.block_size
+
+    def block_append(self, e: BlockAppend):
+        self._take_free_block(e.block_id)
+        self.seqs[e.seq_id].block_table.append(e.block_id)
+
+    def block_hash(self, e: BlockHash):
+        self._register(e.block_id, e.hash)
+
+    def _register(self, block_id: int, h: int):
+        """A block's hash, as the block manager's prefix cache registers it."""
+        self.hashes[block_id] = h
+        self.hash_to_block_id[h] = block_id
+
+    def prompt_blocks_hashed(self, e: PromptBlocksHashed):
+        if e.block_size != self.block_size:
+            raise ValueError(f"blocks of {e.block_size} tokens in a pool of blocks of {self.block_size}")
+        for block_hash in hashed_blocks(e):
+            self.block_hash(block_hash)
+
+    def block_free(self, e: BlockFree):
+        ref_counts, free = self.ref_counts, self.free
+        for block_id in e.block_ids:
+            ref_counts[block_id] -= 1
+            if ref_counts[block_id] == 0:
+                free.append(block_id)
+            elif ref_counts[block_id] < 0:
+                raise ValueError(f"block {block_id} freed more often than allocated")
+        s = self.seqs[e.seq_id]
+        s.block_table = []
+        s.num_cached_tokens = 0
+
+    def preempt(self, e: Preempt):
+        running = self.running
+        if running and running[-1] == e.seq_id:    # the running tail, or itself when it is the last
+            running.pop()
+        else:
+            running.remove(e.seq_id)
+        self.waiting.appendleft(e.seq_id)
+        s = self.seqs[e.seq_id]
+        s.status = WAITING
+        s.num_preemptions += 1
+
+    def token_sample(self, e: TokenSample):
+        pass    # applied with its ScheduleDecision
+
+    def seq_finish(self, e: SeqFinish):
+        s = self.seqs[e.seq_id]
+        s.status = FINISHED
+        s.finish_step = e.step
+        s.finish_reason = e.reason
+        self.running.remove(e.seq_id)
+
+    def seq_abort(self, e: SeqAbort):
+        (self.waiting if e.status == WAITING else self.running).remove(e.seq_id)
+        s = self.seqs[e.seq_id]
+        s.status = FINISHED
+        s.finish_step = e.step
+        s.finish_reason = "abort"
+
+    def step_end(self, e: StepEnd):
+        if e.num_free_blocks != len(self.free):
+            raise ValueError(f"StepEnd says {e.num_free_blocks} free blocks, the events leave {len(self.free)}")
