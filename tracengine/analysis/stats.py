@@ -25,12 +25,18 @@ request of one token has a TPOT of 0); the figures are the good share of all
 requests and good requests per second of the run.
 
 Percentiles interpolate linearly between closest ranks (numpy's default).
+`stats` returns typed figures (analysis/figures.py), read by attribute or by key.
 The JSON keys are stable (`stats_version` changes if one is renamed or
 removed); docs/stats.md lists them."""
 import math
 from bisect import bisect_right
 from itertools import accumulate
 
+import msgspec
+
+from tracengine.analysis.figures import (NO_VALUES, Goodput, HeadOfLine, KVBlocks, Latencies, Latency, Preemption,
+                                         PrefixCache, RequestCounts, RequestFigures, Stats, StepFigures, Summary,
+                                         TokenCounts, Throughput, TraceFigures)
 from tracengine.analysis.timeline import RequestTimeline, load
 from tracengine.errors import TracengineError
 
@@ -73,16 +79,13 @@ def percentile(sorted_values: list[float], p: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (rank - lo)
 
 
-NO_VALUES = {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None}   # the figures of an empty list
-
-
-def summarize(values: list[float]) -> dict:
+def summarize(values: list[float]) -> Summary:
     """count, mean, p50, p90, p99; None for each figure of an empty list."""
     if not values:
-        return dict(NO_VALUES)
+        return NO_VALUES
     ordered = sorted(values)
-    return {"count": len(ordered), "mean": sum(ordered) / len(ordered),
-            **{f"p{p}": percentile(ordered, p) for p in (50, 90, 99)}}
+    return Summary(count=len(ordered), mean=sum(ordered) / len(ordered), p50=percentile(ordered, 50),
+                   p90=percentile(ordered, 90), p99=percentile(ordered, 99))
 
 
 class _Repeated:
@@ -101,49 +104,48 @@ class _Repeated:
         return self.values[bisect_right(self.ends, index)] / self.scale
 
 
-def summarize_counts(counts: dict[int, int], scale: float = 1) -> dict:
+def summarize_counts(counts: dict[int, int], scale: float = 1) -> Summary:
     """summarize of the values `counts` holds (value -> how many times), each divided by `scale`."""
     repeated = _Repeated(counts, scale)
     n = len(repeated)
     if not n:
-        return dict(NO_VALUES)
-    return {"count": n, "mean": sum(v * c for v, c in counts.items()) / scale / n,
-            **{f"p{p}": percentile(repeated, p) for p in (50, 90, 99)}}
+        return NO_VALUES
+    return Summary(count=n, mean=sum(v * c for v, c in counts.items()) / scale / n, p50=percentile(repeated, 50),
+                   p90=percentile(repeated, 90), p99=percentile(repeated, 99))
 
 
 def _ratio(num, den):
     return num / den if num is not None and den else None
 
 
-def request_figures(t: RequestTimeline, req) -> dict:
+def request_figures(t: RequestTimeline, req) -> RequestFigures:
     added, first_sched = req.added_step, req.first_scheduled_step
     first_token = req.first_token_step
     num_completion = req.num_tokens - req.num_prompt_tokens
     arrival = t.arrival_ns(req)
-    out = {"seq_id": req.seq_id, "added_step": added, "arrival_s": arrival / NS, "first_scheduled_step": first_sched,
-           "first_token_step": first_token, "finish_step": req.finish_step,
-           "finish_reason": req.finish_reason or None, "num_prompt_tokens": req.num_prompt_tokens,
-           "num_completion_tokens": num_completion, "num_preemptions": len(req.preempts),
-           "queueing_steps": None, "ttft_steps": None, "tpot_steps": None, "e2e_steps": None,
-           "queueing_s": None, "ttft_s": None, "tpot_s": None, "e2e_s": None}
+    late: dict = {}        # the figures of the stages the request reached
     if first_sched is not None:
-        out["queueing_steps"] = first_sched - added
-        out["queueing_s"] = (t.start_ns(first_sched) - arrival) / NS
+        late["queueing_steps"] = first_sched - added
+        late["queueing_s"] = (t.start_ns(first_sched) - arrival) / NS
     if first_token is not None:
-        out["ttft_steps"] = first_token - added + 1
-        out["ttft_s"] = (t.end_ns(first_token) - arrival) / NS
+        late["ttft_steps"] = first_token - added + 1
+        late["ttft_s"] = (t.end_ns(first_token) - arrival) / NS
     if req.finish_step is not None:
-        out["e2e_steps"] = req.finish_step - added + 1
-        out["e2e_s"] = (t.end_ns(req.finish_step) - arrival) / NS
+        late["e2e_steps"] = req.finish_step - added + 1
+        late["e2e_s"] = (t.end_ns(req.finish_step) - arrival) / NS
         if num_completion > 1:
             first, last = first_token, req.last_token_step
-            out["tpot_steps"] = (last - first) / (num_completion - 1)
-            out["tpot_s"] = (t.end_ns(last) - t.end_ns(first)) / NS / (num_completion - 1)
-    return out
+            late["tpot_steps"] = (last - first) / (num_completion - 1)
+            late["tpot_s"] = (t.end_ns(last) - t.end_ns(first)) / NS / (num_completion - 1)
+    return RequestFigures(seq_id=req.seq_id, added_step=added, arrival_s=arrival / NS, first_scheduled_step=first_sched,
+                          first_token_step=first_token, finish_step=req.finish_step,
+                          finish_reason=req.finish_reason or None, num_prompt_tokens=req.num_prompt_tokens,
+                          num_completion_tokens=num_completion, num_preemptions=len(req.preempts), **late)
 
 
-def goodput(per_request: list[dict], slo: dict[str, float], duration_s: float) -> dict:
-    """Requests that finished within every objective (seconds), as a share and per second."""
+def goodput(per_request: list, slo: dict[str, float], duration_s: float) -> Goodput:
+    """Requests that finished within every objective (seconds), as a share and per second.
+    `per_request`: RequestFigures, or a fleet's request figures (fleet/stats.py), read by key."""
     def good(r):
         if r["finish_step"] is None:
             return False
@@ -151,12 +153,11 @@ def goodput(per_request: list[dict], slo: dict[str, float], duration_s: float) -
         return all(values[name] is not None and values[name] <= limit for name, limit in slo.items())
 
     num_good = sum(good(r) for r in per_request)
-    return {"slo_s": dict(slo), "num_good_requests": num_good,
-            "good_request_share": _ratio(num_good, len(per_request)),
-            "requests_per_s": _ratio(num_good, duration_s)}
+    return Goodput(slo_s=dict(slo), num_good_requests=num_good, good_request_share=_ratio(num_good, len(per_request)),
+                   requests_per_s=_ratio(num_good, duration_s))
 
 
-def stats(path_or_events, slo: dict[str, float] | None = None) -> dict:
+def stats(path_or_events, slo: dict[str, float] | None = None) -> Stats:
     """The figures of a trace (a path, read up to its last complete frame) or of
     an iterable of events (a TraceHeader first, for the block figures). `slo`:
     objectives in seconds by name (ttft, tpot, e2e), for the goodput figures."""
@@ -168,8 +169,9 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> dict:
     per_request = [request_figures(t, req) for req in t.requests.values()]
 
     def latency(name):
-        return {"steps": summarize([r[f"{name}_steps"] for r in per_request if r[f"{name}_steps"] is not None]),
-                "seconds": summarize([r[f"{name}_s"] for r in per_request if r[f"{name}_s"] is not None])}
+        steps, seconds = f"{name}_steps", f"{name}_s"
+        return Latency(steps=summarize([v for r in per_request if (v := getattr(r, steps)) is not None]),
+                       seconds=summarize([v for r in per_request if (v := getattr(r, seconds)) is not None]))
 
     itl_steps, itl_ns = t.itl()
 
@@ -184,7 +186,7 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> dict:
             reasons[req.finish_reason] = reasons.get(req.finish_reason, 0) + 1
     num_finished = sum(reasons.values())
     num_aborted = sum(req.abort is not None for req in t.requests.values())
-    num_completion = sum(r["num_completion_tokens"] for r in per_request)
+    num_completion = sum(r.num_completion_tokens for r in per_request)
 
     total_s = t.total_ns / NS
     idle = t.idle_gaps()
@@ -194,54 +196,52 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> dict:
     num_allocated, num_hit = t.num_allocated_blocks, t.num_hit_blocks
     num_hit_tokens = num_hit * t.block_size if t.block_size else None
 
-    kv = {"num_blocks": t.num_kvcache_blocks, "utilization_mean": None, "utilization_peak": None,
-          "peak_step": None, "min_free_blocks": None}
+    kv = KVBlocks(num_blocks=t.num_kvcache_blocks)
     if t.num_steps:
-        kv["min_free_blocks"], kv["peak_step"] = f.min_free_blocks, f.min_free_step
-        if t.num_kvcache_blocks:
-            kv["utilization_mean"] = f.utilization_sum / t.num_steps
-            kv["utilization_peak"] = 1 - f.min_free_blocks / t.num_kvcache_blocks   # the fullest step
+        kv = KVBlocks(num_blocks=t.num_kvcache_blocks, min_free_blocks=f.min_free_blocks, peak_step=f.min_free_step)
+        if t.num_kvcache_blocks:      # the peak: the fullest step
+            kv = msgspec.structs.replace(kv, utilization_mean=f.utilization_sum / t.num_steps,
+                                         utilization_peak=1 - f.min_free_blocks / t.num_kvcache_blocks)
 
-    return {
-        "stats_version": STATS_VERSION,
-        "trace": {"torn_tail": t.torn_tail, "kvcache_block_size": t.block_size,
-                  "num_kvcache_blocks": t.num_kvcache_blocks},
-        "requests": {"num_requests": len(t.requests), "num_finished": num_finished,
-                     "num_unfinished": len(t.requests) - num_finished - num_aborted, "finish_reasons": reasons,
-                     "num_aborted": num_aborted},
-        "tokens": {"num_prompt_tokens": sum(r.num_prompt_tokens for r in t.requests.values()),
-                   "num_completion_tokens": num_completion,
-                   "num_prefill_tokens": kind_tokens["prefill"], "num_decode_tokens": kind_tokens["decode"]},
-        "steps": {"num_steps": t.num_steps, "num_prefill_steps": phase_steps["prefill"],
-                  "num_decode_steps": phase_steps["decode"], "total_s": total_s,
-                  "prefill_s": phase_ns["prefill"] / NS, "decode_s": phase_ns["decode"] / NS,
-                  "gap_s": t.gap_ns / NS, "mean_gap_s": _ratio(t.gap_ns / NS, t.num_steps),
-                  "idle_s": idle_s, "num_idle_gaps": len(idle),
-                  "num_mixed_steps": phase_steps["mixed"], "mixed_s": phase_ns["mixed"] / NS},
-        # per phase of step: a mixed step's tokens count under mixed
-        "throughput": {"prefill_tokens_per_s": _ratio(phase_tokens["prefill"], phase_ns["prefill"] / NS),
-                       "decode_tokens_per_s": _ratio(phase_tokens["decode"], phase_ns["decode"] / NS),
-                       "completion_tokens_per_s": _ratio(num_completion, total_s),
-                       "requests_per_s": _ratio(num_finished, total_s),
-                       "total_tokens_per_s": _ratio(num_tokens, total_s),
-                       "mixed_tokens_per_s": _ratio(phase_tokens["mixed"], phase_ns["mixed"] / NS)},
-        "latency": {"queueing": latency("queueing"), "ttft": latency("ttft"),
-                    "itl": {"steps": summarize_counts(itl_steps), "seconds": summarize_counts(itl_ns, NS)},
-                    "tpot": latency("tpot"), "e2e": latency("e2e")},
-        "goodput": goodput(per_request, slo, total_s) if slo else None,
-        "preemption": {"num_preemptions": len(preempts),
-                       "num_self_preemptions": sum(p.seq_id == p.by_seq_id for p in preempts),
-                       "num_preempted_requests": len({p.seq_id for p in preempts}),
-                       "num_recomputed_tokens": sum(p.num_computed_tokens for p in preempts)},
-        "prefix_cache": {"num_allocated_blocks": num_allocated, "num_hit_blocks": num_hit,
-                         "block_hit_rate": _ratio(num_hit, num_allocated),
-                         "num_lookup_tokens": t.num_lookup_tokens, "num_hit_tokens": num_hit_tokens,
-                         "token_hit_rate": _ratio(num_hit_tokens, t.num_lookup_tokens)},
-        "kv_blocks": kv,
-        "head_of_line": {"num_blocked_steps": hol_prefill + hol_decode, "num_blocked_prefill_steps": hol_prefill,
-                         "num_blocked_decode_steps": hol_decode, "num_blocked_requests": len(blocked)},
-        "per_request": per_request,
-    }
+    return Stats(
+        stats_version=STATS_VERSION,
+        trace=TraceFigures(torn_tail=t.torn_tail, kvcache_block_size=t.block_size,
+                           num_kvcache_blocks=t.num_kvcache_blocks),
+        requests=RequestCounts(num_requests=len(t.requests), num_finished=num_finished,
+                               num_unfinished=len(t.requests) - num_finished - num_aborted, finish_reasons=reasons,
+                               num_aborted=num_aborted),
+        tokens=TokenCounts(num_prompt_tokens=sum(r.num_prompt_tokens for r in t.requests.values()),
+                           num_completion_tokens=num_completion,
+                           num_prefill_tokens=kind_tokens["prefill"], num_decode_tokens=kind_tokens["decode"]),
+        steps=StepFigures(num_steps=t.num_steps, num_prefill_steps=phase_steps["prefill"],
+                          num_decode_steps=phase_steps["decode"], total_s=total_s,
+                          prefill_s=phase_ns["prefill"] / NS, decode_s=phase_ns["decode"] / NS,
+                          gap_s=t.gap_ns / NS, mean_gap_s=_ratio(t.gap_ns / NS, t.num_steps),
+                          idle_s=idle_s, num_idle_gaps=len(idle),
+                          num_mixed_steps=phase_steps["mixed"], mixed_s=phase_ns["mixed"] / NS),
+        throughput=Throughput(prefill_tokens_per_s=_ratio(phase_tokens["prefill"], phase_ns["prefill"] / NS),
+                              decode_tokens_per_s=_ratio(phase_tokens["decode"], phase_ns["decode"] / NS),
+                              completion_tokens_per_s=_ratio(num_completion, total_s),
+                              requests_per_s=_ratio(num_finished, total_s),
+                              total_tokens_per_s=_ratio(num_tokens, total_s),
+                              mixed_tokens_per_s=_ratio(phase_tokens["mixed"], phase_ns["mixed"] / NS)),
+        latency=Latencies(queueing=latency("queueing"), ttft=latency("ttft"),
+                          itl=Latency(steps=summarize_counts(itl_steps), seconds=summarize_counts(itl_ns, NS)),
+                          tpot=latency("tpot"), e2e=latency("e2e")),
+        goodput=goodput(per_request, slo, total_s) if slo else None,
+        preemption=Preemption(num_preemptions=len(preempts),
+                              num_self_preemptions=sum(p.seq_id == p.by_seq_id for p in preempts),
+                              num_preempted_requests=len({p.seq_id for p in preempts}),
+                              num_recomputed_tokens=sum(p.num_computed_tokens for p in preempts)),
+        prefix_cache=PrefixCache(num_allocated_blocks=num_allocated, num_hit_blocks=num_hit,
+                                 block_hit_rate=_ratio(num_hit, num_allocated),
+                                 num_lookup_tokens=t.num_lookup_tokens, num_hit_tokens=num_hit_tokens,
+                                 token_hit_rate=_ratio(num_hit_tokens, t.num_lookup_tokens)),
+        kv_blocks=kv,
+        head_of_line=HeadOfLine(num_blocked_steps=hol_prefill + hol_decode, num_blocked_prefill_steps=hol_prefill,
+                                num_blocked_decode_steps=hol_decode, num_blocked_requests=len(blocked)),
+        per_request=per_request,
+    )
 
 
 def format_number(value, fmt="{:,.2f}") -> str:
@@ -252,65 +252,65 @@ def format_percent(value) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
-def render(s: dict, title: str = ""):
+def render(s: Stats, title: str = ""):
     """The text form: a heading, a latency table, a table of the other figures."""
     from rich.console import Group
     from rich.table import Table
 
-    r, tok, st, tp = s["requests"], s["tokens"], s["steps"], s["throughput"]
-    aborted = f", {r['num_aborted']} aborted" if r["num_aborted"] else ""
-    head = (f"{title + chr(10) if title else ''}{r['num_requests']} requests ({r['num_finished']} finished{aborted}), "
-            f"{tok['num_prompt_tokens']:,} prompt + {tok['num_completion_tokens']:,} completion tokens\n"
-            f"{st['num_steps']:,} steps ({st['num_prefill_steps']:,} prefill, {st['num_decode_steps']:,} decode"
-            f"{', {:,} mixed'.format(st['num_mixed_steps']) if st['num_mixed_steps'] else ''})"
-            f" in {st['total_s'] * 1e3:,.3f} ms (the run's wall time, idle included)"
-            + (f"\ngaps between steps: {st['gap_s'] * 1e3:,.3f} ms in all, {st['mean_gap_s'] * 1e3:,.3f} ms mean "
-               f"per step; {st['idle_s'] * 1e3:,.3f} ms of it idle (waiting for arrivals)" if st["gap_s"] else ""))
+    r, tok, st, tp = s.requests, s.tokens, s.steps, s.throughput
+    aborted = f", {r.num_aborted} aborted" if r.num_aborted else ""
+    head = (f"{title + chr(10) if title else ''}{r.num_requests} requests ({r.num_finished} finished{aborted}), "
+            f"{tok.num_prompt_tokens:,} prompt + {tok.num_completion_tokens:,} completion tokens\n"
+            f"{st.num_steps:,} steps ({st.num_prefill_steps:,} prefill, {st.num_decode_steps:,} decode"
+            f"{', {:,} mixed'.format(st.num_mixed_steps) if st.num_mixed_steps else ''})"
+            f" in {st.total_s * 1e3:,.3f} ms (the run's wall time, idle included)"
+            + (f"\ngaps between steps: {st.gap_s * 1e3:,.3f} ms in all, {st.mean_gap_s * 1e3:,.3f} ms mean "
+               f"per step; {st.idle_s * 1e3:,.3f} ms of it idle (waiting for arrivals)" if st.gap_s else ""))
     lat = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("latency", "unit", "n", "mean", "p50", "p90", "p99"):
         lat.add_column(col, justify="left" if col in ("latency", "unit") else "right")
     for name, label in (("queueing", "queueing"), ("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"),
                         ("e2e", "end-to-end")):
         for unit, key, scale, fmt in (("steps", "steps", 1, "{:,.2f}"), ("ms", "seconds", 1e3, "{:,.3f}")):
-            f = s["latency"][name][key]
-            lat.add_row(label if unit == "steps" else "", unit, str(f["count"]),
-                        *(format_number(None if f[k] is None else f[k] * scale, fmt)
+            f = getattr(getattr(s.latency, name), key)
+            lat.add_row(label if unit == "steps" else "", unit, str(f.count),
+                        *(format_number(None if (v := getattr(f, k)) is None else v * scale, fmt)
                           for k in ("mean", "p50", "p90", "p99")))
 
-    pre, pc, kv, hol = s["preemption"], s["prefix_cache"], s["kv_blocks"], s["head_of_line"]
+    pre, pc, kv, hol = s.preemption, s.prefix_cache, s.kv_blocks, s.head_of_line
     other = Table(box=None, pad_edge=False, show_header=False)
     other.add_column(style="bold")
     other.add_column()
     # prefill, decode and mixed over the time of their own steps; completion and all over the run
-    other.add_row("tokens/s", f"prefill {format_number(tp['prefill_tokens_per_s'], '{:,.0f}')}, "
-                              f"decode {format_number(tp['decode_tokens_per_s'], '{:,.0f}')}"
-                              + (f", mixed steps {format_number(tp['mixed_tokens_per_s'], '{:,.0f}')}"
-                                 if st["num_mixed_steps"] else "")
+    other.add_row("tokens/s", f"prefill {format_number(tp.prefill_tokens_per_s, '{:,.0f}')}, "
+                              f"decode {format_number(tp.decode_tokens_per_s, '{:,.0f}')}"
+                              + (f", mixed steps {format_number(tp.mixed_tokens_per_s, '{:,.0f}')}"
+                                 if st.num_mixed_steps else "")
                               + f" (over their steps' time); "
-                              f"completion {format_number(tp['completion_tokens_per_s'], '{:,.0f}')}, "
-                              f"all {format_number(tp['total_tokens_per_s'], '{:,.0f}')} (over the run's wall time)")
-    other.add_row("requests/s", format_number(tp["requests_per_s"], "{:,.3f}") + " over the run")
-    if s["goodput"] is not None:
-        g = s["goodput"]
-        objectives = ", ".join(f"{name} <= {limit * 1e3:g} ms" for name, limit in g["slo_s"].items())
-        other.add_row("goodput", f"{format_number(g['requests_per_s'], '{:,.3f}')} requests/s: "
-                                 f"{g['num_good_requests']} of {r['num_requests']} "
-                                 f"({format_percent(g['good_request_share'])}) met {objectives}")
-    other.add_row("preemptions", f"{pre['num_preemptions']} ({pre['num_self_preemptions']} self) of "
-                                 f"{pre['num_preempted_requests']} requests, "
-                                 f"{pre['num_recomputed_tokens']:,} tokens recomputed")
-    other.add_row("prefix cache", f"{pc['num_hit_blocks']}/{pc['num_allocated_blocks']} blocks "
-                                  f"({format_percent(pc['block_hit_rate'])}), "
-                                  f"{format_number(pc['num_hit_tokens'], '{:,}')}/"
-                                  f"{pc['num_lookup_tokens']:,} tokens ({format_percent(pc['token_hit_rate'])})")
-    other.add_row("KV blocks", f"{format_number(kv['num_blocks'], '{}')} blocks, utilisation mean "
-                               f"{format_percent(kv['utilization_mean'])}, "
-                               f"peak {format_percent(kv['utilization_peak'])} "
-                               f"(first at step {format_number(kv['peak_step'], '{}')})")
-    other.add_row("head-of-line", f"{hol['num_blocked_steps']} steps blocked ({hol['num_blocked_prefill_steps']} "
-                                  f"prefill, {hol['num_blocked_decode_steps']} decode), "
-                                  f"{hol['num_blocked_requests']} requests")
+                              f"completion {format_number(tp.completion_tokens_per_s, '{:,.0f}')}, "
+                              f"all {format_number(tp.total_tokens_per_s, '{:,.0f}')} (over the run's wall time)")
+    other.add_row("requests/s", format_number(tp.requests_per_s, "{:,.3f}") + " over the run")
+    if s.goodput is not None:
+        g = s.goodput
+        objectives = ", ".join(f"{name} <= {limit * 1e3:g} ms" for name, limit in g.slo_s.items())
+        other.add_row("goodput", f"{format_number(g.requests_per_s, '{:,.3f}')} requests/s: "
+                                 f"{g.num_good_requests} of {r.num_requests} "
+                                 f"({format_percent(g.good_request_share)}) met {objectives}")
+    other.add_row("preemptions", f"{pre.num_preemptions} ({pre.num_self_preemptions} self) of "
+                                 f"{pre.num_preempted_requests} requests, "
+                                 f"{pre.num_recomputed_tokens:,} tokens recomputed")
+    other.add_row("prefix cache", f"{pc.num_hit_blocks}/{pc.num_allocated_blocks} blocks "
+                                  f"({format_percent(pc.block_hit_rate)}), "
+                                  f"{format_number(pc.num_hit_tokens, '{:,}')}/"
+                                  f"{pc.num_lookup_tokens:,} tokens ({format_percent(pc.token_hit_rate)})")
+    other.add_row("KV blocks", f"{format_number(kv.num_blocks, '{}')} blocks, utilisation mean "
+                               f"{format_percent(kv.utilization_mean)}, "
+                               f"peak {format_percent(kv.utilization_peak)} "
+                               f"(first at step {format_number(kv.peak_step, '{}')})")
+    other.add_row("head-of-line", f"{hol.num_blocked_steps} steps blocked ({hol.num_blocked_prefill_steps} "
+                                  f"prefill, {hol.num_blocked_decode_steps} decode), "
+                                  f"{hol.num_blocked_requests} requests")
     parts = [head, "", lat, "", other]
-    if s["trace"]["torn_tail"]:
-        parts += ["", f"note: {s['trace']['torn_tail']}"]
+    if s.trace.torn_tail:
+        parts += ["", f"note: {s.trace.torn_tail}"]
     return Group(*parts)

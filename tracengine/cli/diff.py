@@ -8,6 +8,7 @@ from tracengine.replay.diff import diff_traces, scheduling_events
 from tracengine.replay.metrics import side_by_side
 from tracengine.trace.events import to_builtins
 from tracengine.trace.tracelog import TraceReader
+from tracengine.analysis.figures import to_json_object
 
 
 def add_to(sub):
@@ -43,7 +44,7 @@ def run(args) -> int:
             "step": d.step, "index": None if d.identical else d.index,
             "a_event": None if d.identical else _event_json(a_sched[d.index] if d.index < len(a_sched) else None),
             "b_event": None if d.identical else _event_json(b_sched[d.index] if d.index < len(b_sched) else None),
-            "a_stats": d.a_stats, "b_stats": d.b_stats}, indent=2))
+            "a_stats": d.a_stats, "b_stats": d.b_stats}, indent=2, default=to_json_object))
         return EXIT_OK if d.identical else EXIT_FAILED_CHECK
     if d.config_changes:
         print("config: " + ", ".join(f"{name} {a} vs {b}" for name, a, b in d.config_changes))

@@ -5,6 +5,7 @@ import json
 
 from tracengine.cli.common import EXIT_FAILED_CHECK, EXIT_OK
 from tracengine.errors import TracengineError
+from tracengine.analysis.figures import to_json_object
 
 
 def is_fleet_trace(path) -> bool:
@@ -123,7 +124,7 @@ def fleet_stats_command(path, slo, as_json: bool) -> int:
     from tracengine.fleet.stats import fleet_stats
     s = fleet_stats(path, slo or None)
     if as_json:
-        print(json.dumps(s, indent=2))
+        print(json.dumps(s, indent=2, default=to_json_object))
     else:
         print_fleet_stats(s, str(path))
     return EXIT_OK
@@ -151,7 +152,7 @@ def fleet_whatif_command(path, events: list, spec, overrides: dict, record, step
         print(json.dumps({"trace": str(path), "changes": changes,
                           "recorded": {k: v for k, v in result.recorded.items() if k not in drop},
                           "what_if": {k: v for k, v in result.new.items() if k not in drop}, "record": record},
-                         indent=2))
+                         indent=2, default=to_json_object))
         return EXIT_OK
     changes = ", ".join(f"{name} {'-' if a is None else a} -> {'-' if b is None else b}"
                         for name, a, b in result.changes) or "no change"
@@ -246,7 +247,7 @@ def fleet_diff_command(args, a_events: list, b_events: list) -> int:
                           "first_difference_step_by_replica": per_replica,
                           "a_fleet": {k: v for k, v in stats_a.items() if k not in ("replicas", "per_request")},
                           "b_fleet": {k: v for k, v in stats_b.items() if k not in ("replicas", "per_request")}},
-                         indent=2))
+                         indent=2, default=to_json_object))
         return EXIT_OK if identical else EXIT_FAILED_CHECK
     if identical:
         print(f"no routing or scheduling difference over {len(per_replica)} replicas")

@@ -12,6 +12,7 @@ from tracengine.cli.flags import (add_config_arguments, add_sampling_arguments, 
 from tracengine.cli.outputs import check_outputs
 from tracengine.errors import RequestError
 from tracengine.workload.sources import DEFAULT_CONFIG, sampling_params, workload_config, workload_requests
+from tracengine.analysis.figures import Stats, to_json_object
 
 BUILTIN_DEFAULTS = (f"built-in mix: {DEFAULT_CONFIG['kvcache_block_size']}-token blocks, "
                     f"{DEFAULT_CONFIG['num_kvcache_blocks']} blocks, {DEFAULT_CONFIG['max_num_batched_tokens']}-token "
@@ -76,7 +77,7 @@ def run(args) -> int:
     if args.output:
         write_outputs(args.output, [dict(o, prompt=r.prompt) for o, r in zip(outputs, requests)])
     if args.json:
-        print(json.dumps(run_summary(llm, elapsed, args.record, args.output), indent=2))
+        print(json.dumps(run_summary(llm, elapsed, args.record, args.output), indent=2, default=to_json_object))
         return EXIT_OK
     if args.prompt or args.prompts_file:
         print_completions([dict(o, prompt=r.prompt) for o, r in zip(outputs, requests)])
@@ -121,37 +122,37 @@ def check_fits(llm, request):
     return prompt
 
 
-def latency_line(s: dict) -> str:
+def latency_line(s: Stats) -> str:
     """TTFT and TPOT from each request's arrival, and requests per second of the run."""
     def ms(name, p):
-        value = s["latency"][name]["seconds"][p]
+        value = getattr(getattr(s.latency, name).seconds, p)
         return "-" if value is None else f"{value * 1e3:,.1f}"
-    idle = s["steps"]["idle_s"]
+    idle = s.steps.idle_s
     return (f"TTFT p50 {ms('ttft', 'p50')} ms, p99 {ms('ttft', 'p99')} ms; TPOT p50 {ms('tpot', 'p50')} ms; "
-            f"{s['throughput']['requests_per_s'] or 0:.2f} req/s" + (f" ({idle:.2f} s idle)" if idle else ""))
+            f"{s.throughput.requests_per_s or 0:.2f} req/s" + (f" ({idle:.2f} s idle)" if idle else ""))
 
 
 def print_summary(llm, outputs, elapsed: float, record: str | None, output: str | None = None):
-    """The run's figures are `tracengine stats`' (llm.last_run is its dict)."""
+    """The run's figures are `tracengine stats`' (llm.last_run)."""
     s = llm.last_run
-    tok, st, tp, pc = s["tokens"], s["steps"], s["throughput"], s["prefix_cache"]
-    reasons = s["requests"]["finish_reasons"]
+    tok, st, tp, pc = s.tokens, s.steps, s.throughput, s.prefix_cache
+    reasons = s.requests.finish_reasons
     config = llm.config
     lines = [
         f"model        {llm.model_dir if config.model else 'embedded tiny Qwen3'} on {llm.runner.device}"
         f" ({str(llm.runner.dtype).removeprefix('torch.')})",
         f"config       {config.num_kvcache_blocks} KV blocks x {config.kvcache_block_size} tokens, "
         f"budget {config.max_num_batched_tokens} tokens, max {config.max_num_seqs} seqs",
-        f"requests     {s['requests']['num_requests']} ({reasons.get('eos', 0)} eos, {reasons.get('length', 0)} length)",
-        f"tokens       {tok['num_prompt_tokens']} prompt, {tok['num_completion_tokens']} generated, "
-        f"{tok['num_prefill_tokens']} computed in prefill",
-        f"steps        {st['num_steps']} ({st['num_prefill_steps']} prefill, {st['num_decode_steps']} decode"
-        f"{', {} mixed'.format(st['num_mixed_steps']) if st['num_mixed_steps'] else ''})",
-        f"throughput   prefill {tp['prefill_tokens_per_s'] or 0:.0f} tok/s, decode {tp['decode_tokens_per_s'] or 0:.0f} "
+        f"requests     {s.requests.num_requests} ({reasons.get('eos', 0)} eos, {reasons.get('length', 0)} length)",
+        f"tokens       {tok.num_prompt_tokens} prompt, {tok.num_completion_tokens} generated, "
+        f"{tok.num_prefill_tokens} computed in prefill",
+        f"steps        {st.num_steps} ({st.num_prefill_steps} prefill, {st.num_decode_steps} decode"
+        f"{', {} mixed'.format(st.num_mixed_steps) if st.num_mixed_steps else ''})",
+        f"throughput   prefill {tp.prefill_tokens_per_s or 0:.0f} tok/s, decode {tp.decode_tokens_per_s or 0:.0f} "
         f"tok/s, {elapsed:.2f} s in all",
         f"latency      {latency_line(s)}",
-        f"preemptions  {s['preemption']['num_preemptions']}",
-        f"cache hits   {pc['num_hit_blocks']} blocks ({pc['num_hit_tokens']} tokens)",
+        f"preemptions  {s.preemption.num_preemptions}",
+        f"cache hits   {pc.num_hit_blocks} blocks ({pc.num_hit_tokens} tokens)",
     ]
     if record:
         lines.append(f"trace        {record} ({os.path.getsize(record):,} bytes)")

@@ -18,6 +18,7 @@ from tracengine.replay.metrics import side_by_side
 from tracengine.replay.reexec import divergence_report, reexecute
 from tracengine.trace.events import to_builtins
 from tracengine.trace.tracelog import TraceReader, write_trace
+from tracengine.analysis.figures import to_json_object
 
 
 # -- the what-if in simulated time ------------------------------------------------------------
@@ -73,7 +74,7 @@ def run_replay(path, as_json: bool = False, policy: str | None = None, replayer=
             "num_events": result.num_events, "num_unfinished": result.num_unfinished, "seconds": result.seconds,
             "divergence": None if d is None else {"step": d.step, "index": d.index, "reason": d.reason,
                                                   "expected": _event_json(d.expected),
-                                                  "actual": _event_json(d.actual)}}, indent=2))
+                                                  "actual": _event_json(d.actual)}}, indent=2, default=to_json_object))
         return EXIT_OK if result.ok else EXIT_FAILED_CHECK
     if result.ok:
         print(f"{path}: {result.num_steps} steps and {result.num_events} events reproduced exactly "
@@ -100,7 +101,7 @@ def print_whatif(path, result, record, as_json: bool = False) -> int:
         print(json.dumps({
             "trace": str(path), "changes": [{"name": n, "old": old, "new": new} for n, old, new in result.changes],
             "recorded": result.original, "what_if": result.new,
-            "num_past_output": result.num_past_output, "record": record}, indent=2))
+            "num_past_output": result.num_past_output, "record": record}, indent=2, default=to_json_object))
         return EXIT_OK
     changes = ", ".join(f"{name} {old} -> {new}" for name, old, new in result.changes) or "no config change"
     print(f"what-if on {path}: {changes}")
@@ -208,7 +209,7 @@ def run_timed_whatif(path, events: list, overrides: dict, record, step_time, pol
             "trace": str(path), "arrivals": "time", "step_time": step_time_json(result.step_time, path),
             "changes": [{"name": n, "old": old, "new": new} for n, old, new in result.changes],
             "recorded": recorded, "simulated": self_check, "what_if": new,
-            "num_past_output": result.num_past_output, "record": record}, indent=2))
+            "num_past_output": result.num_past_output, "record": record}, indent=2, default=to_json_object))
         return EXIT_OK
     changes = ", ".join(f"{name} {old} -> {new}" for name, old, new in result.changes) or "no config change"
     print(f"what-if on {path} in simulated time: {changes}")

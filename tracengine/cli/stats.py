@@ -2,6 +2,7 @@
 import json
 
 from tracengine.cli.common import EXIT_OK, add_parser, print_table
+from tracengine.analysis.figures import to_json_object
 
 
 def add_to(sub):
@@ -25,7 +26,7 @@ def run(args) -> int:
         return fleet_stats_command(args.trace, slo, args.json)
     s = stats(args.trace, slo or None)
     if args.json:
-        print(json.dumps(s, indent=2))
+        print(json.dumps(s, indent=2, default=to_json_object))
     else:
         print_table(render(s, title=str(args.trace)))
     return EXIT_OK

@@ -31,7 +31,7 @@ class LLM(LLMEngine):
             config = requested.replace(num_kvcache_blocks=runner.num_kvcache_blocks)
             super().__init__(config, runner, NULL_SINK, tokenizer, policy=scheduling_policy)
             self.writer = None
-            self.last_run: dict | None = None   # the figures of the last generate(summary=True)
+            self.last_run = None   # the figures (Stats) of the last generate(summary=True)
             if record:
                 self.start_recording(record)
         except BaseException:

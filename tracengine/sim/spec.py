@@ -189,7 +189,7 @@ def run_variant(spec: SweepSpec, source: Source, variant: Variant, prepared: Pre
     requests = at_rate(runner.requests, variant.request_rate, source.params)
     config = simulate_config({**spec.base, **variant.overrides}, requests)
     s = stats(simulate(config, requests, runner.step_time), spec.slo)
-    return {**row_of(s), "good_request_share": s["goodput"]["good_request_share"] if s["goodput"] else None}
+    return {**row_of(s), "good_request_share": s.goodput.good_request_share if s.goodput is not None else None}
 
 
 def native_rate(requests, params: dict) -> float | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from tracengine.engine.config import parse_override
 from tracengine.errors import ConfigError
+from tracengine.analysis.figures import Stats
 
 # (key, column title, format) of a row in simulated time, after the swept values
 COLUMNS = [("throughput", "tok/s", "{:,.1f}"), ("ttft_p50_ms", "TTFT p50", "{:,.2f}"),
@@ -81,23 +82,24 @@ def _ms(seconds):
     return None if seconds is None else seconds * 1e3
 
 
-def row_of(s: dict) -> dict:
-    """The sweep figures of one run's stats dict (latencies in ms, goodput in requests/s)."""
-    lat = s["latency"]
-    return {"throughput": s["throughput"]["completion_tokens_per_s"],
-            "ttft_p50_ms": _ms(lat["ttft"]["seconds"]["p50"]), "ttft_p99_ms": _ms(lat["ttft"]["seconds"]["p99"]),
-            "tpot_p50_ms": _ms(lat["tpot"]["seconds"]["p50"]), "tpot_p99_ms": _ms(lat["tpot"]["seconds"]["p99"]),
-            "e2e_p50_ms": _ms(lat["e2e"]["seconds"]["p50"]), "e2e_p99_ms": _ms(lat["e2e"]["seconds"]["p99"]),
-            "preemptions": s["preemption"]["num_preemptions"],
-            "goodput": s["goodput"]["requests_per_s"] if s.get("goodput") else None}
+def row_of(s: Stats) -> dict:
+    """The sweep figures of one run's stats (latencies in ms, goodput in requests/s)."""
+    lat = s.latency
+    return {"throughput": s.throughput.completion_tokens_per_s,
+            "ttft_p50_ms": _ms(lat.ttft.seconds.p50), "ttft_p99_ms": _ms(lat.ttft.seconds.p99),
+            "tpot_p50_ms": _ms(lat.tpot.seconds.p50), "tpot_p99_ms": _ms(lat.tpot.seconds.p99),
+            "e2e_p50_ms": _ms(lat.e2e.seconds.p50), "e2e_p99_ms": _ms(lat.e2e.seconds.p99),
+            "preemptions": s.preemption.num_preemptions,
+            "goodput": s.goodput.requests_per_s if s.goodput is not None else None}
 
 
-def step_row_of(s: dict) -> dict:
-    """The step-exact sweep figures of one run's stats dict (latencies in steps)."""
-    lat, num_steps = s["latency"], s["steps"]["num_steps"]
-    return {"tokens_per_step": s["tokens"]["num_completion_tokens"] / num_steps if num_steps else None,
-            **{f"{name}_{p}_steps": lat[name]["steps"][p] for name in ("ttft", "tpot", "e2e") for p in ("p50", "p99")},
-            "preemptions": s["preemption"]["num_preemptions"]}
+def step_row_of(s: Stats) -> dict:
+    """The step-exact sweep figures of one run's stats (latencies in steps)."""
+    lat, num_steps = s.latency, s.steps.num_steps
+    return {"tokens_per_step": s.tokens.num_completion_tokens / num_steps if num_steps else None,
+            **{f"{name}_{p}_steps": getattr(getattr(lat, name).steps, p)
+               for name in ("ttft", "tpot", "e2e") for p in ("p50", "p99")},
+            "preemptions": s.preemption.num_preemptions}
 
 
 def render_rows(variants: list[dict], rows: list[dict], figures: SweepFigures = IN_TIME) -> str:

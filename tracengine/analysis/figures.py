@@ -1,0 +1,194 @@
+"""The figures `stats` returns, as typed structs (the schema, as the events are): the tables,
+the sweeps and the TUI read them by attribute; `stats --json` prints `to_builtins` of them,
+the same object, key for key, as the dict it replaced. A name reads by key too
+(`s["latency"]["ttft"]`), so code written against that dict keeps working."""
+import msgspec
+
+
+class Figures(msgspec.Struct, frozen=True, kw_only=True):
+    """A group of figures: read by attribute, or by key as a mapping of its fields; equal to
+the dict of its fields."""
+
+    def __getitem__(self, name: str):
+        if name not in self.__struct_fields__:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def get(self, name: str, default=None):
+        return getattr(self, name) if name in self.__struct_fields__ else default
+
+    def keys(self):
+        return self.__struct_fields__
+
+    def __iter__(self):
+        return iter(self.__struct_fields__)
+
+    def __len__(self) -> int:
+        return len(self.__struct_fields__)
+
+    def items(self):
+        return [(name, getattr(self, name)) for name in self.__struct_fields__]
+
+    def __contains__(self, name) -> bool:
+        return name in self.__struct_fields__
+
+    def __eq__(self, other):
+        # equal to the dict it stands for, as the figures were dicts before they were typed
+        if isinstance(other, dict):
+            return msgspec.to_builtins(self) == other
+        if type(other) is type(self):
+            return msgspec.structs.astuple(self) == msgspec.structs.astuple(other)
+        return NotImplemented
+
+
+class Summary(Figures, frozen=True):
+    """count, mean and percentiles of a list of values; None for each figure of an empty list."""
+    count: int = 0
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+
+
+NO_VALUES = Summary()       # the figures of an empty list
+
+
+class Latency(Figures, frozen=True):
+    steps: Summary
+    seconds: Summary
+
+
+class Latencies(Figures, frozen=True):
+    queueing: Latency
+    ttft: Latency
+    itl: Latency
+    tpot: Latency
+    e2e: Latency
+
+
+class TraceFigures(Figures, frozen=True):
+    torn_tail: str | None
+    kvcache_block_size: int | None
+    num_kvcache_blocks: int | None
+
+
+class RequestCounts(Figures, frozen=True):
+    num_requests: int
+    num_finished: int
+    num_unfinished: int
+    finish_reasons: dict[str, int]
+    num_aborted: int
+
+
+class TokenCounts(Figures, frozen=True):
+    num_prompt_tokens: int
+    num_completion_tokens: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+
+
+class StepFigures(Figures, frozen=True):
+    num_steps: int
+    num_prefill_steps: int
+    num_decode_steps: int
+    total_s: float
+    prefill_s: float
+    decode_s: float
+    gap_s: float
+    mean_gap_s: float | None
+    idle_s: float
+    num_idle_gaps: int
+    num_mixed_steps: int
+    mixed_s: float
+
+
+class Throughput(Figures, frozen=True):
+    """Per phase of step: a mixed step's tokens count under mixed."""
+    prefill_tokens_per_s: float | None
+    decode_tokens_per_s: float | None
+    completion_tokens_per_s: float | None
+    requests_per_s: float | None
+    total_tokens_per_s: float | None
+    mixed_tokens_per_s: float | None
+
+
+class Goodput(Figures, frozen=True):
+    slo_s: dict[str, float]
+    num_good_requests: int
+    good_request_share: float | None
+    requests_per_s: float | None
+
+
+class Preemption(Figures, frozen=True):
+    num_preemptions: int
+    num_self_preemptions: int
+    num_preempted_requests: int
+    num_recomputed_tokens: int
+
+
+class PrefixCache(Figures, frozen=True):
+    num_allocated_blocks: int
+    num_hit_blocks: int
+    block_hit_rate: float | None
+    num_lookup_tokens: int
+    num_hit_tokens: int | None
+    token_hit_rate: float | None
+
+
+class KVBlocks(Figures, frozen=True):
+    num_blocks: int | None
+    utilization_mean: float | None = None
+    utilization_peak: float | None = None
+    peak_step: int | None = None
+    min_free_blocks: int | None = None
+
+
+class HeadOfLine(Figures, frozen=True):
+    num_blocked_steps: int
+    num_blocked_prefill_steps: int
+    num_blocked_decode_steps: int
+    num_blocked_requests: int
+
+
+class RequestFigures(Figures, frozen=True):
+    """One request's figures, in steps and in seconds (None: it never got that far)."""
+    seq_id: int
+    added_step: int
+    arrival_s: float
+    first_scheduled_step: int | None
+    first_token_step: int | None
+    finish_step: int | None
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_completion_tokens: int
+    num_preemptions: int
+    queueing_steps: int | None = None
+    ttft_steps: int | None = None
+    tpot_steps: float | None = None
+    e2e_steps: int | None = None
+    queueing_s: float | None = None
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+
+
+class Stats(Figures, frozen=True):
+    """What `tracengine stats` says of one engine's trace."""
+    stats_version: int
+    trace: TraceFigures
+    requests: RequestCounts
+    tokens: TokenCounts
+    steps: StepFigures
+    throughput: Throughput
+    latency: Latencies
+    goodput: Goodput | None
+    preemption: Preemption
+    prefix_cache: PrefixCache
+    kv_blocks: KVBlocks
+    head_of_line: HeadOfLine
+    per_request: list[RequestFigures]
+
+
+def to_json_object(figures) -> dict:
+    """The figures as plain JSON values (dicts, lists, numbers), as `--json` prints them."""
+    return msgspec.to_builtins(figures)
