@@ -4,6 +4,7 @@ recorded config with an exact model gives the recorded schedule."""
 import json
 import random
 
+import msgspec
 import pytest
 
 from tracengine.cli.main import main
@@ -20,6 +21,7 @@ from tracengine.engine.sequence import Sequence
 from tracengine.sim.steptime import FEATURES, LinearStepTime, calibrate, load_step_time, seqs_shape, step_shape
 from tracengine.trace.events import SeqAbort, StepEnd, without_wall_clock
 from tracengine.trace.tracelog import write_trace
+from tracengine.analysis.figures import Stats, to_json_object
 
 # ns per unit of (const, tokens, seqs, context, attended); prefill fits (const, tokens, seqs, attended),
 # decode (const, seqs, context)
@@ -262,14 +264,14 @@ def test_time_aware_whatif_and_sweep_in_json(tmp_path, recorded, capsys):
     assert d["changes"] == [{"name": "num_kvcache_blocks", "old": 96, "new": 40}]
     for key, path in (("recorded", trace), ("what_if", whatif)):
         with TraceReader(path) as reader:
-            assert d[key] == json.loads(json.dumps(stats(reader.events())))
+            assert d[key] == json.loads(json.dumps(to_json_object(stats(reader.events()))))
     assert d["simulated"]["steps"]["num_steps"] == d["recorded"]["steps"]["num_steps"]   # an exact model
     assert main(["replay", trace, "--sweep", "num_kvcache_blocks=40,60", "--jobs", "1", "--json"]) == 0
     sweep = json.loads(capsys.readouterr().out)
     assert sweep["arrivals"] == "time" and [v["set"] for v in sweep["variants"]] == [
         {"num_kvcache_blocks": 40}, {"num_kvcache_blocks": 60}]
     assert list(sweep["variants"][0]["figures"]) == FIGURES
-    assert sweep["variants"][0]["figures"] == json.loads(json.dumps(row_of(d["what_if"])))
+    assert sweep["variants"][0]["figures"] == json.loads(json.dumps(row_of(msgspec.convert(d["what_if"], Stats))))
     assert main(["replay", trace, "--arrivals", "time", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["what_if"] is None
 

@@ -18,7 +18,7 @@ from tracengine.replay.metrics import side_by_side
 from tracengine.replay.reexec import divergence_report, reexecute
 from tracengine.trace.events import to_builtins
 from tracengine.trace.tracelog import TraceReader, write_trace
-from tracengine.analysis.figures import to_json_object
+from tracengine.analysis.figures import Figures, to_json_object
 
 
 # -- the what-if in simulated time ------------------------------------------------------------
@@ -113,11 +113,11 @@ def print_whatif(path, result, record, as_json: bool = False) -> int:
     return EXIT_OK
 
 
-def pick_figure(s: dict, *keys):
-    """The figure at `keys` in a stats dict (nested dicts), or None where one is missing."""
+def pick_figure(s, *keys):
+    """The figure at `keys` in a run's stats (or a fleet's stats dict), or None where one is missing."""
     value = s
     for key in keys:
-        value = value.get(key) if isinstance(value, dict) else None
+        value = value.get(key) if isinstance(value, (dict, Figures)) else None
     return value
 
 
