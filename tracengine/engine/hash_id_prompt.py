@@ -24,6 +24,13 @@ from tracengine.trace.events import BlockHash, PromptBlocksHashed
 MOONCAKE_BLOCK_TOKENS = 512
 
 
+def hash_id_limit(block_tokens: int) -> int:
+    """The hash ids a prompt of `block_tokens`-token hash ids can hold are below this one: the
+    last token of hash id h is h * block_tokens + block_tokens - 1, and a block hash packs its
+    tokens as int64s (block_hasher.pack_tokens)."""
+    return 2**63 // block_tokens
+
+
 class HashIdPrompt(_Sequence):
     """A read-only prompt of `num_tokens` tokens named by `hash_ids`, `block_tokens` tokens each
     (the last one perhaps cut). Indexing and slicing give the token ids it stands for."""
@@ -37,6 +44,9 @@ class HashIdPrompt(_Sequence):
                              f"{num_tokens} tokens")
         if min(hash_ids) < 0:
             raise ValueError(f"a hash id is not negative, got {min(hash_ids)}")
+        if max(hash_ids) >= hash_id_limit(block_tokens):
+            raise ValueError(f"a hash id of {block_tokens} tokens is below {hash_id_limit(block_tokens)}, "
+                             f"got {max(hash_ids)}")
         self.hash_ids = list(hash_ids)
         self.num_tokens = num_tokens
         self.block_tokens = block_tokens
