@@ -142,7 +142,8 @@ def hashed_blocks(event: PromptBlocksHashed) -> list[BlockHash]:
     num_blocks, block_size, block_tokens = len(event.block_ids), event.block_size, event.hash_id_block_tokens
     first_token = event.first_block * block_size if block_size > 0 else -1
     if block_tokens <= 0 or first_token < 0 or len(event.hash_ids) * block_tokens < (
-            first_token % block_tokens + num_blocks * block_size) or min(event.hash_ids, default=0) < 0:
+            first_token % block_tokens + num_blocks * block_size) or min(event.hash_ids, default=0) < 0 \
+            or max(event.hash_ids, default=0) >= hash_id_limit(block_tokens):
         raise ValueError(f"{len(event.hash_ids)} hash ids of {block_tokens} tokens cannot hold blocks "
                          f"{event.first_block}.. ({num_blocks} of {block_size} tokens)")
     hashes = prompt_block_hashes(event.hash_ids, block_tokens, block_size, event.first_block, num_blocks,
