@@ -62,3 +62,16 @@ def test_the_exit_code_is_in_the_help_and_the_version_is_the_install_scripts():
     assert re.search(r"^  141 ", EXIT_CODES, re.M)
     script = (ROOT / "scripts" / "install-vllm-cpu.sh").read_text()
     assert f'VLLM_VERSION="{SUPPORTED_VERSION}"' in script
+
+
+def test_a_what_if_with_a_billion_blocks_takes_the_memory_of_the_blocks_it_uses():
+    """The pool's blocks cost memory once handed out (engine/block_pool.py): under a 1 GB
+    address-space limit the what-if runs, where every block's slots would take some 100 GB."""
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30)); "
+            "from tracengine.cli.main import main; sys.exit(main(sys.argv[1:]))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-c", code, "replay", str(ROOT / "traces" / "preemption.trace"), "--set",
+                             "num_kvcache_blocks=999999999"], capture_output=True, text=True, cwd=ROOT, env=env,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "num_kvcache_blocks 18 -> 999999999" in result.stdout
