@@ -14,7 +14,8 @@ ROOT = Path(__file__).parent.parent
 VLLM_TRACE = ROOT / "traces" / "vllm.trace"
 STEP_TIME = ROOT / "tests" / "data" / "fixed_steptime.json"
 # the CLI on a machine without vLLM, whether or not this one has it: `import vllm` fails
-WITHOUT_VLLM = "import sys; sys.modules['vllm'] = None; from tracengine.cli.main import main; sys.exit(main(sys.argv[1:]))"
+WITHOUT_VLLM = ("import sys; sys.modules['vllm'] = None; "
+                "from tracengine.cli.main import main; sys.exit(main(sys.argv[1:]))")
 
 
 def run_without_vllm(*argv) -> subprocess.CompletedProcess:
