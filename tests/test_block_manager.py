@@ -103,7 +103,8 @@ def test_empty_free_block_queue():
 def test_the_pool_counts_references_and_frees_a_block_when_none_is_left():
     pool = BlockPool(6)
     a = pool.get_new_blocks(3)                  # [0, 1, 2]
-    assert a == [0, 1, 2] and pool.ref_counts == [1, 1, 1, 0, 0, 0] and pool.num_free_blocks == 3
+    # a count for each block handed out so far: the others, never used, have none and cost nothing
+    assert a == [0, 1, 2] and pool.ref_counts == [1, 1, 1] and pool.num_free_blocks == 3
     pool.free_blocks(a[::-1])                   # tail first: 2, 1, 0 join the queue in that order
     assert list(pool.free_block_queue) == [3, 4, 5, 2, 1, 0]
     pool.touch([1])                             # a hit on a free block takes it out of the middle
@@ -314,3 +315,27 @@ def test_a_hash_that_repeats_within_a_prompt_hits_its_block_twice(monkeypatch):
     assert b.block_table[:2] == [shared, shared] and manager.blocks[shared].ref_count == 2
     manager.deallocate(b)
     assert list(manager.free_block_ids).count(shared) == 1 and manager.num_free_blocks == 8
+
+
+def test_blocks_never_handed_out_cost_nothing():
+    """A pool of 10**12 blocks holds slots for the blocks it has handed out only: the fresh
+    ones are one run of the free queue, taken in id order, and a fold that takes one from
+    the middle of the run (where the events say) splits it."""
+    manager = BlockManager(10**12, 4)
+    a, b = seq_of(0, list(range(10))), seq_of(1, list(range(10)) + [7])
+    fill(manager, a)
+    fill(manager, b)                                   # hits a's two full blocks
+    assert a.block_table == [0, 1, 2] and b.block_table == [0, 1, 3] and manager.num_free_blocks == 10**12 - 4
+    pool, cache = manager.pool, manager.prefix_cache
+    assert len(pool.ref_counts) == len(cache.hashes) == len(cache.token_ids) == 4
+    assert len(pool.free_block_queue.prev) == 4 + 2          # and the sentinel's and the fresh run's
+    manager.deallocate(b)
+    manager.deallocate(a)
+    assert manager.free_block_ids.head() == 4 and 5 in manager.free_block_ids and 3 in manager.free_block_ids
+    queue = FreeKVCacheBlockQueue(10)
+    queue.popleft_n(2)
+    queue.remove(6)                                    # from the middle of the run
+    queue.append_n([0, 6])
+    assert list(queue) == [2, 3, 4, 5, 7, 8, 9, 0, 6] and queue.popleft_n(8) == [2, 3, 4, 5, 7, 8, 9, 0]
+    queue.remove(6)
+    assert list(queue) == [] and len(queue) == 0

@@ -82,3 +82,32 @@ def test_a_refused_workload_writes_nothing(tmp_path, capsys):
     code, _, err = run_cli(capsys, "generate", "--quiet", "--record", str(fresh), "--prompt-lens", "5000")
     assert_one_line_error(code, err, "longer than max_model_len")
     assert not fresh.exists()
+
+
+def test_a_kv_cache_larger_than_memory_is_refused_with_the_figures(tmp_path, capsys, monkeypatch):
+    """Checked before the allocator fails on it (a traceback) or the kernel kills the process."""
+    trace = tmp_path / "old.trace"
+    trace.write_bytes(b"an older trace")
+    code, _, err = run_cli(capsys, "generate", "--quiet", "--prompt-lens", "8", "--num-kvcache-blocks", str(10**12),
+                           "--record", str(trace), "--force")
+    assert_one_line_error(code, err, "num_kvcache_blocks=1000000000000 needs 32,768,000,000,032,768 bytes for the "
+                                     "KV cache (32,768,000.0 GB, 32,768 a block), but ")
+    assert trace.read_bytes() == b"an older trace"
+    import tracengine.runner.model_runner as model_runner
+    monkeypatch.setattr(model_runner, "available_memory", lambda device: (10 * 32768 + 5, "MemAvailable"))
+    code, _, err = run_cli(capsys, "generate", "--quiet", "--prompt-lens", "8", "--num-kvcache-blocks", "100")
+    assert code == 2 and err == ("tracengine: error: num_kvcache_blocks=100 needs 3,309,568 bytes for the KV cache "
+                                 "(0.0 GB, 32,768 a block), but 327,685 bytes (0.0 GB) are available (MemAvailable): "
+                                 "9 blocks fit\n")
+    code, out, _ = run_cli(capsys, "generate", "--quiet", "--prompt-lens", "8", "--num-kvcache-blocks", "9")
+    assert code == 0 and "9 KV blocks" in out
+
+
+def test_serve_refuses_a_kv_cache_larger_than_memory_before_it_listens():
+    import subprocess
+    import sys
+    result = subprocess.run([sys.executable, "-m", "tracengine.cli", "serve", "--port", "0", "--num-kvcache-blocks",
+                             str(10**12)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("tracengine: error: num_kvcache_blocks=1000000000000 needs ") \
+        and result.stderr.count("\n") == 1

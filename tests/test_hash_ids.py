@@ -174,7 +174,8 @@ def test_format_7_records_a_hash_id_prompts_blocks_as_their_hash_ids_and_reads_b
     assert reexecute(new_events).ok and reexecute(old_events).ok      # replay of the older format too
 
 
-@pytest.mark.parametrize("damage", [{"hash_ids": []}, {"hash_id_block_tokens": 0}, {"block_size": 8}])
+@pytest.mark.parametrize("damage", [{"hash_ids": []}, {"hash_id_block_tokens": 0}, {"block_size": 8},
+                                    {"hash_ids": [2**62]}])
 def test_a_prompt_blocks_event_its_hash_ids_cannot_stand_for_does_not_follow(damage):
     """`check` (EventCheck) refuses a PromptBlocksHashed whose hash ids cannot hold its blocks, or
     whose block size is not the pool's, naming it, rather than failing on it."""

@@ -190,6 +190,11 @@ MOONCAKE_LINE = '{"timestamp": 0, "input_length": 600, "output_length": 4, "hash
      ":2: input_length 600 needs 2 hash_ids"),
     ("a.jsonl", [MOONCAKE_LINE, '{"timestamp": 5, "input_length": 6, "output_length": 4, "hash_ids": [-1]}'],
      ":2: a hash id is negative"),
+    ("a.jsonl", [MOONCAKE_LINE, '{"timestamp": 5, "input_length": 600, "output_length": 4, "hash_ids": [0, -7]}'],
+     ":2: a hash id is negative (-7)"),
+    ("a.jsonl", [MOONCAKE_LINE, '{"timestamp": 5, "input_length": 600, "output_length": 4, "hash_ids": [0, %d]}'
+                 % 2**54], ":2: hash id %d is too large: a hash id names its 512 tokens as 64-bit ids, so it must "
+     "be below %d (2**54)" % (2**54, 2**54)),
     ("a.jsonl", [MOONCAKE_LINE, '{"timestamp": 5, "input_length": 6'], ":2: not valid JSON"),
     ("a.csv", ["TIMESTAMP,ContextTokens,GeneratedTokens", "2024-01-01 00:00:01,5,5", "2024-01-01 00:00:00,5,5"],
      ":3: arrival time goes back"),
@@ -276,3 +281,28 @@ def test_an_arrival_past_the_traces_clock_is_refused_before_the_run(tmp_path, ca
     assert old.read_bytes() == b"the old trace" and sorted(p.name for p in tmp_path.iterdir()) == ["run.trace", "w.jsonl"]
     with pytest.raises(TracengineError, match="a request arrives .* past the 292 years"):
         workload_requests(workload_spec(argparse.Namespace(num_prompts=3, request_rate=1e-12)), 1000)
+
+
+def test_a_hash_id_past_the_64_bit_token_layout_is_refused_before_the_run(tmp_path, capsys):
+    """A hash id h stands for tokens h * 512 .., hashed as int64s: 2**54 and above would overflow
+    them in the middle of a run, a --force target already replaced. The largest one that fits runs."""
+    workload = tmp_path / "w.jsonl"
+    old = tmp_path / "run.trace"
+    old.write_bytes(b"the old trace")
+    for hash_id, rc in ((2**55, 2), (2**54, 2), (2**54 - 1, 0)):
+        workload.write_text("".join(f'{{"timestamp": {t}, "input_length": 600, "output_length": 4, '
+                                    f'"hash_ids": [{i}, {hash_id if t else i + 1}]}}\n' for i, t in enumerate((0, 5))))
+        argv = ["simulate", str(workload), "--step-time", str(DATA / "fixed_steptime.json"), "--num-kvcache-blocks",
+                "256", "--block-size", "16", "--quiet", "--record", str(old), "--force"]
+        assert main(argv) == rc
+        out, err = capsys.readouterr()
+        if rc:
+            assert err == (f"tracengine: error: {workload}:2: hash id {hash_id} is too large: a hash id names its "
+                           f"512 tokens as 64-bit ids, so it must be below {2**54} (2**54)\n")
+            assert old.read_bytes() == b"the old trace"
+    assert main(["check", str(old)]) == 0
+    from tracengine.engine.hash_id_prompt import HashIdPrompt, hash_id_limit
+    assert hash_id_limit(512) == 2**54 and hash_id_limit(100) == 2**63 // 100
+    with pytest.raises(ValueError, match="below"):
+        HashIdPrompt([2**54], 10)
+    assert len(HashIdPrompt([2**54 - 1], 512).block_hashes(16)) == 32

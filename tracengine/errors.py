@@ -17,6 +17,10 @@ class ModelError(TracengineError):
     """A model directory that is missing or malformed."""
 
 
+class NotInstalledError(TracengineError):
+    """A package the command needs is not installed here (vLLM, for vLLM's scheduler): its own exit code."""
+
+
 class WorkerError(TracengineError):
     """A tensor-parallel worker process failed or is gone; the engine cannot go on."""
 

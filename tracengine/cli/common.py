@@ -9,6 +9,7 @@ EXIT_FAILED_CHECK = 1     # replay diverges, diff finds a difference, check find
 EXIT_BAD_INPUT = 2
 EXIT_NOT_ENDED = 3        # check only: intact, but no end frame
 EXIT_RUN_FAILED = 4       # check only: intact and closed, but its run failed or was interrupted
+EXIT_NOT_INSTALLED = 5    # the command needs a package not installed here (vLLM)
 EXIT_INTERRUPTED = 130    # 128 + SIGINT
 EXIT_TERMINATED = 143     # 128 + SIGTERM
 EXIT_PIPE_CLOSED = 141    # 128 + SIGPIPE, what a shell reports for a writer whose reader left
@@ -23,9 +24,13 @@ exit status:
        or its writer was killed)
   4    check only: the trace is intact and closed, but its run failed or was
        interrupted (the reason is printed); it ends at the last finished step
+  5    the command needs vLLM (a vLLM trace's replay, simulate --scheduler vllm)
+       and it is not installed here; the line names the version and how to
+       install it
   130  interrupted (Ctrl-C, SIGINT); a trace being recorded ends at the last
        finished step, saying so, and finished results are written
-  143  terminated (SIGTERM): as 130  141  the output pipe closed before the command finished (`| head`): no verdict"""
+  143  terminated (SIGTERM): as 130
+  141  the output pipe closed before the command finished (`| head`): no verdict"""
 
 
 def add_parser(sub, name: str, summary: str, description: str, **kwargs) -> argparse.ArgumentParser:

@@ -9,10 +9,10 @@ import os
 import sys
 from contextlib import nullcontext
 
-from tracengine.cli.common import (EXIT_BAD_INPUT, EXIT_CODES, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE_CLOSED,
-                                   EXIT_TERMINATED)
+from tracengine.cli.common import (EXIT_BAD_INPUT, EXIT_CODES, EXIT_INTERRUPTED, EXIT_NOT_INSTALLED, EXIT_OK,
+                                   EXIT_PIPE_CLOSED, EXIT_TERMINATED)
+from tracengine.errors import NotInstalledError, TracengineError
 from tracengine.process.collector import collector_paused
-from tracengine.errors import TracengineError
 from tracengine.process.signals import interrupt_signal_name, sigterm_as_interrupt
 
 DESCRIPTION = """\
@@ -59,6 +59,9 @@ def main(argv=None) -> int:
     except BrokenPipeError:   # `tracengine diff a b | head -1`: no error to print, but no verdict either
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # so the exit's flush is quiet too
         return EXIT_PIPE_CLOSED
+    except NotInstalledError as exc:
+        print(f"tracengine: error: {exc}", file=sys.stderr)
+        return EXIT_NOT_INSTALLED
     except (TracengineError, OSError) as exc:
         print(f"tracengine: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -28,6 +28,9 @@ def run_replay(args) -> int:
     check_executor_flags(args, bool(args.sweep))
     with TraceReader(args.trace) as reader:
         header = reader.header
+    if args.state is None or names_fields(args):    # --state alone folds the trace (vllm/fold.py): no vLLM
+        from tracengine.vllm.replay import check_vllm_version
+        check_vllm_version(header)
     overrides = vllm_overrides(args, header.config)
     replay_runs.check_flags_combine(args, overrides)
     if args.state is not None:
@@ -58,20 +61,25 @@ def run_replay(args) -> int:
     return replay_runs.print_whatif(args.trace, whatif(events, overrides), args.record, args.json)
 
 
+def names_fields(args) -> bool:
+    """Whether the command line names a field (--set, or an engine flag): vLLM's names them."""
+    from tracengine.cli.flags import flag_fields
+    return bool(args.set) or any(getattr(args, name, None) is not None for name in flag_fields())
+
+
 def vllm_overrides(args, config: dict) -> dict:
     """The fields the user gave (--set NAME=VALUE, or an engine flag that is a vLLM field), typed
     as the recorded value is."""
     from tracengine.cli.flags import flag_fields
     from tracengine.vllm.build import settable_fields
-    known = settable_fields()
     given = {}
     for name in flag_fields():
         value = getattr(args, name, None)
         if value is not None:
             field = FLAG_ALIASES.get(name, name)
-            if field not in known:
+            if field not in settable_fields():
                 raise ConfigError(f"--{name.replace('_', '-')} is not a field of vLLM's scheduler; known: "
-                                  f"{', '.join(known)}")
+                                  f"{', '.join(settable_fields())}")
             given[field] = value
     for text in args.set:
         name, value = parsed_field(text, config)
@@ -124,8 +132,10 @@ def run_simulate(args) -> int:
     from tracengine.cli.sweeps import print_sweep, sweep_options
     from tracengine.errors import TracengineError
     from tracengine.sim.engine import check_token_prompts
+    from tracengine.vllm import require_vllm
     from tracengine.vllm.build import default_config
     from tracengine.vllm.simulate import simulate
+    require_vllm("simulate --scheduler vllm runs vLLM's scheduler")
     if args.workload_file and args.workload:
         raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
     if args.search:

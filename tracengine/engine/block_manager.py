@@ -11,7 +11,7 @@ its tokens where it has them. Every change is an event when the sink is enabled.
 from typing import NamedTuple
 
 from tracengine.engine.block_pool import BlockPool
-from tracengine.engine.prefix_cache import PrefixCache
+from tracengine.engine.prefix_cache import NO_HASH, PrefixCache
 from tracengine.engine.sequence import Sequence
 from tracengine.engine.hash_id_prompt import hashed_block_events
 from tracengine.trace.events import NULL_SINK, BlockAllocate, BlockAppend, BlockFree, EventSink
@@ -54,7 +54,16 @@ class BlockManager:
 
     @property
     def ref_counts(self) -> list[int]:
-        return self.pool.ref_counts
+        """Every block's reference count (a copy: the pool's list stops at the blocks handed out)."""
+        return self._every_block(self.pool.ref_counts, 0)
+
+    @property
+    def hashes(self) -> list[int]:
+        """Every block's hash (-1: none), a copy."""
+        return self._every_block(self.prefix_cache.hashes, NO_HASH)
+
+    def _every_block(self, values: list, default) -> list:
+        return values + [default] * (self.num_blocks - len(values))
 
     @property
     def hash_to_block_id(self) -> dict[int, int]:
@@ -62,9 +71,9 @@ class BlockManager:
 
     @property
     def blocks(self) -> list[Block]:
-        cache = self.prefix_cache
-        return [Block(block_id, ref_count, cache.hashes[block_id], list(cache.token_ids[block_id] or ()))
-                for block_id, ref_count in enumerate(self.pool.ref_counts)]
+        token_ids = self._every_block(self.prefix_cache.token_ids, None)
+        return [Block(block_id, ref_count, h, list(tokens or ()))
+                for block_id, (ref_count, h, tokens) in enumerate(zip(self.ref_counts, self.hashes, token_ids))]
 
     def cached_block_ids(self, seq: Sequence) -> list[int]:
         """The blocks the prefix cache holds for seq's leading full blocks, up to the first

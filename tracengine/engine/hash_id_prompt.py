@@ -24,6 +24,13 @@ from tracengine.trace.events import BlockHash, PromptBlocksHashed
 MOONCAKE_BLOCK_TOKENS = 512
 
 
+def hash_id_limit(block_tokens: int) -> int:
+    """The hash ids a prompt of `block_tokens`-token hash ids can hold are below this one: the
+    last token of hash id h is h * block_tokens + block_tokens - 1, and a block hash packs its
+    tokens as int64s (block_hasher.pack_tokens)."""
+    return 2**63 // block_tokens
+
+
 class HashIdPrompt(_Sequence):
     """A read-only prompt of `num_tokens` tokens named by `hash_ids`, `block_tokens` tokens each
     (the last one perhaps cut). Indexing and slicing give the token ids it stands for."""
@@ -37,6 +44,9 @@ class HashIdPrompt(_Sequence):
                              f"{num_tokens} tokens")
         if min(hash_ids) < 0:
             raise ValueError(f"a hash id is not negative, got {min(hash_ids)}")
+        if max(hash_ids) >= hash_id_limit(block_tokens):
+            raise ValueError(f"a hash id of {block_tokens} tokens is below {hash_id_limit(block_tokens)}, "
+                             f"got {max(hash_ids)}")
         self.hash_ids = list(hash_ids)
         self.num_tokens = num_tokens
         self.block_tokens = block_tokens
@@ -132,7 +142,8 @@ def hashed_blocks(event: PromptBlocksHashed) -> list[BlockHash]:
     num_blocks, block_size, block_tokens = len(event.block_ids), event.block_size, event.hash_id_block_tokens
     first_token = event.first_block * block_size if block_size > 0 else -1
     if block_tokens <= 0 or first_token < 0 or len(event.hash_ids) * block_tokens < (
-            first_token % block_tokens + num_blocks * block_size) or min(event.hash_ids, default=0) < 0:
+            first_token % block_tokens + num_blocks * block_size) or min(event.hash_ids, default=0) < 0 \
+            or max(event.hash_ids, default=0) >= hash_id_limit(block_tokens):
         raise ValueError(f"{len(event.hash_ids)} hash ids of {block_tokens} tokens cannot hold blocks "
                          f"{event.first_block}.. ({num_blocks} of {block_size} tokens)")
     hashes = prompt_block_hashes(event.hash_ids, block_tokens, block_size, event.first_block, num_blocks,

@@ -12,7 +12,7 @@ collision is guarded by comparing tokens where both sides have them: a block
 registered with its tokens is a hit only for a sequence whose tokens for that
 block are the same. A sequence that carries block hashes and no tokens (a hash-id
 workload) is matched on its hashes alone, as vLLM matches every request."""
-from itertools import chain
+from itertools import chain, repeat
 
 NO_HASH = -1
 
@@ -22,8 +22,18 @@ class PrefixCache:
     def __init__(self, num_blocks: int, block_size: int):
         self.block_size = block_size
         self.hash_to_block_id: dict[int, int] = {}
-        self.hashes = [NO_HASH] * num_blocks    # per block id: the hash of the full block it holds
-        self.token_ids: list[list[int] | None] = [None] * num_blocks   # per block id: those tokens, if known
+        # per block id, up to the highest one given so far (a block past it holds nothing: the
+        # pool has not handed it out, block_pool.py): the hash of the full block it holds, and
+        # those tokens, if known
+        self.hashes: list[int] = []
+        self.token_ids: list[list[int] | None] = []
+
+    def _cover(self, block_ids: list[int]):
+        """Slots for `block_ids` in the per-block lists (extended in place: the pool shares `hashes`)."""
+        end = max(block_ids, default=-1) + 1
+        if end > len(self.hashes):
+            self.hashes += repeat(NO_HASH, end - len(self.hashes))
+            self.token_ids += repeat(None, end - len(self.token_ids))
 
     def lookup(self, block_hashes: list[int], tokens=None) -> list[int]:
         """The blocks holding the leading blocks of `block_hashes`, up to the first miss.
@@ -51,6 +61,7 @@ class PrefixCache:
     def insert(self, block_ids: list[int], block_hashes: list[int], token_ids=None):
         """Register each of `block_ids` (just filled) under its hash in `block_hashes`, with its
         tokens when `token_ids` gives them (the blocks' tokens, end to end)."""
+        self._cover(block_ids)
         size, hashes, held = self.block_size, self.hashes, self.token_ids
         if token_ids is None:
             blocks_tokens = [None] * len(block_ids)
@@ -63,6 +74,7 @@ class PrefixCache:
 
     def evict(self, block_ids: list[int]):
         """Forget what `block_ids` held: they are handed out to be overwritten."""
+        self._cover(block_ids)
         hashes, held, index = self.hashes, self.token_ids, self.hash_to_block_id
         for block_id in block_ids:
             h = hashes[block_id]

@@ -69,6 +69,7 @@ class VllmPrefixCache(PrefixCache):
         self.later_block_ids: dict[int, list[int]] = {}
 
     def insert(self, block_ids: list[int], block_hashes: list[int], token_ids=None):
+        self._cover(block_ids)
         size, hashes, held, index = self.block_size, self.hashes, self.token_ids, self.hash_to_block_id
         for i, (block_id, h) in enumerate(zip(block_ids, block_hashes)):
             hashes[block_id] = h
@@ -77,6 +78,7 @@ class VllmPrefixCache(PrefixCache):
                 self.later_block_ids.setdefault(h, []).append(block_id)
 
     def evict(self, block_ids: list[int]):
+        self._cover(block_ids)
         hashes, held, index, later = self.hashes, self.token_ids, self.hash_to_block_id, self.later_block_ids
         for block_id in block_ids:
             h = hashes[block_id]

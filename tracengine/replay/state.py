@@ -97,5 +97,5 @@ def live_state(scheduler, step: int, known_seqs=()) -> FoldState:
                                     seq.num_cached_tokens, seq.num_scheduled_tokens, list(seq.block_table),
                                     seq.num_preemptions, finish_reason=seq.finish_reason)
     return FoldState(step, [s.seq_id for s in scheduler.waiting], [s.seq_id for s in scheduler.running], seqs,
-                     list(bm.ref_counts), list(bm.prefix_cache.hashes), list(bm.free_block_ids),
+                     bm.ref_counts, bm.hashes, list(bm.free_block_ids),
                      dict(bm.hash_to_block_id), None, bm.block_size, sorted(s.seq_id for s in in_flight))

@@ -1,6 +1,6 @@
 """Where a runner computes and in what precision: the configured device and
 dtype resolved against this machine, the device of each tensor-parallel
-rank, and the CPU cores the ranks share."""
+rank, the CPU cores the ranks share, and the memory a device has free."""
 import os
 from contextlib import contextmanager
 
@@ -41,6 +41,26 @@ def rank_device(device: torch.device, rank: int, size: int) -> torch.device:
 
 def cpu_threads_per_rank(size: int) -> int:
     return max(1, (os.cpu_count() or 1) // size)
+
+
+def available_memory(device: torch.device) -> tuple[int, str] | None:
+    """The bytes an allocation on `device` can take now, and what says so: on CUDA the driver's
+    free memory and what torch's allocator holds unused; on the CPU the kernel's MemAvailable
+    (what it can give without swapping), else the physical memory. None where nothing says."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device), f"{device} free"
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "MemAvailable"
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory"
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 @contextmanager

@@ -22,7 +22,7 @@ from tracengine.model.loader import load_hf_config, load_model, resolve_model_di
 from tracengine.model.registry import check_max_model_len, model_class
 from tracengine.runner.attention import BACKENDS, kv_cache_shape
 from tracengine.runner.cuda_graph import MAX_GRAPH_BATCH_SIZE, CUDAGraphRunner
-from tracengine.runner.device import default_dtype, rank_device, resolve_device, resolve_dtype
+from tracengine.runner.device import available_memory, default_dtype, rank_device, resolve_device, resolve_dtype
 from tracengine.runner.flash_backend import flash_attn_usable
 from tracengine.runner.sampler import Sampler, row_seed
 from tracengine.runner.torch_plans import KVCopyPlanner, prefill_groups
@@ -79,6 +79,8 @@ class ModelRunner:
             self.num_kvcache_blocks = self.cpu_default_num_blocks()
         if comm is not None:   # each rank sized its own cache; the scheduler's count must fit every rank
             self.num_kvcache_blocks = comm.min(self.num_kvcache_blocks)
+        if config.num_kvcache_blocks != -1:    # a count sized from free memory fits it
+            self.check_kv_cache_fits()
         self.allocate_kv_cache()
         self.graph_runner = None
         if use_cuda_graph:
@@ -111,6 +113,20 @@ class ModelRunner:
     def _release_cache(self):
         for layer in self.attention_layers:
             layer.k_cache = layer.v_cache = torch.tensor([], dtype=self.dtype, device=self.device)
+
+    def check_kv_cache_fits(self):
+        """A cache larger than the device's free memory is refused in one line with the figures,
+        before the allocator fails on it (or, on the CPU, the kernel kills the process)."""
+        available = available_memory(self.device)
+        if available is None:
+            return
+        free, source = available
+        asked = (self.num_kvcache_blocks + 1) * self.block_bytes     # with the scratch block
+        if asked > free:
+            fit = max(0, free // self.block_bytes - 1)
+            raise ConfigError(f"num_kvcache_blocks={self.num_kvcache_blocks} needs {asked:,} bytes for the KV cache "
+                              f"({asked / 1e9:,.1f} GB, {self.block_bytes:,} a block), but {free:,} bytes "
+                              f"({free / 1e9:,.1f} GB) are available ({source}): {fit:,} blocks fit")
 
     def allocate_kv_cache(self):
         # One scratch block past the usable ones takes the K/V writes of

@@ -9,6 +9,22 @@ fabricated model outputs. vLLM is imported only when one of them is used
 
 __all__ = ["RecordingScheduler", "RecordingAsyncScheduler"]
 
+SUPPORTED_VERSION = "0.33.0"    # the vLLM tracengine.vllm is tested with, which scripts/install-vllm-cpu.sh installs
+
+
+def require_vllm(needed_by: str, version: str = SUPPORTED_VERSION) -> str:
+    """The installed vLLM's version; where there is none, a NotInstalledError (one line, its own exit
+    code) saying what needs vLLM `version` and how to install it."""
+    try:
+        import vllm
+    except ImportError:
+        from tracengine.errors import NotInstalledError
+        how = f"pip install vllm=={version}"
+        if version == SUPPORTED_VERSION:     # the script installs this version only
+            how = f"scripts/install-vllm-cpu.sh installs it on a CPU machine, {how} on a GPU one"
+        raise NotInstalledError(f"{needed_by}; vLLM is not installed here ({how})") from None
+    return vllm.__version__
+
 
 def __getattr__(name):
     # Lazy: importing tracengine.vllm does not import vLLM (vLLM resolves --scheduler-cls by getattr).

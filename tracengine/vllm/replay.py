@@ -21,8 +21,6 @@ from tracengine.trace.events import RequestAdded, SeqAbort, StepEnd, TokenSample
 from tracengine.trace.tracelog import split_header
 from tracengine.vllm.state import live_vllm_state
 
-INSTALL_HINT = "scripts/install-vllm-cpu.sh installs it"
-
 
 class _Diverged(reexec._Diverged):
     """A difference found by the replay itself; `index`: of the event in its step (None: the sink's)."""
@@ -34,15 +32,12 @@ class _Diverged(reexec._Diverged):
 
 def check_vllm_version(header) -> str:
     """The installed vLLM's version, which must be the recorded one."""
-    try:
-        import vllm
-    except ImportError:
-        raise TraceVersionError(f"the trace was recorded with vLLM {header.engine_version}; vLLM is not "
-                                f"installed here ({INSTALL_HINT})") from None
-    if vllm.__version__ != header.engine_version:
+    from tracengine.vllm import require_vllm
+    version = require_vllm(f"the trace was recorded with vLLM {header.engine_version}", header.engine_version)
+    if version != header.engine_version:
         raise TraceVersionError(f"the trace was recorded with vLLM {header.engine_version}; the installed vLLM is "
-                                f"{vllm.__version__} (a replay needs the recorded version)")
-    return vllm.__version__
+                                f"{version} (a replay needs the recorded version)")
+    return version
 
 
 def reexecute(events, config: dict | None = None) -> ReplayResult:

@@ -15,7 +15,7 @@ from datetime import datetime
 from functools import lru_cache, partial
 from itertools import chain
 
-from tracengine.engine.hash_id_prompt import HashIdPrompt
+from tracengine.engine.hash_id_prompt import HashIdPrompt, hash_id_limit
 from tracengine.engine.request import Request
 from tracengine.errors import TracengineError
 
@@ -197,6 +197,12 @@ def _mooncake(f, path, vocab_size, length_scale, seed, hash_id_prompts=False):
                                   f"{MOONCAKE_BLOCK_TOKENS} tokens, got {len(hash_ids)}")
         num_tokens = scale_length(input_length, length_scale)
         block_ids = [_integer(hash_id, "a hash id", where, 0) for hash_id in hash_ids[:-(-num_tokens // block_len)]]
+        # refused in every run, not only a simulation's hash-id prompts: a file means the same to each command
+        limit = hash_id_limit(block_len)
+        if block_ids and max(block_ids) >= limit:
+            power = f" (2**{limit.bit_length() - 1})" if limit & (limit - 1) == 0 else ""
+            raise TracengineError(f"{where}: hash id {max(block_ids)} is too large: a hash id names its "
+                                  f"{block_len} tokens as 64-bit ids, so it must be below {limit}{power}")
         if hash_id_prompts:
             prompt = HashIdPrompt(block_ids, num_tokens, block_len)
         else:
