@@ -55,9 +55,9 @@ class LLM(LLMEngine):
         self.scheduler.check_request(len(token_ids), sampling_params.max_tokens)
         return token_ids
 
-    def add_request(self, prompt, sampling_params=None, seq_id=None, arrival_ns=None):
+    def add_request(self, prompt, sampling_params=None, seq_id=None, arrival_ns=None, session=None):
         sp = sampling_params if sampling_params is not None else SamplingParams()
-        return super().add_request(self.prompt_token_ids(prompt, sp), sp, seq_id, arrival_ns)
+        return super().add_request(self.prompt_token_ids(prompt, sp), sp, seq_id, arrival_ns, session)
 
     def step(self):
         tp = self.runner.tp

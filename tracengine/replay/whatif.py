@@ -89,12 +89,19 @@ def extract_workload(events) -> RecordedWorkload:
                     positions[s.seq_id] = s.num_cached_tokens + s.num_tokens
         elif t is RequestAdded:
             requests.append(Request(request_prompt(e), e.max_tokens, e.arrival_ns, e.temperature,
-                                    e.ignore_eos, seq_id=e.seq_id, arrival_step=e.step))
+                                    e.ignore_eos, seq_id=e.seq_id, arrival_step=e.step, session_id=e.session_id,
+                                    turn=e.turn, depends_on=tuple(e.depends_on), think_ns=e.think_ns))
             outputs[e.seq_id] = []
+    turns = {}
     for r in requests:      # a client that left: it leaves the new run when it left this one
         abort = timeline.requests[r.seq_id].abort
         if abort is not None:
             r.abort_step, r.abort_ns, r.abort_reason = abort.step, timeline.start_ns(abort.step), abort.reason
+        if r.session_id:    # a later turn's think time in steps: from the step after its last dependency finished
+            turns[(r.session_id, r.turn)] = r.seq_id
+            if r.depends_on:
+                last = max(timeline.requests[turns[(r.session_id, d)]].finish_step for d in r.depends_on)
+                r.think_steps = r.arrival_step - last - 1
     return RecordedWorkload(header, requests, outputs, middle, timeline)
 
 

@@ -90,6 +90,13 @@ class RequestAdded(Event, tag=1):
     # engine core, whose model output arrives after the next step is scheduled): a replay adds it
     # at the same point between schedule and update calls.
     num_steps_in_flight: int = 0
+    # Format version 10: a turn of a session (workload/sessions.py), sent `think_ns` after the turns
+    # of its session it depends on (`depends_on`, turn indices) finished: a what-if recomputes its
+    # arrival from their finishes. "": not in a session.
+    session_id: str = ""
+    turn: int = 0
+    depends_on: list[int] = msgspec.field(default_factory=list)
+    think_ns: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -63,7 +63,7 @@ def iter_workload(path: str, format: str | None = None, *, vocab_size: int, max_
     if vocab_size <= 0:
         raise TracengineError(f"vocab size must be positive, got {vocab_size}")
     parse = {"mooncake": partial(_mooncake, hash_id_prompts=hash_id_prompts), "azure": _azure,
-             "tracengine": _tracengine}[format]
+             "tracengine": partial(_tracengine, hash_id_prompts=hash_id_prompts)}[format]
     return _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_len,
                  format in ("mooncake", "azure"), time_scale)
 
@@ -75,13 +75,18 @@ def _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_l
     # utf-8-sig: a byte-order mark (some editors write one) is not part of the first line
     with open(path, encoding="utf-8-sig", newline="") as f:
         for request in parse(_text_lines(f, path), path, vocab_size, length_scale, seed):
+            if request.depends_on:      # a later turn of a session: sent when its session releases it
+                _check_fits(request, max_model_len)
+                request.think_ns = round(request.think_ns / time_scale)
+                yield request
+                num_requests += 1
+                if num_requests == max_requests:
+                    break
+                continue
             if last_ns is not None and request.arrival_ns < last_ns:
                 raise TracengineError(f"{request.source}: arrival time goes back ({request.arrival_s:g} s after "
                                       f"{last_ns / 1e9:g} s on the line before): timestamps must not decrease")
-            if max_model_len is not None and not isinstance(request.prompt, str) \
-                    and len(request.prompt) > max_model_len:
-                raise TracengineError(f"{request.source}: a prompt of {len(request.prompt)} tokens can never fit "
-                                      f"max_model_len={max_model_len} (--length-scale shortens prompts)")
+            _check_fits(request, max_model_len)
             last_ns = request.arrival_ns
             if origin is None:
                 origin = last_ns if from_first else 0
@@ -92,6 +97,16 @@ def _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_l
                 break
     if not num_requests:
         raise TracengineError(f"{path}: no requests")
+
+
+def _check_fits(request: Request, max_model_len: int | None) -> None:
+    """A prompt longer than max_model_len (a session's turn: with all the history it may follow) never runs."""
+    if max_model_len is not None and not isinstance(request.prompt, str):
+        num_tokens = len(request.prompt) + request.num_history_tokens
+        if num_tokens > max_model_len:
+            raise TracengineError(f"{request.source}: a prompt of {num_tokens} tokens"
+                                  f"{' (with its history)' if request.num_history_tokens else ''} can never fit "
+                                  f"max_model_len={max_model_len} (--length-scale shortens prompts)")
 
 
 def detect_format(path: str) -> str:
@@ -109,6 +124,8 @@ def detect_format(path: str) -> str:
         except json.JSONDecodeError:
             record = None
         if isinstance(record, dict):
+            if "session_id" in record:      # tracengine's sessions (workload/session_file.py)
+                return "tracengine"
             if "hash_ids" in record or "input_length" in record:
                 return "mooncake"
             if {"arrival_s", "prompt", "prompt_token_ids"} & record.keys():
@@ -181,27 +198,12 @@ def _mooncake_block(block_id: int, num_tokens: int, vocab_size: int) -> tuple[in
 
 
 def _mooncake(f, path, vocab_size, length_scale, seed, hash_id_prompts=False):
-    # A scaled block keeps ceil(512 * X) tokens, so the scaled prompt still fits in its
-    # hash ids and requests that share ids still share prefixes.
-    block_len = max(1, math.ceil(MOONCAKE_BLOCK_TOKENS * length_scale))
     for where, record in _json_lines(f, path):
         timestamp = _number(_require(record, "timestamp", where), "timestamp", where)
         input_length = _integer(_require(record, "input_length", where), "input_length", where, 1)
         output_length = _integer(_require(record, "output_length", where), "output_length", where, 0)
-        hash_ids = _require(record, "hash_ids", where)
-        if not isinstance(hash_ids, list):
-            raise TracengineError(f"{where}: hash_ids must be a list of integers, got {hash_ids!r}")
-        needed = -(-input_length // MOONCAKE_BLOCK_TOKENS)
-        if len(hash_ids) < needed:
-            raise TracengineError(f"{where}: input_length {input_length} needs {needed} hash_ids of "
-                                  f"{MOONCAKE_BLOCK_TOKENS} tokens, got {len(hash_ids)}")
-        num_tokens = scale_length(input_length, length_scale)
-        block_ids = [_integer(hash_id, "a hash id", where, 0) for hash_id in hash_ids[:-(-num_tokens // block_len)]]
-        if hash_id_prompts:
-            prompt = HashIdPrompt(block_ids, num_tokens, block_len)
-        else:
-            prompt = list(chain.from_iterable(_mooncake_block(i, block_len, vocab_size) for i in block_ids))
-            del prompt[num_tokens:]
+        prompt = hash_id_tokens(_require(record, "hash_ids", where), input_length, where, vocab_size, length_scale,
+                                hash_id_prompts)
         # An output length of 0 still samples the first token, as every engine does.
         yield Request(prompt, scale_length(max(output_length, 1), length_scale), round(timestamp * 1_000_000),
                       ignore_eos=True, source=where)
@@ -250,8 +252,51 @@ def _azure(f, path, vocab_size, length_scale, seed):
                       ignore_eos=True, source=where)
 
 
-def _tracengine(f, path, vocab_size, length_scale, seed):
-    for where, record in _json_lines(f, path):
+def token_ids(prompt, where: str, vocab_size: int, length_scale: float) -> list[int]:
+    """A line's `prompt_token_ids`, checked, cut by a length scale below 1."""
+    if not isinstance(prompt, list) or not prompt:
+        raise TracengineError(f"{where}: prompt_token_ids must be a non-empty list of token ids")
+    for token in prompt:
+        if not (isinstance(token, int) and not isinstance(token, bool) and 0 <= token < vocab_size):
+            raise TracengineError(f"{where}: token id {token!r} is outside the vocabulary of {vocab_size}")
+    if length_scale > 1.0:
+        raise TracengineError(f"{where}: --length-scale above 1 cannot lengthen given token ids")
+    return prompt[:scale_length(len(prompt), length_scale)]
+
+
+def hash_id_tokens(hash_ids, input_length: int, where: str, vocab_size: int, length_scale: float,
+                   hash_id_prompts: bool) -> list[int] | HashIdPrompt:
+    """A Mooncake prompt of `input_length` tokens from its hash ids of 512 tokens: a HashIdPrompt
+    (`hash_id_prompts`), else each named block's made-up tokens. A scaled block keeps ceil(512 * X)
+    tokens, so the scaled prompt still fits in its hash ids and requests that share ids still
+    share prefixes."""
+    block_len = max(1, math.ceil(MOONCAKE_BLOCK_TOKENS * length_scale))
+    if not isinstance(hash_ids, list):
+        raise TracengineError(f"{where}: hash_ids must be a list of integers, got {hash_ids!r}")
+    needed = -(-input_length // MOONCAKE_BLOCK_TOKENS)
+    if len(hash_ids) < needed:
+        raise TracengineError(f"{where}: input_length {input_length} needs {needed} hash_ids of "
+                              f"{MOONCAKE_BLOCK_TOKENS} tokens, got {len(hash_ids)}")
+    num_tokens = scale_length(input_length, length_scale)
+    block_ids = [_integer(hash_id, "a hash id", where, 0) for hash_id in hash_ids[:-(-num_tokens // block_len)]]
+    if hash_id_prompts:
+        return HashIdPrompt(block_ids, num_tokens, block_len)
+    prompt = list(chain.from_iterable(_mooncake_block(i, block_len, vocab_size) for i in block_ids))
+    del prompt[num_tokens:]
+    return prompt
+
+
+def _tracengine(f, path, vocab_size, length_scale, seed, hash_id_prompts=False):
+    records = _json_lines(f, path)
+    first = next(records, None)
+    if first is None:
+        return
+    records = chain([first], records)
+    if "session_id" in first[1]:      # a sessions file (workload/session_file.py)
+        from tracengine.workload.session_file import session_rows
+        yield from session_rows(records, vocab_size, length_scale, seed, hash_id_prompts)
+        return
+    for where, record in records:
         unknown = sorted(record.keys() - TRACENGINE_FIELDS)
         if unknown:
             raise TracengineError(f"{where}: unknown field {unknown[0]!r}; known: {', '.join(sorted(TRACENGINE_FIELDS))}")
@@ -268,15 +313,7 @@ def _tracengine(f, path, vocab_size, length_scale, seed):
                 raise TracengineError(f"{where}: a text prompt cannot be scaled by --length-scale "
                                       f"(give prompt_token_ids)")
         else:
-            prompt = record["prompt_token_ids"]
-            if not isinstance(prompt, list) or not prompt:
-                raise TracengineError(f"{where}: prompt_token_ids must be a non-empty list of token ids")
-            for token in prompt:
-                if not (isinstance(token, int) and not isinstance(token, bool) and 0 <= token < vocab_size):
-                    raise TracengineError(f"{where}: token id {token!r} is outside the vocabulary of {vocab_size}")
-            if length_scale > 1.0:
-                raise TracengineError(f"{where}: --length-scale above 1 cannot lengthen given token ids")
-            prompt = prompt[:scale_length(len(prompt), length_scale)]
+            prompt = token_ids(record["prompt_token_ids"], where, vocab_size, length_scale)
         max_tokens = _integer(record.get("max_tokens", DEFAULT_MAX_TOKENS), "max_tokens", where, 1)
         temperature = _number(record.get("temperature", 1.0), "temperature", where)
         if temperature < 0:
