@@ -27,7 +27,7 @@ def add_fleet_arguments(p, what_if: bool = False):
                              "--set prefill.FIELD=V, decode.FIELD=V or replica[N].FIELD=V sets a pool's or a "
                              "replica's own config; --sweep takes these names, and the fleet flags' (replicas=2,4)")
     g.add_argument("--replicas", type=int, metavar="N", help="replicas, each the real scheduler with its own KV cache")
-    g.add_argument("--router", metavar="NAME", help="round_robin (default), least_loaded, prefix_aware, random, "
+    g.add_argument("--router", metavar="NAME", help="round_robin (default), least_loaded, prefix_aware, random, session_affinity, "
                    "or a tracengine.sim.routers.Router subclass as module:Class" +
                    ("; alone, the router a fleet trace is re-executed with" if what_if else ""))
     g.add_argument("--prefill-replicas", type=int, metavar="P", help="disaggregated: replicas that prefill")

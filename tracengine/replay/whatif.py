@@ -16,6 +16,7 @@ from tracengine.engine.request import Request
 from tracengine.sim.runners import check_requests, run_workload
 from tracengine.engine.scheduler import Scheduler
 from tracengine.engine.hash_id_prompt import request_prompt
+from tracengine.workload.sessions import session_fields
 
 
 class OutputRunner:
@@ -89,8 +90,7 @@ def extract_workload(events) -> RecordedWorkload:
                     positions[s.seq_id] = s.num_cached_tokens + s.num_tokens
         elif t is RequestAdded:
             requests.append(Request(request_prompt(e), e.max_tokens, e.arrival_ns, e.temperature,
-                                    e.ignore_eos, seq_id=e.seq_id, arrival_step=e.step, session_id=e.session_id,
-                                    turn=e.turn, depends_on=tuple(e.depends_on), think_ns=e.think_ns))
+                                    e.ignore_eos, seq_id=e.seq_id, arrival_step=e.step, **session_fields(e)))
             outputs[e.seq_id] = []
     turns = {}
     for r in requests:      # a client that left: it leaves the new run when it left this one

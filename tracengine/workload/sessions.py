@@ -187,6 +187,14 @@ class SessionRelease:
         return self.pop() if held[1] is not None and self.is_dropped(held[1]) else held
 
 
+def session_fields(source) -> dict:
+    """A Request's session keywords from `source` (a Request, or a RequestAdded): none outside a session."""
+    if not source.session_id:
+        return {}
+    return {"session_id": source.session_id, "turn": source.turn, "depends_on": tuple(source.depends_on),
+            "think_ns": source.think_ns}
+
+
 def session_turn(request: Request):
     """What the engine records of a request's session (LLMEngine.add_request's `session`): None outside one."""
     if not request.session_id:
