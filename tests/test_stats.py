@@ -192,6 +192,7 @@ JSON_KEYS = {
     "kv_blocks": {"num_blocks", "utilization_mean", "utilization_peak", "peak_step", "min_free_blocks"},
     "head_of_line": {"num_blocked_steps", "num_blocked_prefill_steps", "num_blocked_decode_steps",
                      "num_blocked_requests"},
+    "sessions": None,
     "per_request": None,
 }
 REQUEST_KEYS = {"seq_id", "added_step", "arrival_s", "first_scheduled_step", "first_token_step", "finish_step",

@@ -31,6 +31,7 @@ import math
 from bisect import bisect_right
 from itertools import accumulate
 
+from tracengine.analysis.sessions import session_line, timeline_sessions
 from tracengine.analysis.timeline import RequestTimeline, load
 from tracengine.errors import TracengineError
 
@@ -240,6 +241,7 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> dict:
         "kv_blocks": kv,
         "head_of_line": {"num_blocked_steps": hol_prefill + hol_decode, "num_blocked_prefill_steps": hol_prefill,
                          "num_blocked_decode_steps": hol_decode, "num_blocked_requests": len(blocked)},
+        "sessions": timeline_sessions(t),    # None without sessions (analysis/sessions.py)
         "per_request": per_request,
     }
 
@@ -310,6 +312,8 @@ def render(s: dict, title: str = ""):
     other.add_row("head-of-line", f"{hol['num_blocked_steps']} steps blocked ({hol['num_blocked_prefill_steps']} "
                                   f"prefill, {hol['num_blocked_decode_steps']} decode), "
                                   f"{hol['num_blocked_requests']} requests")
+    if s.get("sessions"):
+        other.add_row("sessions", session_line(s["sessions"]))
     parts = [head, "", lat, "", other]
     if s["trace"]["torn_tail"]:
         parts += ["", f"note: {s['trace']['torn_tail']}"]
