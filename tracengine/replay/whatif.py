@@ -99,9 +99,9 @@ def extract_workload(events) -> RecordedWorkload:
             r.abort_step, r.abort_ns, r.abort_reason = abort.step, timeline.start_ns(abort.step), abort.reason
         if r.session_id:    # a later turn's think time in steps: from the step after its last dependency finished
             turns[(r.session_id, r.turn)] = r.seq_id
-            if r.depends_on:
-                last = max(timeline.requests[turns[(r.session_id, d)]].finish_step for d in r.depends_on)
-                r.think_steps = r.arrival_step - last - 1
+            deps = [turns.get((r.session_id, d)) for d in r.depends_on]
+            if deps and None not in deps:      # (a fleet replica's stream may hold a turn and not its dependency)
+                r.think_steps = r.arrival_step - max(timeline.requests[d].finish_step for d in deps) - 1
     return RecordedWorkload(header, requests, outputs, middle, timeline)
 
 
