@@ -28,7 +28,8 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tracengine.analysis.stats import percentile, request_figures, stats   # noqa: E402
+from tracengine.analysis.figures import percentile                             # noqa: E402
+from tracengine.analysis.stats import request_figures, stats                  # noqa: E402
 from tracengine.analysis.timeline import load                 # noqa: E402
 from tracengine.engine.config import parse_override          # noqa: E402
 from tracengine.engine.sampling_params import SamplingParams  # noqa: E402

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_simulate import mooncake_like                          # noqa: E402
 from tracengine.fleet.stats import fleet_stats                  # noqa: E402
-from tracengine.analysis.stats import summarize                    # noqa: E402
+from tracengine.analysis.figures import summarize                    # noqa: E402
 from tracengine.engine.config import Config                        # noqa: E402
 from tracengine.fleet.engine import simulate_fleet         # noqa: E402
 from tracengine.fleet.spec import FleetSpec

@@ -30,7 +30,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_vs_dynamo import (DYNAMO, ROOT, SETTINGS, conversation_workload, fixed_step_time,       # noqa: E402
                              tracengine_argv)
-from tracengine.analysis.stats import stats, summarize                                               # noqa: E402
+from tracengine.analysis.figures import summarize                                                   # noqa: E402
+from tracengine.analysis.stats import stats                                               # noqa: E402
 from tracengine.trace.events import BlockAllocate                                                    # noqa: E402
 from tracengine.trace.reader import TraceReader                                                      # noqa: E402
 

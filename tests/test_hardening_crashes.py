@@ -40,7 +40,7 @@ def test_a_vllm_trace_without_vllm_is_one_line_naming_the_version_and_its_own_ex
 
 
 def test_the_state_of_a_vllm_trace_needs_no_vllm():
-    """--state folds the trace (vllm/fold.py), as stats and render do: it runs no scheduler."""
+    """--state folds the trace (replay/vllm_fold.py), as stats and render do: it runs no scheduler."""
     result = run_without_vllm("replay", VLLM_TRACE, "--state", "3")
     assert result.returncode == 0, result.stderr
     assert "free list" in result.stdout

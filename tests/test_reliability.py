@@ -222,7 +222,7 @@ def ints_bomb(num_ints: int) -> bytes:
     """One StepEnd-stamped frame of a RequestAdded whose prompt is num_ints 3-byte ints."""
     prompt = b"\xdd" + struct.pack(">I", num_ints) + b"\xcd\x01\x00" * num_ints
     event = msgspec.msgpack.encode(RequestAdded(0, 0, [], 1, 1.0, False, stop_token_ids=[7]))
-    assert event.count(b"\x90") == 2                # its empty prompt list, then its empty prompt_hash_ids
+    assert event.count(b"\x90") == 3                # its empty prompt list, prompt_hash_ids and depends_on
     return b"\x91" + event.replace(b"\x90", prompt, 1)
 
 

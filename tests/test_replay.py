@@ -162,7 +162,7 @@ def test_a_file_that_is_not_a_trace_exits_2(tmp_path, capsys):
     assert err.startswith("tracengine: error: ") and err.count("\n") == 1
 
 
-GOLDEN = ("worked_example", "preemption", "default_mix", "online", "hash_ids", "hash_ids_v7")
+GOLDEN = ("worked_example", "preemption", "default_mix", "online", "hash_ids", "hash_ids_v7", "sessions")
 TRACES = Path(__file__).parent.parent / "traces"
 
 

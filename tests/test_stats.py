@@ -16,7 +16,8 @@ from tracengine.trace.events import ListSink, RequestAdded, StepEnd
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.sim.runners import SyntheticRunner
 from tracengine.engine.sampling_params import SamplingParams
-from tracengine.analysis.stats import percentile, stats, summarize, summarize_counts
+from tracengine.analysis.figures import percentile, summarize, summarize_counts
+from tracengine.analysis.stats import stats
 from tracengine.trace.tracelog import TraceWriter, make_header
 
 MS = 1_000_000
@@ -192,6 +193,7 @@ JSON_KEYS = {
     "kv_blocks": {"num_blocks", "utilization_mean", "utilization_peak", "peak_step", "min_free_blocks"},
     "head_of_line": {"num_blocked_steps", "num_blocked_prefill_steps", "num_blocked_decode_steps",
                      "num_blocked_requests"},
+    "sessions": None,
     "per_request": None,
 }
 REQUEST_KEYS = {"seq_id", "added_step", "arrival_s", "first_scheduled_step", "first_token_step", "finish_step",

@@ -229,8 +229,8 @@ def test_frames_are_deflated_when_that_makes_them_smaller(recorded, tmp_path):
 
 
 def test_a_frame_that_deflate_would_grow_is_stored(tmp_path):
-    # 64 random token ids: deflate cannot shrink them, so the frame is kept as it is
-    tokens = list(xxhash.xxh64_intdigest(bytes([i])) & 0xFFFF_FFFF for i in range(64))
+    # 64 random 64-bit token ids: deflate cannot shrink them, so the frame is kept as it is
+    tokens = list(xxhash.xxh64_intdigest(bytes([i])) for i in range(64))
     header = make_header(small_config())
     path = tmp_path / "random.trace"
     with TraceWriter(path, header) as writer:

@@ -11,7 +11,8 @@ from tracengine.trace.events import Preempt, StepEnd, TokenSample
 from tracengine.replay.diff import diff_traces
 from tracengine.replay.metrics import rows, side_by_side
 from tracengine.analysis.figures import to_json_object
-from tracengine.analysis.stats import stats, summarize
+from tracengine.analysis.figures import summarize
+from tracengine.analysis.stats import stats
 from tracengine.replay.reexec import reexecute
 from tracengine.testing import CANNED_WORKLOADS
 from tracengine.replay.whatif import extract_workload, whatif

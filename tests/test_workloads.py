@@ -257,7 +257,7 @@ def test_mooncake_block_tokens_are_pinned():
     ids give the same tokens in every version, so traces of one workload compare."""
     import struct
     import xxhash
-    from tracengine.workload.formats import block_token_ids
+    from tracengine.workload.rows import block_token_ids
     assert block_token_ids(0, 8, 1000) == (237, 998, 356, 514, 205, 92, 970, 122)
     tokens = block_token_ids(123456, 512, 151936)
     assert len(tokens) == 512 and max(tokens) == 151772

@@ -2,6 +2,10 @@
 the sweeps and the TUI read them by attribute; `stats --json` prints `to_builtins` of them,
 the same object, key for key, as the dict it replaced. A name reads by key too
 (`s["latency"]["ttft"]`), so code written against that dict keeps working."""
+import math
+from bisect import bisect_right
+from itertools import accumulate
+
 import msgspec
 
 
@@ -172,7 +176,7 @@ class RequestFigures(Figures, frozen=True):
     e2e_s: float | None = None
 
 
-class Stats(Figures, frozen=True):
+class Stats(Figures, frozen=True, kw_only=True):
     """What `tracengine stats` says of one engine's trace."""
     stats_version: int
     trace: TraceFigures
@@ -186,9 +190,52 @@ class Stats(Figures, frozen=True):
     prefix_cache: PrefixCache
     kv_blocks: KVBlocks
     head_of_line: HeadOfLine
+    sessions: dict | None = None        # analysis/sessions.py; None without sessions
     per_request: list[RequestFigures]
 
 
 def to_json_object(figures) -> dict:
     """The figures as plain JSON values (dicts, lists, numbers), as `--json` prints them."""
     return msgspec.to_builtins(figures)
+
+
+def percentile(sorted_values: list[float], p: float) -> float:
+    """Linear interpolation between closest ranks; `sorted_values` is non-empty and sorted."""
+    rank = (len(sorted_values) - 1) * p / 100
+    lo, hi = math.floor(rank), math.ceil(rank)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (rank - lo)
+
+
+def summarize(values: list[float]) -> Summary:
+    """count, mean, p50, p90, p99; None for each figure of an empty list."""
+    if not values:
+        return NO_VALUES
+    ordered = sorted(values)
+    return Summary(count=len(ordered), mean=sum(ordered) / len(ordered), p50=percentile(ordered, 50),
+                   p90=percentile(ordered, 90), p99=percentile(ordered, 99))
+
+
+class _Repeated:
+    """The sorted list that holds each value of `counts` (value -> how many) that many times,
+    each divided by `scale`, read by index without being built."""
+
+    def __init__(self, counts: dict[int, int], scale: float):
+        self.values = sorted(counts)
+        self.ends = list(accumulate(counts[v] for v in self.values))   # one past each value's last index
+        self.scale = scale
+
+    def __len__(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    def __getitem__(self, index: int) -> float:
+        return self.values[bisect_right(self.ends, index)] / self.scale
+
+
+def summarize_counts(counts: dict[int, int], scale: float = 1) -> Summary:
+    """summarize of the values `counts` holds (value -> how many times), each divided by `scale`."""
+    repeated = _Repeated(counts, scale)
+    n = len(repeated)
+    if not n:
+        return NO_VALUES
+    return Summary(count=n, mean=sum(v * c for v, c in counts.items()) / scale / n, p50=percentile(repeated, 50),
+                   p90=percentile(repeated, 90), p99=percentile(repeated, 99))

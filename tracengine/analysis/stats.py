@@ -29,14 +29,13 @@ Percentiles interpolate linearly between closest ranks (numpy's default).
 The JSON keys are stable (`stats_version` changes if one is renamed or
 removed); docs/stats.md lists them."""
 import math
-from bisect import bisect_right
-from itertools import accumulate
 
 import msgspec
 
-from tracengine.analysis.figures import (NO_VALUES, Goodput, HeadOfLine, KVBlocks, Latencies, Latency, Preemption,
-                                         PrefixCache, RequestCounts, RequestFigures, Stats, StepFigures, Summary,
-                                         TokenCounts, Throughput, TraceFigures)
+from tracengine.analysis.figures import (Goodput, HeadOfLine, KVBlocks, Latencies, Latency, Preemption, PrefixCache,
+                                         RequestCounts, RequestFigures, Stats, StepFigures, TokenCounts, Throughput,
+                                         TraceFigures, summarize, summarize_counts)
+from tracengine.analysis.sessions import session_line, timeline_sessions
 from tracengine.analysis.timeline import RequestTimeline, load
 from tracengine.errors import TracengineError
 
@@ -70,48 +69,6 @@ def parse_slos(texts: list[str]) -> dict[str, float]:
             raise TracengineError(f"--slo names {name} twice")
         slo[name] = seconds
     return slo
-
-
-def percentile(sorted_values: list[float], p: float) -> float:
-    """Linear interpolation between closest ranks; `sorted_values` is non-empty and sorted."""
-    rank = (len(sorted_values) - 1) * p / 100
-    lo, hi = math.floor(rank), math.ceil(rank)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (rank - lo)
-
-
-def summarize(values: list[float]) -> Summary:
-    """count, mean, p50, p90, p99; None for each figure of an empty list."""
-    if not values:
-        return NO_VALUES
-    ordered = sorted(values)
-    return Summary(count=len(ordered), mean=sum(ordered) / len(ordered), p50=percentile(ordered, 50),
-                   p90=percentile(ordered, 90), p99=percentile(ordered, 99))
-
-
-class _Repeated:
-    """The sorted list that holds each value of `counts` (value -> how many) that many times,
-    each divided by `scale`, read by index without being built."""
-
-    def __init__(self, counts: dict[int, int], scale: float):
-        self.values = sorted(counts)
-        self.ends = list(accumulate(counts[v] for v in self.values))   # one past each value's last index
-        self.scale = scale
-
-    def __len__(self) -> int:
-        return self.ends[-1] if self.ends else 0
-
-    def __getitem__(self, index: int) -> float:
-        return self.values[bisect_right(self.ends, index)] / self.scale
-
-
-def summarize_counts(counts: dict[int, int], scale: float = 1) -> Summary:
-    """summarize of the values `counts` holds (value -> how many times), each divided by `scale`."""
-    repeated = _Repeated(counts, scale)
-    n = len(repeated)
-    if not n:
-        return NO_VALUES
-    return Summary(count=n, mean=sum(v * c for v, c in counts.items()) / scale / n, p50=percentile(repeated, 50),
-                   p90=percentile(repeated, 90), p99=percentile(repeated, 99))
 
 
 def _ratio(num, den):
@@ -240,6 +197,7 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> Stats:
         kv_blocks=kv,
         head_of_line=HeadOfLine(num_blocked_steps=hol_prefill + hol_decode, num_blocked_prefill_steps=hol_prefill,
                                 num_blocked_decode_steps=hol_decode, num_blocked_requests=len(blocked)),
+        sessions=timeline_sessions(t),    # None without sessions (analysis/sessions.py)
         per_request=per_request,
     )
 
@@ -310,6 +268,8 @@ def render(s: Stats, title: str = ""):
     other.add_row("head-of-line", f"{hol.num_blocked_steps} steps blocked ({hol.num_blocked_prefill_steps} "
                                   f"prefill, {hol.num_blocked_decode_steps} decode), "
                                   f"{hol.num_blocked_requests} requests")
+    if s.sessions:
+        other.add_row("sessions", session_line(s.sessions))
     parts = [head, "", lat, "", other]
     if s.trace.torn_tail:
         parts += ["", f"note: {s.trace.torn_tail}"]

@@ -114,6 +114,7 @@ class RequestTimeline:
         self.num_kvcache_blocks: int | None = num_blocks if num_blocks and num_blocks > 0 else None
         self.steps: list[StepRecord] = []
         self.requests: dict[int, RequestRecord] = {}
+        self.session_turns: dict[int, tuple[str, int]] = {}   # seq_id -> (session, turn) of a session's turn
         self.num_allocated_blocks = 0   # over all BlockAllocates (first allocations and after preemptions)
         self.num_hit_blocks = 0         # their leading blocks found in the prefix cache
         self.num_lookup_tokens = 0      # tokens of the sequences at their (re)allocations
@@ -141,6 +142,8 @@ class RequestTimeline:
         num_prompt_tokens = event.num_prompt_tokens
         self.requests[event.seq_id] = RequestRecord(event.seq_id, event.step, num_prompt_tokens, num_prompt_tokens,
                                                     event.arrival_ns)
+        if event.session_id:
+            self.session_turns[event.seq_id] = (event.session_id, event.turn)
 
     def _decision_made(self, event: ScheduleDecision) -> None:
         self._decision = event

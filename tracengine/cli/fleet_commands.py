@@ -29,7 +29,7 @@ def add_fleet_arguments(p, what_if: bool = False):
                              "replica's own config; --sweep takes these names, and the fleet flags' (replicas=2,4)")
     g.add_argument("--replicas", type=int, metavar="N", help="replicas, each the real scheduler with its own KV cache")
     g.add_argument("--router", metavar="NAME", help="round_robin (default), least_loaded, prefix_aware, random, "
-                   "or a tracengine.fleet.routers.Router subclass as module:Class" +
+                   "session_affinity, or a tracengine.fleet.routers.Router subclass as module:Class" +
                    ("; alone, the router a fleet trace is re-executed with" if what_if else ""))
     g.add_argument("--prefill-replicas", type=int, metavar="P", help="disaggregated: replicas that prefill")
     g.add_argument("--decode-replicas", type=int, metavar="D", help="disaggregated: replicas that decode")

@@ -11,6 +11,7 @@ from tracengine.cli.flags import (add_config_arguments, add_sampling_arguments, 
                                   add_workload_sources, config_overrides, workload_spec)
 from tracengine.cli.outputs import check_outputs
 from tracengine.errors import RequestError
+from tracengine.workload.sessions import has_sessions
 from tracengine.workload.sources import DEFAULT_CONFIG, sampling_params, workload_config, workload_requests
 from tracengine.analysis.figures import Stats, to_json_object
 
@@ -50,6 +51,7 @@ def run(args) -> int:
     try:
         requests = workload_requests(spec, llm.hf_config.vocab_size, llm.config.max_model_len)
         prompts = [check_fits(llm, r) for r in requests]
+        turns = session_turns(llm, requests, prompts) if has_sessions(requests) else None
         params = [sampling_params(r) for r in requests]
         timed = not (math.isinf(args.request_rate) and args.workload is None)
         # Recorded here, not by generate(record=): a run that fails or is interrupted ends its
@@ -61,7 +63,8 @@ def run(args) -> int:
         llm.set_sink(results)
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=not args.quiet,
-                               arrival_ns=[r.arrival_ns for r in requests] if timed else None, summary=True)
+                               arrival_ns=[r.arrival_ns for r in requests] if timed and turns is None else None,
+                               summary=True, sessions=turns)
         elapsed = time.perf_counter() - start
     except BaseException as exc:
         if llm.writer is not None:
@@ -120,6 +123,23 @@ def check_fits(llm, request):
     except RequestError as exc:
         raise RequestError(f"{request.source}: {exc}" if request.source else str(exc)) from None
     return prompt
+
+
+def session_turns(llm, requests, prompts) -> list:
+    """A sessions workload's turns with their prompts as token ids, each refused before the run if
+    the history it may be sent after could outgrow what the engine serves (workload/sessions.py)."""
+    from dataclasses import replace
+
+    from tracengine.workload.sessions import set_history_bounds
+    turns = [replace(r, prompt=p) for r, p in zip(requests, prompts)]
+    set_history_bounds(turns)       # in tokens, now that text prompts are
+    for turn in turns:
+        if turn.num_history_tokens:
+            try:
+                llm.scheduler.check_request(len(turn.prompt) + turn.num_history_tokens, turn.max_tokens)
+            except RequestError as exc:
+                raise RequestError(f"{turn.source}: with the history of its session before it: {exc}") from None
+    return turns
 
 
 def latency_line(s: Stats) -> str:

@@ -28,7 +28,7 @@ def run_replay(args) -> int:
     check_executor_flags(args, bool(args.sweep))
     with TraceReader(args.trace) as reader:
         header = reader.header
-    if args.state is None or names_fields(args):    # --state alone folds the trace (vllm/fold.py): no vLLM
+    if args.state is None or names_fields(args):    # --state alone folds the trace (replay/vllm_fold.py): no vLLM
         from tracengine.vllm.replay import check_vllm_version
         check_vllm_version(header)
     overrides = vllm_overrides(args, header.config)

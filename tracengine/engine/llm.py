@@ -55,9 +55,9 @@ class LLM(LLMEngine):
         self.scheduler.check_request(len(token_ids), sampling_params.max_tokens)
         return token_ids
 
-    def add_request(self, prompt, sampling_params=None, seq_id=None, arrival_ns=None):
+    def add_request(self, prompt, sampling_params=None, seq_id=None, arrival_ns=None, session=None):
         sp = sampling_params if sampling_params is not None else SamplingParams()
-        return super().add_request(self.prompt_token_ids(prompt, sp), sp, seq_id, arrival_ns)
+        return super().add_request(self.prompt_token_ids(prompt, sp), sp, seq_id, arrival_ns, session)
 
     def step(self):
         tp = self.runner.tp
@@ -110,7 +110,7 @@ class LLM(LLMEngine):
     def generate(self, prompts: str | list[str] | list[int] | list[list[int]],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  record: str | None = None, use_tqdm: bool = True, summary: bool = False,
-                 arrival_ns: list[int] | None = None) -> list[dict]:
+                 arrival_ns: list[int] | None = None, sessions: list | None = None) -> list[dict]:
         """`summary`: leave this run's figures, `tracengine stats`' dict
         (analysis/stats.py), in `last_run` (otherwise None): read back from the
         trace `record` wrote, after the run, or else folded as the events come
@@ -118,7 +118,11 @@ class LLM(LLMEngine):
         per step, BENCHMARKS.md; an unasked-for summary costs the step loop nothing).
         `arrival_ns`: each request's arrival in ns from the start of this call
         (default: all at once); the engine adds each when its time comes and sleeps while
-        nothing is runnable.
+        nothing is runnable. `sessions`: a sessions workload's turns (workload/sessions.py), a
+        Request per prompt: a first turn is sent at its arrival_ns (from the start of this call),
+        a later turn its think time after the turns it depends on finished, on the wall clock,
+        its prompt (the turn's own input) after its session's history; a turn never sent (its
+        session ended) has no output but a finish_reason of None.
 
         One output per prompt, in order: prompt, prompt_token_ids, text, token_ids,
         finish_reason, ttft_s and latency_s (seconds from the request's arrival). A string,
@@ -152,7 +156,8 @@ class LLM(LLMEngine):
             self.set_sink(folding)
         error = None
         try:
-            outputs = self._generate(token_ids, sampling_params, use_tqdm, arrival_ns)
+            outputs = self._generate(token_ids, sampling_params, use_tqdm, arrival_ns) if sessions is None else \
+                self._generate_sessions(token_ids, sampling_params, use_tqdm, sessions)
             for output, prompt in zip(outputs, prompts):
                 output["prompt"] = prompt
         except BaseException as exc:
@@ -207,6 +212,58 @@ class LLM(LLMEngine):
                  "token_ids": seq.completion_token_ids,
                  "finish_reason": seq.finish_reason, "ttft_s": since_arrival(first_token_ns, seq, t),
                  "latency_s": since_arrival(finish_ns, seq, t)} for seq, t in zip(seqs, arrived_ns)]
+
+    def _generate_sessions(self, prompts, sampling_params, use_tqdm, turns):
+        """_generate for a sessions workload: each turn added when its session releases it."""
+        from dataclasses import replace
+
+        from tracengine.engine.progress import GenerateProgress
+        from tracengine.workload.sessions import SessionRelease, session_turn
+        if len(turns) != len(prompts):
+            raise TracengineError(f"{len(prompts)} prompts but {len(turns)} session turns")
+        if self.num_steps == 0 and self.is_finished():
+            self.restart_clock()
+            origin_ns = 0
+        else:
+            origin_ns = time.perf_counter_ns() - self.start_ns
+        first_seq_id = self.next_seq_id
+        # on the engine's clock: a first turn at its arrival from this call; a later one when released
+        release = SessionRelease([replace(r, prompt=p, seq_id=first_seq_id + i, arrival_ns=origin_ns + r.arrival_ns
+                                          if not r.depends_on else r.arrival_ns) for i, (r, p) in enumerate(zip(turns, prompts))])
+        seqs, arrived_ns, first_token_ns, finish_ns = {}, {}, {}, {}
+
+        def send(index, request):
+            seqs[index] = self.add_request(request.prompt, sampling_params[index], seq_id=request.seq_id,
+                                           arrival_ns=request.arrival_ns, session=session_turn(request))
+            arrived_ns[index] = self.start_ns + request.arrival_ns
+
+        for index, request in iter(release.pop, (0, None)):
+            send(index, request)
+        with GenerateProgress(len(turns), enabled=use_tqdm) as progress:
+            while not self.is_finished():
+                scheduled, finished, is_prefill = self.step()
+                progress.update(self.num_batched_tokens, is_prefill,
+                                (self.last_step_end_ns - self.last_step_start_ns) / 1e9, len(finished))
+                if is_prefill:
+                    for seq in scheduled:
+                        if seq.seq_id not in first_token_ns and seq.num_completion_tokens:
+                            first_token_ns[seq.seq_id] = self.last_step_end_ns
+                for seq in finished:
+                    finish_ns[seq.seq_id] = self.last_step_end_ns
+                    for index, request in release.finished(seq, self.last_step_end_ns - self.start_ns):
+                        send(index, request)
+
+        def output(index):
+            seq = seqs.get(index)
+            if seq is None:
+                return {"prompt_token_ids": [], "text": "", "token_ids": [], "finish_reason": None,
+                        "ttft_s": None, "latency_s": None}
+            since = {name: (times[seq.seq_id] - arrived_ns[index]) / 1e9 if seq.seq_id in times else None
+                     for name, times in (("ttft_s", first_token_ns), ("latency_s", finish_ns))}
+            return {"prompt_token_ids": seq.prompt_token_ids, "text": completion_text(self.tokenizer,
+                    seq.completion_token_ids), "token_ids": seq.completion_token_ids,
+                    "finish_reason": seq.finish_reason, **since}
+        return [output(i) for i in range(len(turns))]
 
     def close(self):
         self.stop_recording()

@@ -12,6 +12,8 @@ runnable it sleeps until the next arrival instead of running empty steps."""
 import heapq
 from time import perf_counter_ns, sleep
 
+import msgspec
+
 from tracengine.engine.config import Config
 from tracengine.errors import ConfigError
 from tracengine.trace.events import NULL_SINK, EventSink, RequestAdded, StepEnd
@@ -45,6 +47,7 @@ class LLMEngine:
         self.start_ns = perf_counter_ns()   # the run's time origin: arrivals and step starts count from it
         self.last_step_start_ns = self.last_step_end_ns = self.start_ns
         self.pending: list[tuple[int, int, Sequence]] = []   # heap of (arrival_ns, seq_id, seq) still to come
+        self.session_turns: dict[int, tuple] = {}   # seq_id -> its session turn, recorded when it enters
 
     def restart_clock(self):
         """Time from now: an idle engine that has run no step yet starts its run's clock again."""
@@ -52,16 +55,20 @@ class LLMEngine:
         self.start_ns = self.last_step_end_ns = perf_counter_ns()
 
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
-                    seq_id: int | None = None, arrival_ns: int | None = None) -> Sequence:
+                    seq_id: int | None = None, arrival_ns: int | None = None, session: tuple | None = None) -> Sequence:
         """`arrival_ns`: ns from the start of the run (default: now). A request whose
         arrival time is still to come enters the waiting queue at the first step that starts
-        after it; one that arrived earlier (a server's queue) enters now, and keeps its time."""
+        after it; one that arrived earlier (a server's queue) enters now, and keeps its time.
+        `session`: a turn of a session, (session_id, turn, depends_on, think_ns) as its
+        RequestAdded records it (workload/sessions.session_turn); None: not in one."""
         sp = sampling_params if sampling_params is not None else SamplingParams()
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt   # Sequence copies it
         seq = Sequence(self.next_seq_id if seq_id is None else seq_id, token_ids,
                        self.config.kvcache_block_size, sp)
         self.scheduler.check_request(seq.num_prompt_tokens, seq.max_tokens)
         self.next_seq_id = max(self.next_seq_id, seq.seq_id + 1)
+        if session is not None:
+            self.session_turns[seq.seq_id] = session
         now_ns = self.clock_ns()
         arrival_ns = now_ns if arrival_ns is None else arrival_ns
         if arrival_ns > now_ns:
@@ -79,6 +86,7 @@ class LLMEngine:
         whose arrival is still to come is dropped before it enters (the trace never saw it)."""
         for i, (_, pending_id, seq) in enumerate(self.pending):
             if pending_id == seq_id:
+                self.session_turns.pop(seq_id, None)
                 self.pending.pop(i)
                 heapq.heapify(self.pending)
                 return seq
@@ -87,12 +95,18 @@ class LLMEngine:
 
     def enter(self, seq: Sequence, arrival_ns: int):
         self.scheduler.add(seq)
+        session = self.session_turns.pop(seq.seq_id, None) if self.session_turns else None
         if self.sink.enabled:
             prompt = seq.prompt_token_ids
             hash_ids = (prompt.hash_ids, prompt.num_tokens, prompt.block_tokens) if not seq.has_tokens else ([], 0, 0)
-            self.sink.emit(RequestAdded(self.num_steps, seq.seq_id, [] if hash_ids[0] else prompt, seq.max_tokens,
-                                        seq.temperature, seq.ignore_eos, 0.0, arrival_ns, seq.top_k, seq.top_p,
-                                        -1 if seq.seed is None else seq.seed, *hash_ids))
+            event = RequestAdded(self.num_steps, seq.seq_id, [] if hash_ids[0] else prompt, seq.max_tokens,
+                                 seq.temperature, seq.ignore_eos, 0.0, arrival_ns, seq.top_k, seq.top_p,
+                                 -1 if seq.seed is None else seq.seed, *hash_ids)
+            if session is not None:
+                session_id, turn, depends_on, think_ns = session
+                event = msgspec.structs.replace(event, session_id=session_id, turn=turn,
+                                                depends_on=depends_on, think_ns=think_ns)
+            self.sink.emit(event)
 
     def admit_arrivals(self, now: int) -> int:
         """Add the requests that have arrived by `now` (perf_counter ns); when nothing is

@@ -24,6 +24,16 @@ class Request:
     abort_ns: int = NO_TIME
     abort_reason: str = "client"
     source: str = ""                # FILE:LINE it was read from, for messages
+    # A turn of a session (workload/sessions.py): sent once the turns of its session it depends on
+    # have finished, `think_ns` (a step-exact run: `think_steps`) after the last of them.
+    session_id: str = ""            # "": not in a session (sent at its arrival)
+    turn: int = 0                   # its index in its session
+    depends_on: tuple[int, ...] = ()   # the turns it waits for (none: the first, sent at its arrival)
+    think_ns: int = 0
+    think_steps: int = 0
+    # A later turn read from a workload file: `prompt` is its own input, sent after the session's
+    # history (composed when it is sent); this many tokens of history at most. 0: the prompt is whole.
+    num_history_tokens: int = 0
 
     @property
     def arrival_s(self) -> float:

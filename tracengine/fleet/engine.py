@@ -34,6 +34,7 @@ from tracengine.sim.runners import sampling_params_of
 from tracengine.fleet.routers import RoutedRequest, Router, router_classes
 from tracengine.fleet.spec import FleetSpec, header_fields
 from tracengine.trace.events import NULL_SINK, KVTransfer, ReplicaScope, RouteDecision
+from tracengine.workload.sessions import SessionRelease, has_sessions, session_fields, session_turn
 
 ARRIVAL, HANDOFF, LANDING = 0, 1, 2     # what the fleet's clock holds besides replica steps
 
@@ -101,6 +102,8 @@ class Fleet:
         self.routers: dict[str, Router] = {pool: cls(**options) for pool, cls in router_classes(spec, routers).items()}
         self.prefilled: dict[int, tuple[Sequence, Request]] = {}   # handed off, KV not landed yet
         self.max_tokens: dict[int, int] = {}     # a disaggregated request's own max_tokens
+        self.session_ids: dict[int, str] = {}    # a disaggregated request's session, for the decode pool's router
+        self.sessions: SessionRelease | None = None   # a sessions workload's (run_fleet's): aborts end sessions
         self.departures = FleetDepartures([])    # the clients that leave (run_fleet's requests')
 
     # -- what the clock drives: routing, entering, steps, transfers -----------------------
@@ -109,7 +112,7 @@ class Fleet:
         """The router of `pool` chooses a replica for `request`, arriving there at `now_ns`."""
         replicas = self.pools[pool]
         routed = RoutedRequest(request.seq_id, request.prompt, request.max_tokens, now_ns,
-                               self.config.kvcache_block_size)
+                               self.config.kvcache_block_size, session_id=request.session_id)
         scores = self.routers[pool].route(routed, replicas)
         if len(scores) != len(replicas):
             raise TracengineError(f"router {type(self.routers[pool]).__name__} gave {len(scores)} scores "
@@ -124,9 +127,9 @@ class Fleet:
     def arrive(self, request: Request, now_ns: int) -> Replica:
         """A request from the workload: routed, and queued on its replica (as a prefill, when disaggregated)."""
         if self.spec.disaggregated:
-            self.max_tokens[request.seq_id] = request.max_tokens
+            self.max_tokens[request.seq_id], self.session_ids[request.seq_id] = request.max_tokens, request.session_id
             request = Request(request.prompt, 1, request.arrival_ns, request.temperature, request.ignore_eos,
-                              seq_id=request.seq_id)
+                              seq_id=request.seq_id, **session_fields(request))
         replica = self.route(request, "prefill" if self.spec.disaggregated else "all", now_ns)
         replica.queued.append(request)
         self.departures.moved(request.seq_id, replica.index)
@@ -140,11 +143,13 @@ class Fleet:
         engine = replica.engine
         if self.sink.enabled and not self.spec.is_single:
             self.sink.emit(ReplicaScope(engine.num_steps, replica.index))
-        for r in replica.queued:
-            engine.add_request(r.prompt, sampling_params_of(r), seq_id=r.seq_id, arrival_ns=r.arrival_ns)
+        for r in replica.queued:     # a session's turn is recorded where it first enters (not a decode replica)
+            engine.add_request(r.prompt, sampling_params_of(r), seq_id=r.seq_id, arrival_ns=r.arrival_ns,
+                               session=session_turn(r) if replica.role != "decode" else None)
         replica.queued.clear()
         for seq_id, reason in self.departures.leaving(replica.index, engine.now_ns) if aborts is None else aborts:
-            engine.abort_request(seq_id, reason)
+            if engine.abort_request(seq_id, reason) is not None and self.sessions is not None:
+                self.sessions.ended(seq_id)      # an aborted turn ends its session
         if engine.is_finished():     # every request it held left: no step (run_timed's rule)
             return None
         return engine.step()[1]
@@ -160,7 +165,8 @@ class Fleet:
         """A prefilled sequence to the decode pool: (its decode replica, the transfer's ns)."""
         # the prompt and the first token, as token ids (a hash-id prompt's twin: the same block hashes)
         request = Request([*seq.prompt_token_ids, *seq.completion[:1]], self.max_tokens[seq.seq_id] - 1, now_ns,
-                          seq.temperature, seq.ignore_eos, seq_id=seq.seq_id)
+                          seq.temperature, seq.ignore_eos, seq_id=seq.seq_id,
+                          session_id=self.session_ids.get(seq.seq_id, ""))    # for a router's session affinity
         replica = self.route(request, "decode", now_ns)
         self.prefilled[seq.seq_id] = (seq, request)
         self.departures.moved(seq.seq_id, None)
@@ -190,12 +196,12 @@ def run_fleet(fleet: Fleet, requests: list[Request], step_time, max_steps: int =
     gap_ns, wake_ns = step_time.gap_ns, step_time.wake_ns
     fleet.departures = FleetDepartures(requests)
     clock: list[tuple[int, int, int, object]] = []     # (time, order, kind, what): arrivals, handoffs, landings
-    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_ns)
-    for n, i in enumerate(order):
-        r = requests[i]
-        if r.seq_id is None:     # a request without an id has its index in the workload, as run_timed's
-            r = dataclasses.replace(r, seq_id=i)
-        clock.append((r.arrival_ns, n, ARRIVAL, r))
+    # a request without an id has its index in the workload, as run_timed's
+    numbered = [r if r.seq_id is not None else dataclasses.replace(r, seq_id=i) for i, r in enumerate(requests)]
+    sessions = fleet.sessions = SessionRelease(numbered) if has_sessions(numbered) else None
+    # in arrival order; a sessions workload's turns ready now, each later one when its session releases it
+    ready = sorted(numbered, key=lambda r: r.arrival_ns) if sessions is None else iter(lambda: sessions.pop()[1], None)
+    clock += [(r.arrival_ns, n, ARRIVAL, r) for n, r in enumerate(ready)]
     counter = len(clock)
     num_done, num_steps = 0, 0
 
@@ -212,6 +218,8 @@ def run_fleet(fleet: Fleet, requests: list[Request], step_time, max_steps: int =
         if clock and (next_step is None or clock[0][0] <= next_step.start_ns):
             now_ns, _, kind, what = heapq.heappop(clock)
             if kind == ARRIVAL:
+                if sessions is not None and sessions.is_dropped(what):     # its session ended first
+                    continue
                 wake(fleet.arrive(what, now_ns), now_ns)
             elif kind == HANDOFF:
                 src, seq = what
@@ -240,6 +248,10 @@ def run_fleet(fleet: Fleet, requests: list[Request], step_time, max_steps: int =
         for seq in finished:
             if seq.seq_id not in handed_ids:
                 fleet.departures.finished(seq.seq_id)
+                if sessions is not None:     # the turns it releases arrive after their think time
+                    for _, turn in sessions.finished(seq, engine.now_ns):
+                        heapq.heappush(clock, (turn.arrival_ns, counter, ARRIVAL, turn))
+                        counter += 1
         num_done += len(finished) - len(handed)
         replica.start_ns = engine.now_ns + gap_ns if (replica.queued or not engine.is_finished()) else None
         if engine.num_steps >= max_steps:

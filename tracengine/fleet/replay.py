@@ -26,6 +26,7 @@ from tracengine.fleet.routers import BUILTIN_ROUTERS
 from tracengine.trace.events import (BlockFree, Event, KVTransfer, ReplicaScope, RequestAdded, RouteDecision,
                                      SeqAbort, StepEnd, TokenSample)
 from tracengine.trace.tracelog import split_header
+from tracengine.workload.sessions import session_fields
 
 
 class _NoTime:
@@ -112,7 +113,7 @@ def reexecute_fleet(events, policy=None, routers: dict | None = None) -> FleetRe
                     raise _Diverged(e, None, f"the trace never adds s{e.seq_id}")
                 r = requests[e.seq_id]
                 fleet.arrive(Request(request_prompt(r), r.max_tokens, e.arrival_ns, r.temperature, r.ignore_eos,
-                                     seq_id=r.seq_id), e.arrival_ns)
+                                     seq_id=r.seq_id, **session_fields(r)), e.arrival_ns)
             elif t is KVTransfer:
                 if e.seq_id not in transfers:
                     raise _Diverged(e, None, f"the replay has routed no transfer of s{e.seq_id}")

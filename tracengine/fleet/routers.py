@@ -14,6 +14,9 @@ tracengine import it on its own.
   active blocks`: prefill blocks are the request's blocks the replica's prefix cache lacks
   plus the prompt blocks still to compute there; active blocks are the KV blocks in use.
 - `random`: uniform, from `seed`.
+- `session_affinity`: a session's turns go to the replica that served its first turn (whose
+  prefix cache holds the history they are sent after); a first turn, or a request outside a
+  session, to the fewest outstanding requests, as `least_loaded`.
 """
 import random
 from dataclasses import dataclass
@@ -33,6 +36,7 @@ class RoutedRequest:
     arrival_ns: int
     block_size: int
     _hashes: list[int] | None = None
+    session_id: str = ""        # a session's turn (workload/sessions.py); "": none
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -109,7 +113,25 @@ class Random(Router):
         return [0.0 if i == chosen else 1.0 for i in range(len(replicas))]
 
 
-BUILTIN_ROUTERS: dict[str, type[Router]] = {cls.name: cls for cls in (RoundRobin, LeastLoaded, PrefixAware, Random)}
+class SessionAffinity(Router):
+    name = "session_affinity"
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.replica_of: dict[str, int] = {}     # session -> the index of its replica in the pool
+
+    def route(self, request, replicas):
+        chosen = self.replica_of.get(request.session_id) if request.session_id else None
+        if chosen is None:       # least_loaded's choice: the fleet takes the lowest, the first on a tie
+            loads = [r.num_requests for r in replicas]
+            chosen = loads.index(min(loads))
+            if request.session_id:
+                self.replica_of[request.session_id] = chosen
+        return [0.0 if i == chosen else 1.0 for i in range(len(replicas))]
+
+
+BUILTIN_ROUTERS: dict[str, type[Router]] = {cls.name: cls for cls in (RoundRobin, LeastLoaded, PrefixAware, Random,
+                                                                      SessionAffinity)}
 
 
 def load_router(spec: str) -> type[Router]:

@@ -8,7 +8,9 @@ replica's last token. Load balance: requests and prompt tokens per replica, and 
 imbalance, the busiest replica's requests over the mean (1.0: even)."""
 import os
 
-from tracengine.analysis.stats import NS, goodput, stats, summarize
+from tracengine.analysis.sessions import collect_sessions, session_line, session_stats
+from tracengine.analysis.figures import summarize
+from tracengine.analysis.stats import NS, goodput, stats
 from tracengine.analysis.timeline import RequestTimeline
 from tracengine.trace.events import KVTransfer, ReplicaScope, RouteDecision, TraceHeader
 
@@ -159,6 +161,7 @@ def fleet_stats(source, slo: dict[str, float] | None = None) -> dict:
                         "total_s": sum(t.duration_ns for t in transfers) / NS,
                         "mean_ms": sum(t.duration_ns for t in transfers) / len(transfers) / 1e6 if transfers else None},
         "num_route_decisions": len(folded.routes),
+        "sessions": session_stats(collect_sessions([folded.timelines[i] for i in sorted(folded.timelines)])),
         "replicas": per_replica,
         "per_request": requests,
     }
@@ -214,6 +217,8 @@ def render_fleet(s: dict, title: str = ""):
         per_s = "-" if g["requests_per_s"] is None else f"{g['requests_per_s']:,.3f}"
         other.append(f"goodput: {g['num_good_requests']} of {r['num_requests']} requests met the SLO, "
                      f"{per_s} requests/s")
+    if s["sessions"] is not None:
+        other.append(f"sessions: {session_line(s['sessions'])}")
     kv = s["kv_transfer"]
     if kv["num_transfers"]:
         other.append(f"KV transfers: {kv['num_transfers']}, {kv['num_bytes'] / 1e9:,.3f} GB, "

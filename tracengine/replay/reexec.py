@@ -132,7 +132,8 @@ def reexecute(events, policy: type | str | None = None) -> ReplayResult:
                     try:
                         seqs.append(engine.add_request(request_prompt(e), SamplingParams(
                             e.temperature, e.max_tokens, e.ignore_eos, e.top_k, e.top_p,
-                            None if e.seed == -1 else e.seed), seq_id=e.seq_id))
+                            None if e.seed == -1 else e.seed), seq_id=e.seq_id,
+                            session=(e.session_id, e.turn, e.depends_on, e.think_ns) if e.session_id else None))
                     except RequestError as exc:
                         raise _Diverged(e, None, f"the replay refused the request: {exc}") from None
                 elif t is SeqAbort:

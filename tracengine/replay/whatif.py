@@ -16,6 +16,7 @@ from tracengine.engine.request import Request
 from tracengine.sim.runners import check_requests, run_workload
 from tracengine.engine.scheduler import Scheduler
 from tracengine.engine.hash_id_prompt import request_prompt
+from tracengine.workload.sessions import session_fields
 
 
 class OutputRunner:
@@ -89,12 +90,18 @@ def extract_workload(events) -> RecordedWorkload:
                     positions[s.seq_id] = s.num_cached_tokens + s.num_tokens
         elif t is RequestAdded:
             requests.append(Request(request_prompt(e), e.max_tokens, e.arrival_ns, e.temperature,
-                                    e.ignore_eos, seq_id=e.seq_id, arrival_step=e.step))
+                                    e.ignore_eos, seq_id=e.seq_id, arrival_step=e.step, **session_fields(e)))
             outputs[e.seq_id] = []
+    turns = {}
     for r in requests:      # a client that left: it leaves the new run when it left this one
         abort = timeline.requests[r.seq_id].abort
         if abort is not None:
             r.abort_step, r.abort_ns, r.abort_reason = abort.step, timeline.start_ns(abort.step), abort.reason
+        if r.session_id:    # a later turn's think time in steps: from the step after its last dependency finished
+            turns[(r.session_id, r.turn)] = r.seq_id
+            deps = [turns.get((r.session_id, d)) for d in r.depends_on]
+            if deps and None not in deps:      # (a fleet replica's stream may hold a turn and not its dependency)
+                r.think_steps = r.arrival_step - max(timeline.requests[d].finish_step for d in deps) - 1
     return RecordedWorkload(header, requests, outputs, middle, timeline)
 
 

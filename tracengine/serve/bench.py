@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from tracengine.analysis.stats import summarize
+from tracengine.analysis.figures import summarize
 from tracengine.errors import TracengineError
 from tracengine.workload.formats import Request
 

@@ -8,7 +8,11 @@ arrival (the engine sleeps until then); every request that has arrived by a step
 is added before it. The events are an ordinary trace whose StepEnds hold the
 simulated durations and gaps, so stats, tui, diff, export and replay read it.
 No model and no torch: tokens come from a runner without one (replay.whatif.OutputRunner
-for a what-if, SyntheticRunner for a workload)."""
+for a what-if, SyntheticRunner for a workload). A session's later turn arrives when its session
+releases it (workload/sessions.py): its dependencies' last finish (the end of that step) plus its
+think time."""
+from functools import partial
+
 from tracengine.engine.config import Config
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.errors import TracengineError
@@ -17,6 +21,7 @@ from tracengine.sim.runners import Departures, SyntheticRunner, check_requests, 
 from tracengine.sim.steptime import holds_decode, seqs_shape
 from tracengine.trace.events import NULL_SINK, ListSink, ModelInfo, StepEnd, TraceHeader
 from tracengine.trace.tracelog import make_header
+from tracengine.workload.sessions import NOT_HELD, SessionRelease, has_sessions, session_turn
 
 
 class SimulatedEngine(LLMEngine):
@@ -80,15 +85,20 @@ def run_timed(config: Config, requests, step_time, runner=None, sink=None,
     events_sink = sink if sink is not None else ListSink()
     runner = runner if runner is not None else SyntheticRunner(eos=config.eos, seed=config.seed)
     engine = SimulatedEngine(config, runner, step_time, events_sink, policy=policy)   # policy: as LLMEngine's
+    sessions = None       # a sessions workload's turns, sent as their sessions release them
     if isinstance(requests, list):
         check_requests(engine.scheduler, requests)     # all of them, before the run
         leaving = Departures(requests, "abort_ns")
-        arriving = iter(sorted(enumerate(requests), key=lambda item: item[1].arrival_ns))
+        if has_sessions(requests):
+            sessions = SessionRelease(requests)
+            take = sessions.pop
+        else:
+            take = partial(next, iter(sorted(enumerate(requests), key=lambda item: item[1].arrival_ns)), NOT_HELD)
     else:
         leaving = Departures([], "abort_ns")
-        arriving = enumerate(checked_requests(engine.scheduler, requests))
+        take = partial(next, enumerate(checked_requests(engine.scheduler, requests)), NOT_HELD)
     gap_ns, wake_ns = step_time.gap_ns, step_time.wake_ns
-    index, request = next(arriving, (0, None))      # the next to arrive (None: no more)
+    index, request = take()      # the next to arrive (None: no more)
     num_finished = 0
     while True:
         idle = engine.is_finished()
@@ -100,13 +110,19 @@ def run_timed(config: Config, requests, step_time, runner=None, sink=None,
         engine.now_ns = start
         while request is not None and request.arrival_ns <= start:
             engine.add_request(request.prompt, sampling_params_of(request),
-                               seq_id=index if request.seq_id is None else request.seq_id, arrival_ns=request.arrival_ns)
-            index, request = next(arriving, (0, None))
+                               seq_id=index if request.seq_id is None else request.seq_id, arrival_ns=request.arrival_ns,
+                               session=None if sessions is None else session_turn(request))
+            index, request = take()
         if leaving.next_due <= start:      # the clients that left by now, as they left the recording
-            leaving.abort(engine, start)
+            aborted = leaving.abort(engine, start)
+            if sessions is not None:       # an aborted turn ends its session
+                index, request = sessions.end(aborted, (index, request))
             if engine.is_finished():
                 continue
-        num_finished += len(engine.step()[1])
+        finished = engine.step()[1]
+        num_finished += len(finished)
+        if sessions is not None and finished:      # the turns they release: sent after their think time
+            index, request = sessions.release(finished, engine.now_ns, (index, request))
         if engine.num_steps >= max_steps:
             raise TracengineError(f"the simulation did not finish in {max_steps} steps")
         if on_progress is not None and not engine.num_steps % PROGRESS_EVERY:
@@ -124,7 +140,7 @@ def simulate_config(overrides: dict, requests: list[Request]) -> Config:
         raise TracengineError("a simulation has no GPU to size the KV cache: give --set num_kvcache_blocks=N")
     values = dict(overrides)
     if "max_model_len" not in values:
-        values["max_model_len"] = max(len(r.prompt) + r.max_tokens for r in requests)
+        values["max_model_len"] = max(len(r.prompt) + r.num_history_tokens + r.max_tokens for r in requests)
     return Config().replace(**values)
 
 

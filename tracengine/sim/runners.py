@@ -2,6 +2,7 @@
 is_prefill)` like the model runner, from a hash instead of logits), and `run_workload`, which
 drives the engine's step loop over requests added by step."""
 import math
+from functools import partial
 
 import xxhash
 
@@ -12,6 +13,7 @@ from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.request import Request
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.trace.tracelog import make_header
+from tracengine.workload.sessions import NOT_HELD, SessionRelease, has_sessions, session_turn
 
 
 # b"%d" % position, made once per position and shared by every runner: formatting a number is
@@ -79,9 +81,10 @@ def check_requests(scheduler, requests: list[Request], under: str = "the config"
     (a request without a seq_id is named by its index, the first `first_index`)."""
     for i, r in enumerate(requests, first_index):
         try:
-            scheduler.check_request(len(r.prompt), r.max_tokens)
+            scheduler.check_request(len(r.prompt) + r.num_history_tokens, r.max_tokens)
         except RequestError as exc:
-            arriving = f"at {r.arrival_ns / 1e9:.3f} s" if r.arrival_ns >= 0 else f"before step {r.arrival_step}"
+            arriving = (f"at {r.arrival_ns / 1e9:.3f} s" if r.arrival_ns >= 0 else
+                        f"as turn {r.turn} of session {r.session_id!r}" if r.session_id else f"before step {r.arrival_step}")
             seq_id = i if r.seq_id is None else r.seq_id
             raise RequestError(f"request s{seq_id} (arriving {arriving}) can never run under {under}: {exc}") \
                 from None
@@ -98,13 +101,16 @@ class Departures:
         self._next = 0
         self.next_due = self._due[0][0] if self._due else math.inf   # read every step: no call
 
-    def abort(self, engine, now: int) -> None:
-        due = self._due
+    def abort(self, engine, now: int) -> list[int]:
+        """The seq_ids of the requests taken out (a session ends with its aborted turn)."""
+        due, aborted = self._due, []
         while self._next < len(due) and due[self._next][0] <= now:
             _, seq_id, reason = due[self._next]
-            engine.abort_request(seq_id, reason)
+            if engine.abort_request(seq_id, reason) is not None:
+                aborted.append(seq_id)
             self._next += 1
         self.next_due = due[self._next][0] if self._next < len(due) else math.inf
+        return aborted
 
 
 def run_workload(config: Config, requests: list[Request], runner=None, sink: ListSink | None = None,
@@ -116,23 +122,29 @@ def run_workload(config: Config, requests: list[Request], runner=None, sink: Lis
     sink = sink if sink is not None else ListSink()
     runner = runner if runner is not None else SyntheticRunner(eos=config.eos, seed=config.seed)
     engine = LLMEngine(config, runner, sink, policy=policy)
-    pending = sorted(range(len(requests)), key=lambda i: requests[i].arrival_step)
+    # a session's later turn arrives think_steps after the step its last dependency finished in
+    sessions = SessionRelease(requests, "steps") if has_sessions(requests) else None
+    take = sessions.pop if sessions is not None else \
+        partial(next, iter(sorted(enumerate(requests), key=lambda item: item[1].arrival_step)), NOT_HELD)
     leaving = Departures(requests, "abort_step")
-    next_request = 0
-    while next_request < len(pending) or not engine.is_finished():
+    i, r = take()       # the next to arrive (None: no more)
+    while r is not None or not engine.is_finished():
         now = engine.num_steps
         if engine.is_finished():      # idle: the next arrivals come now
-            now = max(now, requests[pending[next_request]].arrival_step)
-        while next_request < len(pending) and requests[pending[next_request]].arrival_step <= now:
-            i = pending[next_request]
-            r = requests[i]
-            engine.add_request(r.prompt, sampling_params_of(r), seq_id=i if r.seq_id is None else r.seq_id)
-            next_request += 1
+            now = max(now, r.arrival_step)
+        while r is not None and r.arrival_step <= now:
+            engine.add_request(r.prompt, sampling_params_of(r), seq_id=i if r.seq_id is None else r.seq_id,
+                               session=None if sessions is None else session_turn(r))
+            i, r = take()
         if leaving.next_due <= engine.num_steps:
-            leaving.abort(engine, engine.num_steps)
+            aborted = leaving.abort(engine, engine.num_steps)
+            if sessions is not None:
+                i, r = sessions.end(aborted, (i, r))
             if engine.is_finished():
                 continue
-        engine.step()
+        finished = engine.step()[1]
+        if sessions is not None and finished:
+            i, r = sessions.release(finished, engine.num_steps, (i, r))
         if on_step is not None:
             on_step(engine)
         if engine.num_steps >= max_steps:

@@ -40,7 +40,7 @@ class TraceHeader(Event, tag=0):
     seed: int
     created_at: float = 0.0
     tensor_parallel_size: int = 1
-    # Format version 4: a fleet run's replicas, routers and KV transfers (tracengine/sim/fleet.py,
+    # Format version 4: a fleet run's replicas, routers and KV transfers (tracengine/fleet/engine.py,
     # FleetSpec.to_dict); empty for one engine
     fleet: dict[str, str | int | float | bool | None] = {}
     # Format version 5: the engine whose scheduler made the decisions ("tracengine", or "vllm" for a
@@ -90,6 +90,13 @@ class RequestAdded(Event, tag=1):
     # engine core, whose model output arrives after the next step is scheduled): a replay adds it
     # at the same point between schedule and update calls.
     num_steps_in_flight: int = 0
+    # Format version 10: a turn of a session (workload/sessions.py), sent `think_ns` after the turns
+    # of its session it depends on (`depends_on`, turn indices) finished: a what-if recomputes its
+    # arrival from their finishes. "": not in a session.
+    session_id: str = ""
+    turn: int = 0
+    depends_on: list[int] = msgspec.field(default_factory=list)
+    think_ns: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -210,7 +217,7 @@ class SeqAbort(Event, tag=11):
     num_steps_in_flight: int = 0
 
 
-# Format version 4: a fleet of replicas in one trace (tracengine/sim/fleet.py, docs/cluster.md).
+# Format version 4: a fleet of replicas in one trace (tracengine/fleet/engine.py, docs/cluster.md).
 
 class ReplicaScope(Event, tag=12):
     """The engine events after it, up to the next ReplicaScope, are replica `replica`'s; a trace

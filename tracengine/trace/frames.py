@@ -1,8 +1,9 @@
 """The trace file's bytes: the format, its frames and their heads (writer.py writes them,
 reader.py reads them; nothing else knows frames).
 
-Format version 9: this layout, the events of events.py (block id lists as runs where
-that makes them shorter: block_runs.py), and the dictionary of dictionary.py. Version 8 wrote
+Format version 10: this layout, the events of events.py (block id lists as runs where
+that makes them shorter: block_runs.py), and the dictionary of dictionary.py. Version 9 had no
+RequestAdded session fields (a turn's session, turn, dependencies and think time); version 8 wrote
 every block id list id by id; version 7 had no between-steps frame but a trace's last (below); version 6
 had no PromptBlocksHashed (a hash-id prompt's blocks were a
 BlockHash each); version 5 no RunEnd in the end frame; version 4 had the events
@@ -91,15 +92,16 @@ import xxhash
 from tracengine.trace.dictionary import DICTIONARY
 from tracengine.trace.events import BlockFree, RequestAdded, RunEnd, SeqAbort, StepEnd
 
-FORMAT_VERSION = 9
+FORMAT_VERSION = 10
 # 2 appended arrival_ns, top_k, top_p, seed to RequestAdded and gap_ns to StepEnd; 3 checks each frame head;
 # 4 adds RequestAdded's hash-id prompt fields, a fleet's events (ReplicaScope, RouteDecision, KVTransfer)
 # and TraceHeader.fleet (docs/cluster.md); 5 appends the engine and what vLLM's scheduler records;
 # 6 ends a failed or interrupted run's trace with a RunEnd in its end frame; 7 records a hash-id
 # prompt's full blocks as one PromptBlocksHashed, whose hashes a reader recomputes, not a BlockHash each
 # 8 writes a between-steps frame before its step's frame where the writer is flushed; 9 writes block id
-# lists as runs (block_runs.py: new tags for the wire forms of the events that hold them)
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+# lists as runs (block_runs.py: new tags for the wire forms of the events that hold them); 10 appends
+# RequestAdded's session fields (workload/sessions.py)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 RUN_END_SINCE = 6                      # the first version whose end frame may hold a RunEnd
 BETWEEN_STEPS_FRAMES_SINCE = 8         # the first version whose between-steps frames may come before their step's
 MAGIC = b"TRCE"

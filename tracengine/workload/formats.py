@@ -12,15 +12,16 @@ import random
 import struct
 from collections.abc import Iterator
 from datetime import datetime
-from functools import lru_cache, partial
+from functools import partial
 from itertools import chain
 
-from tracengine.engine.hash_id_prompt import HashIdPrompt, hash_id_limit
 from tracengine.engine.request import Request
 from tracengine.errors import TracengineError
 
+from tracengine.workload.rows import (hash_id_tokens,
+                                      integer_field, number_field, require_field, scale_length, token_ids)
+
 FORMATS = ("mooncake", "azure", "tracengine")
-MOONCAKE_BLOCK_TOKENS = 512          # each Mooncake hash id names a block of 512 prompt tokens
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 TRACENGINE_FIELDS = frozenset({"arrival_s", "prompt", "prompt_token_ids", "max_tokens", "temperature",
                                "ignore_eos", "top_k", "top_p", "seed"})
@@ -63,7 +64,7 @@ def iter_workload(path: str, format: str | None = None, *, vocab_size: int, max_
     if vocab_size <= 0:
         raise TracengineError(f"vocab size must be positive, got {vocab_size}")
     parse = {"mooncake": partial(_mooncake, hash_id_prompts=hash_id_prompts), "azure": _azure,
-             "tracengine": _tracengine}[format]
+             "tracengine": partial(_tracengine, hash_id_prompts=hash_id_prompts)}[format]
     return _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_len,
                  format in ("mooncake", "azure"), time_scale)
 
@@ -75,13 +76,18 @@ def _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_l
     # utf-8-sig: a byte-order mark (some editors write one) is not part of the first line
     with open(path, encoding="utf-8-sig", newline="") as f:
         for request in parse(_text_lines(f, path), path, vocab_size, length_scale, seed):
+            if request.depends_on:      # a later turn of a session: sent when its session releases it
+                _check_fits(request, max_model_len)
+                request.think_ns = round(request.think_ns / time_scale)
+                yield request
+                num_requests += 1
+                if num_requests == max_requests:
+                    break
+                continue
             if last_ns is not None and request.arrival_ns < last_ns:
                 raise TracengineError(f"{request.source}: arrival time goes back ({request.arrival_s:g} s after "
                                       f"{last_ns / 1e9:g} s on the line before): timestamps must not decrease")
-            if max_model_len is not None and not isinstance(request.prompt, str) \
-                    and len(request.prompt) > max_model_len:
-                raise TracengineError(f"{request.source}: a prompt of {len(request.prompt)} tokens can never fit "
-                                      f"max_model_len={max_model_len} (--length-scale shortens prompts)")
+            _check_fits(request, max_model_len)
             last_ns = request.arrival_ns
             if origin is None:
                 origin = last_ns if from_first else 0
@@ -92,6 +98,16 @@ def _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_l
                 break
     if not num_requests:
         raise TracengineError(f"{path}: no requests")
+
+
+def _check_fits(request: Request, max_model_len: int | None) -> None:
+    """A prompt longer than max_model_len (a session's turn: with all the history it may follow) never runs."""
+    if max_model_len is not None and not isinstance(request.prompt, str):
+        num_tokens = len(request.prompt) + request.num_history_tokens
+        if num_tokens > max_model_len:
+            raise TracengineError(f"{request.source}: a prompt of {num_tokens} tokens"
+                                  f"{' (with its history)' if request.num_history_tokens else ''} can never fit "
+                                  f"max_model_len={max_model_len} (--length-scale shortens prompts)")
 
 
 def detect_format(path: str) -> str:
@@ -109,6 +125,8 @@ def detect_format(path: str) -> str:
         except json.JSONDecodeError:
             record = None
         if isinstance(record, dict):
+            if "session_id" in record:      # tracengine's sessions (workload/session_file.py)
+                return "tracengine"
             if "hash_ids" in record or "input_length" in record:
                 return "mooncake"
             if {"arrival_s", "prompt", "prompt_token_ids"} & record.keys():
@@ -128,10 +146,6 @@ def _text_lines(f, path: str):
         raise TracengineError(f"{path}: not a workload file (not UTF-8 text: JSONL or CSV)") from None
 
 
-def scale_length(n: int, length_scale: float) -> int:
-    return n if length_scale == 1.0 else max(1, round(n * length_scale))
-
-
 def _json_lines(f, path: str):
     for number, line in enumerate(f, 1):
         if not line.strip():
@@ -146,68 +160,13 @@ def _json_lines(f, path: str):
         yield where, record
 
 
-def _require(record: dict, name: str, where: str):
-    if name not in record:
-        raise TracengineError(f"{where}: missing field {name!r}")
-    return record[name]
-
-
-def _integer(value, name: str, where: str, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TracengineError(f"{where}: {name} must be an integer, got {value!r}")
-    if value < minimum:
-        kind = "negative" if value < 0 else f"below {minimum}"
-        raise TracengineError(f"{where}: {name} is {kind} ({value}); it must be at least {minimum}")
-    return value
-
-
-def _number(value, name: str, where: str) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise TracengineError(f"{where}: {name} must be a finite number, got {value!r}")
-    return float(value)
-
-
-def block_token_ids(block_id: int, num_tokens: int, vocab_size: int) -> tuple[int, ...]:
-    """The made-up tokens of a named block: the same id gives the same tokens in every
-    request and every run, so prompts that share ids share prefixes."""
-    raw = random.Random(block_id).randbytes(4 * num_tokens)
-    return tuple(v % vocab_size for v in struct.unpack(f"<{num_tokens}I", raw))
-
-
-@lru_cache(maxsize=4096)
-def _mooncake_block(block_id: int, num_tokens: int, vocab_size: int) -> tuple[int, ...]:
-    """A named block's tokens, made once for the requests that share it."""
-    return block_token_ids(block_id, num_tokens, vocab_size)
-
-
 def _mooncake(f, path, vocab_size, length_scale, seed, hash_id_prompts=False):
-    # A scaled block keeps ceil(512 * X) tokens, so the scaled prompt still fits in its
-    # hash ids and requests that share ids still share prefixes.
-    block_len = max(1, math.ceil(MOONCAKE_BLOCK_TOKENS * length_scale))
     for where, record in _json_lines(f, path):
-        timestamp = _number(_require(record, "timestamp", where), "timestamp", where)
-        input_length = _integer(_require(record, "input_length", where), "input_length", where, 1)
-        output_length = _integer(_require(record, "output_length", where), "output_length", where, 0)
-        hash_ids = _require(record, "hash_ids", where)
-        if not isinstance(hash_ids, list):
-            raise TracengineError(f"{where}: hash_ids must be a list of integers, got {hash_ids!r}")
-        needed = -(-input_length // MOONCAKE_BLOCK_TOKENS)
-        if len(hash_ids) < needed:
-            raise TracengineError(f"{where}: input_length {input_length} needs {needed} hash_ids of "
-                                  f"{MOONCAKE_BLOCK_TOKENS} tokens, got {len(hash_ids)}")
-        num_tokens = scale_length(input_length, length_scale)
-        block_ids = [_integer(hash_id, "a hash id", where, 0) for hash_id in hash_ids[:-(-num_tokens // block_len)]]
-        # refused in every run, not only a simulation's hash-id prompts: a file means the same to each command
-        limit = hash_id_limit(block_len)
-        if block_ids and max(block_ids) >= limit:
-            power = f" (2**{limit.bit_length() - 1})" if limit & (limit - 1) == 0 else ""
-            raise TracengineError(f"{where}: hash id {max(block_ids)} is too large: a hash id names its "
-                                  f"{block_len} tokens as 64-bit ids, so it must be below {limit}{power}")
-        if hash_id_prompts:
-            prompt = HashIdPrompt(block_ids, num_tokens, block_len)
-        else:
-            prompt = list(chain.from_iterable(_mooncake_block(i, block_len, vocab_size) for i in block_ids))
-            del prompt[num_tokens:]
+        timestamp = number_field(require_field(record, "timestamp", where), "timestamp", where)
+        input_length = integer_field(require_field(record, "input_length", where), "input_length", where, 1)
+        output_length = integer_field(require_field(record, "output_length", where), "output_length", where, 0)
+        prompt = hash_id_tokens(require_field(record, "hash_ids", where), input_length, where, vocab_size, length_scale,
+                                hash_id_prompts)
         # An output length of 0 still samples the first token, as every engine does.
         yield Request(prompt, scale_length(max(output_length, 1), length_scale), round(timestamp * 1_000_000),
                       ignore_eos=True, source=where)
@@ -241,7 +200,7 @@ def _azure(f, path, vocab_size, length_scale, seed):
                 value = int(row[i].strip())
             except ValueError:
                 raise TracengineError(f"{where}: {name} must be an integer, got {row[i]!r}") from None
-            lengths.append(_integer(value, name, where, minimum))
+            lengths.append(integer_field(value, name, where, minimum))
         first = when if first is None else first
         try:
             arrival_s = (when - first).total_seconds()
@@ -256,12 +215,21 @@ def _azure(f, path, vocab_size, length_scale, seed):
                       ignore_eos=True, source=where)
 
 
-def _tracengine(f, path, vocab_size, length_scale, seed):
-    for where, record in _json_lines(f, path):
+def _tracengine(f, path, vocab_size, length_scale, seed, hash_id_prompts=False):
+    records = _json_lines(f, path)
+    first = next(records, None)
+    if first is None:
+        return
+    records = chain([first], records)
+    if "session_id" in first[1]:      # a sessions file (workload/session_file.py)
+        from tracengine.workload.session_file import session_rows
+        yield from session_rows(records, vocab_size, length_scale, seed, hash_id_prompts)
+        return
+    for where, record in records:
         unknown = sorted(record.keys() - TRACENGINE_FIELDS)
         if unknown:
             raise TracengineError(f"{where}: unknown field {unknown[0]!r}; known: {', '.join(sorted(TRACENGINE_FIELDS))}")
-        arrival_s = _number(_require(record, "arrival_s", where), "arrival_s", where)
+        arrival_s = number_field(require_field(record, "arrival_s", where), "arrival_s", where)
         if arrival_s < 0:
             raise TracengineError(f"{where}: arrival_s is negative ({arrival_s:g})")
         if ("prompt" in record) == ("prompt_token_ids" in record):
@@ -274,27 +242,19 @@ def _tracengine(f, path, vocab_size, length_scale, seed):
                 raise TracengineError(f"{where}: a text prompt cannot be scaled by --length-scale "
                                       f"(give prompt_token_ids)")
         else:
-            prompt = record["prompt_token_ids"]
-            if not isinstance(prompt, list) or not prompt:
-                raise TracengineError(f"{where}: prompt_token_ids must be a non-empty list of token ids")
-            for token in prompt:
-                if not (isinstance(token, int) and not isinstance(token, bool) and 0 <= token < vocab_size):
-                    raise TracengineError(f"{where}: token id {token!r} is outside the vocabulary of {vocab_size}")
-            if length_scale > 1.0:
-                raise TracengineError(f"{where}: --length-scale above 1 cannot lengthen given token ids")
-            prompt = prompt[:scale_length(len(prompt), length_scale)]
-        max_tokens = _integer(record.get("max_tokens", DEFAULT_MAX_TOKENS), "max_tokens", where, 1)
-        temperature = _number(record.get("temperature", 1.0), "temperature", where)
+            prompt = token_ids(record["prompt_token_ids"], where, vocab_size, length_scale)
+        max_tokens = integer_field(record.get("max_tokens", DEFAULT_MAX_TOKENS), "max_tokens", where, 1)
+        temperature = number_field(record.get("temperature", 1.0), "temperature", where)
         if temperature < 0:
             raise TracengineError(f"{where}: temperature is negative ({temperature:g})")
-        top_k = _integer(record.get("top_k", -1), "top_k", where, -1)
+        top_k = integer_field(record.get("top_k", -1), "top_k", where, -1)
         if top_k == 0:
             raise TracengineError(f"{where}: top_k must be -1 (all tokens) or positive, got 0")
-        top_p = _number(record.get("top_p", 1.0), "top_p", where)
+        top_p = number_field(record.get("top_p", 1.0), "top_p", where)
         if not 0 < top_p <= 1:
             raise TracengineError(f"{where}: top_p must be in (0, 1], got {top_p:g}")
         ignore_eos = record.get("ignore_eos", False)
         if not isinstance(ignore_eos, bool):
             raise TracengineError(f"{where}: ignore_eos must be true or false, got {ignore_eos!r}")
         yield Request(prompt, scale_length(max_tokens, length_scale), round(arrival_s * 1e9), temperature, ignore_eos,
-                      top_k, top_p, _integer(record.get("seed", -1), "seed", where, -1), source=where)
+                      top_k, top_p, integer_field(record.get("seed", -1), "seed", where, -1), source=where)

@@ -6,6 +6,7 @@ import json
 import math
 import random
 from dataclasses import dataclass
+from itertools import chain
 
 from tracengine.errors import TracengineError
 from tracengine.engine.config import check_seed
@@ -13,6 +14,7 @@ from tracengine.engine.sampling_params import SamplingParams
 from tracengine.workload.arrivals import arrival_times, check_rate
 from tracengine.engine.request import Request
 from tracengine.workload.formats import iter_workload
+from tracengine.workload.sessions import has_sessions, set_history_bounds
 
 
 
@@ -192,16 +194,22 @@ def workload_requests(spec: WorkloadSpec, vocab_size: int, max_model_len: int | 
                                              length_scale=length_scale, max_model_len=max_model_len, seed=spec.seed,
                                              hash_id_prompts=hash_id_prompts), spec)
         if lazy and math.isinf(rate):
-            return requests
+            first = next(requests, None)     # a sessions file is read whole: its turns wait on each other
+            if first is None or not first.session_id:
+                return chain([first] if first is not None else [], requests)
+            requests = chain([first], requests)
         requests = list(requests)
+        if has_sessions(requests):       # the history bounds under the flags' max_tokens
+            set_history_bounds(requests)
     else:
         if time_scale != 1.0 or length_scale != 1.0 or spec.workload_format:
             raise TracengineError("--time-scale, --length-scale and --workload-format apply to a --workload file")
         prompts, sps = build_workload(spec, vocab_size)
         requests = [Request(p, sp.max_tokens, 0, sp.temperature, sp.ignore_eos) for p, sp in zip(prompts, sps)]
         requests = requests[:max_requests]
-    if not math.isinf(rate):
-        for r, t in zip(requests, arrival_times(len(requests), rate, burstiness, spec.seed)):
+    if not math.isinf(rate):     # the requests' arrivals (a sessions file's: its sessions' first turns')
+        starting = [r for r in requests if not r.depends_on]
+        for r, t in zip(starting, arrival_times(len(starting), rate, burstiness, spec.seed)):
             r.arrival_ns = round(t * 1e9)
     # a trace records arrivals as 64-bit ns: a later one is refused here, before a run waits for it
     late = next((r for r in requests if r.arrival_ns >= MAX_ARRIVAL_NS), None)
