@@ -24,7 +24,7 @@ from tracengine.tui.seq_view import SeqScreen
 from tracengine.analysis.render import describe_event
 from tracengine.tui.trace_index import TraceIndex
 from tracengine.tui.widgets.block_map import GUTTER, BlockMap
-from tracengine.tui.widgets.event_list import EventList
+from tracengine.tui.widgets.event_list import NAME_WIDTH, EventList
 from tracengine.tui.widgets.header import Explanation, TraceHeaderBar
 from tracengine.tui.widgets.queues import SeqTable, format_row
 
@@ -105,21 +105,25 @@ def assert_panels_match(app, fold, step):
 
 
 def assert_block_cells(app, state):
-    """Each cell's label is its owner's id, `+` marks a shared block, `░░` a free hashed one."""
+    """Each cell's label is its owner's whole id, `+` marks a shared block, `░░` a free hashed
+    one, `▪▪` vLLM's null block (block 0 of a vLLM trace)."""
     block_map = app.query_one(BlockMap)
-    per_row = block_map.cells_per_row
+    per_row, width = block_map.cells_per_row, block_map.cell_width
+    digits = width - 1
     shown = []
     for y in range(-(-state.num_blocks // per_row)):
         line = block_map.render_line(y).text[GUTTER:]
-        shown += [line[i:i + 3] for i in range(0, len(line), 3)][:per_row]
+        shown += [line[i:i + width] for i in range(0, len(line), width)][:per_row]
     for block in state.blocks:
         cell = shown[block.block_id]
         if block.owners:
-            assert cell == f"{block.owners[0]:02d}" + ("+" if block.ref_count > 1 else " ")
+            assert cell == f"{block.owners[0]:0{digits}d}" + ("+" if block.ref_count > 1 else " ")
+        elif app.index.header.engine == "vllm" and block.block_id == 0:
+            assert cell == "▪" * digits + " "
         elif state.hash_to_block_id.get(block.hash) == block.block_id:
-            assert cell == "░░ "
+            assert cell == "░" * digits + " "
         else:
-            assert cell == "·· "
+            assert cell == "·" * digits + " "
 
 
 def assert_event_lines(app, fold, step):
@@ -130,7 +134,7 @@ def assert_event_lines(app, fold, step):
     for y, event in enumerate(fold.events_at(step), start=first):
         if y < events.scrollable_content_region.height:
             shown = events.render_line(y).text.rstrip()
-            assert shown == f"{step:>7} {type(event).__name__:<17}{describe_event(event)}"[:len(shown)]
+            assert shown == f"{step:>7} {type(event).__name__:<{NAME_WIDTH}}{describe_event(event)}"[:len(shown)]
 
 
 def style_at(strip, x):

@@ -1,5 +1,6 @@
 """`tracengine calibrate`: a step-time model fitted to a recorded trace."""
 import os
+import sys
 
 from tracengine.cli.common import EXIT_OK, add_parser
 from tracengine.cli.outputs import check_outputs, note_torn_tail
@@ -17,6 +18,7 @@ def add_to(sub):
 
 
 def run(args) -> int:
+    from tracengine.sim.fit_check import poor_fit_warning, simulated_trace_warning
     from tracengine.sim.steptime import FEATURES, PARTS, PHASES, calibrate, save, unvaried_note
     from tracengine.trace.tracelog import TraceReader
     check_outputs({"--output": args.output}, {"trace": args.trace}, args.force)
@@ -43,6 +45,9 @@ def run(args) -> int:
     note = unvaried_note(model)
     if note:
         print(note)
+    for warning in (simulated_trace_warning(model), poor_fit_warning(model)):
+        if warning:
+            print(f"tracengine: warning: {warning}", file=sys.stderr)
     if args.output:
         save(model, args.output)
         print(f"wrote {args.output}")

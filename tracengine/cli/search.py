@@ -71,6 +71,12 @@ def run_search(args, overrides: dict, step_time, requests, source, prepared) -> 
     print(f"capacity of {len(requests):,} requests with {describe_step_time(step_time)}: the highest rate at "
           f"which {goodput:.1%} of the requests meet {objectives}, to {precision:g} requests/s")
     print(render_search(search.results))
+    never = [r for r in search.results if not r.saturated]
+    if never:
+        which = "; ".join(", ".join(f"{n}={v}" for n, v in r.overrides.items()) for r in never)
+        print(f"never saturated{f' ({which})' if which else ''}: the {len(requests):,} requests met the objectives "
+              f"at every rate probed, up to {never[0].rate:,.1f} requests/s (all of them at once, or nearly): "
+              "too few to load the engine, so no rate is a capacity; give a workload with more requests")
     print(f"{search.num_probes} probes ({search.num_probes - search.num_computed} from the cache) in "
           f"{time.perf_counter() - begin:.2f} s on {workers} {executor.name} worker{'s' if workers > 1 else ''}; "
           f"latencies in ms at the rate found")
@@ -88,7 +94,7 @@ def search_row(r) -> dict:
 
 def render_search(results) -> str:
     """A line per config: its values, the rate found (`< STEP`: one step already fails;
-    `>= RATE`: the search's last rate still passed) and the figures at it."""
+    `never saturated`: the search's last rate still passed, no capacity) and the figures at it."""
     names = list(results[0].overrides)
     rows = []
     for r in results:
@@ -96,8 +102,8 @@ def render_search(results) -> str:
         cells = ["-" if row.get(key) is None else fmt.format(row[key]) for key, _, fmt in SEARCH_COLUMNS]
         if r.rate is None:
             cells[0] = f"< {r.next_rate:g}"
-        elif r.next_rate is None:
-            cells[0] = f">= {r.rate:,.2f}"
+        elif not r.saturated:
+            cells[0] = "never saturated"
         rows.append([str(r.overrides[n]) for n in names] + cells)
     return table_text(make_table(names + [title for _, title, _ in SEARCH_COLUMNS], rows, left_columns=0))
 

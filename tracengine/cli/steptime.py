@@ -2,6 +2,7 @@
 simulate, sweeps): which model times a step (a calibrated one or a roofline), and how the
 commands name it."""
 import os
+import sys
 
 from tracengine.errors import TracengineError
 
@@ -58,11 +59,15 @@ def describe_step_time(model, trace_path: str = "") -> str:
 
 def print_unvaried_note(model):
     """The features the model's calibration recording never varied: the self-check cannot show
-    what a what-if that varies them gets wrong."""
+    what a what-if that varies them gets wrong. And on stderr, a fit that misses its own recording."""
+    from tracengine.sim.fit_check import poor_fit_warning
     from tracengine.sim.steptime import unvaried_note
     note = unvaried_note(model)
     if note:
         print(note)
+    warning = poor_fit_warning(model)
+    if warning:
+        print(f"tracengine: warning: {warning}", file=sys.stderr)
 
 
 def step_time_json(model, trace_path: str = "") -> dict:

@@ -17,7 +17,9 @@ from tracengine.sim.executors import run_variants
 from tracengine.sim.spec import Variant
 from tracengine.sim.sweep import TIMED_OUT, is_timed_out
 
-MAX_DOUBLINGS = 24      # above start * 2**24 a rate that still passes is reported as a lower bound
+# A rate that still passes at start * 2**24 ends the search: the workload never saturated the
+# engine (its requests, all but at once, still met the objectives), so no rate is its capacity.
+MAX_DOUBLINGS = 24
 
 
 @dataclass
@@ -63,6 +65,12 @@ class SearchResult:
     next_rate: float | None     # one step above, where the goodput failed (None: unbounded)
     next_row: dict | None
     probes: list                # (rate, row) of every rate run, in rate order
+
+    @property
+    def saturated(self) -> bool:
+        """False when every rate probed passed, up to the search's ceiling: `rate` is then that
+        ceiling, not a capacity."""
+        return self.rate is None or self.next_rate is not None
 
 
 @dataclass

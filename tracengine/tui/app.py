@@ -26,6 +26,7 @@ from tracengine.tui.widgets.event_list import EventList
 from tracengine.tui.widgets.header import Explanation, TraceHeaderBar
 from tracengine.tui.widgets.queues import SeqTable
 from tracengine.tui.widgets.timeline import Timeline
+from tracengine.replay.vllm_fold import NULL_BLOCK_ID
 
 SPEEDS = (1, 2, 5, 10, 25, 50, 100)   # steps per second when playing
 
@@ -118,7 +119,8 @@ class TraceApp(App):
         self.set_reactive(TraceApp.view, index.view_at(step) if num_steps else None)
 
     def compose(self) -> ComposeResult:
-        yield TraceHeaderBar(self.index.name, self.index.header, id="header").data_bind(
+        header = self.index.header
+        yield TraceHeaderBar(self.index.name, header, id="header").data_bind(
             TraceApp.view, TraceApp.num_steps, TraceApp.live, TraceApp.at_tail, TraceApp.playing,
             TraceApp.speed, TraceApp.note)
         yield Explanation(id="explanation").data_bind(TraceApp.view)
@@ -126,9 +128,11 @@ class TraceApp(App):
         with Horizontal(id="panels"):
             with Vertical(id="queues"):
                 yield SeqTable("waiting", id="waiting").data_bind(TraceApp.view, TraceApp.selected_seq_id)
-                yield SeqTable("running", id="running").data_bind(TraceApp.view, TraceApp.selected_seq_id)
+                yield SeqTable("running", id="running", max_num_seqs=header.config.get("max_num_seqs")).data_bind(
+                    TraceApp.view, TraceApp.selected_seq_id)
             with Vertical(id="state"):
-                yield BlockMap(id="blocks").data_bind(TraceApp.view, TraceApp.selected_seq_id)
+                yield BlockMap(NULL_BLOCK_ID if header.engine == "vllm" else -1, id="blocks").data_bind(
+                    TraceApp.view, TraceApp.selected_seq_id)
                 yield EventList(self.index, id="events").data_bind(TraceApp.step, TraceApp.num_steps,
                                                                    TraceApp.event_type)
         yield Footer()

@@ -1,9 +1,10 @@
 """Modal screens: the help, a text under a title (the run figures, a fleet's), a number
 prompt (go to step, select sequence) and the event-type picker. Each returns its answer with `dismiss`."""
+from rich.measure import Measurement
 from rich.table import Table
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import ScrollableContainer, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label, OptionList, Static
 
@@ -38,7 +39,9 @@ class HelpScreen(ModalScreen[None]):
 
 
 class TextScreen(ModalScreen[None]):
-    """A renderable under a title; Esc closes."""
+    """A renderable under a title; Esc closes. The dialog is as wide as the renderable (up to
+    the screen's width), which is drawn at its own width: a table wider than the screen scrolls
+    sideways instead of having its cells cut ("2,087.…")."""
     BINDINGS = [Binding("escape,q", "dismiss", "Close")]
 
     def __init__(self, renderable, title: str):
@@ -47,9 +50,15 @@ class TextScreen(ModalScreen[None]):
         self.title_text = title
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="help"):
+        with ScrollableContainer(id="text-screen"):
             yield Label(f"{self.title_text} (Esc closes)", id="help-title")
-            yield Static(self.renderable)
+            yield Static(self.renderable, id="text")
+
+    def on_mount(self) -> None:
+        # the renderable's own width: narrower, a table would shorten its cells with "…"
+        console = self.app.console
+        options = console.options.update_width(10_000)
+        self.query_one("#text", Static).styles.width = Measurement.get(console, options, self.renderable).maximum
 
 
 class RunFiguresScreen(TextScreen):

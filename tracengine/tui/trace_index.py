@@ -32,6 +32,7 @@ class StepView:
     start_ns: int = 0      # the step's start and end on the trace's time axis (analysis/timeline.py)
     end_ns: int = 0
     age_ns: dict | None = None   # seq_id -> time from its arrival to the end of the step, for the queues
+    seq_label_width: int = 2     # digits of the largest seq id read so far: the KV map labels each whole
 
     @property
     def phase(self) -> str:
@@ -70,6 +71,7 @@ class _StepIndex:
     arrival_ns: dict = field(default_factory=dict)                        # seq_id -> arrival on the axis
     steps_with: dict = field(default_factory=lambda: {name: array("i") for name in EVENT_TYPE_NAMES})
     max_tokens: int = 0
+    max_seq_id: int = 0
 
 
 class TraceIndex:
@@ -146,6 +148,7 @@ class TraceIndex:
         for e in events:
             if type(e) is RequestAdded:     # a format-1 trace: it arrived as its step began
                 s.arrival_ns[e.seq_id] = e.arrival_ns if e.arrival_ns >= 0 else start
+                s.max_seq_id = max(s.max_seq_id, e.seq_id)
         if decision is not None and (decision.phase != "decode" or "Preempt" in names
                                      or "RequestAdded" in names or "SeqFinish" in names):
             self._note_milestones(step, events, decision)
@@ -206,7 +209,7 @@ class TraceIndex:
         end = s.end_ns[step]
         ages = {seq_id: end - s.arrival_ns[seq_id] for seq_id in (*state.waiting, *state.running)
                 if seq_id in s.arrival_ns}
-        return StepView(step, state, explanation, s.start_ns[step], end, ages)
+        return StepView(step, state, explanation, s.start_ns[step], end, ages, max(2, len(str(s.max_seq_id))))
 
     def event_start(self, step: int) -> int:
         """The line of a step's first event in the list of all events."""

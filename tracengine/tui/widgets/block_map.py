@@ -1,7 +1,9 @@
 """The KV block pool at the current step: one cell per block, labelled and
-coloured by the sequence that holds it. A shared block (ref count above 1)
+coloured by the sequence that holds it, its whole id (as many digits as the
+trace's largest seq id has, two at least). A shared block (ref count above 1)
 is marked `+`, a free block that still holds a registered hash (a prefix-cache
-hit waiting to happen) is `░░`, a plain free block `··`. The selected
+hit waiting to happen) is `░░`, a plain free block `··`, and vLLM's null block
+(taken at start-up, never free, held by no sequence) `▪▪`. The selected
 sequence's blocks stand out."""
 from itertools import groupby
 from operator import itemgetter
@@ -17,32 +19,38 @@ from tracengine.tui.trace_index import StepView
 from tracengine.tui.widgets.styles import ComponentStyles
 
 NUM_OWNER_COLOURS = 8
-CELL_WIDTH = 3     # two label characters and a marker
 GUTTER = 6         # the first block id of the row, then a space
 
 
-def block_kind(block, state) -> str:
-    """owned, shared, cached (free, its hash still maps to it) or free."""
+def block_kind(block, state, null_block_id: int = -1) -> str:
+    """owned, shared, cached (free, its hash still maps to it), null (vLLM's) or free."""
     if block.owners:
         return "shared" if block.ref_count > 1 else "owned"
+    if block.block_id == null_block_id:
+        return "null"
     return "cached" if block.hash != -1 and state.hash_to_block_id.get(block.hash) == block.block_id else "free"
 
 
-def cell_text(block, kind: str) -> str:
-    """What a block's cell shows (before styling): the owner's id (mod 100)."""
+def cell_text(block, kind: str, label_width: int = 2) -> str:
+    """What a block's cell shows (before styling): the owner's whole id in `label_width` digits
+    (StepView.seq_label_width), then a marker."""
     match kind:
         case "owned" | "shared":
-            return f"{block.owners[0] % 100:02d}" + ("+" if kind == "shared" else " ")
+            return f"{block.owners[0]:0{label_width}d}" + ("+" if kind == "shared" else " ")
         case "cached":
-            return "░░ "
-    return "·· "
+            return "░" * label_width + " "
+        case "null":
+            return "▪" * label_width + " "
+    return "·" * label_width + " "
 
 
 class BlockMap(ComponentStyles, ScrollView, can_focus=True):
-    COMPONENT_CLASSES = {"block-map--free", "block-map--cached", "block-map--shared", "block-map--selected",
-                         "block-map--gutter", *(f"block-map--owner-{i}" for i in range(NUM_OWNER_COLOURS))}
+    COMPONENT_CLASSES = {"block-map--free", "block-map--cached", "block-map--null", "block-map--shared",
+                         "block-map--selected", "block-map--gutter",
+                         *(f"block-map--owner-{i}" for i in range(NUM_OWNER_COLOURS))}
     DEFAULT_CSS = """
     BlockMap > .block-map--free { color: $text-disabled; }
+    BlockMap > .block-map--null { color: $text-muted; }
     BlockMap > .block-map--cached { color: $success; }
     BlockMap > .block-map--shared { text-style: bold; }
     BlockMap > .block-map--selected { text-style: bold reverse; }
@@ -68,13 +76,23 @@ class BlockMap(ComponentStyles, ScrollView, can_focus=True):
             super().__init__()
             self.seq_id = seq_id
 
-    def __init__(self, **kwargs):
+    def __init__(self, null_block_id: int = -1, **kwargs):
+        """`null_block_id`: vLLM's null block in a trace of vLLM's scheduler (-1: none)."""
         super().__init__(**kwargs)
+        self.null_block_id = null_block_id
         self._cells: dict[int, tuple] = {}     # row -> cells, for the view and size shown
 
     @property
+    def label_width(self) -> int:
+        return self.view.seq_label_width if self.view is not None else 2
+
+    @property
+    def cell_width(self) -> int:
+        return self.label_width + 1        # the label and a marker
+
+    @property
     def cells_per_row(self) -> int:
-        return max(1, (self.scrollable_content_region.width - GUTTER) // CELL_WIDTH)
+        return max(1, (self.scrollable_content_region.width - GUTTER) // self.cell_width)
 
     def _update_size(self) -> None:
         self._cells.clear()
@@ -86,9 +104,13 @@ class BlockMap(ComponentStyles, ScrollView, can_focus=True):
         if view is not None:
             state = view.state
             cached = sum(1 for b in state.free_block_ids if state.hash_to_block_id.get(state.hashes[b]) == b)
-            self.set_titles(f"KV blocks: {state.num_blocks - state.num_free_blocks} used, "
-                            f"{state.num_free_blocks} free, {cached} of them prefix-cached",
-                            "NN seq  + shared  ░░ free, cached  ·· free")
+            has_null = 0 <= self.null_block_id < state.num_blocks
+            width = view.seq_label_width
+            self.set_titles(f"KV blocks: {state.num_blocks - state.num_free_blocks - has_null} used, "
+                            + ("1 null, " if has_null else "")
+                            + f"{state.num_free_blocks} free, {cached} of them prefix-cached",
+                            f"{'N' * width} seq  + shared  {'░' * width} free, cached  {'·' * width} free"
+                            + (f"  {'▪' * width} vLLM's null" if has_null else ""))
         self._refresh_rows()
 
     def watch_selected_seq_id(self) -> None:
@@ -122,16 +144,17 @@ class BlockMap(ComponentStyles, ScrollView, can_focus=True):
         if first >= state.num_blocks:
             return ()
         style_of, selected = self.component_style, self.selected_seq_id
+        null_block_id, label_width = self.null_block_id, view.seq_label_width
         cells = []
         for block in state.blocks[first:first + per_row]:
-            kind = block_kind(block, state)
-            text = cell_text(block, kind)
+            kind = block_kind(block, state, null_block_id)
+            text = cell_text(block, kind, label_width)
             if block.owners:
                 style = style_of(f"block-map--owner-{block.owners[0] % NUM_OWNER_COLOURS}")
                 if selected in block.owners:
                     style += style_of("block-map--selected")
                 if kind == "shared":
-                    cells += [(text[:2], style), (text[2], style + style_of("block-map--shared"))]
+                    cells += [(text[:-1], style), (text[-1], style + style_of("block-map--shared"))]
                 else:
                     cells.append((text, style))
             else:
@@ -155,7 +178,7 @@ class BlockMap(ComponentStyles, ScrollView, can_focus=True):
         """The block under a content offset, if any."""
         if x < GUTTER or self.view is None:
             return None
-        column = (x - GUTTER) // CELL_WIDTH
+        column = (x - GUTTER) // self.cell_width
         if column >= self.cells_per_row:
             return None
         block_id = (y + round(self.scroll_y)) * self.cells_per_row + column

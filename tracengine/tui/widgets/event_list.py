@@ -12,8 +12,11 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from tracengine.analysis.render import describe_event
-from tracengine.tui.trace_index import TraceIndex
+from tracengine.tui.trace_index import EVENT_TYPE_NAMES, TraceIndex
 from tracengine.tui.widgets.styles import ComponentStyles
+
+# the event type's column: the longest name and a space, so that no name runs into its text
+NAME_WIDTH = max(map(len, EVENT_TYPE_NAMES)) + 1
 
 
 class EventList(ComponentStyles, ScrollView, can_focus=True):
@@ -96,7 +99,7 @@ class EventList(ComponentStyles, ScrollView, can_focus=True):
             base = self.component_style("event-list--current") if is_current else Style()
             step_style = base + self.component_style("event-list--step")
             name_style = base + self.component_style("event-list--match") if is_match else base
-            strip = Strip([Segment(f"{step:>7} ", step_style), Segment(f"{name:<17}", name_style),
+            strip = Strip([Segment(f"{step:>7} ", step_style), Segment(f"{name:<{NAME_WIDTH}}", name_style),
                            Segment(describe_event(event), base)])
             strip = strip.crop(0, width).extend_cell_length(width, base)
             self._strips.set(key, strip)

@@ -68,9 +68,10 @@ class SeqTable(ComponentStyles, Widget, can_focus=True):
             super().__init__()
             self.seq_id = seq_id
 
-    def __init__(self, queue: str, **kwargs):
+    def __init__(self, queue: str, max_num_seqs: int | None = None, **kwargs):
         super().__init__(**kwargs)
         self.queue = queue            # "waiting" or "running"
+        self.max_num_seqs = max_num_seqs if isinstance(max_num_seqs, int) else 0
         self.seq_ids: list[int] = []
         self.set_titles(queue.capitalize(), None)
 
@@ -97,7 +98,10 @@ class SeqTable(ComponentStyles, Widget, can_focus=True):
 
     def _update_titles(self) -> None:
         n, rows = len(self.seq_ids), self.num_rows
-        self.set_titles(f"{self.queue.capitalize()} ({n})",
+        # nano-vllm's rule (prefill_first) caps the sequences a step schedules at max_num_seqs, not
+        # the running queue: a prefill step adds up to that many to those already running
+        over = f" > max_num_seqs {self.max_num_seqs}: a per-step cap" if 0 < self.max_num_seqs < n else ""
+        self.set_titles(f"{self.queue.capitalize()} ({n}{over})",
                         f"{self.top + 1}–{min(n, self.top + rows)} of {n}" if n > rows else "")
 
     def _row_key(self, row: int) -> tuple:
