@@ -25,7 +25,9 @@ exit status:
        interrupted (the reason is printed); it ends at the last finished step
   130  interrupted (Ctrl-C, SIGINT); a trace being recorded ends at the last
        finished step, saying so, and finished results are written
-  143  terminated (SIGTERM): as 130  141  the output pipe closed before the command finished (`| head`): no verdict"""
+  143  terminated (SIGTERM): as 130
+  141  the output pipe closed before the command finished (`| head`): no
+       verdict"""
 
 
 def add_parser(sub, name: str, summary: str, description: str, **kwargs) -> argparse.ArgumentParser:

@@ -1,0 +1,35 @@
+"""What a command says where it used to say nothing or the wrong thing: each exit code of
+--help on its own line, a trace with no step, a router without replicas, a step or
+sequence the trace lacks, hash ids past the prompt's blocks, traces of different
+workloads, bench-serve's progress."""
+import re
+
+from tracengine.cli.common import (EXIT_BAD_INPUT, EXIT_FAILED_CHECK, EXIT_INTERRUPTED, EXIT_NOT_ENDED, EXIT_OK,
+                                   EXIT_PIPE_CLOSED, EXIT_RUN_FAILED, EXIT_TERMINATED)
+from tracengine.cli.main import build_parser
+
+EXIT_STATUSES = (EXIT_OK, EXIT_FAILED_CHECK, EXIT_BAD_INPUT, EXIT_NOT_ENDED, EXIT_RUN_FAILED, EXIT_INTERRUPTED,
+                 EXIT_TERMINATED, EXIT_PIPE_CLOSED)
+
+
+def exit_code_lines(help_text: str) -> dict[int, list[str]]:
+    """The lines of the exit-status epilog, by the code each starts with."""
+    epilog = help_text[help_text.index("exit status:"):].splitlines()[1:]
+    found: dict[int, list[str]] = {}
+    for line in epilog:
+        head = re.match(r"  (\d+) ", line)
+        if head:
+            found.setdefault(int(head.group(1)), []).append(line)
+    return found
+
+
+def test_each_exit_code_of_every_help_is_on_its_own_line():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, command in [("tracengine", parser), *sub.choices.items()]:
+        text = command.format_help()
+        lines = exit_code_lines(text)
+        assert sorted(lines) == sorted(EXIT_STATUSES), (name, text)
+        for code, [line] in lines.items():
+            others = [c for c in EXIT_STATUSES if c != code and re.search(rf"\s{c}\s\s", line)]
+            assert not others, (name, line)
