@@ -3,10 +3,18 @@
 sequence the trace lacks, hash ids past the prompt's blocks, traces of different
 workloads, bench-serve's progress."""
 import re
+from pathlib import Path
 
+import pytest
+
+from tracengine.cli import main
 from tracengine.cli.common import (EXIT_BAD_INPUT, EXIT_FAILED_CHECK, EXIT_INTERRUPTED, EXIT_NOT_ENDED, EXIT_OK,
                                    EXIT_PIPE_CLOSED, EXIT_RUN_FAILED, EXIT_TERMINATED)
 from tracengine.cli.main import build_parser
+from tracengine.engine.config import Config
+from tracengine.trace.tracelog import TraceReader, TraceWriter, make_header
+
+TRACES = Path(__file__).resolve().parent.parent / "traces"
 
 EXIT_STATUSES = (EXIT_OK, EXIT_FAILED_CHECK, EXIT_BAD_INPUT, EXIT_NOT_ENDED, EXIT_RUN_FAILED, EXIT_INTERRUPTED,
                  EXIT_TERMINATED, EXIT_PIPE_CLOSED)
@@ -33,3 +41,29 @@ def test_each_exit_code_of_every_help_is_on_its_own_line():
         for code, [line] in lines.items():
             others = [c for c in EXIT_STATUSES if c != code and re.search(rf"\s{c}\s\s", line)]
             assert not others, (name, line)
+
+
+# --- replay of a trace with no step ---------------------------------------------------------------
+
+def header_only(path):
+    TraceWriter(path, make_header(Config(num_kvcache_blocks=8, kvcache_block_size=4))).close()
+    return path
+
+
+def torn_in_its_first_step(path):
+    data = (TRACES / "preemption.trace").read_bytes()
+    with TraceReader(TRACES / "preemption.trace") as reader:
+        first_step = reader.frames()[1].offset
+    path.write_bytes(data[:first_step + 12])
+    return path
+
+
+@pytest.mark.parametrize("make, detail", [(header_only, ""), (torn_in_its_first_step, " (torn last frame: ")])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_trace_with_no_complete_step_is_no_replay(tmp_path, capsys, make, detail, as_json):
+    path = make(tmp_path / "no_step.trace")
+    code = main(["replay", str(path), *(["--json"] if as_json else [])])
+    out, err = capsys.readouterr()
+    assert code == EXIT_BAD_INPUT and out == ""
+    assert err.startswith(f"tracengine: error: {path}: the trace has no complete step to replay{detail}")
+    assert err.count("\n") == 1
