@@ -2,11 +2,13 @@
 --help on its own line, a trace with no step, a router without replicas, a step or
 sequence the trace lacks, hash ids past the prompt's blocks, traces of different
 workloads, bench-serve's progress."""
+import json
 import re
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import SLOW_DEVICE, SWEEP_MODEL
 from tracengine.cli import main
 from tracengine.cli.common import (EXIT_BAD_INPUT, EXIT_FAILED_CHECK, EXIT_INTERRUPTED, EXIT_NOT_ENDED, EXIT_OK,
                                    EXIT_PIPE_CLOSED, EXIT_RUN_FAILED, EXIT_TERMINATED)
@@ -67,3 +69,35 @@ def test_a_trace_with_no_complete_step_is_no_replay(tmp_path, capsys, make, deta
     assert code == EXIT_BAD_INPUT and out == ""
     assert err.startswith(f"tracengine: error: {path}: the trace has no complete step to replay{detail}")
     assert err.count("\n") == 1
+
+
+# --- simulate: a router needs replicas --------------------------------------------------------------
+
+@pytest.fixture
+def roofline(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SWEEP_MODEL))
+    return str(path)
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--router", "least_loaded"], "--router goes"),
+    (["--router", "least_loaded", "--router-seed", "3"], "--router, --router-seed go"),
+    (["--prefix-weight", "2"], "--prefix-weight goes"),
+    (["--router", "least_loaded", "--sweep", "max_num_seqs=1,2", "--no-cache"], "--router goes"),
+])
+def test_a_router_without_replicas_is_refused(roofline, capsys, flags, named):
+    code = main(["simulate", "--num-prompts", "4", "--roofline", roofline, *SLOW_DEVICE, "--set",
+                 "num_kvcache_blocks=400", "--quiet", *flags])
+    out, err = capsys.readouterr()
+    assert code == EXIT_BAD_INPUT and out == "", out
+    assert err.startswith(f"tracengine: error: {named} with a fleet: give --replicas N") and err.count("\n") == 1
+
+
+def test_a_router_with_replicas_routes_and_one_replica_is_one_engine(roofline, capsys):
+    argv = ["simulate", "--num-prompts", "4", "--roofline", roofline, *SLOW_DEVICE, "--set", "num_kvcache_blocks=400",
+            "--quiet", "--router", "least_loaded"]
+    assert main([*argv, "--replicas", "2"]) == EXIT_OK
+    assert "2 replicas, router least_loaded" in capsys.readouterr().out
+    assert main([*argv, "--replicas", "1"]) == EXIT_OK        # docs/cluster.md: one replica, with any router
+    assert "simulated run" in capsys.readouterr().out
