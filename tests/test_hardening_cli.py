@@ -101,3 +101,26 @@ def test_a_router_with_replicas_routes_and_one_replica_is_one_engine(roofline, c
     assert "2 replicas, router least_loaded" in capsys.readouterr().out
     assert main([*argv, "--replicas", "1"]) == EXIT_OK        # docs/cluster.md: one replica, with any router
     assert "simulated run" in capsys.readouterr().out
+
+
+# --- render: a step or sequence the trace lacks ------------------------------------------------------
+
+@pytest.mark.parametrize("flags, message", [
+    (["--steps", "99999"], "--steps 99999: not in {path}, which has steps 0..44"),
+    (["--steps", "45:"], "--steps 45:: not in {path}, which has steps 0..44"),
+    (["--seq", "999"], "--seq 999: not in {path}, which has sequences 0..3"),
+    (["--steps", "30:", "--seq", "0"], "--seq 0: no step of --steps 30: has an event of sequence 0, "
+                                       "which is in steps 0..23"),
+])
+def test_render_of_a_step_or_sequence_the_trace_lacks_says_so(capsys, flags, message):
+    path = TRACES / "preemption.trace"
+    code = main(["render", str(path), *flags])
+    out, err = capsys.readouterr()
+    assert code == EXIT_BAD_INPUT and out == ""
+    assert err == f"tracengine: error: {message.format(path=path)}\n"
+
+
+def test_render_of_steps_partly_in_the_trace_shows_those_it_has(capsys):
+    assert main(["render", str(TRACES / "preemption.trace"), "--steps", "43:100", "--seq", "3"]) == EXIT_OK
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines() if not line.startswith("#")] == \
+        ["43", "44"]
