@@ -124,3 +124,38 @@ def test_render_of_steps_partly_in_the_trace_shows_those_it_has(capsys):
     assert main(["render", str(TRACES / "preemption.trace"), "--steps", "43:100", "--seq", "3"]) == EXIT_OK
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines() if not line.startswith("#")] == \
         ["43", "44"]
+
+
+# --- diff of two workloads ---------------------------------------------------------------------------
+
+def simulated(tmp_path, roofline, name: str, *flags) -> str:
+    path = str(tmp_path / f"{name}.trace")
+    assert main(["simulate", "--roofline", roofline, *SLOW_DEVICE, "--set", "num_kvcache_blocks=64", "--quiet",
+                 "--max-tokens", "4", "--record", path, *flags]) == EXIT_OK
+    return path
+
+
+@pytest.mark.parametrize("flags_b, difference", [
+    (["--prompt-lens", "30,9"], "request s1's prompt differs (a: 8 tokens, b: 9)"),
+    (["--prompt-lens", "30,8", "--seed", "1"], "request s0's prompt differs (both 30 tokens, not the same ones)"),
+    (["--prompt-lens", "30,8,5"], "a has 2 requests, b 3; request s2 is only in b"),
+])
+def test_diff_of_two_workloads_says_so_before_the_divergence(tmp_path, roofline, capsys, flags_b, difference):
+    a = simulated(tmp_path, roofline, "a", "--prompt-lens", "30,8")
+    b = simulated(tmp_path, roofline, "b", *flags_b)
+    capsys.readouterr()
+    code = main(["diff", a, b])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"the two traces ran different workloads: {difference}"
+    main(["diff", a, b, "--json"])
+    assert json.loads(capsys.readouterr().out)["workload_difference"] == difference
+    assert code in (EXIT_OK, EXIT_FAILED_CHECK)
+
+
+def test_diff_of_one_workload_under_two_configs_names_no_workload(tmp_path, roofline, capsys):
+    a = simulated(tmp_path, roofline, "a", "--prompt-lens", "30,8,20")
+    b = simulated(tmp_path, roofline, "b", "--prompt-lens", "30,8,20", "--set", "max_num_seqs=1")
+    capsys.readouterr()
+    assert main(["diff", a, b]) == EXIT_FAILED_CHECK
+    out = capsys.readouterr().out
+    assert "different workloads" not in out and out.startswith("config: max_num_seqs 512 vs 1")
