@@ -1,7 +1,8 @@
 """What a command says where it used to say nothing or the wrong thing: each exit code of
---help on its own line, a trace with no step, a router without replicas, a step or
-sequence the trace lacks, hash ids past the prompt's blocks, traces of different
-workloads, bench-serve's progress."""
+--help on its own line, a trace with no step to replay, a router without replicas, a step
+or sequence the trace lacks, two traces of different workloads. (Elsewhere: bench-serve's
+progress in test_serve.py, a Mooncake row's extra hash ids in test_workloads.py, a sweep
+stopped in test_sweep_signals.py.)"""
 import json
 import re
 from pathlib import Path
