@@ -191,11 +191,10 @@ def mooncake(tmp_path):
     rng = random.Random(2)
     path = tmp_path / "mc.jsonl"
     lines = []
-    for i in range(24):
+    for i in range(24):     # a conversation's turns grow its prompt: one 512-token block, its own
         conv, turn = i % 4, i // 4 + 1
-        ids = [100 * conv + k for k in range(turn)] + [10_000 + i]
-        lines.append(json.dumps({"timestamp": 20 * i, "input_length": 16 * len(ids) - rng.randrange(8),
-                                 "output_length": rng.randrange(2, 10), "hash_ids": ids}))
+        lines.append(json.dumps({"timestamp": 20 * i, "input_length": 16 * (turn + 1) - rng.randrange(8),
+                                 "output_length": rng.randrange(2, 10), "hash_ids": [100 * conv]}))
     path.write_text("\n".join(lines) + "\n")
     return str(path)
 

@@ -2,6 +2,7 @@
 completions and chat, streamed and not; concurrent clients get what LLM.generate gives;
 a client that disconnects is aborted; bad requests get OpenAI-shaped 4xx errors and the
 server goes on serving; the trace it records replays exactly."""
+import json
 import threading
 import time
 
@@ -313,6 +314,18 @@ def test_bench_serve_sends_a_workload_and_measures_it(served, capsys):
     assert figures["num_prompt_tokens"] == sum(len(r.prompt) for r in requests)
     assert figures["ttft_ms"]["count"] == 6 and figures["e2e_ms"]["p50"] >= figures["ttft_ms"]["p50"]
     assert figures["tpot_ms"]["count"] == 6 and figures["itl_ms"]["count"] == sum(r.max_tokens - 1 for r in requests)
+
+
+def test_bench_serve_shows_its_progress_on_stderr(served, capsys):
+    from tracengine.cli import main
+    argv = ["bench-serve", "--url", served[0].url, "--api-key", KEY, "--num-prompts", "3", "--input-len", "8:16",
+            "--output-len", "2:3", "--json"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "Benchmarking" in err and "3/3" in err and "0 failed" in err
+    assert json.loads(out)["num_completed"] == 3        # stdout: the figures alone
+    assert main([*argv, "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_bench_serve_reports_failures(served, capsys):

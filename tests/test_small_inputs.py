@@ -12,7 +12,7 @@ from tracengine.workload.formats import read_workload
 from tracengine.workload.sources import read_prompts_file
 
 SAMPLES = {
-    "mooncake": '{"timestamp": 0, "input_length": 20, "output_length": 4, "hash_ids": [0, 1]}\n'
+    "mooncake": '{"timestamp": 0, "input_length": 20, "output_length": 4, "hash_ids": [0]}\n'
                 '{"timestamp": 500, "input_length": 8, "output_length": 2, "hash_ids": [0]}\n',
     "azure": "TIMESTAMP,ContextTokens,GeneratedTokens\n"
              "2024-03-02 09:00:00.0000000,12,3\n2024-03-02 09:00:00.2500000,9,2\n",

@@ -1,6 +1,7 @@
 """Workload files and arrival processes: each format read from a small sample
 file (tests/data/), scaling, and every malformed line as a one-line error."""
 import argparse
+import json
 import math
 import statistics
 import subprocess
@@ -219,6 +220,20 @@ def test_malformed_lines_are_one_line_errors(tmp_path, name, lines, message):
         read_workload(str(path), vocab_size=VOCAB)
     text = str(info.value)
     assert "\n" not in text and text.startswith(str(path)) and message in text
+
+
+@pytest.mark.parametrize("input_length, num_hash_ids", [(600, 3), (100, 1_000_000)])
+def test_a_mooncake_row_with_more_hash_ids_than_blocks_is_named(tmp_path, input_length, num_hash_ids):
+    """One hash id per 512-token block: more are ids of no block of the prompt (a row made for
+    another block size), not ids to drop."""
+    path = tmp_path / "a.jsonl"
+    path.write_text(MOONCAKE_LINE + "\n" + json.dumps({"timestamp": 5, "input_length": input_length,
+                                                       "output_length": 4, "hash_ids": list(range(num_hash_ids))}))
+    needed = -(-input_length // 512)
+    with pytest.raises(TracengineError) as info:
+        read_workload(str(path), vocab_size=VOCAB)
+    assert str(info.value) == (f"{path}:2: input_length {input_length} needs {needed} hash_ids of 512 tokens, "
+                               f"got {num_hash_ids} (more than its blocks)")
 
 
 def test_a_prompt_that_can_never_fit_names_its_line():

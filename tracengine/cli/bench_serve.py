@@ -6,6 +6,7 @@ from tracengine.cli.common import EXIT_FAILED_CHECK, EXIT_OK, add_parser
 from tracengine.cli.flags import add_sampling_arguments, add_workload_arguments, add_workload_sources, workload_spec
 from tracengine.cli.serve import api_key_of
 from tracengine.errors import TracengineError
+from tracengine.process.progress import RequestProgress
 from tracengine.workload.sources import workload_requests
 
 
@@ -23,6 +24,7 @@ def add_to(sub):
     p.add_argument("--timeout", type=float, default=600.0, metavar="S",
                    help="give up on one request after S seconds (default 600)")
     p.add_argument("--json", action="store_true", help="the figures as one JSON object")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (it goes to stderr)")
     add_workload_sources(p)
     add_workload_arguments(p)
     add_sampling_arguments(p)
@@ -42,8 +44,22 @@ def run(args) -> int:
     requests = workload_requests(workload_spec(args), vocab_size, entry.get("max_model_len"))
     if args.max_concurrency is not None and args.max_concurrency <= 0:
         raise TracengineError(f"--max-concurrency must be positive, got {args.max_concurrency}")
-    results, duration = asyncio.run(run_benchmark(url, requests, model, api_key, args.endpoint == "chat",
-                                                  args.max_concurrency, args.timeout))
+    num_failed = 0
+
+    def on_result(result):
+        nonlocal num_failed
+        num_failed += not result.ok
+        progress.update(advance=1, num_failed=num_failed)
+    with benchmark_progress(len(requests), enabled=not args.quiet) as progress:
+        results, duration = asyncio.run(run_benchmark(url, requests, model, api_key, args.endpoint == "chat",
+                                                      args.max_concurrency, args.timeout, on_result))
     f = figures(results, duration)
     print(json.dumps(f, indent=2) if args.json else render(f))
     return EXIT_OK if f["num_failed"] == 0 else EXIT_FAILED_CHECK
+
+
+
+def benchmark_progress(num_requests: int, enabled: bool = True) -> RequestProgress:
+    """Requests answered out of all, and how many of them failed (on stderr, as generate's and
+    simulate's: a run of minutes shows it is running)."""
+    return RequestProgress("Benchmarking", num_requests, "{task.fields[num_failed]} failed", enabled, num_failed=0)

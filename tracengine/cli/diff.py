@@ -41,11 +41,14 @@ def run(args) -> int:
         print(json.dumps({
             "a": str(args.a), "b": str(args.b), "identical": d.identical,
             "config_changes": [{"name": n, "a": a, "b": b} for n, a, b in d.config_changes],
+            "workload_difference": d.workload_difference,
             "step": d.step, "index": None if d.identical else d.index,
             "a_event": None if d.identical else _event_json(a_sched[d.index] if d.index < len(a_sched) else None),
             "b_event": None if d.identical else _event_json(b_sched[d.index] if d.index < len(b_sched) else None),
             "a_stats": d.a_stats, "b_stats": d.b_stats}, indent=2, default=to_json_object))
         return EXIT_OK if d.identical else EXIT_FAILED_CHECK
+    if d.workload_difference:     # first: a difference of scheduling follows from it, not from the engine
+        print(f"the two traces ran different workloads: {d.workload_difference}")
     if d.config_changes:
         print("config: " + ", ".join(f"{name} {a} vs {b}" for name, a, b in d.config_changes))
     if d.identical:

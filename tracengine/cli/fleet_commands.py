@@ -62,6 +62,19 @@ def check_flags_not_swept(args):
                               "to --sweep alone")
 
 
+def check_fleet_flags_of_one_engine(args):
+    """A fleet flag (a router, KV transfers) with no fleet's shape given (--replicas, or the two
+    pools) is refused, not dropped: the run would be one engine's, not the one asked for.
+    `--replicas 1` with any of them is one engine by choice (docs/cluster.md)."""
+    from tracengine.fleet.overrides import SHAPE_FIELDS, SPEC_FIELDS
+    changes = fleet_changes(args)
+    given = [f"--{name.replace('_', '-')}" for name in changes if name in SPEC_FIELDS]
+    if given and not any(name in changes for name in SHAPE_FIELDS):
+        raise TracengineError(f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with a fleet: give "
+                              "--replicas N (or --prefill-replicas P --decode-replicas D); without it the run is "
+                              "one engine, which routes nothing")
+
+
 def take_scoped_sets(args) -> dict:
     """The --set entries naming a pool or a replica (`decode.max_num_seqs=64`,
     `replica[2].num_kvcache_blocks=5000`), typed, taken out of `args.set` (the rest are every

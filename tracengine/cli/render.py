@@ -1,8 +1,10 @@
 """`tracengine render`: a trace's step table, one line per step."""
 import sys
 
-from tracengine.analysis.render import render_steps
+from tracengine.analysis.render import involves_seq, render_steps
 from tracengine.cli.common import EXIT_OK, add_parser, parse_step_range
+from tracengine.errors import TraceError
+from tracengine.trace.events import StepEnd
 from tracengine.trace.tracelog import TraceReader
 
 
@@ -24,12 +26,44 @@ def run(args) -> int:
         if reader.header.fleet:      # a fleet's: each replica's table (docs/cluster.md)
             from tracengine.fleet.stats import replica_streams
             _, streams = replica_streams(reader.events())
-            for replica, events in sorted(streams.items()):
-                sys.stdout.write(f"# replica {replica}\n" + render_steps(events, steps, args.seq))
+            tables = [f"# replica {replica}\n" + render_steps(events, steps, args.seq)
+                      for replica, events in sorted(streams.items())]
         else:
-            sys.stdout.write(render_steps(reader.events(), steps, args.seq))
+            tables = [render_steps(reader.events(), steps, args.seq)]
+        if (steps is not None or args.seq is not None) and not any(map(has_step_line, tables)):
+            refuse_filters(reader, args, steps)
+        for table in tables:
+            sys.stdout.write(table)
         sys.stdout.flush()
         if reader.torn_tail is not None:
             print(f"tracengine: note: {reader.describe_torn_tail()}; the table has every complete step",
                   file=sys.stderr)
     return EXIT_OK
+
+
+def has_step_line(table: str) -> bool:
+    """A step's line: the table's lines but its comments (the config, the legend, the replica)."""
+    return any(line and not line.startswith("#") for line in table.splitlines())
+
+
+def refuse_filters(reader, args, steps: tuple[int, int | None] | None):
+    """--steps or --seq that keep no step: a one-line error naming what the trace has (an empty
+    table would read as a trace with nothing in it)."""
+    step_ids, seq_ids, seq_steps = set(), set(), set()
+    for event in reader.events():
+        if type(event) is StepEnd:
+            step_ids.add(event.step)
+        if getattr(event, "seq_id", None) is not None:
+            seq_ids.add(event.seq_id)
+        if args.seq is not None and involves_seq(event, args.seq):
+            seq_steps.add(getattr(event, "step", None))
+    has_steps = f"steps {min(step_ids)}..{max(step_ids)}" if step_ids else "no complete step"
+    if steps is not None and not any(steps[0] <= s and (steps[1] is None or s < steps[1]) for s in step_ids):
+        raise TraceError(f"--steps {args.steps}: not in {reader.path}, which has {has_steps}")
+    if args.seq not in seq_ids:
+        has_seqs = f"sequences {min(seq_ids)}..{max(seq_ids)}" if seq_ids else "no sequence"
+        raise TraceError(f"--seq {args.seq}: not in {reader.path}, which has {has_seqs}")
+    where = f"--steps {args.steps}" if steps is not None else f"{reader.path}'s complete steps"
+    seq_steps &= step_ids
+    has_seq = f"in steps {min(seq_steps)}..{max(seq_steps)}" if seq_steps else "in no complete step"
+    raise TraceError(f"--seq {args.seq}: no step of {where} has an event of sequence {args.seq}, which is {has_seq}")

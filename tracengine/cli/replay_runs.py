@@ -66,6 +66,9 @@ def run_replay(path, as_json: bool = False, policy: str | None = None, replayer=
     """`replayer`: the re-execution to run (vLLM's, for a vLLM trace); tracengine's by default."""
     with TraceReader(path) as reader:
         result = replayer(reader.events()) if replayer is not None else reexecute(reader.events(), policy)
+        if result.ok and result.num_steps == 0:     # nothing was compared: no verdict to give
+            torn = reader.describe_torn_tail()
+            raise TraceError(f"{path}: the trace has no complete step to replay{f' ({torn})' if torn else ''}")
         note_torn_tail(reader)
     if as_json:
         d = result.divergence

@@ -84,6 +84,8 @@ def run(args) -> int:
     from tracengine.fleet.spec import FleetSpec
     fleet = fleet_spec_from_args(args, step_time, FleetSpec() if fleet_swept else None, scoped)
     if fleet is not None and fleet.is_single and not fleet_swept:    # one replica: today's simulation, its trace
+        from tracengine.cli.fleet_commands import check_fleet_flags_of_one_engine
+        check_fleet_flags_of_one_engine(args)
         fleet = None
     # One run whose max_model_len is given reads its workload as it goes: its memory follows the
     # requests in flight, not the file (without it, the longest request sets max_model_len).

@@ -3,6 +3,7 @@ where the variants run and what is kept: `--executor local|ray`, `--ray-address`
 `--cache-dir`, `--no-cache`, `--variant-timeout`; docs/sweeps.md): checked before any run,
 the grid run on the executor behind the result cache, its table or JSON printed."""
 import os
+import sys
 import time
 
 from tracengine.cli.common import EXIT_OK
@@ -153,14 +154,26 @@ def cache_of(args):
     return None if args.no_cache else ResultCache(args.cache_dir)
 
 
+def say_kept(cache, num_variants: int):
+    """On stderr, of a sweep stopped part way: the rows it finished, which a run again reads."""
+    if cache is not None and cache.num_written:
+        print(f"tracengine: {cache.num_written} of {num_variants} variants finished; their rows are kept in "
+              f"{cache.directory}, which the sweep run again reads", file=sys.stderr)
+
+
 def run_sweep_rows(spec, source, prepared, variants: list[dict], args):
     """(rows, a line saying where they came from) of every variant, on the flags' executor and cache."""
     from tracengine.sim.executors import run_variants
     from tracengine.sim.spec import Variant
     start = time.perf_counter()
+    cache = cache_of(args)
     with executor_of(args) as executor:
-        run = run_variants(spec, source, [Variant(v) for v in variants], executor, prepared, cache_of(args),
-                           args.variant_timeout)
+        try:
+            run = run_variants(spec, source, [Variant(v) for v in variants], executor, prepared, cache,
+                               args.variant_timeout)
+        except KeyboardInterrupt:
+            say_kept(cache, len(variants))
+            raise
         workers = executor.num_workers(max(run.num_computed, 1))
     where = f"on {workers} {executor.name} worker{'s' if workers > 1 else ''}"
     cached = f" ({run.num_cached} from the cache)" if run.num_cached else ""

@@ -8,7 +8,7 @@ from tracengine.analysis.timeline import RequestTimeline
 from tracengine.engine.config import Config, recorded_block_rules
 
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, PromptBlocksHashed,
-                                     ScheduleDecision, without_wall_clock)
+                                     RequestAdded, ScheduleDecision, without_wall_clock)
 from tracengine.engine.hash_id_prompt import hashed_blocks
 from tracengine.trace.tracelog import split_header
 from tracengine.trace.events import iter_steps
@@ -25,6 +25,7 @@ class TraceDiff:
     a_stats: dict = field(default_factory=dict)    # stats() of each side: `tracengine stats` of each trace
     b_stats: dict = field(default_factory=dict)
     config_changes: list = field(default_factory=list)   # (field, a, b)
+    workload_difference: str | None = None  # how the two workloads differ (workload_difference); None: the same
 
     @property
     def identical(self) -> bool:
@@ -63,6 +64,7 @@ def diff_traces(a, b) -> TraceDiff:
                              if config_a.get(name) != config_b.get(name)]
     timeline_a, timeline_b = RequestTimeline(header_a), RequestTimeline(header_b)
     steps_a, steps_b = iter_steps(a), iter_steps(b)
+    requests_a, requests_b = {}, {}
     step = 0
     while True:
         group_a, group_b = next(steps_a, None), next(steps_b, None)
@@ -70,8 +72,12 @@ def diff_traces(a, b) -> TraceDiff:
             break
         for e in group_a or ():
             timeline_a.add(e)
+            if type(e) is RequestAdded:
+                requests_a[e.seq_id] = request_key(e)
         for e in group_b or ():
             timeline_b.add(e)
+            if type(e) is RequestAdded:
+                requests_b[e.seq_id] = request_key(e)
         if result.step is None:
             key_a, key_b = scheduling_key(group_a or ()), scheduling_key(group_b or ())
             if key_a != key_b:
@@ -81,4 +87,33 @@ def diff_traces(a, b) -> TraceDiff:
                                     min(len(key_a), len(key_b)))
         step += 1
     result.a_stats, result.b_stats = stats(timeline_a), stats(timeline_b)
+    result.workload_difference = workload_difference(requests_a, requests_b)
     return result
+
+
+def request_key(e: RequestAdded) -> tuple:
+    """What a request asks for: its prompt (its length, whether it is known by hash ids, and a hash
+    of them: a long trace's prompts are not kept) and its max_tokens."""
+    if e.prompt_hash_ids:
+        prompt = (e.num_hash_id_prompt_tokens, True, hash((*e.prompt_hash_ids, e.hash_id_block_tokens)))
+    else:
+        prompt = (len(e.prompt_token_ids), False, hash(tuple(e.prompt_token_ids)))
+    return prompt, e.max_tokens
+
+
+def workload_difference(a: dict, b: dict) -> str | None:
+    """How two traces' requests (request_key by seq_id) differ, by the first request that does; None
+    when they are the same. A prompt known by hash ids on one side and by tokens on the other (a
+    simulation and a run of one workload file) is compared by its length only."""
+    if a.keys() != b.keys():
+        first = min(a.keys() ^ b.keys())
+        return f"a has {len(a)} requests, b {len(b)}; request s{first} is only in {'a' if first in a else 'b'}"
+    for seq_id in sorted(a):
+        (prompt_a, max_tokens_a), (prompt_b, max_tokens_b) = a[seq_id], b[seq_id]
+        if prompt_a[0] != prompt_b[0]:
+            return f"request s{seq_id}'s prompt differs (a: {prompt_a[0]} tokens, b: {prompt_b[0]})"
+        if prompt_a[1] == prompt_b[1] and prompt_a[2] != prompt_b[2]:
+            return f"request s{seq_id}'s prompt differs (both {prompt_a[0]} tokens, not the same ones)"
+        if max_tokens_a != max_tokens_b:
+            return f"request s{seq_id}'s max_tokens differs (a: {max_tokens_a}, b: {max_tokens_b})"
+    return None

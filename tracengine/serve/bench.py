@@ -132,8 +132,10 @@ def _carries_token(chunk: dict, chat: bool) -> bool:
 
 
 async def run_benchmark(url: str, requests: list[Request], model: str, api_key: str | None = None,
-                        chat: bool = False, max_concurrency: int | None = None, timeout: float = 600.0):
-    """(results in request order, the run's duration in seconds)."""
+                        chat: bool = False, max_concurrency: int | None = None, timeout: float = 600.0,
+                        on_result=None):
+    """(results in request order, the run's duration in seconds); `on_result(result)` as each
+    request ends (the progress bar)."""
     endpoint = f"{url}/v1/chat/completions" if chat else f"{url}/v1/completions"
     bodies = [request_body(r, model, chat) for r in requests]
     semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
@@ -146,9 +148,13 @@ async def run_benchmark(url: str, requests: list[Request], model: str, api_key: 
             if delay > 0:
                 await asyncio.sleep(delay)
             if semaphore is None:
-                return await _send(client, endpoint, body, start, chat, timeout)
-            async with semaphore:
-                return await _send(client, endpoint, body, start, chat, timeout)
+                result = await _send(client, endpoint, body, start, chat, timeout)
+            else:
+                async with semaphore:
+                    result = await _send(client, endpoint, body, start, chat, timeout)
+            if on_result is not None:
+                on_result(result)
+            return result
 
         results = await asyncio.gather(*(one(r, b) for r, b in zip(requests, bodies)))
         duration = time.perf_counter() - start

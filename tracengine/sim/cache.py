@@ -52,6 +52,7 @@ class ResultCache:
 
     def __init__(self, directory: str | None = None):
         self.directory = directory or default_cache_dir()
+        self.num_written = 0      # rows stored by this run (what a stopped sweep kept)
         if os.path.exists(self.directory) and not os.path.isdir(self.directory):
             raise TracengineError(f"--cache-dir {self.directory}: not a directory")
 
@@ -76,5 +77,6 @@ class ResultCache:
                 json.dump({"spec": spec.key(), "overrides": variant.overrides, "request_rate": variant.request_rate,
                            "row": row}, f)
             os.replace(partial, path)
+            self.num_written += 1
         except OSError as exc:
             raise TracengineError(f"--cache-dir {self.directory}: cannot write ({exc.strerror})") from None

@@ -6,11 +6,15 @@ digest), never as a list of events, and returns its row. Ray gets the source's b
 per run (`ray.put`), each node fetches them once into its object store, and each worker
 process reads them once, the first time it is sent the source, and keeps them. A variant
 that runs past the timeout is stopped in its worker (an alarm, in the worker's main thread,
-where local pools and Ray both run their tasks) and its row says so; the sweep goes on."""
+where local pools and Ray both run their tasks) and its row says so; the sweep goes on.
+Each row is handed to `on_row` as it finishes (the cache keeps it at once), so a sweep
+that is stopped keeps every row finished before."""
 import multiprocessing
 import os
 import signal
-from concurrent.futures import ProcessPoolExecutor
+import sys
+import threading
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -60,11 +64,52 @@ def run_one(spec: SweepSpec, source: Source, variant: Variant, timeout: float | 
 # -- local --------------------------------------------------------------------------------------
 
 _LOCAL = None      # a local worker's (source, prepared), set by its initializer (forked: read already)
+PR_SET_PDEATHSIG = 1     # linux/prctl.h
 
 
-def _init_local(source: Source, prepared: PreparedSources):
+def _init_local(parent_pid: int, source: Source, prepared: PreparedSources):
     global _LOCAL
     _LOCAL = (source, prepared)
+    _follow_parent(parent_pid)
+
+
+def _follow_parent(parent_pid: int):
+    """A worker stops with the process that started it. Ctrl-C reaches the whole process group:
+    a worker ignores it and the parent stops its workers (a worker that took it would report
+    the interrupt as its row and run the next variant). SIGTERM kills a worker, not the
+    parent's handler a fork inherits. A parent that is killed takes its workers with it
+    (Linux: the kernel's death signal; elsewhere a thread that watches the parent's pid)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        import ctypes
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            _watch_parent(parent_pid)
+    else:
+        _watch_parent(parent_pid)
+    if os.getppid() != parent_pid:      # the parent died before the death signal was asked for
+        os._exit(1)
+
+
+def _watch_parent(parent_pid: int):
+    def watch():
+        while os.getppid() == parent_pid:
+            threading.Event().wait(0.5)
+        os._exit(1)
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _stop_workers(pool: ProcessPoolExecutor):
+    """Kills the pool's workers now, its running variants with them: their rows are not wanted
+    any more. (No public handle on the processes before Python 3.14's `kill_workers`.)"""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for process in processes:
+        process.kill()
+    for process in processes:
+        process.join(1)
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _run_local(task) -> dict:
@@ -92,16 +137,34 @@ class LocalExecutor:
         return max(1, min(self.jobs or os.cpu_count() or 1, num_variants))
 
     def run(self, spec: SweepSpec, source: Source, variants: list[Variant], timeout: float | None,
-            prepared: PreparedSources) -> list[dict]:
+            prepared: PreparedSources, on_row=None) -> list[dict]:
+        """Every variant's row, in order; `on_row(i, row)` as each finishes."""
+        on_row = on_row or (lambda i, row: None)
+        rows: list = [None] * len(variants)
         jobs = self.num_workers(len(variants))
         if jobs <= 1:
-            return [run_one(spec, source, v, timeout, prepared) for v in variants]
+            for i, v in enumerate(variants):
+                rows[i] = run_one(spec, source, v, timeout, prepared)
+                on_row(i, rows[i])
+            return rows
         fork = "fork" in multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if fork else "spawn")
         # forked, a worker has what this process read; spawned, it reads the source's file
-        initargs = (source, prepared if fork else PreparedSources())
-        with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_local, initargs=initargs) as pool:
-            return list(pool.map(_run_local, [(spec, v, timeout) for v in variants]))
+        initargs = (os.getpid(), source, prepared if fork else PreparedSources())
+        pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_local, initargs=initargs)
+        try:
+            pending = {pool.submit(_run_local, (spec, v, timeout)): i for i, v in enumerate(variants)}
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    i = pending.pop(future)
+                    rows[i] = future.result()
+                    on_row(i, rows[i])
+        except BaseException:        # Ctrl-C, SIGTERM, a variant's error: no worker runs on
+            _stop_workers(pool)
+            raise
+        pool.shutdown()
+        return rows
 
 
 # -- ray ----------------------------------------------------------------------------------------
@@ -166,17 +229,27 @@ class RayExecutor:
         return self._refs[source.digest]
 
     def run(self, spec: SweepSpec, source: Source, variants: list[Variant], timeout: float | None,
-            prepared: PreparedSources) -> list[dict]:
-        """`prepared`: this process's, which Ray workers do not share."""
+            prepared: PreparedSources, on_row=None) -> list[dict]:
+        """`prepared`: this process's, which Ray workers do not share. `on_row`: as LocalExecutor's."""
         import ray
         task = ray.remote(_ray_task).options(num_cpus=1, max_retries=0)
         data_ref = [self.put(source)]
+        refs = [task.remote(spec, source, data_ref, v, timeout) for v in variants]
+        index = {ref: i for i, ref in enumerate(refs)}
+        rows: list = [None] * len(variants)
+        pending = list(refs)
         try:
-            return ray.get([task.remote(spec, source, data_ref, v, timeout) for v in variants])
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                for ref in done:
+                    rows[index[ref]] = ray.get(ref)
+                    if on_row is not None:
+                        on_row(index[ref], rows[index[ref]])
         except ray.exceptions.RayTaskError as exc:
             if isinstance(exc.cause, TracengineError):    # bad input, said as the local executor says it
                 raise exc.cause from None
             raise
+        return rows
 
 
 def make_executor(name: str, jobs: int | None = None, address: str | None = None):
@@ -210,9 +283,12 @@ def run_variants(spec: SweepSpec, source: Source, variants: list[Variant], execu
     keys = [variant_key(spec, v) for v in variants] if cache is not None else [None] * len(variants)
     rows = [cache.get(k) if cache is not None else None for k in keys]
     todo = [i for i, row in enumerate(rows) if row is None]
-    computed = executor.run(spec, source, [variants[i] for i in todo], timeout, prepared) if todo else []
-    for i, row in zip(todo, computed):
+
+    def keep(j: int, row: dict):      # as each row comes: a sweep stopped keeps what finished
+        i = todo[j]
         rows[i] = row
         if cache is not None and not is_timed_out(row):
             cache.put(keys[i], spec, variants[i], row)
+    if todo:
+        executor.run(spec, source, [variants[i] for i in todo], timeout, prepared, keep)
     return SweepRun(rows, len(variants) - len(todo), len(todo))

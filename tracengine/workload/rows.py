@@ -72,9 +72,10 @@ def hash_id_tokens(hash_ids, input_length: int, where: str, vocab_size: int, len
     if not isinstance(hash_ids, list):
         raise TracengineError(f"{where}: hash_ids must be a list of integers, got {hash_ids!r}")
     needed = -(-input_length // MOONCAKE_BLOCK_TOKENS)
-    if len(hash_ids) < needed:
+    if len(hash_ids) != needed:    # one per block: more would name blocks the prompt does not have
         raise TracengineError(f"{where}: input_length {input_length} needs {needed} hash_ids of "
-                              f"{MOONCAKE_BLOCK_TOKENS} tokens, got {len(hash_ids)}")
+                              f"{MOONCAKE_BLOCK_TOKENS} tokens, got {len(hash_ids)}"
+                              f"{' (more than its blocks)' if len(hash_ids) > needed else ''}")
     num_tokens = scale_length(input_length, length_scale)
     block_ids = [integer_field(hash_id, "a hash id", where, 0) for hash_id in hash_ids[:-(-num_tokens // block_len)]]
     # refused in every run, not only a simulation's hash-id prompts: a file means the same to each command
