@@ -34,3 +34,13 @@ def test_the_architecture_page_names_every_part_and_only_those():
     listed = set(re.findall(r"^\| `(\w+)/` \|", text, flags=re.M))
     parts = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert listed == parts
+
+
+def test_one_place_reads_which_backend_a_trace_header_names():
+    # trace/header.backend_of decides; commands ask cli/backends.py for the trace's commands. A
+    # backend (fleet/, vllm/) reads its own header's fields: a fleet its spec
+    kind = re.compile(r"""\.engine\s*[!=]=\s*["']vllm["']|is_fleet_trace|header\.fleet\s*(:|or\b|and\b|\))""")
+    backends = (PACKAGE / "fleet", PACKAGE / "vllm")
+    readers = sorted(str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
+                     if p != PACKAGE / "trace" / "header.py" and p.parent not in backends and kind.search(p.read_text()))
+    assert readers == []

@@ -17,7 +17,7 @@ from tracengine.replay.fold import Fold
 from tracengine.sim.runners import SyntheticRunner
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.trace.tracelog import TraceReader, TraceWriter, make_header
-from tracengine.cli.tui import open_index
+from tracengine.cli.engine_commands import open_index
 from tracengine.tui.app import TraceApp
 from tracengine.tui.screens import HelpScreen, NumberPrompt, RunFiguresScreen
 from tracengine.tui.seq_view import SeqScreen

@@ -239,3 +239,11 @@ def summarize_counts(counts: dict[int, int], scale: float = 1) -> Summary:
         return NO_VALUES
     return Summary(count=n, mean=sum(v * c for v, c in counts.items()) / scale / n, p50=percentile(repeated, 50),
                    p90=percentile(repeated, 90), p99=percentile(repeated, 99))
+
+
+def figure_at(figures, *keys):
+    """The figure at `keys` in a run's figures or a fleet's (dicts of them), or None where one is missing."""
+    value = figures
+    for key in keys:
+        value = value.get(key) if isinstance(value, (dict, Figures)) else None
+    return value

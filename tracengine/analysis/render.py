@@ -14,6 +14,7 @@ from tracengine.trace.events import (WALL_CLOCK_FIELDS, BlockAllocate, BlockAppe
                                      PromptBlocksHashed, RequestAdded, ScheduleDecision, ScheduledSeq, SeqAbort,
                                      SeqFinish, StepEnd, TokenSample, TraceHeader)
 from tracengine.trace.events import iter_steps
+from tracengine.trace.header import VLLM, backend_of
 
 SCHEDULING_CONFIG = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "kvcache_block_size",
                      "num_kvcache_blocks", "eos")
@@ -129,7 +130,7 @@ def render_step(events) -> str:
 
 def render_header(header: TraceHeader) -> str:
     config = header.config
-    if header.engine == "vllm":
+    if backend_of(header) == VLLM:
         return f"# vLLM {header.engine_version} ({config.get('scheduler_kind')}): " + " ".join(
             f"{name}={config.get(name)}" for name in VLLM_SCHEDULING_CONFIG)
     policy = config.get("scheduling_policy", "prefill_first")     # named when it is not the default

@@ -18,9 +18,10 @@ from itertools import repeat
 import msgspec
 
 from tracengine.errors import TraceError
-from tracengine.trace.events import (BlockAllocate, block_pool_config, Preempt, RequestAdded,
+from tracengine.trace.events import (BlockAllocate, Preempt, RequestAdded,
                                      ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader,
                                      prefill_flags)
+from tracengine.trace.header import block_pool_config
 
 @dataclass(slots=True)
 class StepRecord:

@@ -6,7 +6,6 @@ import os
 
 from tracengine.cli.common import EXIT_FAILED_CHECK, EXIT_NOT_ENDED, EXIT_OK, EXIT_RUN_FAILED, add_parser
 from tracengine.errors import TraceCorruptError, TraceError
-from tracengine.replay.event_check import EventCheck
 from tracengine.trace.events import EVENT_TYPES, StepEnd
 from tracengine.trace.tracelog import TraceReader
 
@@ -38,10 +37,8 @@ def run(args) -> int:
         checker = None
         if not args.fast:
             try:
-                checker = EventCheck(reader.header)
-                if reader.header.fleet:      # each replica's events checked on their own (docs/cluster.md)
-                    from tracengine.fleet.replay import FleetEventCheck
-                    checker = FleetEventCheck(reader.header)
+                from tracengine.cli.backends import commands_of
+                checker = commands_of(reader.header).event_check(reader.header)    # a fleet's: each replica's
             except TraceError as exc:
                 impossible = {"message": str(exc), "offset": reader.frames()[0].offset, "step": None}
         counts["TraceHeader"] = 1

@@ -4,20 +4,8 @@
 import json
 
 from tracengine.cli.common import EXIT_FAILED_CHECK, EXIT_OK
-from tracengine.errors import TracengineError
+from tracengine.errors import TraceError, TracengineError
 from tracengine.analysis.figures import to_json_object
-
-
-def is_fleet_trace(path) -> bool:
-    """Whether the trace at `path` is a fleet's (its header has a fleet): the commands that read
-    one take it whole (docs/cluster.md)."""
-    import os
-
-    from tracengine.trace.tracelog import TraceReader
-    if not (os.path.isfile(path) and os.path.getsize(path)):
-        return False      # the command's own reading says what is wrong
-    with TraceReader(path) as reader:
-        return bool(reader.header.fleet)
 
 
 def add_fleet_arguments(p, what_if: bool = False):
@@ -173,10 +161,10 @@ def fleet_whatif_command(path, events: list, spec, overrides: dict, record, step
     from tracengine.cli.steptime import describe_step_time
     print(f"step times: {describe_step_time(result.step_time, str(path))}")
     from tracengine.analysis.tables import make_table, table_text
-    from tracengine.cli.replay_runs import pick_figure
+    from tracengine.analysis.figures import figure_at
     rows = []
     for label, keys, scale, fmt in WHATIF_ROWS:
-        a, b = pick_figure(result.recorded, *keys), pick_figure(result.new, *keys)
+        a, b = figure_at(result.recorded, *keys), figure_at(result.new, *keys)
         cell = [("-" if v is None else fmt.format(v * scale)) for v in (a, b)]
         change = "-" if a in (None, 0) or b is None else f"{(b - a) / a:+.1%}"
         rows.append([label, *cell, change])
@@ -289,3 +277,33 @@ def _describe_route(r) -> str:
 
 def _ms(x):
     return "-" if x is None else f"{x * 1e3:,.2f}"
+
+
+def fleet_step_tables(reader, steps, seq) -> list[str]:
+    """A fleet trace's step tables, one per replica (docs/cluster.md)."""
+    from tracengine.analysis.render import render_steps
+    from tracengine.fleet.stats import replica_streams
+    _, streams = replica_streams(reader.events())
+    return [f"# replica {replica}\n" + render_steps(events, steps, seq) for replica, events in sorted(streams.items())]
+
+
+def fleet_tui_command(path, follow: bool) -> int:
+    """A fleet trace in the viewer, one replica at a time."""
+    if follow:
+        raise TraceError("a fleet trace is shown whole: --follow follows one engine's")
+    from tracengine.tui.fleet_app import run_fleet_tui
+    return run_fleet_tui(path)
+
+
+def fleet_event_check(header):
+    """Each replica's events checked on their own (fleet/replay.py)."""
+    from tracengine.fleet.replay import FleetEventCheck
+    return FleetEventCheck(header)
+
+
+def fleet_diff_of_readers(args, reader_a, reader_b) -> int:
+    from tracengine.cli.outputs import note_torn_tail
+    a_events, b_events = list(reader_a.events()), list(reader_b.events())
+    note_torn_tail(reader_a)
+    note_torn_tail(reader_b)
+    return fleet_diff_command(args, a_events, b_events)

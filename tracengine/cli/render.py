@@ -1,7 +1,7 @@
 """`tracengine render`: a trace's step table, one line per step."""
 import sys
 
-from tracengine.analysis.render import involves_seq, render_steps
+from tracengine.analysis.render import involves_seq
 from tracengine.cli.common import EXIT_OK, add_parser, parse_step_range
 from tracengine.errors import TraceError
 from tracengine.trace.events import StepEnd
@@ -22,14 +22,9 @@ def add_to(sub):
 def run(args) -> int:
     """The step table of a trace, as the snapshot fixtures of tracengine.testing store it."""
     steps = parse_step_range(args.steps, "--steps") if args.steps is not None else None
+    from tracengine.cli.backends import commands_of
     with TraceReader(args.trace) as reader:
-        if reader.header.fleet:      # a fleet's: each replica's table (docs/cluster.md)
-            from tracengine.fleet.stats import replica_streams
-            _, streams = replica_streams(reader.events())
-            tables = [f"# replica {replica}\n" + render_steps(events, steps, args.seq)
-                      for replica, events in sorted(streams.items())]
-        else:
-            tables = [render_steps(reader.events(), steps, args.seq)]
+        tables = commands_of(reader.header).step_tables(reader, steps, args.seq)     # a fleet's: one a replica
         if (steps is not None or args.seq is not None) and not any(map(has_step_line, tables)):
             refuse_filters(reader, args, steps)
         for table in tables:

@@ -4,21 +4,21 @@ and sweeps of what-ifs; each takes the backend's own function where the backends
 import json
 import os
 
+from tracengine.analysis.figures import figure_at, to_json_object
 from tracengine.analysis.render import render_state
 from tracengine.analysis.tables import make_table, table_text
 from tracengine.cli.common import EXIT_FAILED_CHECK, EXIT_OK
 from tracengine.cli.outputs import check_outputs, note_torn_tail
-from tracengine.cli.steptime import (describe_step_time, input_files, print_unvaried_note,
+from tracengine.cli.flags import config_overrides
+from tracengine.cli.steptime import (describe_step_time, input_files, print_unvaried_note, step_time_from_args,
                                      step_time_json)
-from tracengine.cli.sweeps import (print_sweep,
-                                   sweep_options)
+from tracengine.cli.sweeps import check_executor_flags, check_plot_figure, print_sweep, sweep_options
 from tracengine.errors import TraceError, TracengineError
 from tracengine.replay.fold import Fold
 from tracengine.replay.metrics import side_by_side
 from tracengine.replay.reexec import divergence_report, reexecute
 from tracengine.trace.events import to_builtins
 from tracengine.trace.tracelog import TraceReader, write_trace
-from tracengine.analysis.figures import Figures, to_json_object
 
 
 # -- the what-if in simulated time ------------------------------------------------------------
@@ -116,19 +116,11 @@ def print_whatif(path, result, record, as_json: bool = False) -> int:
     return EXIT_OK
 
 
-def pick_figure(s, *keys):
-    """The figure at `keys` in a run's stats (or a fleet's stats dict), or None where one is missing."""
-    value = s
-    for key in keys:
-        value = value.get(key) if isinstance(value, (dict, Figures)) else None
-    return value
-
-
 def timed_rows(s: dict) -> list[tuple[str, float | None, str]]:
     """(label, value, format) rows of a stats dict, for the simulated-time table."""
     rows = []
     for label, keys, scale, fmt in TIMED_ROWS:
-        value = pick_figure(s, *keys)
+        value = figure_at(s, *keys)
         rows.append((label, None if value is None else value * scale, fmt))
     return rows
 
@@ -227,3 +219,71 @@ def run_timed_whatif(path, events: list, overrides: dict, record, step_time, pol
         write_trace(record, result.new)
         print(f"wrote {record}")
     return EXIT_OK
+
+
+def replay_engine_trace(args) -> int:
+    """`tracengine replay` of one engine's trace (tracengine's): re-execution, --state, the
+    what-if in steps or in simulated time, one or a sweep, or its workload through a fleet."""
+    return _replay(args, fleet_trace=False)
+
+
+def replay_fleet_trace(args) -> int:
+    """`tracengine replay` of a fleet's trace: re-executed whole, or its what-if (docs/cluster.md)."""
+    return _replay(args, fleet_trace=True)
+
+
+def _replay(args, fleet_trace: bool) -> int:
+    check_plot_figure(args)
+    check_executor_flags(args, bool(args.sweep))
+    from tracengine.cli.fleet_commands import take_scoped_sets
+    scoped = take_scoped_sets(args)      # a pool's or a replica's fields: a fleet's (docs/cluster.md)
+    overrides = config_overrides(args)
+    check_flags_combine(args, overrides)
+    if args.state is not None:
+        return show_state(args.trace, args.state)
+    step_time = step_time_from_args(args)
+    timed = args.arrivals == "time" or step_time is not None
+    from tracengine.cli.fleet_commands import fleet_changes
+    from tracengine.fleet.overrides import is_fleet_name
+    reshaped = any(name != "router" for name in fleet_changes(args)) or bool(scoped) or \
+        any(is_fleet_name(text.partition("=")[0].strip().replace("-", "_")) for text in args.sweep)
+    if fleet_trace or reshaped or args.router:
+        return run_fleet_replay(args, fleet_trace, reshaped, overrides, timed, step_time, scoped)
+    if not (overrides or args.record or timed or args.sweep):
+        return run_replay(args.trace, args.json, args.policy)
+    if timed and args.arrivals == "steps":
+        raise TraceError("--step-time and --roofline time a what-if in simulated time; "
+                         "they do not combine with --arrivals steps")
+    with TraceReader(args.trace) as reader:    # read once, for the arrivals and the runs
+        events = list(reader.events())
+        note_torn_tail(reader)
+    if args.arrivals is None:    # time when the trace has arrival times, steps otherwise
+        from tracengine.replay.timed import has_arrivals
+        timed = timed or has_arrivals(events)
+    if args.sweep:
+        return run_sweep_replay(args.trace, events, overrides, timed, step_time, args)
+    if timed:
+        return run_timed_whatif(args.trace, events, overrides, args.record, step_time, args.policy, args.json)
+    return run_whatif(args.trace, events, overrides, args.record, args.json, args.policy)
+
+
+def run_fleet_replay(args, fleet_trace: bool, reshaped: bool, overrides: dict, timed: bool, step_time,
+                     scoped: dict) -> int:
+    """A fleet trace re-executed whole (alone, --router: with that router), or a trace's workload
+    through another fleet (docs/cluster.md), one or a sweep. `scoped`: the pools' and replicas'
+    --set fields."""
+    from tracengine.cli.fleet_commands import fleet_replay_command, fleet_spec_from_args, fleet_whatif_command
+    from tracengine.fleet.spec import FleetSpec
+    if args.arrivals == "steps":
+        raise TraceError("a fleet runs in time: --arrivals steps is one engine's")
+    with TraceReader(args.trace) as reader:
+        events = list(reader.events())
+        note_torn_tail(reader)
+    if args.sweep:
+        from tracengine.cli.fleet_sweeps import fleet_sweep_command
+        return fleet_sweep_command(args, events, overrides, scoped, step_time)
+    if fleet_trace and not (reshaped or overrides or args.record or timed):
+        return fleet_replay_command(args.trace, events, args.json, args.policy, args.router)
+    recorded = FleetSpec.from_dict(events[0].fleet) if fleet_trace else FleetSpec()
+    spec = fleet_spec_from_args(args, step_time, recorded, scoped)
+    return fleet_whatif_command(args.trace, events, spec, overrides, args.record, step_time, args.policy, args.json)

@@ -1,8 +1,6 @@
 """`tracengine stats`: the serving figures of a trace."""
-import json
 
-from tracengine.cli.common import EXIT_OK, add_parser, print_table
-from tracengine.analysis.figures import to_json_object
+from tracengine.cli.common import add_parser
 
 
 def add_to(sub):
@@ -19,14 +17,6 @@ def add_to(sub):
 
 
 def run(args) -> int:
-    from tracengine.analysis.stats import parse_slos, render, stats
-    slo = parse_slos(args.slo)
-    from tracengine.cli.fleet_commands import fleet_stats_command, is_fleet_trace
-    if is_fleet_trace(args.trace):      # per replica and for the fleet (docs/cluster.md)
-        return fleet_stats_command(args.trace, slo, args.json)
-    s = stats(args.trace, slo or None)
-    if args.json:
-        print(json.dumps(s, indent=2, default=to_json_object))
-    else:
-        print_table(render(s, title=str(args.trace)))
-    return EXIT_OK
+    from tracengine.analysis.stats import parse_slos
+    from tracengine.cli.backends import commands_for_trace
+    return commands_for_trace(args.trace).stats(args.trace, parse_slos(args.slo), args.json)

@@ -9,6 +9,7 @@ from tracengine.engine.vllm_block_manager import release, unregister
 from tracengine.replay.projection import Keyframe, Projection
 from tracengine.replay.fold_transfer import TransferProjection
 from tracengine.trace.events import BlockFree
+from tracengine.trace.header import VLLM, backend_of
 
 
 class VllmRulesKeyframe(Keyframe, frozen=True, gc=False):
@@ -64,7 +65,7 @@ class VllmRulesTransferProjection(VllmRulesProjection, TransferProjection):
 
 def projection(header, num_blocks: int, block_size: int) -> Projection:
     """The empty projection of the block pool the header describes."""
-    if header.engine == "vllm":
+    if backend_of(header) == VLLM:
         from tracengine.replay.vllm_fold import vllm_projection
         return vllm_projection(num_blocks, block_size)
     vllm_rules = recorded_block_rules(header.config) == "vllm"

@@ -8,7 +8,8 @@ it returns are values: nothing changes them after they are returned."""
 
 
 from tracengine.errors import TraceError
-from tracengine.trace.events import StepEnd, TokenSample, TraceHeader, block_pool_config
+from tracengine.trace.events import StepEnd, TokenSample, TraceHeader
+from tracengine.trace.header import block_pool_config
 from tracengine.replay.state import BlockState, FoldState, SeqState, live_state
 from tracengine.replay.projection import Keyframe, Projection
 from tracengine.replay.block_rules_fold import projection    # vLLM's block rules, or nano-vllm's

@@ -17,6 +17,7 @@ from tracengine.sim.runners import SyntheticRunner
 from tracengine.trace.events import StepEnd, WALL_CLOCK_FIELDS
 
 from tracengine.testing.workloads import run_requests
+from tracengine.trace.header import VLLM, backend_of
 
 
 class _StepTableSnapshot:
@@ -125,7 +126,7 @@ class WorkloadSnapshot(_StepTableSnapshot):
 def _replayers(header, policy):
     """(re-execute, reschedule) for a trace: each takes its events; reschedule gives the events of
     its workload scheduled as the scheduler now does. vLLM's scheduler for a vLLM trace."""
-    if header.engine == "vllm":
+    if backend_of(header) == VLLM:
         if policy is not None:
             raise TracengineError("a trace of vLLM's scheduler runs vLLM's scheduler: it takes no policy")
         from tracengine.vllm.replay import reexecute as vllm_reexecute

@@ -49,18 +49,6 @@ class TraceHeader(Event, tag=0):
     engine_version: str = ""
 
 
-def block_pool_config(header: TraceHeader) -> tuple[int, int, int]:
-    """(num_blocks, num_usable_blocks, block_size) of the KV block pool a header's config names:
-    tracengine's fields, or vLLM's in a trace of vLLM's scheduler (whose block 0 is its null
-    block, never used); -1, -1, 0 where they are not recorded."""
-    config = header.config
-    if header.engine == "vllm":
-        num_blocks, block_size = config.get("num_gpu_blocks", -1), config.get("block_size", 0)
-        return num_blocks, num_blocks - 1 if isinstance(num_blocks, int) and num_blocks > 0 else -1, block_size
-    num_blocks = config.get("num_kvcache_blocks", -1)
-    return num_blocks, num_blocks, config.get("kvcache_block_size", 0)
-
-
 class RequestAdded(Event, tag=1):
     step: int
     seq_id: int

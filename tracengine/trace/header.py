@@ -29,3 +29,27 @@ def split_header(events) -> tuple[TraceHeader, Iterator[AnyEvent]]:
     """(the header, an iterator over the events after it)."""
     it = iter(events)
     return check_header(next(it, None)), it
+
+
+ENGINE, VLLM, FLEET = "tracengine", "vllm", "fleet"      # the backends a trace can name
+
+
+def backend_of(header: TraceHeader) -> str:
+    """The backend that runs a trace's scheduling again, as its header names it: a fleet of
+    engines (the header has a fleet), vLLM's own scheduler (engine "vllm"), or tracengine's
+    engine. The one place that reads a header's kind: everything else asks this."""
+    if header.fleet:
+        return FLEET
+    return VLLM if header.engine == "vllm" else ENGINE
+
+
+def block_pool_config(header: TraceHeader) -> tuple[int, int, int]:
+    """(num_blocks, num_usable_blocks, block_size) of the KV block pool a header's config names:
+    tracengine's fields, or vLLM's in a trace of vLLM's scheduler (whose block 0 is its null
+    block, never used); -1, -1, 0 where they are not recorded."""
+    config = header.config
+    if backend_of(header) == VLLM:
+        num_blocks, block_size = config.get("num_gpu_blocks", -1), config.get("block_size", 0)
+        return num_blocks, num_blocks - 1 if isinstance(num_blocks, int) and num_blocks > 0 else -1, block_size
+    num_blocks = config.get("num_kvcache_blocks", -1)
+    return num_blocks, num_blocks, config.get("kvcache_block_size", 0)

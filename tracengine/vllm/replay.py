@@ -20,6 +20,7 @@ from tracengine.replay.reexec import _COMPARED, ComparingSink, Divergence, Repla
 from tracengine.trace.events import RequestAdded, SeqAbort, StepEnd, TokenSample
 from tracengine.trace.tracelog import split_header
 from tracengine.vllm.state import live_vllm_state
+from tracengine.trace.header import VLLM, backend_of
 
 
 class _Diverged(reexec._Diverged):
@@ -44,7 +45,7 @@ def reexecute(events, config: dict | None = None) -> ReplayResult:
     """Re-executes a vLLM trace (TraceHeader first); `config`: the header's, unless given."""
     from tracengine.vllm.build import build_scheduler
     header, it = split_header(events)
-    if header.engine != "vllm":
+    if backend_of(header) != VLLM:
         raise TraceError(f"the trace's decisions are {header.engine}'s, not vLLM's")
     check_vllm_version(header)
     scheduler = build_scheduler(header.config if config is None else config)

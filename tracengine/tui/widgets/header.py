@@ -5,14 +5,15 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from tracengine.trace.events import TraceHeader, block_pool_config
+from tracengine.trace.events import TraceHeader
 from tracengine.tui.trace_index import StepView
+from tracengine.trace.header import VLLM, backend_of, block_pool_config
 
 
 def describe_trace(name: str, header: TraceHeader) -> str:
     config, model = header.config, header.model
     num_blocks, _, block_size = block_pool_config(header)
-    engine = f" · vLLM {header.engine_version}'s scheduler" if header.engine == "vllm" else ""
+    engine = f" · vLLM {header.engine_version}'s scheduler" if backend_of(header) == VLLM else ""
     return (f"{name} · {model.name} ({model.architecture}, {model.dtype}) on {header.device}{engine} · "
             f"{num_blocks} blocks × {block_size} tokens · "
             f"budget {config.get('max_num_batched_tokens')} tokens, {config.get('max_num_seqs')} seqs")
