@@ -337,6 +337,33 @@ def test_bench_serve_reports_failures(served, capsys):
     assert "1 failed" in capsys.readouterr().out
 
 
+def test_bench_serve_sessions_sends_a_turn_after_the_last_came_back(served, tmp_path, capsys):
+    """Closed loop: a later turn is sent its think time after the turn before it came back, after
+    that turn's prompt and completion as the server returned them; what was served replays."""
+    import asyncio
+
+    from tracengine.cli import main
+    from tracengine.serve.bench import run_sessions
+    from tracengine.workload.formats import read_workload
+    rows = [{"session_id": s, "timestamp": 5 * i, "input_length": 16, "output_length": 4} for i, s in enumerate("ab")]
+    rows += [{"session_id": s, "think_ms": 30, "input_length": 8, "output_length": 4} for _ in range(2) for s in "ab"]
+    path = tmp_path / "sessions.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["bench-serve", "--url", served[0].url, "--api-key", KEY, "--sessions", str(path), "--json",
+                 "--quiet"]) == 0
+    f = json.loads(capsys.readouterr().out)
+    assert f["num_completed"] == 6 and f["sessions"]["num_sessions"] == 2 and f["sessions"]["num_turns_sent"] == 6
+    turns = read_workload(str(path), vocab_size=1024)
+    results, _ = asyncio.run(run_sessions(served[0].url, turns, "embedded", KEY))
+    for session in "ab":
+        mine = [(t, r) for t, r in zip(turns, results) if t.session_id == session]
+        for (_, before), (turn, after) in zip(mine, mine[1:]):
+            # sent no earlier than its think time after the turn before it came back: they never overlap
+            assert after.send_s >= before.send_s + before.e2e_s + turn.think_ns / 1e9 - 1e-3
+            assert after.num_prompt_tokens == before.num_prompt_tokens + before.num_completion_tokens + 8
+    assert reexecute(list(open_trace(served[3]))).ok
+
+
 def test_what_was_served_replays_exactly(served, client):
     app, llm, _, path = served
     client.completions.create(model="embedded", prompt="last", max_tokens=2)

@@ -25,6 +25,9 @@ def add_to(sub):
                    help="give up on one request after S seconds (default 600)")
     p.add_argument("--json", action="store_true", help="the figures as one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress bar (it goes to stderr)")
+    p.add_argument("--sessions", metavar="FILE",
+                   help="a sessions file (docs/workloads.md) sent closed-loop: a later turn once the turns it "
+                   "depends on came back and its think time passed, after their tokens (completions endpoint)")
     add_workload_sources(p)
     add_workload_arguments(p)
     add_sampling_arguments(p)
@@ -32,7 +35,8 @@ def add_to(sub):
 
 
 def run(args) -> int:
-    from tracengine.serve.bench import figures, render, run_benchmark, server_model
+    from tracengine.serve.bench import figures, render, run_benchmark, run_sessions, server_model, session_figures
+    from tracengine.workload.sessions import has_sessions
     url = args.url.rstrip("/")
     api_key = api_key_of(args)
     entry = server_model(url, api_key)
@@ -41,7 +45,14 @@ def run(args) -> int:
     if not isinstance(vocab_size, int) or vocab_size <= 0:
         raise TracengineError(f"{url} does not say its vocabulary size in /v1/models; "
                               "give text prompts (--prompt, --prompts-file) or a workload of text")
+    if args.sessions:
+        if getattr(args, "workload", None) or args.endpoint == "chat":
+            raise TracengineError("--sessions is the workload, sent to the completions endpoint: "
+                                  "give no other workload and no --endpoint chat")
+        args.workload = args.sessions
     requests = workload_requests(workload_spec(args), vocab_size, entry.get("max_model_len"))
+    if args.sessions and not has_sessions(requests):
+        raise TracengineError(f"{args.sessions} is not a sessions file: its rows carry no session_id")
     if args.max_concurrency is not None and args.max_concurrency <= 0:
         raise TracengineError(f"--max-concurrency must be positive, got {args.max_concurrency}")
     num_failed = 0
@@ -51,9 +62,14 @@ def run(args) -> int:
         num_failed += not result.ok
         progress.update(advance=1, num_failed=num_failed)
     with benchmark_progress(len(requests), enabled=not args.quiet) as progress:
-        results, duration = asyncio.run(run_benchmark(url, requests, model, api_key, args.endpoint == "chat",
-                                                      args.max_concurrency, args.timeout, on_result))
-    f = figures(results, duration)
+        if args.sessions:
+            results, duration = asyncio.run(run_sessions(url, requests, model, api_key, args.timeout, on_result))
+        else:
+            results, duration = asyncio.run(run_benchmark(url, requests, model, api_key, args.endpoint == "chat",
+                                                          args.max_concurrency, args.timeout, on_result))
+    f = figures([r for r in results if r is not None], duration)
+    if args.sessions:
+        f["sessions"] = session_figures(requests, results)
     print(json.dumps(f, indent=2) if args.json else render(f))
     return EXIT_OK if f["num_failed"] == 0 else EXIT_FAILED_CHECK
 

@@ -9,10 +9,15 @@ vLLM's serving benchmark measured at the client:
 - throughput: requests, completion tokens and all tokens per second of the run's
   duration (first send to last reply).
 
+A sessions workload (docs/workloads.md) is sent closed-loop (`run_sessions`): a later turn only
+after the turns it depends on came back and its think time passed, its prompt their tokens as
+the server returned them (workload/sessions.py's rule, the one the engine and simulator use).
+
 Completion tokens are the server's `usage` count (stream_options.include_usage),
 else the number of token-carrying chunks. Percentiles are `tracengine stats`' own."""
 import asyncio
 import json
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -33,6 +38,7 @@ class RequestResult:
     ttft_s: float | None = None
     e2e_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)      # the completion's, when the server returns them
 
     @property
     def tpot_s(self) -> float | None:
@@ -103,6 +109,8 @@ async def _send(client: httpx.AsyncClient, url: str, body: dict, start: float, c
                 if chunk.get("usage"):
                     result.num_prompt_tokens = chunk["usage"]["prompt_tokens"]
                     result.num_completion_tokens = chunk["usage"]["completion_tokens"]
+                for choice in chunk.get("choices", ()):
+                    result.token_ids += choice.get("token_ids") or ()
                 if not _carries_token(chunk, chat):
                     continue
                 now = time.perf_counter()
@@ -161,6 +169,70 @@ async def run_benchmark(url: str, requests: list[Request], model: str, api_key: 
     return list(results), duration
 
 
+async def run_sessions(url: str, turns: list[Request], model: str, api_key: str | None = None,
+                       timeout: float = 600.0, on_result=None):
+    """A sessions workload closed-loop: (results by turn index, None for a turn never sent, its
+    session having ended; the run's duration). A turn is sent when SessionRelease releases it, on
+    this client's clock: its session's first at its arrival, a later one its think time after
+    the turns it depends on came back, after their history (prompt and completion token ids as
+    the server returned them). A turn that fails ends its session."""
+    from types import SimpleNamespace
+
+    from tracengine.workload.sessions import SessionRelease
+    for turn in turns:
+        if turn.session_id and turn.depends_on and isinstance(turn.prompt, str):
+            raise TracengineError(f"{turn.source or 'a turn'}: a later turn's input is sent after its history's "
+                                  "token ids: give it as input_length or prompt_token_ids, not text")
+    endpoint = f"{url}/v1/completions"
+    release = SessionRelease(turns)
+    results: list[RequestResult | None] = [None] * len(turns)
+    limits = httpx.Limits(max_connections=max(len(turns), 1), max_keepalive_connections=64)
+    async with httpx.AsyncClient(headers=_headers(api_key), limits=limits, timeout=timeout) as client:
+        start = time.perf_counter()
+        in_flight: dict[asyncio.Task, tuple[int, Request]] = {}
+        held = release.pop()
+        while held[1] is not None or in_flight:
+            now_ns = (time.perf_counter() - start) * 1e9
+            while held[1] is not None and held[1].arrival_ns <= now_ns:
+                index, turn = held
+                body = request_body(turn, model, chat=False)
+                in_flight[asyncio.ensure_future(_send(client, endpoint, body, start, False, timeout))] = held
+                held = release.pop()
+            wait_s = None if held[1] is None else max(0.0, (held[1].arrival_ns - now_ns) / 1e9)
+            if not in_flight:
+                await asyncio.sleep(wait_s)
+                continue
+            done, _ = await asyncio.wait(in_flight, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                index, turn = in_flight.pop(task)
+                result = results[index] = task.result()
+                prompt = list(turn.prompt) if not isinstance(turn.prompt, str) else []
+                seq = SimpleNamespace(seq_id=index if turn.seq_id is None else turn.seq_id,
+                                      token_ids=prompt + result.token_ids, num_prompt_tokens=len(prompt),
+                                      finish_reason=None if result.ok else "error")
+                finish_ns = round((result.send_s + (result.e2e_s or 0.0)) * 1e9)
+                held = release.release([seq], finish_ns, held)
+                if on_result is not None:
+                    on_result(result)
+        duration = time.perf_counter() - start
+    return results, duration
+
+
+def session_figures(turns: list[Request], results: list) -> dict:
+    """Per session: its turns sent and not (its session ended first), and its duration, first
+    send to last reply, from the client."""
+    spans: dict[str, list[float]] = {}
+    for turn, r in zip(turns, results):
+        if r is not None:
+            span = spans.setdefault(turn.session_id, [math.inf, 0.0])
+            span[0], span[1] = min(span[0], r.send_s), max(span[1], r.send_s + (r.e2e_s or 0.0))
+    return {"num_sessions": len({t.session_id for t in turns}),
+            "num_turns_sent": sum(r is not None for r in results),
+            "num_turns_unsent": sum(r is None for r in results),
+            "duration_ms": {k: (v * 1e3 if k != "count" and v is not None else v)
+                            for k, v in summarize([b - a for a, b in spans.values()]).items()}}
+
+
 def figures(results: list[RequestResult], duration: float) -> dict:
     ok = [r for r in results if r.ok]
     num_completion = sum(r.num_completion_tokens for r in ok)
@@ -197,6 +269,11 @@ def render(f: dict) -> str:
         d = f[key]
         values = "".join(f"{'-' if d[k] is None else format(d[k], ',.2f'):>11}" for k in ("mean", "p50", "p90", "p99"))
         lines.append(f"{label:<10}{d['count']:>7}{values}")
+    if f.get("sessions"):
+        ss, d = f["sessions"], f["sessions"]["duration_ms"]
+        lines.append(f"{'sessions':<28}{ss['num_sessions']}: {ss['num_turns_sent']} turns sent, "
+                     f"{ss['num_turns_unsent']} never sent (their session ended); duration p50 "
+                     f"{'-' if d['p50'] is None else format(d['p50'], ',.2f')} ms")
     for error in f["errors"]:
         lines.append(f"error: {error}")
     return "\n".join(lines)
