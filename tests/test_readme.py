@@ -40,8 +40,9 @@ def test_stats_sample_matches_the_default_run(capsys):
 
 # Commands the run-through parses but does not run, and why: interactive, a server, a checkpoint of your own.
 NOT_RUN = {"tui": "interactive", "serve": "a server", "bench-serve": "needs a server"}
-# The set-up line (the README's first block), which installs: the run-through starts after it.
-SETUP_LINE = 'pip install torch==2.13.0 && pip install -e ".[dev]"'
+# The set-up line (the README's first block): it installs, then runs the main job on the embedded
+# model and records run.trace, which the Commands block goes on from.
+SETUP_LINE = 'pip install torch==2.13.0 && pip install -e ".[dev]" && tracengine generate --record run.trace'
 
 
 def readme_shell_lines() -> list[str]:
@@ -72,13 +73,13 @@ def is_run(argv: list[str]) -> bool:
     return argv[0] not in NOT_RUN and not any(a.startswith("~") for a in argv)    # not a checkpoint of yours
 
 
-def test_the_set_up_line_comes_first_and_records_nothing():
-    """The run-through starts after the set-up line: a command in it would run before the
-    Commands block, which records run.trace first (a second record of it is refused)."""
+def test_the_set_up_line_installs_and_records_run_trace_once():
+    """The set-up line installs and records run.trace; the Commands block goes on from it and
+    never records run.trace again (a second record of it is refused without --force)."""
     lines = readme_shell_lines()
-    assert " && ".join(lines[:2]) == SETUP_LINE
-    assert lines[2] == "python -m pytest -q"
-    assert lines[3].startswith("tracengine generate --record run.trace")
+    assert " && ".join(lines[:3]) == SETUP_LINE
+    assert lines[3] == "python -m pytest -q"
+    assert not [line for line in lines[4:] if as_typed(line)[:4] == ["tracengine", "generate", "--record", "run.trace"]]
 
 
 @pytest.mark.model
