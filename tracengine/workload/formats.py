@@ -18,8 +18,8 @@ from itertools import chain
 from tracengine.engine.request import Request
 from tracengine.errors import TracengineError
 
-from tracengine.workload.rows import (hash_id_tokens,
-                                      integer_field, number_field, require_field, scale_length, token_ids)
+from tracengine.workload.rows import (hash_id_tokens, integer_field, number_field, require_field, scale_length,
+                                      text_prompt, token_ids)
 
 FORMATS = ("mooncake", "azure", "tracengine")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -235,12 +235,7 @@ def _tracengine(f, path, vocab_size, length_scale, seed, hash_id_prompts=False):
         if ("prompt" in record) == ("prompt_token_ids" in record):
             raise TracengineError(f"{where}: give one of 'prompt' or 'prompt_token_ids'")
         if "prompt" in record:
-            prompt = record["prompt"]
-            if not isinstance(prompt, str) or not prompt:
-                raise TracengineError(f"{where}: prompt must be a non-empty string")
-            if length_scale != 1.0:
-                raise TracengineError(f"{where}: a text prompt cannot be scaled by --length-scale "
-                                      f"(give prompt_token_ids)")
+            prompt = text_prompt(record, where, length_scale)
         else:
             prompt = token_ids(record["prompt_token_ids"], where, vocab_size, length_scale)
         max_tokens = integer_field(record.get("max_tokens", DEFAULT_MAX_TOKENS), "max_tokens", where, 1)

@@ -89,3 +89,13 @@ def hash_id_tokens(hash_ids, input_length: int, where: str, vocab_size: int, len
     prompt = list(chain.from_iterable(_mooncake_block(i, block_len, vocab_size) for i in block_ids))
     del prompt[num_tokens:]
     return prompt
+
+
+def text_prompt(record: dict, where: str, length_scale: float) -> str:
+    """A row's `prompt`: non-empty text, which no --length-scale can cut (token ids can be)."""
+    prompt = record["prompt"]
+    if not isinstance(prompt, str) or not prompt:
+        raise TracengineError(f"{where}: prompt must be a non-empty string")
+    if length_scale != 1.0:
+        raise TracengineError(f"{where}: a text prompt cannot be scaled by --length-scale (give prompt_token_ids)")
+    return prompt

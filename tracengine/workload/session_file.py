@@ -13,7 +13,7 @@ import struct
 from tracengine.engine.request import NO_TIME, Request
 from tracengine.errors import TracengineError
 from tracengine.workload.rows import (hash_id_tokens, integer_field, number_field, require_field, scale_length,
-                                      token_ids)
+                                      text_prompt, token_ids)
 from tracengine.workload.sessions import set_history_bounds
 
 SESSION_FIELDS = frozenset({"session_id", "timestamp", "think_ms", "depends_on", "prompt", "prompt_token_ids",
@@ -85,13 +85,7 @@ def _new_input(record: dict, where: str, vocab_size: int, length_scale: float, s
         raise TracengineError(f"{where}: give one of {', '.join(PROMPT_FIELDS)} (or input_length alone), "
                               f"not {' and '.join(given)}")
     if given == ["prompt"]:
-        prompt = record["prompt"]
-        if not isinstance(prompt, str) or not prompt:
-            raise TracengineError(f"{where}: prompt must be a non-empty string")
-        if length_scale != 1.0:
-            raise TracengineError(f"{where}: a text prompt cannot be scaled by --length-scale (give "
-                                  f"prompt_token_ids)")
-        return prompt
+        return text_prompt(record, where, length_scale)
     if given == ["prompt_token_ids"]:
         return token_ids(record["prompt_token_ids"], where, vocab_size, length_scale)
     input_length = integer_field(require_field(record, "input_length", where), "input_length", where, 1)
