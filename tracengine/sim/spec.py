@@ -193,22 +193,31 @@ def run_variant(spec: SweepSpec, source: Source, variant: Variant, prepared: Pre
 
 
 def native_rate(requests, params: dict) -> float | None:
-    """A workload's own request rate: --request-rate's, or for a file whose arrivals are spread
-    out, its requests after the first over the span of their arrivals; None when all arrive at once."""
+    """A workload's own rate: --request-rate's, or for a file whose arrivals are spread out, its
+    arrivals after the first over their span; None when all arrive at once. A sessions file's
+    arrivals are its sessions' first turns (a later turn is sent when its session releases it),
+    so its rate is sessions per second."""
     if params.get("request_rate") is not None:
         return params["request_rate"]
-    arrivals = [r.arrival_ns for r in requests]
+    arrivals = [r.arrival_ns for r in requests if not r.depends_on]
     span_s = (max(arrivals) - min(arrivals)) / 1e9
     return (len(arrivals) - 1) / span_s if span_s > 0 else None
 
 
 def at_rate(requests, rate: float, params: dict) -> list:
     """The requests arriving at `rate` per second: a file's own arrivals scaled in time, or
-    (a synthetic workload, or one given --request-rate) drawn at the rate as --request-rate draws them."""
+    (a synthetic workload, or one given --request-rate) drawn at the rate as --request-rate draws
+    them. Of a sessions file only the first turns' arrivals move: `rate` is sessions per second,
+    and a later turn still follows its session's finishes by its own think time."""
     from tracengine.workload.arrivals import arrival_times
     own = native_rate(requests, params) if params.get("request_rate") is None else None
+    starting = [i for i, r in enumerate(requests) if not r.depends_on]
     if own is not None:
         factor = own / rate
-        return [dataclasses.replace(r, arrival_ns=round(r.arrival_ns * factor)) for r in requests]
-    times = arrival_times(len(requests), rate, params.get("burstiness") or 1.0, params.get("seed") or 0)
-    return [dataclasses.replace(r, arrival_ns=round(t * 1e9)) for r, t in zip(requests, times)]
+        arrivals = [round(requests[i].arrival_ns * factor) for i in starting]
+    else:
+        arrivals = [round(t * 1e9) for t in arrival_times(len(starting), rate, params.get("burstiness") or 1.0,
+                                                          params.get("seed") or 0)]
+    moved = dict(zip(starting, arrivals))
+    return [dataclasses.replace(r, arrival_ns=moved[i]) if i in moved else dataclasses.replace(r)
+            for i, r in enumerate(requests)]

@@ -1,5 +1,6 @@
 """Workload files: requests with arrival times, from a Mooncake JSONL trace, an
-Azure LLM inference trace (CSV) or tracengine's own JSONL (docs/workloads.md).
+Azure LLM inference trace (CSV), tracengine's own JSONL or Dynamo's agentic Mooncake
+JSONL (docs/workloads.md).
 
 Model-free and torch-free: `read_workload` returns `Request`s (prompt text or
 token ids, max_tokens, sampling fields, arrival in seconds from the start of
@@ -18,10 +19,11 @@ from itertools import chain
 from tracengine.engine.request import Request
 from tracengine.errors import TracengineError
 
+from tracengine.workload.agentic_mooncake import SCHEMA as AGENTIC_SCHEMA, agentic_rows, is_agentic_header
 from tracengine.workload.rows import (hash_id_tokens, integer_field, number_field, require_field, scale_length,
                                       text_prompt, token_ids)
 
-FORMATS = ("mooncake", "azure", "tracengine")
+FORMATS = ("mooncake", "azure", "tracengine", "agentic_mooncake")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 TRACENGINE_FIELDS = frozenset({"arrival_s", "prompt", "prompt_token_ids", "max_tokens", "temperature",
                                "ignore_eos", "top_k", "top_p", "seed"})
@@ -38,7 +40,8 @@ def read_workload(path: str, format: str | None = None, *, vocab_size: int, max_
     first N. `time_scale` X: arrivals X times faster. `length_scale` X: prompt and
     output lengths times X, at least 1 token. `max_model_len`: a prompt longer than it
     can never run and is an error naming its line. Mooncake and Azure times count from
-    the first request; tracengine's `arrival_s` is taken as written. `hash_id_prompts`: a
+    the first request; tracengine's `arrival_s` is taken as written; an agentic Mooncake file's
+    from its earliest `not_before_ms`, as Dynamo counts them. `hash_id_prompts`: a
     Mooncake prompt as its hash ids (engine.hash_id_prompt.HashIdPrompt), never expanded into
     tokens, for a run with no model (simulation)."""
     return list(iter_workload(path, format, vocab_size=vocab_size, max_requests=max_requests,
@@ -64,7 +67,8 @@ def iter_workload(path: str, format: str | None = None, *, vocab_size: int, max_
     if vocab_size <= 0:
         raise TracengineError(f"vocab size must be positive, got {vocab_size}")
     parse = {"mooncake": partial(_mooncake, hash_id_prompts=hash_id_prompts), "azure": _azure,
-             "tracengine": partial(_tracengine, hash_id_prompts=hash_id_prompts)}[format]
+             "tracengine": partial(_tracengine, hash_id_prompts=hash_id_prompts),
+             "agentic_mooncake": partial(_agentic_mooncake, hash_id_prompts=hash_id_prompts)}[format]
     return _read(path, parse, vocab_size, length_scale, seed, max_requests, max_model_len,
                  format in ("mooncake", "azure"), time_scale)
 
@@ -125,6 +129,8 @@ def detect_format(path: str) -> str:
         except json.JSONDecodeError:
             record = None
         if isinstance(record, dict):
+            if is_agentic_header(record):      # Dynamo's (workload/agentic_mooncake.py)
+                return "agentic_mooncake"
             if "session_id" in record:      # tracengine's sessions (workload/session_file.py)
                 return "tracengine"
             if "hash_ids" in record or "input_length" in record:
@@ -133,8 +139,9 @@ def detect_format(path: str) -> str:
                 return "tracengine"
     elif "TIMESTAMP" in line.split(","):
         return "azure"
-    raise TracengineError(f"{path}:{number}: unknown workload format (not Mooncake JSONL, an Azure CSV or "
-                          f"tracengine JSONL); name it with --workload-format {{{','.join(FORMATS)}}}")
+    raise TracengineError(f"{path}:{number}: unknown workload format (not Mooncake JSONL, an Azure CSV, "
+                          f"tracengine JSONL or Dynamo's agentic Mooncake); name it with --workload-format "
+                          f"{{{','.join(FORMATS)}}}")
 
 
 def _text_lines(f, path: str):
@@ -170,6 +177,17 @@ def _mooncake(f, path, vocab_size, length_scale, seed, hash_id_prompts=False):
         # An output length of 0 still samples the first token, as every engine does.
         yield Request(prompt, scale_length(max(output_length, 1), length_scale), round(timestamp * 1_000_000),
                       ignore_eos=True, source=where)
+
+
+def _agentic_mooncake(f, path, vocab_size, length_scale, seed, hash_id_prompts=False):
+    records = _json_lines(f, path)
+    first = next(records, None)
+    if first is None:
+        return
+    if not is_agentic_header(first[1]):
+        raise TracengineError(f"{first[0]}: an agentic Mooncake file starts with its header "
+                              f"({{\"schema\": \"{AGENTIC_SCHEMA}\", ...}})")
+    yield from agentic_rows(chain([first], records), vocab_size, length_scale, hash_id_prompts)
 
 
 def _azure(f, path, vocab_size, length_scale, seed):

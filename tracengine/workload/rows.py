@@ -63,18 +63,18 @@ def token_ids(prompt, where: str, vocab_size: int, length_scale: float) -> list[
 
 
 def hash_id_tokens(hash_ids, input_length: int, where: str, vocab_size: int, length_scale: float,
-                   hash_id_prompts: bool) -> list[int] | HashIdPrompt:
-    """A Mooncake prompt of `input_length` tokens from its hash ids of 512 tokens: a HashIdPrompt
-    (`hash_id_prompts`), else each named block's made-up tokens. A scaled block keeps ceil(512 * X)
-    tokens, so the scaled prompt still fits in its hash ids and requests that share ids still
-    share prefixes."""
-    block_len = max(1, math.ceil(MOONCAKE_BLOCK_TOKENS * length_scale))
+                   hash_id_prompts: bool, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[int] | HashIdPrompt:
+    """A Mooncake prompt of `input_length` tokens from its hash ids of `block_tokens` tokens (512:
+    Mooncake's; a Dynamo agentic trace names its own): a HashIdPrompt (`hash_id_prompts`), else each
+    named block's made-up tokens. A scaled block keeps ceil(block_tokens * X) tokens, so the scaled
+    prompt still fits in its hash ids and requests that share ids still share prefixes."""
+    block_len = max(1, math.ceil(block_tokens * length_scale))
     if not isinstance(hash_ids, list):
         raise TracengineError(f"{where}: hash_ids must be a list of integers, got {hash_ids!r}")
-    needed = -(-input_length // MOONCAKE_BLOCK_TOKENS)
+    needed = -(-input_length // block_tokens)
     if len(hash_ids) != needed:    # one per block: more would name blocks the prompt does not have
         raise TracengineError(f"{where}: input_length {input_length} needs {needed} hash_ids of "
-                              f"{MOONCAKE_BLOCK_TOKENS} tokens, got {len(hash_ids)}"
+                              f"{block_tokens} tokens, got {len(hash_ids)}"
                               f"{' (more than its blocks)' if len(hash_ids) > needed else ''}")
     num_tokens = scale_length(input_length, length_scale)
     block_ids = [integer_field(hash_id, "a hash id", where, 0) for hash_id in hash_ids[:-(-num_tokens // block_len)]]
