@@ -29,3 +29,12 @@ def split_header(events) -> tuple[TraceHeader, Iterator[AnyEvent]]:
     """(the header, an iterator over the events after it)."""
     it = iter(events)
     return check_header(next(it, None)), it
+
+
+def not_recorded_note(header: TraceHeader) -> str | None:
+    """What `replay` and `check` say first of a trace that does not hold all its engine did (a
+    vLLM feature recorded anyway, tracengine/vllm/features.py); None for a whole recording."""
+    if not header.not_recorded:
+        return None
+    return (f"the trace was recorded without {'; '.join(header.not_recorded)} (recorded anyway): "
+            f"a replay of it is not exact")

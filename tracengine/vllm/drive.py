@@ -32,13 +32,16 @@ class RequestSpec:
     # In simulated time (timed.py): when it arrives and, a client that left, when it leaves (ns)
     arrival_ns: int = 0
     abort_ns: int | None = None
+    # More of vLLM's Request fields (a LoRA adapter: lora_request; a test's cache_salt)
+    request_options: dict | None = None
 
 
 def make_request(request_id: str, prompt_token_ids, *, max_tokens: int, arrival_time: float, block_size: int,
                  hash_algo: str = "sha256", priority: int = 0, ignore_eos: bool = True, eos_token_id=None,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed=None, min_tokens: int = 0,
-                 stop_token_ids=()):
-    """A vLLM Request as the engine core hands it to the scheduler (block hashes included)."""
+                 stop_token_ids=(), **request_options):
+    """A vLLM Request as the engine core hands it to the scheduler (block hashes included);
+    `request_options`: more of Request's fields (lora_request, cache_salt)."""
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -50,7 +53,7 @@ def make_request(request_id: str, prompt_token_ids, *, max_tokens: int, arrival_
                             top_p=top_p, seed=seed, min_tokens=min_tokens, stop_token_ids=list(stop_token_ids))
     params.update_from_generation_config({}, eos_token_id)
     return Request(request_id, list(prompt_token_ids), params, None, arrival_time=arrival_time, priority=priority,
-                   block_hasher=get_request_block_hasher(block_size, hash_fn))
+                   block_hasher=get_request_block_hasher(block_size, hash_fn), **request_options)
 
 
 def model_output(req_ids, tokens: dict):
@@ -87,7 +90,8 @@ class Driver:
         arrival_time = spec.arrival_time if spec.arrival_time is not None else float(self.index[spec.request_id])
         self.scheduler.add_request(make_request(
             spec.request_id, spec.prompt_token_ids, max_tokens=spec.max_tokens, arrival_time=arrival_time,
-            block_size=self.block_size, hash_algo=self.hash_algo, priority=spec.priority, **sampling))
+            block_size=self.block_size, hash_algo=self.hash_algo, priority=spec.priority, **sampling,
+            **(spec.request_options or {})))
 
     def tokens(self, req_ids) -> dict:
         """The sampled tokens of the requests of a step that sample one."""
