@@ -181,3 +181,131 @@ def test_a_structured_output_request_ends_the_recording_before_it(tmp_path, no_r
         events = list(reader.events())
         assert "request json-0 uses structured output" in reader.run_end.reason
     assert reexecute(events).ok
+
+
+# -- speculative decoding (ngram) -----------------------------------------------------------------
+
+NGRAM = dict(speculative_method="ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3)
+SPEC_PRESSURE = dict(num_gpu_blocks=32, max_num_batched_tokens=128, max_num_seqs=16, **NGRAM)
+SPEC_ABORTS = dict(aborts={12: ["req-9"]}, in_step_aborts={15: ["req-12"]})
+
+
+def spec_workload(drafts_log: dict | None = None) -> list[RequestSpec]:
+    """16 requests of 52..127 prompt tokens, 40 output tokens, one a step; every fifth stops on
+    EOS at its 30th token. With `drafts_log`, each request's drafts are those a run logged."""
+    from tracengine.vllm.spec import Drafts
+    specs = [RequestSpec(f"req-{i}", SHARED_PREFIX + [i] * (20 + 5 * i), 40, arrival_step=i,
+                         eos_after=30 if i % 5 == 3 else 0) for i in range(16)]
+    for spec in specs if drafts_log is not None else ():
+        spec.drafts = drafts_log.get(spec.request_id) or Drafts()
+    return specs
+
+
+def record_spec(path, config: dict, specs, seen: list | None = None, drafts_log: dict | None = None) -> list:
+    """Runs `specs` through a recording scheduler into `path`; `seen` gets what the driver fed
+    back for each request that verified drafts: (its drafts verified, the tokens it sampled)."""
+    import tracengine.vllm.drive as drive
+    scheduler = build_scheduler(config, record=str(path))
+    update = scheduler.update_from_output
+
+    def update_from_output(out, model_output):
+        for req_id, drafts in out.scheduled_spec_decode_tokens.items():
+            tokens = model_output.sampled_token_ids[model_output.req_id_to_index[req_id]]
+            if seen is not None and tokens and not scheduler.requests[req_id].is_finished():
+                seen.append((len(drafts), len(tokens)))
+        return update(out, model_output)
+    scheduler.update_from_output = update_from_output
+    drive.run(scheduler, specs, drafts_log=drafts_log, **SPEC_ABORTS)
+    scheduler.shutdown()
+    return recorded(path)
+
+
+@pytest.fixture(scope="module")
+def spec_traces(tmp_path_factory):
+    """Each kind recorded once: kind -> (path, events, what the driver fed back, the drafts it gave)."""
+    out = {}
+    for kind in ("sync", "async"):
+        path = tmp_path_factory.mktemp("spec") / f"{kind}.trace"
+        seen, drafts_log = [], {}
+        events = record_spec(path, default_config(**SPEC_PRESSURE, scheduler_kind=kind), spec_workload(), seen,
+                             drafts_log)
+        out[kind] = (path, events, seen, drafts_log)
+    return out
+
+
+def of_type(events, name: str) -> list:
+    return [e for e in events if type(e).__name__ == name]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_speculative_decoding_is_recorded_and_replays_exactly(spec_traces, kind, no_record_anyway):
+    path, events, seen, _ = spec_traces[kind]
+    header = events[0]
+    assert {name: header.config[name] for name in NGRAM} == NGRAM and header.not_recorded == []
+    # what the trace shows: drafts verified and accepted in varying numbers, preemptions, aborts
+    accepted = [a for e in of_type(events, "SpecAccepted") for a in e.num_accepted]
+    assert set(accepted) == {0, 1, 2, 3}
+    assert of_type(events, "Preempt") and {e.seq_id for e in of_type(events, "SeqAbort")} == {9, 12}
+    # the engine core gives drafts to a synchronous scheduler; an async one's worker drafts itself
+    assert bool(of_type(events, "SpecDraft")) == (kind == "sync")
+    # each verification's drafts count in its ScheduledSeq: one token to sample and the drafts
+    for d in of_type(events, "ScheduleDecision"):
+        verified = next((dict(zip(e.seq_ids, e.num_spec_tokens)) for e in of_type(events, "SpecDecode")
+                         if e.step == d.step), {})
+        assert all(ss.num_tokens == 1 + verified[ss.seq_id] for ss in d.seqs if ss.seq_id in verified)
+    result = reexecute(events)
+    assert result.ok, result.divergence
+    assert result.num_steps == len(of_type(events, "ScheduleDecision")) and result.num_unfinished == 0
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_stats_count_the_drafts_the_driver_saw(spec_traces, kind, capsys):
+    import json
+    path, events, seen, _ = spec_traces[kind]
+    assert main(["stats", str(path), "--json"]) == 0
+    spec = json.loads(capsys.readouterr().out)["spec_decoding"]
+    drafted = sum(v for v, _ in seen)
+    accepted = sum(n - 1 for _, n in seen)
+    assert (spec["num_verifications"], spec["num_draft_tokens"], spec["num_accepted_tokens"]) == (
+        len(seen), drafted, accepted)
+    assert spec["acceptance_rate"] == accepted / drafted
+    per_position = [sum(n - 1 > j for v, n in seen if v > j) / sum(v > j for v, _ in seen) for j in range(3)]
+    assert spec["acceptance_rate_per_position"] == per_position
+    assert per_position[0] > per_position[2] > 0       # a later draft is accepted only after the earlier ones
+    assert main(["stats", str(path)]) == 0
+    assert f"{accepted:,}/{drafted:,} drafts accepted" in capsys.readouterr().out
+
+
+def test_a_planted_change_to_the_drafts_is_found_at_its_step(spec_traces):
+    import msgspec
+    path, events, _, _ = spec_traces["sync"]
+    # the drafts given after some step, one fewer: the next step verifies one fewer for that request
+    i, draft = next((i, e) for i, e in enumerate(events) if type(e).__name__ == "SpecDraft" and e.step > 10
+                    and any(e.seq_id in d.seq_ids and n == 3 for d in of_type(events, "SpecDecode")
+                            if d.step == e.step for n in d.num_spec_tokens))
+    planted = events[:i] + [msgspec.structs.replace(draft, token_ids=draft.token_ids[:2])] + events[i + 1:]
+    result = reexecute(planted)
+    assert not result.ok and result.divergence.step == draft.step
+    assert type(result.divergence.expected).__name__ in ("ScheduleDecision", "SpecDecode")
+    # and without the drafts, the replay parts from the recording where they were first verified
+    first = min(e.step for e in of_type(events, "SpecDecode"))
+    result = reexecute([e for e in events if type(e).__name__ != "SpecDraft"])
+    assert not result.ok and result.divergence.step == first
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_speculative_whatif_equals_running_vllm_with_that_config_and_the_same_drafts(spec_traces, tmp_path, kind,
+                                                                                      capsys, no_record_anyway):
+    path, events, _, drafts_log = spec_traces[kind]
+    whatif_path, direct_path = tmp_path / "whatif.trace", tmp_path / "direct.trace"
+    assert main(["replay", str(path), "--arrivals", "steps", "--set", "max_num_batched_tokens=64",
+                 "--record", str(whatif_path)]) == 0
+    assert "max_num_batched_tokens 128 -> 64" in capsys.readouterr().out
+    # vLLM's scheduler under that config, each request given the drafts the recorded run gave it
+    direct = record_spec(direct_path, default_config(**{**SPEC_PRESSURE, "max_num_batched_tokens": 64},
+                                                     scheduler_kind=kind), spec_workload(drafts_log))
+    assert main(["diff", str(whatif_path), str(direct_path)]) == 0
+    assert "no scheduling difference in" in capsys.readouterr().out
+    assert [e.seqs for e in of_type(direct, "ScheduleDecision")] != [e.seqs for e in of_type(events, "ScheduleDecision")]
+    assert of_type(direct, "Preempt") and of_type(direct, "SpecAccepted")
+    assert main(["replay", str(whatif_path)]) == 0       # the what-if's trace re-executes too

@@ -176,6 +176,16 @@ class RequestFigures(Figures, frozen=True):
     e2e_s: float | None = None
 
 
+class SpecDecoding(Figures, frozen=True):
+    """Speculative decoding (a vLLM trace's, analysis/spec_decoding.py): drafts verified and accepted."""
+    num_verifications: int          # a request's drafts verified in a step
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    acceptance_rate: float | None   # accepted / drafted
+    mean_acceptance_length: float | None    # tokens a verification gave: 1 + accepted (vLLM's)
+    acceptance_rate_per_position: list[float]   # of the verifications with a draft at position j, the share accepting it
+
+
 class Stats(Figures, frozen=True, kw_only=True):
     """What `tracengine stats` says of one engine's trace."""
     stats_version: int
@@ -191,6 +201,7 @@ class Stats(Figures, frozen=True, kw_only=True):
     kv_blocks: KVBlocks
     head_of_line: HeadOfLine
     sessions: dict | None = None        # analysis/sessions.py; None without sessions
+    spec_decoding: SpecDecoding | None = None   # analysis/spec_decoding.py; None without drafts
     per_request: list[RequestFigures]
 
 

@@ -17,10 +17,11 @@ from itertools import repeat
 
 import msgspec
 
+from tracengine.analysis.spec_decoding import SpecCounts
 from tracengine.errors import TraceError
 from tracengine.trace.events import (BlockAllocate, block_pool_config, Preempt, RequestAdded,
-                                     ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader,
-                                     prefill_flags)
+                                     ScheduleDecision, SeqAbort, SeqFinish, SpecAccepted, SpecDecode, StepEnd,
+                                     TokenSample, TraceHeader, prefill_flags)
 
 @dataclass(slots=True)
 class StepRecord:
@@ -127,6 +128,7 @@ class RequestTimeline:
         self.itl_ns: dict[int, int] = {}
         self._open_step = -1
         self._open_gaps: dict[int, int] = {}
+        self.spec_decoding: SpecCounts | None = None   # a vLLM trace's drafts (analysis/spec_decoding.py)
 
     def add(self, event) -> None:
         # By exact type, one dict lookup: a run folded live (generate, simulate) pays this per event.
@@ -211,6 +213,16 @@ class RequestTimeline:
         itl_steps, itl_ns = dict(self.itl_steps), dict(self.itl_ns)
         self._count_gaps(self._open_step, self._open_gaps, itl_steps, itl_ns)
         return itl_steps, itl_ns
+
+    def _drafts_scheduled(self, event: SpecDecode) -> None:
+        if self.spec_decoding is None:
+            self.spec_decoding = SpecCounts()
+        self.spec_decoding.scheduled(event)
+
+    def _drafts_accepted(self, event: SpecAccepted) -> None:
+        if self.spec_decoding is None:
+            self.spec_decoding = SpecCounts()
+        self.spec_decoding.accepted(event)
 
     def _finished(self, event: SeqFinish) -> None:
         req = self._request(event.seq_id, event)
@@ -305,7 +317,8 @@ class RequestTimeline:
 FOLD = {TraceHeader: RequestTimeline._header_read, RequestAdded: RequestTimeline._request_added,
         ScheduleDecision: RequestTimeline._decision_made, BlockAllocate: RequestTimeline._allocated,
         Preempt: RequestTimeline._preempted, TokenSample: RequestTimeline._token_sampled,
-        SeqFinish: RequestTimeline._finished, SeqAbort: RequestTimeline._aborted, StepEnd: RequestTimeline._step_ended}
+        SeqFinish: RequestTimeline._finished, SeqAbort: RequestTimeline._aborted, StepEnd: RequestTimeline._step_ended,
+        SpecDecode: RequestTimeline._drafts_scheduled, SpecAccepted: RequestTimeline._drafts_accepted}
 
 
 def fold(events) -> RequestTimeline:

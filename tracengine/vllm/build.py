@@ -13,12 +13,13 @@ import os
 import tempfile
 
 from tracengine.errors import ConfigError
-from tracengine.vllm.header import CACHE_FIELDS, scheduler_field_names
+from tracengine.vllm.header import CACHE_FIELDS, SPEC_FIELDS, scheduler_field_names
 
 
 def settable_fields() -> list[str]:
     """The names `replay --set` and `simulate --scheduler vllm` accept for a vLLM trace."""
-    return scheduler_field_names() + list(CACHE_FIELDS) + ["max_model_len", "num_gpu_blocks", "scheduler_kind"]
+    return scheduler_field_names() + list(CACHE_FIELDS) + ["max_model_len", "num_gpu_blocks", "scheduler_kind"] + \
+        list(SPEC_FIELDS)
 
 
 def default_config(**overrides) -> dict:
@@ -71,6 +72,8 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = "", vllm_opt
                                        sliding_window=config.get("sliding_window"))
             cache_config.num_gpu_blocks = config["num_gpu_blocks"]
             options = vllm_options(model_config) if vllm_options is not None else {}
+            if config.get("speculative_method"):
+                options["speculative_config"] = speculative_config(config, model_config)
             vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                                      cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
                                      additional_config={"tracengine": {"record": record, **(additional_config or {})}},
@@ -85,6 +88,13 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = "", vllm_opt
     return scheduler_cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                          structured_output_manager=StructuredOutputManager(vllm_config),
                          block_size=block_size, log_stats=True)
+
+
+def speculative_config(config: dict, model_config):
+    """vLLM's SpeculativeConfig of a header's SPEC_FIELDS."""
+    from vllm.config import ParallelConfig, SpeculativeConfig
+    return SpeculativeConfig(target_model_config=model_config, target_parallel_config=ParallelConfig(),
+                             **{attribute: config[name] for name, attribute in SPEC_FIELDS.items()})
 
 
 def _first_line(exc: Exception) -> str:

@@ -17,7 +17,7 @@ RECORD_ANYWAY_ENV = "TRACENGINE_RECORD_ANYWAY"
 # speculative decoding methods whose scheduling a trace holds whole: drafts, verified tokens and
 # acceptances are events (vllm/spec.py); others reserve lookahead slots and drop blocks by rules
 # a trace does not hold (EAGLE, MTP, draft models)
-RECORDED_SPEC_METHODS = ()
+RECORDED_SPEC_METHODS = ("ngram",)
 
 
 def record_anyway(vllm_config) -> bool:

@@ -9,6 +9,9 @@ import os
 # CacheConfig fields that decide scheduling (block size and count, the prefix cache)
 CACHE_FIELDS = ("block_size", "enable_prefix_caching", "prefix_caching_hash_algo", "sliding_window")
 KV_FIELDS = ("num_kv_heads", "head_size", "kv_dtype")
+# a speculative config's fields (header name -> SpeculativeConfig's), in a header only where drafts are on
+SPEC_FIELDS = {"speculative_method": "method", "num_speculative_tokens": "num_speculative_tokens",
+               "prompt_lookup_min": "prompt_lookup_min", "prompt_lookup_max": "prompt_lookup_max"}
 
 # SchedulerConfig fields that name code or are vLLM's own bookkeeping, not a scheduling value;
 # and disable_hybrid_kv_cache_manager, which vLLM resolves from the platform and the KV cache
@@ -44,6 +47,11 @@ def header_config(scheduler) -> dict:
     config["head_size"] = getattr(spec, "head_size", 0)
     config["kv_dtype"] = str(spec.dtype).removeprefix("torch.")
     config["scheduler_kind"] = "async" if _is_async(type(scheduler)) else "sync"
+    spec = vllm_config.speculative_config
+    if spec is not None:      # (features.py refuses a method a trace does not hold)
+        config.update({name: getattr(spec, attribute) for name, attribute in SPEC_FIELDS.items()})
+        if config["max_num_scheduled_tokens"] == config["max_num_batched_tokens"]:
+            config["max_num_scheduled_tokens"] = None     # vLLM's default with drafts: the budget's, whatever it is
     return config
 
 

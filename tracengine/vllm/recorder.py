@@ -33,6 +33,7 @@ import time
 from tracengine.errors import ConfigError
 from tracengine.trace.events import NULL_SINK
 from tracengine.vllm.features import refuse_unrecorded, request_features
+from tracengine.vllm.spec import spec_accepted, spec_decode, spec_drafts
 from tracengine.vllm.step_recorder import StepRecorder
 
 RECORD_ENV = "TRACENGINE_RECORD"
@@ -145,8 +146,18 @@ class _Recording:
             recorder.preempted_ids.difference_update(resumed)
             resumed = [recorder.seq_ids[req_id] for req_id in resumed]
         recorder.decision(out, prefill_before, resumed, start_ns)
+        if out.scheduled_spec_decode_tokens:
+            recorder.emit(spec_decode(recorder.num_scheduled, out, recorder.seq_ids))
         recorder.num_scheduled += 1
         return out
+
+    def update_draft_token_ids(self, draft_token_ids) -> None:
+        recorder = self.tracengine
+        if recorder is not None:
+            for event in spec_drafts(recorder.current_step(), draft_token_ids, recorder.seq_ids,
+                                     recorder.num_in_flight):
+                recorder.emit(event)
+        super().update_draft_token_ids(draft_token_ids)
 
     def update_from_output(self, scheduler_output, model_runner_output):
         recorder = self.tracengine
@@ -159,6 +170,12 @@ class _Recording:
             request = self.requests.get(req_id)
             if request is not None and not request.is_finished():
                 before[req_id] = (request, request.num_output_tokens)
+        # with drafts, vLLM cuts a request's sampled tokens at its stop, in place: their count first
+        accepted = sampled = None
+        if scheduler_output.scheduled_spec_decode_tokens:
+            accepted = spec_accepted(recorder.num_updated, scheduler_output, model_runner_output, before,
+                                     recorder.seq_ids)
+            sampled = [list(tokens) for tokens in model_runner_output.sampled_token_ids]
         frees = []
         steps = recorder.steps
         recorder.in_call = "update"
@@ -169,7 +186,7 @@ class _Recording:
             recorder.steps = steps
             recorder.in_call = "between"
         recorder.count_freed(recorder.num_updated, num_free_before)
-        recorder.outputs(model_runner_output, before, frees, start_ns)
+        recorder.outputs(model_runner_output, before, frees, start_ns, accepted, sampled)
         recorder.num_updated += 1
         return result
 

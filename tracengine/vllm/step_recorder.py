@@ -2,19 +2,8 @@
 until the step's output is processed, then written as the step's frame."""
 import time
 
-from tracengine.trace.events import (
-    BlockAllocate,
-    BlockAppend,
-    BlockFree,
-    Preempt,
-    RequestAdded,
-    ScheduleDecision,
-    ScheduledSeq,
-    SeqAbort,
-    SeqFinish,
-    StepEnd,
-    TokenSample,
-)
+from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, Preempt, RequestAdded, ScheduledSeq,
+                                     ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample)
 
 
 class StepRecorder:
@@ -184,12 +173,17 @@ class StepRecorder:
             return "max_num_seqs"
         return "not_admitted"
 
-    def outputs(self, model_output, before: dict, frees: list, start_ns: int) -> None:
-        """TokenSample, SeqFinish and the frees of finished requests, then StepEnd: the step's frame.
-        `before`: req_id -> (the request, its output tokens before the update) of each request
-        whose output was processed."""
+    def outputs(self, model_output, before: dict, frees: list, start_ns: int, accepted=None,
+                sampled=None) -> None:
+        """SpecAccepted, TokenSample, SeqFinish and the frees of finished requests, then StepEnd: the
+        step's frame. `before`: req_id -> (the request, its output tokens before the update) of each
+        request whose output was processed; `sampled`: the sampled tokens as the model gave them,
+        where vLLM may have cut them since (drafts accepted past a stop)."""
         step = self.num_updated
-        sampled = model_output.sampled_token_ids
+        if accepted is not None:
+            self.emit(accepted)
+        if sampled is None:
+            sampled = model_output.sampled_token_ids
         finished = []
         for req_id, (request, num_before) in before.items():
             seq_id = self.seq_ids[req_id]
