@@ -309,3 +309,81 @@ def test_a_speculative_whatif_equals_running_vllm_with_that_config_and_the_same_
     assert [e.seqs for e in of_type(direct, "ScheduleDecision")] != [e.seqs for e in of_type(events, "ScheduleDecision")]
     assert of_type(direct, "Preempt") and of_type(direct, "SpecAccepted")
     assert main(["replay", str(whatif_path)]) == 0       # the what-if's trace re-executes too
+
+
+# -- LoRA -----------------------------------------------------------------------------------------
+
+LORA = dict(max_loras=1, max_cpu_loras=2, max_lora_rank=8)
+
+
+def lora_workload() -> list[RequestSpec]:
+    """12 requests: one in three the base model's, the others two adapters' by turns."""
+    from vllm.lora.request import LoRARequest
+    specs = workload(12)
+    for i, spec in enumerate(specs):
+        if i % 3:
+            spec.request_options = dict(lora_request=LoRARequest(f"adapter-{i % 3}", i % 3, f"/adapters/{i % 3}"))
+    return specs
+
+
+@pytest.fixture(scope="module")
+def lora_traces(tmp_path_factory):
+    out = {}
+    for kind in ("sync", "async"):
+        path = tmp_path_factory.mktemp("lora") / f"{kind}.trace"
+        scheduler = build_scheduler(default_config(**PRESSURE, **LORA, scheduler_kind=kind), record=str(path))
+        run(scheduler, lora_workload())
+        scheduler.shutdown()
+        out[kind] = (path, recorded(path))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_lora_adapters_are_recorded_and_replay_exactly(lora_traces, kind):
+    path, events = lora_traces[kind]
+    assert {name: events[0].config[name] for name in LORA} == LORA and events[0].not_recorded == []
+    added = of_type(events, "RequestAdded")
+    assert [(e.lora_name, e.lora_id) for e in added[:3]] == [("", 0), ("adapter-1", 1), ("adapter-2", 2)]
+    # max_loras=1: no step runs both adapters' requests
+    lora_of = {e.seq_id: e.lora_id for e in added}
+    assert all(len({lora_of[ss.seq_id] for ss in d.seqs} - {0}) <= 1 for d in of_type(events, "ScheduleDecision"))
+    assert of_type(events, "Preempt")
+    result = reexecute(events)
+    assert result.ok, result.divergence
+    # the adapters decide: the same trace with one request's adapter changed parts from it
+    import msgspec
+    i = next(i for i, e in enumerate(events) if type(e) is RequestAdded and e.lora_id == 2)
+    planted = list(events)
+    planted[i] = msgspec.structs.replace(events[i], lora_name="adapter-1", lora_id=1)
+    assert not reexecute(planted).ok
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_lora_whatif_equals_running_vllm_with_that_config(lora_traces, tmp_path, kind, capsys, no_record_anyway):
+    path, events = lora_traces[kind]
+    whatif_path, direct_path = tmp_path / "whatif.trace", tmp_path / "direct.trace"
+    assert main(["replay", str(path), "--arrivals", "steps", "--set", "max_loras=2", "--record",
+                 str(whatif_path)]) == 0
+    assert "max_loras 1 -> 2" in capsys.readouterr().out
+    scheduler = build_scheduler(default_config(**PRESSURE, **{**LORA, "max_loras": 2}, scheduler_kind=kind),
+                                record=str(direct_path))
+    run(scheduler, lora_workload())
+    scheduler.shutdown()
+    assert main(["diff", str(whatif_path), str(direct_path)]) == 0
+    assert "no scheduling difference in" in capsys.readouterr().out
+    direct = recorded(direct_path)
+    assert [e.seqs for e in of_type(direct, "ScheduleDecision")] != [e.seqs for e in of_type(events, "ScheduleDecision")]
+
+
+def test_stats_per_lora_adapter(lora_traces, capsys):
+    import json
+    path, events = lora_traces["sync"]
+    assert main(["stats", str(path), "--json"]) == 0
+    adapters = json.loads(capsys.readouterr().out)["lora_adapters"]
+    assert list(adapters) == ["", "adapter-1", "adapter-2"]
+    assert [adapters[name]["num_requests"] for name in adapters] == [4, 4, 4]
+    assert sum(a["num_completion_tokens"] for a in adapters.values()) == sum(
+        e.num_completion_tokens for e in of_type(events, "SeqFinish"))
+    assert adapters["adapter-1"]["ttft_steps"]["count"] == 4
+    assert main(["stats", str(path)]) == 0
+    assert "adapter adapter-2" in capsys.readouterr().out

@@ -116,6 +116,7 @@ class RequestTimeline:
         self.steps: list[StepRecord] = []
         self.requests: dict[int, RequestRecord] = {}
         self.session_turns: dict[int, tuple[str, int]] = {}   # seq_id -> (session, turn) of a session's turn
+        self.lora_names: dict[int, str] = {}    # seq_id -> its LoRA adapter's name, where it has one
         self.num_allocated_blocks = 0   # over all BlockAllocates (first allocations and after preemptions)
         self.num_hit_blocks = 0         # their leading blocks found in the prefix cache
         self.num_lookup_tokens = 0      # tokens of the sequences at their (re)allocations
@@ -146,6 +147,8 @@ class RequestTimeline:
                                                     event.arrival_ns)
         if event.session_id:
             self.session_turns[event.seq_id] = (event.session_id, event.turn)
+        if event.lora_id:       # a vLLM request's LoRA adapter (analysis/adapters.py)
+            self.lora_names[event.seq_id] = event.lora_name
 
     def _decision_made(self, event: ScheduleDecision) -> None:
         self._decision = event

@@ -100,6 +100,9 @@ class RequestAdded(Event, tag=1):
     turn: int = 0
     depends_on: list[int] = msgspec.field(default_factory=list)
     think_ns: int = 0
+    # Format version 11: the request's LoRA adapter in vLLM's scheduler (its name and id; 0: none)
+    lora_name: str = ""
+    lora_id: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:

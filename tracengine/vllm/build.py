@@ -13,13 +13,13 @@ import os
 import tempfile
 
 from tracengine.errors import ConfigError
-from tracengine.vllm.header import CACHE_FIELDS, SPEC_FIELDS, scheduler_field_names
+from tracengine.vllm.header import CACHE_FIELDS, LORA_FIELDS, SPEC_FIELDS, scheduler_field_names
 
 
 def settable_fields() -> list[str]:
     """The names `replay --set` and `simulate --scheduler vllm` accept for a vLLM trace."""
     return scheduler_field_names() + list(CACHE_FIELDS) + ["max_model_len", "num_gpu_blocks", "scheduler_kind"] + \
-        list(SPEC_FIELDS)
+        list(SPEC_FIELDS) + list(LORA_FIELDS)
 
 
 def default_config(**overrides) -> dict:
@@ -74,6 +74,9 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = "", vllm_opt
             options = vllm_options(model_config) if vllm_options is not None else {}
             if config.get("speculative_method"):
                 options["speculative_config"] = speculative_config(config, model_config)
+            if config.get("max_loras"):
+                from vllm.config import LoRAConfig
+                options["lora_config"] = LoRAConfig(**{name: config[name] for name in LORA_FIELDS})
             vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                                      cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
                                      additional_config={"tracengine": {"record": record, **(additional_config or {})}},

@@ -38,8 +38,6 @@ def config_features(vllm_config, kv_cache_config) -> list[str]:
     if spec is not None and spec.method not in RECORDED_SPEC_METHODS:
         found.append(f"speculative decoding with method {spec.method!r} (recorded: "
                      f"{', '.join(RECORDED_SPEC_METHODS) or 'none'})")
-    if vllm_config.lora_config is not None:
-        found.append("LoRA adapters (lora_config)")
     transfer = vllm_config.kv_transfer_config
     if transfer is not None and (transfer.kv_connector or transfer.kv_connector_module_path):
         found.append(f"a KV connector ({transfer.kv_connector or transfer.kv_connector_module_path})")

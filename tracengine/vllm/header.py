@@ -9,6 +9,8 @@ import os
 # CacheConfig fields that decide scheduling (block size and count, the prefix cache)
 CACHE_FIELDS = ("block_size", "enable_prefix_caching", "prefix_caching_hash_algo", "sliding_window")
 KV_FIELDS = ("num_kv_heads", "head_size", "kv_dtype")
+# a LoRA config's fields, in a header only where LoRA is on (max_loras: adapters in one batch)
+LORA_FIELDS = ("max_loras", "max_cpu_loras", "max_lora_rank")
 # a speculative config's fields (header name -> SpeculativeConfig's), in a header only where drafts are on
 SPEC_FIELDS = {"speculative_method": "method", "num_speculative_tokens": "num_speculative_tokens",
                "prompt_lookup_min": "prompt_lookup_min", "prompt_lookup_max": "prompt_lookup_max"}
@@ -52,6 +54,8 @@ def header_config(scheduler) -> dict:
         config.update({name: getattr(spec, attribute) for name, attribute in SPEC_FIELDS.items()})
         if config["max_num_scheduled_tokens"] == config["max_num_batched_tokens"]:
             config["max_num_scheduled_tokens"] = None     # vLLM's default with drafts: the budget's, whatever it is
+    if vllm_config.lora_config is not None:
+        config.update({name: getattr(vllm_config.lora_config, name) for name in LORA_FIELDS})
     return config
 
 

@@ -117,7 +117,8 @@ class _Replay:
                 block_size=scheduler.block_size, hash_algo=cache.prefix_caching_hash_algo, priority=e.priority,
                 ignore_eos=e.ignore_eos, eos_token_id=None if e.eos_token_id == -1 else e.eos_token_id,
                 temperature=e.temperature, top_k=max(e.top_k, 0), top_p=e.top_p,
-                seed=None if e.seed == -1 else e.seed, min_tokens=e.min_tokens, stop_token_ids=e.stop_token_ids))
+                seed=None if e.seed == -1 else e.seed, min_tokens=e.min_tokens, stop_token_ids=e.stop_token_ids,
+                **lora_request(e)))
         elif type(e) is SpecDraft:       # the engine core's drafts, after a step's output
             from vllm.v1.outputs import DraftTokenIds
             scheduler.update_draft_token_ids(DraftTokenIds([self.request_ids[e.seq_id]], [list(e.token_ids)]))
@@ -148,6 +149,15 @@ class _Replay:
         if self.sink.index < len(frame):
             raise _Diverged(frame[self.sink.index], None, "the trace has an event the replay did not emit", None)
         self.num_events += len(frame)
+
+
+def lora_request(e: RequestAdded) -> dict:
+    """make_request's lora_request of a recorded request's adapter ({}: none); the scheduler reads
+    its id only, never the adapter's path."""
+    if not e.lora_id:
+        return {}
+    from vllm.lora.request import LoRARequest
+    return {"lora_request": LoRARequest(e.lora_name, e.lora_id, f"tracengine-not-recorded/{e.lora_name}")}
 
 
 def _same(recorded, event) -> bool:

@@ -6,6 +6,13 @@ from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, Pree
                                      ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample)
 
 
+def lora_fields(lora_request) -> dict:
+    """RequestAdded's fields of a request's LoRA adapter (none: the defaults)."""
+    if lora_request is None or lora_request.lora_int_id <= 0:
+        return {}
+    return {"lora_name": lora_request.lora_name, "lora_id": lora_request.lora_int_id}
+
+
 class StepRecorder:
     """The events of one vLLM scheduler, kept per step until the step's output is processed."""
 
@@ -82,7 +89,7 @@ class StepRecorder:
             seed=-1 if params.seed is None else params.seed, request_id=request.request_id,
             priority=request.priority, arrival_time=request.arrival_time, min_tokens=params.min_tokens,
             eos_token_id=-1 if eos is None else eos, stop_token_ids=list(params.stop_token_ids or ()),
-            num_steps_in_flight=self.num_in_flight))
+            num_steps_in_flight=self.num_in_flight, **lora_fields(request.lora_request)))
 
     def _arrival_ns(self, arrival_time: float) -> int:
         since = arrival_time - self.created_at

@@ -20,6 +20,7 @@ from tracengine.replay.whatif import WhatIfResult
 from tracengine.trace.events import RequestAdded, SeqAbort, TokenSample
 from tracengine.trace.tracelog import split_header
 from tracengine.vllm.drive import RequestSpec
+from tracengine.vllm.replay import lora_request
 
 
 @dataclass
@@ -54,7 +55,7 @@ def extract_workload(events) -> VllmWorkload:
                     ignore_eos=e.ignore_eos, eos_token_id=None if e.eos_token_id == -1 else e.eos_token_id,
                     temperature=e.temperature, top_k=max(e.top_k, 0), top_p=e.top_p,
                     seed=None if e.seed == -1 else e.seed, min_tokens=e.min_tokens,
-                    stop_token_ids=list(e.stop_token_ids)))
+                    stop_token_ids=list(e.stop_token_ids)), request_options=lora_request(e) or None)
         elif t is SeqAbort:
             request_id = specs[e.seq_id].request_id
             if e.num_steps_in_flight >= batch_queue_size:
