@@ -78,13 +78,13 @@ class Drafts:
         return drafts
 
 
-def made_up_drafts(index: int, num_output_tokens: int, k: int, token_at) -> list[int]:
+def made_up_drafts(key, num_output_tokens: int, k: int, token_at) -> list[int]:
     """A made-up drafter's k drafts: the request's own token at each position, but one in four
-    (by request and position) another token, which the model then rejects."""
+    (by `key`, the request's, and position) another token, which the model then rejects."""
     drafts = []
     for position in range(num_output_tokens, num_output_tokens + k):
         token = token_at(position)
-        drafts.append(token if zlib.crc32(f"{index}:{position}".encode()) % 4 else token + 1)
+        drafts.append(token if zlib.crc32(f"{key}:{position}".encode()) % 4 else token + 1)
     return drafts
 
 
