@@ -154,5 +154,7 @@ def test_vllms_engine_core_with_ngram_speculative_decoding_replays_exactly(tmp_p
     assert types["SpecDecode"] and types["SpecAccepted"] and types["Preempt"]
     assert bool(types["SpecDraft"]) == (kind == "sync")
     assert {a for e in events if type(e).__name__ == "SpecAccepted" for a in e.num_accepted} == {0, 1, 2, 3}
+    from tracengine.cli import main
+    assert main(["check", str(path)]) == 0
     result = reexecute(events)
     assert result.ok, result.divergence

@@ -259,6 +259,23 @@ def test_speculative_decoding_is_recorded_and_replays_exactly(spec_traces, kind,
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
+def test_the_fold_and_check_follow_the_drafts(spec_traces, kind, capsys):
+    from tracengine.replay.fold import Fold
+    path, events, _, _ = spec_traces[kind]
+    assert main(["check", str(path)]) == 0                 # every event follows, as the fold applies them
+    assert f"{path}: whole" in capsys.readouterr().out
+    # a running request has computed all its tokens but the last sampled one: the rejected drafts
+    # rolled back, the accepted ones kept (sync; with async, the next step's are in flight)
+    fold = Fold(events)
+    for step in range(0, fold.num_steps, 5):
+        state = fold.state_at(step)
+        for seq_id in state.running:
+            seq = state.seqs[seq_id]
+            if kind == "sync" and seq.num_tokens > seq.num_prompt_tokens:
+                assert seq.num_cached_tokens == seq.num_tokens - 1, (step, seq)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
 def test_stats_count_the_drafts_the_driver_saw(spec_traces, kind, capsys):
     import json
     path, events, seen, _ = spec_traces[kind]

@@ -145,9 +145,9 @@ class _Recording:
                        and self.requests[req_id].status == recorder.status.RUNNING]
             recorder.preempted_ids.difference_update(resumed)
             resumed = [recorder.seq_ids[req_id] for req_id in resumed]
-        recorder.decision(out, prefill_before, resumed, start_ns)
-        if out.scheduled_spec_decode_tokens:
+        if out.scheduled_spec_decode_tokens:      # before the decision, which counts the drafts in its seqs
             recorder.emit(spec_decode(recorder.num_scheduled, out, recorder.seq_ids))
+        recorder.decision(out, prefill_before, resumed, start_ns)
         recorder.num_scheduled += 1
         return out
 

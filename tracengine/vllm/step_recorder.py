@@ -206,6 +206,8 @@ class StepRecorder:
                                 request.num_output_tokens))
         for event in frees:
             self.emit(event)
+            if self.num_scheduled > step + 1:
+                self.count_ahead(step, event)
         end_ns = time.perf_counter_ns()
         # The free blocks as the events up to this step's leave them: with async scheduling the
         # next step's allocations come before this update's frees, but in the next frame.
@@ -219,6 +221,17 @@ class StepRecorder:
         self.emit(StepEnd(step, self.num_free_blocks, *times, self.num_scheduled - step - 1))
         self.last_update_end = end_ns
         self.write(step)
+
+    def count_ahead(self, step: int, free: BlockFree) -> None:
+        """A request that finished in this update freeing blocks a later step, scheduled already,
+        gave it (async scheduling, with drafts): in the events that block is given in the later
+        frame, after this one frees it, so neither changes the free blocks before that frame."""
+        ahead = {e.block_id for later in range(step + 1, self.num_scheduled) for e in self.steps.get(later, ())
+                 if type(e) is BlockAppend and e.seq_id == free.seq_id}
+        num_ahead = sum(1 for block_id in free.block_ids if block_id in ahead)
+        if num_ahead:
+            self.free_delta[step] = self.free_delta.get(step, 0) - num_ahead
+            self.free_delta[step + 1] = self.free_delta.get(step + 1, 0) + num_ahead
 
     def write(self, step: int) -> None:
         for event in self.steps.pop(step, ()):
