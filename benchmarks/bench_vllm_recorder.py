@@ -14,7 +14,10 @@ process's CPU time) are compared. The clocked time is the driven loop: schedule(
 the fabricated output, update_from_output(), steps that vLLM's engine core
 would run around a model.
 
-    python benchmarks/bench_vllm_recorder.py [--repeats 7] [--requests 200] [--async]
+    python benchmarks/bench_vllm_recorder.py [--repeats 7] [--requests 200] [--async] [--speculative]
+
+--speculative: ngram speculative decoding, 3 drafts a step, the driver's made-up drafts (about
+three in four right: tracengine/vllm/spec.py), recorded as SpecDraft, SpecDecode, SpecAccepted.
 """
 import argparse
 import os
@@ -69,9 +72,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--async", dest="is_async", action="store_true", help="AsyncScheduler (production's)")
+    parser.add_argument("--speculative", action="store_true", help="ngram speculative decoding, 3 drafts")
     args = parser.parse_args()
+    speculative = dict(speculative_method="ngram", num_speculative_tokens=3, prompt_lookup_min=1,
+                       prompt_lookup_max=3) if args.speculative else {}
     config = default_config(num_gpu_blocks=512, max_num_batched_tokens=512, max_num_seqs=64,
-                            scheduler_kind="async" if args.is_async else "sync")
+                            scheduler_kind="async" if args.is_async else "sync", **speculative)
     specs = workload(args.requests)
     kinds = ["plain", "idle", "recording"]
     results = {kind: [] for kind in kinds}
@@ -82,7 +88,8 @@ def main() -> None:
                 results[kind].append(one_run(kind, config, specs, directory))
     num_steps = results["plain"][0][0]
     assert all(res[0] == num_steps for runs in results.values() for res in runs), "a run scheduled differently"
-    print(f"vLLM {config['scheduler_kind']} scheduler, {args.requests} requests, {num_steps} steps, "
+    print(f"vLLM {config['scheduler_kind']} scheduler{', ngram drafts' if speculative else ''}, "
+          f"{args.requests} requests, {num_steps} steps, "
           f"{args.repeats} alternating repeats (medians)")
     median = {kind: (statistics.median(num_steps / r[1] for r in runs), statistics.median(num_steps / r[2] for r in runs))
               for kind, runs in results.items()}

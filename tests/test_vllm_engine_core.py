@@ -23,7 +23,7 @@ from tracengine.vllm.replay import reexecute  # noqa: E402
 SHARED_PREFIX = list(range(100, 132))
 
 
-def engine_core(kind: str, additional_config: dict):
+def engine_core(kind: str, additional_config: dict, speculative: bool = False):
     """vLLM's EngineCore as a server builds it, but for the executor: 32 blocks of 16 (31 usable),
     a budget of 64 tokens, at most 16 sequences; the scheduler class named as --scheduler-cls names it."""
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
@@ -35,9 +35,16 @@ def engine_core(kind: str, additional_config: dict):
     with tempfile.TemporaryDirectory() as model_dir:
         write_model_config(model_dir, default_config(max_model_len=496))
         # 496 tokens: what 31 blocks hold (vLLM refuses a max_model_len the KV cache cannot hold)
+        model_config = ModelConfig(model=model_dir, skip_tokenizer_init=True, max_model_len=496, dtype="float32",
+                                   seed=0)
+        more = {}
+        if speculative:     # ngram speculative decoding, 3 drafts a step (the executor drafts and accepts them)
+            from vllm.config import SpeculativeConfig
+            more["speculative_config"] = SpeculativeConfig(
+                method="ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3,
+                target_model_config=model_config, target_parallel_config=ParallelConfig())
         config = VllmConfig(
-            model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True, max_model_len=496, dtype="float32",
-                                     seed=0),
+            model_config=model_config,
             scheduler_config=SchedulerConfig(max_model_len=496, is_encoder_decoder=False, max_num_batched_tokens=64,
                                              max_num_seqs=16, long_prefill_token_threshold=0,
                                              scheduler_cls=f"tracengine.vllm.{name}",
@@ -45,7 +52,7 @@ def engine_core(kind: str, additional_config: dict):
             cache_config=CacheConfig(block_size=16, enable_prefix_caching=True, num_gpu_blocks_override=32),
             device_config=DeviceConfig(device="cpu"),
             parallel_config=ParallelConfig(distributed_executor_backend="tracengine.vllm.executor.NoModelExecutor"),
-            additional_config=additional_config)
+            additional_config=additional_config, **more)
         return EngineCore(config, executor_class=executor_class(), log_stats=True)
 
 
@@ -71,7 +78,8 @@ def serve(core, num_requests: int = 16) -> int:
             core.abort_requests(["req-9"])
         if num_steps == 30:
             core.aborts_queue.put(["req-12", "req-4"])
-        core.step_fn()
+        _, model_executed = core.step_fn()
+        core.post_step(model_executed)      # (the engine core's drafts, with speculative decoding)
         num_steps += 1
         assert num_steps < 5000, "the engine core never finished"
     return num_steps
@@ -125,3 +133,28 @@ def test_vllms_engine_core_runs_the_recorder_and_its_trace_reexecutes_exactly(tm
     result = reexecute(events)
     assert result.ok, result.divergence
     assert result.num_steps == len(decisions) and result.num_events == len(events) - 1
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_vllms_engine_core_with_ngram_speculative_decoding_replays_exactly(tmp_path, monkeypatch, no_device_teardown,
+                                                                           kind):
+    # the engine core gives a synchronous scheduler the executor's drafts after each step
+    # (post_step); an async one's worker drafts for the placeholders the scheduler holds
+    from collections import Counter
+    path = tmp_path / "served.trace"
+    monkeypatch.delenv(RECORD_ENV, raising=False)
+    core = engine_core(kind, {"tracengine": {"record": str(path)}}, speculative=True)
+    serve(core)
+    core.shutdown()
+    with TraceReader(path) as reader:
+        assert reader.ended
+        events = list(reader.events())
+    assert events[0].config["speculative_method"] == "ngram" and events[0].config["num_speculative_tokens"] == 3
+    types = Counter(type(e).__name__ for e in events)
+    assert types["SpecDecode"] and types["SpecAccepted"] and types["Preempt"]
+    assert bool(types["SpecDraft"]) == (kind == "sync")
+    assert {a for e in events if type(e).__name__ == "SpecAccepted" for a in e.num_accepted} == {0, 1, 2, 3}
+    from tracengine.cli import main
+    assert main(["check", str(path)]) == 0
+    result = reexecute(events)
+    assert result.ok, result.divergence

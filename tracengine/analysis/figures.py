@@ -176,6 +176,27 @@ class RequestFigures(Figures, frozen=True):
     e2e_s: float | None = None
 
 
+class SpecDecoding(Figures, frozen=True):
+    """Speculative decoding (a vLLM trace's, analysis/spec_decoding.py): drafts verified and accepted."""
+    num_verifications: int          # a request's drafts verified in a step
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    acceptance_rate: float | None   # accepted / drafted
+    mean_acceptance_length: float | None    # tokens a verification gave: 1 + accepted (vLLM's)
+    acceptance_rate_per_position: list[float]   # of the verifications with a draft at position j, the share accepting it
+
+
+class Adapter(Figures, frozen=True):
+    """The requests of one LoRA adapter (a vLLM trace's, analysis/adapters.py); "" is the base model's."""
+    num_requests: int
+    num_finished: int
+    num_prompt_tokens: int
+    num_completion_tokens: int
+    queueing_steps: Summary
+    ttft_steps: Summary
+    e2e_steps: Summary
+
+
 class Stats(Figures, frozen=True, kw_only=True):
     """What `tracengine stats` says of one engine's trace."""
     stats_version: int
@@ -191,6 +212,8 @@ class Stats(Figures, frozen=True, kw_only=True):
     kv_blocks: KVBlocks
     head_of_line: HeadOfLine
     sessions: dict | None = None        # analysis/sessions.py; None without sessions
+    spec_decoding: SpecDecoding | None = None   # analysis/spec_decoding.py; None without drafts
+    lora_adapters: dict[str, Adapter] | None = None   # analysis/adapters.py; None without LoRA
     per_request: list[RequestFigures]
 
 

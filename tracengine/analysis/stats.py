@@ -36,6 +36,7 @@ from tracengine.analysis.figures import (Goodput, HeadOfLine, KVBlocks, Latencie
                                          RequestCounts, RequestFigures, Stats, StepFigures, TokenCounts, Throughput,
                                          TraceFigures, summarize, summarize_counts)
 from tracengine.analysis.sessions import session_line, timeline_sessions
+from tracengine.analysis.adapters import adapter_figures
 from tracengine.analysis.timeline import RequestTimeline, load
 from tracengine.errors import TracengineError
 
@@ -198,6 +199,8 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> Stats:
         head_of_line=HeadOfLine(num_blocked_steps=hol_prefill + hol_decode, num_blocked_prefill_steps=hol_prefill,
                                 num_blocked_decode_steps=hol_decode, num_blocked_requests=len(blocked)),
         sessions=timeline_sessions(t),    # None without sessions (analysis/sessions.py)
+        spec_decoding=t.spec_decoding.figures() if t.spec_decoding is not None else None,
+        lora_adapters=adapter_figures(per_request, t.lora_names),
         per_request=per_request,
     )
 
@@ -270,6 +273,17 @@ def render(s: Stats, title: str = ""):
                                   f"{hol.num_blocked_requests} requests")
     if s.sessions:
         other.add_row("sessions", session_line(s.sessions))
+    if s.spec_decoding is not None:
+        sd = s.spec_decoding
+        other.add_row("speculative", f"{sd.num_accepted_tokens:,}/{sd.num_draft_tokens:,} drafts accepted "
+                                     f"({format_percent(sd.acceptance_rate)}) in {sd.num_verifications:,} "
+                                     f"verifications, {format_number(sd.mean_acceptance_length)} tokens each; "
+                                     f"per position " + " ".join(format_percent(r)
+                                                                 for r in sd.acceptance_rate_per_position))
+    for name, a in (s.lora_adapters or {}).items():
+        other.add_row(f"adapter {name or '(base)'}", f"{a.num_requests} requests ({a.num_finished} finished), "
+                                                      f"TTFT steps mean {format_number(a.ttft_steps.mean)}, "
+                                                      f"end-to-end steps mean {format_number(a.e2e_steps.mean)}")
     parts = [head, "", lat, "", other]
     if s.trace.torn_tail:
         parts += ["", f"note: {s.trace.torn_tail}"]

@@ -17,10 +17,10 @@ from itertools import repeat
 
 import msgspec
 
+from tracengine.analysis.spec_decoding import SpecCounts
 from tracengine.errors import TraceError
-from tracengine.trace.events import (BlockAllocate, Preempt, RequestAdded,
-                                     ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader,
-                                     prefill_flags)
+from tracengine.trace.events import (BlockAllocate, Preempt, RequestAdded, ScheduleDecision, SeqAbort, SeqFinish,
+                                     SpecAccepted, SpecDecode, StepEnd, TokenSample, TraceHeader, prefill_flags)
 from tracengine.trace.header import block_pool_config
 
 @dataclass(slots=True)
@@ -116,6 +116,7 @@ class RequestTimeline:
         self.steps: list[StepRecord] = []
         self.requests: dict[int, RequestRecord] = {}
         self.session_turns: dict[int, tuple[str, int]] = {}   # seq_id -> (session, turn) of a session's turn
+        self.lora_names: dict[int, str] = {}    # seq_id -> its LoRA adapter's name, where it has one
         self.num_allocated_blocks = 0   # over all BlockAllocates (first allocations and after preemptions)
         self.num_hit_blocks = 0         # their leading blocks found in the prefix cache
         self.num_lookup_tokens = 0      # tokens of the sequences at their (re)allocations
@@ -128,6 +129,7 @@ class RequestTimeline:
         self.itl_ns: dict[int, int] = {}
         self._open_step = -1
         self._open_gaps: dict[int, int] = {}
+        self.spec_decoding: SpecCounts | None = None   # a vLLM trace's drafts (analysis/spec_decoding.py)
 
     def add(self, event) -> None:
         # By exact type, one dict lookup: a run folded live (generate, simulate) pays this per event.
@@ -145,6 +147,8 @@ class RequestTimeline:
                                                     event.arrival_ns)
         if event.session_id:
             self.session_turns[event.seq_id] = (event.session_id, event.turn)
+        if event.lora_id:       # a vLLM request's LoRA adapter (analysis/adapters.py)
+            self.lora_names[event.seq_id] = event.lora_name
 
     def _decision_made(self, event: ScheduleDecision) -> None:
         self._decision = event
@@ -212,6 +216,16 @@ class RequestTimeline:
         itl_steps, itl_ns = dict(self.itl_steps), dict(self.itl_ns)
         self._count_gaps(self._open_step, self._open_gaps, itl_steps, itl_ns)
         return itl_steps, itl_ns
+
+    def _drafts_scheduled(self, event: SpecDecode) -> None:
+        if self.spec_decoding is None:
+            self.spec_decoding = SpecCounts()
+        self.spec_decoding.scheduled(event)
+
+    def _drafts_accepted(self, event: SpecAccepted) -> None:
+        if self.spec_decoding is None:
+            self.spec_decoding = SpecCounts()
+        self.spec_decoding.accepted(event)
 
     def _finished(self, event: SeqFinish) -> None:
         req = self._request(event.seq_id, event)
@@ -306,7 +320,8 @@ class RequestTimeline:
 FOLD = {TraceHeader: RequestTimeline._header_read, RequestAdded: RequestTimeline._request_added,
         ScheduleDecision: RequestTimeline._decision_made, BlockAllocate: RequestTimeline._allocated,
         Preempt: RequestTimeline._preempted, TokenSample: RequestTimeline._token_sampled,
-        SeqFinish: RequestTimeline._finished, SeqAbort: RequestTimeline._aborted, StepEnd: RequestTimeline._step_ended}
+        SeqFinish: RequestTimeline._finished, SeqAbort: RequestTimeline._aborted, StepEnd: RequestTimeline._step_ended,
+        SpecDecode: RequestTimeline._drafts_scheduled, SpecAccepted: RequestTimeline._drafts_accepted}
 
 
 def fold(events) -> RequestTimeline:

@@ -31,6 +31,8 @@ def run(args) -> int:
     except TraceCorruptError as exc:   # the header frame itself is damaged
         return report_check(args, None, {}, [], {"message": str(exc), "offset": exc.offset, "step": exc.step}, None)
     with reader:
+        from tracengine.cli.vllm_backend import note_not_recorded
+        note_not_recorded(reader.header)
         counts: collections.Counter[str] = collections.Counter()
         steps: list[int] = []
         damage = impossible = None
@@ -84,6 +86,7 @@ def report_check(args, reader: TraceReader | None, counts, steps, corruption, im
             "bytes": os.path.getsize(args.trace),
             "torn_tail": None if torn is None else {"offset": torn.offset, "nbytes": torn.nbytes},
             "corruption": corruption, "impossible": impossible,
+            "not_recorded": list(header.not_recorded) if header else [],
             "run_end": None if run_end is None else {"step": run_end.step, "outcome": run_end.outcome,
                                                      "reason": run_end.reason}}, indent=2))
         return code

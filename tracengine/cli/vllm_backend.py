@@ -28,6 +28,7 @@ def run_replay(args) -> int:
     check_executor_flags(args, bool(args.sweep))
     with TraceReader(args.trace) as reader:
         header = reader.header
+    note_not_recorded(header)
     if args.state is None or names_fields(args):    # --state alone folds the trace (replay/vllm_fold.py): no vLLM
         from tracengine.vllm.replay import check_vllm_version
         check_vllm_version(header)
@@ -59,6 +60,16 @@ def run_replay(args) -> int:
                                            as_json=args.json, timed_whatif=timed_whatif)
     from tracengine.vllm.whatif import whatif
     return replay_runs.print_whatif(args.trace, whatif(events, overrides), args.record, args.json)
+
+
+def note_not_recorded(header) -> None:
+    """Before a replay starts: on stderr, what the trace does not hold (a feature recorded anyway)."""
+    import sys
+
+    from tracengine.trace.header import not_recorded_note
+    note = not_recorded_note(header)
+    if note is not None:
+        print(f"tracengine: note: {note}", file=sys.stderr)
 
 
 def names_fields(args) -> bool:

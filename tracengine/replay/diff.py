@@ -1,5 +1,5 @@
 """The first step where two traces schedule differently. Scheduling is the
-ScheduleDecision, Preempt and Block* events, compared without wall-clock
+ScheduleDecision, Preempt, Block* and SpecDecode events, compared without wall-clock
 fields; token ids, arrivals and timings do not count."""
 from dataclasses import dataclass, field
 
@@ -8,12 +8,14 @@ from tracengine.analysis.timeline import RequestTimeline
 from tracengine.engine.config import Config, recorded_block_rules
 
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, PromptBlocksHashed,
-                                     RequestAdded, ScheduleDecision, without_wall_clock)
+                                     RequestAdded, ScheduleDecision, SpecDecode, without_wall_clock)
 from tracengine.engine.hash_id_prompt import hashed_blocks
 from tracengine.trace.tracelog import split_header
 from tracengine.trace.events import iter_steps
 
-SCHEDULING_TYPES = (ScheduleDecision, Preempt, BlockAllocate, BlockAppend, BlockHash, PromptBlocksHashed, BlockFree)
+# (SpecDecode: the drafts a vLLM step verified, which its ScheduledSeqs count)
+SCHEDULING_TYPES = (ScheduleDecision, Preempt, BlockAllocate, BlockAppend, BlockHash, PromptBlocksHashed, BlockFree,
+                    SpecDecode)
 
 
 @dataclass

@@ -2,7 +2,8 @@
 before it, applied as the fold (fold.py) applies them."""
 from tracengine.errors import TraceError
 from tracengine.replay.fold import _projection_of
-from tracengine.trace.events import RequestAdded, ScheduleDecision, StepEnd, TokenSample, TraceHeader
+from tracengine.trace.events import (RequestAdded, ScheduleDecision, SpecAccepted, SpecDecode, StepEnd, TokenSample,
+                                     TraceHeader)
 from tracengine.trace.tracelog import ends_mid_step
 
 
@@ -51,6 +52,10 @@ class EventCheck:
             if missing:
                 return f"seq {missing[0]} is not {'running' if e.phase == 'decode' else 'waiting or running'}"
             self.scheduled = {ss.seq_id for ss in e.seqs}
+        elif t is SpecDecode or t is SpecAccepted:     # (SpecDecode comes before its step's decision)
+            missing = [seq_id for seq_id in e.seq_ids if seq_id not in (seqs if t is SpecDecode else self.scheduled)]
+            if missing:
+                return f"seq {missing[0]} was {'never added' if t is SpecDecode else 'not scheduled in this step'}"
         elif t is not StepEnd and e.seq_id not in seqs:
             return f"seq {e.seq_id} was never added"
         elif t is TokenSample and e.seq_id not in self.scheduled:

@@ -10,8 +10,8 @@ import msgspec
 from tracengine.engine.block_pool import FreeKVCacheBlockQueue
 from tracengine.engine.hash_id_prompt import hashed_blocks
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, PromptBlocksHashed,
-                                     RequestAdded, ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample,
-                                     prefill_flags)
+                                     RequestAdded, ScheduleDecision, SeqAbort, SeqFinish, SpecAccepted, SpecDecode,
+                                     SpecDraft, StepEnd, TokenSample, prefill_flags)
 from tracengine.replay.state import FINISHED, RUNNING, WAITING, FoldState, SeqState
 
 
@@ -46,6 +46,8 @@ class Projection:
             PromptBlocksHashed: self.prompt_blocks_hashed,
             BlockFree: self.block_free, Preempt: self.preempt, TokenSample: self.token_sample,
             SeqFinish: self.seq_finish, StepEnd: self.step_end, SeqAbort: self.seq_abort,
+            # drafts change no block or queue (vLLM's scheduler counts verified drafts in num_tokens)
+            SpecDraft: _no_change, SpecDecode: _no_change, SpecAccepted: _no_change,
         }
 
     # -- keyframes --------------------------------------------------------------------------
@@ -232,3 +234,7 @@ class Projection:
     def step_end(self, e: StepEnd):
         if e.num_free_blocks != len(self.free):
             raise ValueError(f"StepEnd says {e.num_free_blocks} free blocks, the events leave {len(self.free)}")
+
+
+def _no_change(e) -> None:
+    pass

@@ -9,19 +9,29 @@ Where vLLM differs from tracengine's block manager and scheduler:
   one at the tail (`BlockPool.free_blocks`), so a block is taken from
   wherever the events say, not only from the head;
 - scheduling does not reorder `running`;
+- a step's verified drafts (SpecDecode, before its decision) are computed
+  beside its token; the accepted ones (SpecAccepted) are kept;
 - with async scheduling step k+1 is scheduled before step k's output comes
   back, so a request that finished in step k's output can be in step k+1's
-  batch: it is left as it is (vLLM drops that output)."""
+  batch: it is left as it is (vLLM drops that output); a block step k+1
+  gave it is freed with it, in step k's frame, before the frame that gives it."""
 import msgspec
 
 from tracengine.replay.projection import Projection
 from tracengine.replay.state import FINISHED
-from tracengine.trace.events import ScheduleDecision, prefill_flags
+from tracengine.trace.events import (BlockAppend, BlockFree, ScheduledSeq, ScheduleDecision, SpecAccepted, SpecDecode,
+                                     prefill_flags)
 
 NULL_BLOCK_ID = 0
 
 
 class VllmProjection(Projection):
+
+    def __init__(self, num_blocks: int, block_size: int):
+        super().__init__(num_blocks, block_size)
+        self.spec_tokens: dict[int, int] = {}    # seq_id -> drafts verified in the step whose decision comes next
+        self.handlers[SpecDecode] = self.spec_decode
+        self.handlers[SpecAccepted] = self.spec_accepted
 
     def _take_free_block(self, block_id: int):
         self.free.remove(block_id)       # a ValueError if it is not free
@@ -35,7 +45,38 @@ class VllmProjection(Projection):
         seq = self.seqs.get(seq_id)
         return seq is not None and seq.status == FINISHED
 
+    def block_free(self, e: BlockFree):
+        held = self.seqs[e.seq_id].block_table
+        if len(e.block_ids) > len(held):    # blocks the next step gave it, whose frame comes after this one
+            kept = set(held)
+            e = msgspec.structs.replace(e, block_ids=[b for b in e.block_ids if b in kept])
+        super().block_free(e)
+
+    def block_append(self, e: BlockAppend):
+        if self.seqs[e.seq_id].status != FINISHED:     # else taken and freed already (block_free)
+            super().block_append(e)
+
+    def spec_decode(self, e: SpecDecode):
+        self.spec_tokens = dict(zip(e.seq_ids, e.num_spec_tokens))
+
+    def spec_accepted(self, e: SpecAccepted):
+        """The accepted drafts are computed tokens the request keeps (the rejected ones vLLM rolls back)."""
+        for seq_id, a in zip(e.seq_ids, e.num_accepted):
+            s = self.seqs[seq_id]
+            if s.status != FINISHED:
+                s.num_tokens += a
+                s.num_cached_tokens += a
+
     def schedule_decision(self, e: ScheduleDecision):
+        if not self.spec_tokens:
+            return self._schedule_decision(e)
+        # a verification computes its drafts beside its one token: the drafts apart
+        spec, self.spec_tokens = self.spec_tokens, {}
+        self._schedule_decision(msgspec.structs.replace(e, seqs=[
+            ScheduledSeq(ss.seq_id, ss.num_tokens - spec.get(ss.seq_id, 0), ss.num_cached_tokens) for ss in e.seqs]))
+        self.decision = e
+
+    def _schedule_decision(self, e: ScheduleDecision):
         seqs = self.seqs
         live = [(ss, p) for ss, p in zip(e.seqs, prefill_flags(e)) if seqs[ss.seq_id].status != FINISHED]
         if len(live) != len(e.seqs):

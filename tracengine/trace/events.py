@@ -47,6 +47,9 @@ class TraceHeader(Event, tag=0):
     # trace of vLLM's own scheduler, whose config then holds vLLM's fields) and its exact version.
     engine: str = "tracengine"
     engine_version: str = ""
+    # Format version 11: what the engine did that the trace does not hold (a vLLM feature recorded
+    # anyway, tracengine/vllm/features.py): such a trace does not replay exactly. Empty: nothing.
+    not_recorded: list[str] = msgspec.field(default_factory=list)
 
 
 class RequestAdded(Event, tag=1):
@@ -85,6 +88,9 @@ class RequestAdded(Event, tag=1):
     turn: int = 0
     depends_on: list[int] = msgspec.field(default_factory=list)
     think_ns: int = 0
+    # Format version 11: the request's LoRA adapter in vLLM's scheduler (its name and id; 0: none)
+    lora_name: str = ""
+    lora_id: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -267,15 +273,45 @@ class PromptBlocksHashed(Event, tag=16):
     hash_id_block_tokens: int
 
 
+# Format version 11: speculative decoding in a trace of vLLM's scheduler (tracengine/vllm/spec.py)
+
+class SpecDraft(Event, tag=24):
+    """Draft tokens given to vLLM's scheduler for a request (update_draft_token_ids, after a step's
+    output), which a later step may schedule for verification; placed as RequestAdded is."""
+    step: int
+    seq_id: int
+    token_ids: list[int]
+    num_steps_in_flight: int = 0
+
+
+class SpecDecode(Event, tag=25):
+    """A step's draft tokens scheduled for verification, per request (counted in its ScheduledSeq's
+    num_tokens), and the draft length the scheduler applied (num_speculative_tokens_per_batch_size)."""
+    step: int
+    seq_ids: list[int]
+    num_spec_tokens: list[int]
+    num_spec_tokens_to_schedule: int
+
+
+class SpecAccepted(Event, tag=26):
+    """Of each request's drafts verified in the step, how many its output accepted (the sampled
+    tokens but the last), as the step's output was processed."""
+    step: int
+    seq_ids: list[int]
+    num_accepted: list[int]
+
+
 AnyEvent = Union[TraceHeader, RequestAdded, ScheduleDecision, BlockAllocate, BlockAppend, BlockHash,
                  BlockFree, Preempt, TokenSample, SeqFinish, StepEnd, SeqAbort, ReplicaScope, RouteDecision,
-                 KVTransfer, RunEnd, PromptBlocksHashed]
+                 KVTransfer, RunEnd, PromptBlocksHashed, SpecDraft, SpecDecode, SpecAccepted]
 
 EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in AnyEvent.__args__}
 # Only a fleet's trace holds these (one engine's never does)
 FLEET_EVENT_TYPES = frozenset({"ReplicaScope", "RouteDecision", "KVTransfer"})
 # Only a trace of prompts known by their hash ids holds these (a token prompt's blocks are a BlockHash each)
 HASH_ID_EVENT_TYPES = frozenset({"PromptBlocksHashed"})
+# Only a trace of vLLM's scheduler holds these (its speculative decoding)
+VLLM_EVENT_TYPES = frozenset({"SpecDraft", "SpecDecode", "SpecAccepted"})
 
 # Fields a replay does not compare: wall-clock readings.
 WALL_CLOCK_FIELDS = frozenset({"schedule_ns", "model_ns", "postprocess_ns", "created_at", "arrival_ns", "gap_ns"})

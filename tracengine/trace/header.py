@@ -53,3 +53,12 @@ def block_pool_config(header: TraceHeader) -> tuple[int, int, int]:
         return num_blocks, num_blocks - 1 if isinstance(num_blocks, int) and num_blocks > 0 else -1, block_size
     num_blocks = config.get("num_kvcache_blocks", -1)
     return num_blocks, num_blocks, config.get("kvcache_block_size", 0)
+
+
+def not_recorded_note(header: TraceHeader) -> str | None:
+    """What `replay` and `check` say first of a trace that does not hold all its engine did (a
+    vLLM feature recorded anyway, tracengine/vllm/features.py); None for a whole recording."""
+    if not header.not_recorded:
+        return None
+    return (f"the trace was recorded without {'; '.join(header.not_recorded)} (recorded anyway): "
+            f"a replay of it is not exact")

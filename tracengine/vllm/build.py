@@ -13,12 +13,13 @@ import os
 import tempfile
 
 from tracengine.errors import ConfigError
-from tracengine.vllm.header import CACHE_FIELDS, scheduler_field_names
+from tracengine.vllm.header import CACHE_FIELDS, LORA_FIELDS, SPEC_FIELDS, scheduler_field_names
 
 
 def settable_fields() -> list[str]:
     """The names `replay --set` and `simulate --scheduler vllm` accept for a vLLM trace."""
-    return scheduler_field_names() + list(CACHE_FIELDS) + ["max_model_len", "num_gpu_blocks", "scheduler_kind"]
+    return scheduler_field_names() + list(CACHE_FIELDS) + ["max_model_len", "num_gpu_blocks", "scheduler_kind"] + \
+        list(SPEC_FIELDS) + list(LORA_FIELDS)
 
 
 def default_config(**overrides) -> dict:
@@ -38,11 +39,14 @@ def apply_overrides(config: dict, overrides: dict) -> dict:
     return {**config, **overrides}
 
 
-def build_scheduler(config: dict, scheduler_cls=None, record: str = ""):
+def build_scheduler(config: dict, scheduler_cls=None, record: str = "", vllm_options=None, kv_cache_groups=None,
+                    additional_config: dict | None = None, model_options: dict | None = None):
     """vLLM's scheduler for a header's `config`: `scheduler_cls` (a Scheduler subclass), or
     the recording class of the recorded kind, recording to `record` if given as vLLM's
     engine core would have it (else not until `record_to`; $TRACENGINE_RECORD is not read).
-    Raises ConfigError for a value vLLM refuses."""
+    `vllm_options(model_config)`: more VllmConfig fields (a test's features, which a header does
+    not rebuild); `kv_cache_groups(spec)`: the KV cache's groups in place of the one `spec`;
+    `additional_config`: more of "tracengine"'s options; `model_options`: more ModelConfig fields. Raises ConfigError for a value vLLM refuses."""
     import torch
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -58,7 +62,8 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = ""):
         with tempfile.TemporaryDirectory(prefix="tracengine-vllm-") as model_dir:
             write_model_config(model_dir, config)
             model_config = ModelConfig(model=model_dir, skip_tokenizer_init=True,
-                                       max_model_len=config["max_model_len"], dtype="float32", seed=0)
+                                       max_model_len=config["max_model_len"], dtype="float32", seed=0,
+                                       **(model_options or {}))
             scheduler_config = SchedulerConfig(
                 max_model_len=config["max_model_len"], is_encoder_decoder=False,
                 **{k: v for k, v in config.items() if k in names})
@@ -66,18 +71,33 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = ""):
                                        prefix_caching_hash_algo=config["prefix_caching_hash_algo"],
                                        sliding_window=config.get("sliding_window"))
             cache_config.num_gpu_blocks = config["num_gpu_blocks"]
+            options = vllm_options(model_config) if vllm_options is not None else {}
+            if config.get("speculative_method"):
+                options["speculative_config"] = speculative_config(config, model_config)
+            if config.get("max_loras"):
+                from vllm.config import LoRAConfig
+                options["lora_config"] = LoRAConfig(**{name: config[name] for name in LORA_FIELDS})
             vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                                      cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
-                                     additional_config={"tracengine": {"record": record}})
+                                     additional_config={"tracengine": {"record": record, **(additional_config or {})}},
+                                     **options)
     except (ValueError, TypeError) as exc:     # pydantic's ValidationError is a ValueError
         raise ConfigError(f"vLLM refuses the config: {_first_line(exc)}") from None
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=config["num_kv_heads"],
                              head_size=config["head_size"], dtype=getattr(torch, config["kv_dtype"]))
     kv_cache_config = KVCacheConfig(num_blocks=config["num_gpu_blocks"], kv_cache_tensors=[],
-                                    kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+                                    kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)] if kv_cache_groups is None
+                                    else kv_cache_groups(spec))
     return scheduler_cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                          structured_output_manager=StructuredOutputManager(vllm_config),
                          block_size=block_size, log_stats=True)
+
+
+def speculative_config(config: dict, model_config):
+    """vLLM's SpeculativeConfig of a header's SPEC_FIELDS."""
+    from vllm.config import ParallelConfig, SpeculativeConfig
+    return SpeculativeConfig(target_model_config=model_config, target_parallel_config=ParallelConfig(),
+                             **{attribute: config[name] for name, attribute in SPEC_FIELDS.items()})
 
 
 def _first_line(exc: Exception) -> str:

@@ -5,6 +5,7 @@ ModelRunnerOutput, `update_from_output()`. With async scheduling (vLLM's
 after step k+1 is scheduled. The fabricated output follows vLLM's own tests:
 one sampled token for a request that reached the end of what it had to
 compute, an empty list for one still mid-prefill."""
+import functools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -32,13 +33,18 @@ class RequestSpec:
     # In simulated time (timed.py): when it arrives and, a client that left, when it leaves (ns)
     arrival_ns: int = 0
     abort_ns: int | None = None
+    # More of vLLM's Request fields (a LoRA adapter: lora_request; a test's cache_salt)
+    request_options: dict | None = None
+    # Speculative decoding: the request's drafts (spec.Drafts: a recording's); None: made up
+    drafts: object = None
 
 
 def make_request(request_id: str, prompt_token_ids, *, max_tokens: int, arrival_time: float, block_size: int,
                  hash_algo: str = "sha256", priority: int = 0, ignore_eos: bool = True, eos_token_id=None,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed=None, min_tokens: int = 0,
-                 stop_token_ids=()):
-    """A vLLM Request as the engine core hands it to the scheduler (block hashes included)."""
+                 stop_token_ids=(), **request_options):
+    """A vLLM Request as the engine core hands it to the scheduler (block hashes included);
+    `request_options`: more of Request's fields (lora_request, cache_salt)."""
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -50,7 +56,7 @@ def make_request(request_id: str, prompt_token_ids, *, max_tokens: int, arrival_
                             top_p=top_p, seed=seed, min_tokens=min_tokens, stop_token_ids=list(stop_token_ids))
     params.update_from_generation_config({}, eos_token_id)
     return Request(request_id, list(prompt_token_ids), params, None, arrival_time=arrival_time, priority=priority,
-                   block_hasher=get_request_block_hasher(block_size, hash_fn))
+                   block_hasher=get_request_block_hasher(block_size, hash_fn), **request_options)
 
 
 def model_output(req_ids, tokens: dict):
@@ -79,6 +85,11 @@ class Driver:
         self.index = {spec.request_id: i for i, spec in enumerate(specs)}
         self.by_id = {spec.request_id: spec for spec in specs}
         self.past_output = past_output
+        # speculative decoding: drafts given (synchronous scheduling) or drafted by the worker
+        # (async); every request's drafts as given and verified, a what-if's `RequestSpec.drafts`
+        self.spec_decoding = scheduler.vllm_config.speculative_config is not None
+        self.async_drafts = self.spec_decoding and batch_queue_size(scheduler) > 1
+        self.drafts_log: dict = {}
 
     def add(self, spec: RequestSpec) -> None:
         sampling = spec.sampling if spec.sampling is not None else dict(
@@ -87,24 +98,71 @@ class Driver:
         arrival_time = spec.arrival_time if spec.arrival_time is not None else float(self.index[spec.request_id])
         self.scheduler.add_request(make_request(
             spec.request_id, spec.prompt_token_ids, max_tokens=spec.max_tokens, arrival_time=arrival_time,
-            block_size=self.block_size, hash_algo=self.hash_algo, priority=spec.priority, **sampling))
+            block_size=self.block_size, hash_algo=self.hash_algo, priority=spec.priority, **sampling,
+            **(spec.request_options or {})))
 
-    def tokens(self, req_ids) -> dict:
-        """The sampled tokens of the requests of a step that sample one."""
+    def token_at(self, req_id: str, position: int, peek: bool = False) -> int:
+        """The token a request samples at output position `position` (0: its first); `peek`: not
+        one it keeps for sure (a draft's, past the step's first), never counted as past its output."""
+        spec = self.by_id[req_id]
+        if spec.output_token_ids is not None:
+            return recorded_token(spec, position, None if peek else self.past_output)
+        if spec.eos_after and position + 1 >= spec.eos_after:
+            return EOS_TOKEN_ID
+        return FIRST_TOKEN_ID + (self.index[req_id] * 31 + position) % NUM_TOKEN_IDS
+
+    def tokens(self, req_ids, out=None) -> dict:
+        """The sampled tokens of the requests of a step that sample one; with speculative decoding
+        (`out`: the step's SchedulerOutput), also its accepted drafts (spec.py's rule)."""
         tokens = {}
+        verified = out.scheduled_spec_decode_tokens if out is not None else None
         for req_id in req_ids:
             request = self.scheduler.requests.get(req_id)
             if request is None:
                 continue
-            spec = self.by_id[req_id]
-            if spec.output_token_ids is not None:
-                tokens[req_id] = [recorded_token(spec, request.num_output_tokens, self.past_output)]
-            elif spec.eos_after and request.num_output_tokens + 1 >= spec.eos_after:
-                tokens[req_id] = [EOS_TOKEN_ID]
-            else:
-                made_up = (self.index[req_id] * 31 + request.num_output_tokens) % NUM_TOKEN_IDS
-                tokens[req_id] = [FIRST_TOKEN_ID + made_up]
+            n = request.num_output_tokens
+            drafts = verified.get(req_id) if verified else None
+            if not drafts:
+                tokens[req_id] = [self.token_at(req_id, n)]
+                continue
+            from tracengine.vllm.spec import num_accepted
+            token_at = functools.partial(self.token_at, req_id, peek=True)
+            if self.async_drafts:       # the worker drafts: the scheduler holds placeholders
+                drafts = self.propose(req_id, n, len(drafts))
+                a = num_accepted(drafts, n, token_at)
+                self.drafts_given(req_id).add(n, drafts[:a + 1])    # what the verification shows of them
+            else:                       # the drafts given (or vLLM's padding, -1: never a token)
+                a = num_accepted(drafts, n, token_at)
+            tokens[req_id] = [self.token_at(req_id, n)] + [token_at(n + j) for j in range(1, a + 1)]
         return tokens
+
+    def propose(self, req_id: str, n: int, k: int) -> list[int]:
+        """A request's drafts at output length n: its spec's (a recording's), else made up."""
+        spec = self.by_id[req_id]
+        if spec.drafts is not None:
+            return spec.drafts.propose(n, k)
+        from tracengine.vllm.spec import made_up_drafts
+        return made_up_drafts(self.index[req_id], n, k, functools.partial(self.token_at, req_id, peek=True))
+
+    def drafts_given(self, req_id: str):
+        from tracengine.vllm.spec import Drafts
+        return self.drafts_log.setdefault(req_id, Drafts())
+
+    def give_drafts(self, req_ids) -> None:
+        """After a step's output (synchronous scheduling, vLLM's post_step): the next drafts of the
+        requests that sampled, as vLLM's engine core gives them (update_draft_token_ids)."""
+        from vllm.v1.outputs import DraftTokenIds
+        ids, drafts = [], []
+        for req_id in req_ids:
+            request = self.scheduler.requests.get(req_id)
+            if request is None or request.is_finished():
+                continue
+            n = request.num_output_tokens
+            ids.append(req_id)
+            drafts.append(self.propose(req_id, n, self.scheduler.num_spec_tokens))
+            self.drafts_given(req_id).add(n, drafts[-1])
+        if ids:
+            self.scheduler.update_draft_token_ids(DraftTokenIds(ids, drafts))
 
 
 def check_progress(scheduler, out) -> None:
@@ -127,7 +185,8 @@ def batch_queue_size(scheduler) -> int:
 
 
 def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, in_step_aborts: dict | None = None,
-        max_steps: int = 100_000, schedule_log: list | None = None, past_output: set | None = None) -> int:
+        max_steps: int = 100_000, schedule_log: list | None = None, past_output: set | None = None,
+        drafts_log: dict | None = None) -> int:
     """Runs `specs` through `scheduler` until it has no requests; returns the number of steps.
     A request arrives before the step its `arrival_step` names (an idle engine skips ahead to
     the next arrival, so steps then run behind that count). `aborts[k]`: request ids aborted
@@ -139,6 +198,8 @@ def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, in_s
     aborts, in_step_aborts = aborts or {}, in_step_aborts or {}
     queue_size = batch_queue_size(scheduler)
     driver = Driver(scheduler, specs, past_output)
+    if drafts_log is not None:      # request id -> its drafts as given and verified (spec.Drafts)
+        driver.drafts_log = drafts_log
     pending = deque(sorted(specs, key=lambda s: s.arrival_step))
     batch_queue: deque = deque()
     num_scheduled = 0
@@ -168,7 +229,9 @@ def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, in_s
         step, out, req_ids = batch_queue.pop()
         for req_id in in_step_aborts.get(step, ()):
             scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
-        scheduler.update_from_output(out, model_output(out.num_scheduled_tokens, driver.tokens(req_ids)))
+        scheduler.update_from_output(out, model_output(out.num_scheduled_tokens, driver.tokens(req_ids, out)))
+        if driver.spec_decoding and not driver.async_drafts:
+            driver.give_drafts(req_ids)
     raise RuntimeError(f"the scheduler did not finish in {max_steps} steps")
 
 

@@ -20,6 +20,11 @@ from concurrent.futures import Future
 from tracengine.vllm.drive import FIRST_TOKEN_ID, NUM_TOKEN_IDS
 
 
+def made_up_token(req_id: str, position: int) -> int:
+    """The token a request samples at `position` (of all its tokens): made up from both."""
+    return FIRST_TOKEN_ID + zlib.crc32(f"{req_id}:{position}".encode()) % NUM_TOKEN_IDS
+
+
 def _done(value) -> Future:
     future = Future()
     future.set_result(value)
@@ -115,15 +120,42 @@ class _NoModel:
             computed[req_id] = num_computed
         req_ids = list(so.num_scheduled_tokens)
         sampled = []
+        verified = so.scheduled_spec_decode_tokens
         for req_id in req_ids:
             tokens = []
             if computed[req_id] + so.num_scheduled_tokens[req_id] >= self.num_tokens[req_id]:
                 position = self.num_tokens[req_id]
-                tokens = [FIRST_TOKEN_ID + zlib.crc32(f"{req_id}:{position}".encode()) % NUM_TOKEN_IDS]
-                self.num_tokens[req_id] = position + 1
+                tokens = [made_up_token(req_id, position)]
+                if verified.get(req_id):      # speculative decoding: the drafts that are its tokens, too
+                    tokens = self.accepted(req_id, position, verified[req_id])
+                self.num_tokens[req_id] = position + len(tokens)
             sampled.append(tokens)
+        if self.vllm_config.speculative_config is not None:
+            self.drafts = self.propose([r for r, tokens in zip(req_ids, sampled) if tokens])
         return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                  sampled_token_ids=sampled)
+
+    def accepted(self, req_id: str, position: int, drafts: list[int]) -> list[int]:
+        """The tokens a verification samples: the drafts that are the request's tokens (spec.py's
+        rule), then one. With async scheduling the scheduler holds placeholders: the worker's own drafts."""
+        from tracengine.vllm.spec import made_up_drafts, num_accepted
+        token_at = functools.partial(made_up_token, req_id)
+        if drafts[0] == -1:
+            drafts = made_up_drafts(req_id, position, len(drafts), token_at)
+        return [token_at(position + j) for j in range(num_accepted(drafts, position, token_at) + 1)]
+
+    def propose(self, req_ids):
+        """The next drafts of the requests that sampled (a drafter's), which the engine core takes."""
+        from vllm.v1.outputs import DraftTokenIds
+
+        from tracengine.vllm.spec import made_up_drafts
+        k = self.vllm_config.speculative_config.num_speculative_tokens
+        return DraftTokenIds(req_ids, [made_up_drafts(r, self.num_tokens[r], k, functools.partial(made_up_token, r))
+                                       for r in req_ids])
+
+    def take_draft_token_ids(self):
+        drafts, self.drafts = getattr(self, "drafts", None), None
+        return drafts
 
     def check_health(self) -> None:
         pass

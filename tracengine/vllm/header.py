@@ -6,11 +6,14 @@ The recorder writes it; build.py rebuilds a scheduler from it."""
 import dataclasses
 import os
 
-from tracengine.errors import ConfigError
-
 # CacheConfig fields that decide scheduling (block size and count, the prefix cache)
 CACHE_FIELDS = ("block_size", "enable_prefix_caching", "prefix_caching_hash_algo", "sliding_window")
 KV_FIELDS = ("num_kv_heads", "head_size", "kv_dtype")
+# a LoRA config's fields, in a header only where LoRA is on (max_loras: adapters in one batch)
+LORA_FIELDS = ("max_loras", "max_cpu_loras", "max_lora_rank")
+# a speculative config's fields (header name -> SpeculativeConfig's), in a header only where drafts are on
+SPEC_FIELDS = {"speculative_method": "method", "num_speculative_tokens": "num_speculative_tokens",
+               "prompt_lookup_min": "prompt_lookup_min", "prompt_lookup_max": "prompt_lookup_max"}
 
 # SchedulerConfig fields that name code or are vLLM's own bookkeeping, not a scheduling value;
 # and disable_hybrid_kv_cache_manager, which vLLM resolves from the platform and the KV cache
@@ -39,16 +42,20 @@ def header_config(scheduler) -> dict:
     for name in CACHE_FIELDS:
         config[name] = getattr(vllm_config.cache_config, name)
     config["max_model_len"] = vllm_config.model_config.max_model_len
-    kv_config = scheduler.kv_cache_config
-    if len(kv_config.kv_cache_groups) != 1:
-        raise ConfigError(f"tracengine records a vLLM model with one KV cache group, this one has "
-                          f"{len(kv_config.kv_cache_groups)}")
-    spec = kv_config.kv_cache_groups[0].kv_cache_spec
-    config["num_gpu_blocks"] = kv_config.num_blocks
-    config["num_kv_heads"] = spec.num_kv_heads
-    config["head_size"] = spec.head_size
+    # the first KV cache group (features.py refuses others, or the header names them not recorded)
+    spec = scheduler.kv_cache_config.kv_cache_groups[0].kv_cache_spec
+    config["num_gpu_blocks"] = scheduler.kv_cache_config.num_blocks
+    config["num_kv_heads"] = getattr(spec, "num_kv_heads", 0)
+    config["head_size"] = getattr(spec, "head_size", 0)
     config["kv_dtype"] = str(spec.dtype).removeprefix("torch.")
     config["scheduler_kind"] = "async" if _is_async(type(scheduler)) else "sync"
+    spec = vllm_config.speculative_config
+    if spec is not None:      # (features.py refuses a method a trace does not hold)
+        config.update({name: getattr(spec, attribute) for name, attribute in SPEC_FIELDS.items()})
+        if config["max_num_scheduled_tokens"] == config["max_num_batched_tokens"]:
+            config["max_num_scheduled_tokens"] = None     # vLLM's default with drafts: the budget's, whatever it is
+    if vllm_config.lora_config is not None:
+        config.update({name: getattr(vllm_config.lora_config, name) for name in LORA_FIELDS})
     return config
 
 
@@ -57,8 +64,9 @@ def _is_async(cls) -> bool:
     return issubclass(cls, AsyncScheduler)
 
 
-def trace_header(scheduler):
-    """The TraceHeader of a recording of `scheduler`: engine "vllm", its version, its config."""
+def trace_header(scheduler, not_recorded=()):
+    """The TraceHeader of a recording of `scheduler`: engine "vllm", its version, its config, and
+    what it does not hold (`not_recorded`: features.py's, where the user records anyway)."""
     import platform
     import time
 
@@ -76,7 +84,7 @@ def trace_header(scheduler):
                        str(scheduler.vllm_config.device_config.device_type or platform.machine()), str(torch.__version__),
                        model_config.seed if model_config.seed is not None else 0, time.time(),
                        scheduler.vllm_config.parallel_config.tensor_parallel_size, engine="vllm",
-                       engine_version=vllm.__version__)
+                       engine_version=vllm.__version__, not_recorded=list(not_recorded))
 
 
 def scheduler_is_stub(model_config) -> bool:

@@ -8,7 +8,8 @@ The calls are made in the recorded order: step k is scheduled when the
 previous steps are; its output is processed once `num_scheduled_ahead`
 more steps have been scheduled (async scheduling); a request or an abort
 comes when `step` steps have been scheduled and `step -
-num_steps_in_flight` updated. A step's events are compared right after its
+num_steps_in_flight` updated, and so do the drafts the engine core gave
+(SpecDraft, speculative decoding). A step's events are compared right after its
 `schedule()` (so a different batch is reported before its output is fed)
 and again, whole, when its frame is written."""
 import time
@@ -17,7 +18,7 @@ from tracengine.errors import TraceError, TraceVersionError
 from tracengine.trace.events import iter_steps
 from tracengine.replay import reexec
 from tracengine.replay.reexec import _COMPARED, ComparingSink, Divergence, ReplayResult
-from tracengine.trace.events import RequestAdded, SeqAbort, StepEnd, TokenSample
+from tracengine.trace.events import RequestAdded, SeqAbort, SpecDraft, StepEnd, TokenSample
 from tracengine.trace.tracelog import split_header
 from tracengine.vllm.state import live_vllm_state
 from tracengine.trace.header import VLLM, backend_of
@@ -59,7 +60,7 @@ class _Replay:
         self.scheduler, self.recorder, self.sink = scheduler, recorder, sink
         self.frames = frames
         self.num_steps = sum(1 for f in frames if type(f[-1]) is StepEnd)
-        self.arrivals = [e for f in frames for e in f if type(e) in (RequestAdded, SeqAbort)]
+        self.arrivals = [e for f in frames for e in f if type(e) in (RequestAdded, SeqAbort, SpecDraft)]
         self.request_ids: dict[int, str] = {}
         self.outputs: dict[int, object] = {}     # step -> its SchedulerOutput, until its update
         self.num_events = 0
@@ -117,7 +118,11 @@ class _Replay:
                 block_size=scheduler.block_size, hash_algo=cache.prefix_caching_hash_algo, priority=e.priority,
                 ignore_eos=e.ignore_eos, eos_token_id=None if e.eos_token_id == -1 else e.eos_token_id,
                 temperature=e.temperature, top_k=max(e.top_k, 0), top_p=e.top_p,
-                seed=None if e.seed == -1 else e.seed, min_tokens=e.min_tokens, stop_token_ids=e.stop_token_ids))
+                seed=None if e.seed == -1 else e.seed, min_tokens=e.min_tokens, stop_token_ids=e.stop_token_ids,
+                **lora_request(e)))
+        elif type(e) is SpecDraft:       # the engine core's drafts, after a step's output
+            from vllm.v1.outputs import DraftTokenIds
+            scheduler.update_draft_token_ids(DraftTokenIds([self.request_ids[e.seq_id]], [list(e.token_ids)]))
         else:
             status = RequestStatus.FINISHED_ERROR if e.reason == "error" else RequestStatus.FINISHED_ABORTED
             if not scheduler.finish_requests(self.request_ids.get(e.seq_id, ""), status):
@@ -145,6 +150,15 @@ class _Replay:
         if self.sink.index < len(frame):
             raise _Diverged(frame[self.sink.index], None, "the trace has an event the replay did not emit", None)
         self.num_events += len(frame)
+
+
+def lora_request(e: RequestAdded) -> dict:
+    """make_request's lora_request of a recorded request's adapter ({}: none); the scheduler reads
+    its id only, never the adapter's path."""
+    if not e.lora_id:
+        return {}
+    from vllm.lora.request import LoRARequest
+    return {"lora_request": LoRARequest(e.lora_name, e.lora_id, f"tracengine-not-recorded/{e.lora_name}")}
 
 
 def _same(recorded, event) -> bool:

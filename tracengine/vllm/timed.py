@@ -67,7 +67,9 @@ def run_timed(scheduler, specs, step_time, *, first_step_ns: int = 0, past_outpu
                 continue
         if batch_queue:
             out, req_ids = batch_queue.pop()
-            scheduler.update_from_output(out, model_output(out.num_scheduled_tokens, driver.tokens(req_ids)))
+            scheduler.update_from_output(out, model_output(out.num_scheduled_tokens, driver.tokens(req_ids, out)))
+            if driver.spec_decoding and not driver.async_drafts:     # the engine core's drafts (spec.py)
+                driver.give_drafts(req_ids)
     raise TraceError(f"vLLM's scheduler did not finish the simulation in {max_steps} steps")
 
 

@@ -20,6 +20,7 @@ from tracengine.replay.whatif import WhatIfResult
 from tracengine.trace.events import RequestAdded, SeqAbort, TokenSample
 from tracengine.trace.tracelog import split_header
 from tracengine.vllm.drive import RequestSpec
+from tracengine.vllm.replay import lora_request
 
 
 @dataclass
@@ -38,11 +39,15 @@ def extract_workload(events) -> VllmWorkload:
     specs: dict[int, RequestSpec] = {}
     aborts: dict[int, list[str]] = {}
     in_step_aborts: dict[int, list[str]] = {}
+    last_kept = None
     for e in it:
         t = type(e)
         if t is TokenSample:
-            if e.kept:
+            # one not kept after a kept one of its step: an accepted draft past the request's stop,
+            # which vLLM cut (a step's output not kept at all: a preempted request's, dropped)
+            if e.kept or last_kept == (e.step, e.seq_id):
                 specs[e.seq_id].output_token_ids.append(e.token_id)
+                last_kept = (e.step, e.seq_id)
         elif t is RequestAdded:
             specs[e.seq_id] = RequestSpec(
                 e.request_id, list(e.prompt_token_ids), e.max_tokens, arrival_step=e.step, priority=e.priority,
@@ -50,13 +55,18 @@ def extract_workload(events) -> VllmWorkload:
                     ignore_eos=e.ignore_eos, eos_token_id=None if e.eos_token_id == -1 else e.eos_token_id,
                     temperature=e.temperature, top_k=max(e.top_k, 0), top_p=e.top_p,
                     seed=None if e.seed == -1 else e.seed, min_tokens=e.min_tokens,
-                    stop_token_ids=list(e.stop_token_ids)))
+                    stop_token_ids=list(e.stop_token_ids)), request_options=lora_request(e) or None)
         elif t is SeqAbort:
             request_id = specs[e.seq_id].request_id
             if e.num_steps_in_flight >= batch_queue_size:
                 in_step_aborts.setdefault(e.step - e.num_steps_in_flight, []).append(request_id)
             else:
                 aborts.setdefault(e.step, []).append(request_id)
+    if header.config.get("speculative_method"):      # each request's recorded drafts (spec.py)
+        from tracengine.vllm.spec import Drafts, recorded_drafts
+        drafts = recorded_drafts(events, batch_queue_size > 1)
+        for seq_id, spec in specs.items():
+            spec.drafts = drafts.get(seq_id) or Drafts()
     return VllmWorkload(header, list(specs.values()), aborts, in_step_aborts, events)
 
 

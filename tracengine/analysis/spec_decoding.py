@@ -1,0 +1,41 @@
+"""Speculative decoding's figures of a trace of vLLM's scheduler (`stats`' "spec_decoding",
+docs/stats.md): of the drafts each step verified (SpecDecode), how many the output accepted
+(SpecAccepted), in all and per draft position, as vLLM's own spec-decoding metrics count them
+(a verification: a request's drafts in a step whose output it sampled)."""
+from dataclasses import dataclass, field
+
+from tracengine.analysis.figures import SpecDecoding
+
+
+@dataclass(slots=True)
+class SpecCounts:
+    num_verifications: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    drafted_at: list[int] = field(default_factory=list)     # per position: verifications with a draft there
+    accepted_at: list[int] = field(default_factory=list)    # per position: those that accepted it
+    verified: dict[int, int] = field(default_factory=dict)  # seq_id -> drafts verified, in the step in progress
+
+    def scheduled(self, event) -> None:
+        self.verified = dict(zip(event.seq_ids, event.num_spec_tokens))
+
+    def accepted(self, event) -> None:
+        for seq_id, a in zip(event.seq_ids, event.num_accepted):
+            v = self.verified.get(seq_id, a)
+            self.num_verifications += 1
+            self.num_draft_tokens += v
+            self.num_accepted_tokens += a
+            while len(self.drafted_at) < v:
+                self.drafted_at.append(0)
+                self.accepted_at.append(0)
+            for j in range(v):
+                self.drafted_at[j] += 1
+                self.accepted_at[j] += j < a
+
+    def figures(self) -> SpecDecoding:
+        n = self.num_verifications
+        return SpecDecoding(
+            num_verifications=n, num_draft_tokens=self.num_draft_tokens, num_accepted_tokens=self.num_accepted_tokens,
+            acceptance_rate=self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None,
+            mean_acceptance_length=1 + self.num_accepted_tokens / n if n else None,
+            acceptance_rate_per_position=[a / d for a, d in zip(self.accepted_at, self.drafted_at)])
