@@ -29,8 +29,15 @@ that preempted, `max_num_seqs` as a cap on running, strict FCFS on a blocked
 head. Left out: `long_prefill_token_threshold` (0 in V1 by default: no
 cap on one request's chunk), `max_num_partial_prefills` (V1's scheduler has
 no such limit; here at most one prefill is partial at a step's end, because
-a partial chunk ends the budget), priorities, speculative decoding, encoder
-inputs, KV connectors and async scheduling.
+a partial chunk ends the budget), priorities, encoder inputs, KV connectors
+and async scheduling.
+
+Speculative decoding is V1's (engine/spec_decode.py): a decoding sequence's
+drafts are tokens of its step (`num_tokens_with_spec - num_computed_tokens`),
+cut to the budget left and below max_model_len, their slots allocated with
+the step's (and `num_lookahead_tokens` past them: none for ngram); the
+rejected ones' computed tokens are rolled back after the step and their
+slots stay the sequence's.
 
 The block rules are V1's too (`block_rules` "vllm", engine/vllm_block_manager.py):
 admission checks that the whole sequence fits but allocates only the slots of
@@ -80,11 +87,14 @@ class MixedScheduler(Scheduler):
         while self.running and token_budget > 0:
             seq = self.running.popleft()
             # the rest of its prompt or the chunk the budget leaves; a decoding one, its one token
+            # and the drafts the budget leaves room for
             num_new_tokens = min(seq.num_tokens - seq.num_cached_tokens, token_budget) if seq.is_prefill else 1
+            if seq.spec_token_ids:
+                num_new_tokens += self.num_drafts(seq, token_budget - 1)
             if self.allocate_per_chunk:
                 has_slots = self._allocate_slots(seq, num_new_tokens)
             else:            # the whole prompt was allocated at admission: only a decode needs a block
-                has_slots = seq.is_prefill or self._append_slot(seq)
+                has_slots = seq.is_prefill or self._append_slot(seq, num_new_tokens - 1)
             if not has_slots:
                 break                           # it preempted itself
             seq.num_scheduled_tokens = num_new_tokens
@@ -146,7 +156,8 @@ class MixedScheduler(Scheduler):
         """V1's running loop: slots for `seq`'s tokens of this step, preempting the running tail
         (`self.running` holds the sequences not scheduled yet) while there are too few free
         blocks, or `seq` itself when nobody is left behind it (False then)."""
-        while not self.block_manager.allocate_slots(seq, num_new_tokens):
+        # vLLM's allocate_slots(num_lookahead_tokens=...): slots past the step's tokens, never cached
+        while not self.block_manager.allocate_slots(seq, num_new_tokens + self.num_lookahead_tokens):
             if self.running:
                 self.preempt(self.preempt_victim(seq), by=seq)
             else:
@@ -157,7 +168,7 @@ class MixedScheduler(Scheduler):
     @staticmethod
     def _take(seq: Sequence, scheduled_seqs: list[Sequence], prefill_flags: list[bool]):
         prefill_flags.append(seq.is_prefill)
-        if seq.num_cached_tokens + seq.num_scheduled_tokens == seq.num_tokens:
+        if seq.num_cached_tokens + seq.num_scheduled_tokens >= seq.num_tokens:
             seq.is_prefill = False     # from the next step it decodes
         scheduled_seqs.append(seq)
 

@@ -279,9 +279,31 @@ class PromptBlocksHashed(Event, tag=16):
     hash_id_block_tokens: int
 
 
+# Format 11: speculative decoding (engine/spec_decode.py). Tags 117 and 118: 17 to 20 are the wire
+# forms of block_runs.py, which a decoder reads in one union with these.
+
+class DraftProposed(Event, tag=117):
+    """Draft tokens proposed for a sequence after its step (in that step's frame): its next step
+    verifies them, or as many of them as it schedules (its ScheduledSeq's num_tokens less one)."""
+    step: int
+    seq_id: int
+    num_draft_tokens: int
+    draft_token_ids: list[int] = msgspec.field(default_factory=list)   # empty: synthetic drafts (the target's own)
+
+
+class DraftVerified(Event, tag=118):
+    """A step verified a sequence's drafts: `num_accepted_tokens` of its `num_draft_tokens`
+    were kept; its TokenSamples that follow are those and the model's next token (fewer when
+    it stopped)."""
+    step: int
+    seq_id: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+
+
 AnyEvent = Union[TraceHeader, RequestAdded, ScheduleDecision, BlockAllocate, BlockAppend, BlockHash,
                  BlockFree, Preempt, TokenSample, SeqFinish, StepEnd, SeqAbort, ReplicaScope, RouteDecision,
-                 KVTransfer, RunEnd, PromptBlocksHashed]
+                 KVTransfer, RunEnd, PromptBlocksHashed, DraftProposed, DraftVerified]
 
 EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in AnyEvent.__args__}
 # Only a fleet's trace holds these (one engine's never does)
