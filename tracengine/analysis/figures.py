@@ -176,6 +176,21 @@ class RequestFigures(Figures, frozen=True):
     e2e_s: float | None = None
 
 
+class SpecDecode(Figures, frozen=True):
+    """Speculative decoding's figures, vLLM's spec decode metrics: each (sequence, step) that
+    verified drafts is a verify (vLLM's `num_drafts`). Position i's acceptance rate is the share of
+    the verifies that drafted position i which kept drafts 0..i (vLLM's per-position rate, the
+    unconditional one synthetic_acceptance_rates names; vLLM divides by every verify, the same
+    when each drafts as many); mean tokens per verify counts the model's own token (vLLM's mean
+    acceptance length)."""
+    num_verifies: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    acceptance_rate: float | None
+    acceptance_rate_per_position: list[float | None]
+    mean_tokens_per_verify: float | None
+
+
 class Stats(Figures, frozen=True, kw_only=True):
     """What `tracengine stats` says of one engine's trace."""
     stats_version: int
@@ -191,6 +206,7 @@ class Stats(Figures, frozen=True, kw_only=True):
     kv_blocks: KVBlocks
     head_of_line: HeadOfLine
     sessions: dict | None = None        # analysis/sessions.py; None without sessions
+    spec_decode: SpecDecode | None = None   # None without drafts
     per_request: list[RequestFigures]
 
 

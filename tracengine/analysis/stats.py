@@ -33,7 +33,7 @@ import math
 import msgspec
 
 from tracengine.analysis.figures import (Goodput, HeadOfLine, KVBlocks, Latencies, Latency, Preemption, PrefixCache,
-                                         RequestCounts, RequestFigures, Stats, StepFigures, TokenCounts, Throughput,
+                                         RequestCounts, RequestFigures, SpecDecode, Stats, StepFigures, TokenCounts, Throughput,
                                          TraceFigures, summarize, summarize_counts)
 from tracengine.analysis.sessions import session_line, timeline_sessions
 from tracengine.analysis.timeline import RequestTimeline, load
@@ -198,8 +198,20 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> Stats:
         head_of_line=HeadOfLine(num_blocked_steps=hol_prefill + hol_decode, num_blocked_prefill_steps=hol_prefill,
                                 num_blocked_decode_steps=hol_decode, num_blocked_requests=len(blocked)),
         sessions=timeline_sessions(t),    # None without sessions (analysis/sessions.py)
+        spec_decode=spec_decode_figures(t),
         per_request=per_request,
     )
+
+
+def spec_decode_figures(t: RequestTimeline) -> SpecDecode | None:
+    """Speculative decoding's figures (figures.SpecDecode); None when no step verified drafts."""
+    if not t.drafted_at:
+        return None
+    num_verifies, drafted, accepted = t.drafted_at[0], sum(t.drafted_at), sum(t.accepted_at)
+    return SpecDecode(num_verifies=num_verifies, num_draft_tokens=drafted, num_accepted_tokens=accepted,
+                      acceptance_rate=_ratio(accepted, drafted),
+                      acceptance_rate_per_position=[_ratio(a, d) for a, d in zip(t.accepted_at, t.drafted_at)],
+                      mean_tokens_per_verify=1 + accepted / num_verifies)
 
 
 def format_number(value, fmt="{:,.2f}") -> str:
@@ -270,6 +282,12 @@ def render(s: Stats, title: str = ""):
                                   f"{hol.num_blocked_requests} requests")
     if s.sessions:
         other.add_row("sessions", session_line(s.sessions))
+    if s.spec_decode:
+        sd = s.spec_decode
+        other.add_row("spec decode", f"{sd.num_accepted_tokens:,}/{sd.num_draft_tokens:,} drafts kept "
+                                     f"({format_percent(sd.acceptance_rate)}), by position "
+                                     f"{' '.join(format_percent(r) for r in sd.acceptance_rate_per_position)}; "
+                                     f"{sd.mean_tokens_per_verify:.2f} tokens per verify of {sd.num_verifies:,}")
     parts = [head, "", lat, "", other]
     if s.trace.torn_tail:
         parts += ["", f"note: {s.trace.torn_tail}"]

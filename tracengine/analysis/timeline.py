@@ -18,7 +18,7 @@ from itertools import repeat
 import msgspec
 
 from tracengine.errors import TraceError
-from tracengine.trace.events import (BlockAllocate, block_pool_config, Preempt, RequestAdded,
+from tracengine.trace.events import (BlockAllocate, block_pool_config, DraftVerified, Preempt, RequestAdded,
                                      ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader,
                                      prefill_flags)
 
@@ -127,6 +127,9 @@ class RequestTimeline:
         self.itl_ns: dict[int, int] = {}
         self._open_step = -1
         self._open_gaps: dict[int, int] = {}
+        # speculative decoding: by draft position, the verifies that drafted it and that kept it
+        self.drafted_at: list[int] = []
+        self.accepted_at: list[int] = []
 
     def add(self, event) -> None:
         # By exact type, one dict lookup: a run folded live (generate, simulate) pays this per event.
@@ -178,7 +181,7 @@ class RequestTimeline:
             step, previous = event.step, req.last_token_step
             if previous is None:
                 req.first_token_step = step
-            else:       # a gap, open until this step ends
+            elif step != previous:      # a gap, open until this step ends (a verify step's tokens come together)
                 if step != self._open_step:
                     self._close_gaps()     # of a step that never ended (a torn frame's), if any
                     self._open_step = step
@@ -211,6 +214,16 @@ class RequestTimeline:
         itl_steps, itl_ns = dict(self.itl_steps), dict(self.itl_ns)
         self._count_gaps(self._open_step, self._open_gaps, itl_steps, itl_ns)
         return itl_steps, itl_ns
+
+    def _drafts_verified(self, event: DraftVerified) -> None:
+        drafted, accepted = self.drafted_at, self.accepted_at
+        if len(drafted) < event.num_draft_tokens:
+            drafted += [0] * (event.num_draft_tokens - len(drafted))
+            accepted += [0] * (event.num_draft_tokens - len(accepted))
+        for i in range(event.num_draft_tokens):
+            drafted[i] += 1
+        for i in range(event.num_accepted_tokens):
+            accepted[i] += 1
 
     def _finished(self, event: SeqFinish) -> None:
         req = self._request(event.seq_id, event)
@@ -305,7 +318,8 @@ class RequestTimeline:
 FOLD = {TraceHeader: RequestTimeline._header_read, RequestAdded: RequestTimeline._request_added,
         ScheduleDecision: RequestTimeline._decision_made, BlockAllocate: RequestTimeline._allocated,
         Preempt: RequestTimeline._preempted, TokenSample: RequestTimeline._token_sampled,
-        SeqFinish: RequestTimeline._finished, SeqAbort: RequestTimeline._aborted, StepEnd: RequestTimeline._step_ended}
+        SeqFinish: RequestTimeline._finished, SeqAbort: RequestTimeline._aborted, StepEnd: RequestTimeline._step_ended,
+        DraftVerified: RequestTimeline._drafts_verified}
 
 
 def fold(events) -> RequestTimeline:

@@ -7,13 +7,15 @@ from tracengine.analysis.stats import stats
 from tracengine.analysis.timeline import RequestTimeline
 from tracengine.engine.config import Config, recorded_block_rules
 
-from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, PromptBlocksHashed,
-                                     RequestAdded, ScheduleDecision, without_wall_clock)
+from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, DraftProposed, DraftVerified,
+                                     Preempt, PromptBlocksHashed, RequestAdded, ScheduleDecision, without_wall_clock)
 from tracengine.engine.hash_id_prompt import hashed_blocks
 from tracengine.trace.tracelog import split_header
 from tracengine.trace.events import iter_steps
 
-SCHEDULING_TYPES = (ScheduleDecision, Preempt, BlockAllocate, BlockAppend, BlockHash, PromptBlocksHashed, BlockFree)
+# speculative decoding's: how many drafts a sequence got and kept (a draft's token id, as any, does not count)
+SCHEDULING_TYPES = (ScheduleDecision, Preempt, BlockAllocate, BlockAppend, BlockHash, PromptBlocksHashed, BlockFree,
+                    DraftProposed, DraftVerified)
 
 
 @dataclass
@@ -45,7 +47,9 @@ def scheduling_events(events) -> list:
 
 
 def scheduling_key(events) -> list[tuple]:
-    return [without_wall_clock(e) for e in scheduling_events(events)]
+    return [without_wall_clock(e) if type(e) is not DraftProposed else ("DraftProposed", e.step, e.seq_id,
+                                                                          e.num_draft_tokens)
+            for e in scheduling_events(events)]
 
 
 def header_config(header) -> dict:
