@@ -310,6 +310,8 @@ EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in AnyEvent.__args__}
 FLEET_EVENT_TYPES = frozenset({"ReplicaScope", "RouteDecision", "KVTransfer"})
 # Only a trace of prompts known by their hash ids holds these (a token prompt's blocks are a BlockHash each)
 HASH_ID_EVENT_TYPES = frozenset({"PromptBlocksHashed"})
+# Only a run that drafts holds these (speculative decoding)
+SPEC_EVENT_TYPES = frozenset({"DraftProposed", "DraftVerified"})
 
 # Fields a replay does not compare: wall-clock readings.
 WALL_CLOCK_FIELDS = frozenset({"schedule_ns", "model_ns", "postprocess_ns", "created_at", "arrival_ns", "gap_ns"})
