@@ -229,6 +229,42 @@ def test_preemption_drops_the_drafts():
     assert [s.seq_id for s in seqs] == [0] and b.spec_token_ids == [] and b.num_preemptions == 1
 
 
+def test_mixed_pads_an_admission_with_one_token_left_as_vllm_does():
+    sink = ListSink()
+    scheduler = MixedScheduler(Config(num_kvcache_blocks=64, kvcache_block_size=4, max_num_batched_tokens=64,
+                                      max_model_len=64, **NGRAM), sink)
+    first = prefilled(scheduler, 9, 0)
+    one_step(scheduler, {0: 9})                  # its first 2 blocks (8 tokens) go into the prefix cache
+    first.spec_token_ids = [1]
+    twin = prefilled(scheduler, 9, 1)            # hits 8 tokens: 1 left to compute, padded to 1 + 3
+    seqs, _ = scheduler.schedule()
+    assert [(s.seq_id, s.num_scheduled_tokens) for s in seqs] == [(0, 2), (1, 4)]
+    assert twin.num_cached_tokens == 8 and len(twin.block_table) == 3
+    scheduler.postprocess(seqs, [[1, 7], [4]], True)     # what the engine keeps of the runner's tokens
+    # the placeholders are never kept: its one token, its computed tokens rolled back to it
+    assert twin.completion == [4] and twin.num_cached_tokens == 9
+    verified = [e for e in sink.events if type(e) is DraftVerified]
+    assert [(e.seq_id, e.num_draft_tokens, e.num_accepted_tokens, e.padded) for e in verified] == \
+        [(0, 1, 1, False), (1, 3, 0, True)]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_mixed_schedules_drafts_as_vllms_own_scheduler(k):
+    pytest.importorskip("vllm")
+    from tracengine.vllm.compare import agreement, run_mixed_spec, run_vllm_spec
+    rng = random.Random(k)
+    prefix = [rng.randint(0, 50) for _ in range(32)]
+    work = [([7] * 5, 60, 0)] + [((prefix if i % 2 else []) + [rng.randint(0, 50) for _ in range(rng.randint(1, 90))],
+                                   rng.randint(1, 30), i // 2) for i in range(14)]
+    work.insert(5, (list(work[4][0]), 9, work[4][2]))        # a prompt sent twice in a step
+    for budget, num_blocks in ((24, 30), (64, 60)):          # drafts cut by the budget; preemptions
+        mixed = run_mixed_spec(work, num_blocks, budget, 8, k)
+        a = agreement(mixed, run_vllm_spec(work, num_blocks, budget, 8, k, mixed))
+        assert a["agree"] == a["agree_blocks"] == 1.0 and a["num_steps"][0] + 1 == a["num_steps"][1], a
+        assert any(type(e) is DraftVerified and e.num_accepted_tokens for e in mixed)
+        assert reexecute(mixed).ok
+
+
 # -- runs: the synthetic runner, re-execution, the fold ----------------------------------------
 
 @pytest.mark.parametrize("policy", ["prefill_first", "mixed"])
@@ -369,6 +405,30 @@ def test_the_tiny_model_gives_the_same_tokens_with_drafts_and_the_trace_replays(
     assert summary.spec_decode.num_accepted_tokens > 0      # the repeated prompts are drafted from and kept
     from tracengine.trace.tracelog import open_trace
     assert reexecute(list(open_trace(trace))).ok
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_padded_admission_on_the_model_keeps_its_token():
+    from tracengine import LLM, SamplingParams
+    sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6, 7]          # 2 full blocks of 4 and 1 token
+    runs = {}
+    for k in (0, 3):
+        llm = LLM("", scheduling_policy="mixed", num_kvcache_blocks=64, kvcache_block_size=4,
+                  **(dict(NGRAM, num_speculative_tokens=k) if k else {}))
+        sink = ListSink()
+        llm.reset(sink)
+        first = llm.add_request(prompt, sp)
+        for _ in range(3):
+            llm.step()
+        again = llm.add_request(prompt, sp)      # hits the 2 blocks: 1 token to compute, padded to 4
+        while not llm.is_finished():
+            llm.step()
+        runs[k] = (first.completion_token_ids, again.completion_token_ids,
+                   [e for e in sink.events if type(e) is DraftVerified and e.padded])
+        llm.close()
+    assert runs[3][:2] == runs[0][:2] and runs[0][0] == runs[0][1]
+    assert len(runs[3][2]) == 1 and runs[3][2][0].num_accepted_tokens == 0
 
 
 @pytest.mark.usefixtures("one_torch_thread")

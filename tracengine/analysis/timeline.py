@@ -216,6 +216,8 @@ class RequestTimeline:
         return itl_steps, itl_ns
 
     def _drafts_verified(self, event: DraftVerified) -> None:
+        if event.padded:        # placeholders, not drafts
+            return
         drafted, accepted = self.drafted_at, self.accepted_at
         if len(drafted) < event.num_draft_tokens:
             drafted += [0] * (event.num_draft_tokens - len(drafted))

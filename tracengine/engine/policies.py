@@ -37,7 +37,9 @@ drafts are tokens of its step (`num_tokens_with_spec - num_computed_tokens`),
 cut to the budget left and below max_model_len, their slots allocated with
 the step's (and `num_lookahead_tokens` past them: none for ngram); the
 rejected ones' computed tokens are rolled back after the step and their
-slots stay the sequence's.
+slots stay the sequence's. An admitted sequence with one token left to
+compute is padded to 1 + K tokens with placeholder drafts, never kept, as V1
+pads it (under V1's block rules).
 
 The block rules are V1's too (`block_rules` "vllm", engine/vllm_block_manager.py):
 admission checks that the whole sequence fits but allocates only the slots of
@@ -56,6 +58,7 @@ runs a mixed batch on the runner's general (prefill) path."""
 from tracengine.engine.config import BUILTIN_POLICY_NAMES, Config
 from tracengine.engine.scheduler import Scheduler
 from tracengine.engine.sequence import Sequence, SequenceStatus
+from tracengine.engine.spec_decode import PADDING_DRAFT
 from tracengine.engine.vllm_block_manager import VllmBlockManager
 from tracengine.errors import ConfigError
 from tracengine.trace.events import NULL_SINK, EventSink, Phase, StopReason
@@ -109,6 +112,7 @@ class MixedScheduler(Scheduler):
         if self.num_preemptions != num_preemptions:   # V1 admits nothing in a step that preempted
             stop_reason = "preempted"
         elif stop_reason is None:
+            prefill_scheduled = any(prefill_flags)    # a running sequence still in prefill (V1's is_prefill_chunk)
             # Then waiting, in FIFO order, into the budget left.
             while self.waiting and token_budget > 0:
                 if len(self.running) >= self.max_num_seqs:
@@ -126,7 +130,22 @@ class MixedScheduler(Scheduler):
                     break
                 if self.allocate_per_chunk:   # the hits and the first chunk's slots
                     num_computed = self.block_manager.num_computed_tokens(seq, len(hits))
-                    seq.num_scheduled_tokens = min(seq.num_tokens - num_computed, token_budget)
+                    num_new_tokens = seq.num_tokens - num_computed
+                    if num_new_tokens == 1 and self.num_speculative_tokens and not prefill_scheduled and (
+                            scheduled_running or num_computed) and self._pads(seq, num_computed):
+                        num_padded = 1 + self.num_speculative_tokens
+                        if num_padded > token_budget:      # V1 would rather not schedule it than unpadded
+                            stop_reason = "budget_exhausted"
+                            break
+                        num_padded_blocks = num_new_blocks - seq.num_blocks + -(-(num_computed + num_padded)
+                                                                                // self.block_size)
+                        if num_padded_blocks > self.block_manager.num_free_blocks:
+                            stop_reason, blocked_seq_id, num_blocks_needed = ("no_free_blocks", seq.seq_id,
+                                                                              num_padded_blocks)
+                            break
+                        num_new_tokens = num_padded
+                        seq.spec_token_ids = [PADDING_DRAFT] * self.num_speculative_tokens
+                    seq.num_scheduled_tokens = min(num_new_tokens, token_budget)
                     self.block_manager.allocate(seq, hits, seq.num_scheduled_tokens)
                 else:
                     self.block_manager.allocate(seq, hits)
@@ -151,6 +170,13 @@ class MixedScheduler(Scheduler):
                             blocked_seq_id, num_blocks_needed, self.block_manager.num_free_blocks,
                             num_decode_seqs if phase == "mixed" else 0)
         return scheduled_seqs, phase != "decode"
+
+    def _pads(self, seq: Sequence, num_computed: int) -> bool:
+        """V1's padding of an admitted sequence with one token left to compute (a full prefix-cache
+        hit, a resumed one) to the 1 + K tokens of a verify step, its drafts placeholders that are
+        never kept (uniform decode batches for CUDA graphs: a scheduling rule all the same), when
+        no running sequence is in prefill and the padded tokens and the sampled one fit max_model_len."""
+        return num_computed + 1 + self.num_speculative_tokens + 1 <= self.max_model_len
 
     def _allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """V1's running loop: slots for `seq`'s tokens of this step, preempting the running tail

@@ -14,6 +14,7 @@ from tracengine.trace.events import (NULL_SINK, AbortReason, DraftProposed, Draf
                                      Phase, Preempt, ScheduledSeq, ScheduleDecision, SeqAbort, SeqFinish, StopReason,
                                      TokenSample)
 from tracengine.engine.sequence import Sequence, SequenceStatus
+from tracengine.engine.spec_decode import PADDING_DRAFT
 
 
 class Scheduler:
@@ -223,7 +224,8 @@ class Scheduler:
         blocks the kept tokens filled registered, before a finished sequence frees them."""
         num_drafts, num_accepted = len(seq.spec_token_ids), len(token_ids) - 1
         if self.sink.enabled:
-            self.sink.emit(DraftVerified(self.step, seq.seq_id, num_drafts, num_accepted))
+            self.sink.emit(DraftVerified(self.step, seq.seq_id, num_drafts, num_accepted,
+                                         seq.spec_token_ids[0] == PADDING_DRAFT))
         seq.spec_token_ids = []
         num_computed_before = seq.num_cached_tokens
         num_computed = num_computed_before + seq.num_scheduled_tokens - (num_drafts - num_accepted)

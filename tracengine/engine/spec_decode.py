@@ -30,6 +30,9 @@ from tracengine.engine.config import Config, acceptance_rates
 from tracengine.engine.sequence import Sequence
 
 SYNTHETIC_DRAFT = -1     # a synthetic draft's token id: the target's own token, whatever it is
+# A placeholder draft, never kept: vLLM's scheduler pads a request it admits with one token left
+# to the 1 + K tokens of a verify step (engine/policies.py), with drafts its rejection sampler refuses
+PADDING_DRAFT = -2
 
 
 def conditional_rates(rates: list[float]) -> list[float]:
@@ -103,7 +106,8 @@ class SpecDecoding:
             prefix, rates = b"%d:%d:" % (self.seed, seq.seq_id), self.rates
             for i in range(len(drafts)):
                 # draft i takes position num_tokens + i; the draw is uniform in [0, 1)
-                if xxhash.xxh64_intdigest(prefix + b"%d" % (seq.num_tokens + i)) / 2.0 ** 64 >= rates[i]:
+                if drafts[i] == PADDING_DRAFT or \
+                        xxhash.xxh64_intdigest(prefix + b"%d" % (seq.num_tokens + i)) / 2.0 ** 64 >= rates[i]:
                     return i
             return len(drafts)
         for i, draft in enumerate(drafts):

@@ -128,8 +128,9 @@ class VllmBlockManager(BlockManager):
         self.num_hit_blocks += num_cached_blocks
         if self.sink.enabled:
             self.sink.emit(BlockAllocate(self.step, seq.seq_id, list(seq.block_table), num_cached_blocks))
-        if num_slots // self.block_size > num_cached_blocks:      # the first chunk fills blocks
-            self.cache_blocks(seq, num_cached_blocks, num_slots // self.block_size)
+        num_filled = min(num_slots, seq.num_tokens) // self.block_size     # not a padded verify's slots
+        if num_filled > num_cached_blocks:      # the first chunk fills blocks
+            self.cache_blocks(seq, num_cached_blocks, num_filled)
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Slots for `num_new_tokens` more tokens of a sequence that holds blocks; False, and

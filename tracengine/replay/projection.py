@@ -108,8 +108,9 @@ class Projection:
                     if s.draft_token_ids:           # the drafts it verifies: the tokens past its one
                         del s.draft_token_ids[ss.num_tokens - 1:]
                     continue
-                s.num_cached_tokens = ss.num_cached_tokens + ss.num_tokens
-                complete = s.num_cached_tokens == s.num_tokens   # the whole prompt is computed; else a middle chunk
+                # the whole prompt is computed (with a padded verify's placeholders: past it); else a middle chunk
+                complete = ss.num_cached_tokens + ss.num_tokens >= s.num_tokens
+                s.num_cached_tokens = min(ss.num_cached_tokens + ss.num_tokens, s.num_tokens)
                 if complete:
                     s.num_tokens += 1
                     if s.first_token_step == -1:

@@ -42,7 +42,7 @@ class RecordedRunner:
     def targets(self, seq) -> list[int]:
         """The model's tokens at a verify step's positions, as far as the trace tells them: its
         tokens, then its kept drafts past a stop, then -2 (never a draft), which no rule keeps."""
-        num_accepted, kept = self.verified.get(seq.seq_id, (0, []))
+        num_accepted, kept = self.verified.get(seq.seq_id, (0, [self.tokens.get(seq.seq_id, self.filler)]))
         drafts = seq.spec_token_ids
         return [kept[j] if j < len(kept) else drafts[j] if j < num_accepted else -2 for j in range(len(drafts) + 1)]
 

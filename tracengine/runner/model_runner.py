@@ -226,8 +226,8 @@ class ModelRunner:
             drafts = seq.spec_token_ids
             assert start < end <= seq.num_tokens + len(drafts), f"seq {seq.seq_id}: cannot compute tokens [{start}, {end})"
             input_ids.extend(seq.tokens(start, min(end, seq.num_tokens)))
-            if drafts:      # its drafts go in after its last token
-                input_ids.extend(drafts)
+            if drafts:      # its drafts go in after its last token (a placeholder, never kept, as token 0)
+                input_ids.extend(d if d >= 0 else 0 for d in drafts)
             positions.extend(range(start, end))
             cu_seqlens_q.append(cu_seqlens_q[-1] + end - start)
             cu_seqlens_k.append(cu_seqlens_k[-1] + end)

@@ -299,6 +299,9 @@ class DraftVerified(Event, tag=118):
     seq_id: int
     num_draft_tokens: int
     num_accepted_tokens: int
+    # the drafts were placeholders, never kept: the mixed policy padded an admitted sequence with one
+    # token to compute to a verify step's tokens, as vLLM does (stats leave them out)
+    padded: bool = False
 
 
 AnyEvent = Union[TraceHeader, RequestAdded, ScheduleDecision, BlockAllocate, BlockAppend, BlockHash,

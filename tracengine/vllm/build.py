@@ -38,13 +38,14 @@ def apply_overrides(config: dict, overrides: dict) -> dict:
     return {**config, **overrides}
 
 
-def build_scheduler(config: dict, scheduler_cls=None, record: str = ""):
+def build_scheduler(config: dict, scheduler_cls=None, record: str = "", speculative: dict | None = None):
     """vLLM's scheduler for a header's `config`: `scheduler_cls` (a Scheduler subclass), or
     the recording class of the recorded kind, recording to `record` if given as vLLM's
     engine core would have it (else not until `record_to`; $TRACENGINE_RECORD is not read).
-    Raises ConfigError for a value vLLM refuses."""
+    `speculative`: a SpeculativeConfig's fields (method, num_speculative_tokens, ...), for the
+    comparison of speculative decoding (compare.py). Raises ConfigError for a value vLLM refuses."""
     import torch
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
@@ -66,9 +67,14 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = ""):
                                        prefix_caching_hash_algo=config["prefix_caching_hash_algo"],
                                        sliding_window=config.get("sliding_window"))
             cache_config.num_gpu_blocks = config["num_gpu_blocks"]
+            extra = {}
+            if speculative:
+                from vllm.config import SpeculativeConfig
+                extra["speculative_config"] = SpeculativeConfig(
+                    **speculative, target_model_config=model_config, target_parallel_config=ParallelConfig())
             vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                                      cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
-                                     additional_config={"tracengine": {"record": record}})
+                                     additional_config={"tracengine": {"record": record}}, **extra)
     except (ValueError, TypeError) as exc:     # pydantic's ValidationError is a ValueError
         raise ConfigError(f"vLLM refuses the config: {_first_line(exc)}") from None
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=config["num_kv_heads"],
