@@ -408,6 +408,22 @@ def test_the_tiny_model_gives_the_same_tokens_with_drafts_and_the_trace_replays(
 
 
 @pytest.mark.usefixtures("one_torch_thread")
+def test_two_ranks_verify_drafts_as_one():
+    from tracengine import LLM, SamplingParams
+    prompts = ["one two three one two three one two three one two", "a b a b a b a b a b a b", "The scheduler"]
+    sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    settings = dict(num_kvcache_blocks=24, kvcache_block_size=4, max_num_batched_tokens=16, max_model_len=64,
+                    scheduling_policy="mixed", **NGRAM)
+    tokens = {}
+    for tp in (1, 2):
+        llm = LLM("", tensor_parallel_size=tp, **settings)
+        tokens[tp] = [o["token_ids"] for o in llm.generate(prompts, sp, use_tqdm=False, summary=True)]
+        assert llm.last_run.spec_decode.num_accepted_tokens > 0
+        llm.close()
+    assert tokens[2] == tokens[1]
+
+
+@pytest.mark.usefixtures("one_torch_thread")
 def test_a_padded_admission_on_the_model_keeps_its_token():
     from tracengine import LLM, SamplingParams
     sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
