@@ -382,6 +382,10 @@ def test_sweep_of_num_speculative_tokens_on_a_trace(tmp_path, capsys):
     assert "num_speculative_tokens" in out
     assert main(["stats", trace]) == 0 and "spec decode" in capsys.readouterr().out
     assert main(["render", trace]) == 0 and "kept s" in capsys.readouterr().out
+    perfetto = tmp_path / "three.json"
+    assert main(["export", trace, "--perfetto", str(perfetto)]) == 0
+    counters = [e for e in __import__("json").loads(perfetto.read_text())["traceEvents"] if e.get("name") == "drafts"]
+    assert counters and all(c["args"]["num_accepted_tokens"] <= c["args"]["num_draft_tokens"] for c in counters)
 
 
 # -- the model: ngram drafts verified in one forward -------------------------------------------

@@ -26,6 +26,7 @@ from tracengine.trace.events import (BlockAllocate, block_pool_config, DraftVeri
 class StepRecord:
     decision: ScheduleDecision
     end: StepEnd
+    drafts: tuple[int, int] = (0, 0)     # draft tokens the step verified, and kept
 
     @property
     def step(self) -> int:
@@ -130,6 +131,7 @@ class RequestTimeline:
         # speculative decoding: by draft position, the verifies that drafted it and that kept it
         self.drafted_at: list[int] = []
         self.accepted_at: list[int] = []
+        self._step_drafts = (0, 0)     # of the step being folded
 
     def add(self, event) -> None:
         # By exact type, one dict lookup: a run folded live (generate, simulate) pays this per event.
@@ -218,6 +220,8 @@ class RequestTimeline:
     def _drafts_verified(self, event: DraftVerified) -> None:
         if event.padded:        # placeholders, not drafts
             return
+        num_drafted, num_kept = self._step_drafts
+        self._step_drafts = (num_drafted + event.num_draft_tokens, num_kept + event.num_accepted_tokens)
         drafted, accepted = self.drafted_at, self.accepted_at
         if len(drafted) < event.num_draft_tokens:
             drafted += [0] * (event.num_draft_tokens - len(drafted))
@@ -242,7 +246,8 @@ class RequestTimeline:
         duration_ns = event.schedule_ns + event.model_ns + event.postprocess_ns
         self.step_figures.add(decision, event, duration_ns, self.num_kvcache_blocks)
         if not self.lean:
-            self.steps.append(StepRecord(decision, event))
+            self.steps.append(StepRecord(decision, event, self._step_drafts))
+        self._step_drafts = (0, 0)
         start = self.total_ns + event.gap_ns
         self._starts.append(start)
         self._ends.append(start + duration_ns)
