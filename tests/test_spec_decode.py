@@ -407,6 +407,8 @@ def test_the_tiny_model_gives_the_same_tokens_with_drafts_and_the_trace_replays(
         llm.close()
     assert tokens[3] == tokens[0]
     assert summary.spec_decode.num_accepted_tokens > 0      # the repeated prompts are drafted from and kept
+    # with chunked prefill (a budget of 16), a preemption and prefix-cache hits
+    assert summary.preemption.num_preemptions > 0 and summary.prefix_cache.num_hit_blocks > 0
     from tracengine.trace.tracelog import open_trace
     assert reexecute(list(open_trace(trace))).ok
 
