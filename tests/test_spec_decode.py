@@ -126,8 +126,9 @@ def test_ngram_drafts_are_vllms():
     import numpy as np
     vllm_propose = vllm_ngram_function()
     rng = random.Random(0)
-    for _ in range(500):
-        tokens = [rng.randrange(4) for _ in range(rng.randrange(1, 40))]
+    for _ in range(2000):
+        vocab = rng.choice([2, 4, 50, 150_000])
+        tokens = [rng.randrange(vocab) for _ in range(rng.randrange(1, 80))]
         min_n = rng.randrange(1, 4)
         max_n = rng.randrange(min_n, 6)
         k = rng.randrange(1, 6)

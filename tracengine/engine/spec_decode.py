@@ -24,6 +24,8 @@ which of them its next step keeps.
   (kept with the target's probability of it; otherwise the target's distribution without it).
 
 No torch: the core, the simulator and the what-if import it."""
+from array import array
+
 import xxhash
 
 from tracengine.engine.config import Config, acceptance_rates
@@ -48,32 +50,23 @@ def max_num_drafts(seq: Sequence, k: int, max_model_len: int) -> int:
 def ngram_drafts(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
     """vLLM's _find_longest_matched_ngram_and_propose_tokens: the tokens (at most k) after the
     earliest occurrence of the longest n-gram (min_n <= n <= max_n) that is a suffix of `tokens`
-    and occurs before it; none when there is none. The same KMP scan over the reversed tokens."""
+    and occurs before it (ending before the last token); none when there is none. vLLM scans the
+    reversed tokens with KMP in numba; the same answer here is a search of the suffix in the
+    tokens' bytes, longest n first (C's search, not a Python loop over a long prompt)."""
     total = len(tokens)
     if total < min_n or k <= 0:
         return []
-    rev = tokens[::-1]
-    lps = [0] * max_n
-    longest = position = prev = 0
-    i = 1
-    while i < total:
-        if rev[prev] == rev[i]:
-            prev += 1
-            if prev >= longest:
-                longest, position = prev, i
-            if i < max_n:
-                lps[i] = prev
-            if prev == max_n:
-                prev = lps[max_n - 1]
-            i += 1
-        elif prev:
-            prev = lps[prev - 1]
-        else:
-            i += 1
-    if longest < min_n:
-        return []
-    start = total - 1 - position + longest
-    return tokens[start:start + min(k, total - start)]
+    data = array("q", tokens).tobytes()
+    limit = (total - 1) * 8       # an occurrence ends before the last token
+    for n in range(min(max_n, total - 1), min_n - 1, -1):
+        suffix = data[(total - n) * 8:]
+        position = data.find(suffix, 0, limit)
+        while position != -1 and position % 8:          # only whole tokens
+            position = data.find(suffix, position + 1, limit)
+        if position != -1:
+            start = position // 8 + n
+            return tokens[start:start + k]
+    return []
 
 
 class SpecDecoding:
