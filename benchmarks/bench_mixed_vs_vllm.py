@@ -15,6 +15,11 @@ shorter run), before -> after, and the first step that differs after.
 `--random N` also runs N seeded random workloads (shared prefixes, twin prompts,
 2-16 sequences, budgets of 32-256, from just enough blocks to 30 more, prefix
 caching on in 80%) and prints how many agree on every step and block event.
+
+`--spec K,...` then runs the workloads with ngram speculative decoding of K drafts (both
+schedulers given the same drafts and the same model tokens, compare.run_vllm_spec) and prints,
+per workload, steps, preemptions, drafts kept of those verified, and the share of steps and of
+block events that agree; with `--random N`, N random workloads with budgets of 16-64 too.
 """
 import argparse
 import random
@@ -28,7 +33,8 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     import vllm.v1.core.sched.scheduler  # noqa: E402,F401
 
-from tracengine.vllm.compare import agreement, run_mixed, run_vllm  # noqa: E402
+from tracengine.vllm.compare import agreement, run_mixed, run_mixed_spec, run_vllm, run_vllm_spec  # noqa: E402
+from tracengine.trace.events import DraftVerified  # noqa: E402
 
 PREFIX = list(range(1000, 1064))     # 4 blocks of 16, shared
 
@@ -86,9 +92,18 @@ def random_workload(seed: int):
             rng.random() < 0.8)
 
 
+def spec_workload(seed: int):
+    """random_workload(seed) with a budget of 16-64 tokens (max_num_seqs at most that), which cuts
+    drafts; prefix caching on (admissions with one token left to compute: vLLM pads them)."""
+    work, num_blocks, _, max_num_seqs, _ = random_workload(seed)
+    budget = random.Random(seed).choice([16, 24, 32, 64])
+    return work, num_blocks, budget, min(max_num_seqs, budget), True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--random", type=int, default=0, metavar="N", help="also N seeded random workloads")
+    parser.add_argument("--spec", default="", metavar="K,...", help="also with K ngram drafts a step")
     args = parser.parse_args()
     print("| workload | steps mixed / vLLM | preemptions mixed / vLLM | steps that agree | "
           "block events that agree | first difference |")
@@ -108,6 +123,31 @@ def main() -> None:
             num_preempting += a["num_preemptions"][1] > 0
         print(f"random workloads: {num_agree} of {args.random} agree on every step and block event "
               f"({num_preempting} of them preempt)")
+    if args.spec:
+        print("\n| workload | drafts | steps mixed / vLLM | preemptions mixed / vLLM | drafts kept | "
+              "steps that agree | block events that agree |")
+        print("|---|---|---|---|---|---|---|")
+        for k in (int(k) for k in args.spec.split(",")):
+            for name, num, shared, twins, num_blocks, budget, max_num_seqs, caching in WORKLOADS:
+                if not caching:
+                    continue
+                work = requests(num, shared, twins)
+                mixed = run_mixed_spec(work, num_blocks, budget, max_num_seqs, k)
+                a = agreement(mixed, run_vllm_spec(work, num_blocks, budget, max_num_seqs, k, mixed))
+                verified = [e for e in mixed if type(e) is DraftVerified]
+                print(f"| {name} | {k} | {a['num_steps'][0]} / {a['num_steps'][1]} | {a['num_preemptions'][0]} / "
+                      f"{a['num_preemptions'][1]} | {sum(e.num_accepted_tokens for e in verified)} / "
+                      f"{sum(e.num_draft_tokens for e in verified)} | {percent(a['agree'])} | "
+                      f"{percent(a['agree_blocks'])} |")
+            if args.random:
+                num_agree = 0
+                for seed in range(args.random):
+                    work, num_blocks, budget, max_num_seqs, _ = spec_workload(seed)
+                    mixed = run_mixed_spec(work, num_blocks, budget, max_num_seqs, k)
+                    a = agreement(mixed, run_vllm_spec(work, num_blocks, budget, max_num_seqs, k, mixed))
+                    num_agree += a["agree"] == a["agree_blocks"] == 1.0 and a["num_steps"][0] + 1 == a["num_steps"][1]
+                print(f"| random workloads, budgets of 16-64 | {k} | | | | {num_agree} of {args.random} agree "
+                      f"on every step and block event | |")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tracengine.analysis.timeline import RequestTimelineSink  # noqa: E402
 from tracengine.engine.config import Config  # noqa: E402
-from tracengine.trace.events import NULL_SINK, ListSink  # noqa: E402
+from tracengine.trace.sinks import NULL_SINK, ListSink  # noqa: E402
 from tracengine.engine.llm_engine import LLMEngine  # noqa: E402
 from tracengine.sim.runners import SyntheticRunner  # noqa: E402
 from tracengine.engine.sampling_params import SamplingParams  # noqa: E402

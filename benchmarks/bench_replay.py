@@ -17,7 +17,8 @@ import tempfile
 import time
 
 from tracengine.engine.config import Config
-from tracengine.trace.events import NULL_SINK, RequestAdded, StepEnd, TokenSample
+from tracengine.trace.events import RequestAdded, StepEnd, TokenSample
+from tracengine.trace.sinks import NULL_SINK
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.replay.fold import Fold
 from tracengine.trace.events import iter_steps

@@ -32,7 +32,7 @@ from tracengine.analysis.timeline import RequestTimelineSink       # noqa: E402
 from tracengine.engine.config import Config                       # noqa: E402
 from tracengine.sim.roofline import ModelShape, RooflineStepTime   # noqa: E402
 from tracengine.sim.engine import simulate, simulation_header   # noqa: E402
-from tracengine.trace.events import NULL_SINK                     # noqa: E402
+from tracengine.trace.sinks import NULL_SINK  # noqa: E402
 from tracengine.trace.tracelog import TraceWriter                 # noqa: E402
 from tracengine.workload import read_workload                     # noqa: E402
 

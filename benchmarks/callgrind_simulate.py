@@ -57,7 +57,7 @@ def child(kind: str, size: int, workload: str, shape: dict):
     elif kind == "prefill":
         from tracengine.engine.block_manager import BlockManager
         from tracengine.engine.sequence import Sequence
-        from tracengine.trace.events import ListSink
+        from tracengine.trace.sinks import ListSink
         # No collection at all: one here would cost in proportion to the prompts made, and
         # differ between two trees by what else is alive, not by the block manager's work.
         gc.disable()

@@ -1,7 +1,7 @@
 """Fixtures the tests share; the builders they share are in helpers.py."""
 import pytest
 
-from tracengine.trace.events import ListSink
+from tracengine.trace.sinks import ListSink
 
 # pytester runs user-style test files in temporary projects; tracengine.testing is the public plugin
 pytest_plugins = ["pytester", "tracengine.testing"]

@@ -4,7 +4,7 @@ import shutil
 from pathlib import Path
 
 from tracengine.engine.config import Config
-from tracengine.trace.events import ListSink
+from tracengine.trace.sinks import ListSink
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.engine.scheduler import Scheduler
 from tracengine.engine.sequence import Sequence

@@ -9,7 +9,8 @@ from tracengine.engine.block_hasher import compute_hash, compute_hashes, pack_to
 from tracengine.engine.block_manager import BlockManager
 from tracengine.engine.block_pool import BlockPool, FreeKVCacheBlockQueue
 from tracengine.engine.prefix_cache import PrefixCache
-from tracengine.trace.events import BlockAllocate, BlockHash, ListSink
+from tracengine.trace.events import BlockAllocate, BlockHash
+from tracengine.trace.sinks import ListSink
 from tracengine.engine.sequence import Sequence
 
 from helpers import allocate_with_hits, blocks_needed

@@ -48,7 +48,7 @@ class LiveBlocks:
     enabled = True
 
     def __init__(self):
-        from tracengine.trace.events import ListSink
+        from tracengine.trace.sinks import ListSink
         self.fleet, self.current, self.states = None, 0, {}
         self.inner = ListSink()
 

@@ -7,7 +7,8 @@ import pytest
 
 from tracengine.cli import main
 from tracengine.errors import TraceError
-from tracengine.trace.events import BlockAllocate, ListSink, StepEnd
+from tracengine.trace.events import BlockAllocate, StepEnd
+from tracengine.trace.sinks import ListSink
 from tracengine.replay.fold import Fold
 from tracengine.replay.state import live_state
 from tracengine.analysis.render import render_state

@@ -62,7 +62,7 @@ def test_a_workload_read_lazily_gives_the_run_of_the_workload_read_whole(tmp_pat
 def test_a_lazy_run_takes_each_request_when_it_arrives(tmp_path):
     """The run pulls a request from the file only when the simulated clock reaches it: by the
     time it takes the last one, it has run most of its steps (it never read the file first)."""
-    from tracengine.trace.events import ListSink
+    from tracengine.trace.sinks import ListSink
     path = write_mooncake(tmp_path / "conversations.jsonl")
     config = Config(num_kvcache_blocks=3000, kvcache_block_size=16, max_num_batched_tokens=1024, max_num_seqs=8,
                     max_model_len=32768)

@@ -12,7 +12,8 @@ from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.replay.reexec import reexecute
 from tracengine.sim.runners import SyntheticRunner
-from tracengine.trace.events import ListSink, RequestAdded, ScheduleDecision, StepEnd
+from tracengine.trace.events import RequestAdded, ScheduleDecision, StepEnd
+from tracengine.trace.sinks import ListSink
 from tracengine.trace.tracelog import FORMAT_VERSION, open_trace
 from tracengine.workload import arrival_times
 

@@ -17,8 +17,9 @@ from tracengine.engine.vllm_block_manager import VllmBlockManager
 from tracengine.engine import policies as policies_module
 from tracengine.engine.config import Config
 from tracengine.engine.scheduler import Scheduler
-from tracengine.trace.events import (BlockAllocate, ListSink, Preempt, RequestAdded, ScheduleDecision, SeqFinish,
-                                     TokenSample, prefill_flags, without_wall_clock)
+from tracengine.trace.events import (BlockAllocate, Preempt, RequestAdded, ScheduleDecision, SeqFinish, TokenSample,
+                                     prefill_flags, without_wall_clock)
+from tracengine.trace.sinks import ListSink
 from tracengine.replay.fold import Fold
 from tracengine.replay.state import live_state
 from tracengine.replay.reexec import reexecute

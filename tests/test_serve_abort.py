@@ -7,7 +7,8 @@ from tracengine.replay.fold import Fold
 from tracengine.replay.reexec import reexecute
 from tracengine.sim.runners import SyntheticRunner
 from tracengine.replay.state import live_state
-from tracengine.trace.events import BlockFree, ListSink, SeqAbort
+from tracengine.trace.events import BlockFree, SeqAbort
+from tracengine.trace.sinks import ListSink
 from tracengine.trace.tracelog import TraceWriter, make_header, open_trace
 
 from helpers import make_config, make_scheduler, make_seqs, step_scheduler as step

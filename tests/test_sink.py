@@ -3,7 +3,8 @@
 import tracengine.engine.block_manager
 import tracengine.engine.llm_engine
 import tracengine.engine.scheduler
-from tracengine.trace.events import NULL_SINK, ListSink, ScheduleDecision, StepEnd
+from tracengine.trace.events import ScheduleDecision, StepEnd
+from tracengine.trace.sinks import NULL_SINK, ListSink
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.sim.runners import SyntheticRunner
 from tracengine.engine.sampling_params import SamplingParams

@@ -12,7 +12,8 @@ import pytest
 
 from helpers import cut_like_a_kill, make_config
 from tracengine.cli import main
-from tracengine.trace.events import ListSink, RequestAdded, StepEnd
+from tracengine.trace.events import RequestAdded, StepEnd
+from tracengine.trace.sinks import ListSink
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.sim.runners import SyntheticRunner
 from tracengine.engine.sampling_params import SamplingParams

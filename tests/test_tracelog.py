@@ -18,8 +18,9 @@ import xxhash
 
 from helpers import EOS, record_every_event_type
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
-from tracengine.trace.events import (EVENT_TYPES, FLEET_EVENT_TYPES, HASH_ID_EVENT_TYPES, VLLM_EVENT_TYPES,
-                               BlockAllocate, BlockAppend, BlockFree, BlockHash, ModelInfo,
+from tracengine.trace.events import (EVENT_TYPES, FLEET_EVENT_TYPES, HASH_ID_EVENT_TYPES, SPEC_EVENT_TYPES,
+                               VLLM_EVENT_TYPES, BlockAllocate, BlockAppend, BlockFree, BlockHash, DraftProposed,
+                               DraftVerified, ModelInfo,
                                Preempt, PromptBlocksHashed, RequestAdded, ScheduledSeq, ScheduleDecision, SeqAbort,
                                SeqFinish, SpecAccepted, SpecDecode, SpecDraft, StepEnd,
                                TokenSample, TraceHeader, ReplicaScope, RouteDecision, KVTransfer, RunEnd)
@@ -74,6 +75,8 @@ SAMPLES = [
     SpecDraft(2, 1, [7, 8, 9], 1),
     SpecDecode(3, [1, 2], [3, 0], 3),
     SpecAccepted(3, [1], [2]),
+    DraftProposed(2, 1, 3, [7, 8, 9]),
+    DraftVerified(3, 1, 3, 2),
 ]
 
 
@@ -92,7 +95,8 @@ def test_every_event_type_round_trips(tmp_path, event):
 
 def test_recorded_run_reads_back_event_for_event(recorded):
     path, header, events, engine = recorded
-    assert {type(e).__name__ for e in events} == set(EVENT_TYPES) - {"TraceHeader", "SeqAbort", "RunEnd"} - FLEET_EVENT_TYPES - HASH_ID_EVENT_TYPES - VLLM_EVENT_TYPES   # no server, fleet or failure
+    assert {type(e).__name__ for e in events} == set(EVENT_TYPES) - {"TraceHeader", "SeqAbort", "RunEnd"} \
+        - FLEET_EVENT_TYPES - HASH_ID_EVENT_TYPES - VLLM_EVENT_TYPES - SPEC_EVENT_TYPES   # no server, fleet, failure or drafts
     assert list(open_trace(path)) == [header] + events
     with TraceReader(path) as reader:
         assert reader.header == header

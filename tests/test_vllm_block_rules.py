@@ -15,7 +15,8 @@ from tracengine.replay.diff import diff_traces
 from tracengine.replay.reexec import reexecute
 from tracengine.replay.whatif import whatif
 from tracengine.sim.runners import run_workload
-from tracengine.trace.events import BlockAllocate, BlockAppend, BlockHash, ListSink, ScheduleDecision
+from tracengine.trace.events import BlockAllocate, BlockAppend, BlockHash, ScheduleDecision
+from tracengine.trace.sinks import ListSink
 from tracengine.trace.tracelog import open_trace
 from pathlib import Path
 

@@ -105,7 +105,7 @@ def test_a_feature_the_trace_cannot_hold_is_refused_when_the_scheduler_is_built(
     assert "\n" not in message and RECORD_ANYWAY_ENV in message
     assert not path.exists()          # refused before a byte is written
     # a scheduler built without recording (a replay's) records nothing: record_to refuses too
-    from tracengine.trace.events import ListSink
+    from tracengine.trace.sinks import ListSink
     scheduler = build_scheduler(default_config(**PRESSURE), **options)
     with pytest.raises(ConfigError, match=named.split(" (")[0]):
         scheduler.record_to(ListSink())

@@ -14,7 +14,8 @@ from tracengine.engine.config import Config
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.errors import TracengineError
 from tracengine.sim.runners import SyntheticRunner
-from tracengine.trace.events import BlockAllocate, ListSink
+from tracengine.trace.events import BlockAllocate
+from tracengine.trace.sinks import ListSink
 from tracengine.workload import Request, arrival_times, detect_format, read_workload
 from tracengine.workload.arrivals import check_rate
 from tracengine.cli import main

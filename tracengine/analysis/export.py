@@ -69,6 +69,8 @@ def step_events(rec: StepRecord, start: int, idle: tuple[int, int] | None) -> li
     events.append(_counter("tokens", start, {"num_batched_tokens": d.num_batched_tokens}))
     events.append(_counter("queues", start, {"num_waiting": d.num_waiting, "num_running": d.num_running}))
     events.append(_counter("free_kv_blocks", start + rec.duration_ns, {"num_free_blocks": end.num_free_blocks}))
+    if rec.drafts[0]:     # speculative decoding: the drafts the step verified and those it kept
+        events.append(_counter("drafts", start, {"num_draft_tokens": rec.drafts[0], "num_accepted_tokens": rec.drafts[1]}))
     return events
 
 

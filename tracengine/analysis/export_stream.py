@@ -17,7 +17,7 @@ from tracengine.analysis.export import (ENGINE_PID, REQUESTS_PID, STEPS_TID, _me
 from tracengine.analysis.export import metadata as export_metadata
 from tracengine.analysis.timeline import RequestRecord, StepRecord
 from tracengine.errors import TraceError
-from tracengine.trace.events import (Preempt, RequestAdded, ScheduleDecision, SeqAbort, SeqFinish, StepEnd,
+from tracengine.trace.events import (DraftVerified, Preempt, RequestAdded, ScheduleDecision, SeqAbort, SeqFinish, StepEnd,
                                      TokenSample, TraceHeader, prefill_flags)
 
 
@@ -62,6 +62,7 @@ class PerfettoStream:
         self._finished_now = 0               # requests that finished in it
         self._num_in_flight = 0              # added before this step, neither finished nor aborted
         self._first_arrival: int | None = None
+        self._drafts = (0, 0)                # draft tokens verified in this step, and kept
         self._emit(_meta(ENGINE_PID, 0, "process", "engine", 0) + _meta(REQUESTS_PID, 0, "process", "requests", 1)
                    + _meta(ENGINE_PID, STEPS_TID, "thread", "steps", 0))
 
@@ -96,6 +97,8 @@ class PerfettoStream:
                 self._touch(live)
         elif kind is StepEnd:
             self._step_ended(event)
+        elif kind is DraftVerified and not event.padded:
+            self._drafts = (self._drafts[0] + event.num_draft_tokens, self._drafts[1] + event.num_accepted_tokens)
         elif kind is RequestAdded:
             num_prompt_tokens = len(event.prompt_token_ids)
             live = _Live(RequestRecord(event.seq_id, event.step, num_prompt_tokens, num_prompt_tokens,
@@ -129,7 +132,8 @@ class PerfettoStream:
         step = self.num_steps
         if decision is None or decision.step != end.step or end.step != step:
             raise TraceError(f"step {end.step} ends without its ScheduleDecision (expected step {step})")
-        rec = StepRecord(decision, end)
+        rec = StepRecord(decision, end, self._drafts)
+        self._drafts = (0, 0)
         start = self.end_ns + end.gap_ns
         # idle before this step: no request added before it still in flight (timeline.idle_gaps)
         idle = None

@@ -10,9 +10,10 @@ computes one token per sequence, `s3:1@20`. Lists longer than 12 items show
 the first 12 and how many more."""
 import msgspec
 
-from tracengine.trace.events import (WALL_CLOCK_FIELDS, BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt,
-                                     PromptBlocksHashed, RequestAdded, ScheduleDecision, ScheduledSeq, SeqAbort,
-                                     SeqFinish, StepEnd, TokenSample, TraceHeader)
+from tracengine.trace.events import (WALL_CLOCK_FIELDS, BlockAllocate, BlockAppend, BlockFree, BlockHash,
+                                     DraftProposed, DraftVerified, Preempt, PromptBlocksHashed, RequestAdded,
+                                     ScheduleDecision, ScheduledSeq, SeqAbort, SeqFinish, StepEnd, TokenSample,
+                                     TraceHeader)
 from tracengine.trace.events import iter_steps
 from tracengine.trace.header import VLLM, backend_of
 
@@ -73,7 +74,7 @@ def format_event(event, wall_clock: bool = True) -> str:
 def render_step(events) -> str:
     """One line for one step's events: a row of the step table."""
     step, decision, end = None, None, None
-    arrived, allocs, appended, hashed, preempts, finishes = [], [], {}, {}, [], []
+    arrived, allocs, appended, hashed, preempts, finishes, kept, drafted = [], [], {}, {}, [], [], [], []
     for e in events:
         t = type(e)
         if t is TraceHeader:
@@ -98,6 +99,10 @@ def render_step(events) -> str:
             preempts.append(f"s{e.seq_id}({by}, recompute {e.num_computed_tokens})")
         elif t is SeqFinish:
             finishes.append(f"s{e.seq_id}:{e.reason}")
+        elif t is DraftVerified:     # drafts kept of those verified
+            kept.append(f"s{e.seq_id}:{e.num_accepted_tokens}/{e.num_draft_tokens}")
+        elif t is DraftProposed:
+            drafted.append(f"s{e.seq_id}:{e.num_draft_tokens}")
         elif t is SeqAbort:
             finishes.append(f"s{e.seq_id}:abort({e.reason})")
         elif t is StepEnd:
@@ -123,7 +128,7 @@ def render_step(events) -> str:
         ("append", [f"s{sid}+{ids[0]}" if len(ids) == 1 else f"s{sid}+[{id_ranges(ids)}]"
                     for sid, ids in appended.items()]),
         ("hashed", [f"s{sid}[{id_ranges(ids)}]" for sid, ids in hashed.items()]),
-        ("preempt", preempts), ("finish", finishes)) if items]
+        ("preempt", preempts), ("finish", finishes), ("kept", kept), ("draft", drafted)) if items]
     line = head + (" | " + "; ".join(segments) if segments else "")
     return line + (f" | free {end.num_free_blocks}" if end is not None else "")
 
@@ -134,8 +139,10 @@ def render_header(header: TraceHeader) -> str:
         return f"# vLLM {header.engine_version} ({config.get('scheduler_kind')}): " + " ".join(
             f"{name}={config.get(name)}" for name in VLLM_SCHEDULING_CONFIG)
     policy = config.get("scheduling_policy", "prefill_first")     # named when it is not the default
+    spec = config.get("num_speculative_tokens", 0)      # named when drafting
     return "# config: " + " ".join(f"{name}={config.get(name)}" for name in SCHEDULING_CONFIG) + (
-        f" scheduling_policy={policy}" if policy != "prefill_first" else "")
+        f" scheduling_policy={policy}" if policy != "prefill_first" else "") + (
+        f" num_speculative_tokens={spec} speculative_method={config.get('speculative_method')}" if spec else "")
 
 
 def render_steps(events, steps: tuple[int, int | None] | None = None, seq_id: int | None = None) -> str:
@@ -188,7 +195,8 @@ def render_state(state, when: str | None = None) -> str:
             s = state.seqs[seq_id]
             lines.append(f"  s{s.seq_id:<4} tokens {s.num_tokens} (prompt {s.num_prompt_tokens}), cached "
                          f"{s.num_cached_tokens}, scheduled {s.num_scheduled_tokens}, preempted {s.num_preemptions}, "
-                         f"blocks [{id_ranges(s.block_table)}]")
+                         f"blocks [{id_ranges(s.block_table)}]"
+                         + (f", drafts {format_value(s.draft_token_ids)}" if s.draft_token_ids else ""))
     finished = [s for s in state.seqs.values() if s.status == "finished"]
     if finished:
         lines.append(f"finished ({len(finished)}): " + " ".join(
@@ -237,4 +245,9 @@ def describe_event(e) -> str:
                     f"{e.num_prompt_tokens} + {e.num_completion_tokens} tokens")
         case StepEnd():
             return f"{e.num_free_blocks} blocks free"
+        case DraftProposed():
+            tokens = f": {format_value(e.draft_token_ids)}" if e.draft_token_ids else " (synthetic)"
+            return f"seq {e.seq_id} gets {e.num_draft_tokens} drafts for its next step{tokens}"
+        case DraftVerified():
+            return f"seq {e.seq_id} keeps {e.num_accepted_tokens} of its {e.num_draft_tokens} drafts"
     return " ".join(f"{name}={format_value(getattr(e, name))}" for name in e.__struct_fields__ if name != "step")

@@ -1,6 +1,6 @@
-"""Speculative decoding's figures of a trace of vLLM's scheduler (`stats`' "spec_decoding",
-docs/stats.md): of the drafts each step verified (SpecDecode), how many the output accepted
-(SpecAccepted), in all and per draft position, as vLLM's own spec-decoding metrics count them
+"""Speculative decoding's figures (`stats`' "spec_decoding", docs/stats.md): of the drafts each
+step verified (a vLLM trace's SpecDecode, tracengine's DraftVerified), how many the output accepted
+(SpecAccepted; DraftVerified), in all and per draft position, as vLLM's own spec-decoding metrics count them
 (a verification: a request's drafts in a step whose output it sampled)."""
 from dataclasses import dataclass, field
 
@@ -21,16 +21,20 @@ class SpecCounts:
 
     def accepted(self, event) -> None:
         for seq_id, a in zip(event.seq_ids, event.num_accepted):
-            v = self.verified.get(seq_id, a)
-            self.num_verifications += 1
-            self.num_draft_tokens += v
-            self.num_accepted_tokens += a
-            while len(self.drafted_at) < v:
-                self.drafted_at.append(0)
-                self.accepted_at.append(0)
-            for j in range(v):
-                self.drafted_at[j] += 1
-                self.accepted_at[j] += j < a
+            self.verified_drafts(self.verified.get(seq_id, a), a)
+
+    def verified_drafts(self, num_drafts: int, num_accepted: int) -> None:
+        """A request's `num_drafts` drafts verified in a step, the first `num_accepted` kept (a
+        vLLM trace's SpecAccepted, or tracengine's DraftVerified)."""
+        self.num_verifications += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        while len(self.drafted_at) < num_drafts:
+            self.drafted_at.append(0)
+            self.accepted_at.append(0)
+        for j in range(num_drafts):
+            self.drafted_at[j] += 1
+            self.accepted_at[j] += j < num_accepted
 
     def figures(self) -> SpecDecoding:
         n = self.num_verifications

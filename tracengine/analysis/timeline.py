@@ -19,14 +19,16 @@ import msgspec
 
 from tracengine.analysis.spec_decoding import SpecCounts
 from tracengine.errors import TraceError
-from tracengine.trace.events import (BlockAllocate, Preempt, RequestAdded, ScheduleDecision, SeqAbort, SeqFinish,
-                                     SpecAccepted, SpecDecode, StepEnd, TokenSample, TraceHeader, prefill_flags)
+from tracengine.trace.events import (BlockAllocate, DraftVerified, Preempt, RequestAdded, ScheduleDecision, SeqAbort,
+                                     SeqFinish, SpecAccepted, SpecDecode, StepEnd, TokenSample, TraceHeader,
+                                     prefill_flags)
 from tracengine.trace.header import block_pool_config
 
 @dataclass(slots=True)
 class StepRecord:
     decision: ScheduleDecision
     end: StepEnd
+    drafts: tuple[int, int] = (0, 0)     # draft tokens the step verified, and kept
 
     @property
     def step(self) -> int:
@@ -129,7 +131,8 @@ class RequestTimeline:
         self.itl_ns: dict[int, int] = {}
         self._open_step = -1
         self._open_gaps: dict[int, int] = {}
-        self.spec_decoding: SpecCounts | None = None   # a vLLM trace's drafts (analysis/spec_decoding.py)
+        self.spec_decoding: SpecCounts | None = None   # drafts verified and accepted (analysis/spec_decoding.py)
+        self._step_drafts = (0, 0)     # of the step being folded: drafts verified, and kept
 
     def add(self, event) -> None:
         # By exact type, one dict lookup: a run folded live (generate, simulate) pays this per event.
@@ -183,7 +186,7 @@ class RequestTimeline:
             step, previous = event.step, req.last_token_step
             if previous is None:
                 req.first_token_step = step
-            else:       # a gap, open until this step ends
+            elif step != previous:      # a gap, open until this step ends (a verify step's tokens come together)
                 if step != self._open_step:
                     self._close_gaps()     # of a step that never ended (a torn frame's), if any
                     self._open_step = step
@@ -217,15 +220,23 @@ class RequestTimeline:
         self._count_gaps(self._open_step, self._open_gaps, itl_steps, itl_ns)
         return itl_steps, itl_ns
 
-    def _drafts_scheduled(self, event: SpecDecode) -> None:
+    def _spec_counts(self) -> SpecCounts:
         if self.spec_decoding is None:
             self.spec_decoding = SpecCounts()
-        self.spec_decoding.scheduled(event)
+        return self.spec_decoding
+
+    def _drafts_scheduled(self, event: SpecDecode) -> None:
+        self._spec_counts().scheduled(event)
 
     def _drafts_accepted(self, event: SpecAccepted) -> None:
-        if self.spec_decoding is None:
-            self.spec_decoding = SpecCounts()
-        self.spec_decoding.accepted(event)
+        self._spec_counts().accepted(event)
+
+    def _drafts_verified(self, event: DraftVerified) -> None:
+        if event.padded:        # placeholders, not drafts
+            return
+        num_drafted, num_kept = self._step_drafts
+        self._step_drafts = (num_drafted + event.num_draft_tokens, num_kept + event.num_accepted_tokens)
+        self._spec_counts().verified_drafts(event.num_draft_tokens, event.num_accepted_tokens)
 
     def _finished(self, event: SeqFinish) -> None:
         req = self._request(event.seq_id, event)
@@ -242,7 +253,8 @@ class RequestTimeline:
         duration_ns = event.schedule_ns + event.model_ns + event.postprocess_ns
         self.step_figures.add(decision, event, duration_ns, self.num_kvcache_blocks)
         if not self.lean:
-            self.steps.append(StepRecord(decision, event))
+            self.steps.append(StepRecord(decision, event, self._step_drafts))
+        self._step_drafts = (0, 0)
         start = self.total_ns + event.gap_ns
         self._starts.append(start)
         self._ends.append(start + duration_ns)
@@ -321,7 +333,8 @@ FOLD = {TraceHeader: RequestTimeline._header_read, RequestAdded: RequestTimeline
         ScheduleDecision: RequestTimeline._decision_made, BlockAllocate: RequestTimeline._allocated,
         Preempt: RequestTimeline._preempted, TokenSample: RequestTimeline._token_sampled,
         SeqFinish: RequestTimeline._finished, SeqAbort: RequestTimeline._aborted, StepEnd: RequestTimeline._step_ended,
-        SpecDecode: RequestTimeline._drafts_scheduled, SpecAccepted: RequestTimeline._drafts_accepted}
+        SpecDecode: RequestTimeline._drafts_scheduled, SpecAccepted: RequestTimeline._drafts_accepted,
+        DraftVerified: RequestTimeline._drafts_verified}
 
 
 def fold(events) -> RequestTimeline:

@@ -1,7 +1,8 @@
 """The results of a generate run's finished requests, gathered from its events as they
 come, so that an interrupted run (Ctrl-C, SIGTERM) still writes every finished one to
 `--output`: the engine's own outputs exist only when the whole run returns."""
-from tracengine.trace.events import NULL_SINK, RequestAdded, SeqFinish, StepEnd, TokenSample
+from tracengine.trace.events import RequestAdded, SeqFinish, StepEnd, TokenSample
+from tracengine.trace.sinks import NULL_SINK
 
 
 class FinishedResults:

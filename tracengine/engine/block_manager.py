@@ -14,7 +14,8 @@ from tracengine.engine.block_pool import BlockPool
 from tracengine.engine.prefix_cache import NO_HASH, PrefixCache
 from tracengine.engine.sequence import Sequence
 from tracengine.engine.hash_id_prompt import hashed_block_events
-from tracengine.trace.events import NULL_SINK, BlockAllocate, BlockAppend, BlockFree, EventSink
+from tracengine.trace.events import BlockAllocate, BlockAppend, BlockFree
+from tracengine.trace.sinks import NULL_SINK, EventSink
 
 
 class Block(NamedTuple):
@@ -130,17 +131,30 @@ class BlockManager:
 
     def may_append(self, seq: Sequence):
         if (seq.num_tokens - 1) % self.block_size == 0:
-            new_block_ids = self.pool.get_new_blocks(1)
-            self.prefix_cache.evict(new_block_ids)
-            seq.block_table += new_block_ids
-            if self.sink.enabled:
-                self.sink.emit(BlockAppend(self.step, seq.seq_id, new_block_ids[0]))
+            self.append_blocks(seq, 1)
+
+    def append_blocks(self, seq: Sequence, num_new_blocks: int):
+        """`num_new_blocks` more blocks at the end of seq's table (the caller checked they are free)."""
+        new_block_ids = self.pool.get_new_blocks(num_new_blocks)
+        self.prefix_cache.evict(new_block_ids)
+        seq.block_table += new_block_ids
+        if self.sink.enabled:
+            for block_id in new_block_ids:
+                self.sink.emit(BlockAppend(self.step, seq.seq_id, block_id))
 
     def hash_blocks(self, seq: Sequence):
         """Register the full blocks this step computes (`num_scheduled_tokens` past the cached ones)."""
+        self.hash_computed_blocks(seq, seq.num_cached_tokens, seq.num_cached_tokens + seq.num_scheduled_tokens)
+
+    def hash_verified_blocks(self, seq: Sequence, num_computed_before: int, num_computed: int):
+        """After a verify step appended its kept tokens: register the full blocks of the tokens
+        computed, `num_computed` (the rejected drafts rolled back), past `num_computed_before`."""
+        self.hash_computed_blocks(seq, num_computed_before, num_computed)
+
+    def hash_computed_blocks(self, seq: Sequence, num_computed_before: int, num_computed: int):
         size = self.block_size
-        start = seq.num_cached_tokens // size
-        end = (seq.num_cached_tokens + seq.num_scheduled_tokens) // size
+        start = num_computed_before // size
+        end = num_computed // size
         if start == end or not self.enable_caching:     # a decoded token that does not fill its block
             return
         hashes = seq.hash_full_blocks()[start:end]

@@ -6,6 +6,7 @@ from tracengine.errors import ConfigError
 
 BUILTIN_POLICY_NAMES = ("prefill_first", "mixed")
 BLOCK_RULES = ("auto", "vllm", "nano-vllm")
+SPECULATIVE_METHODS = ("ngram", "synthetic")
 
 
 def check_seed(seed) -> None:
@@ -49,6 +50,22 @@ class Config:
                               "registered when it is allocated, vLLM's free-queue order; the mixed policy only), "
                               "nano-vllm (a prompt's blocks at admission, hashes after the step) or auto (the "
                               "policy's own: vllm for mixed, nano-vllm for prefill_first)", flag=False)
+    # Speculative decoding, with vLLM's names (docs/simulation.md): drafts proposed after a step are
+    # verified in the request's next one, in one forward pass.
+    num_speculative_tokens: int = _field(0, "draft tokens per request a step verifies (0: no speculative "
+                                         "decoding)", flag=False)
+    speculative_method: str = _field("ngram", "ngram (prompt lookup over the request's own tokens, vLLM's "
+                                     "NgramProposer) or synthetic (drafts kept at synthetic_acceptance_rates, "
+                                     "as vLLM's synthetic rejection sampler; simulation and what-if only)", flag=False)
+    prompt_lookup_min: int = _field(5, "shortest n-gram the ngram proposer matches", flag=False)
+    prompt_lookup_max: int = _field(5, "longest n-gram the ngram proposer matches", flag=False)
+    synthetic_acceptance_rates: str = _field("", "the synthetic method's unconditional acceptance rate of each "
+                                             "draft position, comma-separated, non-increasing in [0, 1] "
+                                             "(vLLM's: position i's is the chance that drafts 0..i are all kept)",
+                                             flag=False)
+    synthetic_acceptance_length: float = _field(0.0, "the synthetic method's mean tokens per verify step, in "
+                                                "[1, num_speculative_tokens + 1], instead of the rates "
+                                                "(0: the rates are given)", flag=False)
 
     def __post_init__(self):
         self.validate()
@@ -79,6 +96,28 @@ class Config:
             raise ConfigError(f"block_rules must be {', '.join(BLOCK_RULES)}, got {self.block_rules!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        self.check_speculative()
+
+    def check_speculative(self):
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise ConfigError(f"num_speculative_tokens must be an integer >= 0, got {k!r}")
+        if self.speculative_method not in SPECULATIVE_METHODS:
+            raise ConfigError(f"speculative_method must be {' or '.join(SPECULATIVE_METHODS)}, "
+                              f"got {self.speculative_method!r}")
+        for name in ("prompt_lookup_min", "prompt_lookup_max"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ConfigError(f"prompt_lookup_min={self.prompt_lookup_min} must be <= "
+                              f"prompt_lookup_max={self.prompt_lookup_max}")
+        given = self.synthetic_acceptance_rates != "" or self.synthetic_acceptance_length != 0
+        if given and self.speculative_method != "synthetic":
+            raise ConfigError("synthetic_acceptance_rates and synthetic_acceptance_length need "
+                              "speculative_method=synthetic")
+        if k and self.speculative_method == "synthetic":
+            acceptance_rates(self)      # exactly one of them, and valid
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -111,6 +150,37 @@ def recorded_block_rules(values: dict) -> str:
     if rules == "auto" and policy in BUILTIN_POLICY_NAMES:
         return "vllm" if policy == "mixed" else "nano-vllm"
     return rules
+
+
+def acceptance_rates(config: Config) -> list[float]:
+    """The synthetic method's unconditional acceptance rate of each of the num_speculative_tokens
+    draft positions, by vLLM's rules (SpeculativeConfig._resolve_synthetic_acceptance_rates):
+    exactly one of synthetic_acceptance_rates (each in [0, 1], non-increasing) or
+    synthetic_acceptance_length (in [1, k + 1], made into rates by vLLM's minimum-variance
+    schedule). Unlike vLLM, rates may name more positions than are drafted and the leading ones
+    are used: a what-if that drafts fewer keeps the recorded rates."""
+    k, text, length = config.num_speculative_tokens, config.synthetic_acceptance_rates, config.synthetic_acceptance_length
+    if (text == "") == (length == 0):
+        raise ConfigError("speculative_method=synthetic needs exactly one of synthetic_acceptance_rates "
+                          "or synthetic_acceptance_length")
+    if text:
+        try:
+            rates = [float(r) for r in text.replace(" ", "").split(",")]
+        except ValueError:
+            raise ConfigError(f"synthetic_acceptance_rates is numbers separated by commas, got {text!r}") from None
+        if len(rates) < k:
+            raise ConfigError(f"synthetic_acceptance_rates needs a rate for each of the {k} draft positions, "
+                              f"got {text!r}")
+        if not all(0.0 <= r <= 1.0 for r in rates):
+            raise ConfigError(f"synthetic_acceptance_rates must each be in [0, 1], got {text!r}")
+        if any(later > earlier for earlier, later in zip(rates, rates[1:])):
+            raise ConfigError(f"synthetic_acceptance_rates must be non-increasing, got {text!r}")
+        return rates[:k]
+    if not (isinstance(length, (int, float)) and 1.0 <= length <= k + 1):
+        raise ConfigError(f"synthetic_acceptance_length must be in [1, {k + 1}], got {length!r}")
+    num_drafts = length - 1       # the drafts kept on average
+    num_full = int(num_drafts)
+    return ([1.0] * num_full + [num_drafts - num_full] + [0.0] * (k - num_full - 1))[:k]
 
 
 def field_names() -> list[str]:

@@ -3,8 +3,9 @@ import time
 from pathlib import Path
 
 from tracengine.version import __version__
-from tracengine.errors import ModelError, RequestError, TracengineError
-from tracengine.trace.events import NULL_SINK, ModelInfo, TraceHeader
+from tracengine.errors import ConfigError, ModelError, RequestError, TracengineError
+from tracengine.trace.events import ModelInfo, TraceHeader
+from tracengine.trace.sinks import NULL_SINK
 from tracengine.engine.llm_engine import LLMEngine, build_config
 from tracengine.engine.sampling_params import SamplingParams
 
@@ -15,6 +16,9 @@ class LLM(LLMEngine):
                  **kwargs):
         """`scheduling_policy`: prefill_first, mixed, a Scheduler subclass or its module:Class."""
         requested = build_config(model, **kwargs)
+        if requested.num_speculative_tokens and requested.speculative_method == "synthetic":
+            raise ConfigError("speculative_method=synthetic drafts no tokens a model can verify: it is for "
+                              "simulate and what-ifs; a model drafts with ngram")
         from tracengine.model.loader import load_hf_config, resolve_model_dir
         from tracengine.model.registry import check_max_model_len
         from tracengine.runner import make_runner

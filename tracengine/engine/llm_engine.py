@@ -16,10 +16,12 @@ import msgspec
 
 from tracengine.engine.config import Config
 from tracengine.errors import ConfigError
-from tracengine.trace.events import NULL_SINK, EventSink, RequestAdded, StepEnd
+from tracengine.trace.events import RequestAdded, StepEnd
+from tracengine.trace.sinks import NULL_SINK, EventSink
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.engine.policies import block_rules, policy_path, scheduler_class
 from tracengine.engine.sequence import Sequence
+from tracengine.engine.spec_decode import spec_decoding
 
 
 class LLMEngine:
@@ -35,6 +37,10 @@ class LLMEngine:
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer
+        # speculative decoding: None when off; drafts come from the runner's proposer where it
+        # has one (re-execution feeds the recorded drafts back), else from the config's
+        self.spec = spec_decoding(config)
+        self.proposer = getattr(runner, "proposer", None) or self.spec
         self.reset(sink)
 
     def reset(self, sink=NULL_SINK):
@@ -134,7 +140,10 @@ class LLMEngine:
         self.num_batched_tokens = sum(seq.num_scheduled_tokens for seq in seqs)
         token_ids = self.runner.run(seqs, is_prefill)
         t2 = perf_counter_ns()
-        finished = self.scheduler.postprocess(seqs, token_ids, is_prefill)
+        if self.spec is None:
+            finished = self.scheduler.postprocess(seqs, token_ids, is_prefill)
+        else:
+            finished = self.postprocess_with_drafts(seqs, token_ids, is_prefill)
         t3 = perf_counter_ns()
         if self.sink.enabled:
             self.sink.emit(StepEnd(self.num_steps, self.scheduler.block_manager.num_free_blocks,
@@ -145,6 +154,19 @@ class LLMEngine:
 
     def is_finished(self) -> bool:
         return not self.pending and self.scheduler.is_finished()
+
+    def postprocess_with_drafts(self, seqs: list[Sequence], token_ids: list, is_prefill: bool) -> list[Sequence]:
+        """postprocess for a config that drafts: a sequence that verified drafts has from the
+        runner the model's token at each of its positions, of which it keeps what `spec` says;
+        then each sequence that sampled and goes on gets its drafts for its next step."""
+        spec = self.spec
+        for i, seq in enumerate(seqs):
+            if seq.spec_token_ids:
+                token_ids[i] = spec.kept_tokens(seq, token_ids[i])
+        sampled = [seq for seq in seqs if seq.num_cached_tokens + seq.num_scheduled_tokens >= seq.num_tokens]
+        finished = self.scheduler.postprocess(seqs, token_ids, is_prefill)
+        self.scheduler.update_draft_token_ids(sampled, self.proposer)
+        return finished
 
 
 def build_config(model: str = "", **kwargs) -> Config:

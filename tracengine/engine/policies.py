@@ -29,8 +29,17 @@ that preempted, `max_num_seqs` as a cap on running, strict FCFS on a blocked
 head. Left out: `long_prefill_token_threshold` (0 in V1 by default: no
 cap on one request's chunk), `max_num_partial_prefills` (V1's scheduler has
 no such limit; here at most one prefill is partial at a step's end, because
-a partial chunk ends the budget), priorities, speculative decoding, encoder
-inputs, KV connectors and async scheduling.
+a partial chunk ends the budget), priorities, encoder inputs, KV connectors
+and async scheduling.
+
+Speculative decoding is V1's (engine/spec_decode.py): a decoding sequence's
+drafts are tokens of its step (`num_tokens_with_spec - num_computed_tokens`),
+cut to the budget left and below max_model_len, their slots allocated with
+the step's (and `num_lookahead_tokens` past them: none for ngram); the
+rejected ones' computed tokens are rolled back after the step and their
+slots stay the sequence's. An admitted sequence with one token left to
+compute is padded to 1 + K tokens with placeholder drafts, never kept, as V1
+pads it (under V1's block rules).
 
 The block rules are V1's too (`block_rules` "vllm", engine/vllm_block_manager.py):
 admission checks that the whole sequence fits but allocates only the slots of
@@ -49,9 +58,11 @@ runs a mixed batch on the runner's general (prefill) path."""
 from tracengine.engine.config import BUILTIN_POLICY_NAMES, Config
 from tracengine.engine.scheduler import Scheduler
 from tracengine.engine.sequence import Sequence, SequenceStatus
+from tracengine.engine.spec_decode import PADDING_DRAFT
 from tracengine.engine.vllm_block_manager import VllmBlockManager
 from tracengine.errors import ConfigError
-from tracengine.trace.events import NULL_SINK, EventSink, Phase, StopReason
+from tracengine.trace.events import Phase, StopReason
+from tracengine.trace.sinks import NULL_SINK, EventSink
 from tracengine.engine.user_classes import class_name, load_class
 
 
@@ -80,11 +91,14 @@ class MixedScheduler(Scheduler):
         while self.running and token_budget > 0:
             seq = self.running.popleft()
             # the rest of its prompt or the chunk the budget leaves; a decoding one, its one token
+            # and the drafts the budget leaves room for
             num_new_tokens = min(seq.num_tokens - seq.num_cached_tokens, token_budget) if seq.is_prefill else 1
+            if seq.spec_token_ids:
+                num_new_tokens += self.num_drafts(seq, token_budget - 1)
             if self.allocate_per_chunk:
                 has_slots = self._allocate_slots(seq, num_new_tokens)
             else:            # the whole prompt was allocated at admission: only a decode needs a block
-                has_slots = seq.is_prefill or self._append_slot(seq)
+                has_slots = seq.is_prefill or self._append_slot(seq, num_new_tokens - 1)
             if not has_slots:
                 break                           # it preempted itself
             seq.num_scheduled_tokens = num_new_tokens
@@ -99,6 +113,7 @@ class MixedScheduler(Scheduler):
         if self.num_preemptions != num_preemptions:   # V1 admits nothing in a step that preempted
             stop_reason = "preempted"
         elif stop_reason is None:
+            prefill_scheduled = any(prefill_flags)    # a running sequence still in prefill (V1's is_prefill_chunk)
             # Then waiting, in FIFO order, into the budget left.
             while self.waiting and token_budget > 0:
                 if len(self.running) >= self.max_num_seqs:
@@ -116,7 +131,22 @@ class MixedScheduler(Scheduler):
                     break
                 if self.allocate_per_chunk:   # the hits and the first chunk's slots
                     num_computed = self.block_manager.num_computed_tokens(seq, len(hits))
-                    seq.num_scheduled_tokens = min(seq.num_tokens - num_computed, token_budget)
+                    num_new_tokens = seq.num_tokens - num_computed
+                    if num_new_tokens == 1 and self.num_speculative_tokens and not prefill_scheduled and (
+                            scheduled_running or num_computed) and self._pads(seq, num_computed):
+                        num_padded = 1 + self.num_speculative_tokens
+                        if num_padded > token_budget:      # V1 would rather not schedule it than unpadded
+                            stop_reason = "budget_exhausted"
+                            break
+                        num_padded_blocks = num_new_blocks - seq.num_blocks + -(-(num_computed + num_padded)
+                                                                                // self.block_size)
+                        if num_padded_blocks > self.block_manager.num_free_blocks:
+                            stop_reason, blocked_seq_id, num_blocks_needed = ("no_free_blocks", seq.seq_id,
+                                                                              num_padded_blocks)
+                            break
+                        num_new_tokens = num_padded
+                        seq.spec_token_ids = [PADDING_DRAFT] * self.num_speculative_tokens
+                    seq.num_scheduled_tokens = min(num_new_tokens, token_budget)
                     self.block_manager.allocate(seq, hits, seq.num_scheduled_tokens)
                 else:
                     self.block_manager.allocate(seq, hits)
@@ -142,11 +172,19 @@ class MixedScheduler(Scheduler):
                             num_decode_seqs if phase == "mixed" else 0)
         return scheduled_seqs, phase != "decode"
 
+    def _pads(self, seq: Sequence, num_computed: int) -> bool:
+        """V1's padding of an admitted sequence with one token left to compute (a full prefix-cache
+        hit, a resumed one) to the 1 + K tokens of a verify step, its drafts placeholders that are
+        never kept (uniform decode batches for CUDA graphs: a scheduling rule all the same), when
+        no running sequence is in prefill and the padded tokens and the sampled one fit max_model_len."""
+        return num_computed + 1 + self.num_speculative_tokens + 1 <= self.max_model_len
+
     def _allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """V1's running loop: slots for `seq`'s tokens of this step, preempting the running tail
         (`self.running` holds the sequences not scheduled yet) while there are too few free
         blocks, or `seq` itself when nobody is left behind it (False then)."""
-        while not self.block_manager.allocate_slots(seq, num_new_tokens):
+        # vLLM's allocate_slots(num_lookahead_tokens=...): slots past the step's tokens, never cached
+        while not self.block_manager.allocate_slots(seq, num_new_tokens + self.num_lookahead_tokens):
             if self.running:
                 self.preempt(self.preempt_victim(seq), by=seq)
             else:
@@ -157,7 +195,7 @@ class MixedScheduler(Scheduler):
     @staticmethod
     def _take(seq: Sequence, scheduled_seqs: list[Sequence], prefill_flags: list[bool]):
         prefill_flags.append(seq.is_prefill)
-        if seq.num_cached_tokens + seq.num_scheduled_tokens == seq.num_tokens:
+        if seq.num_cached_tokens + seq.num_scheduled_tokens >= seq.num_tokens:
             seq.is_prefill = False     # from the next step it decodes
         scheduled_seqs.append(seq)
 

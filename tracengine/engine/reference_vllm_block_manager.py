@@ -5,7 +5,8 @@ events (tests/test_scheduler_properties.py runs both under the mixed policy)."""
 from tracengine.engine.reference_block_manager import ReferenceBlockManager
 from tracengine.engine.sequence import Sequence
 from tracengine.engine.hash_id_prompt import hashed_block_events
-from tracengine.trace.events import NULL_SINK, BlockAllocate, BlockAppend, BlockFree
+from tracengine.trace.events import BlockAllocate, BlockAppend, BlockFree
+from tracengine.trace.sinks import NULL_SINK
 
 
 class ReferenceVllmBlockManager(ReferenceBlockManager):

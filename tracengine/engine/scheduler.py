@@ -10,9 +10,11 @@ from collections import deque
 from tracengine.engine.block_manager import BlockManager
 from tracengine.engine.config import Config
 from tracengine.errors import ConfigError, RequestError
-from tracengine.trace.events import (NULL_SINK, AbortReason, EventSink, FinishReason, Phase, Preempt,
+from tracengine.trace.events import (AbortReason, DraftProposed, DraftVerified, FinishReason, Phase, Preempt,
                                      ScheduledSeq, ScheduleDecision, SeqAbort, SeqFinish, StopReason, TokenSample)
+from tracengine.trace.sinks import NULL_SINK, EventSink
 from tracengine.engine.sequence import Sequence, SequenceStatus
+from tracengine.engine.spec_decode import PADDING_DRAFT
 
 
 class Scheduler:
@@ -32,6 +34,10 @@ class Scheduler:
         self.sink = sink
         self.step = 0   # the engine's step, stamped on events: set by `begin_step`
         self.num_preemptions = 0   # over the scheduler's life (a server's metrics read it)
+        # Speculative decoding (engine/spec_decode.py): drafts are scheduled as tokens of a decode;
+        # KV slots past them for a drafter that writes ahead: none for ngram (vLLM's num_lookahead_tokens)
+        self.num_speculative_tokens = config.num_speculative_tokens
+        self.num_lookahead_tokens = 0
 
     def begin_step(self, step: int):
         self.step = self.block_manager.step = step
@@ -107,20 +113,34 @@ class Scheduler:
             return scheduled_seqs, True
 
         # Decode: the running sequences in order, one token each, up to max_num_seqs; they go
-        # back to the head of running in the same order.
+        # back to the head of running in the same order. A sequence's drafts are tokens too, as
+        # many as the token budget leaves after its one (the seeds' decode ignores the budget).
         scheduled_seqs = []
+        num_batched_tokens = 0
         while self.running and len(scheduled_seqs) < self.max_num_seqs:
             seq = self.running.popleft()
-            if self._append_slot(seq):
-                seq.num_scheduled_tokens = 1
+            num_drafts = 0
+            if seq.spec_token_ids:
+                num_drafts = self.num_drafts(seq, self.max_num_batched_tokens - num_batched_tokens - 1)
+            if self._append_slot(seq, num_drafts):
+                seq.num_scheduled_tokens = 1 + num_drafts
                 seq.is_prefill = False
+                num_batched_tokens += seq.num_scheduled_tokens
                 scheduled_seqs.append(seq)
         stop_reason = "max_num_seqs" if self.running else "running_empty"
         self.running.extendleft(reversed(scheduled_seqs))
         assert scheduled_seqs, "nothing schedulable: check_request should have refused a request"
-        self._emit_decision("decode", scheduled_seqs, len(scheduled_seqs), stop_reason,
+        self._emit_decision("decode", scheduled_seqs, num_batched_tokens, stop_reason,
                             blocked_seq_id, num_blocks_needed, num_free_blocks)
         return scheduled_seqs, False
+
+    def num_drafts(self, seq: Sequence, room: int) -> int:
+        """The drafts of `seq` this step verifies, given `room` tokens of budget for them, and its
+        drafts cut to those (vLLM's scheduled_spec_decode_tokens): no more than fit the budget, and
+        none whose position reaches max_model_len (vLLM caps the tokens at max_model_len - 1)."""
+        num_drafts = max(0, min(len(seq.spec_token_ids), room, self.max_model_len - seq.num_tokens - 1))
+        del seq.spec_token_ids[num_drafts:]
+        return num_drafts
 
     def _emit_decision(self, phase: Phase, seqs, num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,
                        num_free_blocks, num_decode_seqs: int = 0):
@@ -132,20 +152,28 @@ class Scheduler:
             num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,
             num_free_blocks, len(self.waiting), len(self.running), num_decode_seqs))
 
-    def _append_slot(self, seq: Sequence) -> bool:
-        """Room for the token `seq` decodes (the seeds' loop): one that starts a block needs a
-        free block, and while there is none the running tail is preempted for it (`self.running`
-        holds the sequences not scheduled yet), or `seq` itself when nobody is left behind it
-        (False then)."""
-        if (seq.num_tokens - 1) % self.block_size:
-            return True     # the token lands in the sequence's last block, which has room
-        while not self.block_manager.can_append(seq):
+    def _append_slot(self, seq: Sequence, num_drafts: int = 0) -> bool:
+        """Room for the token `seq` decodes (the seeds' loop) and its `num_drafts` drafts: a token
+        past its blocks needs a free block, and while there are too few the running tail is
+        preempted for them (`self.running` holds the sequences not scheduled yet), or `seq` itself
+        when nobody is left behind it (False then). A verify step's rejected drafts leave their
+        blocks to the sequence (vLLM's rollback keeps the slots), so a later token may have one."""
+        if self.num_speculative_tokens:
+            num_new_blocks = -(-(seq.num_tokens + num_drafts) // self.block_size) - len(seq.block_table)
+        else:       # one token, which needs a block when it is the first of one
+            num_new_blocks = 0 if (seq.num_tokens - 1) % self.block_size else 1
+        if num_new_blocks <= 0:
+            return True     # the tokens land in the sequence's blocks, which have room
+        while self.block_manager.num_free_blocks < num_new_blocks:
             if self.running:
                 self.preempt(self.preempt_victim(seq), by=seq)   # the running tail gives way
             else:
                 self.preempt(seq, by=seq)                        # nobody else left: itself
                 return False
-        self.block_manager.may_append(seq)
+        if self.num_speculative_tokens:
+            self.block_manager.append_blocks(seq, num_new_blocks)
+        else:
+            self.block_manager.may_append(seq)
         return True
 
     def preempt(self, seq: Sequence, by: Sequence):
@@ -155,6 +183,7 @@ class Scheduler:
                                    seq.num_cached_tokens))
         seq.status = SequenceStatus.WAITING
         seq.is_prefill = True
+        seq.spec_token_ids = []     # vLLM's _preempt_request drops them: a resumed sequence prefills first
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.block_manager.deallocate(seq)
@@ -166,6 +195,9 @@ class Scheduler:
         finished = []
         block_size = self.block_size
         for seq, token_id in zip(seqs, token_ids):
+            if seq.spec_token_ids:
+                self._append_verified(seq, token_id, finished)
+                continue
             num_computed = seq.num_cached_tokens + seq.num_scheduled_tokens
             if seq.num_cached_tokens // block_size != num_computed // block_size:
                 self.block_manager.hash_blocks(seq)     # this step filled a block: register it
@@ -184,6 +216,47 @@ class Scheduler:
             elif seq.num_completion_tokens == seq.max_tokens or seq.num_tokens >= self.max_model_len:
                 self._finish(seq, "length", finished)
         return finished
+
+    def _append_verified(self, seq: Sequence, token_ids: list[int], finished: list[Sequence]):
+        """A verify step's tokens (its kept drafts and the model's next token), as vLLM's
+        update_from_output takes them: the rejected drafts' computed tokens rolled back (their
+        slots stay the sequence's), the tokens appended up to a stop (the rest dropped), then the
+        blocks the kept tokens filled registered, before a finished sequence frees them."""
+        num_drafts, num_accepted = len(seq.spec_token_ids), len(token_ids) - 1
+        if self.sink.enabled:
+            self.sink.emit(DraftVerified(self.step, seq.seq_id, num_drafts, num_accepted,
+                                         seq.spec_token_ids[0] == PADDING_DRAFT))
+        seq.spec_token_ids = []
+        num_computed_before = seq.num_cached_tokens
+        num_computed = num_computed_before + seq.num_scheduled_tokens - (num_drafts - num_accepted)
+        seq.num_scheduled_tokens = 0
+        reason = None
+        for i, token_id in enumerate(token_ids):
+            seq.append_token(token_id)
+            if self.sink.enabled:
+                self.sink.emit(TokenSample(self.step, seq.seq_id, token_id, True))
+            if token_id == self.eos and not seq.ignore_eos:
+                reason = "eos"
+            elif seq.num_completion_tokens == seq.max_tokens or seq.num_tokens >= self.max_model_len:
+                reason = "length"
+            if reason is not None:
+                num_computed -= len(token_ids) - 1 - i      # the tokens after the stop are dropped
+                break
+        self.block_manager.hash_verified_blocks(seq, num_computed_before, num_computed)
+        seq.num_cached_tokens = num_computed
+        if reason is not None:
+            self._finish(seq, reason, finished)
+
+    def update_draft_token_ids(self, seqs: list[Sequence], proposer) -> None:
+        """After a step: the drafts `proposer` gives each of `seqs`, the scheduled sequences that
+        sampled a token (vLLM drops those of a sequence still in prefill), that goes on, for its next step."""
+        emit = self.sink.emit if self.sink.enabled else None
+        for seq in seqs:
+            if seq.status != SequenceStatus.RUNNING:
+                continue
+            seq.spec_token_ids = drafts = proposer.propose(seq)
+            if drafts and emit is not None:
+                emit(DraftProposed(self.step, seq.seq_id, len(drafts), [] if drafts[0] < 0 else list(drafts)))
 
     def _finish(self, seq: Sequence, reason: FinishReason, finished: list[Sequence]):
         seq.status = SequenceStatus.FINISHED
@@ -212,6 +285,7 @@ class Scheduler:
                                     seq.num_completion_tokens))
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = "abort"
+        seq.spec_token_ids = []
         if seq.block_table:      # a preempted or never-scheduled sequence holds none
             self.block_manager.deallocate(seq)
         return seq

@@ -18,7 +18,7 @@ class Sequence:
                  "num_cached_tokens", "num_scheduled_tokens", "is_prefill", "block_table",
                  "block_size", "temperature", "max_tokens", "ignore_eos", "top_k", "top_p", "seed",
                  "num_preemptions", "finish_reason", "block_hashes", "num_completion_tokens",
-                 "has_tokens")
+                 "has_tokens", "spec_token_ids")
 
     def __init__(self, seq_id: int, token_ids: list[int], block_size: int,
                  sampling_params: SamplingParams | None = None):
@@ -38,6 +38,9 @@ class Sequence:
         self.num_scheduled_tokens = 0    # tokens to compute this step
         self.is_prefill = True           # prefill_first: until first decoded; mixed: while prompt tokens remain
         self.block_table: list[int] = []
+        # Draft tokens (engine/spec_decode.py): proposed after its step, the ones its next step
+        # verifies once scheduled (the scheduler cuts them to what it scheduled), none after it
+        self.spec_token_ids: list[int] = []
         self.block_size = block_size
         self.temperature = sp.temperature
         self.max_tokens = sp.max_tokens

@@ -30,7 +30,8 @@ from tracengine.engine.block_pool import BlockPool
 from tracengine.engine.hash_id_prompt import hashed_block_events
 from tracengine.engine.prefix_cache import NO_HASH, PrefixCache
 from tracengine.engine.sequence import Sequence
-from tracengine.trace.events import NULL_SINK, BlockAllocate, BlockAppend, EventSink
+from tracengine.trace.events import BlockAllocate, BlockAppend
+from tracengine.trace.sinks import NULL_SINK, EventSink
 
 
 class VllmBlockPool(BlockPool):
@@ -128,14 +129,17 @@ class VllmBlockManager(BlockManager):
         self.num_hit_blocks += num_cached_blocks
         if self.sink.enabled:
             self.sink.emit(BlockAllocate(self.step, seq.seq_id, list(seq.block_table), num_cached_blocks))
-        if num_slots // self.block_size > num_cached_blocks:      # the first chunk fills blocks
-            self.cache_blocks(seq, num_cached_blocks, num_slots // self.block_size)
+        num_filled = min(num_slots, seq.num_tokens) // self.block_size     # not a padded verify's slots
+        if num_filled > num_cached_blocks:      # the first chunk fills blocks
+            self.cache_blocks(seq, num_cached_blocks, num_filled)
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Slots for `num_new_tokens` more tokens of a sequence that holds blocks; False, and
-        nothing allocated, when the free blocks do not cover them."""
-        num_slots = seq.num_cached_tokens + num_new_tokens
-        num_new_blocks = -(-num_slots // self.block_size) - len(seq.block_table)
+        nothing allocated, when the free blocks do not cover them. Blocks of draft tokens (slots
+        past the sequence's tokens) are registered once the drafts are kept (`hash_verified_blocks`):
+        only the sequence's tokens are registered here, as vLLM caps what it caches at `request.num_tokens`."""
+        num_slots = min(seq.num_cached_tokens + num_new_tokens, seq.num_tokens)
+        num_new_blocks = -(-(seq.num_cached_tokens + num_new_tokens) // self.block_size) - len(seq.block_table)
         if num_new_blocks > self.pool.num_free_blocks:
             return False
         if num_new_blocks > 0:
@@ -166,3 +170,11 @@ class VllmBlockManager(BlockManager):
 
     def hash_blocks(self, seq: Sequence):
         """Nothing: the blocks a step fills were registered when their slots were allocated."""
+
+    def hash_verified_blocks(self, seq: Sequence, num_computed_before: int, num_computed: int):
+        """After a verify step appended its kept tokens: register the full blocks its kept drafts
+        filled (vLLM's `cache_blocks(request, num_computed_tokens)` in update_from_output); the
+        allocation registered those of the tokens the sequence had (`num_computed_before` + 1)."""
+        start = (num_computed_before + 1) // self.block_size
+        if num_computed // self.block_size > start:
+            self.cache_blocks(seq, start, num_computed // self.block_size)

@@ -33,7 +33,8 @@ from tracengine.fleet.kv_transfer import install_prompt_kv
 from tracengine.sim.runners import sampling_params_of
 from tracengine.fleet.routers import RoutedRequest, Router, router_classes
 from tracengine.fleet.spec import FleetSpec, header_fields
-from tracengine.trace.events import NULL_SINK, KVTransfer, ReplicaScope, RouteDecision
+from tracengine.trace.events import KVTransfer, ReplicaScope, RouteDecision
+from tracengine.trace.sinks import NULL_SINK
 from tracengine.workload.sessions import SessionRelease, has_sessions, session_fields, session_turn
 
 ARRIVAL, HANDOFF, LANDING = 0, 1, 2     # what the fleet's clock holds besides replica steps
@@ -272,7 +273,7 @@ def simulate_fleet(config: Config, requests: list[Request], step_time, spec: Fle
     replica's step 0 (run_timed's)."""
     from tracengine.sim.engine import SimulatedEngine, check_token_prompts
     from tracengine.sim.runners import SyntheticRunner
-    from tracengine.trace.events import ListSink
+    from tracengine.trace.sinks import ListSink
     check_token_prompts(requests)
     events_sink = sink if sink is not None else ListSink()
 

@@ -2,7 +2,7 @@
 prompt's full blocks, in its prefix cache, as a KV connector's transfer fills them. The fold
 of a decode replica's events takes them in the same way (replay/fold_transfer.py)."""
 from tracengine.engine.sequence import Sequence
-from tracengine.trace.events import NULL_SINK
+from tracengine.trace.sinks import NULL_SINK
 
 
 def install_prompt_kv(block_manager, seq_id: int, token_ids) -> int:

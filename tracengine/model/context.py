@@ -22,6 +22,9 @@ class Context:
     # The torch backend's plan on the CPU (torch_plans.py): PrefillGroups in a prefill, KVCopyPlan in a
     # decode; None on CUDA, with flash-attn, and when the plain path serves.
     cpu_plan: object = None
+    # int64 [num_rows]: the rows whose logits are computed, where they are not each sequence's last
+    # token (a step that verifies drafts: every token of a verifying sequence); None: the rule
+    logits_indices: torch.Tensor | None = None
     # Derived once per forward by the first attention layer and reused by the
     # others (padding indices, masks). A fresh Context starts empty, which is
     # what a CUDA graph capture needs: the derivation is then recorded too.

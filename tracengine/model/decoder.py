@@ -150,9 +150,11 @@ class DecoderForCausalLM(nn.Module):
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits of the rows that are sampled: in a runner prefill, the last
-        token of each sequence; otherwise every row given."""
+        """Logits of the rows that are sampled: those the context names (a step that verifies
+        drafts), else in a runner prefill the last token of each sequence; otherwise every row given."""
         context = get_context()
-        if context is not None and context.is_prefill:
+        if context is not None and context.logits_indices is not None:
+            hidden = hidden[context.logits_indices]
+        elif context is not None and context.is_prefill:
             hidden = hidden[context.cu_seqlens_q[1:].long() - 1]
         return self.lm_head(hidden)

@@ -7,15 +7,17 @@ from tracengine.analysis.stats import stats
 from tracengine.analysis.timeline import RequestTimeline
 from tracengine.engine.config import Config, recorded_block_rules
 
-from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, PromptBlocksHashed,
-                                     RequestAdded, ScheduleDecision, SpecDecode, without_wall_clock)
+from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, DraftProposed, DraftVerified,
+                                     Preempt, PromptBlocksHashed, RequestAdded, ScheduleDecision, SpecDecode,
+                                     without_wall_clock)
 from tracengine.engine.hash_id_prompt import hashed_blocks
 from tracengine.trace.tracelog import split_header
 from tracengine.trace.events import iter_steps
 
-# (SpecDecode: the drafts a vLLM step verified, which its ScheduledSeqs count)
+# speculative decoding's: how many drafts a sequence got and kept (a draft's token id, as any, does not
+# count); a vLLM step's SpecDecode: the drafts it verified, which its ScheduledSeqs count
 SCHEDULING_TYPES = (ScheduleDecision, Preempt, BlockAllocate, BlockAppend, BlockHash, PromptBlocksHashed, BlockFree,
-                    SpecDecode)
+                    DraftProposed, DraftVerified, SpecDecode)
 
 
 @dataclass
@@ -47,7 +49,9 @@ def scheduling_events(events) -> list:
 
 
 def scheduling_key(events) -> list[tuple]:
-    return [without_wall_clock(e) for e in scheduling_events(events)]
+    return [without_wall_clock(e) if type(e) is not DraftProposed else ("DraftProposed", e.step, e.seq_id,
+                                                                          e.num_draft_tokens)
+            for e in scheduling_events(events)]
 
 
 def header_config(header) -> dict:

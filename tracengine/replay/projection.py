@@ -9,9 +9,10 @@ import msgspec
 
 from tracengine.engine.block_pool import FreeKVCacheBlockQueue
 from tracengine.engine.hash_id_prompt import hashed_blocks
-from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, PromptBlocksHashed,
-                                     RequestAdded, ScheduleDecision, SeqAbort, SeqFinish, SpecAccepted, SpecDecode,
-                                     SpecDraft, StepEnd, TokenSample, prefill_flags)
+from tracengine.engine.spec_decode import SYNTHETIC_DRAFT
+from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, DraftProposed, DraftVerified,
+                                     Preempt, PromptBlocksHashed, RequestAdded, ScheduleDecision, SeqAbort, SeqFinish,
+                                     SpecAccepted, SpecDecode, SpecDraft, StepEnd, TokenSample, prefill_flags)
 from tracengine.replay.state import FINISHED, RUNNING, WAITING, FoldState, SeqState
 
 
@@ -48,6 +49,7 @@ class Projection:
             SeqFinish: self.seq_finish, StepEnd: self.step_end, SeqAbort: self.seq_abort,
             # drafts change no block or queue (vLLM's scheduler counts verified drafts in num_tokens)
             SpecDraft: _no_change, SpecDecode: _no_change, SpecAccepted: _no_change,
+            DraftProposed: self.draft_proposed, DraftVerified: self.draft_verified,
         }
 
     # -- keyframes --------------------------------------------------------------------------
@@ -105,9 +107,12 @@ class Projection:
                 if not is_prefill:                  # a decode token in a mixed batch
                     s.num_cached_tokens = ss.num_cached_tokens + 1
                     s.num_tokens += 1
+                    if s.draft_token_ids:           # the drafts it verifies: the tokens past its one
+                        del s.draft_token_ids[ss.num_tokens - 1:]
                     continue
-                s.num_cached_tokens = ss.num_cached_tokens + ss.num_tokens
-                complete = s.num_cached_tokens == s.num_tokens   # the whole prompt is computed; else a middle chunk
+                # the whole prompt is computed (with a padded verify's placeholders: past it); else a middle chunk
+                complete = ss.num_cached_tokens + ss.num_tokens >= s.num_tokens
+                s.num_cached_tokens = min(ss.num_cached_tokens + ss.num_tokens, s.num_tokens)
                 if complete:
                     s.num_tokens += 1
                     if s.first_token_step == -1:
@@ -128,6 +133,8 @@ class Projection:
                 s = seqs[ss.seq_id]
                 s.num_cached_tokens = ss.num_cached_tokens + 1
                 s.num_tokens += 1
+                if s.draft_token_ids:
+                    del s.draft_token_ids[ss.num_tokens - 1:]
             # decode takes running from the head; what it scheduled goes back to the head, in order
             ids = [ss.seq_id for ss in e.seqs]
             if list(islice(self.running, len(ids))) != ids:
@@ -213,6 +220,18 @@ class Projection:
         s = self.seqs[e.seq_id]
         s.status = WAITING
         s.num_preemptions += 1
+        s.draft_token_ids = []
+
+    def draft_proposed(self, e: DraftProposed):
+        self.seqs[e.seq_id].draft_token_ids = list(e.draft_token_ids) or [SYNTHETIC_DRAFT] * e.num_draft_tokens
+
+    def draft_verified(self, e: DraftVerified):
+        """The drafts its decision scheduled (one token each, past the decoded one) are done
+        with; the kept ones are tokens, computed (the rejected ones' computed tokens roll back)."""
+        s = self.seqs[e.seq_id]
+        s.draft_token_ids = []
+        s.num_tokens += e.num_accepted_tokens
+        s.num_cached_tokens += e.num_accepted_tokens
 
     def token_sample(self, e: TokenSample):
         pass    # applied with its ScheduleDecision
@@ -230,6 +249,7 @@ class Projection:
         s.status = FINISHED
         s.finish_step = e.step
         s.finish_reason = "abort"
+        s.draft_token_ids = []
 
     def step_end(self, e: StepEnd):
         if e.num_free_blocks != len(self.free):

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from tracengine.engine.config import Config
 from tracengine.errors import RequestError
 from tracengine.engine.hash_id_prompt import hashed_blocks, request_prompt
-from tracengine.trace.events import (WALL_CLOCK_FIELDS, AnyEvent, BlockHash, Event, PromptBlocksHashed, RequestAdded,
-                                     SeqAbort, StepEnd, TokenSample)
+from tracengine.trace.events import (WALL_CLOCK_FIELDS, AnyEvent, BlockHash, DraftProposed, DraftVerified, Event,
+                                     PromptBlocksHashed, RequestAdded, SeqAbort, StepEnd, TokenSample)
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.analysis.render import format_event, render_state, render_step
 from tracengine.replay.fold import Fold
@@ -17,23 +17,51 @@ from tracengine.trace.events import iter_steps
 from tracengine.trace.tracelog import split_header
 from tracengine.replay.state import FoldState, live_state
 from tracengine.engine.sampling_params import SamplingParams
+from tracengine.engine.spec_decode import SYNTHETIC_DRAFT
 
 
 class RecordedRunner:
     """Re-execution: the tokens a trace recorded for the current step, by seq_id.
     `tokens` is replaced before each step; a sequence the trace did not sample
-    this step (the replay has already diverged) gets `filler`."""
+    this step (the replay has already diverged) gets `filler`. Speculative decoding's are fed
+    back too: `verified` (seq_id -> the drafts the step kept and its tokens) and the drafts the
+    step proposed (`proposer`, which the engine takes instead of proposing its own)."""
 
     def __init__(self, filler: int = 0):
         self.tokens: dict[int, int] = {}
+        self.verified: dict[int, tuple[int, list[int]]] = {}
         self.filler = filler
+        self.proposer = RecordedDrafts()
 
     def run(self, seqs, is_prefill: bool) -> list[int]:
         tokens, filler = self.tokens, self.filler
+        if self.verified or self.proposer.drafts:
+            return [self.targets(seq) if seq.spec_token_ids else tokens.get(seq.seq_id, filler) for seq in seqs]
         return [tokens.get(seq.seq_id, filler) for seq in seqs]
+
+    def targets(self, seq) -> list[int]:
+        """The model's tokens at a verify step's positions, as far as the trace tells them: its
+        tokens, then its kept drafts past a stop, then -2 (never a draft), which no rule keeps."""
+        num_accepted, kept = self.verified.get(seq.seq_id, (0, [self.tokens.get(seq.seq_id, self.filler)]))
+        drafts = seq.spec_token_ids
+        return [kept[j] if j < len(kept) else drafts[j] if j < num_accepted else -2 for j in range(len(drafts) + 1)]
 
     def exit(self):
         pass
+
+
+class RecordedDrafts:
+    """The drafts a trace recorded for the current step, by seq_id (a synthetic draft's tokens
+    are the target's: SYNTHETIC_DRAFT each)."""
+
+    def __init__(self):
+        self.drafts: dict[int, list[int]] = {}
+
+    def add(self, event: DraftProposed):
+        self.drafts[event.seq_id] = list(event.draft_token_ids) or [SYNTHETIC_DRAFT] * event.num_draft_tokens
+
+    def propose(self, seq) -> list[int]:
+        return self.drafts.get(seq.seq_id, [])
 
 
 @dataclass
@@ -123,11 +151,19 @@ def reexecute(events, policy: type | str | None = None) -> ReplayResult:
         step = engine.num_steps
         sink.expected, sink.index = step_events, 0
         runner.tokens = tokens = {}
+        runner.verified = verified = {}
+        runner.proposer.drafts = {}
         try:
             for e in step_events:
                 t = type(e)
                 if t is TokenSample:
                     tokens[e.seq_id] = e.token_id
+                    if e.seq_id in verified:
+                        verified[e.seq_id][1].append(e.token_id)
+                elif t is DraftVerified:
+                    verified[e.seq_id] = (e.num_accepted_tokens, [])
+                elif t is DraftProposed:
+                    runner.proposer.add(e)
                 elif t is RequestAdded:
                     try:
                         seqs.append(engine.add_request(request_prompt(e), SamplingParams(

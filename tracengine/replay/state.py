@@ -21,13 +21,15 @@ class SeqState(msgspec.Struct, gc=False):
     first_token_step: int = -1
     finish_step: int = -1
     finish_reason: str = ""
+    # speculative decoding: the drafts proposed after its last step, which its next step verifies
+    draft_token_ids: list[int] = []
 
     @property
     def num_completion_tokens(self) -> int:
         return self.num_tokens - self.num_prompt_tokens
 
     def _copy(self) -> "SeqState":
-        return msgspec.structs.replace(self, block_table=list(self.block_table))
+        return msgspec.structs.replace(self, block_table=list(self.block_table), draft_token_ids=list(self.draft_token_ids))
 
 
 class BlockState(msgspec.Struct, frozen=True, gc=False):
@@ -95,7 +97,8 @@ def live_state(scheduler, step: int, known_seqs=()) -> FoldState:
     for seq in (*scheduler.waiting, *scheduler.running, *in_flight):
         seqs[seq.seq_id] = SeqState(seq.seq_id, status[seq.status.name], seq.num_prompt_tokens, seq.num_tokens,
                                     seq.num_cached_tokens, seq.num_scheduled_tokens, list(seq.block_table),
-                                    seq.num_preemptions, finish_reason=seq.finish_reason)
+                                    seq.num_preemptions, finish_reason=seq.finish_reason,
+                                    draft_token_ids=list(seq.spec_token_ids))
     return FoldState(step, [s.seq_id for s in scheduler.waiting], [s.seq_id for s in scheduler.running], seqs,
                      bm.ref_counts, bm.hashes, list(bm.free_block_ids),
                      dict(bm.hash_to_block_id), None, bm.block_size, sorted(s.seq_id for s in in_flight))

@@ -36,6 +36,9 @@ class OutputRunner:
     def run(self, seqs, is_prefill: bool) -> list[int]:
         tokens = []
         for seq in seqs:
+            if seq.spec_token_ids:      # a verify step: the recorded tokens at each of its positions
+                tokens.append(self.targets(seq))
+                continue
             position = seq.num_cached_tokens + seq.num_scheduled_tokens
             if position < seq.num_tokens:          # a middle chunk
                 tokens.append(self.middle.get((seq.seq_id, position), self.filler))
@@ -48,6 +51,18 @@ class OutputRunner:
                 self.past_output_seq_ids.add(seq.seq_id)
                 tokens.append(self.filler)
         return tokens
+
+    def targets(self, seq) -> list[int]:
+        """A sequence verifying drafts: its recorded completion tokens from its next one on, one
+        per position (the last draft's position and the token after it: `filler` past the output)."""
+        output, index = self.outputs.get(seq.seq_id, ()), seq.num_completion_tokens
+        num_positions = len(seq.spec_token_ids) + 1
+        targets = list(output[index:index + num_positions])
+        if len(targets) < num_positions:
+            if len(targets) == 0:
+                self.past_output_seq_ids.add(seq.seq_id)
+            targets += [self.filler] * (num_positions - len(targets))
+        return targets
 
     def exit(self):
         pass

@@ -6,7 +6,9 @@ Contract with the engine:
   prefill: computes tokens [num_cached_tokens, num_cached_tokens + num_scheduled_tokens)
            of each sequence, reading the cached prefix through its block table;
   decode:  computes each sequence's last token;
-  both return one sampled token id per sequence."""
+  both return one sampled token id per sequence. A sequence with drafts (`spec_token_ids`, which
+  the scheduler cut to those it scheduled) computes its last token and its drafts, on the prefill
+  path, and gets the token sampled after each of them: a list of 1 + its drafts."""
 import math
 import os
 
@@ -221,8 +223,11 @@ class ModelRunner:
         for seq in seqs:
             assert seq.block_size == self.block_size, f"seq {seq.seq_id}: block size {seq.block_size}"
             start, end = seq.num_cached_tokens, seq.num_cached_tokens + seq.num_scheduled_tokens
-            assert start < end <= seq.num_tokens, f"seq {seq.seq_id}: cannot compute tokens [{start}, {end})"
-            input_ids.extend(seq.tokens(start, end))
+            drafts = seq.spec_token_ids
+            assert start < end <= seq.num_tokens + len(drafts), f"seq {seq.seq_id}: cannot compute tokens [{start}, {end})"
+            input_ids.extend(seq.tokens(start, min(end, seq.num_tokens)))
+            if drafts:      # its drafts go in after its last token (a placeholder, never kept, as token 0)
+                input_ids.extend(d if d >= 0 else 0 for d in drafts)
             positions.extend(range(start, end))
             cu_seqlens_q.append(cu_seqlens_q[-1] + end - start)
             cu_seqlens_k.append(cu_seqlens_k[-1] + end)
@@ -234,6 +239,11 @@ class ModelRunner:
                           max_seqlen_q, max_seqlen_k, self._tensor(slot_mapping, torch.int64), None, block_tables)
         if self.cpu_plans:
             context.cpu_plan = prefill_groups(cu_seqlens_q, cu_seqlens_k)
+        if any(seq.spec_token_ids for seq in seqs):     # a verifying sequence's logits at each of its tokens
+            rows = []
+            for seq, first, end in zip(seqs, cu_seqlens_q, cu_seqlens_q[1:]):
+                rows.extend(range(first, end) if seq.spec_token_ids else (end - 1,))
+            context.logits_indices = self._tensor(rows, torch.int64)
         return self._tensor(input_ids, torch.int64), self._tensor(positions, torch.int64), context
 
     def prepare_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, Context]:
@@ -272,6 +282,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+        if any(seq.spec_token_ids for seq in seqs):
+            return self.run_verify(seqs)
         logits = self.compute_logits(seqs, is_prefill)
         temperatures = [seq.temperature for seq in seqs]
         # Row seeds are hashed only when something is sampled: a greedy batch takes the argmax.
@@ -281,6 +293,27 @@ class ModelRunner:
         filtered = any(seq.top_k > 0 or seq.top_p < 1.0 for seq in seqs)
         return self.sampler(logits, temperatures, seeds, [seq.top_k for seq in seqs] if filtered else None,
                             [seq.top_p for seq in seqs] if filtered else None).tolist()
+
+    def run_verify(self, seqs: list[Sequence]) -> list:
+        """A step that verifies drafts, in one forward on the prefill path: a token for each
+        position, sampled as a run without drafts samples there (its row seed at that length);
+        a list for each sequence with drafts."""
+        logits = self.compute_logits(seqs, True)
+        rows = [(seq, offset) for seq in seqs for offset in range(len(seq.spec_token_ids) + 1)]
+        temperatures = [seq.temperature for seq, _ in rows]
+        if not any(t > 0 for t in temperatures):
+            tokens = self.sampler(logits, temperatures, []).tolist()
+        else:
+            filtered = any(seq.top_k > 0 or seq.top_p < 1.0 for seq in seqs)
+            tokens = self.sampler(logits, temperatures, [row_seed(self.config.seed, seq, offset) for seq, offset in rows],
+                                  [seq.top_k for seq, _ in rows] if filtered else None,
+                                  [seq.top_p for seq, _ in rows] if filtered else None).tolist()
+        out, i = [], 0
+        for seq in seqs:
+            n = len(seq.spec_token_ids)
+            out.append(tokens[i:i + n + 1] if n else tokens[i])
+            i += n + 1
+        return out
 
     def exit(self):
         if self.graph_runner is not None:

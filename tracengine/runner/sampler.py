@@ -22,11 +22,12 @@ def sample_seed(seed: int, seq_id: int, num_tokens: int) -> int:
     return xxhash.xxh64_intdigest(struct.pack("<qqq", seed, seq_id, num_tokens)) & ((1 << 63) - 1)
 
 
-def row_seed(engine_seed: int, seq) -> int:
-    """The row seed of `seq` at its current length (seq_id -1 never names a sequence)."""
+def row_seed(engine_seed: int, seq, offset: int = 0) -> int:
+    """The row seed of `seq` at its current length plus `offset` (a verify step samples each draft's
+    position as a run without drafts samples it there; seq_id -1 never names a sequence)."""
     if seq.seed is not None:
-        return sample_seed(seq.seed, -1, seq.num_tokens)
-    return sample_seed(engine_seed, seq.seq_id, seq.num_tokens)
+        return sample_seed(seq.seed, -1, seq.num_tokens + offset)
+    return sample_seed(engine_seed, seq.seq_id, seq.num_tokens + offset)
 
 
 def seed_uniform(seed: int) -> float:

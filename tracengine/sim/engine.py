@@ -19,7 +19,8 @@ from tracengine.errors import TracengineError
 from tracengine.engine.request import Request
 from tracengine.sim.runners import Departures, SyntheticRunner, check_requests, sampling_params_of
 from tracengine.sim.steptime import holds_decode, seqs_shape
-from tracengine.trace.events import NULL_SINK, ListSink, ModelInfo, StepEnd, TraceHeader
+from tracengine.trace.events import ModelInfo, StepEnd, TraceHeader
+from tracengine.trace.sinks import NULL_SINK, ListSink
 from tracengine.trace.tracelog import make_header
 from tracengine.workload.sessions import NOT_HELD, SessionRelease, has_sessions, session_turn
 
@@ -46,12 +47,16 @@ class SimulatedEngine(LLMEngine):
         scheduler = self.scheduler
         scheduler.begin_step(self.num_steps)
         seqs, is_prefill = scheduler.schedule()
-        shape = seqs_shape(seqs, is_prefill)
+        # a verify step is a decode whose sequences compute 1 + their drafts tokens each
+        shape = seqs_shape(seqs, is_prefill, self.spec is not None)
         self.num_batched_tokens = shape[0]
         token_ids = self.runner.run(seqs, is_prefill)
         schedule_ns, model_ns, postprocess_ns = self.step_time.predict(
             is_prefill, *shape, mixed=is_prefill and holds_decode(seqs))
-        finished = scheduler.postprocess(seqs, token_ids, is_prefill)
+        if self.spec is None:
+            finished = scheduler.postprocess(seqs, token_ids, is_prefill)
+        else:
+            finished = self.postprocess_with_drafts(seqs, token_ids, is_prefill)
         if self.sink.enabled:
             self.sink.emit(StepEnd(self.num_steps, scheduler.block_manager.num_free_blocks, schedule_ns,
                                    model_ns, postprocess_ns, self.now_ns - self.last_step_end_ns))

@@ -228,11 +228,14 @@ class RooflineStepTime:
 
     def predict(self, is_prefill: bool, num_tokens: int, num_seqs: int, context: int,
                 attended: int, mixed: bool = False) -> tuple[int, int, int]:
-        # a mixed step costs what its shape does, which counts its decodes: `mixed` changes nothing
+        # a mixed step costs what its shape does, which counts its decodes: `mixed` changes nothing.
+        # A decode step samples every token it computes (a verify step, 1 + its drafts a sequence),
+        # so the LM head runs on each; a prefill's, on a sequence's last token.
         per_token, per_seq, per_pair, weight_bytes, kv_bytes_per_token = self._coefficients
         if self._moe:
             weight_bytes += self.model.expert_bytes * self.model.experts_hit(num_tokens)
-        seconds = max((per_token * num_tokens + per_seq * num_seqs + per_pair * attended) / self.peak_flops,
+        num_sampled = num_seqs if is_prefill else num_tokens
+        seconds = max((per_token * num_tokens + per_seq * num_sampled + per_pair * attended) / self.peak_flops,
                       (weight_bytes + kv_bytes_per_token * (context + num_tokens)) / self.bandwidth)
         return self.overhead_ns, round(seconds * 1e9), 0
 

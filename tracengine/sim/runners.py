@@ -8,7 +8,7 @@ import xxhash
 
 from tracengine.engine.config import Config
 from tracengine.errors import RequestError, TracengineError
-from tracengine.trace.events import ListSink
+from tracengine.trace.sinks import ListSink
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.request import Request
 from tracengine.engine.sampling_params import SamplingParams
@@ -47,6 +47,9 @@ class SyntheticRunner:
             self._prefixes, xxhash.xxh64_intdigest, _DECIMALS
         tokens = []
         for seq in seqs:
+            if seq.spec_token_ids:      # a verify step: the model's token at each of its positions
+                tokens.append(self.targets(seq))
+                continue
             position = seq.num_cached_tokens + seq.num_scheduled_tokens
             if eos_at and position == seq.num_tokens and eos_at.get(seq.seq_id) == seq.num_completion_tokens:
                 tokens.append(eos)
@@ -60,6 +63,20 @@ class SyntheticRunner:
             if token == eos:
                 token = (token + 1) % vocab_size
             tokens.append(token)
+        return tokens
+
+    def targets(self, seq) -> list[int]:
+        """The tokens of a sequence that verifies drafts, at positions num_tokens, num_tokens + 1,
+        ...: those it would sample there without drafts, eos where `eos_at` puts it."""
+        eos, vocab_size, digest, prefix = self.eos, self.vocab_size, xxhash.xxh64_intdigest, self._prefix(seq.seq_id)
+        eos_index = self.eos_at.get(seq.seq_id, -1)
+        tokens = []
+        for j in range(len(seq.spec_token_ids) + 1):
+            if seq.num_completion_tokens + j == eos_index:
+                tokens.append(eos)
+                continue
+            token = digest(prefix + _decimal(seq.num_tokens + j)) % vocab_size
+            tokens.append((token + 1) % vocab_size if token == eos else token)
         return tokens
 
     def _prefix(self, seq_id: int) -> bytes:

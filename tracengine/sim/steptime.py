@@ -71,10 +71,14 @@ def step_shape(pairs) -> tuple[int, int, int, int]:
     return num_tokens, num_seqs, context, attended
 
 
-def seqs_shape(seqs, is_prefill: bool = True) -> tuple[int, int, int, int]:
+def seqs_shape(seqs, is_prefill: bool = True, drafts: bool = False) -> tuple[int, int, int, int]:
     """The shape of a scheduled batch of `Sequence`s (before postprocess). A batch the scheduler
-    calls decode (`is_prefill` False) computes one token each, so its shape is two sums."""
+    calls decode (`is_prefill` False) computes one token each, so its shape is two sums; with
+    `drafts` (speculative decoding) a decode computes 1 + its drafts tokens each, scored as any
+    tokens after its context are."""
     num_seqs = len(seqs)
+    if drafts:
+        return step_shape((s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs)
     if not is_prefill or list(map(_NUM_SCHEDULED, seqs)).count(1) == num_seqs:
         context = sum(map(_NUM_CACHED, seqs)) + num_seqs   # each scores its context and itself once
         return num_seqs, num_seqs, context, context
@@ -90,7 +94,7 @@ def holds_decode(seqs) -> bool:
     chunk of a recomputation after a preemption (Dynamo's mocker prices both as decodes); a
     prompt's last chunk, even of one token, is prefill."""
     for seq in seqs:
-        if seq.num_completion_tokens and seq.num_cached_tokens + seq.num_scheduled_tokens == seq.num_tokens:
+        if seq.num_completion_tokens and seq.num_cached_tokens + seq.num_scheduled_tokens >= seq.num_tokens:
             return True
     return False
 

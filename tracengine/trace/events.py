@@ -3,7 +3,7 @@ and the engine as a typed fact. One tagged union, small int tags, array-like
 structs. Tags are listed here (and 17-20, the wire forms of block_runs.py) and never
 reused; new fields are appended with defaults (anything else bumps FORMAT_VERSION in
 tracelog)."""
-from typing import Literal, Protocol, Union
+from typing import Literal, Union
 
 import msgspec
 
@@ -301,9 +301,35 @@ class SpecAccepted(Event, tag=26):
     num_accepted: list[int]
 
 
+# Format 11: speculative decoding (engine/spec_decode.py). Tags 117 and 118: 17 to 20 are the wire
+# forms of block_runs.py, which a decoder reads in one union with these.
+
+class DraftProposed(Event, tag=117):
+    """Draft tokens proposed for a sequence after its step (in that step's frame): its next step
+    verifies them, or as many of them as it schedules (its ScheduledSeq's num_tokens less one)."""
+    step: int
+    seq_id: int
+    num_draft_tokens: int
+    draft_token_ids: list[int] = msgspec.field(default_factory=list)   # empty: synthetic drafts (the target's own)
+
+
+class DraftVerified(Event, tag=118):
+    """A step verified a sequence's drafts: `num_accepted_tokens` of its `num_draft_tokens`
+    were kept; its TokenSamples that follow are those and the model's next token (fewer when
+    it stopped)."""
+    step: int
+    seq_id: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    # the drafts were placeholders, never kept: the mixed policy padded an admitted sequence with one
+    # token to compute to a verify step's tokens, as vLLM does (stats leave them out)
+    padded: bool = False
+
+
 AnyEvent = Union[TraceHeader, RequestAdded, ScheduleDecision, BlockAllocate, BlockAppend, BlockHash,
                  BlockFree, Preempt, TokenSample, SeqFinish, StepEnd, SeqAbort, ReplicaScope, RouteDecision,
-                 KVTransfer, RunEnd, PromptBlocksHashed, SpecDraft, SpecDecode, SpecAccepted]
+                 KVTransfer, RunEnd, PromptBlocksHashed, SpecDraft, SpecDecode, SpecAccepted, DraftProposed,
+                 DraftVerified]
 
 EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in AnyEvent.__args__}
 # Only a fleet's trace holds these (one engine's never does)
@@ -312,6 +338,8 @@ FLEET_EVENT_TYPES = frozenset({"ReplicaScope", "RouteDecision", "KVTransfer"})
 HASH_ID_EVENT_TYPES = frozenset({"PromptBlocksHashed"})
 # Only a trace of vLLM's scheduler holds these (its speculative decoding)
 VLLM_EVENT_TYPES = frozenset({"SpecDraft", "SpecDecode", "SpecAccepted"})
+# Only a run that drafts holds these (speculative decoding)
+SPEC_EVENT_TYPES = frozenset({"DraftProposed", "DraftVerified"})
 
 # Fields a replay does not compare: wall-clock readings.
 WALL_CLOCK_FIELDS = frozenset({"schedule_ns", "model_ns", "postprocess_ns", "created_at", "arrival_ns", "gap_ns"})
@@ -337,37 +365,6 @@ def without_wall_clock(event: Event) -> tuple:
     """What a replay compares: the type and every field but wall-clock ones."""
     return (type(event).__name__,) + tuple(
         getattr(event, name) for name in event.__struct_fields__ if name not in WALL_CLOCK_FIELDS)
-
-
-class EventSink(Protocol):
-    """Where emitters send events. Emitters test `enabled` before building an
-    event, so a disabled sink costs a branch; each event carries its own step."""
-    enabled: bool
-
-    def emit(self, event: Event) -> None: ...
-
-
-class NullSink:
-    """No sink attached: emitters check `enabled` and build nothing."""
-    enabled = False
-
-    def emit(self, event: Event) -> None:
-        pass
-
-
-NULL_SINK = NullSink()
-
-
-class ListSink:
-    """Keeps events in memory: tests, replay and what-if."""
-    enabled = True
-
-    def __init__(self):
-        self.events: list[Event] = []
-        self.emit = self.events.append     # the list's own method: no Python call per event
-
-    def emit(self, event: Event) -> None:
-        self.events.append(event)
 
 
 def iter_steps(events):

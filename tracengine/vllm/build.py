@@ -40,13 +40,17 @@ def apply_overrides(config: dict, overrides: dict) -> dict:
 
 
 def build_scheduler(config: dict, scheduler_cls=None, record: str = "", vllm_options=None, kv_cache_groups=None,
-                    additional_config: dict | None = None, model_options: dict | None = None):
+                    additional_config: dict | None = None, model_options: dict | None = None,
+                    speculative: dict | None = None):
     """vLLM's scheduler for a header's `config`: `scheduler_cls` (a Scheduler subclass), or
     the recording class of the recorded kind, recording to `record` if given as vLLM's
     engine core would have it (else not until `record_to`; $TRACENGINE_RECORD is not read).
     `vllm_options(model_config)`: more VllmConfig fields (a test's features, which a header does
     not rebuild); `kv_cache_groups(spec)`: the KV cache's groups in place of the one `spec`;
-    `additional_config`: more of "tracengine"'s options; `model_options`: more ModelConfig fields. Raises ConfigError for a value vLLM refuses."""
+    `additional_config`: more of "tracengine"'s options; `model_options`: more ModelConfig fields;
+    `speculative`: a SpeculativeConfig's fields (method, num_speculative_tokens, ...), for the
+    comparison of speculative decoding with tracengine's (compare.py). Raises ConfigError for a
+    value vLLM refuses."""
     import torch
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -74,6 +78,10 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = "", vllm_opt
             options = vllm_options(model_config) if vllm_options is not None else {}
             if config.get("speculative_method"):
                 options["speculative_config"] = speculative_config(config, model_config)
+            if speculative:
+                from vllm.config import ParallelConfig, SpeculativeConfig
+                options["speculative_config"] = SpeculativeConfig(
+                    **speculative, target_model_config=model_config, target_parallel_config=ParallelConfig())
             if config.get("max_loras"):
                 from vllm.config import LoRAConfig
                 options["lora_config"] = LoRAConfig(**{name: config[name] for name in LORA_FIELDS})

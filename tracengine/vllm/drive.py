@@ -248,7 +248,7 @@ def recorded_token(spec: RequestSpec, position: int, past_output: set | None) ->
 def record_workload(config: dict, specs: list[RequestSpec], **drive) -> list:
     """The events (header first) of `specs` through vLLM's recording scheduler for `config` (a
     header's, build.default_config's), driven by `run` (`drive`: its aborts and in_step_aborts)."""
-    from tracengine.trace.events import ListSink
+    from tracengine.trace.sinks import ListSink
     from tracengine.vllm.build import build_scheduler
     from tracengine.vllm.header import trace_header
     scheduler = build_scheduler(config)

@@ -31,7 +31,7 @@ import os
 import time
 
 from tracengine.errors import ConfigError
-from tracengine.trace.events import NULL_SINK
+from tracengine.trace.sinks import NULL_SINK
 from tracengine.vllm.features import refuse_unrecorded, request_features
 from tracengine.vllm.spec import spec_accepted, spec_decode, spec_drafts
 from tracengine.vllm.step_recorder import StepRecorder

@@ -19,7 +19,8 @@ import msgspec
 
 from tracengine.errors import TraceError
 from tracengine.sim.steptime import step_shape
-from tracengine.trace.events import ListSink, ScheduleDecision, prefill_flags
+from tracengine.trace.events import ScheduleDecision, prefill_flags
+from tracengine.trace.sinks import ListSink
 from tracengine.vllm.drive import Driver, batch_queue_size, check_progress, model_output, sampling_req_ids
 
 

@@ -72,7 +72,7 @@ def extract_workload(events) -> VllmWorkload:
 
 def run_workload(workload: VllmWorkload, config: dict, past_output: set | None = None) -> list:
     """The workload through vLLM's scheduler under `config` (a header's): the new trace's events."""
-    from tracengine.trace.events import ListSink
+    from tracengine.trace.sinks import ListSink
     from tracengine.vllm.build import build_scheduler
     from tracengine.vllm.header import trace_header
     from tracengine.vllm.drive import run
