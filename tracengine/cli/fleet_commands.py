@@ -39,8 +39,7 @@ def add_fleet_arguments(p, what_if: bool = False):
                    help=f"prefix_aware: weight of the blocks to prefill ({default} 1)")
     g.add_argument("--load-weight", type=float, metavar="X",
                    help=f"prefix_aware: weight of the KV blocks in use ({default} 1)")
-    g.add_argument("--kv-bytes-per-token", type=int, metavar="N",
-                   help="K and V bytes of one token, all layers (default: the --roofline model's)")
+    # --kv-bytes-per-token is the engine config's flag (a CPU tier's too), which a fleet's transfers also read
     g.add_argument("--kv-transfer-gbps", type=float, metavar="X",
                    help=f"KV transfer bandwidth in GB/s (gigabytes; {default} 0: no bandwidth cost)")
     g.add_argument("--kv-transfer-latency-ms", type=float, metavar="X",
@@ -68,7 +67,7 @@ def check_fleet_flags_of_one_engine(args):
     `--replicas 1` with any of them is one engine by choice (docs/cluster.md)."""
     from tracengine.fleet.overrides import SHAPE_FIELDS, SPEC_FIELDS
     changes = fleet_changes(args)
-    given = [f"--{name.replace('_', '-')}" for name in changes if name in SPEC_FIELDS]
+    given = [f"--{name.replace('_', '-')}" for name in changes if name in SPEC_FIELDS and name != "kv_bytes_per_token"]
     if given and not any(name in changes for name in SHAPE_FIELDS):
         raise TracengineError(f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with a fleet: give "
                               "--replicas N (or --prefill-replicas P --decode-replicas D); without it the run is "

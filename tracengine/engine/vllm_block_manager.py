@@ -111,11 +111,13 @@ class VllmBlockManager(BlockManager):
         self.prefix_cache = VllmPrefixCache(num_blocks, block_size)
         self.pool = VllmBlockPool(num_blocks, self.prefix_cache.hashes)
 
-    def allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int | None = None):
+    def allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int | None = None,
+                 delay_cache_blocks: bool = False):
         """Admission: the `hits` (its `cached_block_ids`, asked in this step with nothing
         allocated or freed since), and slots for the first `num_new_tokens` past the computed
         ones (None: all of them, as a KV transfer installs a prompt, fleet/engine.py); the caller
-        checked with `num_blocks_needed` that the whole sequence fits."""
+        checked with `num_blocks_needed` that the whole sequence fits. `delay_cache_blocks`: the
+        slots are for blocks a load fills (the CPU tier's), registered when it has ended."""
         assert not seq.block_table
         num_cached_blocks = len(hits)
         self.pool.touch(hits)
@@ -128,7 +130,7 @@ class VllmBlockManager(BlockManager):
         self.num_hit_blocks += num_cached_blocks
         if self.sink.enabled:
             self.sink.emit(BlockAllocate(self.step, seq.seq_id, list(seq.block_table), num_cached_blocks))
-        if num_slots // self.block_size > num_cached_blocks:      # the first chunk fills blocks
+        if num_slots // self.block_size > num_cached_blocks and not delay_cache_blocks:   # the chunk fills blocks
             self.cache_blocks(seq, num_cached_blocks, num_slots // self.block_size)
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:

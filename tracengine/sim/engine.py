@@ -45,12 +45,18 @@ class SimulatedEngine(LLMEngine):
         """schedule -> run -> postprocess -> StepEnd, as LLMEngine.step, timed by the model."""
         scheduler = self.scheduler
         scheduler.begin_step(self.num_steps)
+        tier = scheduler.block_manager.cpu_tier
+        if tier is not None:
+            tier.begin_step(self.num_steps, self.now_ns)
         seqs, is_prefill = scheduler.schedule()
         shape = seqs_shape(seqs, is_prefill)
         self.num_batched_tokens = shape[0]
         token_ids = self.runner.run(seqs, is_prefill)
-        schedule_ns, model_ns, postprocess_ns = self.step_time.predict(
-            is_prefill, *shape, mixed=is_prefill and holds_decode(seqs))
+        if seqs:
+            schedule_ns, model_ns, postprocess_ns = self.step_time.predict(
+                is_prefill, *shape, mixed=is_prefill and holds_decode(seqs))
+        else:      # every sequence waits for a CPU tier's transfer: no forward pass
+            schedule_ns = model_ns = postprocess_ns = 0
         finished = scheduler.postprocess(seqs, token_ids, is_prefill)
         if self.sink.enabled:
             self.sink.emit(StepEnd(self.num_steps, scheduler.block_manager.num_free_blocks, schedule_ns,
@@ -100,6 +106,7 @@ def run_timed(config: Config, requests, step_time, runner=None, sink=None,
     gap_ns, wake_ns = step_time.gap_ns, step_time.wake_ns
     index, request = take()      # the next to arrive (None: no more)
     num_finished = 0
+    waits = False                # the last step scheduled nothing (a CPU tier's transfers)
     while True:
         idle = engine.is_finished()
         if idle and request is None:
@@ -107,6 +114,8 @@ def run_timed(config: Config, requests, step_time, runner=None, sink=None,
         start = engine.now_ns + gap_ns if engine.num_steps else max(gap_ns, first_step_ns)
         if idle:    # the engine sleeps until the next arrival, and wakes late
             start = max(start, request.arrival_ns + wake_ns)
+        elif waits:   # the last step ran nothing: the next starts when a transfer ends, or a request arrives
+            start = max(start, transfer_wait_ns(engine, request))
         engine.now_ns = start
         while request is not None and request.arrival_ns <= start:
             engine.add_request(request.prompt, sampling_params_of(request),
@@ -119,7 +128,8 @@ def run_timed(config: Config, requests, step_time, runner=None, sink=None,
                 index, request = sessions.end(aborted, (index, request))
             if engine.is_finished():
                 continue
-        finished = engine.step()[1]
+        scheduled, finished, _ = engine.step()
+        waits = not scheduled
         num_finished += len(finished)
         if sessions is not None and finished:      # the turns they release: sent after their think time
             index, request = sessions.release(finished, engine.now_ns, (index, request))
@@ -133,6 +143,18 @@ def run_timed(config: Config, requests, step_time, runner=None, sink=None,
     return [head] if sink is not None else [head, *events_sink.events]
 
 
+def transfer_wait_ns(engine, request) -> int:
+    """When a step that follows one that ran nothing starts: when the CPU tier's next transfer
+    ends, or when the next request arrives if that is sooner."""
+    done = engine.scheduler.block_manager.cpu_tier.next_done_ns()
+    arrival = request.arrival_ns if request is not None else None
+    times = [t for t in (done, arrival) if t is not None]
+    if not times:
+        raise TracengineError(f"the simulation is stuck at step {engine.num_steps}: no sequence can run and no "
+                              "transfer is in flight (the sequences set aside to load hold the KV blocks)")
+    return min(times)
+
+
 def simulate_config(overrides: dict, requests: list[Request]) -> Config:
     """A simulated engine's config: defaults, then `overrides`. max_model_len defaults to the
     longest request, as no model bounds it; the KV cache has no runner to size it."""
@@ -142,6 +164,15 @@ def simulate_config(overrides: dict, requests: list[Request]) -> Config:
     if "max_model_len" not in values:
         values["max_model_len"] = max(len(r.prompt) + r.num_history_tokens + r.max_tokens for r in requests)
     return Config().replace(**values)
+
+
+def with_kv_bytes(config: Config, step_time) -> Config:
+    """`config` with the KV bytes of a token of the roofline model `step_time` times, where a CPU
+    tier needs them and none are given (as a fleet's transfers take them, fleet/overrides.py)."""
+    model = getattr(step_time, "model", None) if getattr(step_time, "kind", "") == "roofline" else None
+    if not config.kv_offloading_size or config.kv_bytes_per_token or model is None:
+        return config
+    return config.replace(kv_bytes_per_token=model.kv_bytes_per_token)
 
 
 def simulation_header(config: Config, step_time) -> TraceHeader:

@@ -279,15 +279,55 @@ class PromptBlocksHashed(Event, tag=16):
     hash_id_block_tokens: int
 
 
+# Format 11: the CPU tier of KV offloading (engine/cpu_tier.py, vLLM's OffloadingConnector with its
+# CPU manager). A block there is known by its hash; a block is stored once, asynchronously.
+
+class CpuStore(Event, tag=21):
+    """Full prompt blocks of a sequence, computed on the GPU, offered to the CPU tier and taken:
+    the copy to the host starts at the next step's start and shares the GPU-to-CPU link. The
+    blocks are in the tier from now on (found by a lookup once their copy has ended); the ones
+    `evicted` (least recently used first) left it to make room. (Tag 20 is a wire form's,
+    block_runs.py: an eviction happens only here, so it is this event's field.)"""
+    step: int
+    seq_id: int
+    first_block: int         # index of the first stored block in the sequence's blocks
+    hashes: list[int]        # the blocks stored (those the tier already held are not stored again)
+    evicted: list[int] = msgspec.field(default_factory=list)
+
+
+class CpuLoad(Event, tag=22):
+    """A sequence's load from the CPU tier has ended: the blocks it loaded are registered in the
+    GPU's prefix cache and it is scheduled from now on, `num_cached_tokens` computed."""
+    step: int
+    seq_id: int
+    num_blocks: int          # blocks loaded
+    num_cached_tokens: int   # tokens computed when it is scheduled (GPU hits and loaded, at most all but one)
+
+
+class CpuHit(Event, tag=23):
+    """A waiting sequence found leading blocks in the CPU tier past its GPU prefix-cache hits: it
+    holds GPU blocks for both (its BlockAllocate) and waits while they load over the CPU-to-GPU
+    link, which the load has from `start_ns` to `done_ns` (ns from the start of the run)."""
+    step: int
+    seq_id: int
+    first_block: int         # the first block loaded (its GPU prefix-cache hits come before)
+    hashes: list[int]        # the blocks loaded, in order
+    start_ns: int = 0
+    done_ns: int = 0
+
+
 AnyEvent = Union[TraceHeader, RequestAdded, ScheduleDecision, BlockAllocate, BlockAppend, BlockHash,
                  BlockFree, Preempt, TokenSample, SeqFinish, StepEnd, SeqAbort, ReplicaScope, RouteDecision,
-                 KVTransfer, RunEnd, PromptBlocksHashed]
+                 KVTransfer, RunEnd, PromptBlocksHashed, CpuStore, CpuLoad, CpuHit]
 
 EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in AnyEvent.__args__}
 # Only a fleet's trace holds these (one engine's never does)
 FLEET_EVENT_TYPES = frozenset({"ReplicaScope", "RouteDecision", "KVTransfer"})
 # Only a trace of prompts known by their hash ids holds these (a token prompt's blocks are a BlockHash each)
 HASH_ID_EVENT_TYPES = frozenset({"PromptBlocksHashed"})
+
+# Only a trace of a run with a CPU tier holds these
+CPU_TIER_EVENT_TYPES = frozenset({"CpuStore", "CpuLoad", "CpuHit"})
 
 # Fields a replay does not compare: wall-clock readings.
 WALL_CLOCK_FIELDS = frozenset({"schedule_ns", "model_ns", "postprocess_ns", "created_at", "arrival_ns", "gap_ns"})

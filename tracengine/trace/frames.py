@@ -92,7 +92,7 @@ import xxhash
 from tracengine.trace.dictionary import DICTIONARY
 from tracengine.trace.events import BlockFree, RequestAdded, RunEnd, SeqAbort, StepEnd
 
-FORMAT_VERSION = 10
+FORMAT_VERSION = 11
 # 2 appended arrival_ns, top_k, top_p, seed to RequestAdded and gap_ns to StepEnd; 3 checks each frame head;
 # 4 adds RequestAdded's hash-id prompt fields, a fleet's events (ReplicaScope, RouteDecision, KVTransfer)
 # and TraceHeader.fleet (docs/cluster.md); 5 appends the engine and what vLLM's scheduler records;
@@ -100,8 +100,9 @@ FORMAT_VERSION = 10
 # prompt's full blocks as one PromptBlocksHashed, whose hashes a reader recomputes, not a BlockHash each
 # 8 writes a between-steps frame before its step's frame where the writer is flushed; 9 writes block id
 # lists as runs (block_runs.py: new tags for the wire forms of the events that hold them); 10 appends
-# RequestAdded's session fields (workload/sessions.py)
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+# RequestAdded's session fields (workload/sessions.py); 11 adds the CPU tier's events (CpuStore with its evictions,
+# CpuLoad, CpuHit: engine/cpu_tier.py)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
 RUN_END_SINCE = 6                      # the first version whose end frame may hold a RunEnd
 BETWEEN_STEPS_FRAMES_SINCE = 8         # the first version whose between-steps frames may come before their step's
 MAGIC = b"TRCE"
