@@ -194,6 +194,7 @@ JSON_KEYS = {
     "head_of_line": {"num_blocked_steps", "num_blocked_prefill_steps", "num_blocked_decode_steps",
                      "num_blocked_requests"},
     "sessions": None,
+    "cpu_tier": None,
     "per_request": None,
 }
 REQUEST_KEYS = {"seq_id", "added_step", "arrival_s", "first_scheduled_step", "first_token_step", "finish_step",

@@ -17,6 +17,7 @@ from itertools import repeat
 
 import msgspec
 
+from tracengine.analysis.cpu_tier import FOLD as CPU_TIER_FOLD
 from tracengine.errors import TraceError
 from tracengine.trace.events import (BlockAllocate, block_pool_config, Preempt, RequestAdded,
                                      ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample, TraceHeader,
@@ -118,6 +119,7 @@ class RequestTimeline:
         self.num_allocated_blocks = 0   # over all BlockAllocates (first allocations and after preemptions)
         self.num_hit_blocks = 0         # their leading blocks found in the prefix cache
         self.num_lookup_tokens = 0      # tokens of the sequences at their (re)allocations
+        self.cpu = None                 # the CPU tier's record, from its first event (analysis/cpu_tier.py)
         self.torn_tail: str | None = None   # what the reader reported about an incomplete last frame
         self.step_figures = StepFigures()
         self._decision: ScheduleDecision | None = None
@@ -305,7 +307,8 @@ class RequestTimeline:
 FOLD = {TraceHeader: RequestTimeline._header_read, RequestAdded: RequestTimeline._request_added,
         ScheduleDecision: RequestTimeline._decision_made, BlockAllocate: RequestTimeline._allocated,
         Preempt: RequestTimeline._preempted, TokenSample: RequestTimeline._token_sampled,
-        SeqFinish: RequestTimeline._finished, SeqAbort: RequestTimeline._aborted, StepEnd: RequestTimeline._step_ended}
+        SeqFinish: RequestTimeline._finished, SeqAbort: RequestTimeline._aborted, StepEnd: RequestTimeline._step_ended,
+        **CPU_TIER_FOLD}
 
 
 def fold(events) -> RequestTimeline:
