@@ -68,7 +68,7 @@ class MixedScheduler(Scheduler):
             self.block_manager = VllmBlockManager(config.num_kvcache_blocks, config.kvcache_block_size, sink,
                                                   config.enable_prefix_caching)
         if config.kv_offloading_size:
-            self.block_manager.cpu_tier = make_cpu_tier(config, self.allocate_per_chunk, sink)
+            self.block_manager.cpu_tier = make_cpu_tier(config, sink)
 
     def schedule(self) -> tuple[list[Sequence], bool]:
         self.order_waiting()
@@ -174,10 +174,9 @@ class MixedScheduler(Scheduler):
         scheduled_seqs.append(seq)
 
 
-def make_cpu_tier(config: Config, vllm_rules: bool, sink: EventSink) -> CpuTier:
-    """The CPU tier `config` asks for: vLLM's rules only, and the bytes of a token known."""
-    if not vllm_rules:
-        raise ConfigError("kv_offloading_size needs vLLM's block rules (the mixed policy, block_rules vllm)")
+def make_cpu_tier(config: Config, sink: EventSink) -> CpuTier:
+    """The CPU tier `config` asks for: under vLLM's rules only (block_rules checks it), and the
+    bytes of a token known."""
     if not config.kv_bytes_per_token:
         raise ConfigError("kv_offloading_size needs kv_bytes_per_token (or a --roofline model, which gives it)")
     return CpuTier(config.num_cpu_blocks, config.kvcache_block_size,
@@ -193,11 +192,12 @@ def block_rules(policy: type[Scheduler], config: Config) -> str:
     policy's own (vLLM's for `mixed` and its subclasses, nano-vllm's for the rest). vLLM's
     allocate per chunk, which only a MixedScheduler schedules."""
     is_mixed = issubclass(policy, MixedScheduler)
-    if config.block_rules == "auto":
-        return "vllm" if is_mixed else "nano-vllm"
-    if config.block_rules == "vllm" and not is_mixed:
+    rules = ("vllm" if is_mixed else "nano-vllm") if config.block_rules == "auto" else config.block_rules
+    if rules == "vllm" and not is_mixed:
         raise ConfigError(f"block_rules=vllm needs the mixed policy (a MixedScheduler), not {policy_path(policy)}")
-    return config.block_rules
+    if config.kv_offloading_size and rules != "vllm":
+        raise ConfigError("kv_offloading_size needs vLLM's block rules (the mixed policy, block_rules vllm)")
+    return rules
 
 
 def policy_path(policy: type) -> str:

@@ -330,7 +330,8 @@ HASH_ID_EVENT_TYPES = frozenset({"PromptBlocksHashed"})
 CPU_TIER_EVENT_TYPES = frozenset({"CpuStore", "CpuLoad", "CpuHit"})
 
 # Fields a replay does not compare: wall-clock readings.
-WALL_CLOCK_FIELDS = frozenset({"schedule_ns", "model_ns", "postprocess_ns", "created_at", "arrival_ns", "gap_ns"})
+WALL_CLOCK_FIELDS = frozenset({"schedule_ns", "model_ns", "postprocess_ns", "created_at", "arrival_ns", "gap_ns",
+                               "start_ns", "done_ns"})
 
 
 def to_builtins(event: Event) -> dict:
