@@ -40,14 +40,23 @@ from tracengine.trace.events import NULL_SINK, CpuHit, CpuLoad, CpuStore, EventS
 PENDING = -1     # a block's reference count while its copy to the tier is in flight
 
 
+POSITIONS = 1 << 40     # a rank (a, -position) is the int a * POSITIONS - position: one compare a step
+KEY_BITS = 64           # a heap entry is rank << KEY_BITS | key (a block hash: 64 bits), an int
+KEY_MASK = (1 << KEY_BITS) - 1
+
+
 class LruPolicy:
     """vLLM's LRUCachePolicy: the blocks' ranks, and the readable blocks no transfer reads (the
-    evictable ones) in a heap whose stale entries are skipped. Ranks are (int, int) pairs."""
+    evictable ones), least ranked first, through a heap. Ranks only grow, so the heap keeps one
+    entry a block, ranked when it was pushed (at most the block's rank now): an entry that
+    reaches the top with an older rank is pushed again with the current one, and the first
+    current one is the least ranked block. vLLM ranks (int, int) pairs; here each pair is one int."""
 
     def __init__(self):
-        self.ranks: dict[int, tuple[int, int]] = {}
+        self.ranks: dict[int, int] = {}
         self.evictable: set[int] = set()
-        self.heap: list[tuple[tuple[int, int], int]] = []
+        self.heap: list[int] = []
+        self.pushed: dict[int, int] = {}     # key -> the rank of its entry in the heap
         self.next_rank = 0
         self.request_ranks: dict[int, int] = {}     # seq_id -> its rank, given when first needed
 
@@ -58,34 +67,38 @@ class LruPolicy:
             rank = self.request_ranks[seq_id] = self.next_rank
         return rank
 
-    def insert(self, key: int, seq_id: int, position: int):
-        self.ranks[key] = (self.request_rank(seq_id), -position)
+    def insert_n(self, keys: list[int], seq_id: int, positions: dict[int, int]):
+        """New blocks a request stores, at their `positions` (key -> position)."""
+        base, ranks = self.request_rank(seq_id) * POSITIONS, self.ranks
+        for key in keys:
+            ranks[key] = base - positions[key]
 
     def access(self, keys: list[tuple[int, int]], seq_id: int):
         """A request's first use of `keys` ((key, position) pairs): ranked no lower than (its
         rank, minus the position)."""
-        rank_of = self.request_rank(seq_id)      # given now even when no key is held yet
+        base = self.request_rank(seq_id) * POSITIONS      # given now even when no key is held yet
+        ranks = self.ranks
         for key, position in keys:
-            rank = (rank_of, -position)
-            current = self.ranks.get(key)
-            if current is not None and current < rank:
-                self.ranks[key] = rank
-                if key in self.evictable:
-                    heapq.heappush(self.heap, (rank, key))
+            current = ranks.get(key)
+            if current is not None and current < base - position:
+                ranks[key] = base - position
 
     def finish(self, keys_head_first: list[int], seq_id: int):
         """The request finished: its blocks the tier holds ranked anew, tail first, head last."""
         self.request_ranks.pop(seq_id, None)
+        ranks = self.ranks
         for key in reversed(keys_head_first):
-            if key in self.ranks:
+            if key in ranks:
                 self.next_rank += 1
-                self.ranks[key] = rank = (self.next_rank, 0)
-                if key in self.evictable:
-                    heapq.heappush(self.heap, (rank, key))
+                ranks[key] = self.next_rank * POSITIONS
 
-    def mark_evictable(self, key: int):
-        self.evictable.add(key)
-        heapq.heappush(self.heap, (self.ranks[key], key))
+    def mark_evictable_n(self, keys):
+        self.evictable.update(keys)
+        heap, ranks, pushed = self.heap, self.ranks, self.pushed
+        for key in keys:
+            if key not in pushed:
+                rank = pushed[key] = ranks[key]
+                heapq.heappush(heap, rank << KEY_BITS | key)
 
     def mark_non_evictable(self, key: int):
         self.evictable.discard(key)
@@ -93,27 +106,38 @@ class LruPolicy:
     def evict(self, n: int, protected: set[int]) -> list[int] | None:
         """The n least ranked evictable blocks not in `protected`, taken out; None (nothing
         changed) when there are fewer."""
-        heap, ranks, evictable = self.heap, self.ranks, self.evictable
+        heap, ranks, evictable, pushed = self.heap, self.ranks, self.evictable, self.pushed
+        heappop, heappush = heapq.heappop, heapq.heappush
         selected, deferred, taken = [], [], set()
         while heap and len(selected) < n:
-            rank, key = heapq.heappop(heap)
-            if key not in evictable or ranks.get(key) != rank or key in taken:
+            entry = heappop(heap)
+            rank, key = entry >> KEY_BITS, entry & KEY_MASK
+            if pushed.get(key) != rank or key in taken:
+                continue                      # an entry of a block evicted before, or one taken
+            if key not in evictable:
+                del pushed[key]               # read by a load: pushed again when it is evictable
+                continue
+            current = ranks[key]
+            if current != rank:
+                pushed[key] = current         # used since it was pushed
+                heappush(heap, current << KEY_BITS | key)
                 continue
             taken.add(key)
-            (deferred if key in protected else selected).append(key)
+            (deferred if key in protected else selected).append(entry)
+        for entry in deferred:
+            heappush(heap, entry)
         if len(selected) < n:
-            for key in selected + deferred:
-                heapq.heappush(heap, (ranks[key], key))
+            for entry in selected:
+                heappush(heap, entry)
             return None
-        for key in deferred:
-            heapq.heappush(heap, (ranks[key], key))
-        for key in selected:
+        keys = [entry & KEY_MASK for entry in selected]
+        for key in keys:
             evictable.remove(key)
-            del ranks[key]
-        if len(heap) > max(64, 4 * len(evictable)):     # drop the stale entries
-            self.heap = [(ranks[key], key) for key in evictable]
+            del ranks[key], pushed[key]
+        if len(heap) > 64 + 2 * len(pushed):     # drop the entries of evicted blocks
+            self.heap = [rank << KEY_BITS | key for key, rank in pushed.items()]
             heapq.heapify(self.heap)
-        return selected
+        return keys
 
 
 class CpuTier:
@@ -174,18 +198,17 @@ class CpuTier:
 
     def _complete(self, is_store: bool, seq_id: int, keys: list[int]):
         ref_counts, policy = self.ref_counts, self.policy
-        for key in keys:
-            count = ref_counts.get(key)
-            if is_store:
-                if count == PENDING:
-                    ref_counts[key] = 0
-                    self.num_evictable += 1
-                    policy.mark_evictable(key)
-            else:
+        if is_store:       # a block being written is never evicted: each of `keys` is still here
+            ref_counts.update(dict.fromkeys(keys, 0))
+            self.num_evictable += len(keys)
+            policy.mark_evictable_n(keys)
+        else:
+            for key in keys:
+                count = ref_counts[key]
                 ref_counts[key] = count - 1
                 if count == 1:
                     self.num_evictable += 1
-                    policy.mark_evictable(key)
+                    policy.mark_evictable_n((key,))
         if self.in_flight[seq_id] == 1:
             del self.in_flight[seq_id]
         else:
@@ -277,9 +300,10 @@ class CpuTier:
         blocks it stores and those it finds readable are its use of them, even when it fails."""
         keys = seq.block_hashes[start:end]
         ref_counts, size = self.ref_counts, self.block_size
-        new = [key for key in keys if key not in ref_counts]
-        self._access(seq.seq_id, [(key, (start + i + 1) * size) for i, key in enumerate(keys)
-                                  if ref_counts.get(key, 0) != PENDING])
+        counts = list(map(ref_counts.get, keys))
+        new = [key for key, count in zip(keys, counts) if count is None]
+        self._access(seq.seq_id, [(key, (start + i + 1) * size) for i, (key, count) in enumerate(zip(keys, counts))
+                                  if count != PENDING])
         if not new:
             return True
         num_to_evict = len(new) - (self.num_blocks - len(ref_counts))
@@ -293,10 +317,9 @@ class CpuTier:
                 del ref_counts[key]
         else:
             evicted = []
-        seen, seq_id = self.seen[seq.seq_id], seq.seq_id
-        for key in new:
-            ref_counts[key] = PENDING
-            self.policy.insert(key, seq_id, seen[key])
+        seq_id = seq.seq_id
+        ref_counts.update(dict.fromkeys(new, PENDING))
+        self.policy.insert_n(new, seq_id, self.seen[seq_id])
         self.queued_stores.append((seq_id, new))
         self.in_flight[seq_id] = self.in_flight.get(seq_id, 0) + 1
         self.num_stored_blocks += len(new)
