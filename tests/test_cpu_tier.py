@@ -169,7 +169,26 @@ def test_a_block_being_written_makes_a_lookup_wait_and_a_store_that_cannot_evict
     assert tier.next_offered[0] == 2 and not tier.queued_stores
     tier.begin_step(3, 20_000)                         # the load has ended (at 9,192 + 8,192)
     tier.offer_stores([a])                             # offered again: it evicts the least recent
-    assert tier.next_offered[0] == 3 and tier.queued_stores == [(0, [a.block_hashes[2]])]
+    assert tier.next_offered[0] == 3 and tier.queued_stores == [(0, [a.block_hashes[2]], [2])]   # its GPU block 2
+
+
+def test_a_step_that_reuses_a_gpu_block_still_being_stored_waits_for_the_store():
+    tier = CpuTier(8, 4, 4096, 1.0)                    # a block in 4,096 ns
+    a = make_seq(0, list(range(1, 13)), 12)            # GPU blocks 0, 1, 2
+    tier.offer_stores([a])
+    tier.begin_step(1, 1_000)                          # the copy runs from 1,000 to 13,288
+    tier.reuse([7])                                    # a block no store reads: no wait
+    assert tier.flush_wait_ns() == 0
+    tier.reuse([1])                                    # a's second block handed out again
+    assert tier.flush_wait_ns() == 13_288 - 1_000
+    tier.begin_step(2, 20_000)
+    tier.reuse([2])                                    # its store has ended
+    assert tier.flush_wait_ns() == 0
+    b = make_seq(1, list(range(30, 38)), 8)
+    tier.offer_stores([b])
+    tier.begin_step(3, 30_000)
+    tier.preempted(1)                                  # a preempted sequence's stores are waited for
+    assert tier.flush_wait_ns() == 2 * 4_096
 
 
 def test_loads_share_their_link_in_simulated_time():
@@ -209,10 +228,10 @@ def simulated(config: Config, requests=None):
 
 
 def test_a_load_takes_its_bytes_over_the_bandwidth_and_its_request_waits_for_it():
-    config = tier_config(16, gbps=0.001, num_kvcache_blocks=8)     # 4,096 bytes at 1 MB/s: 4.096 ms a block
+    config = tier_config(32, gbps=0.01, num_kvcache_blocks=8)     # 4,096 bytes at 10 MB/s: 409.6 us a block
     events = simulated(config)
     hits = [e for e in events if type(e) is CpuHit]
-    assert hits and all(e.done_ns - e.start_ns >= len(e.hashes) * 4_096_000 for e in hits)
+    assert hits and all(e.done_ns - e.start_ns == len(e.hashes) * 409_600 for e in hits)
     starts, t = {}, 0
     for e in events:
         if type(e) is StepEnd:
@@ -225,7 +244,7 @@ def test_a_load_takes_its_bytes_over_the_bandwidth_and_its_request_waits_for_it(
 
 
 def test_a_tier_run_replays_checks_folds_and_reports_its_hits(tmp_path, capsys):
-    config = tier_config(16, gbps=0.01, num_kvcache_blocks=8)
+    config = tier_config(32, gbps=0.01, num_kvcache_blocks=8)
     events = simulated(config)
     path = tmp_path / "tier.trace"
     write_trace(path, events)
@@ -235,7 +254,7 @@ def test_a_tier_run_replays_checks_folds_and_reports_its_hits(tmp_path, capsys):
     last = fold.state_at(fold.num_steps - 1)
     stored = {h for e in events if type(e) is CpuStore for h in e.hashes}
     evicted = {h for e in events if type(e) is CpuStore for h in e.evicted}
-    assert last.cpu.num_blocks == len(last.cpu.block_hashes) <= 16
+    assert last.cpu.num_blocks == len(last.cpu.block_hashes) <= 32
     assert set(last.cpu.block_hashes) <= stored and len(stored) - len(evicted) <= last.cpu.num_blocks
     capsys.readouterr()
     assert main(["stats", str(path), "--json"]) == 0
@@ -250,14 +269,14 @@ def test_a_tier_run_replays_checks_folds_and_reports_its_hits(tmp_path, capsys):
 
 
 def test_the_what_if_that_adds_the_tier_is_the_simulation_with_it(tmp_path, capsys):
-    without = simulated(tier_config(16, gbps=0.01, num_kvcache_blocks=8).replace(kv_offloading_size=0.0))
-    with_tier = simulated(tier_config(16, gbps=0.01, num_kvcache_blocks=8))
+    without = simulated(tier_config(32, gbps=0.01, num_kvcache_blocks=8).replace(kv_offloading_size=0.0))
+    with_tier = simulated(tier_config(32, gbps=0.01, num_kvcache_blocks=8))
     recorded, simulated_path, whatif = tmp_path / "no_tier.trace", tmp_path / "tier.trace", tmp_path / "w.trace"
     write_trace(recorded, without)
     write_trace(simulated_path, with_tier)
     steps = tmp_path / "steps.json"
     steps.write_text(__import__("json").dumps(STEP_TIME.to_dict()))
-    assert main(["replay", str(recorded), "--set", f"kv_offloading_size={tier_gib(16)}", "--set",
+    assert main(["replay", str(recorded), "--set", f"kv_offloading_size={tier_gib(32)}", "--set",
                  "kv_offloading_bandwidth_gbps=0.01", "--step-time", str(steps), "--record", str(whatif)]) == 0
     capsys.readouterr()
     assert main(["diff", str(whatif), str(simulated_path)]) == 0

@@ -157,7 +157,10 @@ class CpuTier:
         self.policy = LruPolicy()
         self.num_evictable = 0
         self.d2h_free_ns = self.h2d_free_ns = 0    # when each direction's link is next free
-        self.queued_stores: list[tuple[int, list[int]]] = []           # (seq_id, keys): start next step
+        self.queued_stores: list[tuple[int, list[int], list[int]]] = []   # (seq_id, keys, GPU blocks): next step
+        self.fenced: dict[int, int] = {}         # GPU block -> when the store copying it ends
+        self.store_done: dict[int, int] = {}     # seq_id -> when its last store started ends
+        self.flush_until_ns = 0                  # the step's forward pass waits for stores until then
         self.transfers: list[tuple[int, int, bool, int, list[int]]] = []   # heap: (done_ns, id, is_store, seq_id, keys)
         self.num_transfers = 0
         self.in_flight: dict[int, int] = {}      # seq_id -> its transfers in flight
@@ -182,11 +185,34 @@ class CpuTier:
         while transfers and transfers[0][0] <= now_ns:
             _, _, is_store, seq_id, keys = heapq.heappop(transfers)
             self._complete(is_store, seq_id, keys)
-        for seq_id, keys in self.queued_stores:
+        self.flush_until_ns = 0
+        fenced, store_done = self.fenced, self.store_done
+        for seq_id, keys, block_ids in self.queued_stores:
             start = max(self.d2h_free_ns, now_ns)
             self.d2h_free_ns = done = start + self.duration_ns(len(keys))
             self._start(done, True, seq_id, keys)
+            fenced.update(dict.fromkeys(block_ids, done))
+            store_done[seq_id] = done
         self.queued_stores = []
+
+    def reuse(self, block_ids: list[int]):
+        """GPU blocks handed out again this step: a store still copying one of them is waited
+        for before the step's forward pass (vLLM's jobs_to_flush)."""
+        fenced = self.fenced
+        for block_id in block_ids:
+            done = fenced.pop(block_id, 0)
+            if done > self.flush_until_ns:
+                self.flush_until_ns = done
+
+    def preempted(self, seq_id: int):
+        """A preempted sequence's stores in flight are waited for before the step's forward pass."""
+        done = self.store_done.get(seq_id, 0)
+        if done > self.flush_until_ns:
+            self.flush_until_ns = done
+
+    def flush_wait_ns(self) -> int:
+        """How long the step's forward pass waits for the stores it flushes."""
+        return max(0, self.flush_until_ns - self.now_ns)
 
     def next_done_ns(self) -> int | None:
         """When the next transfer in flight ends (None: none is)."""
@@ -290,6 +316,7 @@ class CpuTier:
                 if end > start and self._store(seq, start, end):
                     self.next_offered[seq.seq_id] = end
         for seq_id in self.finished:
+            self.store_done.pop(seq_id, None)
             seen = self.seen.pop(seq_id, {})
             self.policy.finish(sorted(seen, key=seen.__getitem__), seq_id)
             self.next_offered.pop(seq_id, None)
@@ -320,7 +347,8 @@ class CpuTier:
         seq_id = seq.seq_id
         ref_counts.update(dict.fromkeys(new, PENDING))
         self.policy.insert_n(new, seq_id, self.seen[seq_id])
-        self.queued_stores.append((seq_id, new))
+        table = seq.block_table
+        self.queued_stores.append((seq_id, new, [table[start + i] for i, count in enumerate(counts) if count is None]))
         self.in_flight[seq_id] = self.in_flight.get(seq_id, 0) + 1
         self.num_stored_blocks += len(new)
         if self.sink.enabled:

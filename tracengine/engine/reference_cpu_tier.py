@@ -30,6 +30,8 @@ class ReferenceCpuTier:
         self.loads: dict[int, tuple[int, int]] = {}
         self.loaded: list[int] = []
         self.finished: list[int] = []
+        self.copying: dict[int, int] = {}      # GPU block -> when the store copying it ends
+        self.flush_until = 0
 
     @property
     def ref_counts(self) -> dict[int, int]:
@@ -62,9 +64,23 @@ class ReferenceCpuTier:
                     self.blocks[key].readers -= 1
             if not t["store"] and t["seq_id"] in self.loads:
                 self.loaded.append(t["seq_id"])
-        for seq_id, keys in self.queued:
-            self._transfer("to_cpu", len(keys), True, seq_id, keys)
+        self.flush_until = 0
+        for seq_id, keys, block_ids in self.queued:
+            _, done = self._transfer("to_cpu", len(keys), True, seq_id, keys)
+            for block_id in block_ids:
+                self.copying[block_id] = done
         self.queued = []
+
+    def reuse(self, block_ids):
+        for block_id in block_ids:
+            self.flush_until = max(self.flush_until, self.copying.pop(block_id, 0))
+
+    def preempted(self, seq_id: int):
+        self.flush_until = max([self.flush_until] + [t["done"] for t in self.transfers
+                                                     if t["store"] and t["seq_id"] == seq_id])
+
+    def flush_wait_ns(self) -> int:
+        return max(0, self.flush_until - self.now_ns)
 
     def next_done_ns(self):
         return min((t["done"] for t in self.transfers), default=None)
@@ -162,7 +178,7 @@ class ReferenceCpuTier:
         rank = self._rank_of(seq.seq_id)
         for key in new:
             blocks[key] = TierBlock((rank, -self.used[seq.seq_id][key]))
-        self.queued.append((seq.seq_id, new))
+        self.queued.append((seq.seq_id, new, [seq.block_table[start + i] for i, k in enumerate(keys) if k in new]))
         if self.sink.enabled:
             self.sink.emit(CpuStore(self.step, seq.seq_id, start + keys.index(new[0]), new, evicted))
         return True

@@ -154,6 +154,8 @@ class Scheduler:
         if self.sink.enabled:
             self.sink.emit(Preempt(self.step, seq.seq_id, by.seq_id, seq.block_table[::-1],
                                    seq.num_cached_tokens))
+        if self.block_manager.cpu_tier is not None:
+            self.block_manager.cpu_tier.preempted(seq.seq_id)
         seq.status = SequenceStatus.WAITING
         seq.is_prefill = True
         seq.num_preemptions += 1

@@ -126,6 +126,8 @@ class VllmBlockManager(BlockManager):
         num_slots = seq.num_tokens if num_new_tokens is None else seq.num_cached_tokens + num_new_tokens
         new_block_ids = self.pool.get_new_blocks(-(-num_slots // self.block_size) - num_cached_blocks)
         self.prefix_cache.evict(new_block_ids)     # their cached content is overwritten
+        if self.cpu_tier is not None:
+            self.cpu_tier.reuse(new_block_ids)
         seq.block_table = list(hits) + new_block_ids
         self.num_hit_blocks += num_cached_blocks
         if self.sink.enabled:
@@ -143,6 +145,8 @@ class VllmBlockManager(BlockManager):
         if num_new_blocks > 0:
             new_block_ids = self.pool.get_new_blocks(num_new_blocks)
             self.prefix_cache.evict(new_block_ids)
+            if self.cpu_tier is not None:
+                self.cpu_tier.reuse(new_block_ids)
             seq.block_table += new_block_ids
             if self.sink.enabled:
                 for block_id in new_block_ids:

@@ -57,6 +57,8 @@ class SimulatedEngine(LLMEngine):
                 is_prefill, *shape, mixed=is_prefill and holds_decode(seqs))
         else:      # every sequence waits for a CPU tier's transfer: no forward pass
             schedule_ns = model_ns = postprocess_ns = 0
+        if tier is not None:       # the forward pass waits for the stores of the GPU blocks it reuses
+            schedule_ns += tier.flush_wait_ns()
         finished = scheduler.postprocess(seqs, token_ids, is_prefill)
         if self.sink.enabled:
             self.sink.emit(StepEnd(self.num_steps, scheduler.block_manager.num_free_blocks, schedule_ns,
