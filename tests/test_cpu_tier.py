@@ -332,7 +332,7 @@ class TierChecks:
 
 def check_tier_invariants(engine):
     scheduler = engine.scheduler
-    tier = scheduler.block_manager.cpu_tier
+    tier = scheduler.cpu_tier
     assert len(tier.ref_counts) <= tier.num_blocks
     # every block a sequence set aside holds is still allocated to it; every GPU block is held or free
     live = [*scheduler.waiting, *scheduler.running, *scheduler.loading]

@@ -129,7 +129,7 @@ class LLMEngine:
         t0 = perf_counter_ns()
         if self.pending:
             t0 = self.admit_arrivals(t0)
-        tier = self.scheduler.block_manager.cpu_tier
+        tier = self.scheduler.cpu_tier
         if tier is not None:
             tier.begin_step(self.num_steps, self.transfer_clock_ns(t0))
         seqs, is_prefill = self.scheduler.schedule()

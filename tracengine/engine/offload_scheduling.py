@@ -35,7 +35,7 @@ def schedule_waiting(scheduler, token_budget: int, scheduled_seqs: list[Sequence
     """Admission from the set-aside sequences, then waiting; returns (stop reason, the budget
     left, the blocked sequence, the blocks it needed)."""
     bm = scheduler.block_manager
-    tier = bm.cpu_tier
+    tier = scheduler.cpu_tier
     size = bm.block_size
     stop_reason: StopReason | None = None
     blocked_seq_id, num_blocks_needed = -1, 0

@@ -68,7 +68,7 @@ class MixedScheduler(Scheduler):
             self.block_manager = VllmBlockManager(config.num_kvcache_blocks, config.kvcache_block_size, sink,
                                                   config.enable_prefix_caching)
         if config.kv_offloading_size:
-            self.block_manager.cpu_tier = make_cpu_tier(config, sink)
+            self.cpu_tier = self.block_manager.cpu_tier = make_cpu_tier(config, sink)
 
     def schedule(self) -> tuple[list[Sequence], bool]:
         self.order_waiting()
@@ -102,7 +102,7 @@ class MixedScheduler(Scheduler):
 
         if self.num_preemptions != num_preemptions:   # V1 admits nothing in a step that preempted
             stop_reason = "preempted"
-        elif stop_reason is None and self.block_manager.cpu_tier is not None:
+        elif stop_reason is None and self.cpu_tier is not None:
             stop_reason, token_budget, blocked_seq_id, num_blocks_needed = schedule_waiting(
                 self, token_budget, scheduled_seqs, prefill_flags)
         elif stop_reason is None:
@@ -136,7 +136,7 @@ class MixedScheduler(Scheduler):
             else:
                 stop_reason = "budget_exhausted" if token_budget == 0 else "waiting_empty"
 
-        tier = self.block_manager.cpu_tier
+        tier = self.cpu_tier
         # with a CPU tier a step may schedule nothing while every sequence waits for a transfer
         assert scheduled_seqs or tier is not None, "nothing schedulable: check_request should have refused a request"
         scheduled_order = scheduled_seqs

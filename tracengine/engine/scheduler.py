@@ -30,6 +30,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()   # not fully prefilled: new, mid-chunk, preempted
         self.running: deque[Sequence] = deque()   # prefilled, decoding
         self.loading: deque[Sequence] = deque()   # set aside while the CPU tier loads their blocks (policies.py)
+        self.cpu_tier = None       # the CPU tier of KV offloading (engine/cpu_tier.py), where the policy has one
         self.sink = sink
         self.step = 0   # the engine's step, stamped on events: set by `begin_step`
         self.num_preemptions = 0   # over the scheduler's life (a server's metrics read it)
@@ -154,8 +155,8 @@ class Scheduler:
         if self.sink.enabled:
             self.sink.emit(Preempt(self.step, seq.seq_id, by.seq_id, seq.block_table[::-1],
                                    seq.num_cached_tokens))
-        if self.block_manager.cpu_tier is not None:
-            self.block_manager.cpu_tier.preempted(seq.seq_id)
+        if self.cpu_tier is not None:
+            self.cpu_tier.preempted(seq.seq_id)
         seq.status = SequenceStatus.WAITING
         seq.is_prefill = True
         seq.num_preemptions += 1
@@ -197,8 +198,8 @@ class Scheduler:
         self.block_manager.deallocate(seq)
         self.running.remove(seq)
         finished.append(seq)
-        if self.block_manager.cpu_tier is not None:
-            self.block_manager.cpu_tier.request_finished(seq.seq_id)
+        if self.cpu_tier is not None:
+            self.cpu_tier.request_finished(seq.seq_id)
 
     def abort(self, seq_id: int, reason: AbortReason) -> Sequence | None:
         """Take a sequence out of whichever queue holds it and free its blocks, as vLLM's
@@ -219,9 +220,9 @@ class Scheduler:
         seq.finish_reason = "abort"
         if seq.block_table:      # a preempted or never-scheduled sequence holds none
             self.block_manager.deallocate(seq)
-        if self.block_manager.cpu_tier is not None:
-            self.block_manager.cpu_tier.drop(seq_id)
-            self.block_manager.cpu_tier.request_finished(seq_id)
+        if self.cpu_tier is not None:
+            self.cpu_tier.drop(seq_id)
+            self.cpu_tier.request_finished(seq_id)
         return seq
 
     # -- policy hooks: a subclass overrides these to serve in another order (docs/policies.md) --

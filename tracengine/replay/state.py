@@ -116,7 +116,7 @@ def live_state(scheduler, step: int, known_seqs=()) -> FoldState:
         seqs[seq.seq_id] = SeqState(seq.seq_id, status[seq.status.name], seq.num_prompt_tokens, seq.num_tokens,
                                     seq.num_cached_tokens, seq.num_scheduled_tokens, list(seq.block_table),
                                     seq.num_preemptions, finish_reason=seq.finish_reason)
-    tier = bm.cpu_tier
+    tier = getattr(scheduler, "cpu_tier", None)
     cpu = CpuTierState(step, len(tier.ref_counts), dict(tier.loads), {h: [step] for h in tier.ref_counts}) \
         if tier is not None else None
     return FoldState(step, [s.seq_id for s in scheduler.waiting], [s.seq_id for s in scheduler.running], seqs,

@@ -45,7 +45,7 @@ class SimulatedEngine(LLMEngine):
         """schedule -> run -> postprocess -> StepEnd, as LLMEngine.step, timed by the model."""
         scheduler = self.scheduler
         scheduler.begin_step(self.num_steps)
-        tier = scheduler.block_manager.cpu_tier
+        tier = scheduler.cpu_tier
         if tier is not None:
             tier.begin_step(self.num_steps, self.now_ns)
         seqs, is_prefill = scheduler.schedule()
@@ -148,7 +148,7 @@ def run_timed(config: Config, requests, step_time, runner=None, sink=None,
 def transfer_wait_ns(engine, request) -> int:
     """When a step that follows one that ran nothing starts: when the CPU tier's next transfer
     ends, or when the next request arrives if that is sooner."""
-    done = engine.scheduler.block_manager.cpu_tier.next_done_ns()
+    done = engine.scheduler.cpu_tier.next_done_ns()
     arrival = request.arrival_ns if request is not None else None
     times = [t for t in (done, arrival) if t is not None]
     if not times:
