@@ -3,7 +3,7 @@ import time
 from pathlib import Path
 
 from tracengine.version import __version__
-from tracengine.errors import ModelError, RequestError, TracengineError
+from tracengine.errors import ConfigError, ModelError, RequestError, TracengineError
 from tracengine.trace.events import NULL_SINK, ModelInfo, TraceHeader
 from tracengine.engine.llm_engine import LLMEngine, build_config
 from tracengine.engine.sampling_params import SamplingParams
@@ -15,6 +15,9 @@ class LLM(LLMEngine):
                  **kwargs):
         """`scheduling_policy`: prefill_first, mixed, a Scheduler subclass or its module:Class."""
         requested = build_config(model, **kwargs)
+        if requested.kv_offloading_size:     # the runner copies no KV block to host memory
+            raise ConfigError("kv_offloading_size runs in simulated time only (simulate, replay --set): "
+                              "a model's KV blocks are not copied to a CPU tier")
         from tracengine.model.loader import load_hf_config, resolve_model_dir
         from tracengine.model.registry import check_max_model_len
         from tracengine.runner import make_runner
