@@ -368,3 +368,16 @@ def test_the_tier_gives_the_events_of_the_plain_reference_and_the_run_replays(wo
     assert fold.state_at(fold.num_steps - 1).cpu.num_blocks <= config.num_cpu_blocks
     event("CPU hit" if any(type(e) is CpuHit for e in runs[0]) else "no CPU hit")
     event("eviction" if any(type(e) is CpuStore and e.evicted for e in runs[0]) else "no eviction")
+
+
+def test_a_fleets_replicas_each_run_a_tier_and_the_fleet_replays(tmp_path):
+    from tracengine.fleet.engine import simulate_fleet
+    from tracengine.fleet.replay import reexecute_fleet
+    from tracengine.fleet.spec import FleetSpec
+    events = simulate_fleet(tier_config(32, gbps=0.01, num_kvcache_blocks=8), shared_prefix_requests(24), STEP_TIME,
+                            FleetSpec(num_replicas=2))
+    assert any(type(e) is CpuHit for e in events)
+    assert reexecute_fleet(events).ok
+    path = tmp_path / "fleet.trace"
+    write_trace(path, events)
+    assert main(["check", str(path)]) == 0

@@ -35,6 +35,7 @@ class SimulatedEngine(LLMEngine):
     def reset(self, sink=NULL_SINK):
         super().reset(sink)
         self.start_ns = self.last_step_end_ns = self.now_ns = 0
+        self.waits = False     # the last step scheduled nothing: every sequence waits for a CPU tier's transfer
 
     def clock_ns(self) -> int:
         # simulated time, not the machine's: on its clock (the time since boot) a request
@@ -57,6 +58,7 @@ class SimulatedEngine(LLMEngine):
                 is_prefill, *shape, mixed=is_prefill and holds_decode(seqs))
         else:      # every sequence waits for a CPU tier's transfer: no forward pass
             schedule_ns = model_ns = postprocess_ns = 0
+        self.waits = not seqs
         if tier is not None:       # the forward pass waits for the stores of the GPU blocks it reuses
             schedule_ns += tier.flush_wait_ns()
         finished = scheduler.postprocess(seqs, token_ids, is_prefill)
@@ -108,7 +110,6 @@ def run_timed(config: Config, requests, step_time, runner=None, sink=None,
     gap_ns, wake_ns = step_time.gap_ns, step_time.wake_ns
     index, request = take()      # the next to arrive (None: no more)
     num_finished = 0
-    waits = False                # the last step scheduled nothing (a CPU tier's transfers)
     while True:
         idle = engine.is_finished()
         if idle and request is None:
@@ -116,8 +117,8 @@ def run_timed(config: Config, requests, step_time, runner=None, sink=None,
         start = engine.now_ns + gap_ns if engine.num_steps else max(gap_ns, first_step_ns)
         if idle:    # the engine sleeps until the next arrival, and wakes late
             start = max(start, request.arrival_ns + wake_ns)
-        elif waits:   # the last step ran nothing: the next starts when a transfer ends, or a request arrives
-            start = max(start, transfer_wait_ns(engine, request))
+        elif engine.waits:   # the last step ran nothing: the next starts when a transfer ends, or a request arrives
+            start = max(start, transfer_wait_ns(engine, request.arrival_ns if request is not None else None))
         engine.now_ns = start
         while request is not None and request.arrival_ns <= start:
             engine.add_request(request.prompt, sampling_params_of(request),
@@ -130,8 +131,7 @@ def run_timed(config: Config, requests, step_time, runner=None, sink=None,
                 index, request = sessions.end(aborted, (index, request))
             if engine.is_finished():
                 continue
-        scheduled, finished, _ = engine.step()
-        waits = not scheduled
+        finished = engine.step()[1]
         num_finished += len(finished)
         if sessions is not None and finished:      # the turns they release: sent after their think time
             index, request = sessions.release(finished, engine.now_ns, (index, request))
@@ -145,11 +145,10 @@ def run_timed(config: Config, requests, step_time, runner=None, sink=None,
     return [head] if sink is not None else [head, *events_sink.events]
 
 
-def transfer_wait_ns(engine, request) -> int:
+def transfer_wait_ns(engine, arrival: int | None) -> int:
     """When a step that follows one that ran nothing starts: when the CPU tier's next transfer
-    ends, or when the next request arrives if that is sooner."""
+    ends, or when the next request (`arrival`: when it arrives, None: none) comes if that is sooner."""
     done = engine.scheduler.cpu_tier.next_done_ns()
-    arrival = request.arrival_ns if request is not None else None
     times = [t for t in (done, arrival) if t is not None]
     if not times:
         raise TracengineError(f"the simulation is stuck at step {engine.num_steps}: no sequence can run and no "
