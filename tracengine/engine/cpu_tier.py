@@ -33,111 +33,13 @@ by its block hash. The rules:
 Events (the sink's): CpuStore when blocks are taken (with the blocks that evicted), CpuHit
 when a load starts, CpuLoad when it has ended and the sequence runs."""
 import heapq
+from operator import itemgetter
 
+from tracengine.engine.cpu_lru import LruPolicy
 from tracengine.engine.sequence import Sequence
 from tracengine.trace.events import NULL_SINK, CpuHit, CpuLoad, CpuStore, EventSink
 
 PENDING = -1     # a block's reference count while its copy to the tier is in flight
-
-
-POSITIONS = 1 << 40     # a rank (a, -position) is the int a * POSITIONS - position: one compare a step
-KEY_BITS = 64           # a heap entry is rank << KEY_BITS | key (a block hash: 64 bits), an int
-KEY_MASK = (1 << KEY_BITS) - 1
-
-
-class LruPolicy:
-    """vLLM's LRUCachePolicy: the blocks' ranks, and the readable blocks no transfer reads (the
-    evictable ones), least ranked first, through a heap. Ranks only grow, so the heap keeps one
-    entry a block, ranked when it was pushed (at most the block's rank now): an entry that
-    reaches the top with an older rank is pushed again with the current one, and the first
-    current one is the least ranked block. vLLM ranks (int, int) pairs; here each pair is one int."""
-
-    def __init__(self):
-        self.ranks: dict[int, int] = {}
-        self.evictable: set[int] = set()
-        self.heap: list[int] = []
-        self.pushed: dict[int, int] = {}     # key -> the rank of its entry in the heap
-        self.next_rank = 0
-        self.request_ranks: dict[int, int] = {}     # seq_id -> its rank, given when first needed
-
-    def request_rank(self, seq_id: int) -> int:
-        rank = self.request_ranks.get(seq_id)
-        if rank is None:
-            self.next_rank += 1
-            rank = self.request_ranks[seq_id] = self.next_rank
-        return rank
-
-    def insert_n(self, keys: list[int], seq_id: int, positions: dict[int, int]):
-        """New blocks a request stores, at their `positions` (key -> position)."""
-        base, ranks = self.request_rank(seq_id) * POSITIONS, self.ranks
-        for key in keys:
-            ranks[key] = base - positions[key]
-
-    def access(self, keys: list[tuple[int, int]], seq_id: int):
-        """A request's first use of `keys` ((key, position) pairs): ranked no lower than (its
-        rank, minus the position)."""
-        base = self.request_rank(seq_id) * POSITIONS      # given now even when no key is held yet
-        ranks = self.ranks
-        for key, position in keys:
-            current = ranks.get(key)
-            if current is not None and current < base - position:
-                ranks[key] = base - position
-
-    def finish(self, keys_head_first: list[int], seq_id: int):
-        """The request finished: its blocks the tier holds ranked anew, tail first, head last."""
-        self.request_ranks.pop(seq_id, None)
-        ranks = self.ranks
-        for key in reversed(keys_head_first):
-            if key in ranks:
-                self.next_rank += 1
-                ranks[key] = self.next_rank * POSITIONS
-
-    def mark_evictable_n(self, keys):
-        self.evictable.update(keys)
-        heap, ranks, pushed = self.heap, self.ranks, self.pushed
-        for key in keys:
-            if key not in pushed:
-                rank = pushed[key] = ranks[key]
-                heapq.heappush(heap, rank << KEY_BITS | key)
-
-    def mark_non_evictable(self, key: int):
-        self.evictable.discard(key)
-
-    def evict(self, n: int, protected: set[int]) -> list[int] | None:
-        """The n least ranked evictable blocks not in `protected`, taken out; None (nothing
-        changed) when there are fewer."""
-        heap, ranks, evictable, pushed = self.heap, self.ranks, self.evictable, self.pushed
-        heappop, heappush = heapq.heappop, heapq.heappush
-        selected, deferred, taken = [], [], set()
-        while heap and len(selected) < n:
-            entry = heappop(heap)
-            rank, key = entry >> KEY_BITS, entry & KEY_MASK
-            if pushed.get(key) != rank or key in taken:
-                continue                      # an entry of a block evicted before, or one taken
-            if key not in evictable:
-                del pushed[key]               # read by a load: pushed again when it is evictable
-                continue
-            current = ranks[key]
-            if current != rank:
-                pushed[key] = current         # used since it was pushed
-                heappush(heap, current << KEY_BITS | key)
-                continue
-            taken.add(key)
-            (deferred if key in protected else selected).append(entry)
-        for entry in deferred:
-            heappush(heap, entry)
-        if len(selected) < n:
-            for entry in selected:
-                heappush(heap, entry)
-            return None
-        keys = [entry & KEY_MASK for entry in selected]
-        for key in keys:
-            evictable.remove(key)
-            del ranks[key], pushed[key]
-        if len(heap) > 64 + 2 * len(pushed):     # drop the entries of evicted blocks
-            self.heap = [rank << KEY_BITS | key for key, rank in pushed.items()]
-            heapq.heapify(self.heap)
-        return keys
 
 
 class CpuTier:
@@ -318,7 +220,7 @@ class CpuTier:
         for seq_id in self.finished:
             self.store_done.pop(seq_id, None)
             seen = self.seen.pop(seq_id, {})
-            self.policy.finish(sorted(seen, key=seen.__getitem__), seq_id)
+            self.policy.finish([key for key, _ in sorted(seen.items(), key=itemgetter(1))], seq_id)
             self.next_offered.pop(seq_id, None)
         self.finished = []
 
