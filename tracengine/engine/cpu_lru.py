@@ -7,8 +7,10 @@ turn, tail first, so its head is the most recent. The least ranked readable bloc
 reads is evicted first.
 
 vLLM keeps the evictable blocks in a heap, a push a block and a pop or two an eviction. Here the
-ranks fall in bands, each of a counter's values, that never interleave: a request's (a, -p) for
-its one `a`, a finish's run of values. A band is a group, its blocks in a deque in rank order,
+ranks fall in bands that never interleave: a request's (a, -p) for its one `a`, and a finish's
+run of values, here (its first value, i) for its i-th block, the counter still moving past the
+run, which orders them as vLLM's ranks are ordered. A rank's band is its int >> 40 (two
+neighbouring bands may share one, which keeps the order). A band is a group, its blocks in a deque in rank order,
 and a heap orders the groups (one entry a group, not a block). A request's blocks become
 evictable head to tail (their stores end in the order they were offered), so each goes to the
 front of its group; a finish's group is built in order. A block that arrives out of order (a
@@ -18,7 +20,8 @@ ranked anew, evicted or read by a load leaves stale entries, which are skipped."
 import heapq
 from collections import deque
 
-POSITIONS = 1 << 40     # a rank (a, -position) is the int a * POSITIONS - position
+POSITION_BITS = 40
+POSITIONS = 1 << POSITION_BITS     # a rank (a, -position) is the int a * POSITIONS - position
 KEY_BITS = 64           # an entry is rank << KEY_BITS | key (a block hash: 64 bits)
 KEY_MASK = (1 << KEY_BITS) - 1
 
@@ -27,7 +30,6 @@ class LruPolicy:
 
     def __init__(self):
         self.ranks: dict[int, int] = {}
-        self.bands: dict[int, int] = {}          # key -> the band (counter value) of its rank's group
         self.evictable: set[int] = set()
         self.groups: dict[int, deque] = {}       # band -> its entries, least ranked first
         self.group_heap: list[int] = []          # the bands with entries (some perhaps emptied since)
@@ -44,22 +46,18 @@ class LruPolicy:
 
     def insert_n(self, keys: list[int], seq_id: int, positions: dict[int, int]):
         """New blocks a request stores, at their `positions` (key -> position)."""
-        band = self.request_rank(seq_id)
-        base, ranks, bands = band * POSITIONS, self.ranks, self.bands
-        for key in keys:
-            ranks[key] = base - positions[key]
-            bands[key] = band
+        base = self.request_rank(seq_id) * POSITIONS
+        self.ranks.update(zip(keys, map(base.__sub__, map(positions.__getitem__, keys))))
 
     def access(self, keys: list[tuple[int, int]], seq_id: int):
         """A request's first use of `keys` ((key, position) pairs): ranked no lower than (its
         rank, minus the position)."""
-        band = self.request_rank(seq_id)      # given now even when no key is held yet
-        base, ranks, bands, evictable = band * POSITIONS, self.ranks, self.bands, self.evictable
+        base = self.request_rank(seq_id) * POSITIONS      # given now even when no key is held yet
+        ranks, evictable = self.ranks, self.evictable
         for key, position in keys:
             current = ranks.get(key)
             if current is not None and current < base - position:
                 ranks[key] = base - position
-                bands[key] = band
                 if key in evictable:
                     self._place(key)
 
@@ -72,24 +70,31 @@ class LruPolicy:
             return
         band = self.next_rank + 1
         self.next_rank += len(keys)
-        new_ranks = range(band * POSITIONS, (self.next_rank + 1) * POSITIONS, POSITIONS)
+        new_ranks = range(band * POSITIONS, band * POSITIONS + len(keys))
         ranks.update(zip(keys, new_ranks))
-        self.bands.update(dict.fromkeys(keys, band))
         entries = deque(rank << KEY_BITS | key for key, rank in zip(keys, new_ranks) if key in evictable)
-        if entries:
+        if entries and band not in self.groups:       # the band is new: it has no group yet
             self.groups[band] = entries
             heapq.heappush(self.group_heap, band)
+        elif entries:
+            for entry in entries:
+                self._place(entry & KEY_MASK)
 
     def mark_evictable_n(self, keys):
         """`keys` become evictable. Those of one store (one band, head to tail: ranks falling)
         go to the front of their group at once."""
         self.evictable.update(keys)
-        ranks, bands = self.ranks, self.bands
-        band = bands[keys[0]]
-        entries = [ranks[key] << KEY_BITS | key for key in keys]
+        ranks = list(map(self.ranks.__getitem__, keys))
+        band = ranks[0] >> POSITION_BITS
+        entries = [rank << KEY_BITS | key for rank, key in zip(ranks, keys)]
         group = self.groups.get(band)
-        if group and entries[0] < group[0] and all(bands[key] == band for key in keys) and \
-                all(a > b for a, b in zip(entries, entries[1:])):
+        # one band's blocks head to tail fall in rank, whether the band is a request's or a finish's
+        if (not group or entries[0] < group[0]) and all(map(int.__gt__, entries, entries[1:])) and \
+                ranks[-1] >> POSITION_BITS == band:
+            if group is None:
+                self.groups[band] = group = deque()
+            if not group:
+                heapq.heappush(self.group_heap, band)
             group.extendleft(entries)
             return
         for key in keys:
@@ -101,8 +106,8 @@ class LruPolicy:
     def _place(self, key: int):
         """An entry for `key` at its rank: at an end of its group where it is in order there,
         else in the heap of the others."""
-        rank, band = self.ranks[key], self.bands[key]
-        entry = rank << KEY_BITS | key
+        rank = self.ranks[key]
+        band, entry = rank >> POSITION_BITS, rank << KEY_BITS | key
         group = self.groups.get(band)
         if group is None:
             self.groups[band] = deque((entry,))
@@ -184,14 +189,14 @@ class LruPolicy:
             return None
         keys = [entry & KEY_MASK for entry, _, kept in popped if not kept]
         for key in keys:
-            del self.ranks[key], self.bands[key]
+            del self.ranks[key]
         return keys
 
     def _put_back(self, entry: int, group: deque | None):
         if group is None:
             heapq.heappush(self.others, entry)
             return
-        band = self.bands[entry & KEY_MASK]
+        band = entry >> (KEY_BITS + POSITION_BITS)
         if self.groups.get(band) is not group:     # emptied and dropped meanwhile
             self.groups[band] = group
             heapq.heappush(self.group_heap, band)

@@ -131,12 +131,15 @@ class CpuTier:
             self.num_evictable += len(keys)
             policy.mark_evictable_n(keys)
         else:
+            released = []
             for key in keys:
                 count = ref_counts[key]
                 ref_counts[key] = count - 1
                 if count == 1:
-                    self.num_evictable += 1
-                    policy.mark_evictable_n((key,))
+                    released.append(key)
+            if released:
+                self.num_evictable += len(released)
+                policy.mark_evictable_n(released)
         if self.in_flight[seq_id] == 1:
             del self.in_flight[seq_id]
         else:
@@ -228,11 +231,18 @@ class CpuTier:
         """prepare_store of blocks [start, end) of `seq`: False when too few can be evicted. The
         blocks it stores and those it finds readable are its use of them, even when it fails."""
         keys = seq.block_hashes[start:end]
-        ref_counts, size = self.ref_counts, self.block_size
+        ref_counts, size, seq_id = self.ref_counts, self.block_size, seq.seq_id
         counts = list(map(ref_counts.get, keys))
+        positions = range((start + 1) * size, (end + 1) * size, size)
         new = [key for key, count in zip(keys, counts) if count is None]
-        self._access(seq.seq_id, [(key, (start + i + 1) * size) for i, (key, count) in enumerate(zip(keys, counts))
-                                  if count != PENDING])
+        # its use of the blocks it stores and of those it finds readable (not of those being written)
+        seen = self.seen.setdefault(seq_id, {})
+        ready = [(key, position) for key, position, count in zip(keys, positions, counts)
+                 if count is not None and count != PENDING and key not in seen]
+        if new or ready:
+            seen.update(zip(keys, positions) if PENDING not in counts else
+                        ((key, position) for key, position, count in zip(keys, positions, counts) if count != PENDING))
+            self.policy.access(ready, seq_id)
         if not new:
             return True
         num_to_evict = len(new) - (self.num_blocks - len(ref_counts))
@@ -246,9 +256,8 @@ class CpuTier:
                 del ref_counts[key]
         else:
             evicted = []
-        seq_id = seq.seq_id
         ref_counts.update(dict.fromkeys(new, PENDING))
-        self.policy.insert_n(new, seq_id, self.seen[seq_id])
+        self.policy.insert_n(new, seq_id, seen)
         table = seq.block_table
         self.queued_stores.append((seq_id, new, [table[start + i] for i, count in enumerate(counts) if count is None]))
         self.in_flight[seq_id] = self.in_flight.get(seq_id, 0) + 1
