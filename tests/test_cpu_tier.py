@@ -23,8 +23,8 @@ from tracengine.replay.state import live_state
 from tracengine.sim.engine import run_timed
 from tracengine.sim.runners import SyntheticRunner, run_workload
 from tracengine.sim.steptime import FEATURES, PARTS, LinearStepTime
-from tracengine.trace.events import (BlockAllocate, CpuHit, CpuLoad, CpuStore, ListSink, ScheduleDecision, SeqFinish, StepEnd,
-                                     without_wall_clock)
+from tracengine.trace.events import (BlockAllocate, CpuHit, CpuLoad, CpuStore, ListSink, ScheduleDecision, SeqFinish,
+                                     StepEnd, without_wall_clock)
 from tracengine.trace.tracelog import make_header, write_trace
 
 EOS = 999

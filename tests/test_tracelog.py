@@ -18,8 +18,8 @@ import xxhash
 
 from helpers import EOS, record_every_event_type
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
-from tracengine.trace.events import (EVENT_TYPES, FLEET_EVENT_TYPES, HASH_ID_EVENT_TYPES,
-                               BlockAllocate, BlockAppend, BlockFree, BlockHash, ModelInfo,
+from tracengine.trace.events import (CPU_TIER_EVENT_TYPES, EVENT_TYPES, FLEET_EVENT_TYPES, HASH_ID_EVENT_TYPES,
+                               CpuHit, CpuLoad, CpuStore, BlockAllocate, BlockAppend, BlockFree, BlockHash, ModelInfo,
                                Preempt, PromptBlocksHashed, RequestAdded, ScheduledSeq, ScheduleDecision, SeqAbort,
                                SeqFinish, StepEnd,
                                TokenSample, TraceHeader, ReplicaScope, RouteDecision, KVTransfer, RunEnd)
@@ -70,6 +70,9 @@ SAMPLES = [
     ReplicaScope(3, 2),
     RouteDecision(3, 9, 2, [0, 1, 2], [4.0, 1.5, 0.5], "prefill", 1_000),
     KVTransfer(4, 9, 0, 2, 33, 33_000, 16_500, 8),
+    CpuStore(2, 1, 0, [2**64 - 1, 5], [9]),
+    CpuHit(3, 2, 1, [5], 1_000, 3_048),
+    CpuLoad(4, 2, 1, 7),
     RunEnd(6, "failed", "boom"),    # only ever in an end frame: tests/test_run_end.py
 ]
 
@@ -89,7 +92,8 @@ def test_every_event_type_round_trips(tmp_path, event):
 
 def test_recorded_run_reads_back_event_for_event(recorded):
     path, header, events, engine = recorded
-    assert {type(e).__name__ for e in events} == set(EVENT_TYPES) - {"TraceHeader", "SeqAbort", "RunEnd"} - FLEET_EVENT_TYPES - HASH_ID_EVENT_TYPES   # no server, fleet or failure
+    assert {type(e).__name__ for e in events} == set(EVENT_TYPES) - {"TraceHeader", "SeqAbort", "RunEnd"} - FLEET_EVENT_TYPES - HASH_ID_EVENT_TYPES \
+        - CPU_TIER_EVENT_TYPES   # no server, fleet or failure
     assert list(open_trace(path)) == [header] + events
     with TraceReader(path) as reader:
         assert reader.header == header

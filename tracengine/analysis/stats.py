@@ -274,10 +274,12 @@ def render(s: Stats, title: str = ""):
                                   f"{hol.num_blocked_requests} requests")
     if s.cpu_tier is not None:
         c = s.cpu_tier
-        other.add_row("CPU tier", f"{c.kv_offloading_size_gib:g} GiB: {c.num_hit_blocks:,} blocks hit in {c.num_loads:,} "
-                                  f"loads, {c.num_stored_blocks:,} stored, {c.num_evicted_blocks:,} evicted; "
-                                  f"{c.bytes_to_cpu / 1e9:,.1f} GB to CPU, {c.bytes_to_gpu / 1e9:,.1f} GB to GPU; "
-                                  f"load wait mean {format_number(None if c.load_wait_s.mean is None else c.load_wait_s.mean * 1e3, '{:,.1f}')} ms")
+        wait = None if c.load_wait_s.mean is None else c.load_wait_s.mean * 1e3
+        other.add_row("CPU tier", f"{c.kv_offloading_size_gib:g} GiB: {c.num_hit_blocks:,} blocks hit in "
+                                  f"{c.num_loads:,} loads, {c.num_stored_blocks:,} stored, "
+                                  f"{c.num_evicted_blocks:,} evicted; {c.bytes_to_cpu / 1e9:,.1f} GB to CPU, "
+                                  f"{c.bytes_to_gpu / 1e9:,.1f} GB to GPU; load wait mean "
+                                  f"{format_number(wait, '{:,.1f}')} ms")
     if s.sessions:
         other.add_row("sessions", session_line(s.sessions))
     parts = [head, "", lat, "", other]
