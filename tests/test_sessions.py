@@ -185,7 +185,7 @@ def test_a_sessions_trace_is_format_10_and_replays(tmp_path):
     assert main(["simulate", workload, "--step-time", FIXED, "--set", "num_kvcache_blocks=100", "--quiet",
                  "--record", trace]) == 0
     events = list(open_trace(trace))
-    assert events[0].format_version == FORMAT_VERSION == 10
+    assert events[0].format_version == FORMAT_VERSION >= 10      # sessions came with format 10
     assert reexecute(events).ok
 
 
