@@ -21,7 +21,7 @@ from tracengine.trace.events import RequestAdded, StepEnd, TokenSample
 from tracengine.trace.sinks import NULL_SINK
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.replay.fold import Fold
-from tracengine.trace.events import iter_steps
+from tracengine.trace.views import iter_steps
 from tracengine.replay.reexec import reexecute
 from tracengine.sim.runners import SyntheticRunner
 from tracengine.replay.reexec import RecordedRunner

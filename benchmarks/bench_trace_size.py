@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import msgspec  # noqa: E402
 
 from tracengine.engine.config import Config  # noqa: E402
-from tracengine.trace.events import EVENT_TYPES, StepEnd, to_builtins  # noqa: E402
+from tracengine.trace.events import EVENT_TYPES, StepEnd  # noqa: E402
+from tracengine.trace.views import to_builtins
 from tracengine.trace.sinks import ListSink
 from tracengine.engine.llm_engine import LLMEngine  # noqa: E402
 from tracengine.sim.runners import SyntheticRunner  # noqa: E402

@@ -18,6 +18,13 @@ dependencies are not needed for offline replay), whose python this script is giv
     VENV/bin/pip install typing_extensions
     python benchmarks/bench_vs_dynamo.py --dynamo-python VENV/bin/python \\
         [--requests 1000] [--block-sizes 16,64,512] [--repeats 3] [--floor]
+        [--offload [--offload-gbps 25,3.125]]
+
+`--offload` compares a host KV tier instead: Dynamo's `native_host_offload` (num_host_blocks,
+d2h and h2d bandwidth, kv_cache_bytes_per_token) and tracengine's CPU tier (kv_offloading_size in
+GiB of the same bytes, kv_bytes_per_token, kv_offloading_bandwidth_gbps), 200,000 host blocks,
+20,000 GPU blocks, block 16, 131,072 bytes a token, without a tier and at each bandwidth: the
+figures side by side (means too) and the wall time with the tier against without it.
 
 The workload is written here, with the statistics of Mooncake's public conversation trace
 (mean prompt about 13,700 tokens in 512-token hash ids, mean output about 350 tokens,
@@ -45,11 +52,17 @@ from dynamo.replay import run_trace_replay
 path, block_size, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 per_request = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] else None   # where to write each request's figures
 num_blocks = int(sys.argv[5]) if len(sys.argv) > 5 else %(num_kvcache_blocks)d
-report = run_trace_replay([path], extra_engine_args={"engine": {
-    "backend": "vllm", "block_size": block_size, "num_gpu_blocks": num_blocks,
+# a host tier: its blocks, each direction's bandwidth (GB/s) and the KV bytes of a token
+host_blocks, gbps, kv_bytes = (int(sys.argv[6]), float(sys.argv[7]), int(sys.argv[8])) if len(sys.argv) > 8 else (0, 0, 0)
+engine = {"backend": "vllm", "block_size": block_size, "num_gpu_blocks": num_blocks,
     "max_model_len": %(max_model_len)d, "max_num_batched_tokens": %(max_num_batched_tokens)d,
     "max_num_seqs": %(max_num_seqs)d, "enable_prefix_caching": True, "enable_chunked_prefill": True,
-    "timing_model": {"type": "fixed", "prefill_ms": %(prefill_ms)s, "decode_ms": %(decode_ms)s}}},
+    "timing_model": {"type": "fixed", "prefill_ms": %(prefill_ms)s, "decode_ms": %(decode_ms)s}}
+if host_blocks:
+    engine["native_host_offload"] = {"num_host_blocks": host_blocks, "d2h_bandwidth_gbps": gbps,
+                                     "h2d_bandwidth_gbps": gbps}
+    engine["kv_cache_bytes_per_token"] = kv_bytes
+report = run_trace_replay([path], extra_engine_args={"engine": engine},
     num_workers=1, replay_mode="offline", router_mode="round_robin", trace_format="mooncake",
     trace_block_size=%(hash_id_tokens)d, capture_per_request=per_request is not None)
 summary = report.summary if hasattr(report, "summary") else report
@@ -122,8 +135,9 @@ def fixed_step_time(path: str):
 
 
 def tracengine_argv(workload: str, step_time: str, block_size: int, record: str | None = None,
-                    num_kvcache_blocks: int | None = None) -> list[str]:
-    settings = {**SETTINGS, **({"num_kvcache_blocks": num_kvcache_blocks} if num_kvcache_blocks else {})}
+                    num_kvcache_blocks: int | None = None, tier: dict | None = None) -> list[str]:
+    """`tier`: the CPU tier's config fields (kv_offloading_size, kv_bytes_per_token, kv_offloading_bandwidth_gbps)."""
+    settings = {**SETTINGS, **({"num_kvcache_blocks": num_kvcache_blocks} if num_kvcache_blocks else {}), **(tier or {})}
     argv = [sys.executable, "-m", "tracengine.cli", "simulate", workload, "--step-time", step_time, "--quiet",
             "--scheduling-policy", "mixed", "--block-size", str(block_size),
             *(f"--{name.replace('_', '-')}={value}" for name, value in settings.items())]
@@ -152,7 +166,7 @@ s = stats(sys.argv[1])
 lat = s["latency"]
 print(json.dumps({"duration_ms": s["steps"]["total_s"] * 1e3,
                   **{f"{name}_{q}_ms": lat[name]["seconds"][q] * 1e3 for name in ("ttft", "tpot", "e2e")
-                     for q in ("p50", "p99")},
+                     for q in ("mean", "p50", "p99")},
                   "cache_hit_rate": s["prefix_cache"]["token_hit_rate"],
                   "preemptions": s["preemption"]["num_preemptions"]}))
 """
@@ -179,8 +193,65 @@ def tracengine_figures(trace: str) -> dict:
 def dynamo_figures(summary: dict) -> dict:
     return {"duration_ms": summary["duration_ms"],
             **{f"{name}_{q}_ms": summary[f"{'median' if q == 'p50' else q}_{key}_ms"]
-               for name, key in (("ttft", "ttft"), ("tpot", "tpot"), ("e2e", "e2e_latency")) for q in ("p50", "p99")},
+               for name, key in (("ttft", "ttft"), ("tpot", "tpot"), ("e2e", "e2e_latency"))
+               for q in ("mean", "p50", "p99")},
             "cache_hit_rate": summary["prefix_cache_reused_ratio"], "preemptions": summary.get("num_preemptions", "-")}
+
+
+# `--offload`: both with a host tier of OFFLOAD's size, as the issue's comparison sets it (Dynamo's
+# num_host_blocks, tracengine's kv_offloading_size in GiB of the same bytes), at each bandwidth
+OFFLOAD = {"num_gpu_blocks": 20_000, "num_host_blocks": 200_000, "kv_bytes_per_token": 131_072}
+
+
+def compare(label: str, runs: dict, figures: dict, num_requests: int):
+    """Print the runs' medians and their figures side by side."""
+    med = {side: [statistics.median(run[k] for run in r) for k in range(3)] for side, r in runs.items()}
+    print(f"\n{label} (median of {len(runs['dynamo'])}, alternating):")
+    for side in runs:
+        print(f"  {side:<10}  wall {med[side][0]:6.2f} s   CPU {med[side][2]:6.2f} s   peak RSS "
+              f"{med[side][1]:7.1f} MB   (wall of the runs {', '.join(f'{run[0]:.2f}' for run in runs[side])} s)")
+    print(f"  tracengine / dynamo: wall {med['tracengine'][0] / med['dynamo'][0]:.2f}x, "
+          f"CPU {med['tracengine'][2] / med['dynamo'][2]:.2f}x, peak RSS {med['tracengine'][1] / med['dynamo'][1]:.2f}x; "
+          f"tracengine per request {med['tracengine'][0] / num_requests * 1e3:.2f} ms")
+    print(f"  {'figure':<16} {'tracengine':>12} {'dynamo':>12} {'difference':>11}")
+    for name, ours_value in figures["tracengine"].items():
+        theirs = figures["dynamo"][name]
+        diff = f"{(ours_value - theirs) / theirs:+.2%}" if isinstance(theirs, (int, float)) and theirs else ""
+        print(f"  {name:<16} {ours_value:>12,.3f} {theirs if isinstance(theirs, str) else f'{theirs:,.3f}':>12}"
+              f" {diff:>11}")
+    return med
+
+
+def offload_comparison(args, tmp: str, script: str, workload: str, step_time: str, num_requests: int):
+    """Dynamo's native host offload beside tracengine's CPU tier, without the tier and at each
+    bandwidth; then each side's wall time with the tier against without it."""
+    block_size, gpu, host, kv_bytes = 16, OFFLOAD["num_gpu_blocks"], OFFLOAD["num_host_blocks"], \
+        OFFLOAD["kv_bytes_per_token"]
+    gib = host * block_size * kv_bytes / (1 << 30)       # a 16-token block of 2 MiB is page-aligned already
+    walls = {}
+    for gbps in [0.0, *map(float, args.offload_gbps.split(","))]:
+        summary_path = os.path.join(tmp, "summary.json")
+        dynamo = [args.dynamo_python, script, workload, str(block_size), summary_path, "", str(gpu),
+                  *([str(host), str(gbps), str(kv_bytes)] if gbps else [])]
+        tier = {"kv_offloading_size": gib, "kv_bytes_per_token": kv_bytes, "kv_offloading_bandwidth_gbps": gbps} \
+            if gbps else None
+        ours = tracengine_argv(workload, step_time, block_size, num_kvcache_blocks=gpu, tier=tier)
+        runs = {"tracengine": [], "dynamo": []}
+        for _ in range(args.repeats):
+            runs["dynamo"].append(timed(dynamo))
+            runs["tracengine"].append(timed(ours))
+        trace = os.path.join(tmp, "sim.trace")
+        timed(tracengine_argv(workload, step_time, block_size, trace, gpu, tier))
+        with open(summary_path) as f:
+            figures = {"tracengine": tracengine_figures(trace), "dynamo": dynamo_figures(json.load(f))}
+        label = (f"host tier of {host:,} blocks ({gib:g} GiB) at {gbps:g} GB/s each way" if gbps
+                 else "no host tier") + f", {gpu:,} GPU blocks, {num_requests:,} requests"
+        walls[gbps] = compare(label, runs, figures, num_requests)
+    for gbps, med in walls.items():
+        if gbps:
+            print(f"\nwall with the tier at {gbps:g} GB/s / without it: tracengine "
+                  f"{med['tracengine'][0] / walls[0.0]['tracengine'][0]:.2f}x, "
+                  f"dynamo {med['dynamo'][0] / walls[0.0]['dynamo'][0]:.2f}x")
 
 
 def main():
@@ -189,6 +260,10 @@ def main():
     parser.add_argument("--requests", default="1000", help="comma-separated workload sizes (default 1000)")
     parser.add_argument("--block-sizes", default="16", help="comma-separated KV block sizes (default 16)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--offload", action="store_true",
+                        help="compare a host KV tier instead (Dynamo's native_host_offload, tracengine's "
+                             "kv_offloading_size): 200,000 host blocks, 20,000 GPU blocks, block 16")
+    parser.add_argument("--offload-gbps", default="25,3.125", help="--offload's bandwidths, GB/s each way")
     parser.add_argument("--floor", action="store_true",
                         help="also time tracengine with its event sink off (no events, no stats), in turn with the others")
     args = parser.parse_args()
@@ -204,6 +279,9 @@ def main():
             print(f"workload: {w['requests']:,} requests, mean prompt {w['mean_input']:,.0f} tokens, mean output "
                   f"{w['mean_output']:,.0f}, {w['hash_ids']:,} hash ids ({w['repeated']:.0%} repeated), arrivals over "
                   f"{w['duration_s']:,.0f} s")
+            if args.offload:
+                offload_comparison(args, tmp, script, workload, step_time, num_requests)
+                continue
             for block_size in map(int, args.block_sizes.split(",")):
                 summary_path = os.path.join(tmp, "summary.json")
                 dynamo = [args.dynamo_python, script, workload, str(block_size), summary_path]

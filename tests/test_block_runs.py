@@ -14,14 +14,8 @@ from tracengine.trace.block_runs import (
     ids_of_runs,
     to_wire,
 )
-from tracengine.trace.events import (
-    BlockAllocate,
-    BlockFree,
-    Preempt,
-    PromptBlocksHashed,
-    StepEnd,
-    without_wall_clock,
-)
+from tracengine.trace.events import BlockAllocate, BlockFree, Preempt, PromptBlocksHashed, StepEnd
+from tracengine.trace.views import without_wall_clock
 from tracengine.trace.tracelog import TraceReader, TraceWriter, make_header
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"

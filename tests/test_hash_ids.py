@@ -15,7 +15,8 @@ from tracengine.replay.reexec import reexecute
 from tracengine.replay.whatif import whatif
 from tracengine.engine.request import Request
 from tracengine.sim.runners import SyntheticRunner, run_workload
-from tracengine.trace.events import PromptBlocksHashed, RequestAdded, without_wall_clock
+from tracengine.trace.events import PromptBlocksHashed, RequestAdded
+from tracengine.trace.views import without_wall_clock
 from tracengine.trace.tracelog import FORMAT_VERSION, TraceReader, write_trace
 
 
@@ -182,7 +183,7 @@ def test_a_prompt_blocks_event_its_hash_ids_cannot_stand_for_does_not_follow(dam
     from pathlib import Path
     from tracengine.errors import TraceError
     from tracengine.replay.event_check import EventCheck
-    from tracengine.trace.events import iter_steps
+    from tracengine.trace.views import iter_steps
     with TraceReader(str(Path(__file__).parent.parent / "traces" / "hash_ids_v7.trace")) as reader:
         events = list(reader.events())
     check = EventCheck(events[0])

@@ -27,6 +27,7 @@ IO = {"os", "io", "pathlib", "shutil", "socket", "subprocess", "tempfile", "glob
 MODEL_SIDE = {"tracengine.model", "tracengine.runner", "tracengine.engine.llm"}
 
 CORE = [f"tracengine.engine.{name}" for name in ("scheduler", "block_manager", "block_pool", "prefix_cache", "sequence",
+                                                 "cpu_tier", "offload_scheduling",
                                                  "config", "request", "policies")
         if (PACKAGE / "engine" / f"{name}.py").exists()]
 

@@ -12,7 +12,8 @@ from tracengine.engine.config import Config
 from tracengine.errors import TracengineError
 from tracengine.sim.engine import simulate
 from tracengine.sim.steptime import LinearStepTime
-from tracengine.trace.events import RequestAdded, StepEnd, without_wall_clock
+from tracengine.trace.events import RequestAdded, StepEnd
+from tracengine.trace.views import without_wall_clock
 from tracengine.trace.tracelog import TraceReader
 from tracengine.workload.formats import iter_workload, read_workload
 

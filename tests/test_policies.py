@@ -286,7 +286,7 @@ def test_perfetto_export_names_mixed_steps_and_each_request_its_own_phase(tmp_pa
 
 def test_tui_strip_colours_mixed_steps_and_the_sentence_says_why_it_stopped(tmp_path):
     from tracengine.replay.fold import Fold
-    from tracengine.trace.events import iter_steps
+    from tracengine.trace.views import iter_steps
     from tracengine.trace.tracelog import TraceWriter
     from tracengine.tui.explain import explain_step
     from tracengine.tui.trace_index import TraceIndex

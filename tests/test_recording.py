@@ -14,7 +14,7 @@ import pytest
 from test_tracelog import wait_for_frames
 from tracengine import LLM, SamplingParams
 from tracengine.cli import main
-from tracengine.trace.events import (EVENT_TYPES, FLEET_EVENT_TYPES, HASH_ID_EVENT_TYPES, SPEC_EVENT_TYPES, VLLM_EVENT_TYPES,
+from tracengine.trace.events import (CPU_TIER_EVENT_TYPES, EVENT_TYPES, FLEET_EVENT_TYPES, HASH_ID_EVENT_TYPES, SPEC_EVENT_TYPES, VLLM_EVENT_TYPES,
                                BlockAllocate, BlockAppend, BlockFree, BlockHash, Preempt, RequestAdded,
                                ScheduleDecision, SeqFinish, StepEnd, TokenSample, TraceHeader)
 from tracengine.replay.fold import Fold
@@ -111,7 +111,7 @@ def stepped(llm, tmp_path_factory):
 def test_every_event_type_and_scheduling_behaviour_is_recorded(generated):
     assert type(generated[0]) is TraceHeader
     assert {type(e).__name__ for e in generated} == set(EVENT_TYPES) - {"SeqAbort", "RunEnd"} - FLEET_EVENT_TYPES - HASH_ID_EVENT_TYPES - VLLM_EVENT_TYPES \
-        - SPEC_EVENT_TYPES   # only a server aborts; one engine; it finished
+        - SPEC_EVENT_TYPES - CPU_TIER_EVENT_TYPES   # only a server aborts; one engine; it finished
     decisions = [e for e in generated if type(e) is ScheduleDecision]
     assert {"budget_exhausted", "no_free_blocks"} <= {d.stop_reason for d in decisions}   # chunking, head-of-line
     assert any(type(e) is TokenSample and not e.kept for e in generated)                  # a middle chunk
@@ -197,7 +197,7 @@ def test_fold_reproduces_the_engine_after_every_step(stepped):
 def test_step_by_step_recording_has_every_event_type_and_arrivals(stepped):
     events = list(open_trace(stepped[0]))
     assert {type(e).__name__ for e in events} == set(EVENT_TYPES) - {"SeqAbort", "RunEnd"} - FLEET_EVENT_TYPES - HASH_ID_EVENT_TYPES - VLLM_EVENT_TYPES \
-        - SPEC_EVENT_TYPES
+        - SPEC_EVENT_TYPES - CPU_TIER_EVENT_TYPES
     added = {e.seq_id: e.step for e in events if type(e) is RequestAdded}
     assert added == {i: step for step, ids in ARRIVALS.items() for i in ids}
 

@@ -18,7 +18,8 @@ from tracengine.engine import policies as policies_module
 from tracengine.engine.config import Config
 from tracengine.engine.scheduler import Scheduler
 from tracengine.trace.events import (BlockAllocate, Preempt, RequestAdded, ScheduleDecision, SeqFinish, TokenSample,
-                                     prefill_flags, without_wall_clock)
+                                     prefill_flags)
+from tracengine.trace.views import without_wall_clock
 from tracengine.trace.sinks import ListSink
 from tracengine.replay.fold import Fold
 from tracengine.replay.state import live_state

@@ -278,7 +278,7 @@ def test_progress_counts_finished_requests_and_simulated_time(roofline):
     from tracengine.sim import engine as simulation
     from tracengine.sim.roofline import ModelShape, RooflineStepTime
     from tracengine.engine.request import Request
-    from tracengine.trace.events import without_wall_clock
+    from tracengine.trace.views import without_wall_clock
     requests = [Request(list(range(i, i + 40)), 30 + i, arrival_step=0, ignore_eos=True, seq_id=i, arrival_ns=i * 2_000_000)
                 for i in range(40)]
     config = Config(num_kvcache_blocks=64, kvcache_block_size=16, max_num_seqs=4, max_model_len=256)

@@ -24,7 +24,8 @@ from tracengine.replay.whatif import whatif
 from tracengine.sim.engine import simulate
 from tracengine.sim.roofline import ModelShape, RooflineStepTime
 from tracengine.sim.runners import SyntheticRunner, run_workload
-from tracengine.trace.events import DraftProposed, DraftVerified, ScheduleDecision, TokenSample, without_wall_clock
+from tracengine.trace.events import DraftProposed, DraftVerified, ScheduleDecision, TokenSample
+from tracengine.trace.views import without_wall_clock
 from tracengine.trace.sinks import ListSink
 
 SYNTHETIC = dict(num_speculative_tokens=3, speculative_method="synthetic", synthetic_acceptance_rates="0.8,0.6,0.4")

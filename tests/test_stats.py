@@ -197,6 +197,7 @@ JSON_KEYS = {
     "sessions": None,
     "spec_decoding": None,
     "lora_adapters": None,
+    "cpu_tier": None,
     "per_request": None,
 }
 REQUEST_KEYS = {"seq_id", "added_step", "arrival_s", "first_scheduled_step", "first_token_step", "finish_step",

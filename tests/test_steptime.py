@@ -19,7 +19,8 @@ from tracengine.replay.timed import timed_whatif
 from tracengine.replay.whatif import whatif
 from tracengine.engine.sequence import Sequence
 from tracengine.sim.steptime import FEATURES, LinearStepTime, calibrate, load_step_time, seqs_shape, step_shape
-from tracengine.trace.events import SeqAbort, StepEnd, without_wall_clock
+from tracengine.trace.events import SeqAbort, StepEnd
+from tracengine.trace.views import without_wall_clock
 from tracengine.trace.tracelog import write_trace
 from tracengine.analysis.figures import Stats, to_json_object
 

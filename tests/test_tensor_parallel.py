@@ -16,7 +16,8 @@ from tracengine import LLM, SamplingParams
 from tracengine.cli import main
 from tracengine.engine.config import Config
 from tracengine.errors import ConfigError, WorkerError
-from tracengine.trace.events import TraceHeader, without_wall_clock
+from tracengine.trace.events import TraceHeader
+from tracengine.trace.views import without_wall_clock
 from tracengine.model.linear import QKVParallelLinear
 from tracengine.model.loader import load_hf_config, resolve_model_dir
 from tracengine.runner import make_runner

@@ -7,7 +7,7 @@ from helpers import cut_like_a_kill
 from test_tracelog import flip_byte, record
 from tracengine.analysis.stats import stats
 from tracengine.cli import main
-from tracengine.trace.events import EVENT_TYPES, FLEET_EVENT_TYPES, HASH_ID_EVENT_TYPES, SPEC_EVENT_TYPES, VLLM_EVENT_TYPES
+from tracengine.trace.events import CPU_TIER_EVENT_TYPES, EVENT_TYPES, FLEET_EVENT_TYPES, HASH_ID_EVENT_TYPES, SPEC_EVENT_TYPES, VLLM_EVENT_TYPES
 from tracengine.trace.tracelog import FORMAT_VERSION, TraceReader
 from tracengine.trace.frames import FRAME_HEAD, PREAMBLE
 from tracengine.tui.trace_index import TraceIndex
@@ -35,7 +35,7 @@ def test_events_json_is_one_object_per_event(trace, capsys):
     assert objects[0]["type"] == "TraceHeader" and objects[0]["format_version"] == FORMAT_VERSION
     # only a server aborts (test_serve_abort); one engine writes no fleet event
     assert {o["type"] for o in objects} == set(EVENT_TYPES) - {"SeqAbort", "RunEnd"} - FLEET_EVENT_TYPES - HASH_ID_EVENT_TYPES - VLLM_EVENT_TYPES \
-        - SPEC_EVENT_TYPES   # the run finished
+        - SPEC_EVENT_TYPES - CPU_TIER_EVENT_TYPES   # the run finished
     assert all("step" in o for o in objects[1:])
     decision = next(o for o in objects if o["type"] == "ScheduleDecision")
     assert list(decision)[:3] == ["type", "step", "phase"]

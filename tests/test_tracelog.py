@@ -18,9 +18,9 @@ import xxhash
 
 from helpers import EOS, record_every_event_type
 from tracengine.errors import TraceCorruptError, TraceError, TraceVersionError
-from tracengine.trace.events import (EVENT_TYPES, FLEET_EVENT_TYPES, HASH_ID_EVENT_TYPES, SPEC_EVENT_TYPES,
-                               VLLM_EVENT_TYPES, BlockAllocate, BlockAppend, BlockFree, BlockHash, DraftProposed,
-                               DraftVerified, ModelInfo,
+from tracengine.trace.events import (CPU_TIER_EVENT_TYPES, EVENT_TYPES, FLEET_EVENT_TYPES, HASH_ID_EVENT_TYPES,
+                               SPEC_EVENT_TYPES, VLLM_EVENT_TYPES, BlockAllocate, BlockAppend, BlockFree, BlockHash,
+                               CpuHit, CpuLoad, CpuStore, DraftProposed, DraftVerified, ModelInfo,
                                Preempt, PromptBlocksHashed, RequestAdded, ScheduledSeq, ScheduleDecision, SeqAbort,
                                SeqFinish, SpecAccepted, SpecDecode, SpecDraft, StepEnd,
                                TokenSample, TraceHeader, ReplicaScope, RouteDecision, KVTransfer, RunEnd)
@@ -71,6 +71,9 @@ SAMPLES = [
     ReplicaScope(3, 2),
     RouteDecision(3, 9, 2, [0, 1, 2], [4.0, 1.5, 0.5], "prefill", 1_000),
     KVTransfer(4, 9, 0, 2, 33, 33_000, 16_500, 8),
+    CpuStore(2, 1, 0, [2**64 - 1, 5], [9]),
+    CpuHit(3, 2, 1, [5], 1_000, 3_048),
+    CpuLoad(4, 2, 1, 7),
     RunEnd(6, "failed", "boom"),    # only ever in an end frame: tests/test_run_end.py
     SpecDraft(2, 1, [7, 8, 9], 1),
     SpecDecode(3, [1, 2], [3, 0], 3),
@@ -96,7 +99,8 @@ def test_every_event_type_round_trips(tmp_path, event):
 def test_recorded_run_reads_back_event_for_event(recorded):
     path, header, events, engine = recorded
     assert {type(e).__name__ for e in events} == set(EVENT_TYPES) - {"TraceHeader", "SeqAbort", "RunEnd"} \
-        - FLEET_EVENT_TYPES - HASH_ID_EVENT_TYPES - VLLM_EVENT_TYPES - SPEC_EVENT_TYPES   # no server, fleet, failure or drafts
+        - FLEET_EVENT_TYPES - HASH_ID_EVENT_TYPES - VLLM_EVENT_TYPES - SPEC_EVENT_TYPES \
+        - CPU_TIER_EVENT_TYPES   # no server, fleet, failure, drafts or CPU tier
     assert list(open_trace(path)) == [header] + events
     with TraceReader(path) as reader:
         assert reader.header == header

@@ -22,8 +22,8 @@ with warnings.catch_warnings():
 from tracengine.cli import main  # noqa: E402
 from tracengine.replay.fold import Fold  # noqa: E402
 from tracengine.replay.reexec import divergence_report  # noqa: E402
-from tracengine.trace.events import (BlockAllocate, Preempt, RequestAdded, ScheduleDecision, SeqAbort, SeqFinish,
-                                     without_wall_clock)
+from tracengine.trace.events import BlockAllocate, Preempt, RequestAdded, ScheduleDecision, SeqAbort, SeqFinish
+from tracengine.trace.views import without_wall_clock
 from tracengine.trace.sinks import ListSink
 from tracengine.trace.tracelog import TraceReader, TraceWriter, open_trace  # noqa: E402
 from tracengine.vllm.build import build_scheduler, default_config  # noqa: E402

@@ -139,6 +139,22 @@ class PrefixCache(Figures, frozen=True):
     token_hit_rate: float | None
 
 
+class CpuTierFigures(Figures, frozen=True):
+    """The CPU tier of KV offloading (analysis/cpu_tier.py): its hits (the GPU's are
+    prefix_cache's; its token_hit_rate counts both), what moved each way, and how long the
+    requests that loaded waited for their loads."""
+    kv_offloading_size_gib: float
+    kv_offloading_bandwidth_gbps: float
+    block_bytes: int
+    num_hit_blocks: int
+    num_stored_blocks: int
+    num_evicted_blocks: int
+    num_loads: int
+    bytes_to_cpu: int
+    bytes_to_gpu: int
+    load_wait_s: Summary
+
+
 class KVBlocks(Figures, frozen=True):
     num_blocks: int | None
     utilization_mean: float | None = None
@@ -214,6 +230,7 @@ class Stats(Figures, frozen=True, kw_only=True):
     sessions: dict | None = None        # analysis/sessions.py; None without sessions
     spec_decoding: SpecDecoding | None = None   # analysis/spec_decoding.py; None without drafts
     lora_adapters: dict[str, Adapter] | None = None   # analysis/adapters.py; None without LoRA
+    cpu_tier: CpuTierFigures | None = None    # analysis/cpu_tier.py; None without a CPU tier
     per_request: list[RequestFigures]
 
 

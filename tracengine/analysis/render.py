@@ -14,7 +14,7 @@ from tracengine.trace.events import (WALL_CLOCK_FIELDS, BlockAllocate, BlockAppe
                                      DraftProposed, DraftVerified, Preempt, PromptBlocksHashed, RequestAdded,
                                      ScheduleDecision, ScheduledSeq, SeqAbort, SeqFinish, StepEnd, TokenSample,
                                      TraceHeader)
-from tracengine.trace.events import iter_steps
+from tracengine.trace.views import iter_steps
 from tracengine.trace.header import VLLM, backend_of
 
 SCHEDULING_CONFIG = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "kvcache_block_size",

@@ -32,6 +32,7 @@ import math
 
 import msgspec
 
+from tracengine.analysis.cpu_tier import cpu_tier_figures
 from tracengine.analysis.figures import (Goodput, HeadOfLine, KVBlocks, Latencies, Latency, Preemption, PrefixCache,
                                          RequestCounts, RequestFigures, Stats, StepFigures, TokenCounts, Throughput,
                                          TraceFigures, summarize, summarize_counts)
@@ -152,7 +153,9 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> Stats:
     num_tokens = sum(r.num_prompt_tokens for r in t.requests.values()) + num_completion
 
     num_allocated, num_hit = t.num_allocated_blocks, t.num_hit_blocks
-    num_hit_tokens = num_hit * t.block_size if t.block_size else None
+    cpu = cpu_tier_figures(t)
+    num_cpu_hit = cpu.num_hit_blocks if cpu is not None else 0    # tokens found in either tier are hits
+    num_hit_tokens = (num_hit + num_cpu_hit) * t.block_size if t.block_size else None
 
     kv = KVBlocks(num_blocks=t.num_kvcache_blocks)
     if t.num_steps:
@@ -201,6 +204,7 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> Stats:
         sessions=timeline_sessions(t),    # None without sessions (analysis/sessions.py)
         spec_decoding=t.spec_decoding.figures() if t.spec_decoding is not None else None,
         lora_adapters=adapter_figures(per_request, t.lora_names),
+        cpu_tier=cpu,
         per_request=per_request,
     )
 
@@ -271,6 +275,14 @@ def render(s: Stats, title: str = ""):
     other.add_row("head-of-line", f"{hol.num_blocked_steps} steps blocked ({hol.num_blocked_prefill_steps} "
                                   f"prefill, {hol.num_blocked_decode_steps} decode), "
                                   f"{hol.num_blocked_requests} requests")
+    if s.cpu_tier is not None:
+        c = s.cpu_tier
+        wait = None if c.load_wait_s.mean is None else c.load_wait_s.mean * 1e3
+        other.add_row("CPU tier", f"{c.kv_offloading_size_gib:g} GiB: {c.num_hit_blocks:,} blocks hit in "
+                                  f"{c.num_loads:,} loads, {c.num_stored_blocks:,} stored, "
+                                  f"{c.num_evicted_blocks:,} evicted; {c.bytes_to_cpu / 1e9:,.1f} GB to CPU, "
+                                  f"{c.bytes_to_gpu / 1e9:,.1f} GB to GPU; load wait mean "
+                                  f"{format_number(wait, '{:,.1f}')} ms")
     if s.sessions:
         other.add_row("sessions", session_line(s.sessions))
     if s.spec_decoding is not None:

@@ -18,6 +18,7 @@ from itertools import repeat
 import msgspec
 
 from tracengine.analysis.spec_decoding import SpecCounts
+from tracengine.analysis.cpu_tier import FOLD as CPU_TIER_FOLD
 from tracengine.errors import TraceError
 from tracengine.trace.events import (BlockAllocate, DraftVerified, Preempt, RequestAdded, ScheduleDecision, SeqAbort,
                                      SeqFinish, SpecAccepted, SpecDecode, StepEnd, TokenSample, TraceHeader,
@@ -122,6 +123,7 @@ class RequestTimeline:
         self.num_allocated_blocks = 0   # over all BlockAllocates (first allocations and after preemptions)
         self.num_hit_blocks = 0         # their leading blocks found in the prefix cache
         self.num_lookup_tokens = 0      # tokens of the sequences at their (re)allocations
+        self.cpu = None                 # the CPU tier's record, from its first event (analysis/cpu_tier.py)
         self.torn_tail: str | None = None   # what the reader reported about an incomplete last frame
         self.step_figures = StepFigures()
         self._decision: ScheduleDecision | None = None
@@ -334,7 +336,7 @@ FOLD = {TraceHeader: RequestTimeline._header_read, RequestAdded: RequestTimeline
         Preempt: RequestTimeline._preempted, TokenSample: RequestTimeline._token_sampled,
         SeqFinish: RequestTimeline._finished, SeqAbort: RequestTimeline._aborted, StepEnd: RequestTimeline._step_ended,
         SpecDecode: RequestTimeline._drafts_scheduled, SpecAccepted: RequestTimeline._drafts_accepted,
-        DraftVerified: RequestTimeline._drafts_verified}
+        DraftVerified: RequestTimeline._drafts_verified, **CPU_TIER_FOLD}
 
 
 def fold(events) -> RequestTimeline:

@@ -69,7 +69,7 @@ def event_check(header):
 
 
 def _event_json(event):
-    from tracengine.trace.events import to_builtins
+    from tracengine.trace.views import to_builtins
     return None if event is None else to_builtins(event)
 
 

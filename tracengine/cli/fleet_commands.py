@@ -27,8 +27,7 @@ def add_fleet_arguments(p, what_if: bool = False):
                    help=f"prefix_aware: weight of the blocks to prefill ({default} 1)")
     g.add_argument("--load-weight", type=float, metavar="X",
                    help=f"prefix_aware: weight of the KV blocks in use ({default} 1)")
-    g.add_argument("--kv-bytes-per-token", type=int, metavar="N",
-                   help="K and V bytes of one token, all layers (default: the --roofline model's)")
+    # --kv-bytes-per-token is the engine config's flag (a CPU tier's too), which a fleet's transfers also read
     g.add_argument("--kv-transfer-gbps", type=float, metavar="X",
                    help=f"KV transfer bandwidth in GB/s (gigabytes; {default} 0: no bandwidth cost)")
     g.add_argument("--kv-transfer-latency-ms", type=float, metavar="X",
@@ -56,7 +55,7 @@ def check_fleet_flags_of_one_engine(args):
     `--replicas 1` with any of them is one engine by choice (docs/cluster.md)."""
     from tracengine.fleet.overrides import SHAPE_FIELDS, SPEC_FIELDS
     changes = fleet_changes(args)
-    given = [f"--{name.replace('_', '-')}" for name in changes if name in SPEC_FIELDS]
+    given = [f"--{name.replace('_', '-')}" for name in changes if name in SPEC_FIELDS and name != "kv_bytes_per_token"]
     if given and not any(name in changes for name in SHAPE_FIELDS):
         raise TracengineError(f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with a fleet: give "
                               "--replicas N (or --prefill-replicas P --decode-replicas D); without it the run is "
@@ -198,7 +197,7 @@ def fleet_replay_command(path, events: list, as_json: bool, policy, router) -> i
     result = reexecute_fleet(events, policy, fleet_router_arg(events[0], router))
     d = result.divergence
     if as_json:
-        from tracengine.trace.events import to_builtins
+        from tracengine.trace.views import to_builtins
         print(json.dumps({"trace": str(path), "reproduced": result.ok, "num_steps": result.num_steps,
                           "num_events": result.num_events, "seconds": result.seconds,
                           "divergence": None if d is None else {
@@ -225,7 +224,8 @@ def fleet_diff_command(args, a_events: list, b_events: list) -> int:
     from tracengine.fleet.stats import fleet_stats, replica_streams
     from tracengine.analysis.stats import format_number, format_percent
     from tracengine.replay.diff import diff_traces
-    from tracengine.trace.events import RouteDecision, without_wall_clock
+    from tracengine.trace.events import RouteDecision
+    from tracengine.trace.views import without_wall_clock
     routes_a = [e for e in a_events if type(e) is RouteDecision]
     routes_b = [e for e in b_events if type(e) is RouteDecision]
     first_route = next((i for i, (x, y) in enumerate(zip(routes_a, routes_b))

@@ -17,7 +17,7 @@ from tracengine.errors import TraceError, TracengineError
 from tracengine.replay.fold import Fold
 from tracengine.replay.metrics import side_by_side
 from tracengine.replay.reexec import divergence_report, reexecute
-from tracengine.trace.events import to_builtins
+from tracengine.trace.views import to_builtins
 from tracengine.trace.tracelog import TraceReader, write_trace
 
 

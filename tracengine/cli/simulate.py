@@ -53,7 +53,7 @@ def run(args) -> int:
     if args.scheduler == "vllm":
         from tracengine.cli.vllm_backend import run_simulate
         return run_simulate(args)
-    from tracengine.sim.engine import check_token_prompts, simulate_config
+    from tracengine.sim.engine import check_token_prompts, simulate_config, with_kv_bytes
     if args.workload_file and args.workload:
         raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
     workload = args.workload_file or args.workload
@@ -110,7 +110,7 @@ def run(args) -> int:
         rc = print_sweep(spec, source, prepared, variants, args)
         print_unvaried_note(step_time)
         return rc
-    config = simulate_config(overrides, requests)
+    config = with_kv_bytes(simulate_config(overrides, requests), step_time)
     if fleet is not None:
         return simulate_fleet_run(args, config, requests, step_time, fleet, slo)
     return simulate_run(args, config, requests, step_time, slo, len(requests))

@@ -39,6 +39,7 @@ class BlockManager:
         # seq_id -> tokens of its prompt whose KV a transfer put in place (a disaggregated fleet's
         # decode replica, fleet/engine.py), as vLLM's KV connectors report external computed tokens
         self.external_tokens: dict[int, int] = {}
+        self.cpu_tier = None    # the CPU tier of KV offloading (engine/cpu_tier.py), where the policy has one
 
     @property
     def num_blocks(self) -> int:

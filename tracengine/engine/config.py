@@ -66,6 +66,13 @@ class Config:
     synthetic_acceptance_length: float = _field(0.0, "the synthetic method's mean tokens per verify step, in "
                                                 "[1, num_speculative_tokens + 1], instead of the rates "
                                                 "(0: the rates are given)", flag=False)
+    kv_offloading_size: float = _field(0.0, "GiB of CPU memory per replica for a second KV tier (vLLM's "
+                                       "--kv-offloading-size, its native CPU offloading; 0: no tier)")
+    kv_bytes_per_token: int = _field(0, "bytes one token's K and V take in every layer of a replica (0: the "
+                                     "--roofline model's, where one is named); sizes the CPU tier's blocks "
+                                     "and its transfers")
+    kv_offloading_bandwidth_gbps: float = _field(0.0, "decimal GB/s between the GPU and the CPU tier, each "
+                                                 "direction (0: transfers take no time)")
 
     def __post_init__(self):
         self.validate()
@@ -118,6 +125,30 @@ class Config:
                               "speculative_method=synthetic")
         if k and self.speculative_method == "synthetic":
             acceptance_rates(self)      # exactly one of them, and valid
+        self.validate_cpu_tier()
+
+    def validate_cpu_tier(self):
+        """The CPU tier's fields: none negative, and a tier that is on holds at least one block."""
+        for name in ("kv_offloading_size", "kv_bytes_per_token", "kv_offloading_bandwidth_gbps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 \
+                    or value == float("inf"):
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+        if not isinstance(self.kv_bytes_per_token, int):
+            raise ConfigError(f"kv_bytes_per_token must be an integer, got {self.kv_bytes_per_token!r}")
+        if self.kv_offloading_size and self.kv_bytes_per_token and not self.num_cpu_blocks:
+            raise ConfigError(f"kv_offloading_size={self.kv_offloading_size} GiB holds no KV block of "
+                              f"{self.kvcache_block_size} tokens at {self.kv_bytes_per_token} bytes a token")
+
+    @property
+    def num_cpu_blocks(self) -> int:
+        """KV blocks the CPU tier holds: its bytes over a block's, the block's rounded up to a
+        4 KiB page, as vLLM's CPUOffloadingSpec sizes its chunks (0: no tier, or no bytes per token yet)."""
+        if not self.kv_offloading_size or not self.kv_bytes_per_token:
+            return 0
+        page = 4096
+        block_bytes = -(-self.kv_bytes_per_token * self.kvcache_block_size // page) * page
+        return int(self.kv_offloading_size * (1 << 30)) // block_bytes
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -19,6 +19,9 @@ class LLM(LLMEngine):
         if requested.num_speculative_tokens and requested.speculative_method == "synthetic":
             raise ConfigError("speculative_method=synthetic drafts no tokens a model can verify: it is for "
                               "simulate and what-ifs; a model drafts with ngram")
+        if requested.kv_offloading_size:     # the runner copies no KV block to host memory
+            raise ConfigError("kv_offloading_size runs in simulated time only (simulate, replay --set): "
+                              "a model's KV blocks are not copied to a CPU tier")
         from tracengine.model.loader import load_hf_config, resolve_model_dir
         from tracengine.model.registry import check_max_model_len
         from tracengine.runner import make_runner

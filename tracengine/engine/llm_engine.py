@@ -135,6 +135,9 @@ class LLMEngine:
         t0 = perf_counter_ns()
         if self.pending:
             t0 = self.admit_arrivals(t0)
+        tier = self.scheduler.cpu_tier
+        if tier is not None:
+            tier.begin_step(self.num_steps, self.transfer_clock_ns(t0))
         seqs, is_prefill = self.scheduler.schedule()
         t1 = perf_counter_ns()
         self.num_batched_tokens = sum(seq.num_scheduled_tokens for seq in seqs)
@@ -167,6 +170,11 @@ class LLMEngine:
         finished = self.scheduler.postprocess(seqs, token_ids, is_prefill)
         self.scheduler.update_draft_token_ids(sampled, self.proposer)
         return finished
+
+    def transfer_clock_ns(self, t0: int) -> int:
+        """The start of the step (`t0`, perf_counter ns) in ns from the run's start, as a CPU
+        tier's transfers count time (re-execution gives the recorded one)."""
+        return t0 - self.start_ns
 
 
 def build_config(model: str = "", **kwargs) -> Config:

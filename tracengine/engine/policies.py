@@ -56,6 +56,8 @@ still in prefill, so this is the order they were scheduled in); the engine
 runs a mixed batch on the runner's general (prefill) path."""
 
 from tracengine.engine.config import BUILTIN_POLICY_NAMES, Config
+from tracengine.engine.cpu_tier import CpuTier
+from tracengine.engine.offload_scheduling import schedule_waiting
 from tracengine.engine.scheduler import Scheduler
 from tracengine.engine.sequence import Sequence, SequenceStatus
 from tracengine.engine.spec_decode import PADDING_DRAFT
@@ -76,6 +78,8 @@ class MixedScheduler(Scheduler):
         if self.allocate_per_chunk:
             self.block_manager = VllmBlockManager(config.num_kvcache_blocks, config.kvcache_block_size, sink,
                                                   config.enable_prefix_caching)
+        if config.kv_offloading_size:
+            self.cpu_tier = self.block_manager.cpu_tier = make_cpu_tier(config, sink)
 
     def schedule(self) -> tuple[list[Sequence], bool]:
         self.order_waiting()
@@ -112,6 +116,9 @@ class MixedScheduler(Scheduler):
 
         if self.num_preemptions != num_preemptions:   # V1 admits nothing in a step that preempted
             stop_reason = "preempted"
+        elif stop_reason is None and self.cpu_tier is not None:
+            stop_reason, token_budget, blocked_seq_id, num_blocks_needed = schedule_waiting(
+                self, token_budget, scheduled_seqs, prefill_flags)
         elif stop_reason is None:
             prefill_scheduled = any(prefill_flags)    # a running sequence still in prefill (V1's is_prefill_chunk)
             # Then waiting, in FIFO order, into the budget left.
@@ -159,7 +166,10 @@ class MixedScheduler(Scheduler):
             else:
                 stop_reason = "budget_exhausted" if token_budget == 0 else "waiting_empty"
 
-        assert scheduled_seqs, "nothing schedulable: check_request should have refused a request"
+        tier = self.cpu_tier
+        # with a CPU tier a step may schedule nothing while every sequence waits for a transfer
+        assert scheduled_seqs or tier is not None, "nothing schedulable: check_request should have refused a request"
+        scheduled_order = scheduled_seqs
         num_decode_seqs = prefill_flags.count(False)
         if any(prefill_flags[:num_decode_seqs]):
             # the record lists decodes first (a subclass may have reordered running); the queues keep their order
@@ -170,6 +180,8 @@ class MixedScheduler(Scheduler):
         self._emit_decision(phase, scheduled_seqs, self.max_num_batched_tokens - token_budget, stop_reason,
                             blocked_seq_id, num_blocks_needed, self.block_manager.num_free_blocks,
                             num_decode_seqs if phase == "mixed" else 0)
+        if tier is not None:       # vLLM's build_connector_meta: the stores of the step, in scheduling order
+            tier.offer_stores(scheduled_order)
         return scheduled_seqs, phase != "decode"
 
     def _pads(self, seq: Sequence, num_computed: int) -> bool:
@@ -200,6 +212,15 @@ class MixedScheduler(Scheduler):
         scheduled_seqs.append(seq)
 
 
+def make_cpu_tier(config: Config, sink: EventSink) -> CpuTier:
+    """The CPU tier `config` asks for: under vLLM's rules only (block_rules checks it), and the
+    bytes of a token known."""
+    if not config.kv_bytes_per_token:
+        raise ConfigError("kv_offloading_size needs kv_bytes_per_token (or a --roofline model, which gives it)")
+    return CpuTier(config.num_cpu_blocks, config.kvcache_block_size,
+                   config.kv_bytes_per_token * config.kvcache_block_size, config.kv_offloading_bandwidth_gbps, sink)
+
+
 BUILTIN_POLICIES: dict[str, type[Scheduler]] = {"prefill_first": Scheduler, "mixed": MixedScheduler}
 assert tuple(BUILTIN_POLICIES) == BUILTIN_POLICY_NAMES
 
@@ -209,11 +230,12 @@ def block_rules(policy: type[Scheduler], config: Config) -> str:
     policy's own (vLLM's for `mixed` and its subclasses, nano-vllm's for the rest). vLLM's
     allocate per chunk, which only a MixedScheduler schedules."""
     is_mixed = issubclass(policy, MixedScheduler)
-    if config.block_rules == "auto":
-        return "vllm" if is_mixed else "nano-vllm"
-    if config.block_rules == "vllm" and not is_mixed:
+    rules = ("vllm" if is_mixed else "nano-vllm") if config.block_rules == "auto" else config.block_rules
+    if rules == "vllm" and not is_mixed:
         raise ConfigError(f"block_rules=vllm needs the mixed policy (a MixedScheduler), not {policy_path(policy)}")
-    return config.block_rules
+    if config.kv_offloading_size and rules != "vllm":
+        raise ConfigError("kv_offloading_size needs vLLM's block rules (the mixed policy, block_rules vllm)")
+    return rules
 
 
 def policy_path(policy: type) -> str:

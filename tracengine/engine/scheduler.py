@@ -31,6 +31,8 @@ class Scheduler:
                                           config.enable_prefix_caching)
         self.waiting: deque[Sequence] = deque()   # not fully prefilled: new, mid-chunk, preempted
         self.running: deque[Sequence] = deque()   # prefilled, decoding
+        self.loading: deque[Sequence] = deque()   # set aside while the CPU tier loads their blocks (policies.py)
+        self.cpu_tier = None       # the CPU tier of KV offloading (engine/cpu_tier.py), where the policy has one
         self.sink = sink
         self.step = 0   # the engine's step, stamped on events: set by `begin_step`
         self.num_preemptions = 0   # over the scheduler's life (a server's metrics read it)
@@ -43,7 +45,7 @@ class Scheduler:
         self.step = self.block_manager.step = step
 
     def is_finished(self) -> bool:
-        return not self.waiting and not self.running
+        return not self.waiting and not self.running and not self.loading
 
     def check_request(self, num_prompt_tokens: int, max_tokens: int):
         """Refuse a request that could never be served, instead of stalling on it."""
@@ -150,7 +152,7 @@ class Scheduler:
         self.sink.emit(ScheduleDecision(
             self.step, phase, [ScheduledSeq(s.seq_id, s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs],
             num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,
-            num_free_blocks, len(self.waiting), len(self.running), num_decode_seqs))
+            num_free_blocks, len(self.waiting) + len(self.loading), len(self.running), num_decode_seqs))
 
     def _append_slot(self, seq: Sequence, num_drafts: int = 0) -> bool:
         """Room for the token `seq` decodes (the seeds' loop) and its `num_drafts` drafts: a token
@@ -181,6 +183,8 @@ class Scheduler:
         if self.sink.enabled:
             self.sink.emit(Preempt(self.step, seq.seq_id, by.seq_id, seq.block_table[::-1],
                                    seq.num_cached_tokens))
+        if self.cpu_tier is not None:
+            self.cpu_tier.preempted(seq.seq_id)
         seq.status = SequenceStatus.WAITING
         seq.is_prefill = True
         seq.spec_token_ids = []     # vLLM's _preempt_request drops them: a resumed sequence prefills first
@@ -267,13 +271,15 @@ class Scheduler:
         self.block_manager.deallocate(seq)
         self.running.remove(seq)
         finished.append(seq)
+        if self.cpu_tier is not None:
+            self.cpu_tier.request_finished(seq.seq_id)
 
     def abort(self, seq_id: int, reason: AbortReason) -> Sequence | None:
         """Take a sequence out of whichever queue holds it and free its blocks, as vLLM's
         abort_request does; the seeds define no abort, so this is an extension of them.
         Called between steps only. Returns the sequence, or None when no queue holds it
         (it has finished, or it was never added)."""
-        for queue, status in ((self.waiting, "waiting"), (self.running, "running")):
+        for queue, status in ((self.waiting, "waiting"), (self.running, "running"), (self.loading, "waiting")):
             seq = next((s for s in queue if s.seq_id == seq_id), None)
             if seq is not None:
                 break
@@ -288,6 +294,9 @@ class Scheduler:
         seq.spec_token_ids = []
         if seq.block_table:      # a preempted or never-scheduled sequence holds none
             self.block_manager.deallocate(seq)
+        if self.cpu_tier is not None:
+            self.cpu_tier.drop(seq_id)
+            self.cpu_tier.request_finished(seq_id)
         return seq
 
     # -- policy hooks: a subclass overrides these to serve in another order (docs/policies.md) --

@@ -112,11 +112,13 @@ class VllmBlockManager(BlockManager):
         self.prefix_cache = VllmPrefixCache(num_blocks, block_size)
         self.pool = VllmBlockPool(num_blocks, self.prefix_cache.hashes)
 
-    def allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int | None = None):
+    def allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int | None = None,
+                 delay_cache_blocks: bool = False):
         """Admission: the `hits` (its `cached_block_ids`, asked in this step with nothing
         allocated or freed since), and slots for the first `num_new_tokens` past the computed
         ones (None: all of them, as a KV transfer installs a prompt, fleet/engine.py); the caller
-        checked with `num_blocks_needed` that the whole sequence fits."""
+        checked with `num_blocks_needed` that the whole sequence fits. `delay_cache_blocks`: the
+        slots are for blocks a load fills (the CPU tier's), registered when it has ended."""
         assert not seq.block_table
         num_cached_blocks = len(hits)
         self.pool.touch(hits)
@@ -125,12 +127,14 @@ class VllmBlockManager(BlockManager):
         num_slots = seq.num_tokens if num_new_tokens is None else seq.num_cached_tokens + num_new_tokens
         new_block_ids = self.pool.get_new_blocks(-(-num_slots // self.block_size) - num_cached_blocks)
         self.prefix_cache.evict(new_block_ids)     # their cached content is overwritten
+        if self.cpu_tier is not None:
+            self.cpu_tier.reuse(new_block_ids)
         seq.block_table = list(hits) + new_block_ids
         self.num_hit_blocks += num_cached_blocks
         if self.sink.enabled:
             self.sink.emit(BlockAllocate(self.step, seq.seq_id, list(seq.block_table), num_cached_blocks))
         num_filled = min(num_slots, seq.num_tokens) // self.block_size     # not a padded verify's slots
-        if num_filled > num_cached_blocks:      # the first chunk fills blocks
+        if num_filled > num_cached_blocks and not delay_cache_blocks:      # the first chunk fills blocks
             self.cache_blocks(seq, num_cached_blocks, num_filled)
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -145,6 +149,8 @@ class VllmBlockManager(BlockManager):
         if num_new_blocks > 0:
             new_block_ids = self.pool.get_new_blocks(num_new_blocks)
             self.prefix_cache.evict(new_block_ids)
+            if self.cpu_tier is not None:
+                self.cpu_tier.reuse(new_block_ids)
             seq.block_table += new_block_ids
             if self.sink.enabled:
                 for block_id in new_block_ids:

@@ -207,10 +207,12 @@ def run_fleet(fleet: Fleet, requests: list[Request], step_time, max_steps: int =
     num_done, num_steps = 0, 0
 
     def wake(replica: Replica, now_ns: int):
+        engine = replica.engine
         if replica.start_ns is None:     # idle: it sleeps until this arrival, and wakes late
-            engine = replica.engine
             base = engine.now_ns + gap_ns if engine.num_steps else max(gap_ns, first_step_ns)
             replica.start_ns = max(base, now_ns + wake_ns)
+        elif engine.waits:               # waiting for a CPU tier's transfer: an arrival wakes it sooner
+            replica.start_ns = min(replica.start_ns, max(engine.now_ns + gap_ns, now_ns + wake_ns))
 
     replicas = fleet.replicas
     while True:
@@ -255,6 +257,8 @@ def run_fleet(fleet: Fleet, requests: list[Request], step_time, max_steps: int =
                         counter += 1
         num_done += len(finished) - len(handed)
         replica.start_ns = engine.now_ns + gap_ns if (replica.queued or not engine.is_finished()) else None
+        if engine.waits and replica.start_ns is not None:    # it ran nothing: it waits for a transfer
+            replica.start_ns = max(replica.start_ns, engine.scheduler.cpu_tier.next_done_ns() or 0)
         if engine.num_steps >= max_steps:
             raise TracengineError(f"replica {replica.index} did not finish in {max_steps} steps")
         if on_progress is not None and not num_steps % 512:

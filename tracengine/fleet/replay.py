@@ -98,6 +98,7 @@ def reexecute_fleet(events, policy=None, routers: dict | None = None) -> FleetRe
     requests = _recorded_requests(recorded, spec.disaggregated)
     prefilled, transfers = {}, {}     # seq_id -> (seq, its prefill replica); seq_id -> (src, dst)
     replica, num_steps, start = None, 0, time.perf_counter()
+    ends: dict[int, int] = {}       # replica -> the recorded end of its last step
     while sink.index < len(recorded):
         i = sink.index
         e = recorded[i]
@@ -126,8 +127,11 @@ def reexecute_fleet(events, policy=None, routers: dict | None = None) -> FleetRe
                 if not replica.queued and replica.engine.is_finished():
                     raise _Diverged(e, None, f"the replay has nothing to schedule on replica {e.replica}")
                 runners[e.replica].tokens = _step_tokens(recorded, i + 1)
-                # its clock past every routed arrival, so they enter now (no time is compared)
-                replica.engine.now_ns = max([replica.engine.now_ns] + [r.arrival_ns for r in replica.queued])
+                # its clock past every routed arrival, so they enter now (no time is compared); a
+                # CPU tier's transfers count the recorded time: the step starts where its StepEnd says
+                start_ns = _recorded_start(recorded, i + 1, ends, e.replica)
+                replica.engine.now_ns = start_ns if replica.engine.scheduler.cpu_tier is not None else \
+                    max([replica.engine.now_ns] + [r.arrival_ns for r in replica.queued])
                 finished = fleet.step(replica, _segment_aborts(recorded, i + 1))
                 if finished is not None:
                     num_steps += 1
@@ -145,6 +149,19 @@ def reexecute_fleet(events, policy=None, routers: dict | None = None) -> FleetRe
                 getattr(at, "step", None), None if in_replica else at.seq_id, d.expected, d.actual, d.reason)
             return FleetReplayResult(sink.index - 1, num_steps, time.perf_counter() - start, divergence)
     return FleetReplayResult(sink.index - 1, num_steps, time.perf_counter() - start)
+
+
+def _recorded_start(recorded: list, start: int, ends: dict[int, int], replica: int) -> int:
+    """The recorded start of the replica step whose events begin at `start` (its StepEnd's gap
+    after the end of the replica's step before), and its end kept in `ends`."""
+    for e in recorded[start:]:
+        if type(e) is StepEnd:
+            begin = ends.get(replica, 0) + e.gap_ns
+            ends[replica] = begin + e.schedule_ns + e.model_ns + e.postprocess_ns
+            return begin
+        if type(e) is ReplicaScope:
+            break
+    return ends.get(replica, 0)
 
 
 def _recorded_requests(recorded: list, disaggregated: bool) -> dict[int, RequestAdded]:

@@ -8,11 +8,11 @@ from tracengine.analysis.timeline import RequestTimeline
 from tracengine.engine.config import Config, recorded_block_rules
 
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, DraftProposed, DraftVerified,
-                                     Preempt, PromptBlocksHashed, RequestAdded, ScheduleDecision, SpecDecode,
-                                     without_wall_clock)
+                                     Preempt, PromptBlocksHashed, RequestAdded, ScheduleDecision, SpecDecode)
+from tracengine.trace.views import without_wall_clock
 from tracengine.engine.hash_id_prompt import hashed_blocks
 from tracengine.trace.tracelog import split_header
-from tracengine.trace.events import iter_steps
+from tracengine.trace.views import iter_steps
 
 # speculative decoding's: how many drafts a sequence got and kept (a draft's token id, as any, does not
 # count); a vLLM step's SpecDecode: the drafts it verified, which its ScheduledSeqs count

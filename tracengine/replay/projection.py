@@ -10,10 +10,11 @@ import msgspec
 from tracengine.engine.block_pool import FreeKVCacheBlockQueue
 from tracengine.engine.hash_id_prompt import hashed_blocks
 from tracengine.engine.spec_decode import SYNTHETIC_DRAFT
-from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, DraftProposed, DraftVerified,
-                                     Preempt, PromptBlocksHashed, RequestAdded, ScheduleDecision, SeqAbort, SeqFinish,
-                                     SpecAccepted, SpecDecode, SpecDraft, StepEnd, TokenSample, prefill_flags)
-from tracengine.replay.state import FINISHED, RUNNING, WAITING, FoldState, SeqState
+from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, CpuHit, CpuLoad, CpuStore,
+                                     DraftProposed, DraftVerified, Preempt, PromptBlocksHashed, RequestAdded,
+                                     ScheduleDecision, SeqAbort, SeqFinish, SpecAccepted, SpecDecode, SpecDraft, StepEnd,
+                                     TokenSample, prefill_flags)
+from tracengine.replay.state import FINISHED, RUNNING, WAITING, CpuTierState, FoldState, SeqState
 
 
 class Keyframe(msgspec.Struct, frozen=True, gc=False):
@@ -26,6 +27,9 @@ class Keyframe(msgspec.Struct, frozen=True, gc=False):
     free: FreeKVCacheBlockQueue   # a copy, never mutated again
     hash_to_block_id: dict
     decision: object
+    cpu_num_blocks: int        # the CPU tier's blocks (its hashes: the history, shared, by step)
+    cpu_loading: dict          # seq_id -> (first block, blocks) of the sequences set aside to load
+    cpu_history: object
 
 
 class Projection:
@@ -41,6 +45,14 @@ class Projection:
         self.free = FreeKVCacheBlockQueue(num_blocks)
         self.hash_to_block_id: dict[int, int] = {}
         self.decision = None
+        # The CPU tier (engine/cpu_tier.py): its block count, the sequences set aside while they
+        # load, and its history: hash -> the steps it was stored and evicted at, alternately
+        # (append-only and shared by every keyframe, so a keyframe does not copy the tier; a
+        # projection restored from one reads it and leaves it alone)
+        self.cpu_num_blocks = 0
+        self.cpu_loading: dict[int, tuple[int, int]] = {}
+        self.cpu_history: dict[int, list[int]] = {}
+        self.cpu_live = True
         self.handlers = {
             RequestAdded: self.request_added, ScheduleDecision: self.schedule_decision,
             BlockAllocate: self.block_allocate, BlockAppend: self.block_append, BlockHash: self.block_hash,
@@ -50,13 +62,15 @@ class Projection:
             # drafts change no block or queue (vLLM's scheduler counts verified drafts in num_tokens)
             SpecDraft: _no_change, SpecDecode: _no_change, SpecAccepted: _no_change,
             DraftProposed: self.draft_proposed, DraftVerified: self.draft_verified,
+            CpuStore: self.cpu_store, CpuHit: self.cpu_hit, CpuLoad: self.cpu_load,
         }
 
     # -- keyframes --------------------------------------------------------------------------
 
     def keyframe(self, step: int) -> Keyframe:
         kf = Keyframe(step, dict(self.seqs), tuple(self.waiting), tuple(self.running), list(self.ref_counts),
-                       list(self.hashes), self.free.copy(), dict(self.hash_to_block_id), self.decision)
+                       list(self.hashes), self.free.copy(), dict(self.hash_to_block_id), self.decision,
+                       self.cpu_num_blocks, dict(self.cpu_loading), self.cpu_history)
         self._own_live_seqs(kf)
         return kf
 
@@ -68,6 +82,8 @@ class Projection:
         p.ref_counts, p.hashes = list(kf.ref_counts), list(kf.hashes)
         p.free, p.hash_to_block_id = kf.free.copy(), dict(kf.hash_to_block_id)
         p.decision = kf.decision
+        p.cpu_num_blocks, p.cpu_loading = kf.cpu_num_blocks, dict(kf.cpu_loading)
+        p.cpu_history, p.cpu_live = kf.cpu_history, False
         p._own_live_seqs(kf)
         return p
 
@@ -84,7 +100,8 @@ class Projection:
         for ss in decision.seqs if decision is not None else ():
             seqs[ss.seq_id] = msgspec.structs.replace(seqs[ss.seq_id], num_scheduled_tokens=ss.num_tokens)
         return FoldState(step, list(self.waiting), list(self.running), seqs, self.ref_counts, self.hashes,
-                         list(self.free), self.hash_to_block_id, decision, self.block_size)
+                         list(self.free), self.hash_to_block_id, decision, self.block_size,
+                         cpu=CpuTierState(step, self.cpu_num_blocks, dict(self.cpu_loading), self.cpu_history))
 
     # -- events, as the scheduler and block manager produced them ------------------------------
 
@@ -250,6 +267,41 @@ class Projection:
         s.finish_step = e.step
         s.finish_reason = "abort"
         s.draft_token_ids = []
+
+    # -- the CPU tier -----------------------------------------------------------------------------
+
+    def _in_cpu(self, h: int) -> bool:
+        return len(self.cpu_history.get(h, ())) % 2 == 1
+
+    def cpu_store(self, e: CpuStore):
+        if self.cpu_live:
+            history = self.cpu_history
+            for h in e.evicted:
+                if not self._in_cpu(h):
+                    raise ValueError(f"block {h:#x} is evicted from the CPU tier, which does not hold it")
+                history[h].append(e.step)
+            for h in e.hashes:
+                if self._in_cpu(h):
+                    raise ValueError(f"block {h:#x} is stored in the CPU tier, which holds it")
+                history.setdefault(h, []).append(e.step)
+        self.cpu_num_blocks += len(e.hashes) - len(e.evicted)
+        if e.seq_id not in self.seqs:
+            raise KeyError(e.seq_id)
+
+    def cpu_hit(self, e: CpuHit):
+        if self.cpu_live:
+            missing = [h for h in e.hashes if not self._in_cpu(h)]
+            if missing:
+                raise ValueError(f"block {missing[0]:#x} is loaded from the CPU tier, which does not hold it")
+        if self.seqs[e.seq_id].status != WAITING:
+            raise ValueError(f"seq {e.seq_id} loads from the CPU tier but is not waiting")
+        self.cpu_loading[e.seq_id] = (e.first_block, len(e.hashes))
+
+    def cpu_load(self, e: CpuLoad):
+        if e.seq_id not in self.cpu_loading:
+            raise ValueError(f"seq {e.seq_id} ends a load from the CPU tier it did not start")
+        del self.cpu_loading[e.seq_id]
+        self.seqs[e.seq_id].num_cached_tokens = e.num_cached_tokens
 
     def step_end(self, e: StepEnd):
         if e.num_free_blocks != len(self.free):

@@ -13,7 +13,7 @@ from tracengine.trace.events import (WALL_CLOCK_FIELDS, AnyEvent, BlockHash, Dra
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.analysis.render import format_event, render_state, render_step
 from tracengine.replay.fold import Fold
-from tracengine.trace.events import iter_steps
+from tracengine.trace.views import iter_steps
 from tracengine.trace.tracelog import split_header
 from tracengine.replay.state import FoldState, live_state
 from tracengine.engine.sampling_params import SamplingParams
@@ -136,6 +136,15 @@ class ComparingSink:
         self.index = i + 1
 
 
+class RecordedClockEngine(LLMEngine):
+    """The engine of a re-execution: a CPU tier's transfers count the recorded time (each step
+    starts where its StepEnd says), so they end at the steps they ended at."""
+    recorded_start_ns = 0
+
+    def transfer_clock_ns(self, t0: int) -> int:
+        return self.recorded_start_ns
+
+
 def reexecute(events, policy: type | str | None = None) -> ReplayResult:
     """Re-execute `events` (TraceHeader first); stops at the first divergence. `policy`: the
     scheduler to replay with; without it the recorded built-in policy (a recorded policy of
@@ -143,7 +152,8 @@ def reexecute(events, policy: type | str | None = None) -> ReplayResult:
     header, it = split_header(events)
     config = Config.from_dict(header.config)
     runner, sink = RecordedRunner(), ComparingSink()
-    engine = LLMEngine(config, runner, sink, policy=policy)
+    engine = RecordedClockEngine(config, runner, sink, policy=policy)
+    step_end_ns = 0      # the recorded end of the last step, ns from the start of the run
     seqs = []            # every sequence added, to show those caught mid-step
     num_events = 0
     start = time.perf_counter()
@@ -179,6 +189,9 @@ def reexecute(events, policy: type | str | None = None) -> ReplayResult:
             if type(step_events[-1]) is StepEnd:
                 if engine.is_finished():
                     raise _Diverged(step_events[sink.index], None, "the replay has nothing left to schedule")
+                end = step_events[-1]
+                engine.recorded_start_ns = step_end_ns + end.gap_ns
+                step_end_ns = engine.recorded_start_ns + end.schedule_ns + end.model_ns + end.postprocess_ns
                 engine.step()
             if sink.index < len(step_events):
                 raise _Diverged(step_events[sink.index], None, "the trace has an event the replay did not emit")

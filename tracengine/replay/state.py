@@ -1,6 +1,8 @@
 """The state of the scheduler and the block manager at one step, as values:
 what `Fold.state_at` returns, what the TUI draws, and what a live scheduler
 looks like in the same terms (`live_state`), so the two can be compared."""
+from bisect import bisect_right
+
 import msgspec
 
 from tracengine.trace.events import ScheduleDecision
@@ -39,13 +41,30 @@ class BlockState(msgspec.Struct, frozen=True, gc=False):
     owners: list[int]    # seq ids whose block table holds the block, ascending
 
 
+class CpuTierState:
+    """The CPU tier after `step`: how many blocks it holds, the sequences set aside while they
+    load (seq_id -> (first block, blocks)), and, on demand, the hashes it holds."""
+    __slots__ = ("step", "num_blocks", "loading", "_history")
+
+    def __init__(self, step: int = -1, num_blocks: int = 0, loading=None, history=None):
+        self.step, self.num_blocks = step, num_blocks
+        self.loading: dict[int, tuple[int, int]] = loading or {}
+        self._history = history or {}
+
+    @property
+    def block_hashes(self) -> list[int]:
+        """The blocks the tier holds, by hash, in the order they were first stored."""
+        step = self.step
+        return [h for h, steps in self._history.items() if bisect_right(steps, step) % 2 == 1]
+
+
 class FoldState:
     """The state after `step` completed (step -1: before the first step)."""
     __slots__ = ("step", "waiting", "running", "seqs", "ref_counts", "hashes", "free_block_ids",
-                 "hash_to_block_id", "decision", "block_size", "in_flight", "_blocks")
+                 "hash_to_block_id", "decision", "block_size", "in_flight", "cpu", "_blocks")
 
     def __init__(self, step, waiting, running, seqs, ref_counts, hashes, free_block_ids, hash_to_block_id,
-                 decision, block_size, in_flight=()):
+                 decision, block_size, in_flight=(), cpu: CpuTierState | None = None):
         self.step: int = step
         self.waiting: list[int] = waiting
         self.running: list[int] = running
@@ -59,6 +78,7 @@ class FoldState:
         # Mid-step only (a live scheduler stopped inside a step): unfinished sequences
         # out of both queues, e.g. the one being scheduled, or a victim being preempted.
         self.in_flight: list[int] = list(in_flight)
+        self.cpu: CpuTierState = cpu if cpu is not None else CpuTierState(step)   # the second KV tier
         self._blocks = None
 
     @property
@@ -99,6 +119,9 @@ def live_state(scheduler, step: int, known_seqs=()) -> FoldState:
                                     seq.num_cached_tokens, seq.num_scheduled_tokens, list(seq.block_table),
                                     seq.num_preemptions, finish_reason=seq.finish_reason,
                                     draft_token_ids=list(seq.spec_token_ids))
+    tier = getattr(scheduler, "cpu_tier", None)
+    cpu = CpuTierState(step, len(tier.ref_counts), dict(tier.loads), {h: [step] for h in tier.ref_counts}) \
+        if tier is not None else None
     return FoldState(step, [s.seq_id for s in scheduler.waiting], [s.seq_id for s in scheduler.running], seqs,
                      bm.ref_counts, bm.hashes, list(bm.free_block_ids),
-                     dict(bm.hash_to_block_id), None, bm.block_size, sorted(s.seq_id for s in in_flight))
+                     dict(bm.hash_to_block_id), None, bm.block_size, sorted(s.seq_id for s in in_flight), cpu)

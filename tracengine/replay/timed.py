@@ -10,7 +10,7 @@ import msgspec
 from tracengine.engine.config import Config
 from tracengine.errors import TraceError
 from tracengine.replay.whatif import OutputRunner, extract_workload, requests_under
-from tracengine.sim.engine import run_timed
+from tracengine.sim.engine import run_timed, with_kv_bytes
 from tracengine.sim.runners import check_requests
 from tracengine.sim.steptime import calibrate
 from tracengine.sim.sweep import IN_STEPS, IN_TIME, row_of, step_row_of
@@ -80,6 +80,7 @@ class TimedReplay:
 
     def run(self, config: Config, policy=None) -> tuple[list, OutputRunner]:
         step_time = self.ensure_step_time()
+        config = with_kv_bytes(config, step_time)
         if policy is not None:      # the header names the policy that runs
             from tracengine.engine.policies import block_rules, policy_path, scheduler_class
             cls = scheduler_class(config, policy)

@@ -36,6 +36,7 @@ class SimulatedEngine(LLMEngine):
     def reset(self, sink=NULL_SINK):
         super().reset(sink)
         self.start_ns = self.last_step_end_ns = self.now_ns = 0
+        self.waits = False     # the last step scheduled nothing: every sequence waits for a CPU tier's transfer
 
     def clock_ns(self) -> int:
         # simulated time, not the machine's: on its clock (the time since boot) a request
@@ -46,13 +47,22 @@ class SimulatedEngine(LLMEngine):
         """schedule -> run -> postprocess -> StepEnd, as LLMEngine.step, timed by the model."""
         scheduler = self.scheduler
         scheduler.begin_step(self.num_steps)
+        tier = scheduler.cpu_tier
+        if tier is not None:
+            tier.begin_step(self.num_steps, self.now_ns)
         seqs, is_prefill = scheduler.schedule()
         # a verify step is a decode whose sequences compute 1 + their drafts tokens each
         shape = seqs_shape(seqs, is_prefill, self.spec is not None)
         self.num_batched_tokens = shape[0]
         token_ids = self.runner.run(seqs, is_prefill)
-        schedule_ns, model_ns, postprocess_ns = self.step_time.predict(
-            is_prefill, *shape, mixed=is_prefill and holds_decode(seqs))
+        if seqs:
+            schedule_ns, model_ns, postprocess_ns = self.step_time.predict(
+                is_prefill, *shape, mixed=is_prefill and holds_decode(seqs))
+        else:      # every sequence waits for a CPU tier's transfer: no forward pass
+            schedule_ns = model_ns = postprocess_ns = 0
+        self.waits = not seqs
+        if tier is not None:       # the forward pass waits for the stores of the GPU blocks it reuses
+            schedule_ns += tier.flush_wait_ns()
         if self.spec is None:
             finished = scheduler.postprocess(seqs, token_ids, is_prefill)
         else:
@@ -112,6 +122,8 @@ def run_timed(config: Config, requests, step_time, runner=None, sink=None,
         start = engine.now_ns + gap_ns if engine.num_steps else max(gap_ns, first_step_ns)
         if idle:    # the engine sleeps until the next arrival, and wakes late
             start = max(start, request.arrival_ns + wake_ns)
+        elif engine.waits:   # the last step ran nothing: the next starts when a transfer ends, or a request arrives
+            start = max(start, transfer_wait_ns(engine, request.arrival_ns if request is not None else None))
         engine.now_ns = start
         while request is not None and request.arrival_ns <= start:
             engine.add_request(request.prompt, sampling_params_of(request),
@@ -138,6 +150,17 @@ def run_timed(config: Config, requests, step_time, runner=None, sink=None,
     return [head] if sink is not None else [head, *events_sink.events]
 
 
+def transfer_wait_ns(engine, arrival: int | None) -> int:
+    """When a step that follows one that ran nothing starts: when the CPU tier's next transfer
+    ends, or when the next request (`arrival`: when it arrives, None: none) comes if that is sooner."""
+    done = engine.scheduler.cpu_tier.next_done_ns()
+    times = [t for t in (done, arrival) if t is not None]
+    if not times:
+        raise TracengineError(f"the simulation is stuck at step {engine.num_steps}: no sequence can run and no "
+                              "transfer is in flight (the sequences set aside to load hold the KV blocks)")
+    return min(times)
+
+
 def simulate_config(overrides: dict, requests: list[Request]) -> Config:
     """A simulated engine's config: defaults, then `overrides`. max_model_len defaults to the
     longest request, as no model bounds it; the KV cache has no runner to size it."""
@@ -147,6 +170,15 @@ def simulate_config(overrides: dict, requests: list[Request]) -> Config:
     if "max_model_len" not in values:
         values["max_model_len"] = max(len(r.prompt) + r.num_history_tokens + r.max_tokens for r in requests)
     return Config().replace(**values)
+
+
+def with_kv_bytes(config: Config, step_time) -> Config:
+    """`config` with the KV bytes of a token of the roofline model `step_time` times, where a CPU
+    tier needs them and none are given (as a fleet's transfers take them, fleet/overrides.py)."""
+    model = getattr(step_time, "model", None) if getattr(step_time, "kind", "") == "roofline" else None
+    if not config.kv_offloading_size or config.kv_bytes_per_token or model is None:
+        return config
+    return config.replace(kv_bytes_per_token=model.kv_bytes_per_token)
 
 
 def simulation_header(config: Config, step_time) -> TraceHeader:

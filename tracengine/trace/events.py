@@ -326,10 +326,47 @@ class DraftVerified(Event, tag=118):
     padded: bool = False
 
 
+# Format 11: the CPU tier of KV offloading (engine/cpu_tier.py, vLLM's OffloadingConnector with its
+# CPU manager). A block there is known by its hash; a block is stored once, asynchronously.
+
+class CpuStore(Event, tag=21):
+    """Full prompt blocks of a sequence, computed on the GPU, offered to the CPU tier and taken:
+    the copy to the host starts at the next step's start and shares the GPU-to-CPU link. The
+    blocks are in the tier from now on (found by a lookup once their copy has ended); the ones
+    `evicted` (least recently used first) left it to make room. (Tag 20 is a wire form's,
+    block_runs.py: an eviction happens only here, so it is this event's field.)"""
+    step: int
+    seq_id: int
+    first_block: int         # index of the first stored block in the sequence's blocks
+    hashes: list[int]        # the blocks stored (those the tier already held are not stored again)
+    evicted: list[int] = msgspec.field(default_factory=list)
+
+
+class CpuLoad(Event, tag=22):
+    """A sequence's load from the CPU tier has ended: the blocks it loaded are registered in the
+    GPU's prefix cache and it is scheduled from now on, `num_cached_tokens` computed."""
+    step: int
+    seq_id: int
+    num_blocks: int          # blocks loaded
+    num_cached_tokens: int   # tokens computed when it is scheduled (GPU hits and loaded, at most all but one)
+
+
+class CpuHit(Event, tag=23):
+    """A waiting sequence found leading blocks in the CPU tier past its GPU prefix-cache hits: it
+    holds GPU blocks for both (its BlockAllocate) and waits while they load over the CPU-to-GPU
+    link, which the load has from `start_ns` to `done_ns` (ns from the start of the run)."""
+    step: int
+    seq_id: int
+    first_block: int         # the first block loaded (its GPU prefix-cache hits come before)
+    hashes: list[int]        # the blocks loaded, in order
+    start_ns: int = 0
+    done_ns: int = 0
+
+
 AnyEvent = Union[TraceHeader, RequestAdded, ScheduleDecision, BlockAllocate, BlockAppend, BlockHash,
                  BlockFree, Preempt, TokenSample, SeqFinish, StepEnd, SeqAbort, ReplicaScope, RouteDecision,
                  KVTransfer, RunEnd, PromptBlocksHashed, SpecDraft, SpecDecode, SpecAccepted, DraftProposed,
-                 DraftVerified]
+                 DraftVerified, CpuStore, CpuLoad, CpuHit]
 
 EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in AnyEvent.__args__}
 # Only a fleet's trace holds these (one engine's never does)
@@ -341,40 +378,11 @@ VLLM_EVENT_TYPES = frozenset({"SpecDraft", "SpecDecode", "SpecAccepted"})
 # Only a run that drafts holds these (speculative decoding)
 SPEC_EVENT_TYPES = frozenset({"DraftProposed", "DraftVerified"})
 
+# Only a trace of a run with a CPU tier holds these
+CPU_TIER_EVENT_TYPES = frozenset({"CpuStore", "CpuLoad", "CpuHit"})
+
 # Fields a replay does not compare: wall-clock readings.
-WALL_CLOCK_FIELDS = frozenset({"schedule_ns", "model_ns", "postprocess_ns", "created_at", "arrival_ns", "gap_ns"})
+WALL_CLOCK_FIELDS = frozenset({"schedule_ns", "model_ns", "postprocess_ns", "created_at", "arrival_ns", "gap_ns",
+                               "start_ns", "done_ns"})
 
 
-def to_builtins(event: Event) -> dict:
-    """The JSON view: "type" is the class name, then the struct's fields by name."""
-    out = {"type": type(event).__name__}
-    for name in event.__struct_fields__:
-        out[name] = _plain(getattr(event, name))
-    return out
-
-
-def _plain(value):
-    if isinstance(value, msgspec.Struct):
-        return {name: _plain(getattr(value, name)) for name in value.__struct_fields__}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
-
-
-def without_wall_clock(event: Event) -> tuple:
-    """What a replay compares: the type and every field but wall-clock ones."""
-    return (type(event).__name__,) + tuple(
-        getattr(event, name) for name in event.__struct_fields__ if name not in WALL_CLOCK_FIELDS)
-
-
-def iter_steps(events):
-    """Events grouped by step: each group ends with its StepEnd, except an
-    unfinished last step (requests that arrived after the last step)."""
-    current = []
-    for event in events:
-        current.append(event)
-        if type(event) is StepEnd:
-            yield current
-            current = []
-    if current:
-        yield current

@@ -101,8 +101,9 @@ FORMAT_VERSION = 11
 # 8 writes a between-steps frame before its step's frame where the writer is flushed; 9 writes block id
 # lists as runs (block_runs.py: new tags for the wire forms of the events that hold them); 10 appends
 # RequestAdded's session fields (workload/sessions.py); 11 appends TraceHeader.not_recorded, a vLLM trace's
-# speculative decoding events (SpecDraft, SpecDecode, SpecAccepted) and LoRA fields, and speculative
-# decoding's DraftProposed and DraftVerified in tracengine's engine (engine/spec_decode.py)
+# speculative decoding events (SpecDraft, SpecDecode, SpecAccepted) and LoRA fields, speculative
+# decoding's DraftProposed and DraftVerified in tracengine's engine (engine/spec_decode.py), and the CPU
+# tier's events (CpuStore with its evictions, CpuLoad, CpuHit: engine/cpu_tier.py)
 READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
 RUN_END_SINCE = 6                      # the first version whose end frame may hold a RunEnd
 BETWEEN_STEPS_FRAMES_SINCE = 8         # the first version whose between-steps frames may come before their step's

@@ -15,7 +15,7 @@ and again, whole, when its frame is written."""
 import time
 
 from tracengine.errors import TraceError, TraceVersionError
-from tracengine.trace.events import iter_steps
+from tracengine.trace.views import iter_steps
 from tracengine.replay import reexec
 from tracengine.replay.reexec import _COMPARED, ComparingSink, Divergence, ReplayResult
 from tracengine.trace.events import RequestAdded, SeqAbort, SpecDraft, StepEnd, TokenSample
