@@ -35,7 +35,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from bench_vs_dynamo import (DECODE_MS, PREFILL_MS, ROOT, SETTINGS, fixed_step_time, timed,     # noqa: E402
+from bench_vs_dynamo import (DECODE_MS, PREFILL_MS, ROOT, SETTINGS, fixed_step_time, hash_id_allocator, timed,     # noqa: E402
                              tracengine_argv)
 from tracengine.analysis.figures import summarize                                               # noqa: E402
 from tracengine.analysis.stats import stats                                                     # noqa: E402
@@ -71,12 +71,7 @@ def agentic_workload(path: str, num_sessions: int, rate: float, seed: int = 0) -
     """Write the sessions as Dynamo's agentic Mooncake rows (a header, then a row per turn, the
     turns of sessions interleaved in the order they were first sent); returns their statistics."""
     rng = random.Random(seed)
-    next_id = 0
-
-    def new_ids(n):
-        nonlocal next_id
-        next_id += n
-        return list(range(next_id - n, next_id))
+    new_ids = hash_id_allocator()
 
     systems = [new_ids(rng.randint(2, 6)) for _ in range(3)]     # shared system prompts, whole blocks
     rows, t = [], 0.0

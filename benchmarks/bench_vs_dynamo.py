@@ -77,15 +77,21 @@ if per_request:
 """ % {**SETTINGS, "prefill_ms": PREFILL_MS, "decode_ms": DECODE_MS, "hash_id_tokens": HASH_ID_TOKENS}
 
 
-def conversation_workload(path: str, num_requests: int, seed: int = 0, duration_s: float = 330.0) -> dict:
-    """Write a Mooncake JSONL workload with the conversation trace's statistics; returns them."""
-    rng = random.Random(seed)
+def hash_id_allocator():
+    """new_ids(n): n hash ids no earlier call gave (a workload's fresh blocks, numbered in order)."""
     next_id = 0
 
     def new_ids(n):
         nonlocal next_id
         next_id += n
         return list(range(next_id - n, next_id))
+    return new_ids
+
+
+def conversation_workload(path: str, num_requests: int, seed: int = 0, duration_s: float = 330.0) -> dict:
+    """Write a Mooncake JSONL workload with the conversation trace's statistics; returns them."""
+    rng = random.Random(seed)
+    new_ids = hash_id_allocator()
 
     conversations: list[list[int]] = []
     t, lines, rate = 0.0, [], 1000 / duration_s      # requests per second, as in the first 1,000
@@ -297,25 +303,10 @@ def main():
                 timed(tracengine_argv(workload, step_time, block_size, trace))    # for its figures, not timed
                 with open(summary_path) as f:
                     figures = {"tracengine": tracengine_figures(trace), "dynamo": dynamo_figures(json.load(f))}
-                med = {side: [statistics.median(run[k] for run in r) for k in range(3)] for side, r in runs.items()}
-                print(f"\nblock size {block_size}, {num_requests:,} requests (median of {args.repeats}, alternating):")
-                for side in runs:
-                    print(f"  {side:<10}  wall {med[side][0]:6.2f} s   CPU {med[side][2]:6.2f} s   peak RSS "
-                          f"{med[side][1]:7.1f} MB   (wall of the runs {', '.join(f'{run[0]:.2f}' for run in runs[side])} s)")
-                print(f"  tracengine / dynamo: wall {med['tracengine'][0] / med['dynamo'][0]:.2f}x, "
-                      f"CPU {med['tracengine'][2] / med['dynamo'][2]:.2f}x, "
-                      f"peak RSS {med['tracengine'][1] / med['dynamo'][1]:.2f}x; "
-                      f"tracengine per request {med['tracengine'][0] / num_requests * 1e3:.2f} ms")
+                med = compare(f"block size {block_size}, {num_requests:,} requests", runs, figures, num_requests)
                 if args.floor:
                     print(f"  tracengine with no events / dynamo: wall {med['no events'][0] / med['dynamo'][0]:.2f}x, "
                           f"CPU {med['no events'][2] / med['dynamo'][2]:.2f}x")
-                print(f"  {'figure':<16} {'tracengine':>12} {'dynamo':>12} {'difference':>11}")
-                for name, ours_value in figures["tracengine"].items():
-                    theirs = figures["dynamo"][name]
-                    diff = (f"{(ours_value - theirs) / theirs:+.2%}" if isinstance(theirs, (int, float)) and theirs
-                            else "")
-                    print(f"  {name:<16} {ours_value:>12,.3f} {theirs if isinstance(theirs, str) else f'{theirs:,.3f}':>12}"
-                          f" {diff:>11}")
 
 
 if __name__ == "__main__":
