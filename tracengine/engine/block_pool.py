@@ -13,27 +13,32 @@ the queue's run of fresh blocks (ids `fresh` .. num_blocks - 1, in id order, one
 node of the queue), and the pool and the prefix cache give it no slot. A pool of
 a billion blocks (a what-if's "as many as it takes") costs what its blocks in use
 cost."""
+from collections.abc import Iterator
 from itertools import repeat
+from typing import Final
 
-SENTINEL = -1     # the node that closes the ring: its slot is the lists' last
-FRESH_RUN = -2    # the node that stands for the fresh blocks: its slot is the one before
+SENTINEL: Final = -1     # the node that closes the ring: its slot is the lists' last
+FRESH_RUN: Final = -2    # the node that stands for the fresh blocks: its slot is the one before
+NOT_FREE: Final = -3     # a block's `prev` when it is not in the queue (an int, so the lists hold ints only)
 
 
 class FreeKVCacheBlockQueue:
     """Free block ids in order, linked through two lists indexed by block id: `prev` and
     `next`, whose last two slots are the FRESH_RUN node's and the SENTINEL's. A block
     has slots once it has been handed out (ids below `fresh`); one not in the queue has
-    `prev` None."""
+    `prev` NOT_FREE."""
     __slots__ = ("prev", "next", "num_free_blocks", "num_blocks", "fresh")
+    prev: list[int]
+    next: list[int]
 
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int) -> None:
         """All the blocks, in id order: the ring holds the sentinel and the fresh run."""
         self.num_blocks = self.num_free_blocks = num_blocks
         self.fresh = 0
         if num_blocks:
             self.prev, self.next = [SENTINEL, FRESH_RUN], [SENTINEL, FRESH_RUN]
         else:      # the run is empty: not in the ring
-            self.prev, self.next = [None, SENTINEL], [None, SENTINEL]
+            self.prev, self.next = [NOT_FREE, SENTINEL], [NOT_FREE, SENTINEL]
 
     def copy(self) -> "FreeKVCacheBlockQueue":
         other = FreeKVCacheBlockQueue(0)
@@ -44,7 +49,7 @@ class FreeKVCacheBlockQueue:
     def __len__(self) -> int:
         return self.num_free_blocks
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         next_ = self.next
         node = next_[SENTINEL]
         while node != SENTINEL:
@@ -55,7 +60,7 @@ class FreeKVCacheBlockQueue:
             node = next_[node]
 
     def __contains__(self, block_id: int) -> bool:
-        return 0 <= block_id < self.num_blocks and (block_id >= self.fresh or self.prev[block_id] is not None)
+        return 0 <= block_id < self.num_blocks and (block_id >= self.fresh or self.prev[block_id] != NOT_FREE)
 
     def head(self) -> int:
         if not self.num_free_blocks:
@@ -71,14 +76,14 @@ class FreeKVCacheBlockQueue:
         if n > self.num_free_blocks:
             raise IndexError(f"{n} blocks asked, {self.num_free_blocks} free")
         prev, next_ = self.prev, self.next
-        block_ids = []
+        block_ids: list[int] = []
         node = next_[SENTINEL]
         for _ in range(n):
             if node == FRESH_RUN:
                 node = self._popleft_through_run(block_ids, n)
                 break
             block_ids.append(node)
-            prev[node] = None
+            prev[node] = NOT_FREE
             node = next_[node]
         next_[SENTINEL] = node    # the new head
         prev[node] = SENTINEL
@@ -95,7 +100,7 @@ class FreeKVCacheBlockQueue:
         node = next_[FRESH_RUN]       # the run is used up: out of the ring
         for _ in range(n - len(block_ids)):
             block_ids.append(node)
-            prev[node] = None
+            prev[node] = NOT_FREE
             node = next_[node]
         return node
 
@@ -103,30 +108,30 @@ class FreeKVCacheBlockQueue:
         """The next n fresh blocks, given their slots (not in the queue); the ring is the caller's."""
         first = self.fresh
         self.fresh = first + n
-        self.prev[-2:-2] = repeat(None, n)      # before the two nodes' slots
-        self.next[-2:-2] = repeat(None, n)
+        self.prev[-2:-2] = repeat(NOT_FREE, n)      # before the two nodes' slots
+        self.next[-2:-2] = repeat(NOT_FREE, n)
         return range(first, first + n)
 
-    def append(self, block_id: int):
+    def append(self, block_id: int) -> None:
         self.append_n([block_id])
 
-    def append_n(self, block_ids: list[int]):
+    def append_n(self, block_ids: list[int]) -> None:
         """`block_ids` at the tail, in order."""
         self._insert_after(self.prev[SENTINEL], block_ids)
 
-    def prepend_n(self, block_ids: list[int]):
+    def prepend_n(self, block_ids: list[int]) -> None:
         """`block_ids` at the head, in order: the first is handed out first (vLLM's free
         queue takes back a block that holds no hash there, block_pool.py)."""
         self._insert_after(SENTINEL, block_ids)
 
-    def _insert_after(self, node: int, block_ids: list[int]):
+    def _insert_after(self, node: int, block_ids: list[int]) -> None:
         """`block_ids`, in order, linked in between `node` (a block, the sentinel or the run)
         and the one after it."""
         prev, next_, fresh = self.prev, self.next, self.fresh
         after = next_[node]
         last = node
         for block_id in block_ids:
-            if block_id >= fresh or prev[block_id] is not None:    # a fresh block is free
+            if block_id >= fresh or prev[block_id] != NOT_FREE:    # a fresh block is free
                 raise ValueError(f"block {block_id} is already free")
             next_[last] = block_id
             prev[block_id] = last
@@ -135,24 +140,24 @@ class FreeKVCacheBlockQueue:
         prev[after] = last
         self.num_free_blocks += len(block_ids)
 
-    def remove(self, block_id: int):
+    def remove(self, block_id: int) -> None:
         self.remove_n([block_id])
 
-    def remove_n(self, block_ids: list[int]):
+    def remove_n(self, block_ids: list[int]) -> None:
         """Take each of `block_ids` out, wherever it is in the queue."""
         prev, next_ = self.prev, self.next
         for block_id in block_ids:
             if block_id >= self.fresh and block_id < self.num_blocks:
                 self._split_run(block_id)
-            elif not 0 <= block_id < self.fresh or prev[block_id] is None:
+            elif not 0 <= block_id < self.fresh or prev[block_id] == NOT_FREE:
                 raise ValueError(f"block {block_id} is not free")
             before, after = prev[block_id], next_[block_id]
             next_[before] = after
             prev[after] = before
-            prev[block_id] = None
+            prev[block_id] = NOT_FREE
             self.num_free_blocks -= 1
 
-    def _split_run(self, block_id: int):
+    def _split_run(self, block_id: int) -> None:
         """The fresh blocks up to `block_id` linked as blocks of their own where the run is,
         the run going on after them (a fold takes blocks where the events say)."""
         prev, next_ = self.prev, self.next
@@ -171,7 +176,7 @@ class BlockPool:
     """The blocks' reference counts (the block tables holding each) and the free queue: a
     block is free exactly when no block table holds it."""
 
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int) -> None:
         self.ref_counts: list[int] = []     # of the blocks handed out so far; the others have none
         self.free_block_queue = FreeKVCacheBlockQueue(num_blocks)
 
@@ -195,21 +200,23 @@ class BlockPool:
             ref_counts[block_id] = 1
         return block_ids
 
-    def touch(self, block_ids: list[int]):
+    def touch(self, block_ids: list[int]) -> None:
         """A reference more to each of `block_ids`: a free one (a prefix-cache hit on a
         freed block) leaves the free queue. A block given twice (hashes that collide within
         one prompt) gains two references."""
-        ref_counts, taken = self.ref_counts, []
+        ref_counts = self.ref_counts
+        taken: list[int] = []
         for block_id in block_ids:
             if ref_counts[block_id] == 0:
                 taken.append(block_id)
             ref_counts[block_id] += 1
         self.free_block_queue.remove_n(taken)
 
-    def free_blocks(self, block_ids: list[int]):
+    def free_blocks(self, block_ids: list[int]) -> None:
         """A reference less to each of `block_ids`; those left with none join the tail of
         the free queue, in the order they reach none."""
-        ref_counts, freed = self.ref_counts, []
+        ref_counts = self.ref_counts
+        freed: list[int] = []
         for block_id in block_ids:
             ref_counts[block_id] -= 1
             assert ref_counts[block_id] >= 0, f"block {block_id} freed more often than it was taken"

@@ -12,14 +12,17 @@ collision is guarded by comparing tokens where both sides have them: a block
 registered with its tokens is a hit only for a sequence whose tokens for that
 block are the same. A sequence that carries block hashes and no tokens (a hash-id
 workload) is matched on its hashes alone, as vLLM matches every request."""
+from collections.abc import Callable
 from itertools import chain, repeat
+from typing import Final, cast
 
-NO_HASH = -1
+NO_HASH: Final = -1
+Tokens = Callable[[int, int], list[int]]     # a sequence's token ids in [start, end) (Sequence.tokens)
 
 
 class PrefixCache:
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int) -> None:
         self.block_size = block_size
         self.hash_to_block_id: dict[int, int] = {}
         # per block id, up to the highest one given so far (a block past it holds nothing: the
@@ -28,41 +31,43 @@ class PrefixCache:
         self.hashes: list[int] = []
         self.token_ids: list[list[int] | None] = []
 
-    def _cover(self, block_ids: list[int]):
+    def _cover(self, block_ids: list[int]) -> None:
         """Slots for `block_ids` in the per-block lists (extended in place: the pool shares `hashes`)."""
         end = max(block_ids, default=-1) + 1
         if end > len(self.hashes):
             self.hashes += repeat(NO_HASH, end - len(self.hashes))
             self.token_ids += repeat(None, end - len(self.token_ids))
 
-    def lookup(self, block_hashes: list[int], tokens=None) -> list[int]:
+    def lookup(self, block_hashes: list[int], tokens: Tokens | None = None) -> list[int]:
         """The blocks holding the leading blocks of `block_hashes`, up to the first miss.
         `tokens(start, end)`: the sequence's token ids in [start, end), where it has them."""
-        block_ids = list(map(self.hash_to_block_id.get, block_hashes))
-        if None in block_ids:
-            del block_ids[block_ids.index(None):]      # the first miss ends the hits
+        found: list[int | None] = list(map(self.hash_to_block_id.get, block_hashes))
+        if None in found:
+            del found[found.index(None):]      # the first miss ends the hits
+        block_ids = cast(list[int], found)
         if tokens is not None and block_ids:
             del block_ids[self._num_same_tokens(block_ids, tokens(0, len(block_ids) * self.block_size)):]
         return block_ids
 
-    def _num_same_tokens(self, block_ids: list[int], token_ids) -> int:
+    def _num_same_tokens(self, block_ids: list[int], token_ids: list[int]) -> int:
         """How many of the leading `block_ids` hold what `token_ids` holds (a block with no
         tokens recorded counts as the same): all of them compared at once, then one by one
         where they differ."""
         size, held = self.block_size, self.token_ids
         cached = [held[block_id] for block_id in block_ids]
-        if None not in cached and list(chain.from_iterable(cached)) == token_ids:
+        if None not in cached and list(chain.from_iterable(cast(list[list[int]], cached))) == token_ids:
             return len(block_ids)
         for i, tokens in enumerate(cached):
             if tokens is not None and tokens != token_ids[i * size:(i + 1) * size]:
                 return i
         return len(block_ids)
 
-    def insert(self, block_ids: list[int], block_hashes: list[int], token_ids=None):
+    def insert(self, block_ids: list[int], block_hashes: list[int], token_ids: list[int] | None = None) -> None:
         """Register each of `block_ids` (just filled) under its hash in `block_hashes`, with its
         tokens when `token_ids` gives them (the blocks' tokens, end to end)."""
         self._cover(block_ids)
         size, hashes, held = self.block_size, self.hashes, self.token_ids
+        blocks_tokens: list[list[int] | None]
         if token_ids is None:
             blocks_tokens = [None] * len(block_ids)
         else:
@@ -72,7 +77,7 @@ class PrefixCache:
             held[block_id] = tokens
         self.hash_to_block_id.update(zip(block_hashes, block_ids))    # a hash given twice: the later block
 
-    def evict(self, block_ids: list[int]):
+    def evict(self, block_ids: list[int]) -> None:
         """Forget what `block_ids` held: they are handed out to be overwritten."""
         self._cover(block_ids)
         hashes, held, index = self.hashes, self.token_ids, self.hash_to_block_id

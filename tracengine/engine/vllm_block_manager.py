@@ -26,7 +26,7 @@ Events: BlockAllocate at admission (the hits, then the first chunk's new
 blocks), BlockAppend for each block a later chunk or token is given, BlockHash
 for each block registered, in the step that allocates it."""
 from tracengine.engine.block_manager import BlockManager
-from tracengine.engine.block_pool import BlockPool
+from tracengine.engine.block_pool import BlockPool, FreeKVCacheBlockQueue
 from tracengine.engine.hash_id_prompt import hashed_block_events
 from tracengine.engine.prefix_cache import NO_HASH, PrefixCache
 from tracengine.engine.sequence import Sequence
@@ -37,20 +37,22 @@ from tracengine.trace.sinks import NULL_SINK, EventSink
 class VllmBlockPool(BlockPool):
     """The pool with vLLM's `free_blocks`: `hashes` is the prefix cache's hash per block id."""
 
-    def __init__(self, num_blocks: int, hashes: list[int]):
+    def __init__(self, num_blocks: int, hashes: list[int]) -> None:
         super().__init__(num_blocks)
         self.hashes = hashes
 
-    def free_blocks(self, block_ids: list[int]):
+    def free_blocks(self, block_ids: list[int]) -> None:
         release(self.ref_counts, self.hashes, self.free_block_queue, block_ids)
 
 
-def release(ref_counts: list[int], hashes: list[int], free_block_queue, block_ids: list[int]):
+def release(ref_counts: list[int], hashes: list[int], free_block_queue: FreeKVCacheBlockQueue,
+            block_ids: list[int]) -> None:
     """vLLM's free rule (the pool's, and the replay fold's): a reference less to each of
     `block_ids` (in eviction order, the first evicted first); those left with none go to the
     head of the free queue when they hold no hash, to its tail when they do, each group in
     that order."""
-    evict_first, evict_last = [], []
+    evict_first: list[int] = []
+    evict_last: list[int] = []
     for block_id in block_ids:
         ref_counts[block_id] -= 1
         if ref_counts[block_id] == 0:
@@ -65,11 +67,11 @@ class VllmPrefixCache(PrefixCache):
     """The prefix cache with vLLM's rule for a hash two blocks hold: the first registered is
     found; `later_block_ids` keeps the others, in order, for when it is handed out."""
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int) -> None:
         super().__init__(num_blocks, block_size)
         self.later_block_ids: dict[int, list[int]] = {}
 
-    def insert(self, block_ids: list[int], block_hashes: list[int], token_ids=None):
+    def insert(self, block_ids: list[int], block_hashes: list[int], token_ids: list[int] | None = None) -> None:
         self._cover(block_ids)
         size, hashes, held, index = self.block_size, self.hashes, self.token_ids, self.hash_to_block_id
         for i, (block_id, h) in enumerate(zip(block_ids, block_hashes)):
@@ -78,7 +80,7 @@ class VllmPrefixCache(PrefixCache):
             if index.setdefault(h, block_id) != block_id:
                 self.later_block_ids.setdefault(h, []).append(block_id)
 
-    def evict(self, block_ids: list[int]):
+    def evict(self, block_ids: list[int]) -> None:
         self._cover(block_ids)
         hashes, held, index, later = self.hashes, self.token_ids, self.hash_to_block_id, self.later_block_ids
         for block_id in block_ids:
@@ -90,7 +92,8 @@ class VllmPrefixCache(PrefixCache):
             held[block_id] = None
 
 
-def unregister(hash_to_block_id: dict[int, int], later_block_ids: dict[int, list[int]], h: int, block_id: int):
+def unregister(hash_to_block_id: dict[int, int], later_block_ids: dict[int, list[int]], h: int,
+               block_id: int) -> None:
     """`block_id` no longer holds hash `h`: when it was the block found, the next registered
     under `h` is found from now on, if any (vLLM's BlockHashToBlockMap)."""
     others = later_block_ids.get(h)
@@ -100,6 +103,7 @@ def unregister(hash_to_block_id: dict[int, int], later_block_ids: dict[int, list
         else:
             del hash_to_block_id[h]
     else:
+        assert others is not None      # a block found under h or one registered after it
         others.remove(block_id)
     if others == []:
         del later_block_ids[h]
@@ -107,13 +111,14 @@ def unregister(hash_to_block_id: dict[int, int], later_block_ids: dict[int, list
 
 class VllmBlockManager(BlockManager):
 
-    def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK, enable_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK,
+                 enable_caching: bool = True) -> None:
         super().__init__(num_blocks, block_size, sink, enable_caching)
         self.prefix_cache = VllmPrefixCache(num_blocks, block_size)
         self.pool = VllmBlockPool(num_blocks, self.prefix_cache.hashes)
 
     def allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int | None = None,
-                 delay_cache_blocks: bool = False):
+                 delay_cache_blocks: bool = False) -> None:
         """Admission: the `hits` (its `cached_block_ids`, asked in this step with nothing
         allocated or freed since), and slots for the first `num_new_tokens` past the computed
         ones (None: all of them, as a KV transfer installs a prompt, fleet/engine.py); the caller
@@ -160,7 +165,7 @@ class VllmBlockManager(BlockManager):
             self.cache_blocks(seq, num_cached_blocks, num_slots // self.block_size)
         return True
 
-    def cache_blocks(self, seq: Sequence, num_cached_blocks: int, end: int):
+    def cache_blocks(self, seq: Sequence, num_cached_blocks: int, end: int) -> None:
         """Register seq's blocks from `num_cached_blocks` (those before it are registered) up to
         `end`, which its slots fill (the slots of tokens the sequence has: never past them)."""
         if not self.enable_caching:
@@ -174,10 +179,10 @@ class VllmBlockManager(BlockManager):
             for event in hashed_block_events(self.step, seq, num_cached_blocks, block_ids, hashes):
                 self.sink.emit(event)
 
-    def hash_blocks(self, seq: Sequence):
+    def hash_blocks(self, seq: Sequence) -> None:
         """Nothing: the blocks a step fills were registered when their slots were allocated."""
 
-    def hash_verified_blocks(self, seq: Sequence, num_computed_before: int, num_computed: int):
+    def hash_verified_blocks(self, seq: Sequence, num_computed_before: int, num_computed: int) -> None:
         """After a verify step appended its kept tokens: register the full blocks its kept drafts
         filled (vLLM's `cache_blocks(request, num_computed_tokens)` in update_from_output); the
         allocation registered those of the tokens the sequence had (`num_computed_before` + 1)."""
