@@ -7,8 +7,7 @@ from tracengine.compiled import decide as _decide
 
 __all__ = ["LLM", "SamplingParams", "Config", "open_trace", "stats", "__version__"]
 
-# "yes" when the compiled core runs, else "no (why)": decided before any core module is imported
-COMPILED_CORE = _decide()
+_decide()      # which core runs (compiled or Python), before any core module is imported
 
 
 def __getattr__(name):

@@ -73,8 +73,17 @@ class PythonSourceFinder:
         return importlib.util.spec_from_file_location(name, source_path(name))
 
 
+CORE = "undecided"     # `decide`'s answer, which `tracengine --version` prints
+
+
 def decide() -> str:
     """Which core runs, set up before any core module is imported: "yes" (compiled) or "no (why)"."""
+    global CORE
+    CORE = choose()
+    return CORE
+
+
+def choose() -> str:
     hashes = built_hashes()
     if hashes is None:
         return "no (not built: pure-Python install)"
