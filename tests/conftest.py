@@ -7,6 +7,19 @@ from tracengine.trace.sinks import ListSink
 pytest_plugins = ["pytester", "tracengine.testing"]
 
 
+def pytest_collection_modifyitems(items):
+    """A test that patches a core class or module (a scheduler change under test, a reference
+    block manager swapped in) runs on the Python core only: the compiled core calls across its
+    modules natively and never sees the patch. .ci/run runs them with TRACENGINE_PURE_PYTHON=1."""
+    import tracengine.compiled as compiled
+    if compiled.CORE != "yes":
+        return
+    skip = pytest.mark.skip(reason="patches the core: runs on the Python core (TRACENGINE_PURE_PYTHON=1)")
+    for item in items:
+        if item.get_closest_marker("patches_core"):
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def sweep_cache_dir(tmp_path_factory, monkeypatch):
     """Sweeps keep their rows in a result cache (sim/cache.py); a test's go to a directory of its
