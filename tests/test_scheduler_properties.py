@@ -5,7 +5,6 @@ import random
 from unittest import mock
 
 import pytest
-
 import xxhash
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
