@@ -110,3 +110,15 @@ def test_version_says_which_core_runs():
     assert result.stdout.splitlines()[1] == ("compiled core: no (not built: pure-Python install)"
                                              if compiled.built_hashes() is None else
                                              f"compiled core: no ({compiled.PURE_ENV}=1)")
+
+
+def test_importing_the_core_leaves_the_standard_abcs_alone():
+    """A class mypyc builds from a subclass of an ABC can share the ABC's registry (a list then
+    stopped being a collections.abc.Sequence): the core holds none such."""
+    code = ("import collections.abc as abc, importlib, tracengine.compiled as c\n"
+            "for module in c.CORE_MODULES: importlib.import_module(module)\n"
+            "from tracengine.engine.hash_id_prompt import HashIdPrompt\n"
+            "print(isinstance([1], abc.Sequence), isinstance([1], HashIdPrompt))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.stdout.split() == ["True", "False"]

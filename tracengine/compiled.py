@@ -21,7 +21,6 @@ import sys
 
 CORE_MODULES = (
     "tracengine.engine.block_hasher",
-    "tracengine.engine.hash_id_prompt",
     "tracengine.engine.block_pool",
     "tracengine.engine.prefix_cache",
     "tracengine.engine.sequence",
@@ -31,6 +30,8 @@ CORE_MODULES = (
     "tracengine.engine.policies",
     "tracengine.sim.runners",
 )
+# Not engine/hash_id_prompt.py: its HashIdPrompt subclasses collections.abc.Sequence, and mypyc's
+# build of that class shares the ABC's registry with it (a list then stopped being a Sequence).
 CORE_HASHES = "compiled_core.txt"     # beside this file: "<sha256 of the source> <module>" a line, written by the build
 PURE_ENV = "TRACENGINE_PURE_PYTHON"
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
