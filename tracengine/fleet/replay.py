@@ -19,6 +19,7 @@ from tracengine.engine.hash_id_prompt import request_prompt
 from tracengine.engine.request import Request
 from tracengine.errors import ConfigError
 from tracengine.replay.reexec import ComparingSink, RecordedRunner, _Diverged
+from tracengine.sim.clock import NoTime
 from tracengine.sim.engine import SimulatedEngine
 from tracengine.fleet.engine import Fleet
 from tracengine.fleet.spec import FleetSpec
@@ -27,16 +28,6 @@ from tracengine.trace.events import (BlockFree, Event, KVTransfer, ReplicaScope,
                                      SeqAbort, StepEnd, TokenSample)
 from tracengine.trace.tracelog import split_header
 from tracengine.workload.sessions import session_fields
-
-
-class _NoTime:
-    """Steps of no duration: a re-execution follows the recorded order and compares no time."""
-    kind = "replay"
-    gap_ns = wake_ns = 0
-
-    @staticmethod
-    def predict(is_prefill, *shape, mixed=False):
-        return 0, 0, 0
 
 
 @dataclass
@@ -92,7 +83,7 @@ def reexecute_fleet(events, policy=None, routers: dict | None = None) -> FleetRe
 
     def make_engine(index: int, replica_config: Config):
         runners[index] = RecordedRunner()
-        return SimulatedEngine(replica_config, runners[index], _NoTime, sink, policy=policy)
+        return SimulatedEngine(replica_config, runners[index], NoTime, sink, policy=policy)
 
     fleet = Fleet(config, spec, make_engine, sink, fleet_routers(header, routers))
     requests = _recorded_requests(recorded, spec.disaggregated)
@@ -131,11 +122,11 @@ def reexecute_fleet(events, policy=None, routers: dict | None = None) -> FleetRe
                 # CPU tier's transfers count the recorded time: the step starts where its StepEnd says
                 start_ns = _recorded_start(recorded, i + 1, ends, e.replica)
                 replica.engine.now_ns = start_ns if replica.engine.scheduler.cpu_tier is not None else \
-                    max([replica.engine.now_ns] + [r.arrival_ns for r in replica.queued])
-                finished = fleet.step(replica, _segment_aborts(recorded, i + 1))
-                if finished is not None:
+                    max([replica.engine.now_ns] + [r.arrival_ns for _, r in replica.queued])
+                stepped = replica.run_step(_segment_aborts(recorded, i + 1))
+                if stepped.ran:
                     num_steps += 1
-                    for seq in fleet.prefilled_seqs(replica, finished):
+                    for seq in fleet.prefilled_seqs(replica, stepped.finished):
                         prefilled[seq.seq_id] = (seq, replica)
             else:
                 raise _Diverged(e, None, "the trace has an event the replay did not emit")

@@ -118,16 +118,19 @@ class Departures:
         self._next = 0
         self.next_due = self._due[0][0] if self._due else math.inf   # read every step: no call
 
-    def abort(self, engine, now: int) -> list[int]:
-        """The seq_ids of the requests taken out (a session ends with its aborted turn)."""
-        due, aborted = self._due, []
+    def due(self, now: int) -> list[tuple[int, str]]:
+        """(seq_id, reason) of each request due by `now` and not named before, in the order of their times."""
+        due, leaving = self._due, []
         while self._next < len(due) and due[self._next][0] <= now:
             _, seq_id, reason = due[self._next]
-            if engine.abort_request(seq_id, reason) is not None:
-                aborted.append(seq_id)
+            leaving.append((seq_id, reason))
             self._next += 1
         self.next_due = due[self._next][0] if self._next < len(due) else math.inf
-        return aborted
+        return leaving
+
+    def abort(self, engine, now: int) -> list[int]:
+        """The seq_ids of the requests taken out (a session ends with its aborted turn)."""
+        return [seq_id for seq_id, reason in self.due(now) if engine.abort_request(seq_id, reason) is not None]
 
 
 def run_workload(config: Config, requests: list[Request], runner=None, sink: ListSink | None = None,
