@@ -134,6 +134,11 @@ class Fleet:
             request = dataclasses.replace(request, seq_id=index)
         self.arrive(request, request.arrival_ns)
 
+    def abort(self, seq_id: int, reason: str) -> bool:
+        """Its client leaves, from the replica that holds it (a request whose KV is in flight
+        leaves its decode replica when it lands, as FleetDepartures has it)."""
+        return any(replica.abort(seq_id, reason) for replica in self.replicas)
+
     def next_step_ns(self) -> int | None:
         """The start of its replicas' next step, or the time of its next handoff or landing."""
         starts = [r.start_ns for r in self.replicas if r.start_ns is not None]

@@ -124,6 +124,12 @@ class ClockedEngine:
             self.start_ns = min(self.start_ns, max(engine.now_ns + self.gap_ns, arrival_ns + self.wake_ns))
 
     def abort(self, seq_id: int, reason: str) -> bool:
+        """Its client leaves: a request given it but not entered yet is dropped (no event: the
+        engine never saw it), one in the engine is aborted there."""
+        for i, (index, r) in enumerate(self.queued):
+            if (index if r.seq_id is None else r.seq_id) == seq_id:
+                del self.queued[i]
+                return True
         return self.engine.abort_request(seq_id, reason) is not None
 
     def is_finished(self) -> bool:
