@@ -106,6 +106,7 @@ def unregister(hash_to_block_id: dict[int, int], later_block_ids: dict[int, list
 
 
 class VllmBlockManager(BlockManager):
+    allocates_per_chunk = True     # vLLM's allocate_slots: a running sequence's chunk needs slots as a decode does
 
     def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK, enable_caching: bool = True):
         super().__init__(num_blocks, block_size, sink, enable_caching)
@@ -123,7 +124,8 @@ class VllmBlockManager(BlockManager):
         num_cached_blocks = len(hits)
         self.pool.touch(hits)
         seq.num_cached_tokens = self.num_computed_tokens(seq, num_cached_blocks)
-        self.external_tokens.pop(seq.seq_id, None)
+        if self.kv_connector is not None:
+            self.kv_connector.allocated(seq.seq_id)
         num_slots = seq.num_tokens if num_new_tokens is None else seq.num_cached_tokens + num_new_tokens
         new_block_ids = self.pool.get_new_blocks(-(-num_slots // self.block_size) - num_cached_blocks)
         self.prefix_cache.evict(new_block_ids)     # their cached content is overwritten

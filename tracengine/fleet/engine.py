@@ -13,8 +13,8 @@ decode pool's router when that step ends, and its prompt's KV lands on the chose
 replica `latency + bytes / bandwidth` later: the prompt's full blocks enter that replica's
 prefix cache, and the request (prompt and first token, max_tokens - 1) enters there as an
 arrival. Admitted, it finds the full blocks cached and its last, partial block's tokens
-computed (BlockManager.external_tokens, as vLLM's KV connectors report external computed
-tokens), so its first step computes one token: the first token, whose KV the prefill
+computed (the replica's KV connector, fleet/kv_transfer.LandedPrompts, as vLLM's KV connectors
+report external computed tokens), so its first step computes one token: the first token, whose KV the prefill
 replica did not compute.
 
 Events: one trace. A fleet of one replica writes exactly what one simulated engine writes;
@@ -30,7 +30,7 @@ from tracengine.errors import TracengineError
 from tracengine.engine.request import Request
 from tracengine.fleet.departures import FleetDepartures
 from tracengine.fleet.overrides import replica_configs
-from tracengine.fleet.kv_transfer import install_prompt_kv
+from tracengine.fleet.kv_transfer import LandedPrompts, install_prompt_kv
 from tracengine.sim.clock import ClockedEngine, NoTime, Stepped, in_arrival_order, run_in_time
 from tracengine.fleet.routers import RoutedRequest, Router, router_classes
 from tracengine.fleet.spec import FleetSpec, header_fields
@@ -236,8 +236,9 @@ class Fleet:
         seq, request = self.prefilled.pop(seq_id)
         block_manager = dst.scheduler.block_manager
         num_blocks = install_prompt_kv(block_manager, seq_id, seq.prompt_token_ids)
-        # the prompt's last, partial block came too: computed once its full blocks are hits
-        block_manager.external_tokens[seq_id] = seq.num_prompt_tokens
+        if block_manager.kv_connector is None:
+            block_manager.kv_connector = LandedPrompts(block_manager.block_size)
+        block_manager.kv_connector.landed(seq_id, seq.num_prompt_tokens)
         num_bytes, duration_ns = self.spec.transfer_ns(seq.num_prompt_tokens)
         if self.sink.enabled:
             self.sink.emit(KVTransfer(dst.engine.num_steps, seq_id, src.index, dst.index, seq.num_prompt_tokens,
