@@ -78,7 +78,19 @@ class TimedReplay:
             self.step_time = calibrated_step_time(self.events, self.trace_name)
         return self.step_time
 
-    def run(self, config: Config, policy=None) -> tuple[list, OutputRunner]:
+    def recorded_policy(self, policy):
+        """The policy the recorded config runs under: replay --policy when the recorded one is a
+        user's own (never imported on its own), else the recorded built-in."""
+        from tracengine.engine.config import BUILTIN_POLICY_NAMES
+        return None if self.recorded.scheduling_policy in BUILTIN_POLICY_NAMES else policy
+
+    def changes(self, config: Config) -> list[tuple[str, object, object]]:
+        return [(name, value, getattr(config, name)) for name, value in self.recorded.to_dict().items()
+                if getattr(config, name) != value]
+
+    def run(self, config: Config, policy=None) -> tuple[list, int]:
+        """The events of the workload under `config` in simulated time (header first), and how
+        many sequences ran past their recorded output."""
         step_time = self.ensure_step_time()
         config = with_kv_bytes(config, step_time)
         if policy is not None:      # the header names the policy that runs
@@ -89,25 +101,29 @@ class TimedReplay:
         header = msgspec.structs.replace(self.workload.header, config=config.to_dict(),
                                          device=f"simulated ({step_time.kind})", created_at=time.time())
         runner = OutputRunner(self.workload.outputs, self.workload.middle, 0 if config.eos != 0 else 1)
-        return run_timed(config, requests_under(self.workload, config), step_time, runner, header=header, policy=policy,
-                         first_step_ns=self.first_step_ns), runner
+        events = run_timed(config, requests_under(self.workload, config), step_time, runner, header=header,
+                           policy=policy, first_step_ns=self.first_step_ns)
+        return events, len(runner.past_output_seq_ids)
+
+
+def whatif_in_time(timed, overrides: dict, policy=None) -> TimedWhatIf:
+    """The what-if in simulated time of any engine's trace, `timed` being its workload ready to
+    run (TimedReplay; vLLM's scheduler's: vllm/timed.VllmTimedReplay): the recorded config in
+    simulated time (the self-check: how far the step-time model is from the recording) and the
+    one with `overrides`. `policy` (replay --policy): the recorded policy when it is a user's
+    own, and the new run's unless `overrides` names one (as whatif's)."""
+    config = timed.config(overrides)     # before calibrating: say the plainer problem first
+    self_check, num_past_output = timed.run(timed.recorded, timed.recorded_policy(policy))
+    new = self_check
+    if overrides:
+        new, num_past_output = timed.run(config, overrides.get("scheduling_policy", policy))
+    return TimedWhatIf(timed.step_time, timed.events, self_check, new, timed.changes(config), num_past_output)
 
 
 def timed_whatif(events, overrides: dict, step_time=None, trace_name: str = "", policy=None) -> TimedWhatIf:
-    """The workload of `events` at its recorded arrival times, in simulated time, under the
-    recorded config (the self-check) and with `overrides`; `step_time` defaults to a model
-    calibrated on the trace itself. `policy` (replay --policy): the recorded policy when it is
-    a user's own, and the new run's unless `overrides` names one (as whatif's)."""
-    from tracengine.engine.config import BUILTIN_POLICY_NAMES
-    timed = TimedReplay(events, step_time, trace_name)
-    config = timed.config(overrides)     # before calibrating: say the plainer problem first
-    recorded_policy = None if timed.recorded.scheduling_policy in BUILTIN_POLICY_NAMES else policy
-    self_check, check_runner = timed.run(timed.recorded, recorded_policy)
-    new, runner = (self_check, check_runner) if not overrides else timed.run(
-        config, overrides.get("scheduling_policy", policy))
-    changes = [(name, value, getattr(config, name)) for name, value in timed.recorded.to_dict().items()
-               if getattr(config, name) != value]
-    return TimedWhatIf(timed.step_time, timed.events, self_check, new, changes, len(runner.past_output_seq_ids))
+    """whatif_in_time of tracengine's engine: the workload of `events` at its recorded arrival
+    times; `step_time` defaults to a model calibrated on the trace itself."""
+    return whatif_in_time(TimedReplay(events, step_time, trace_name), overrides, policy)
 
 
 def _variant_policy(overrides: dict, policy):
@@ -116,8 +132,8 @@ def _variant_policy(overrides: dict, policy):
 
 
 class TimedVariant:
-    """A what-if in simulated time (replay/simulate.TimedReplay) under base + overrides.
-    `policy`: replay --policy (a trace of one's own policy needs it)."""
+    """A what-if in simulated time under base + overrides, of any engine's trace (`timed`: as
+    whatif_in_time's). `policy`: replay --policy (a trace of one's own policy needs it)."""
     figures = IN_TIME
 
     def __init__(self, timed, base: dict, slo: dict | None = None, policy=None):

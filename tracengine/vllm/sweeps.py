@@ -3,24 +3,7 @@ trace's variants (replay/sweeps.py's, for vLLM's scheduler: what-ifs in simulate
 step-exact ones) and of `simulate --scheduler vllm`'s. A maker is named in the SweepSpec, so
 a worker, local or Ray, makes the same variant object from the same source."""
 from tracengine.sim.spec import PreparedSources, Source, SweepSpec, step_time_of
-from tracengine.sim.sweep import IN_STEPS, IN_TIME
-
-
-class TimedVariant:
-    """A what-if of a vLLM trace in simulated time (timed.VllmTimedReplay) under base + overrides."""
-    figures = IN_TIME
-
-    def __init__(self, timed, base: dict, slo: dict | None = None):
-        self.timed, self.base, self.slo = timed, base, slo
-        timed.ensure_step_time()      # fitted once, before the workers fork
-
-    def check(self, overrides: dict):
-        self.timed.config({**self.base, **overrides})
-
-    def __call__(self, overrides: dict) -> dict:
-        from tracengine.analysis.stats import stats
-        from tracengine.sim.sweep import row_of
-        return row_of(stats(self.timed.run(self.timed.config({**self.base, **overrides})), self.slo))
+from tracengine.sim.sweep import IN_STEPS
 
 
 class StepVariant:
@@ -43,7 +26,9 @@ class StepVariant:
         return step_row_of(stats(whatif(self.events, {**self.base, **overrides}).events))
 
 
-def timed_runner(spec: SweepSpec, events: list) -> TimedVariant:
+def timed_runner(spec: SweepSpec, events: list):
+    """replay/timed.TimedVariant over vLLM's scheduler."""
+    from tracengine.replay.timed import TimedVariant
     from tracengine.vllm.timed import VllmTimedReplay
     return TimedVariant(VllmTimedReplay(events, step_time_of(spec.step_time)), spec.base, spec.slo)
 
@@ -71,6 +56,7 @@ def prepare_timed(prepared: PreparedSources, source: Source, events: list, step_
     spec = SweepSpec(TIMED, source.digest, base, model.to_dict(), slo)
     replay.step_time = step_time_of(spec.step_time)
     prepared.add(source, events)
+    from tracengine.replay.timed import TimedVariant
     prepared.add_runner(spec, TimedVariant(replay, base, slo))
     return spec, replay.step_time
 

@@ -199,24 +199,26 @@ class VllmTimedReplay:
             self.step_time = calibrated_step_time(self.events, self.trace_name)
         return self.step_time
 
-    def run(self, config: dict, past_output: set | None = None) -> list:
+    def recorded_policy(self, policy):
+        return None       # tracengine's --policy: vLLM's scheduler has its own
+
+    def changes(self, config: dict) -> list[tuple[str, object, object]]:
+        return [(name, value, config.get(name)) for name, value in self.recorded.items() if config.get(name) != value]
+
+    def run(self, config: dict, policy=None) -> tuple[list, int]:
+        """As TimedReplay.run: the events under `config`, and how many requests ran past their
+        recorded output. `policy` is tracengine's, never given here."""
+        past_output: set = set()
         events = run_config(config, self.workload.specs, self.ensure_step_time(), self.workload.header.model,
                             self.first_step_ns, past_output)
         events[0] = msgspec.structs.replace(events[0], created_at=time.time())
-        return events
+        return events, len(past_output)
 
 
 def timed_whatif(events, overrides: dict, step_time=None, trace_name: str = "", policy=None):
-    """replay/timed.timed_whatif for a vLLM trace: the recorded config in simulated time (the
-    self-check) and the one with `overrides`. `policy` is tracengine's (--policy), never given here."""
-    from tracengine.replay.timed import TimedWhatIf
+    """replay/timed.whatif_in_time for a vLLM trace. `policy` is tracengine's (--policy), never given here."""
+    from tracengine.replay.timed import whatif_in_time
     from tracengine.vllm.replay import check_vllm_version
     timed = VllmTimedReplay(events, step_time, trace_name)
     check_vllm_version(timed.workload.header)
-    config = timed.config(overrides)     # before calibrating: say the plainer problem first
-    past_output: set = set()
-    self_check = timed.run(timed.recorded, None if overrides else past_output)
-    new = self_check if not overrides else timed.run(config, past_output)
-    changes = [(name, value, config.get(name)) for name, value in timed.recorded.items()
-               if config.get(name) != value]
-    return TimedWhatIf(timed.step_time, timed.events, self_check, new, changes, len(past_output))
+    return whatif_in_time(timed, overrides)
