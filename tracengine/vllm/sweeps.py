@@ -38,8 +38,9 @@ def step_runner(spec: SweepSpec, events: list) -> StepVariant:
 
 
 def simulate_runner(spec: SweepSpec, requests):
-    from tracengine.vllm.simulate import VllmSimulateVariant
-    return VllmSimulateVariant(requests, spec.base, step_time_of(spec.step_time), spec.slo)
+    from tracengine.sim.sweep import SimulateVariant
+    from tracengine.vllm.simulate import VllmSimulation
+    return SimulateVariant(requests, spec.base, step_time_of(spec.step_time), spec.slo, VllmSimulation)
 
 
 TIMED, STEPS, SIMULATE = f"{__name__}:timed_runner", f"{__name__}:step_runner", f"{__name__}:simulate_runner"
