@@ -77,9 +77,11 @@ class MixedScheduler(Scheduler):
     def make_block_manager(cls, config: Config, sink: EventSink = NULL_SINK) -> BlockManager:
         """vLLM V1's block rules (VllmBlockManager: slots for a step's tokens), or nano-vllm's for a
         trace recorded before the field (block_rules, below); with the CPU tier of KV offloading."""
-        manager_class = VllmBlockManager if block_rules(cls, config) == "vllm" else BlockManager
-        block_manager = manager_class(config.num_kvcache_blocks, config.kvcache_block_size, sink,
-                                      config.enable_prefix_caching)
+        if block_rules(cls, config) == "vllm":
+            block_manager = VllmBlockManager(config.num_kvcache_blocks, config.kvcache_block_size, sink,
+                                             config.enable_prefix_caching)
+        else:
+            block_manager = super().make_block_manager(config, sink)
         if config.kv_offloading_size:
             block_manager.cpu_tier = make_cpu_tier(config, sink)
         return block_manager

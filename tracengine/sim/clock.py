@@ -7,10 +7,12 @@ engine (`ClockedEngine`), vLLM's scheduler (vllm/timed.py) and a fleet (fleet/en
 all run through it, so a session's turns, the progress reports and the step limit are the
 same for each. Each engine keeps its own clock: when its next step starts (`next_step_ns`,
 None when idle), which an arrival may bring forward."""
+import operator
 from typing import NamedTuple
 
 from tracengine.errors import TracengineError
-from tracengine.sim.runners import sampling_params_of
+from tracengine.engine.request import Request
+from tracengine.engine.sampling_params import SamplingParams
 from tracengine.workload.sessions import NOT_HELD, session_turn
 
 PROGRESS_EVERY = 512     # steps between two calls of a run's `on_progress`
@@ -25,18 +27,25 @@ class Stepped(NamedTuple):
     end_ns: int          # when the step ended, on the engine's clock
 
 
-def run_in_time(engine, take, sessions=None, max_steps: int = 10_000_000, on_progress=None) -> int:
+def sampling_params_of(request: Request) -> SamplingParams:
+    return SamplingParams(request.temperature, request.max_tokens, request.ignore_eos)
+
+
+def run_in_time(engine, take, sessions=None, max_steps: int = 10_000_000, on_progress=None,
+                arrival: str = "arrival_ns") -> int:
     """Runs `engine` (the engine interface, simulated time) over the requests `take()` gives, as
     (index, request) in arrival order, NOT_HELD when none is left; `sessions` (a SessionRelease,
     whose `pop` is then `take`): turns released as their dependencies finish, and ended by an
     abort. Returns the number of steps that ran. `on_progress(num_finished, now_ns)`: every
-    PROGRESS_EVERY steps and at the end."""
+    PROGRESS_EVERY steps and at the end. `arrival`: the request's field its engine's clock
+    reads, "arrival_ns", or "arrival_step" for an engine on a clock of steps (StepClockedEngine)."""
+    arrival_of = operator.attrgetter(arrival)
     index, request = take()
     num_steps = num_finished = 0
     end_ns = 0
     while True:
         start = engine.next_step_ns()
-        if request is not None and (start is None or request.arrival_ns <= start):
+        if request is not None and (start is None or arrival_of(request) <= start):
             engine.add(index, request)
             index, request = take()
             continue
@@ -56,7 +65,8 @@ def run_in_time(engine, take, sessions=None, max_steps: int = 10_000_000, on_pro
         num_steps += 1
         num_finished += len(stepped.finished)
         if num_steps >= max_steps:
-            raise TracengineError(f"the simulation did not finish in {max_steps} steps")
+            raise TracengineError(f"the {'simulation' if arrival == 'arrival_ns' else 'workload'} did not finish "
+                                  f"in {max_steps} steps")
         if on_progress is not None and not num_steps % PROGRESS_EVERY:
             on_progress(num_finished, end_ns)
     if on_progress is not None:
@@ -64,9 +74,11 @@ def run_in_time(engine, take, sessions=None, max_steps: int = 10_000_000, on_pro
     return num_steps
 
 
-def in_arrival_order(requests: list):
-    """`take` for run_in_time over a list: (index, request) by arrival, in list order at a tie."""
-    return taking(iter(sorted(enumerate(requests), key=lambda item: item[1].arrival_ns)))
+def in_arrival_order(requests: list, arrival: str = "arrival_ns"):
+    """`take` for run_in_time over a list: (index, request) by arrival (`arrival`: the field), in
+    list order at a tie."""
+    arrival_of = operator.attrgetter(arrival)
+    return taking(iter(sorted(enumerate(requests), key=lambda item: arrival_of(item[1]))))
 
 
 def taking(pairs):
@@ -168,3 +180,52 @@ class ClockedEngine:
             engine.add_request(r.prompt, sampling_params_of(r), seq_id=index if r.seq_id is None else r.seq_id,
                                arrival_ns=r.arrival_ns, session=session_turn(r) if self.records_sessions else None)
         self.queued.clear()
+
+
+class StepClockedEngine:
+    """tracengine's engine (engine/llm_engine.LLMEngine) on a clock of steps: a step-exact run,
+    whose requests arrive before the step their `arrival_step` names (a what-if of a trace at its
+    recorded steps, a scripted workload). Its clock reads its next step's number; idle, it skips
+    ahead to the next arrival's step, and the requests due by then enter at once. The clients
+    that left by a step (`leaving(step)`: (seq_id, reason) of each) leave before it.
+    `on_step(engine)`: after every step (property tests check invariants there)."""
+
+    def __init__(self, engine, leaving=None, records_sessions: bool = False, on_step=None):
+        self.engine = engine
+        self.leaving = leaving
+        self.records_sessions = records_sessions
+        self.on_step = on_step
+        self.start: int | None = None        # the next step's number, or the arrival it skipped to; None: idle
+
+    def next_step_ns(self) -> int | None:
+        return self.start
+
+    def add(self, index: int, request) -> None:
+        engine = self.engine
+        engine.add_request(request.prompt, sampling_params_of(request),
+                           seq_id=index if request.seq_id is None else request.seq_id,
+                           session=session_turn(request) if self.records_sessions else None)
+        if self.start is None:       # idle: the next arrivals come now
+            self.start = max(engine.num_steps, request.arrival_step)
+
+    def abort(self, seq_id: int, reason: str) -> bool:
+        return self.engine.abort_request(seq_id, reason) is not None
+
+    def is_finished(self) -> bool:
+        return self.engine.is_finished()
+
+    def step(self) -> Stepped:
+        engine = self.engine
+        leaving = self.leaving(engine.num_steps) if self.leaving is not None else ()
+        aborted = [seq_id for seq_id, reason in leaving if engine.abort_request(seq_id, reason) is not None]
+        if engine.is_finished():     # every request it held left: no step
+            self.start = None
+            return Stepped([], aborted, False, engine.num_steps)
+        finished = engine.step()[1]
+        if self.on_step is not None:
+            self.on_step(engine)
+        self.start = engine.num_steps if not engine.is_finished() else None
+        return Stepped(finished, aborted, True, engine.num_steps)
+
+    def stuck_reason(self) -> str:
+        return f"the engine is stuck at step {self.engine.num_steps}"

@@ -2,18 +2,17 @@
 is_prefill)` like the model runner, from a hash instead of logits), and `run_workload`, which
 drives the engine's step loop over requests added by step."""
 import math
-from functools import partial
 
 import xxhash
 
 from tracengine.engine.config import Config
-from tracengine.errors import RequestError, TracengineError
+from tracengine.errors import RequestError
+from tracengine.sim.clock import StepClockedEngine, in_arrival_order, run_in_time
 from tracengine.trace.sinks import ListSink
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.request import Request
-from tracengine.engine.sampling_params import SamplingParams
 from tracengine.trace.tracelog import make_header
-from tracengine.workload.sessions import NOT_HELD, SessionRelease, has_sessions, session_turn
+from tracengine.workload.sessions import SessionRelease, has_sessions
 
 
 # b"%d" % position, made once per position and shared by every runner: formatting a number is
@@ -89,10 +88,6 @@ class SyntheticRunner:
         pass
 
 
-def sampling_params_of(request: Request) -> SamplingParams:
-    return SamplingParams(request.temperature, request.max_tokens, request.ignore_eos)
-
-
 def check_requests(scheduler, requests: list[Request], under: str = "the config", first_index: int = 0):
     """Refuse, before a run and naming it, a request that could never run under the scheduler's config
     (a request without a seq_id is named by its index, the first `first_index`)."""
@@ -144,29 +139,9 @@ def run_workload(config: Config, requests: list[Request], runner=None, sink: Lis
     engine = LLMEngine(config, runner, sink, policy=policy)
     # a session's later turn arrives think_steps after the step its last dependency finished in
     sessions = SessionRelease(requests, "steps") if has_sessions(requests) else None
-    take = sessions.pop if sessions is not None else \
-        partial(next, iter(sorted(enumerate(requests), key=lambda item: item[1].arrival_step)), NOT_HELD)
-    leaving = Departures(requests, "abort_step")
-    i, r = take()       # the next to arrive (None: no more)
-    while r is not None or not engine.is_finished():
-        now = engine.num_steps
-        if engine.is_finished():      # idle: the next arrivals come now
-            now = max(now, r.arrival_step)
-        while r is not None and r.arrival_step <= now:
-            engine.add_request(r.prompt, sampling_params_of(r), seq_id=i if r.seq_id is None else r.seq_id,
-                               session=None if sessions is None else session_turn(r))
-            i, r = take()
-        if leaving.next_due <= engine.num_steps:
-            aborted = leaving.abort(engine, engine.num_steps)
-            if sessions is not None:
-                i, r = sessions.end(aborted, (i, r))
-            if engine.is_finished():
-                continue
-        finished = engine.step()[1]
-        if sessions is not None and finished:
-            i, r = sessions.release(finished, engine.num_steps, (i, r))
-        if on_step is not None:
-            on_step(engine)
-        if engine.num_steps >= max_steps:
-            raise TracengineError(f"the workload did not finish in {max_steps} steps")
+    take = sessions.pop if sessions is not None else in_arrival_order(requests, "arrival_step")
+    departures = Departures(requests, "abort_step")
+    clocked = StepClockedEngine(engine, departures.due if departures.next_due < math.inf else None,
+                                records_sessions=sessions is not None, on_step=on_step)
+    run_in_time(clocked, take, sessions, max_steps, arrival="arrival_step")
     return [make_header(engine.config), *sink.events]
