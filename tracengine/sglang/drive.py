@@ -134,3 +134,11 @@ def record_workload(config: dict, specs: list[RequestSpec], **drive) -> list:
     finally:
         stop_recording(scheduler)
     return [header] + sink.events
+
+
+if __name__ == "__main__":
+    # The command's front end (its flags are the other commands') is cli/sglang_drive.py, a layer
+    # above this one: named, not imported, so that this module reads only the layers below it.
+    import importlib
+    import sys
+    sys.exit(importlib.import_module("tracengine.cli.sglang_drive").main())
