@@ -11,6 +11,7 @@ given); MODEL_FIELDS, the KV shape; and `scheduler_loop` ("normal": event_loop_n
 import json
 import os
 import tempfile
+import warnings
 
 from tracengine.errors import ConfigError
 
@@ -80,6 +81,8 @@ def build_scheduler(config: dict, token_of):
     if config.get("scheduler_loop", "normal") not in LOOPS:
         raise ConfigError(f"SGLang's {config['scheduler_loop']} loop is not rebuilt yet (rebuilt: {', '.join(LOOPS)})")
     Scheduler = scheduler_module().Scheduler
+    from tracengine.sglang.recorder import install_hooks
+    install_hooks()     # before the scheduler binds its handlers (abort_request) at construction
     from sglang.srt.distributed import bootstrap, parallel_state
     from sglang.srt.runtime_context import SpawnRanks, publish
     from sglang.srt.server_args import PortArgs, ServerArgs
@@ -95,7 +98,9 @@ def build_scheduler(config: dict, token_of):
             parallel_state.destroy_model_parallel()
             parallel_state.destroy_distributed_environment()
         publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
-        scheduler = Scheduler(server_args, PortArgs.init_new(server_args))
+        with warnings.catch_warnings():     # SGLang's model loading warns of what a CPU lacks
+            warnings.simplefilter("ignore")
+            scheduler = Scheduler(server_args, PortArgs.init_new(server_args))
     scheduler.model_worker.forward_batch_generation = StandInWorker(token_of).forward_batch_generation
     return scheduler
 

@@ -46,8 +46,10 @@ def abort_request(rid: str):
 
 
 def has_work(scheduler) -> bool:
+    """Whether the next iteration can run a batch: requests waiting, running, mid-prefill, or in the
+    last batch (a prefill batch joins the running batch in the next get_next_batch_to_run)."""
     return bool(scheduler.waiting_queue) or not scheduler.running_batch.is_empty() \
-        or scheduler.chunked_req is not None
+        or scheduler.chunked_req is not None or scheduler.last_batch is not None
 
 
 def iterate(scheduler) -> bool:

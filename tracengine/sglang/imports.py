@@ -9,6 +9,7 @@ import functools
 import importlib.util
 import sys
 import types
+import warnings
 
 _TORCHVISION_MODULES = ("torchvision", "torchvision.transforms", "torchvision.transforms.functional")
 
@@ -47,7 +48,9 @@ def scheduler_module():
                 setattr(placeholders[parent], child, module)
         sys.modules.update(placeholders)
     try:
-        import sglang.srt.managers.scheduler as module
+        with warnings.catch_warnings():     # SGLang's import warns of the GPU features a CPU lacks
+            warnings.simplefilter("ignore")
+            import sglang.srt.managers.scheduler as module
     finally:
         for name in placeholders:
             sys.modules.pop(name, None)

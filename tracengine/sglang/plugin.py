@@ -21,10 +21,11 @@ def register() -> None:
 
 def start_recording(result, scheduler, *args, **kwargs) -> None:
     """After a Scheduler is built: record it to $TRACENGINE_RECORD (rank 0's only)."""
-    if getattr(scheduler, "tp_rank", 0) or getattr(scheduler, "dp_rank", 0):
+    path = os.environ.get(RECORD_ENV)
+    if not path or getattr(scheduler, "tp_rank", 0) or getattr(scheduler, "dp_rank", 0):
         return
     from tracengine.sglang.header import trace_header
     from tracengine.sglang.recorder import record_to
     from tracengine.trace.tracelog import TraceWriter
     header = trace_header(scheduler)
-    record_to(scheduler, TraceWriter(os.environ[RECORD_ENV], header), header.created_at)
+    record_to(scheduler, TraceWriter(path, header), header.created_at)

@@ -61,7 +61,12 @@ def abort_request(original, self, recv_req, *args, **kwargs):
         for req in self.waiting_queue:
             if matches(req):
                 recorder.request_aborted(req, "waiting")
-        for req in self.running_batch.reqs:
+        running = {id(req): req for req in self.running_batch.reqs}
+        if self.last_batch is not None:     # a prefill batch joins the running batch in the next step
+            running.update((id(req), req) for req in self.last_batch.reqs)
+        if self.chunked_req is not None:
+            running[id(self.chunked_req)] = self.chunked_req
+        for req in running.values():
             if matches(req) and not req.finished():
                 recorder.request_aborted(req, "running")
     return original(self, recv_req, *args, **kwargs)
