@@ -133,3 +133,17 @@ def test_the_golden_trace_replays():
     kinds = Counter(type(e).__name__ for e in events)
     assert kinds["SeqAbort"] and kinds["RequestAdded"] == 12
     assert reexecute(events).ok
+
+
+def test_check_reads_an_sglang_trace_whole(tmp_path, capsys, prefix_trace):
+    """`check` applies SGLang's trace's own rules (no SGLang needed): slots inside the pool, seqs added."""
+    from tracengine.cli.main import main
+    path = tmp_path / "sglang.trace"
+    write_trace(path, prefix_trace)
+    assert main(["check", str(path)]) == 0
+    bad = list(prefix_trace)
+    i = next(i for i, e in enumerate(bad) if type(e) is BlockAllocate)
+    bad[i] = msgspec.structs.replace(bad[i], block_ids=[10_000])
+    write_trace(tmp_path / "bad.trace", bad)
+    assert main(["check", str(tmp_path / "bad.trace")]) == 1
+    assert "slot 10000 is outside the token pool of 301" in capsys.readouterr().out
