@@ -1,0 +1,149 @@
+"""SGLang's own scheduler (0.5.23, on the CPU with a stand-in worker) recorded through tracengine's
+hooks, re-executed from the trace, and run again under another config (skipped where SGLang is
+not installed: scripts/install-sglang-cpu.sh)."""
+import importlib.util
+from collections import Counter
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from tracengine.trace.events import BlockAllocate, RequestAdded, ScheduleDecision, SeqAbort, TokenSample
+from tracengine.trace.tracelog import write_trace
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="SGLang is not installed")
+TRACES = Path(__file__).resolve().parents[1] / "traces"
+
+
+def shared_prefix_specs(num: int = 8):
+    """Prompts of a shared 64-token prefix and their own tails, arriving three a step."""
+    from tracengine.sglang.drive import RequestSpec
+    return [RequestSpec(f"r{i}", [1, 2, 3, 4, 5, 6, 7, 8] * 8 + [i] * (10 + i), 6 + i % 3, arrival_step=i // 3)
+            for i in range(num)]
+
+
+@pytest.fixture(scope="module")
+def prefix_trace():
+    from tracengine.sglang.build import default_config
+    from tracengine.sglang.drive import record_workload
+    return record_workload(default_config(max_total_tokens=300, chunked_prefill_size=64, max_running_requests=6),
+                           shared_prefix_specs())
+
+
+@pytest.fixture(scope="module")
+def abort_trace():
+    from tracengine.sglang.build import default_config
+    from tracengine.sglang.drive import RequestSpec, record_workload
+    specs = [RequestSpec(f"r{i}", [5] * 20 + [i] * (20 + i), 60, arrival_step=i) for i in range(8)]
+    return record_workload(default_config(max_total_tokens=300, chunked_prefill_size=64, max_running_requests=8),
+                           specs, aborts={6: ["r1"], 9: ["r7"]})
+
+
+def test_prefix_sharing_and_chunked_prefill_replay_exactly(prefix_trace):
+    from tracengine.sglang.replay import reexecute
+    header = prefix_trace[0]
+    assert (header.engine, header.engine_version) == ("sglang", "0.5.23")
+    hits = [e for e in prefix_trace if type(e) is BlockAllocate and e.num_cached_blocks]
+    assert hits, "the radix cache matched no prefix"
+    assert any(type(e) is TokenSample and not e.kept for e in prefix_trace), "no prompt was chunked"
+    result = reexecute(prefix_trace)
+    assert result.ok and result.num_steps == sum(1 for e in prefix_trace if type(e).__name__ == "StepEnd")
+
+
+def test_aborts_waiting_and_running_replay_exactly(abort_trace):
+    from tracengine.sglang.replay import reexecute
+    aborts = [e for e in abort_trace if type(e) is SeqAbort]
+    assert [(e.seq_id, e.status) for e in aborts] == [(1, "running"), (7, "waiting")]
+    assert reexecute(abort_trace).ok
+
+
+def test_a_planted_change_is_found_at_its_step(prefix_trace):
+    from tracengine.sglang.replay import reexecute
+    events = list(prefix_trace)
+    i = next(i for i, e in enumerate(events) if type(e) is ScheduleDecision and e.step == 7)
+    events[i] = msgspec.structs.replace(events[i], num_batched_tokens=events[i].num_batched_tokens + 1)
+    divergence = reexecute(events).divergence
+    assert divergence is not None and divergence.step == 7 and divergence.expected == events[i]
+
+
+def test_recording_changes_no_decision():
+    """The same workload through an unrecorded scheduler runs the same batches."""
+    from tracengine.sglang.build import build_scheduler, default_config
+    from tracengine.sglang.drive import Tokens, record_workload, run
+    config = default_config(max_total_tokens=300, chunked_prefill_size=64, max_running_requests=6)
+    specs = shared_prefix_specs()
+    recorded = [[(s.seq_id, s.num_tokens) for s in e.seqs] for e in record_workload(config, specs)
+                if type(e) is ScheduleDecision]
+    scheduler = build_scheduler(config, Tokens(specs))
+    batches, run_batch = [], scheduler.run_batch
+    index = {spec.request_id: i for i, spec in enumerate(specs)}
+
+    def logged(batch, *args, **kwargs):
+        lens = batch.extend_lens if batch.forward_mode.is_extend() else [1] * len(batch.reqs)
+        batches.append([(index[req.rid], n) for req, n in zip(batch.reqs, lens)])
+        return run_batch(batch, *args, **kwargs)
+    scheduler.run_batch = logged
+    run(scheduler, specs)
+    assert batches == recorded
+
+
+def test_whatif_equals_sglang_run_under_the_new_config(prefix_trace):
+    from tracengine.replay.reexec import _COMPARED
+    from tracengine.sglang.build import apply_overrides
+    from tracengine.sglang.drive import record_workload
+    from tracengine.sglang.whatif import whatif
+    for change in ({"chunked_prefill_size": 32}, {"max_total_tokens": 200}):
+        result = whatif(prefix_trace, change)
+        assert result.changes == [(name, prefix_trace[0].config[name], value) for name, value in change.items()]
+        really = record_workload(apply_overrides(prefix_trace[0].config, change), shared_prefix_specs())
+        assert [_COMPARED[type(e)](e) for e in result.events[1:]] == [_COMPARED[type(e)](e) for e in really[1:]]
+        assert result.events[1:] != prefix_trace[1:]
+
+
+def test_replay_command_and_its_refusals(tmp_path, capsys, monkeypatch, prefix_trace):
+    from tracengine.cli.main import main
+    path = tmp_path / "sglang.trace"
+    write_trace(path, prefix_trace)
+    assert main(["replay", str(path)]) == 0
+    assert "reproduced exactly" in capsys.readouterr().out
+    other = tmp_path / "other.trace"
+    write_trace(other, [msgspec.structs.replace(prefix_trace[0], engine_version="0.0.1")] + prefix_trace[1:])
+    assert main(["replay", str(other)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "tracengine: error: the trace was recorded with SGLang 0.0.1; the installed SGLang is 0.5.23 "
+        "(a replay needs the recorded version)"]
+    assert main(["replay", str(path), "--set", "chunk_size=3"]) == 2
+    assert "unknown SGLang config field 'chunk_size'" in capsys.readouterr().err
+    import importlib.metadata
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert main(["replay", str(path)]) == 5
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "SGLang is not installed here" in err[0]
+    assert main(["stats", str(path)]) == 0      # the commands that read a trace need no SGLang
+
+
+def test_the_golden_trace_replays():
+    from tracengine.sglang.replay import reexecute
+    from tracengine.trace.tracelog import TraceReader
+    with TraceReader(TRACES / "sglang.trace") as reader:
+        events = list(reader.events())
+    kinds = Counter(type(e).__name__ for e in events)
+    assert kinds["SeqAbort"] and kinds["RequestAdded"] == 12
+    assert reexecute(events).ok
+
+
+def test_check_reads_an_sglang_trace_whole(tmp_path, capsys, prefix_trace):
+    """`check` applies SGLang's trace's own rules (no SGLang needed): slots inside the pool, seqs added."""
+    from tracengine.cli.main import main
+    path = tmp_path / "sglang.trace"
+    write_trace(path, prefix_trace)
+    assert main(["check", str(path)]) == 0
+    bad = list(prefix_trace)
+    i = next(i for i, e in enumerate(bad) if type(e) is BlockAllocate)
+    bad[i] = msgspec.structs.replace(bad[i], block_ids=[10_000])
+    write_trace(tmp_path / "bad.trace", bad)
+    assert main(["check", str(tmp_path / "bad.trace")]) == 1
+    assert "slot 10000 is outside the token pool of 301" in capsys.readouterr().out
