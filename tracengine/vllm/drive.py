@@ -9,6 +9,11 @@ import functools
 from collections import deque
 from dataclasses import dataclass, field
 
+from tracengine.errors import TracengineError
+from tracengine.sim.clock import Stepped, in_arrival_order, run_in_time
+from tracengine.sim.steptime import step_shape
+from tracengine.trace.events import ScheduleDecision, prefill_flags
+
 EOS_TOKEN_ID = 2
 FILLER_TOKEN_IDS = (0, 1)     # past a recorded output: the first that stops nothing
 # made-up tokens (here and executor.py's) are FIRST_TOKEN_ID .. FIRST_TOKEN_ID + NUM_TOKEN_IDS - 1
@@ -184,55 +189,150 @@ def batch_queue_size(scheduler) -> int:
     return 2 if isinstance(scheduler, AsyncScheduler) else 1
 
 
-def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, in_step_aborts: dict | None = None,
-        max_steps: int = 100_000, schedule_log: list | None = None, past_output: set | None = None,
-        drafts_log: dict | None = None) -> int:
-    """Runs `specs` through `scheduler` until it has no requests; returns the number of steps.
-    A request arrives before the step its `arrival_step` names (an idle engine skips ahead to
-    the next arrival, so steps then run behind that count). `aborts[k]`: request ids aborted
-    before step k is scheduled; `in_step_aborts[k]`: ids aborted while step k is in flight,
-    before its output is processed (vLLM's aborts queue). `past_output` gets the ids of
-    recorded requests that ran past their recorded output."""
-    from vllm.v1.request import RequestStatus
+class VllmClockedEngine:
+    """vLLM's scheduler behind the engine interface (engine/interface.py), driven as its engine
+    core drives it: the requests given it (RequestSpec) enter before the next step, the clients
+    that left by then leave, and a step is one turn of the engine core: schedule (with async
+    scheduling, two batches in flight) or process the oldest batch's output.
 
-    aborts, in_step_aborts = aborts or {}, in_step_aborts or {}
-    queue_size = batch_queue_size(scheduler)
-    driver = Driver(scheduler, specs, past_output)
-    if drafts_log is not None:      # request id -> its drafts as given and verified (spec.Drafts)
-        driver.drafts_log = drafts_log
-    pending = deque(sorted(specs, key=lambda s: s.arrival_step))
-    batch_queue: deque = deque()
-    num_scheduled = 0
-    tick = 0          # the arrivals' clock: a step, or an idle wait for the next arrival
+    Its clock is simulated time when given a step-time model (`step_time`: each scheduled step
+    lasts what the model says for its batch, the recording scheduler's StepEnds get those
+    times; a client leaves at its RequestSpec's abort_ns; an idle scheduler sleeps until a
+    request comes and wakes `wake_ns` after it), else steps (a step-exact run: a request arrives
+    before the step its arrival_step names, an idle scheduler skips ahead to it; `aborts[k]`:
+    request ids aborted before step k is scheduled, `in_step_aborts[k]` while step k is in
+    flight, before its output is processed, as vLLM's aborts queue has them)."""
 
-    # aborts and steps are keyed by schedule() calls, arrivals by `tick`
-    while num_scheduled < max_steps:
-        if not scheduler.has_requests() and not batch_queue:
-            if not pending:
-                return num_scheduled
-            tick = max(tick, pending[0].arrival_step)
-        while pending and pending[0].arrival_step <= tick:
-            driver.add(pending.popleft())
-        for req_id in aborts.get(num_scheduled, ()):
-            scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
+    def __init__(self, scheduler, specs, step_time=None, first_step_ns: int = 0, past_output: set | None = None,
+                 aborts: dict | None = None, in_step_aborts: dict | None = None, schedule_log: list | None = None):
+        self.scheduler = scheduler
+        self.driver = Driver(scheduler, specs, past_output)
+        self.queue_size = batch_queue_size(scheduler)
+        self.batch_queue: deque = deque()
+        self.step_time = step_time
+        self.first_step_ns = first_step_ns
+        self.aborts, self.in_step_aborts = aborts or {}, in_step_aborts or {}
+        self.schedule_log = schedule_log     # what vLLM decided: each request's tokens, the preempted
+        self.queued: list = []
+        self.num_scheduled = 0
+        self.start_ns: int | None = None     # the next step's start (ns, or a step number); None: idle
+        if step_time is not None:
+            self.recorder = scheduler.tracengine
+            self.times: dict[int, tuple] = {}   # step -> (schedule_ns, model_ns, postprocess_ns, gap_ns)
+            self.recorder.step_times = self.times.pop
+            self.leaving = deque(sorted((s for s in specs if s.abort_ns is not None), key=lambda s: s.abort_ns))
+        self.end_ns = 0              # the last step's end on the simulated clock
+        self.tick = 0                # the clock of steps: a step, or an idle wait for the next arrival
+
+    def _base(self) -> int:
+        if self.step_time is None:
+            return self.tick
+        return self.end_ns + self.step_time.gap_ns if self.num_scheduled else \
+            max(self.step_time.gap_ns, self.first_step_ns)
+
+    def _busy(self) -> bool:
+        return bool(self.queued) or self.scheduler.has_requests() or bool(self.batch_queue)
+
+    # -- the engine interface --------------------------------------------------------------
+
+    def next_step_ns(self) -> int | None:
+        return self.start_ns
+
+    def add(self, index: int, spec: RequestSpec) -> None:
+        self.queued.append(spec)
+        if self.start_ns is None:        # idle: it sleeps until this arrival (and wakes late)
+            if self.step_time is None:
+                self.tick = max(self.tick, spec.arrival_step)
+                self.start_ns = self.tick
+            else:
+                self.start_ns = max(self._base(), spec.arrival_ns + self.step_time.wake_ns)
+
+    def abort(self, request_id: str, reason: str = "abort") -> bool:
+        from vllm.v1.request import RequestStatus
+        known = request_id in self.scheduler.requests
+        self.scheduler.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
+        return known
+
+    def is_finished(self) -> bool:
+        return not self._busy()
+
+    def step(self) -> Stepped:
+        """One turn of vLLM's engine core at `next_step_ns()`: schedule a step if it has requests
+        (and, with a batch in flight to spare, go on to the next), else process the oldest output."""
+        scheduler, start = self.scheduler, self.start_ns
+        for spec in self.queued:
+            self.driver.add(spec)
+        self.queued.clear()
+        self._leave(start)
+        ran = False
         if scheduler.has_requests():
             out = scheduler.schedule()
             check_progress(scheduler, out)
-            if schedule_log is not None:     # what vLLM decided: each request's tokens, the preempted
-                schedule_log.append((dict(out.num_scheduled_tokens), sorted(out.preempted_req_ids)))
-            batch_queue.appendleft((num_scheduled, out, sampling_req_ids(scheduler, out)))
-            num_scheduled += 1
-            tick += 1
-            if len(batch_queue) < queue_size and (out.total_num_scheduled_tokens > 0
-                                                  or scheduler.has_requests()):
-                continue
-        step, out, req_ids = batch_queue.pop()
-        for req_id in in_step_aborts.get(step, ()):
-            scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
-        scheduler.update_from_output(out, model_output(out.num_scheduled_tokens, driver.tokens(req_ids, out)))
-        if driver.spec_decoding and not driver.async_drafts:
-            driver.give_drafts(req_ids)
-    raise RuntimeError(f"the scheduler did not finish in {max_steps} steps")
+            if self.schedule_log is not None:
+                self.schedule_log.append((dict(out.num_scheduled_tokens), sorted(out.preempted_req_ids)))
+            if self.step_time is not None:
+                self._time(self.num_scheduled, start)
+            self.batch_queue.appendleft((self.num_scheduled, out, sampling_req_ids(scheduler, out)))
+            self.num_scheduled += 1
+            self.tick += 1
+            ran = True
+            if len(self.batch_queue) < self.queue_size and (out.total_num_scheduled_tokens > 0
+                                                            or scheduler.has_requests()):
+                self.start_ns = self._base()
+                return Stepped([], [], ran, self.end_ns)
+        if self.batch_queue:
+            step, out, req_ids = self.batch_queue.pop()
+            for req_id in self.in_step_aborts.get(step, ()):
+                self.abort(req_id)
+            driver = self.driver
+            scheduler.update_from_output(out, model_output(out.num_scheduled_tokens, driver.tokens(req_ids, out)))
+            if driver.spec_decoding and not driver.async_drafts:     # the engine core's drafts (spec.py)
+                driver.give_drafts(req_ids)
+        self.start_ns = self._base() if self._busy() else None
+        return Stepped([], [], ran, self.end_ns)
+
+    def _leave(self, start: int) -> None:
+        """The clients that left by the step's start: by their abort_ns in time, by `aborts` in steps."""
+        if self.step_time is None:
+            for req_id in self.aborts.get(self.num_scheduled, ()):
+                self.abort(req_id)
+            return
+        while self.leaving and self.leaving[0].abort_ns <= start:
+            self.abort(self.leaving.popleft().request_id)
+
+    def _time(self, step: int, start: int) -> None:
+        """The step just scheduled lasts what the step-time model says for its batch."""
+        decision = next(e for e in self.recorder.steps[step] if type(e) is ScheduleDecision)
+        flags = prefill_flags(decision)
+        is_prefill = any(flags)
+        shape = step_shape((s.num_tokens, s.num_cached_tokens) for s in decision.seqs)
+        schedule_ns, model_ns, postprocess_ns = self.step_time.predict(is_prefill, *shape,
+                                                                       mixed=is_prefill and not all(flags))
+        self.times[step] = (schedule_ns, model_ns, postprocess_ns, start - self.end_ns)
+        self.end_ns = start + schedule_ns + model_ns + postprocess_ns
+
+    def stuck_reason(self) -> str:
+        return f"vLLM's scheduler is stuck after step {self.num_scheduled}"
+
+
+def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, in_step_aborts: dict | None = None,
+        max_steps: int = 100_000, schedule_log: list | None = None, past_output: set | None = None,
+        drafts_log: dict | None = None) -> int:
+    """Runs `specs` through `scheduler` until it has no requests, on a clock of steps
+    (VllmClockedEngine's); returns the number of steps. `aborts`, `in_step_aborts`: as
+    VllmClockedEngine's. `past_output` gets the ids of recorded requests that ran past their
+    recorded output; `drafts_log`: request id -> its drafts as given and verified (spec.Drafts)."""
+    engine = VllmClockedEngine(scheduler, specs, past_output=past_output, aborts=aborts,
+                               in_step_aborts=in_step_aborts, schedule_log=schedule_log)
+    if drafts_log is not None:
+        engine.driver.drafts_log = drafts_log
+    try:
+        run_in_time(engine, in_arrival_order(specs, "arrival_step"), max_steps=max_steps, arrival="arrival_step")
+    except TracengineError:
+        if engine.num_scheduled >= max_steps:
+            raise RuntimeError(f"the scheduler did not finish in {max_steps} steps") from None
+        raise
+    return engine.num_scheduled
 
 
 def recorded_token(spec: RequestSpec, position: int, past_output: set | None) -> int:

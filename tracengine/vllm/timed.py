@@ -13,111 +13,13 @@ up: simulate.py) and the what-if of a vLLM trace in simulated time
 (`VllmTimedReplay`: the recorded workload at its recorded arrival times, its
 recorded tokens, under the recorded config and another)."""
 import time
-from collections import deque
 
 import msgspec
 
 from tracengine.errors import TraceError, TracengineError
-from tracengine.sim.clock import Stepped, in_arrival_order, run_in_time
-from tracengine.sim.steptime import step_shape
-from tracengine.trace.events import ScheduleDecision, prefill_flags
+from tracengine.sim.clock import in_arrival_order, run_in_time
 from tracengine.trace.sinks import ListSink
-from tracengine.vllm.drive import Driver, batch_queue_size, check_progress, model_output, sampling_req_ids
-
-
-class VllmClockedEngine:
-    """vLLM's scheduler in simulated time, behind the engine interface (engine/interface.py): its
-    requests (drive.RequestSpec, with `arrival_ns` and `abort_ns`) enter before the next step,
-    the clients that left by its start leave, and a step is the engine core's: schedule (with
-    async scheduling, two batches in flight) or process the oldest batch's output. The
-    recording scheduler's StepEnds get the simulated times; an idle scheduler sleeps until a
-    request comes and wakes `wake_ns` after it."""
-
-    def __init__(self, scheduler, specs, step_time, first_step_ns: int = 0, past_output: set | None = None):
-        self.scheduler = scheduler
-        self.recorder = scheduler.tracengine
-        self.times: dict[int, tuple] = {}   # step -> (schedule_ns, model_ns, postprocess_ns, gap_ns)
-        self.recorder.step_times = self.times.pop
-        self.driver = Driver(scheduler, specs, past_output)
-        self.queue_size = batch_queue_size(scheduler)
-        self.batch_queue: deque = deque()
-        self.step_time = step_time
-        self.first_step_ns = first_step_ns
-        self.leaving = deque(sorted((s for s in specs if s.abort_ns is not None), key=lambda s: s.abort_ns))
-        self.queued: list = []
-        self.end_ns = 0              # the last step's end on the simulated clock
-        self.num_scheduled = 0
-        self.start_ns: int | None = None
-
-    def _base_ns(self) -> int:
-        return self.end_ns + self.step_time.gap_ns if self.num_scheduled else \
-            max(self.step_time.gap_ns, self.first_step_ns)
-
-    def _busy(self) -> bool:
-        return bool(self.queued) or self.scheduler.has_requests() or bool(self.batch_queue)
-
-    # -- the engine interface --------------------------------------------------------------
-
-    def next_step_ns(self) -> int | None:
-        return self.start_ns
-
-    def add(self, index: int, spec) -> None:
-        self.queued.append(spec)
-        if self.start_ns is None:        # idle: it sleeps until this arrival, and wakes late
-            self.start_ns = max(self._base_ns(), spec.arrival_ns + self.step_time.wake_ns)
-
-    def abort(self, request_id: str, reason: str = "abort") -> bool:
-        from vllm.v1.request import RequestStatus
-        known = request_id in self.scheduler.requests
-        self.scheduler.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
-        return known
-
-    def is_finished(self) -> bool:
-        return not self._busy()
-
-    def step(self) -> Stepped:
-        """One turn of vLLM's engine core at `next_step_ns()`: schedule a step if it has requests
-        (and, with a batch in flight to spare, go on to the next), else process the oldest output."""
-        scheduler, start = self.scheduler, self.start_ns
-        for spec in self.queued:
-            self.driver.add(spec)
-        self.queued.clear()
-        while self.leaving and self.leaving[0].abort_ns <= start:    # the clients that left by now
-            self.abort(self.leaving.popleft().request_id)
-        ran = False
-        if scheduler.has_requests():
-            out = scheduler.schedule()
-            check_progress(scheduler, out)
-            self._time(self.num_scheduled, start)
-            self.batch_queue.appendleft((out, sampling_req_ids(scheduler, out)))
-            self.num_scheduled += 1
-            ran = True
-            if len(self.batch_queue) < self.queue_size and (out.total_num_scheduled_tokens > 0
-                                                            or scheduler.has_requests()):
-                self.start_ns = self._base_ns()
-                return Stepped([], [], ran, self.end_ns)
-        if self.batch_queue:
-            out, req_ids = self.batch_queue.pop()
-            driver = self.driver
-            scheduler.update_from_output(out, model_output(out.num_scheduled_tokens, driver.tokens(req_ids, out)))
-            if driver.spec_decoding and not driver.async_drafts:     # the engine core's drafts (spec.py)
-                driver.give_drafts(req_ids)
-        self.start_ns = self._base_ns() if self._busy() else None
-        return Stepped([], [], ran, self.end_ns)
-
-    def _time(self, step: int, start: int) -> None:
-        """The step just scheduled lasts what the step-time model says for its batch."""
-        decision = next(e for e in self.recorder.steps[step] if type(e) is ScheduleDecision)
-        flags = prefill_flags(decision)
-        is_prefill = any(flags)
-        shape = step_shape((s.num_tokens, s.num_cached_tokens) for s in decision.seqs)
-        schedule_ns, model_ns, postprocess_ns = self.step_time.predict(is_prefill, *shape,
-                                                                       mixed=is_prefill and not all(flags))
-        self.times[step] = (schedule_ns, model_ns, postprocess_ns, start - self.end_ns)
-        self.end_ns = start + schedule_ns + model_ns + postprocess_ns
-
-    def stuck_reason(self) -> str:
-        return f"vLLM's scheduler is stuck after step {self.num_scheduled}"
+from tracengine.vllm.drive import VllmClockedEngine
 
 
 def run_timed(scheduler, specs, step_time, *, first_step_ns: int = 0, past_output: set | None = None,
