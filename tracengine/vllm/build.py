@@ -13,6 +13,7 @@ import os
 import tempfile
 
 from tracengine.errors import ConfigError
+from tracengine.vllm.connector import standin_transfer_config
 from tracengine.vllm.header import CACHE_FIELDS, LORA_FIELDS, SPEC_FIELDS, scheduler_field_names
 
 
@@ -85,6 +86,8 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = "", vllm_opt
             if config.get("max_loras"):
                 from vllm.config import LoRAConfig
                 options["lora_config"] = LoRAConfig(**{name: config[name] for name in LORA_FIELDS})
+            if "kv_transfer_config" not in options and config.get("kv_connector"):
+                options["kv_transfer_config"] = standin_transfer_config(config)
             vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                                      cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
                                      additional_config={"tracengine": {"record": record, **(additional_config or {})}},

@@ -186,13 +186,14 @@ def batch_queue_size(scheduler) -> int:
 
 def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, in_step_aborts: dict | None = None,
         max_steps: int = 100_000, schedule_log: list | None = None, past_output: set | None = None,
-        drafts_log: dict | None = None) -> int:
+        drafts_log: dict | None = None, kv_worker=None) -> int:
     """Runs `specs` through `scheduler` until it has no requests; returns the number of steps.
     A request arrives before the step its `arrival_step` names (an idle engine skips ahead to
     the next arrival, so steps then run behind that count). `aborts[k]`: request ids aborted
     before step k is scheduled; `in_step_aborts[k]`: ids aborted while step k is in flight,
     before its output is processed (vLLM's aborts queue). `past_output` gets the ids of
-    recorded requests that ran past their recorded output."""
+    recorded requests that ran past their recorded output. `kv_worker`: a KV connector's workers
+    (kv_worker.KVWorker), reporting the transfers each step finished in its output."""
     from vllm.v1.request import RequestStatus
 
     aborts, in_step_aborts = aborts or {}, in_step_aborts or {}
@@ -229,7 +230,10 @@ def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, in_s
         step, out, req_ids = batch_queue.pop()
         for req_id in in_step_aborts.get(step, ()):
             scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
-        scheduler.update_from_output(out, model_output(out.num_scheduled_tokens, driver.tokens(req_ids, out)))
+        output = model_output(out.num_scheduled_tokens, driver.tokens(req_ids, out))
+        if kv_worker is not None:
+            output.kv_connector_output = kv_worker.output(scheduler, out)
+        scheduler.update_from_output(out, output)
         if driver.spec_decoding and not driver.async_drafts:
             driver.give_drafts(req_ids)
     raise RuntimeError(f"the scheduler did not finish in {max_steps} steps")

@@ -20,6 +20,7 @@ from tracengine.replay import reexec
 from tracengine.replay.reexec import _COMPARED, ComparingSink, Divergence, ReplayResult
 from tracengine.trace.events import RequestAdded, SeqAbort, SpecDraft, StepEnd, TokenSample
 from tracengine.trace.tracelog import split_header
+from tracengine.vllm.answers import answer_from
 from tracengine.vllm.state import live_vllm_state
 from tracengine.trace.header import VLLM, backend_of
 
@@ -52,7 +53,9 @@ def reexecute(events, config: dict | None = None) -> ReplayResult:
     scheduler = build_scheduler(header.config if config is None else config)
     sink = ComparingSink()
     recorder = scheduler.record_to(sink, header.created_at)
-    return _Replay(scheduler, recorder, sink, list(iter_steps(it))).run()
+    frames = list(iter_steps(it))
+    answer_from(scheduler, frames)     # a recorded connector's and grammars' answers (stand-ins)
+    return _Replay(scheduler, recorder, sink, frames).run()
 
 
 class _Replay:

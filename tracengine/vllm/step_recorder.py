@@ -2,6 +2,9 @@
 until the step's output is processed, then written as the step's frame."""
 import time
 
+from tracengine.vllm.connector import unobserve_connector
+from tracengine.vllm.structured import unobserve_grammars
+
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, Preempt, RequestAdded, ScheduledSeq,
                                      ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample)
 
@@ -206,7 +209,7 @@ class StepRecorder:
                                 request.num_output_tokens))
         for event in frees:
             self.emit(event)
-            if self.num_scheduled > step + 1:
+            if self.num_scheduled > step + 1 and type(event) is BlockFree:
                 self.count_ahead(step, event)
         end_ns = time.perf_counter_ns()
         # The free blocks as the events up to this step's leave them: with async scheduling the
@@ -245,6 +248,8 @@ class StepRecorder:
         self.steps.clear()
         manager = self.scheduler.kv_cache_manager     # the manager's own methods back: nothing observes them now
         del manager.allocate_slots, manager.free
+        unobserve_connector(self.scheduler)
+        unobserve_grammars(self.scheduler)
         close = getattr(self.sink, "close", None)
         if close is not None:
             close()
