@@ -167,9 +167,10 @@ class Driver:
 
 def check_progress(scheduler, out) -> None:
     """A step that scheduled and preempted nothing with nobody running and a request waiting: the
-    waiting head never fits (all the blocks are free or evictable), so no later step would run it."""
+    waiting head never fits (all the blocks are free or evictable), so no later step would run it.
+    A KV connector may hold a request back (a lookup it cannot answer yet): not checked then."""
     if out.total_num_scheduled_tokens == 0 and not out.preempted_req_ids and not scheduler.running \
-            and scheduler.waiting:
+            and scheduler.waiting and scheduler.connector is None:
         from tracengine.errors import ConfigError
         request = scheduler.waiting.peek_request()
         manager = scheduler.kv_cache_manager
