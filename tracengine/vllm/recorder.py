@@ -124,7 +124,10 @@ class _Recording:
         for req_id in ids:
             request = self.requests.get(req_id)
             if request is not None and not request.is_finished():
-                recorder.request_aborted(request, reason)
+                if recorder.in_call == "update":    # the scheduler's own: a grammar that failed to compile
+                    recorder.request_failed(request)
+                else:
+                    recorder.request_aborted(request, reason)
             finished += super().finish_requests(req_id, finished_status)
         recorder.count_freed(step, num_free_before)
         return finished

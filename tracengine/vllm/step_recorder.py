@@ -104,6 +104,14 @@ class StepRecorder:
         self.emit(SeqAbort(self.current_step(), self.seq_id(request), reason, status, request.num_prompt_tokens,
                            request.num_output_tokens, self.num_in_flight))
 
+    def request_failed(self, request) -> None:
+        """A request the scheduler itself ends with an error while it processes a step's output
+        (its grammar failed to compile, its KV failed to load): a finish, not a client's abort,
+        which a replay's scheduler makes again at the same point."""
+        self.preempted_ids.discard(request.request_id)
+        self.emit(SeqFinish(self.current_step(), self.seq_id(request), "error", request.num_prompt_tokens,
+                            request.num_output_tokens))
+
     # -- the KV cache manager, observed --------------------------------------------------------
 
     def allocate_slots(self, request, num_new_tokens, *args, **kwargs):
