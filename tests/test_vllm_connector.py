@@ -15,6 +15,8 @@ with warnings.catch_warnings():
     import torch.fx.experimental.optimization  # noqa: E402,F401  (vLLM's offloading imports it)
 
 from tracengine.analysis.stats import stats as compute_stats  # noqa: E402
+from tracengine.cli import main  # noqa: E402
+from tracengine.errors import ConfigError  # noqa: E402
 from tracengine.trace.events import (KVConnectorAllocated, KVConnectorFinished, KVConnectorMatched,  # noqa: E402
                                      KVTransfersDone, Preempt, ScheduleDecision)
 from tracengine.trace.tracelog import TraceReader  # noqa: E402
@@ -24,6 +26,7 @@ from tracengine.vllm.drive import RequestSpec, run  # noqa: E402
 from tracengine.vllm.features import RECORD_ANYWAY_ENV  # noqa: E402
 from tracengine.vllm.kv_worker import KVWorker  # noqa: E402
 from tracengine.vllm.replay import reexecute  # noqa: E402
+from tracengine.vllm.whatif import whatif  # noqa: E402
 
 # 32 blocks of 16 (31 usable), a budget of 64 tokens: chunked prefill, preemptions; six prompts of
 # 60..100 tokens asked three times each, so the GPU's prefix cache has evicted some before they
@@ -54,6 +57,14 @@ class LoggingWorker(KVWorker):
             self.recving += len(out.finished_recving or ())
             self.sending += len(out.finished_sending or ())
         return out
+
+
+def checked_and_no_whatif(path, events) -> None:
+    """`check` calls the trace whole (the fold follows the connector's loads and delayed frees),
+    and a what-if, which would ask the connector what it was never asked, is refused in one line."""
+    assert main(["check", str(path)]) == 0
+    with pytest.raises(ConfigError, match="a what-if of a trace recorded with a KV connector"):
+        whatif(events, {"max_num_batched_tokens": 128})
 
 
 def record(path, kind: str, vllm_options, specs, **drive):
@@ -91,6 +102,7 @@ def test_vllm_offloading_connector_records_and_replays_exactly_without_it(tmp_pa
     result = reexecute(events)
     assert result.ok, result.divergence
     assert result.num_steps == sum(1 for e in events if type(e) is ScheduleDecision)
+    checked_and_no_whatif(tmp_path / "offload.trace", events)
     # stats count what the driver saw
     stats = compute_stats(events)
     connector = stats.kv_connector
@@ -189,6 +201,7 @@ def test_a_connector_with_async_hits_and_delayed_frees_replays_exactly_without_i
     assert any(type(e) is Preempt for e in events)
     result = reexecute(events)
     assert result.ok, result.divergence
+    checked_and_no_whatif(tmp_path / "remote.trace", events)
     stats = compute_stats(events).kv_connector
     assert stats.num_finished_recving == worker.recving > 0
     assert stats.num_finished_sending == worker.sending > 0

@@ -15,12 +15,15 @@ with warnings.catch_warnings():
     import torch.fx.experimental.optimization  # noqa: E402,F401  (vLLM imports it as it runs)
 
 from tracengine.analysis.stats import stats as compute_stats  # noqa: E402
+from tracengine.cli import main  # noqa: E402
+from tracengine.errors import ConfigError  # noqa: E402
 from tracengine.trace.events import GrammarRequested, GrammarState, Preempt, SeqFinish  # noqa: E402
 from tracengine.trace.tracelog import TraceReader  # noqa: E402
 from tracengine.vllm.build import build_scheduler, default_config  # noqa: E402
 from tracengine.vllm.drive import RequestSpec, run  # noqa: E402
 from tracengine.vllm.features import RECORD_ANYWAY_ENV  # noqa: E402
 from tracengine.vllm.replay import reexecute  # noqa: E402
+from tracengine.vllm.whatif import whatif  # noqa: E402
 from tracengine.vllm.structured import with_structured_output  # noqa: E402
 
 PRESSURE = dict(num_gpu_blocks=32, max_num_batched_tokens=64, max_num_seqs=16)
@@ -110,6 +113,9 @@ def test_requests_waiting_for_their_grammars_replay_exactly_without_a_grammar_ba
     assert any(type(e) is Preempt for e in events)
     result = reexecute(events)
     assert result.ok, result.divergence
+    assert main(["check", str(path)]) == 0      # the fold follows a request ended before it ran
+    with pytest.raises(ConfigError, match="a what-if of a trace with structured output"):
+        whatif(events, {"max_num_batched_tokens": 128})
     # stats count what the driver planned
     figures = compute_stats(events).structured_output
     assert (figures.num_requests, figures.num_ready, figures.num_failed, figures.num_rejected) == (5, 4, 1, 1)

@@ -116,6 +116,9 @@ class StepRecorder:
 
     def allocate_slots(self, request, num_new_tokens, *args, **kwargs):
         admitting = request.status in self.admitted_from
+        # a KV connector's external tokens get blocks allocate_slots does not return, and a request
+        # admitted after its load holds those already: its table tells the blocks it was given
+        held = len(self.block_ids(request)) if admitting and self.scheduler.connector is not None else None
         new_blocks = self._allocate_slots(request, num_new_tokens, *args, **kwargs)
         self.by_request = request
         if new_blocks is not None and not admitting and not new_blocks.blocks[0]:
@@ -133,6 +136,8 @@ class StepRecorder:
         if admitting:
             hits = kwargs.get("new_computed_blocks")
             hit_ids = hits.get_block_ids()[0] if hits is not None and hits.blocks[0] else []
+            if held is not None:
+                new_ids = self.block_ids(request)[held + len(hit_ids):]
             self.emit(BlockAllocate(step, seq_id, list(hit_ids) + list(new_ids), len(hit_ids)))
         else:
             for block_id in new_ids:
