@@ -17,8 +17,9 @@ with warnings.catch_warnings():
 from tracengine.analysis.stats import stats as compute_stats  # noqa: E402
 from tracengine.cli import main  # noqa: E402
 from tracengine.errors import ConfigError  # noqa: E402
-from tracengine.trace.events import (KVConnectorAllocated, KVConnectorFinished, KVConnectorMatched,  # noqa: E402
-                                     KVTransfersDone, Preempt, ScheduleDecision)
+from tracengine.trace.events import Preempt, ScheduleDecision  # noqa: E402
+from tracengine.trace.vllm_events import (KVConnectorAllocated, KVConnectorFinished, KVConnectorMatched,  # noqa: E402
+                                          KVTransfersDone)
 from tracengine.trace.tracelog import TraceReader  # noqa: E402
 from tracengine.vllm.build import build_scheduler, default_config  # noqa: E402
 from tracengine.vllm.connector import STANDIN_NAME  # noqa: E402

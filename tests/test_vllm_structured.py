@@ -17,7 +17,8 @@ with warnings.catch_warnings():
 from tracengine.analysis.stats import stats as compute_stats  # noqa: E402
 from tracengine.cli import main  # noqa: E402
 from tracengine.errors import ConfigError  # noqa: E402
-from tracengine.trace.events import GrammarRequested, GrammarState, Preempt, SeqFinish  # noqa: E402
+from tracengine.trace.events import Preempt, SeqFinish  # noqa: E402
+from tracengine.trace.vllm_events import GrammarRequested, GrammarState  # noqa: E402
 from tracengine.trace.tracelog import TraceReader  # noqa: E402
 from tracengine.vllm.build import build_scheduler, default_config  # noqa: E402
 from tracengine.vllm.drive import RequestSpec, run  # noqa: E402

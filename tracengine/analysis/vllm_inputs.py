@@ -3,8 +3,8 @@ answers and its workers' transfers, and structured output's grammars (tracengine
 structured.py). The request timeline folds their events here (a record made at the first of
 them, so a trace without any costs nothing); `stats` reports the figures."""
 from tracengine.analysis.figures import KVConnectorFigures, StructuredOutputFigures, summarize
-from tracengine.trace.events import (GrammarRequested, GrammarState, KVConnectorAllocated, KVConnectorFinished,
-                                     KVConnectorMatched, KVTransfersDone)
+from tracengine.trace.vllm_events import (GrammarRequested, GrammarState, KVConnectorAllocated, KVConnectorFinished,
+                                          KVConnectorMatched, KVTransfersDone)
 
 _CONNECTOR_COUNTS = ("num_lookups", "num_lookups_pending", "num_external_admissions", "num_external_tokens",
                      "num_async_loads", "num_finished_recving", "num_finished_sending", "num_failed_recving",

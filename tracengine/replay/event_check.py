@@ -2,8 +2,9 @@
 before it, applied as the fold (fold.py) applies them."""
 from tracengine.errors import TraceError
 from tracengine.replay.fold import _projection_of
-from tracengine.trace.events import (KVConnectorPendingFrees, KVTransfersDone, RequestAdded, ScheduleDecision,
-                                     SpecAccepted, SpecDecode, StepEnd, TokenSample, TraceHeader)
+from tracengine.trace.events import (RequestAdded, ScheduleDecision, SpecAccepted, SpecDecode, StepEnd, TokenSample,
+                                     TraceHeader)
+from tracengine.trace.vllm_events import KVConnectorPendingFrees, KVTransfersDone
 from tracengine.trace.tracelog import ends_mid_step
 
 

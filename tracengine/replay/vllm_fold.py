@@ -24,10 +24,9 @@ import msgspec
 
 from tracengine.replay.projection import Projection
 from tracengine.replay.state import FINISHED, WAITING
-from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, GrammarRequested, GrammarState,
-                                     KVConnectorAllocated, KVConnectorFinished, KVConnectorMatched,
-                                     KVConnectorPendingFrees, KVTransfersDone, ScheduledSeq, ScheduleDecision, SeqFinish,
+from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, ScheduledSeq, ScheduleDecision, SeqFinish,
                                      SpecAccepted, SpecDecode, prefill_flags)
+from tracengine.trace.vllm_events import VLLM_INPUT_EVENTS
 
 NULL_BLOCK_ID = 0
 
@@ -40,8 +39,7 @@ class VllmProjection(Projection):
         self.handlers[SpecDecode] = self.spec_decode
         self.handlers[SpecAccepted] = self.spec_accepted
         self.handlers[BlockAllocate] = self.block_allocate
-        for event_type in (KVConnectorMatched, KVConnectorAllocated, KVConnectorFinished, KVConnectorPendingFrees,
-                           KVTransfersDone, GrammarRequested, GrammarState):
+        for event_type in VLLM_INPUT_EVENTS:
             self.handlers[event_type] = _no_change
 
     def _take_free_block(self, block_id: int):

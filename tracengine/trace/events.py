@@ -20,10 +20,8 @@ AbortReason = Literal["client", "shutdown", "error"]   # the client went away; t
 RunOutcome = Literal["failed", "interrupted"]   # an error ended the run; a signal (SIGINT, SIGTERM) did
 
 
-from tracengine.trace.event_base import Event  # noqa: E402  (one base, for the events defined beside these)
-from tracengine.trace.vllm_events import (GrammarRequested, GrammarState, KVConnectorAllocated,  # noqa: E402
-                                          KVConnectorFinished, KVConnectorMatched, KVConnectorPendingFrees,
-                                          KVTransfersDone)
+class Event(msgspec.Struct, frozen=True, gc=False, array_like=True, omit_defaults=True, tag_field="t"):
+    pass
 
 
 class ModelInfo(msgspec.Struct, frozen=True, gc=False, array_like=True):
@@ -368,8 +366,7 @@ class CpuHit(Event, tag=23):
 AnyEvent = Union[TraceHeader, RequestAdded, ScheduleDecision, BlockAllocate, BlockAppend, BlockHash,
                  BlockFree, Preempt, TokenSample, SeqFinish, StepEnd, SeqAbort, ReplicaScope, RouteDecision,
                  KVTransfer, RunEnd, PromptBlocksHashed, SpecDraft, SpecDecode, SpecAccepted, DraftProposed,
-                 DraftVerified, CpuStore, CpuLoad, CpuHit, KVConnectorMatched, KVConnectorAllocated,
-                 KVConnectorFinished, KVConnectorPendingFrees, KVTransfersDone, GrammarRequested, GrammarState]
+                 DraftVerified, CpuStore, CpuLoad, CpuHit]
 
 EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in AnyEvent.__args__}
 # Only a fleet's trace holds these (one engine's never does)
@@ -377,9 +374,7 @@ FLEET_EVENT_TYPES = frozenset({"ReplicaScope", "RouteDecision", "KVTransfer"})
 # Only a trace of prompts known by their hash ids holds these (a token prompt's blocks are a BlockHash each)
 HASH_ID_EVENT_TYPES = frozenset({"PromptBlocksHashed"})
 # Only a trace of vLLM's scheduler holds these (its speculative decoding)
-VLLM_EVENT_TYPES = frozenset({"SpecDraft", "SpecDecode", "SpecAccepted", "KVConnectorMatched", "KVConnectorAllocated",
-                              "KVConnectorFinished", "KVConnectorPendingFrees", "KVTransfersDone",
-                              "GrammarRequested", "GrammarState"})
+VLLM_EVENT_TYPES = frozenset({"SpecDraft", "SpecDecode", "SpecAccepted"})
 # Only a run that drafts holds these (speculative decoding)
 SPEC_EVENT_TYPES = frozenset({"DraftProposed", "DraftVerified"})
 

@@ -1,11 +1,13 @@
-"""Events of a trace of vLLM's scheduler (format 12) beyond its plain decisions: a KV connector's
-answers and the transfers its workers report (tracengine/vllm/connector.py), and structured
-output's grammars (tracengine/vllm/structured.py). Part of events.py's union; tags 27-33."""
+"""Events of a trace of vLLM's scheduler (format 12) beyond its decisions: what the scheduler was
+told by a KV connector (its answers, and the transfers its workers report: tracengine/vllm/connector.py)
+and by grammars (structured output: tracengine/vllm/structured.py). Tags 27-33. They are read
+with events.py's (block_runs.WireEvent holds them); ALL_EVENT_TYPES names both, as EVENT_TYPES
+names events.py's (which, imported by every layer, stays under its size and imports nothing)."""
 from typing import Literal
 
 import msgspec
 
-from tracengine.trace.event_base import Event
+from tracengine.trace.events import EVENT_TYPES, Event
 
 
 class KVConnectorMatched(Event, tag=27):
@@ -72,3 +74,7 @@ class GrammarState(Event, tag=33):
     seq_id: int
     state: Literal["ready", "failed", "rejected"]
 
+
+VLLM_INPUT_EVENTS = (KVConnectorMatched, KVConnectorAllocated, KVConnectorFinished, KVConnectorPendingFrees,
+                     KVTransfersDone, GrammarRequested, GrammarState)
+ALL_EVENT_TYPES: dict[str, type] = {**EVENT_TYPES, **{cls.__name__: cls for cls in VLLM_INPUT_EVENTS}}

@@ -14,7 +14,7 @@ def refuse_whatif(header, events) -> None:
     grammar's readiness were given to the recorded schedule, and another schedule would ask other
     questions, which nothing can answer without the connector and the grammars: a ConfigError."""
     from tracengine.errors import ConfigError
-    from tracengine.trace.events import GrammarRequested
+    from tracengine.trace.vllm_events import GrammarRequested
     if header.config.get("kv_connector"):
         raise ConfigError(f"a what-if of a trace recorded with a KV connector ({header.config['kv_connector']}) "
                           f"cannot run: the connector's answers hold for the recorded schedule only (replay "

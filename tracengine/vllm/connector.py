@@ -15,8 +15,9 @@ role): it answers each question from the trace in the order it was asked, and a 
 output gets the recorded transfers, so a run with any connector replays without it."""
 from collections import deque
 
-from tracengine.trace.events import (KVConnectorAllocated, KVConnectorFinished, KVConnectorMatched,
-                                     KVConnectorPendingFrees, KVTransfersDone, RequestAdded)
+from tracengine.trace.events import RequestAdded
+from tracengine.trace.vllm_events import (KVConnectorAllocated, KVConnectorFinished, KVConnectorMatched,
+                                          KVConnectorPendingFrees, KVTransfersDone)
 
 STANDIN_NAME = "ReplayConnector"
 STANDIN_MODULE = "tracengine.vllm.connector"

@@ -14,7 +14,8 @@ grammar backend (xgrammar, guidance, ...) is needed. The bitmask a grammar gives
 the worker's; the scheduler never decides from it."""
 from concurrent.futures import Future
 
-from tracengine.trace.events import GrammarRequested, GrammarState, RequestAdded
+from tracengine.trace.events import RequestAdded
+from tracengine.trace.vllm_events import GrammarRequested, GrammarState
 
 # StructuredOutputsParams' constraints, the first one set naming a request's kind
 KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
