@@ -6,9 +6,13 @@ user says to record anyway ($TRACENGINE_RECORD_ANYWAY=1, or additional_config {"
 {"record_anyway": true}}): the trace's header then lists what it lacks (TraceHeader.not_recorded)
 and `replay` and `check` say so first (trace/header.py's not_recorded_note).
 
-A request can bring a feature the config does not show (structured output, streaming input, a
-cache salt, ...): the recording ends before it, with a RunEnd naming it, and serving goes on;
-the trace holds every step before it, whole."""
+Recorded, so not refused: speculative decoding by ngram (spec.py), LoRA, a KV connector of any
+kind (connector.py: its answers and transfers are events; a replay needs no connector), structured
+output (structured.py: its grammars' answers are events; a replay needs no grammar backend).
+
+A request can bring a feature the config does not show (streaming input, a cache salt, structured
+output with drafts, ...): the recording ends before it, with a RunEnd naming it, and serving goes
+on; the trace holds every step before it, whole."""
 import os
 
 from tracengine.errors import ConfigError
