@@ -130,9 +130,9 @@ def test_recording_anyway_names_what_the_trace_lacks_and_replay_and_check_say_so
     scheduler.shutdown()
     header = recorded(path)[0]
     assert header.not_recorded == ["hybrid KV cache groups (2 groups: FullAttentionSpec, SlidingWindowSpec; "
-                                   "tracengine records one)"]
+                                   "block events hold the first only)"]
     note = ("tracengine: note: the trace was recorded without hybrid KV cache groups (2 groups: FullAttentionSpec, "
-            "SlidingWindowSpec; tracengine records one) (recorded anyway): a replay of it is not exact\n")
+            "SlidingWindowSpec; block events hold the first only) (recorded anyway): a replay of it is not exact\n")
     main(["check", str(path)])
     assert capsys.readouterr().err == note
     main(["replay", str(path)])

@@ -14,6 +14,7 @@ import tempfile
 
 from tracengine.errors import ConfigError
 from tracengine.vllm.connector import standin_transfer_config
+from tracengine.vllm.kv_groups import recorded_groups
 from tracengine.vllm.header import CACHE_FIELDS, LORA_FIELDS, SPEC_FIELDS, scheduler_field_names
 
 
@@ -94,6 +95,7 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = "", vllm_opt
                                      **options)
     except (ValueError, TypeError) as exc:     # pydantic's ValidationError is a ValueError
         raise ConfigError(f"vLLM refuses the config: {_first_line(exc)}") from None
+    kv_cache_groups = kv_cache_groups or recorded_groups(config)      # a hybrid model's, as recorded
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=config["num_kv_heads"],
                              head_size=config["head_size"], dtype=getattr(torch, config["kv_dtype"]))
     kv_cache_config = KVCacheConfig(num_blocks=config["num_gpu_blocks"], kv_cache_tensors=[],

@@ -47,7 +47,9 @@ def config_features(vllm_config, kv_cache_config) -> list[str]:
     groups = kv_cache_config.kv_cache_groups
     if len(groups) != 1:
         kinds = ", ".join(type(g.kv_cache_spec).__name__ for g in groups)
-        found.append(f"hybrid KV cache groups ({len(groups)} groups: {kinds}; tracengine records one)")
+        # the header records every group and a replay rebuilds them (kv_groups.py), but the block
+        # events are the first group's: the fold, check, the TUI and stats would see that one only
+        found.append(f"hybrid KV cache groups ({len(groups)} groups: {kinds}; block events hold the first only)")
     elif type(groups[0].kv_cache_spec).__name__ != "FullAttentionSpec":
         found.append(f"a KV cache group of {type(groups[0].kv_cache_spec).__name__} (tracengine records "
                      f"FullAttentionSpec)")

@@ -7,6 +7,7 @@ import dataclasses
 import os
 
 from tracengine.vllm.connector import connector_config
+from tracengine.vllm.kv_groups import groups_config
 
 # CacheConfig fields that decide scheduling (block size and count, the prefix cache)
 CACHE_FIELDS = ("block_size", "enable_prefix_caching", "prefix_caching_hash_algo", "sliding_window")
@@ -59,6 +60,7 @@ def header_config(scheduler) -> dict:
     if vllm_config.lora_config is not None:
         config.update({name: getattr(vllm_config.lora_config, name) for name in LORA_FIELDS})
     config.update(connector_config(scheduler))
+    config.update(groups_config(scheduler.kv_cache_config))
     return config
 
 

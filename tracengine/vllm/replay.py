@@ -52,7 +52,7 @@ def reexecute(events, config: dict | None = None) -> ReplayResult:
     check_vllm_version(header)
     scheduler = build_scheduler(header.config if config is None else config)
     sink = ComparingSink()
-    recorder = scheduler.record_to(sink, header.created_at)
+    recorder = scheduler.record_to(sink, header.created_at, header.not_recorded or None)   # recorded anyway: said
     frames = list(iter_steps(it))
     answer_from(scheduler, frames)     # a recorded connector's and grammars' answers (stand-ins)
     return _Replay(scheduler, recorder, sink, frames).run()
