@@ -68,9 +68,9 @@ def checked_and_no_whatif(path, events) -> None:
         whatif(events, {"max_num_batched_tokens": 128})
 
 
-def record(path, kind: str, vllm_options, specs, **drive):
+def record(path, kind: str, vllm_options, specs, cache_options=None, **drive):
     scheduler = build_scheduler(default_config(**PRESSURE, scheduler_kind=kind), record=str(path),
-                                vllm_options=vllm_options)
+                                vllm_options=vllm_options, cache_options=cache_options)
     worker = LoggingWorker()
     run(scheduler, specs, kv_worker=worker, **drive)
     scheduler.shutdown()
@@ -89,9 +89,16 @@ def no_record_anyway(monkeypatch):
     monkeypatch.delenv(RECORD_ANYWAY_ENV, raising=False)
 
 
+# vLLM's native CPU offloading (`--kv-offloading-size`, which installs the OffloadingConnector), or the
+# connector named in a KVTransferConfig
+NATIVE = dict(cache_options=dict(kv_offloading_size=1 / 64, kv_offloading_backend="native"), vllm_options=None)
+NAMED = dict(vllm_options=offloading)
+
+
 @pytest.mark.parametrize("kind", ["sync", "async"])
-def test_vllm_offloading_connector_records_and_replays_exactly_without_it(tmp_path, kind):
-    events, worker = record(tmp_path / "offload.trace", kind, offloading, offload_workload())
+@pytest.mark.parametrize("configured", [NATIVE, NAMED], ids=["kv_offloading_size", "kv_transfer_config"])
+def test_vllm_offloading_connector_records_and_replays_exactly_without_it(tmp_path, kind, configured):
+    events, worker = record(tmp_path / "offload.trace", kind, specs=offload_workload(), **configured)
     header = events[0]
     assert header.format_version == 12 and header.not_recorded == []
     assert header.config["kv_connector"] == "OffloadingConnector" and header.config["kv_role"] == "kv_both"

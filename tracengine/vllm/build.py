@@ -43,7 +43,7 @@ def apply_overrides(config: dict, overrides: dict) -> dict:
 
 def build_scheduler(config: dict, scheduler_cls=None, record: str = "", vllm_options=None, kv_cache_groups=None,
                     additional_config: dict | None = None, model_options: dict | None = None,
-                    speculative: dict | None = None):
+                    speculative: dict | None = None, cache_options: dict | None = None):
     """vLLM's scheduler for a header's `config`: `scheduler_cls` (a Scheduler subclass), or
     the recording class of the recorded kind, recording to `record` if given as vLLM's
     engine core would have it (else not until `record_to`; $TRACENGINE_RECORD is not read).
@@ -51,8 +51,9 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = "", vllm_opt
     not rebuild); `kv_cache_groups(spec)`: the KV cache's groups in place of the one `spec`;
     `additional_config`: more of "tracengine"'s options; `model_options`: more ModelConfig fields;
     `speculative`: a SpeculativeConfig's fields (method, num_speculative_tokens, ...), for the
-    comparison of speculative decoding with tracengine's (compare.py). Raises ConfigError for a
-    value vLLM refuses."""
+    comparison of speculative decoding with tracengine's (compare.py); `cache_options`: more
+    CacheConfig fields (a test's native KV offloading, `kv_offloading_size`). Raises ConfigError
+    for a value vLLM refuses."""
     import torch
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -75,7 +76,7 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = "", vllm_opt
                 **{k: v for k, v in config.items() if k in names})
             cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=config["enable_prefix_caching"],
                                        prefix_caching_hash_algo=config["prefix_caching_hash_algo"],
-                                       sliding_window=config.get("sliding_window"))
+                                       sliding_window=config.get("sliding_window"), **(cache_options or {}))
             cache_config.num_gpu_blocks = config["num_gpu_blocks"]
             options = vllm_options(model_config) if vllm_options is not None else {}
             if config.get("speculative_method"):
