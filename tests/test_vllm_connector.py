@@ -17,7 +17,7 @@ with warnings.catch_warnings():
 from tracengine.analysis.stats import stats as compute_stats  # noqa: E402
 from tracengine.cli import main  # noqa: E402
 from tracengine.errors import ConfigError  # noqa: E402
-from tracengine.trace.events import Preempt, ScheduleDecision  # noqa: E402
+from tracengine.trace.events import Preempt, ScheduleDecision, SeqFinish  # noqa: E402
 from tracengine.trace.vllm_events import (KVConnectorAllocated, KVConnectorFinished, KVConnectorMatched,  # noqa: E402
                                           KVTransfersDone)
 from tracengine.trace.tracelog import TraceReader  # noqa: E402
@@ -48,8 +48,8 @@ def offloading(model_config):
 class LoggingWorker(KVWorker):
     """The workers' reports, as the driver gave them to the scheduler."""
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, failing=()):
+        super().__init__(failing=failing)
         self.recving = self.sending = 0
 
     def output(self, scheduler, scheduler_output):
@@ -68,10 +68,10 @@ def checked_and_no_whatif(path, events) -> None:
         whatif(events, {"max_num_batched_tokens": 128})
 
 
-def record(path, kind: str, vllm_options, specs, cache_options=None, **drive):
+def record(path, kind: str, vllm_options, specs, cache_options=None, failing=(), **drive):
     scheduler = build_scheduler(default_config(**PRESSURE, scheduler_kind=kind), record=str(path),
                                 vllm_options=vllm_options, cache_options=cache_options)
-    worker = LoggingWorker()
+    worker = LoggingWorker(failing)
     run(scheduler, specs, kv_worker=worker, **drive)
     scheduler.shutdown()
     with TraceReader(path) as reader:
@@ -200,7 +200,11 @@ def remote_workload() -> list[RequestSpec]:
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_connector_with_async_hits_and_delayed_frees_replays_exactly_without_it(tmp_path, kind):
     aborts = dict(aborts={20: ["req-5"]})
-    events, worker = record(tmp_path / "remote.trace", kind, async_hits, remote_workload(), **aborts)
+    events, worker = record(tmp_path / "remote.trace", kind, async_hits, remote_workload(), failing=["req-9-remote"],
+                            **aborts)
+    # a load that failed ends its request with an error (kv_load_failure_policy "fail")
+    assert any(type(e) is KVTransfersDone and e.failed_recving == [9] for e in events)
+    assert any(type(e) is SeqFinish and e.seq_id == 9 and e.reason == "error" for e in events)
     assert events[0].config["kv_connector"] == "AsyncHitsConnector"
     matched = [e for e in events if type(e) is KVConnectorMatched]
     assert any(e.num_external_tokens == -1 for e in matched)                       # pending lookups
@@ -214,6 +218,7 @@ def test_a_connector_with_async_hits_and_delayed_frees_replays_exactly_without_i
     assert stats.num_finished_recving == worker.recving > 0
     assert stats.num_finished_sending == worker.sending > 0
     assert stats.num_lookups_pending == sum(1 for e in matched if e.num_external_tokens == -1)
+    assert stats.num_failed_recving == 1
     assert stats.num_delayed_frees == sum(1 for e in events if type(e) is KVConnectorFinished and e.delay_free)
     # a planted change is found at its step: an admitted load the connector "did not" make asynchronous
     admitted = {(e.step, e.seq_id) for e in events if type(e) is KVConnectorAllocated and e.num_external_tokens}

@@ -62,6 +62,8 @@ class VllmProjection(Projection):
         super().block_free(e)
 
     def block_allocate(self, e: BlockAllocate):
+        if self.seqs[e.seq_id].status == FINISHED:    # taken and freed already (block_free), as block_append
+            return
         held = self.seqs[e.seq_id].block_table
         super().block_allocate(e)
         if held:          # admitted after its connector's load: the blocks it held, then these

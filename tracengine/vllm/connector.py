@@ -15,7 +15,7 @@ role): it answers each question from the trace in the order it was asked, and a 
 output gets the recorded transfers, so a run with any connector replays without it."""
 from collections import deque
 
-from tracengine.trace.events import RequestAdded
+from tracengine.trace.events import BlockFree, RequestAdded
 from tracengine.trace.vllm_events import (KVConnectorAllocated, KVConnectorFinished, KVConnectorMatched,
                                           KVConnectorPendingFrees, KVTransfersDone)
 
@@ -94,6 +94,36 @@ def observe_connector(recorder) -> None:
     connector.get_num_new_matched_tokens = get_num_new_matched_tokens
     connector.update_state_after_alloc = update_state_after_alloc
     connector.has_pending_block_frees = has_pending_block_frees
+    observe_deferred_frees(recorder)
+
+
+def observe_deferred_frees(recorder) -> None:
+    """A KV consumer with async scheduling (defer_block_free) takes a finished request's blocks
+    from it at once but returns them to the pool only when no step in flight can still write them:
+    the BlockFree is written then, when the pool has them (their request named as it was taken)."""
+    scheduler = recorder.scheduler
+    if not scheduler.defer_block_free:
+        return
+    manager = scheduler.kv_cache_manager
+    pop, drain = manager.pop_blocks_for_free, scheduler._drain_deferred_frees
+    taken: dict[int, int] = {}        # id of a list of blocks set aside -> its request's seq_id
+
+    def pop_blocks_for_free(request):
+        blocks = pop(request)
+        if blocks and request.request_id in recorder.seq_ids:
+            taken[id(blocks)] = recorder.seq_id(request)
+        return blocks
+
+    def drain_deferred_frees():
+        queued = list(scheduler.deferred_frees)
+        drain()
+        for _, blocks in queued[:len(queued) - len(scheduler.deferred_frees)]:
+            seq_id = taken.pop(id(blocks), None)
+            if seq_id is not None:   # (a copy-on-write retention has no request: not a request's free)
+                recorder.emit(BlockFree(recorder.current_step(), seq_id, [b.block_id for b in reversed(blocks)]))
+
+    manager.pop_blocks_for_free = pop_blocks_for_free
+    scheduler._drain_deferred_frees = drain_deferred_frees
 
 
 def unobserve_connector(scheduler) -> None:
@@ -101,6 +131,8 @@ def unobserve_connector(scheduler) -> None:
     for name in ("get_num_new_matched_tokens", "update_state_after_alloc", "has_pending_block_frees"):
         if scheduler.connector is not None:
             scheduler.connector.__dict__.pop(name, None)
+    scheduler.kv_cache_manager.__dict__.pop("pop_blocks_for_free", None)
+    scheduler.__dict__.pop("_drain_deferred_frees", None)
 
 
 def connector_finished(recorder, request, answer) -> None:

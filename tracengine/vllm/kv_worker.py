@@ -7,10 +7,11 @@ connector metadata, as its workers count them."""
 
 
 class KVWorker:
-    """Fabricates each step's kv_connector_output; `load_steps`: the updates a load takes to finish."""
+    """Fabricates each step's kv_connector_output; `load_steps`: the updates a load takes to finish;
+    `failing`: request ids whose load fails (reported in failed_recving as it ends)."""
 
-    def __init__(self, load_steps: int = 1):
-        self.load_steps = load_steps
+    def __init__(self, load_steps: int = 1, failing=()):
+        self.load_steps, self.failing = load_steps, set(failing)
         self.loading: dict[str, int] = {}      # request id -> updates since its load started
         self.sent: set[str] = set()
 
@@ -34,7 +35,8 @@ class KVWorker:
         if jobs:
             from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
             worker_meta = OffloadingWorkerMetadata(completed_jobs={job_id: 1 for job_id in jobs})
+        failed = {req_id for req_id in recving if req_id in self.failing}
         if not (recving or sending or worker_meta):
             return None
         return KVConnectorOutput(finished_sending=set(sending) or None, finished_recving=set(recving) or None,
-                                 kv_connector_worker_meta=worker_meta)
+                                 kv_connector_worker_meta=worker_meta, failed_recving=failed)

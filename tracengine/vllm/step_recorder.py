@@ -240,10 +240,16 @@ class StepRecorder:
 
     def count_ahead(self, step: int, free: BlockFree) -> None:
         """A request that finished in this update freeing blocks a later step, scheduled already,
-        gave it (async scheduling, with drafts): in the events that block is given in the later
-        frame, after this one frees it, so neither changes the free blocks before that frame."""
-        ahead = {e.block_id for later in range(step + 1, self.num_scheduled) for e in self.steps.get(later, ())
-                 if type(e) is BlockAppend and e.seq_id == free.seq_id}
+        gave it (async scheduling, with drafts; or admitted it, a KV connector's load that ended
+        in a failure): in the events that block is given in the later frame, after this one frees
+        it, so neither changes the free blocks before that frame."""
+        ahead = set()
+        for later in range(step + 1, self.num_scheduled):
+            for e in self.steps.get(later, ()):
+                if type(e) is BlockAppend and e.seq_id == free.seq_id:
+                    ahead.add(e.block_id)
+                elif type(e) is BlockAllocate and e.seq_id == free.seq_id:   # admitted ahead (a connector's load)
+                    ahead.update(e.block_ids[e.num_cached_blocks:])
         num_ahead = sum(1 for block_id in free.block_ids if block_id in ahead)
         if num_ahead:
             self.free_delta[step] = self.free_delta.get(step, 0) - num_ahead
