@@ -116,3 +116,22 @@ def vllm_inputs_lines(stats) -> list[tuple[str, str]]:
                                           f"(wait mean {wait} steps), {g.num_failed:,} failed, "
                                           f"{g.num_rejected:,} rejected a token"))
     return rows
+
+
+def step_items(e) -> tuple[str, str] | None:
+    """A step table's item for a connector's or a grammar's event (render.py): (its label, the
+    item); None for one the table leaves out (a lookup, asked again each step a head waits)."""
+    t = type(e)
+    if t is KVConnectorAllocated:
+        return ("kv", f"s{e.seq_id}:load {e.num_external_tokens}") if e.num_external_tokens else None
+    if t is KVConnectorFinished:
+        return ("kv", f"s{e.seq_id}:keep") if e.delay_free else None
+    if t is KVTransfersDone:
+        done = [f"s{s}:{what}" for what, ids in (("sent", e.finished_sending), ("received", e.finished_recving),
+                                                 ("failed", e.failed_recving)) for s in ids]
+        return ("kv", " ".join(done)) if done else None
+    if t is GrammarState:
+        return "grammar", f"s{e.seq_id}:{e.state}"
+    if t is GrammarRequested:
+        return "grammar", f"s{e.seq_id}:waits({e.kind})"
+    return None
