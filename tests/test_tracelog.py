@@ -25,8 +25,8 @@ from tracengine.trace.events import (CPU_TIER_EVENT_TYPES, EVENT_TYPES, FLEET_EV
                                SeqFinish, SpecAccepted, SpecDecode, SpecDraft, StepEnd,
                                TokenSample, TraceHeader, ReplicaScope, RouteDecision, KVTransfer, RunEnd)
 from tracengine.engine.llm_engine import LLMEngine
-from tracengine.trace.vllm_events import (ALL_EVENT_TYPES, GrammarRequested, GrammarState, KVConnectorAllocated,
-                                          KVConnectorFinished, KVConnectorMatched, KVConnectorPendingFrees,
+from tracengine.trace.vllm_events import (ALL_EVENT_TYPES, GrammarRequested, GrammarState, ConnectorAllocated,
+                                          ConnectorFinished, ConnectorMatched, ConnectorPending,
                                           KVTransfersDone)
 from tracengine.replay.reexec import reexecute
 from tracengine.sim.runners import SyntheticRunner
@@ -81,10 +81,10 @@ SAMPLES = [
     SpecDraft(2, 1, [7, 8, 9], 1),
     SpecDecode(3, [1, 2], [3, 0], 3),
     SpecAccepted(3, [1], [2]),
-    KVConnectorMatched(3, 1, 16, 32, True),
-    KVConnectorAllocated(3, 1, 32, [4, 5, 6]),
-    KVConnectorFinished(4, 1, True),
-    KVConnectorPendingFrees(4, True),
+    ConnectorMatched(3, 1, 16, 32, True),
+    ConnectorAllocated(3, 1, 32, [4, 5, 6]),
+    ConnectorFinished(4, 1, True),
+    ConnectorPending(4, True),
     KVTransfersDone(5, [1], [2], [3], [7]),
     GrammarRequested(1, 2, "regex"),
     GrammarState(3, 2, "ready"),

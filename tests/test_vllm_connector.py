@@ -18,7 +18,7 @@ from tracengine.analysis.stats import stats as compute_stats  # noqa: E402
 from tracengine.cli import main  # noqa: E402
 from tracengine.errors import ConfigError  # noqa: E402
 from tracengine.trace.events import Preempt, ScheduleDecision, SeqFinish  # noqa: E402
-from tracengine.trace.vllm_events import (KVConnectorAllocated, KVConnectorFinished, KVConnectorMatched,  # noqa: E402
+from tracengine.trace.vllm_events import (ConnectorAllocated, ConnectorFinished, ConnectorMatched,  # noqa: E402
                                           KVTransfersDone)
 from tracengine.trace.tracelog import TraceReader  # noqa: E402
 from tracengine.vllm.build import build_scheduler, default_config  # noqa: E402
@@ -102,7 +102,7 @@ def test_vllm_offloading_connector_records_and_replays_exactly_without_it(tmp_pa
     header = events[0]
     assert header.format_version == 12 and header.not_recorded == []
     assert header.config["kv_connector"] == "OffloadingConnector" and header.config["kv_role"] == "kv_both"
-    loads = [e for e in events if type(e) is KVConnectorMatched and e.load_async and e.num_external_tokens > 0]
+    loads = [e for e in events if type(e) is ConnectorMatched and e.load_async and e.num_external_tokens > 0]
     assert loads and any(type(e) is Preempt for e in events)          # CPU hits loaded, and preemptions
     assert any(type(e) is KVTransfersDone and e.finished_recving for e in events)
     # the replay's scheduler has the stand-in, not vLLM's connector
@@ -116,8 +116,8 @@ def test_vllm_offloading_connector_records_and_replays_exactly_without_it(tmp_pa
     connector = stats.kv_connector
     assert connector.kv_connector == "OffloadingConnector"
     assert connector.num_finished_recving == worker.recving > 0
-    assert connector.num_lookups == sum(1 for e in events if type(e) is KVConnectorMatched)
-    admitted = [e for e in events if type(e) is KVConnectorAllocated and e.num_external_tokens]
+    assert connector.num_lookups == sum(1 for e in events if type(e) is ConnectorMatched)
+    admitted = [e for e in events if type(e) is ConnectorAllocated and e.num_external_tokens]
     assert connector.num_external_tokens == sum(e.num_external_tokens for e in admitted) > 0
     assert connector.num_async_loads == worker.recving
     # a planted answer is found at its step: the connector "had" nothing for an admission it loaded for
@@ -206,10 +206,10 @@ def test_a_connector_with_async_hits_and_delayed_frees_replays_exactly_without_i
     assert any(type(e) is KVTransfersDone and e.failed_recving == [9] for e in events)
     assert any(type(e) is SeqFinish and e.seq_id == 9 and e.reason == "error" for e in events)
     assert events[0].config["kv_connector"] == "AsyncHitsConnector"
-    matched = [e for e in events if type(e) is KVConnectorMatched]
+    matched = [e for e in events if type(e) is ConnectorMatched]
     assert any(e.num_external_tokens == -1 for e in matched)                       # pending lookups
     assert any(e.load_async for e in matched)                                       # WAITING_FOR_REMOTE_KVS
-    assert any(type(e) is KVConnectorFinished and e.delay_free for e in events)     # sends
+    assert any(type(e) is ConnectorFinished and e.delay_free for e in events)     # sends
     assert any(type(e) is Preempt for e in events)
     result = reexecute(events)
     assert result.ok, result.divergence
@@ -219,9 +219,9 @@ def test_a_connector_with_async_hits_and_delayed_frees_replays_exactly_without_i
     assert stats.num_finished_sending == worker.sending > 0
     assert stats.num_lookups_pending == sum(1 for e in matched if e.num_external_tokens == -1)
     assert stats.num_failed_recving == 1
-    assert stats.num_delayed_frees == sum(1 for e in events if type(e) is KVConnectorFinished and e.delay_free)
+    assert stats.num_delayed_frees == sum(1 for e in events if type(e) is ConnectorFinished and e.delay_free)
     # a planted change is found at its step: an admitted load the connector "did not" make asynchronous
-    admitted = {(e.step, e.seq_id) for e in events if type(e) is KVConnectorAllocated and e.num_external_tokens}
+    admitted = {(e.step, e.seq_id) for e in events if type(e) is ConnectorAllocated and e.num_external_tokens}
     planted = next(e for e in matched if e.load_async and (e.step, e.seq_id) in admitted)
     result = first_divergence_after_planting(events, events.index(planted), load_async=False)
     assert not result.ok and result.divergence.step == planted.step

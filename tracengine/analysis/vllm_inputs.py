@@ -3,8 +3,8 @@ answers and its workers' transfers, and structured output's grammars (tracengine
 structured.py). The request timeline folds their events here (a record made at the first of
 them, so a trace without any costs nothing); `stats` reports the figures."""
 from tracengine.analysis.figures import KVConnectorFigures, StructuredOutputFigures, summarize
-from tracengine.trace.vllm_events import (GrammarRequested, GrammarState, KVConnectorAllocated, KVConnectorFinished,
-                                          KVConnectorMatched, KVTransfersDone)
+from tracengine.trace.vllm_events import (GrammarRequested, GrammarState, ConnectorAllocated, ConnectorFinished,
+                                          ConnectorMatched, KVTransfersDone)
 
 _CONNECTOR_COUNTS = ("num_lookups", "num_lookups_pending", "num_external_admissions", "num_external_tokens",
                      "num_async_loads", "num_finished_recving", "num_finished_sending", "num_failed_recving",
@@ -29,7 +29,7 @@ def _record(timeline) -> VllmInputs:
     return record
 
 
-def connector_matched(timeline, event: KVConnectorMatched) -> None:
+def connector_matched(timeline, event: ConnectorMatched) -> None:
     record = _record(timeline)
     record.has_connector = True
     record.connector["num_lookups"] += 1
@@ -38,7 +38,7 @@ def connector_matched(timeline, event: KVConnectorMatched) -> None:
         record.async_pending.add(event.seq_id)
 
 
-def connector_allocated(timeline, event: KVConnectorAllocated) -> None:
+def connector_allocated(timeline, event: ConnectorAllocated) -> None:
     counts = _record(timeline).connector
     if event.num_external_tokens:
         counts["num_external_admissions"] += 1
@@ -47,7 +47,7 @@ def connector_allocated(timeline, event: KVConnectorAllocated) -> None:
     _record(timeline).async_pending.discard(event.seq_id)
 
 
-def connector_finished(timeline, event: KVConnectorFinished) -> None:
+def connector_finished(timeline, event: ConnectorFinished) -> None:
     record = _record(timeline)
     record.has_connector = True
     record.connector["num_delayed_frees"] += event.delay_free
@@ -75,8 +75,8 @@ def grammar_state(timeline, event: GrammarState) -> None:
         record.grammar_waits.append(event.step - added)
 
 
-FOLD = {KVConnectorMatched: connector_matched, KVConnectorAllocated: connector_allocated,
-        KVConnectorFinished: connector_finished, KVTransfersDone: transfers_done,
+FOLD = {ConnectorMatched: connector_matched, ConnectorAllocated: connector_allocated,
+        ConnectorFinished: connector_finished, KVTransfersDone: transfers_done,
         GrammarRequested: grammar_requested, GrammarState: grammar_state}
 
 
@@ -122,9 +122,9 @@ def step_items(e) -> tuple[str, str] | None:
     """A step table's item for a connector's or a grammar's event (render.py): (its label, the
     item); None for one the table leaves out (a lookup, asked again each step a head waits)."""
     t = type(e)
-    if t is KVConnectorAllocated:
+    if t is ConnectorAllocated:
         return ("kv", f"s{e.seq_id}:load {e.num_external_tokens}") if e.num_external_tokens else None
-    if t is KVConnectorFinished:
+    if t is ConnectorFinished:
         return ("kv", f"s{e.seq_id}:keep") if e.delay_free else None
     if t is KVTransfersDone:
         done = [f"s{s}:{what}" for what, ids in (("sent", e.finished_sending), ("received", e.finished_recving),

@@ -4,7 +4,7 @@ from tracengine.errors import TraceError
 from tracengine.replay.fold import _projection_of
 from tracengine.trace.events import (RequestAdded, ScheduleDecision, SpecAccepted, SpecDecode, StepEnd, TokenSample,
                                      TraceHeader)
-from tracengine.trace.vllm_events import KVConnectorPendingFrees, KVTransfersDone
+from tracengine.trace.vllm_events import ConnectorPending, KVTransfersDone
 from tracengine.trace.tracelog import ends_mid_step
 
 
@@ -62,7 +62,7 @@ class EventCheck:
                        if s not in seqs]
             if missing:
                 return f"seq {missing[0]} was never added"
-        elif t is not StepEnd and t is not KVConnectorPendingFrees and e.seq_id not in seqs:
+        elif t is not StepEnd and t is not ConnectorPending and e.seq_id not in seqs:
             return f"seq {e.seq_id} was never added"
         elif t is TokenSample and e.seq_id not in self.scheduled:
             return f"seq {e.seq_id} was not scheduled in this step"

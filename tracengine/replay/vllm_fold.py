@@ -15,7 +15,7 @@ Where vLLM differs from tracengine's block manager and scheduler:
   back, so a request that finished in step k's output can be in step k+1's
   batch: it is left as it is (vLLM drops that output); a block step k+1
   gave it is freed with it, in step k's frame, before the frame that gives it;
-- a KV connector's asynchronous load (KVConnectorMatched with load_async) gives a waiting
+- a KV connector's asynchronous load (ConnectorMatched with load_async) gives a waiting
   request its blocks and leaves it waiting until its transfer is done; admitted then, it is given
   the rest (a second BlockAllocate, after the blocks it holds); a finished request whose blocks
   the connector keeps for a send frees them in a later step. The connector's answers and

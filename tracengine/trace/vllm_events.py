@@ -10,7 +10,7 @@ import msgspec
 from tracengine.trace.events import EVENT_TYPES, Event
 
 
-class KVConnectorMatched(Event, tag=27):
+class ConnectorMatched(Event, tag=27):
     """get_num_new_matched_tokens: the tokens past `num_computed_tokens` (its local prefix-cache
     hit, block aligned) the connector has for a waiting request; -1: it cannot tell yet (the
     request waits); `load_async`: they load while the request waits (WAITING_FOR_REMOTE_KVS)."""
@@ -21,7 +21,7 @@ class KVConnectorMatched(Event, tag=27):
     load_async: bool = False
 
 
-class KVConnectorAllocated(Event, tag=28):
+class ConnectorAllocated(Event, tag=28):
     """update_state_after_alloc: the blocks given to a request the connector matched for, and the
     external tokens it is to load into them."""
     step: int
@@ -30,7 +30,7 @@ class KVConnectorAllocated(Event, tag=28):
     block_ids: list[int] = msgspec.field(default_factory=list)
 
 
-class KVConnectorFinished(Event, tag=29):
+class ConnectorFinished(Event, tag=29):
     """request_finished (and a producer's partial tail): whether the connector keeps the finished
     request's blocks until its workers report them sent."""
     step: int
@@ -38,7 +38,7 @@ class KVConnectorFinished(Event, tag=29):
     delay_free: bool = False
 
 
-class KVConnectorPendingFrees(Event, tag=30):
+class ConnectorPending(Event, tag=30):
     """has_pending_block_frees, asked where a running request's growth did not fit: True, the
     scheduler waits for those frees rather than preempt."""
     step: int
@@ -75,6 +75,6 @@ class GrammarState(Event, tag=33):
     state: Literal["ready", "failed", "rejected"]
 
 
-VLLM_INPUT_EVENTS = (KVConnectorMatched, KVConnectorAllocated, KVConnectorFinished, KVConnectorPendingFrees,
+VLLM_INPUT_EVENTS = (ConnectorMatched, ConnectorAllocated, ConnectorFinished, ConnectorPending,
                      KVTransfersDone, GrammarRequested, GrammarState)
 ALL_EVENT_TYPES: dict[str, type] = {**EVENT_TYPES, **{cls.__name__: cls for cls in VLLM_INPUT_EVENTS}}

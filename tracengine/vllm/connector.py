@@ -3,10 +3,10 @@ vLLM's scheduler, and in its replay.
 
 What the scheduler takes from a connector and acts on is events: the external tokens it has for a
 waiting request and whether they load asynchronously (get_num_new_matched_tokens:
-KVConnectorMatched), the blocks given for them (update_state_after_alloc: KVConnectorAllocated),
-whether a finished request's blocks wait for a transfer (request_finished: KVConnectorFinished),
+ConnectorMatched), the blocks given for them (update_state_after_alloc: ConnectorAllocated),
+whether a finished request's blocks wait for a transfer (request_finished: ConnectorFinished),
 whether a growth that does not fit waits for pending frees (has_pending_block_frees:
-KVConnectorPendingFrees), and the transfers the workers report finished in a step's model output
+ConnectorPending), and the transfers the workers report finished in a step's model output
 (kv_connector_output: KVTransfersDone). The rest (the metadata for the workers, stats, KV events)
 goes to the workers or the logs, never back into a decision.
 
@@ -16,8 +16,8 @@ output gets the recorded transfers, so a run with any connector replays without 
 from collections import deque
 
 from tracengine.trace.events import BlockFree, RequestAdded
-from tracengine.trace.vllm_events import (KVConnectorAllocated, KVConnectorFinished, KVConnectorMatched,
-                                          KVConnectorPendingFrees, KVTransfersDone)
+from tracengine.trace.vllm_events import (ConnectorAllocated, ConnectorFinished, ConnectorMatched,
+                                          ConnectorPending, KVTransfersDone)
 
 STANDIN_NAME = "ReplayConnector"
 STANDIN_MODULE = "tracengine.vllm.connector"
@@ -76,19 +76,19 @@ def observe_connector(recorder) -> None:
 
     def get_num_new_matched_tokens(request, num_computed_tokens):
         num_tokens, load_async = matched(request, num_computed_tokens)
-        recorder.emit(KVConnectorMatched(recorder.current_step(), recorder.seq_id(request), num_computed_tokens,
+        recorder.emit(ConnectorMatched(recorder.current_step(), recorder.seq_id(request), num_computed_tokens,
                                          -1 if num_tokens is None else num_tokens, bool(load_async)))
         return num_tokens, load_async
 
     def update_state_after_alloc(request, blocks, num_external_tokens):
         block_ids = blocks.get_block_ids()[0] if blocks.blocks and blocks.blocks[0] else ()
-        recorder.emit(KVConnectorAllocated(recorder.current_step(), recorder.seq_id(request), num_external_tokens,
+        recorder.emit(ConnectorAllocated(recorder.current_step(), recorder.seq_id(request), num_external_tokens,
                                            list(block_ids)))
         return allocated(request, blocks, num_external_tokens)
 
     def has_pending_block_frees():
         answer = pending()
-        recorder.emit(KVConnectorPendingFrees(recorder.current_step(), bool(answer)))
+        recorder.emit(ConnectorPending(recorder.current_step(), bool(answer)))
         return answer
 
     connector.get_num_new_matched_tokens = get_num_new_matched_tokens
@@ -138,7 +138,7 @@ def unobserve_connector(scheduler) -> None:
 def connector_finished(recorder, request, answer) -> None:
     """The scheduler's _connector_finished answer for a finishing request (delay_free, params)."""
     if recorder is not None and recorder.scheduler.connector is not None:
-        recorder.emit(KVConnectorFinished(recorder.current_step(), recorder.seq_id(request), bool(answer[0])))
+        recorder.emit(ConnectorFinished(recorder.current_step(), recorder.seq_id(request), bool(answer[0])))
 
 
 def transfers_done(recorder, model_output) -> None:
@@ -173,12 +173,12 @@ def answer_connector(scheduler, frames) -> None:
             t = type(e)
             if t is RequestAdded:
                 request_ids[e.seq_id] = e.request_id
-            elif t is KVConnectorMatched:
+            elif t is ConnectorMatched:
                 connector.matched.setdefault(request_ids[e.seq_id], deque()).append(
                     (None if e.num_external_tokens < 0 else e.num_external_tokens, e.load_async))
-            elif t is KVConnectorFinished:
+            elif t is ConnectorFinished:
                 connector.finished.setdefault(request_ids[e.seq_id], deque()).append(e.delay_free)
-            elif t is KVConnectorPendingFrees:
+            elif t is ConnectorPending:
                 connector.pending_frees.append(e.pending)
             elif t is KVTransfersDone:
                 connector.transfers[e.step] = tuple([request_ids[s] for s in ids] for ids in (
