@@ -202,6 +202,33 @@ class SpecDecoding(Figures, frozen=True):
     acceptance_rate_per_position: list[float]   # of the verifications with a draft at position j, the share accepting it
 
 
+class KVConnectorFigures(Figures, frozen=True):
+    """A vLLM KV connector's answers and transfers (analysis/vllm_inputs.py): the lookups it
+    answered, the admissions it gave external tokens (loaded asynchronously or not), what its
+    workers reported done, and the finished requests whose blocks it kept for a send."""
+    kv_connector: str
+    num_lookups: int
+    num_lookups_pending: int         # answered "cannot tell yet": the request waits
+    num_external_admissions: int     # admissions with external tokens (update_state_after_alloc)
+    num_external_tokens: int
+    num_async_loads: int             # of those, loaded while waiting (WAITING_FOR_REMOTE_KVS)
+    num_finished_recving: int
+    num_finished_sending: int
+    num_failed_recving: int
+    num_delayed_frees: int
+
+
+class StructuredOutputFigures(Figures, frozen=True):
+    """Structured output in a vLLM trace (analysis/vllm_inputs.py): requests with a grammar, how
+    many steps each waited for it (from its arrival to the step the scheduler found it ready),
+    and the grammars that failed to compile or refused a token."""
+    num_requests: int
+    num_ready: int
+    num_failed: int
+    num_rejected: int
+    grammar_wait_steps: Summary
+
+
 class Adapter(Figures, frozen=True):
     """The requests of one LoRA adapter (a vLLM trace's, analysis/adapters.py); "" is the base model's."""
     num_requests: int
@@ -231,6 +258,8 @@ class Stats(Figures, frozen=True, kw_only=True):
     spec_decoding: SpecDecoding | None = None   # analysis/spec_decoding.py; None without drafts
     lora_adapters: dict[str, Adapter] | None = None   # analysis/adapters.py; None without LoRA
     cpu_tier: CpuTierFigures | None = None    # analysis/cpu_tier.py; None without a CPU tier
+    kv_connector: KVConnectorFigures | None = None    # analysis/vllm_inputs.py; None without a connector
+    structured_output: StructuredOutputFigures | None = None   # analysis/vllm_inputs.py; None without grammars
     per_request: list[RequestFigures]
 
 

@@ -10,6 +10,8 @@ computes one token per sequence, `s3:1@20`. Lists longer than 12 items show
 the first 12 and how many more."""
 import msgspec
 
+from tracengine.analysis.vllm_inputs import step_items
+from tracengine.trace.vllm_events import VLLM_INPUT_EVENTS
 from tracengine.trace.events import (WALL_CLOCK_FIELDS, BlockAllocate, BlockAppend, BlockFree, BlockHash,
                                      DraftProposed, DraftVerified, Preempt, PromptBlocksHashed, RequestAdded,
                                      ScheduleDecision, ScheduledSeq, SeqAbort, SeqFinish, StepEnd, TokenSample,
@@ -75,6 +77,7 @@ def render_step(events) -> str:
     """One line for one step's events: a row of the step table."""
     step, decision, end = None, None, None
     arrived, allocs, appended, hashed, preempts, finishes, kept, drafted = [], [], {}, {}, [], [], [], []
+    inputs: dict[str, list[str]] = {}
     for e in events:
         t = type(e)
         if t is TraceHeader:
@@ -107,6 +110,8 @@ def render_step(events) -> str:
             finishes.append(f"s{e.seq_id}:abort({e.reason})")
         elif t is StepEnd:
             end = e
+        elif t in VLLM_INPUT_EVENTS and (item := step_items(e)) is not None:    # a connector's, a grammar's
+            inputs.setdefault(item[0], []).append(item[1])
     if decision is None:
         head = f"{step if step is not None else '?':>4} (no step yet)"
     else:
@@ -128,7 +133,7 @@ def render_step(events) -> str:
         ("append", [f"s{sid}+{ids[0]}" if len(ids) == 1 else f"s{sid}+[{id_ranges(ids)}]"
                     for sid, ids in appended.items()]),
         ("hashed", [f"s{sid}[{id_ranges(ids)}]" for sid, ids in hashed.items()]),
-        ("preempt", preempts), ("finish", finishes), ("kept", kept), ("draft", drafted)) if items]
+        ("preempt", preempts), ("finish", finishes), ("kept", kept), ("draft", drafted), *inputs.items()) if items]
     line = head + (" | " + "; ".join(segments) if segments else "")
     return line + (f" | free {end.num_free_blocks}" if end is not None else "")
 

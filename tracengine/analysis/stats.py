@@ -33,6 +33,7 @@ import math
 import msgspec
 
 from tracengine.analysis.cpu_tier import cpu_tier_figures
+from tracengine.analysis.vllm_inputs import connector_figures, structured_output_figures, vllm_inputs_lines
 from tracengine.analysis.figures import (Goodput, HeadOfLine, KVBlocks, Latencies, Latency, Preemption, PrefixCache,
                                          RequestCounts, RequestFigures, Stats, StepFigures, TokenCounts, Throughput,
                                          TraceFigures, summarize, summarize_counts)
@@ -205,6 +206,8 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> Stats:
         spec_decoding=t.spec_decoding.figures() if t.spec_decoding is not None else None,
         lora_adapters=adapter_figures(per_request, t.lora_names),
         cpu_tier=cpu,
+        kv_connector=connector_figures(t),
+        structured_output=structured_output_figures(t),
         per_request=per_request,
     )
 
@@ -285,6 +288,8 @@ def render(s: Stats, title: str = ""):
                                   f"{format_number(wait, '{:,.1f}')} ms")
     if s.sessions:
         other.add_row("sessions", session_line(s.sessions))
+    for name, line in vllm_inputs_lines(s):
+        other.add_row(name, line)
     if s.spec_decoding is not None:
         sd = s.spec_decoding
         other.add_row("speculative", f"{sd.num_accepted_tokens:,}/{sd.num_draft_tokens:,} drafts accepted "

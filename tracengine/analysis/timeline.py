@@ -19,6 +19,7 @@ import msgspec
 
 from tracengine.analysis.spec_decoding import SpecCounts
 from tracengine.analysis.cpu_tier import FOLD as CPU_TIER_FOLD
+from tracengine.analysis.vllm_inputs import FOLD as VLLM_INPUTS_FOLD
 from tracengine.errors import TraceError
 from tracengine.trace.events import (BlockAllocate, DraftVerified, Preempt, RequestAdded, ScheduleDecision, SeqAbort,
                                      SeqFinish, SpecAccepted, SpecDecode, StepEnd, TokenSample, TraceHeader,
@@ -336,7 +337,7 @@ FOLD = {TraceHeader: RequestTimeline._header_read, RequestAdded: RequestTimeline
         Preempt: RequestTimeline._preempted, TokenSample: RequestTimeline._token_sampled,
         SeqFinish: RequestTimeline._finished, SeqAbort: RequestTimeline._aborted, StepEnd: RequestTimeline._step_ended,
         SpecDecode: RequestTimeline._drafts_scheduled, SpecAccepted: RequestTimeline._drafts_accepted,
-        DraftVerified: RequestTimeline._drafts_verified, **CPU_TIER_FOLD}
+        DraftVerified: RequestTimeline._drafts_verified, **CPU_TIER_FOLD, **VLLM_INPUTS_FOLD}
 
 
 def fold(events) -> RequestTimeline:

@@ -6,7 +6,8 @@ import os
 
 from tracengine.cli.common import EXIT_FAILED_CHECK, EXIT_NOT_ENDED, EXIT_OK, EXIT_RUN_FAILED, add_parser
 from tracengine.errors import TraceCorruptError, TraceError
-from tracengine.trace.events import EVENT_TYPES, StepEnd
+from tracengine.trace.events import StepEnd
+from tracengine.trace.vllm_events import ALL_EVENT_TYPES as EVENT_TYPES
 from tracengine.trace.tracelog import TraceReader
 
 

@@ -4,6 +4,7 @@ from tracengine.errors import TraceError
 from tracengine.replay.fold import _projection_of
 from tracengine.trace.events import (RequestAdded, ScheduleDecision, SpecAccepted, SpecDecode, StepEnd, TokenSample,
                                      TraceHeader)
+from tracengine.trace.vllm_events import ConnectorPending, KVTransfersDone
 from tracengine.trace.tracelog import ends_mid_step
 
 
@@ -56,7 +57,12 @@ class EventCheck:
             missing = [seq_id for seq_id in e.seq_ids if seq_id not in (seqs if t is SpecDecode else self.scheduled)]
             if missing:
                 return f"seq {missing[0]} was {'never added' if t is SpecDecode else 'not scheduled in this step'}"
-        elif t is not StepEnd and e.seq_id not in seqs:
+        elif t is KVTransfersDone:
+            missing = [s for ids in (e.finished_sending, e.finished_recving, e.failed_recving) for s in ids
+                       if s not in seqs]
+            if missing:
+                return f"seq {missing[0]} was never added"
+        elif t is not StepEnd and t is not ConnectorPending and e.seq_id not in seqs:
             return f"seq {e.seq_id} was never added"
         elif t is TokenSample and e.seq_id not in self.scheduled:
             return f"seq {e.seq_id} was not scheduled in this step"

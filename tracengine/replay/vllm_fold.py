@@ -14,13 +14,19 @@ Where vLLM differs from tracengine's block manager and scheduler:
 - with async scheduling step k+1 is scheduled before step k's output comes
   back, so a request that finished in step k's output can be in step k+1's
   batch: it is left as it is (vLLM drops that output); a block step k+1
-  gave it is freed with it, in step k's frame, before the frame that gives it."""
+  gave it is freed with it, in step k's frame, before the frame that gives it;
+- a KV connector's asynchronous load (ConnectorMatched with load_async) gives a waiting
+  request its blocks and leaves it waiting until its transfer is done; admitted then, it is given
+  the rest (a second BlockAllocate, after the blocks it holds); a finished request whose blocks
+  the connector keeps for a send frees them in a later step. The connector's answers and
+  grammars change no block or queue themselves."""
 import msgspec
 
 from tracengine.replay.projection import Projection
-from tracengine.replay.state import FINISHED
-from tracengine.trace.events import (BlockAppend, BlockFree, ScheduledSeq, ScheduleDecision, SpecAccepted, SpecDecode,
-                                     prefill_flags)
+from tracengine.replay.state import FINISHED, WAITING
+from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, ScheduledSeq, ScheduleDecision, SeqFinish,
+                                     SpecAccepted, SpecDecode, prefill_flags)
+from tracengine.trace.vllm_events import VLLM_INPUT_EVENTS
 
 NULL_BLOCK_ID = 0
 
@@ -32,6 +38,9 @@ class VllmProjection(Projection):
         self.spec_tokens: dict[int, int] = {}    # seq_id -> drafts verified in the step whose decision comes next
         self.handlers[SpecDecode] = self.spec_decode
         self.handlers[SpecAccepted] = self.spec_accepted
+        self.handlers[BlockAllocate] = self.block_allocate
+        for event_type in VLLM_INPUT_EVENTS:
+            self.handlers[event_type] = _no_change
 
     def _take_free_block(self, block_id: int):
         self.free.remove(block_id)       # a ValueError if it is not free
@@ -51,6 +60,21 @@ class VllmProjection(Projection):
             kept = set(held)
             e = msgspec.structs.replace(e, block_ids=[b for b in e.block_ids if b in kept])
         super().block_free(e)
+
+    def block_allocate(self, e: BlockAllocate):
+        if self.seqs[e.seq_id].status == FINISHED:    # taken and freed already (block_free), as block_append
+            return
+        held = self.seqs[e.seq_id].block_table
+        super().block_allocate(e)
+        if held:          # admitted after its connector's load: the blocks it held, then these
+            s = self.seqs[e.seq_id]
+            s.block_table = held + s.block_table
+
+    def seq_finish(self, e: SeqFinish):
+        if self.seqs[e.seq_id].status == WAITING:    # ended with an error before it ran (its grammar failed)
+            self.waiting.remove(e.seq_id)
+            self.running.append(e.seq_id)
+        super().seq_finish(e)
 
     def block_append(self, e: BlockAppend):
         if self.seqs[e.seq_id].status != FINISHED:     # else taken and freed already (block_free)
@@ -91,6 +115,10 @@ class VllmProjection(Projection):
             self.running.extend(running)    # vLLM schedules running in place
         else:
             self.decision = e
+
+
+def _no_change(e) -> None:
+    pass
 
 
 def vllm_projection(num_blocks: int, block_size: int) -> VllmProjection:

@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 
 from tracengine.analysis.stats import stats
 from tracengine.errors import TraceError
+from tracengine.trace.vllm_events import VLLM_INPUT_EVENTS
 from tracengine.trace.events import (AnyEvent, BlockAllocate, Preempt, RequestAdded, ScheduleDecision, SeqFinish,
                                      StepEnd, TokenSample, prefill_flags)
 from tracengine.replay.fold import Fold, FoldState
 from tracengine.trace.tracelog import TraceReader
 from tracengine.tui.explain import explain_step
 
-EVENT_TYPE_NAMES = [cls.__name__ for cls in AnyEvent.__args__ if cls.__name__ != "TraceHeader"]
+EVENT_TYPE_NAMES = [cls.__name__ for cls in (*AnyEvent.__args__, *VLLM_INPUT_EVENTS) if cls.__name__ != "TraceHeader"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,8 @@ import os
 import tempfile
 
 from tracengine.errors import ConfigError
+from tracengine.vllm.connector import standin_transfer_config
+from tracengine.vllm.kv_groups import recorded_groups
 from tracengine.vllm.header import CACHE_FIELDS, LORA_FIELDS, SPEC_FIELDS, scheduler_field_names
 
 
@@ -41,7 +43,7 @@ def apply_overrides(config: dict, overrides: dict) -> dict:
 
 def build_scheduler(config: dict, scheduler_cls=None, record: str = "", vllm_options=None, kv_cache_groups=None,
                     additional_config: dict | None = None, model_options: dict | None = None,
-                    speculative: dict | None = None):
+                    speculative: dict | None = None, cache_options: dict | None = None):
     """vLLM's scheduler for a header's `config`: `scheduler_cls` (a Scheduler subclass), or
     the recording class of the recorded kind, recording to `record` if given as vLLM's
     engine core would have it (else not until `record_to`; $TRACENGINE_RECORD is not read).
@@ -49,8 +51,9 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = "", vllm_opt
     not rebuild); `kv_cache_groups(spec)`: the KV cache's groups in place of the one `spec`;
     `additional_config`: more of "tracengine"'s options; `model_options`: more ModelConfig fields;
     `speculative`: a SpeculativeConfig's fields (method, num_speculative_tokens, ...), for the
-    comparison of speculative decoding with tracengine's (compare.py). Raises ConfigError for a
-    value vLLM refuses."""
+    comparison of speculative decoding with tracengine's (compare.py); `cache_options`: more
+    CacheConfig fields (a test's native KV offloading, `kv_offloading_size`). Raises ConfigError
+    for a value vLLM refuses."""
     import torch
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -73,7 +76,7 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = "", vllm_opt
                 **{k: v for k, v in config.items() if k in names})
             cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=config["enable_prefix_caching"],
                                        prefix_caching_hash_algo=config["prefix_caching_hash_algo"],
-                                       sliding_window=config.get("sliding_window"))
+                                       sliding_window=config.get("sliding_window"), **(cache_options or {}))
             cache_config.num_gpu_blocks = config["num_gpu_blocks"]
             options = vllm_options(model_config) if vllm_options is not None else {}
             if config.get("speculative_method"):
@@ -85,12 +88,15 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = "", vllm_opt
             if config.get("max_loras"):
                 from vllm.config import LoRAConfig
                 options["lora_config"] = LoRAConfig(**{name: config[name] for name in LORA_FIELDS})
+            if "kv_transfer_config" not in options and config.get("kv_connector"):
+                options["kv_transfer_config"] = standin_transfer_config(config)
             vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                                      cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
                                      additional_config={"tracengine": {"record": record, **(additional_config or {})}},
                                      **options)
     except (ValueError, TypeError) as exc:     # pydantic's ValidationError is a ValueError
         raise ConfigError(f"vLLM refuses the config: {_first_line(exc)}") from None
+    kv_cache_groups = kv_cache_groups or recorded_groups(config)      # a hybrid model's, as recorded
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=config["num_kv_heads"],
                              head_size=config["head_size"], dtype=getattr(torch, config["kv_dtype"]))
     kv_cache_config = KVCacheConfig(num_blocks=config["num_gpu_blocks"], kv_cache_tensors=[],

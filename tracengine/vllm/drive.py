@@ -172,9 +172,10 @@ class Driver:
 
 def check_progress(scheduler, out) -> None:
     """A step that scheduled and preempted nothing with nobody running and a request waiting: the
-    waiting head never fits (all the blocks are free or evictable), so no later step would run it."""
+    waiting head never fits (all the blocks are free or evictable), so no later step would run it.
+    A KV connector may hold a request back (a lookup it cannot answer yet): not checked then."""
     if out.total_num_scheduled_tokens == 0 and not out.preempted_req_ids and not scheduler.running \
-            and scheduler.waiting:
+            and scheduler.waiting and scheduler.connector is None:
         from tracengine.errors import ConfigError
         request = scheduler.waiting.peek_request()
         manager = scheduler.kv_cache_manager
@@ -204,8 +205,12 @@ class VllmClockedEngine:
     flight, before its output is processed, as vLLM's aborts queue has them)."""
 
     def __init__(self, scheduler, specs, step_time=None, first_step_ns: int = 0, past_output: set | None = None,
-                 aborts: dict | None = None, in_step_aborts: dict | None = None, schedule_log: list | None = None):
+                 aborts: dict | None = None, in_step_aborts: dict | None = None, schedule_log: list | None = None,
+                 kv_worker=None):
+        """`kv_worker`: a KV connector's workers (kv_worker.KVWorker), reporting the transfers each
+        step finished in its output."""
         self.scheduler = scheduler
+        self.kv_worker = kv_worker
         self.driver = Driver(scheduler, specs, past_output)
         self.queue_size = batch_queue_size(scheduler)
         self.batch_queue: deque = deque()
@@ -285,7 +290,10 @@ class VllmClockedEngine:
             for req_id in self.in_step_aborts.get(step, ()):
                 self.abort(req_id)
             driver = self.driver
-            scheduler.update_from_output(out, model_output(out.num_scheduled_tokens, driver.tokens(req_ids, out)))
+            output = model_output(out.num_scheduled_tokens, driver.tokens(req_ids, out))
+            if self.kv_worker is not None:
+                output.kv_connector_output = self.kv_worker.output(scheduler, out)
+            scheduler.update_from_output(out, output)
             if driver.spec_decoding and not driver.async_drafts:     # the engine core's drafts (spec.py)
                 driver.give_drafts(req_ids)
         self.start_ns = self._base() if self._busy() else None
@@ -317,13 +325,13 @@ class VllmClockedEngine:
 
 def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, in_step_aborts: dict | None = None,
         max_steps: int = 100_000, schedule_log: list | None = None, past_output: set | None = None,
-        drafts_log: dict | None = None) -> int:
+        drafts_log: dict | None = None, kv_worker=None) -> int:
     """Runs `specs` through `scheduler` until it has no requests, on a clock of steps
-    (VllmClockedEngine's); returns the number of steps. `aborts`, `in_step_aborts`: as
-    VllmClockedEngine's. `past_output` gets the ids of recorded requests that ran past their
+    (VllmClockedEngine's); returns the number of steps. `aborts`, `in_step_aborts`, `kv_worker`:
+    as VllmClockedEngine's. `past_output` gets the ids of recorded requests that ran past their
     recorded output; `drafts_log`: request id -> its drafts as given and verified (spec.Drafts)."""
     engine = VllmClockedEngine(scheduler, specs, past_output=past_output, aborts=aborts,
-                               in_step_aborts=in_step_aborts, schedule_log=schedule_log)
+                               in_step_aborts=in_step_aborts, schedule_log=schedule_log, kv_worker=kv_worker)
     if drafts_log is not None:
         engine.driver.drafts_log = drafts_log
     try:

@@ -6,9 +6,13 @@ user says to record anyway ($TRACENGINE_RECORD_ANYWAY=1, or additional_config {"
 {"record_anyway": true}}): the trace's header then lists what it lacks (TraceHeader.not_recorded)
 and `replay` and `check` say so first (trace/header.py's not_recorded_note).
 
-A request can bring a feature the config does not show (structured output, streaming input, a
-cache salt, ...): the recording ends before it, with a RunEnd naming it, and serving goes on;
-the trace holds every step before it, whole."""
+Recorded, so not refused: speculative decoding by ngram (spec.py), LoRA, a KV connector of any
+kind (connector.py: its answers and transfers are events; a replay needs no connector), structured
+output (structured.py: its grammars' answers are events; a replay needs no grammar backend).
+
+A request can bring a feature the config does not show (streaming input, a cache salt, structured
+output with drafts, ...): the recording ends before it, with a RunEnd naming it, and serving goes
+on; the trace holds every step before it, whole."""
 import os
 
 from tracengine.errors import ConfigError
@@ -38,15 +42,14 @@ def config_features(vllm_config, kv_cache_config) -> list[str]:
     if spec is not None and spec.method not in RECORDED_SPEC_METHODS:
         found.append(f"speculative decoding with method {spec.method!r} (recorded: "
                      f"{', '.join(RECORDED_SPEC_METHODS) or 'none'})")
-    transfer = vllm_config.kv_transfer_config
-    if transfer is not None and (transfer.kv_connector or transfer.kv_connector_module_path):
-        found.append(f"a KV connector ({transfer.kv_connector or transfer.kv_connector_module_path})")
     if vllm_config.ec_transfer_config is not None:
         found.append("an encoder cache connector (ec_transfer_config)")
     groups = kv_cache_config.kv_cache_groups
     if len(groups) != 1:
         kinds = ", ".join(type(g.kv_cache_spec).__name__ for g in groups)
-        found.append(f"hybrid KV cache groups ({len(groups)} groups: {kinds}; tracengine records one)")
+        # the header records every group and a replay rebuilds them (kv_groups.py), but the block
+        # events are the first group's: the fold, check, the TUI and stats would see that one only
+        found.append(f"hybrid KV cache groups ({len(groups)} groups: {kinds}; block events hold the first only)")
     elif type(groups[0].kv_cache_spec).__name__ != "FullAttentionSpec":
         found.append(f"a KV cache group of {type(groups[0].kv_cache_spec).__name__} (tracengine records "
                      f"FullAttentionSpec)")
@@ -86,13 +89,18 @@ def refuse_unrecorded(vllm_config, kv_cache_config) -> list[str]:
     return found
 
 
-def request_features(request) -> list[str]:
-    """What a request brings that a trace does not hold; [] for none."""
+def request_features(request, scheduler=None) -> list[str]:
+    """What a request brings that a trace of `scheduler` does not hold; [] for none. A KV connector
+    reads a request's KV transfer parameters, and a grammar its structured output: the scheduler
+    acts only on their answers, which are recorded (connector.py, structured.py); but with drafts
+    a grammar also cuts the drafts given, which is not recorded."""
     found = []
+    has_connector = scheduler is not None and scheduler.connector is not None
     if request.prompt_token_ids is None:
         found.append("a prompt given as embeddings")
-    if getattr(request, "structured_output_request", None) is not None:
-        found.append("structured output")
+    if getattr(request, "structured_output_request", None) is not None and \
+            (scheduler is None or scheduler.vllm_config.speculative_config is not None):
+        found.append("structured output with speculative decoding")
     if request.pooling_params is not None:
         found.append("pooling")
     if getattr(request, "resumable", False):
@@ -101,7 +109,7 @@ def request_features(request) -> list[str]:
         found.append("multimodal inputs")
     if request.cache_salt is not None:
         found.append("a cache salt")
-    if request.kv_transfer_params or getattr(request, "ec_transfer_params", None):
+    if (request.kv_transfer_params and not has_connector) or getattr(request, "ec_transfer_params", None):
         found.append("KV transfer parameters")
     if getattr(request, "skip_reading_prefix_cache", False):
         found.append("skip_reading_prefix_cache")

@@ -6,6 +6,9 @@ The recorder writes it; build.py rebuilds a scheduler from it."""
 import dataclasses
 import os
 
+from tracengine.vllm.connector import connector_config
+from tracengine.vllm.kv_groups import groups_config
+
 # CacheConfig fields that decide scheduling (block size and count, the prefix cache)
 CACHE_FIELDS = ("block_size", "enable_prefix_caching", "prefix_caching_hash_algo", "sliding_window")
 KV_FIELDS = ("num_kv_heads", "head_size", "kv_dtype")
@@ -56,6 +59,8 @@ def header_config(scheduler) -> dict:
             config["max_num_scheduled_tokens"] = None     # vLLM's default with drafts: the budget's, whatever it is
     if vllm_config.lora_config is not None:
         config.update({name: getattr(vllm_config.lora_config, name) for name in LORA_FIELDS})
+    config.update(connector_config(scheduler))
+    config.update(groups_config(scheduler.kv_cache_config))
     return config
 
 

@@ -20,6 +20,7 @@ from tracengine.replay import reexec
 from tracengine.replay.reexec import _COMPARED, ComparingSink, Divergence, ReplayResult
 from tracengine.trace.events import RequestAdded, SeqAbort, SpecDraft, StepEnd, TokenSample
 from tracengine.trace.tracelog import split_header
+from tracengine.vllm.answers import answer_from
 from tracengine.vllm.state import live_vllm_state
 from tracengine.trace.header import VLLM, backend_of
 
@@ -51,8 +52,10 @@ def reexecute(events, config: dict | None = None) -> ReplayResult:
     check_vllm_version(header)
     scheduler = build_scheduler(header.config if config is None else config)
     sink = ComparingSink()
-    recorder = scheduler.record_to(sink, header.created_at)
-    return _Replay(scheduler, recorder, sink, list(iter_steps(it))).run()
+    recorder = scheduler.record_to(sink, header.created_at, header.not_recorded or None)   # recorded anyway: said
+    frames = list(iter_steps(it))
+    answer_from(scheduler, frames)     # a recorded connector's and grammars' answers (stand-ins)
+    return _Replay(scheduler, recorder, sink, frames).run()
 
 
 class _Replay:

@@ -19,6 +19,7 @@ from tracengine.analysis.stats import stats
 from tracengine.replay.whatif import WhatIfResult
 from tracengine.trace.events import RequestAdded, SeqAbort, TokenSample
 from tracengine.trace.tracelog import split_header
+from tracengine.vllm.answers import refuse_whatif
 from tracengine.vllm.drive import RequestSpec
 from tracengine.vllm.replay import lora_request
 
@@ -35,6 +36,7 @@ class VllmWorkload:
 def extract_workload(events) -> VllmWorkload:
     events = list(events)
     header, it = split_header(events)
+    refuse_whatif(header, events)     # a connector's and grammars' answers hold for the recorded schedule
     batch_queue_size = 2 if header.config.get("scheduler_kind") == "async" else 1
     specs: dict[int, RequestSpec] = {}
     aborts: dict[int, list[str]] = {}
