@@ -22,7 +22,8 @@ A block that arrives out of order (a load's, released in the middle of its band)
 of its own, as the int rank << 64 | key, checked against the block's rank when it is taken."""
 import heapq
 from collections import deque
-from itertools import compress
+from itertools import compress, repeat
+from operator import is_not
 
 POSITION_BITS = 40
 POSITIONS = 1 << POSITION_BITS     # a rank (a, -position) is the int a * POSITIONS + POSITIONS - 1 - position
@@ -76,14 +77,16 @@ class LruPolicy:
         request_rank = self.request_ranks.pop(seq_id, None)
         if request_rank is not None:
             self.groups.pop(request_rank, None)      # its heap entry goes when it comes first
-        ranks = self.ranks
-        keys = list(filter(ranks.__contains__, reversed(keys_head_first)))
+        # the tier holds a block when it has a count: 0 when it is evictable
+        counts = list(map(self.ref_counts.get, reversed(keys_head_first)))
+        held = list(map(is_not, counts, repeat(None)))
+        keys = list(compress(reversed(keys_head_first), held))
         if not keys:
             return
         band = self.next_rank + 1
         self.next_rank += len(keys)
-        ranks.update(zip(keys, range(band * POSITIONS, band * POSITIONS + len(keys))))
-        group = deque(compress(keys, map((0).__eq__, map(self.ref_counts.__getitem__, keys))))
+        self.ranks.update(zip(keys, range(band * POSITIONS, band * POSITIONS + len(keys))))
+        group = deque(compress(keys, map((0).__eq__, compress(counts, held))))
         if group and band not in self.groups:       # the band is new: it has no group yet
             self.groups[band] = group
             heapq.heappush(self.group_heap, band)

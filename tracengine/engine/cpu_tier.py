@@ -95,6 +95,8 @@ class CpuTier:
             self._complete(is_store, seq_id, keys)
         self.flush_until_ns = 0
         fenced, store_done = self.fenced, self.store_done
+        if self.d2h_free_ns <= now_ns:      # no store is copying: no GPU block is fenced
+            fenced.clear()
         for seq_id, keys, block_ids in self.queued_stores:
             start = max(self.d2h_free_ns, now_ns)
             self.d2h_free_ns = done = start + self.duration_ns(len(keys))
@@ -106,9 +108,10 @@ class CpuTier:
     def reuse(self, block_ids: list[int]):
         """GPU blocks handed out again this step: a store still copying one of them is waited
         for before the step's forward pass (vLLM's jobs_to_flush)."""
-        done = max(map(self.fenced.pop, block_ids, repeat(0)), default=0)
-        if done > self.flush_until_ns:
-            self.flush_until_ns = done
+        if self.fenced:
+            done = max(map(self.fenced.pop, block_ids, repeat(0)), default=0)
+            if done > self.flush_until_ns:
+                self.flush_until_ns = done
 
     def preempted(self, seq_id: int):
         """A preempted sequence's stores in flight are waited for before the step's forward pass."""
