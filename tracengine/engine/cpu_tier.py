@@ -57,6 +57,9 @@ class CpuTier:
         self.block_bytes = block_bytes
         self.gbps = gbps
         self.sink = sink
+        # a real run's copies of the blocks (runner/kv_host.py's HostKVBuffer: store, load, evict);
+        # None in simulated time and re-execution, where a block is its hash alone
+        self.copier = None
         self.step = 0
         self.now_ns = 0
         self.ref_counts: dict[int, int] = {}
@@ -101,6 +104,8 @@ class CpuTier:
             start = max(self.d2h_free_ns, now_ns)
             self.d2h_free_ns = done = start + self.duration_ns(len(keys))
             self._start(done, True, seq_id, keys)
+            if self.copier is not None:
+                self.copier.store(keys, block_ids)
             fenced.update(dict.fromkeys(block_ids, done))
             store_done[seq_id] = done
         self.queued_stores = []
@@ -177,6 +182,8 @@ class CpuTier:
         self.num_evictable -= counts.count(0)      # read by a load: not evictable
         ref_counts.update(zip(keys, map((1).__add__, counts)))
         self._access(seq, first_block, keys)
+        if self.copier is not None:
+            self.copier.load(keys, seq.block_table[first_block:first_block + num_blocks])
         start = max(self.h2d_free_ns, self.now_ns)
         self.h2d_free_ns = done = start + self.duration_ns(num_blocks)
         self._start(done, False, seq_id, keys)
@@ -264,6 +271,8 @@ class CpuTier:
             self.num_evicted_blocks += len(evicted)
             for key in evicted:
                 del ref_counts[key]
+            if self.copier is not None:
+                self.copier.evict(evicted)
         else:
             evicted = []
         ref_counts.update(dict.fromkeys(new, PENDING))
