@@ -172,6 +172,11 @@ class CpuTier:
         counts = list(takewhile(partial(is_not, None), map(self.ref_counts.get, keys)))
         return None if PENDING in counts else len(counts)
 
+    def num_held_blocks(self, keys: list[int]) -> int:
+        """How many of `keys` the tier holds, up to the first it does not (those being written too:
+        they are readable once their copy ends)."""
+        return sum(1 for _ in takewhile(self.ref_counts.__contains__, keys))
+
     def start_load(self, seq: Sequence, first_block: int, num_blocks: int):
         """Load `num_blocks` blocks of `seq` from `first_block` on (its lookup's hit, GPU blocks
         allocated for them); the sequence is set aside until `take_loaded`."""
