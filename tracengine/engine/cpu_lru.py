@@ -59,17 +59,18 @@ class LruPolicy:
         """New blocks a request stores, at their `positions` (one for each key, in turn)."""
         self.ranks.update(zip(keys, map(self.request_base(seq_id).__sub__, positions)))
 
-    def access(self, keys: list[tuple[int, int]], seq_id: int):
-        """A request's first use of `keys` ((key, position) pairs): ranked no lower than (its
-        rank, minus the position)."""
+    def access(self, keys: list[int], positions, seq_id: int):
+        """A request's first use of `keys`, head to tail, at their `positions`: each held one
+        ranked no lower than (its rank, minus its position)."""
         base = self.request_base(seq_id)      # its rank given now even when no key is held yet
         ranks, counts = self.ranks, self.ref_counts
-        for key, position in keys:
-            current = ranks.get(key)
-            if current is not None and current < base - position:
-                ranks[key] = base - position
-                if counts[key] == 0:
-                    self._place(key)
+        raised = [(key, rank) for key, rank, current in zip(keys, map(base.__sub__, positions), map(ranks.get, keys))
+                  if current is not None and current < rank]
+        if raised:
+            ranks.update(raised)
+            evictable = [key for key, _ in raised if counts[key] == 0]
+            if evictable:
+                self.mark_evictable_n(evictable)
 
     def finish(self, keys_head_first: list[int], seq_id: int):
         """The request finished: its blocks the tier holds ranked anew, tail first, head last.

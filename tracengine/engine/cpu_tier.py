@@ -35,7 +35,7 @@ when a load starts, CpuLoad when it has ended and the sequence runs."""
 import heapq
 from functools import partial
 from itertools import compress, repeat, takewhile
-from operator import is_not
+from operator import is_not, not_
 
 from tracengine.engine.cpu_lru import LruPolicy
 from tracengine.engine.sequence import Sequence
@@ -253,16 +253,16 @@ class CpuTier:
         else:
             new = [key for key, count in zip(keys, counts) if count is None]
             new_positions = [position for position, count in zip(positions, counts) if count is None]
-            ready = [(key, position) for key, position, count, flag in zip(keys, positions, counts, used[start:end])
-                     if count is not None and count != PENDING and not flag]
-            if new or ready:
+            ready = [count is not None and count != PENDING and not flag for count, flag in zip(counts, used[start:end])]
+            ready_keys = list(compress(keys, ready))
+            if new or ready_keys:
                 if PENDING not in counts:
                     used[start:end] = USED * (end - start)
                 else:
                     for i, count in enumerate(counts, start):
                         if count != PENDING:
                             used[i] = 1
-                self.policy.access(ready, seq_id)
+                self.policy.access(ready_keys, compress(positions, ready), seq_id)
             if not new:
                 return True
             table = seq.block_table
@@ -294,11 +294,11 @@ class CpuTier:
         time are ranked (vLLM's on_request_access)."""
         used, size = self._used(seq), self.block_size
         end = first_block + len(keys)
-        first = [(key, (i + 1) * size) for i, key, flag in zip(range(first_block, end), keys, used[first_block:end])
-                 if not flag]
-        if first:
+        unused = list(map(not_, used[first_block:end]))
+        if any(unused):
             used[first_block:end] = USED * len(keys)
-            self.policy.access(first, seq.seq_id)
+            self.policy.access(list(compress(keys, unused)),
+                               compress(range((first_block + 1) * size, (end + 1) * size, size), unused), seq.seq_id)
 
     def _used(self, seq: Sequence) -> bytearray:
         """The flags of the blocks `seq` used, one for each block it has a hash for."""
