@@ -24,7 +24,7 @@ class StubReplica:
 
 def tier_holding(hashes) -> CpuTier:
     tier = CpuTier(num_blocks=16, block_size=4, block_bytes=4096, gbps=0.0)
-    tier.ref_counts.update(dict.fromkeys(hashes, 0))
+    tier.held.update(dict.fromkeys(hashes, 0))      # held (ranked), no transfer on them
     return tier
 
 

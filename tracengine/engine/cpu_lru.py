@@ -22,8 +22,7 @@ A block that arrives out of order (a load's, released in the middle of its band)
 of its own, as the int rank << 64 | key, checked against the block's rank when it is taken."""
 import heapq
 from collections import deque
-from itertools import compress, repeat
-from operator import is_not
+from itertools import filterfalse
 
 POSITION_BITS = 40
 POSITIONS = 1 << POSITION_BITS     # a rank (a, -position) is the int a * POSITIONS + POSITIONS - 1 - position
@@ -33,10 +32,12 @@ TAKEN = -2              # a block's reference count while an eviction holds it
 
 
 class LruPolicy:
-    """`ref_counts`: the tier's (key -> its reference count), a block evictable while its count is 0."""
+    """`ranks`: every block the tier holds -> its rank. `busy`: the tier's reference counts that
+    are not 0 (a block being written or read, or taken by an eviction): a block held and not busy
+    is evictable."""
 
-    def __init__(self, ref_counts: dict[int, int]):
-        self.ref_counts = ref_counts
+    def __init__(self, busy: dict[int, int]):
+        self.busy = busy
         self.ranks: dict[int, int] = {}
         self.groups: dict[int, deque] = {}       # band -> its keys, least ranked first
         self.group_heap: list[int] = []          # the bands with keys (some perhaps emptied since)
@@ -63,12 +64,12 @@ class LruPolicy:
         """A request's first use of `keys`, head to tail, at their `positions`: each held one
         ranked no lower than (its rank, minus its position)."""
         base = self.request_base(seq_id)      # its rank given now even when no key is held yet
-        ranks, counts = self.ranks, self.ref_counts
+        ranks, busy = self.ranks, self.busy
         raised = [(key, rank) for key, rank, current in zip(keys, map(base.__sub__, positions), map(ranks.get, keys))
                   if current is not None and current < rank]
         if raised:
             ranks.update(raised)
-            evictable = [key for key, _ in raised if counts[key] == 0]
+            evictable = [key for key, _ in raised if key not in busy]
             if evictable:
                 self.mark_evictable_n(evictable)
 
@@ -78,16 +79,14 @@ class LruPolicy:
         request_rank = self.request_ranks.pop(seq_id, None)
         if request_rank is not None:
             self.groups.pop(request_rank, None)      # its heap entry goes when it comes first
-        # the tier holds a block when it has a count: 0 when it is evictable
-        counts = list(map(self.ref_counts.get, reversed(keys_head_first)))
-        held = list(map(is_not, counts, repeat(None)))
-        keys = list(compress(reversed(keys_head_first), held))
+        ranks = self.ranks
+        keys = list(filter(ranks.__contains__, reversed(keys_head_first)))
         if not keys:
             return
         band = self.next_rank + 1
         self.next_rank += len(keys)
-        self.ranks.update(zip(keys, range(band * POSITIONS, band * POSITIONS + len(keys))))
-        group = deque(compress(keys, map((0).__eq__, compress(counts, held))))
+        ranks.update(zip(keys, range(band * POSITIONS, band * POSITIONS + len(keys))))
+        group = deque(filterfalse(self.busy.__contains__, keys))
         if group and band not in self.groups:       # the band is new: it has no group yet
             self.groups[band] = group
             heapq.heappush(self.group_heap, band)
@@ -116,7 +115,8 @@ class LruPolicy:
             self._place(key)
 
     def _current(self, key: int, band: int) -> bool:
-        return self.ref_counts.get(key) == 0 and self.ranks[key] >> POSITION_BITS == band
+        rank = self.ranks.get(key)
+        return rank is not None and key not in self.busy and rank >> POSITION_BITS == band
 
     def _trim(self, group: deque, band: int):
         """Stale keys off both ends of `group`, so that its ends are ranked."""
@@ -150,12 +150,12 @@ class LruPolicy:
     def _least(self) -> tuple[int, deque | None] | None:
         """The least current block's key, and the group it heads (None: the others' heap);
         stale keys and entries in front of it are dropped."""
-        ranks, counts, groups, group_heap, others = self.ranks, self.ref_counts, self.groups, \
+        ranks, busy, groups, group_heap, others = self.ranks, self.busy, self.groups, \
             self.group_heap, self.others
         while others:
             entry = others[0]
             key = entry & KEY_MASK
-            if counts.get(key) == 0 and ranks[key] == entry >> KEY_BITS:
+            if key not in busy and ranks.get(key) == entry >> KEY_BITS:
                 break
             heapq.heappop(others)
         while group_heap:
@@ -163,7 +163,8 @@ class LruPolicy:
             group = groups.get(band)
             while group:
                 key = group[0]
-                if counts.get(key) == 0 and ranks[key] >> POSITION_BITS == band:
+                rank = ranks.get(key)
+                if rank is not None and key not in busy and rank >> POSITION_BITS == band:
                     break
                 group.popleft()
             if group:
@@ -183,7 +184,7 @@ class LruPolicy:
         """The n least ranked evictable blocks not in `protected`, taken out; None (nothing
         changed) when there are fewer."""
         popped, num_taken = [], 0       # (key, its group or None, whether it is protected), in order
-        ranks, counts, others = self.ranks, self.ref_counts, self.others
+        ranks, busy, others = self.ranks, self.busy, self.others
         while num_taken < n:
             least = self._least()
             if least is None:
@@ -191,7 +192,7 @@ class LruPolicy:
             key, group = least
             if group is None:
                 heapq.heappop(others)
-                counts[key] = TAKEN               # out of the running while this eviction lasts
+                busy[key] = TAKEN                 # out of the running while this eviction lasts
                 popped.append((key, None, key in protected))
                 num_taken += key not in protected
                 continue
@@ -200,26 +201,27 @@ class LruPolicy:
             bound = others[0] if others else None
             while group and num_taken < n:
                 key = group[0]
-                if counts.get(key) != 0 or ranks[key] >> POSITION_BITS != band:
+                rank = ranks.get(key)
+                if rank is None or key in busy or rank >> POSITION_BITS != band:
                     group.popleft()               # stale
                     continue
-                if bound is not None and ranks[key] << KEY_BITS | key > bound:
+                if bound is not None and rank << KEY_BITS | key > bound:
                     break
                 group.popleft()
-                counts[key] = TAKEN
+                busy[key] = TAKEN
                 kept = key in protected
                 popped.append((key, group, kept))
                 num_taken += not kept
         done = num_taken == n
         for key, group, kept in reversed(popped):
             if kept or not done:                   # put back where they were
-                counts[key] = 0
+                del busy[key]
                 self._put_back(key, group)
         if not done:
             return None
         keys = [key for key, _, kept in popped if not kept]
         for key in keys:
-            del ranks[key]
+            del ranks[key], busy[key]
         return keys
 
     def _put_back(self, key: int, group: deque | None):

@@ -33,9 +33,8 @@ by its block hash. The rules:
 Events (the sink's): CpuStore when blocks are taken (with the blocks that evicted), CpuHit
 when a load starts, CpuLoad when it has ended and the sequence runs."""
 import heapq
-from functools import partial
 from itertools import compress, repeat, takewhile
-from operator import is_not, not_
+from operator import not_
 
 from tracengine.engine.cpu_lru import LruPolicy
 from tracengine.engine.sequence import Sequence
@@ -47,8 +46,10 @@ USED = b"\x01"    # a block's flag once its request used it
 
 
 class CpuTier:
-    """The tier's blocks (hash -> reference count: PENDING while written, else the loads
-    reading it), the transfers in flight, and the sequences set aside while they load."""
+    """The tier's blocks (`held`: hash -> its rank in the eviction order, cpu_lru.py), the
+    reference counts that are not 0 (`busy`: PENDING while written, else the loads reading it;
+    a block with none is evictable), the transfers in flight, and the sequences set aside while
+    they load."""
 
     def __init__(self, num_blocks: int, block_size: int, block_bytes: int, gbps: float,
                  sink: EventSink = NULL_SINK):
@@ -62,8 +63,9 @@ class CpuTier:
         self.copier = None
         self.step = 0
         self.now_ns = 0
-        self.ref_counts: dict[int, int] = {}
-        self.policy = LruPolicy(self.ref_counts)
+        self.busy: dict[int, int] = {}
+        self.policy = LruPolicy(self.busy)
+        self.held = self.policy.ranks
         self.num_evictable = 0
         self.d2h_free_ns = self.h2d_free_ns = 0    # when each direction's link is next free
         self.queued_stores: list[tuple[int, list[int], list[int]]] = []   # (seq_id, keys, GPU blocks): next step
@@ -137,18 +139,21 @@ class CpuTier:
         heapq.heappush(self.transfers, (done_ns, self.num_transfers, is_store, seq_id, keys))
 
     def _complete(self, is_store: bool, seq_id: int, keys: list[int]):
-        ref_counts, policy = self.ref_counts, self.policy
+        busy, policy = self.busy, self.policy
         if is_store:       # a block being written is never evicted: each of `keys` is still here
-            ref_counts.update(dict.fromkeys(keys, 0))
+            for key in keys:
+                del busy[key]
             self.num_evictable += len(keys)
             policy.mark_evictable_n(keys)
         else:
             released = []
             for key in keys:
-                count = ref_counts[key]
-                ref_counts[key] = count - 1
+                count = busy[key]
                 if count == 1:
+                    del busy[key]
                     released.append(key)
+                else:
+                    busy[key] = count - 1
             if released:
                 self.num_evictable += len(released)
                 policy.mark_evictable_n(released)
@@ -169,23 +174,23 @@ class CpuTier:
         if self.in_flight.get(seq.seq_id):
             return None
         keys = seq.hash_full_blocks()[num_gpu_hits:seq.num_tokens // self.block_size]
-        counts = list(takewhile(partial(is_not, None), map(self.ref_counts.get, keys)))
-        return None if PENDING in counts else len(counts)
+        num = sum(1 for _ in takewhile(self.held.__contains__, keys))
+        return None if PENDING in map(self.busy.get, keys[:num]) else num
 
     def num_held_blocks(self, keys: list[int]) -> int:
         """How many of `keys` the tier holds, up to the first it does not (those being written too:
         they are readable once their copy ends)."""
-        return sum(1 for _ in takewhile(self.ref_counts.__contains__, keys))
+        return sum(1 for _ in takewhile(self.held.__contains__, keys))
 
     def start_load(self, seq: Sequence, first_block: int, num_blocks: int):
         """Load `num_blocks` blocks of `seq` from `first_block` on (its lookup's hit, GPU blocks
         allocated for them); the sequence is set aside until `take_loaded`."""
         seq_id = seq.seq_id
         keys = seq.block_hashes[first_block:first_block + num_blocks]
-        ref_counts = self.ref_counts
-        counts = list(map(ref_counts.__getitem__, keys))
+        busy = self.busy
+        counts = list(map(busy.get, keys, repeat(0)))
         self.num_evictable -= counts.count(0)      # read by a load: not evictable
-        ref_counts.update(zip(keys, map((1).__add__, counts)))
+        busy.update(zip(keys, map((1).__add__, counts)))
         self._access(seq, first_block, keys)
         if self.copier is not None:
             self.copier.load(keys, seq.block_table[first_block:first_block + num_blocks])
@@ -241,16 +246,18 @@ class CpuTier:
         """prepare_store of blocks [start, end) of `seq`: False when too few can be evicted. The
         blocks it stores and those it finds readable are its use of them, even when it fails."""
         keys = seq.block_hashes[start:end]
-        ref_counts, size, seq_id = self.ref_counts, self.block_size, seq.seq_id
-        counts = list(map(ref_counts.get, keys))
+        held, size, seq_id = self.held, self.block_size, seq.seq_id
+        ranks = list(map(held.get, keys))       # None: the tier does not hold the block
         positions = range((start + 1) * size, (end + 1) * size, size)
         # its use of the blocks it stores and of those it finds readable (not of those being written)
         used = self._used(seq)
-        if counts.count(None) == len(keys):      # none held: it stores them all, in one run
+        if ranks.count(None) == len(keys):      # none held: it stores them all, in one run
             new, new_positions, block_ids = keys, positions, seq.block_table[start:end]
             used[start:end] = USED * (end - start)
             self.policy.request_rank(seq_id)
         else:
+            # each block's count: None when the tier does not hold it, 0 when no transfer holds it
+            counts = [None if rank is None else self.busy.get(key, 0) for key, rank in zip(keys, ranks)]
             new = [key for key, count in zip(keys, counts) if count is None]
             new_positions = [position for position, count in zip(positions, counts) if count is None]
             ready = [count is not None and count != PENDING and not flag for count, flag in zip(counts, used[start:end])]
@@ -267,20 +274,18 @@ class CpuTier:
                 return True
             table = seq.block_table
             block_ids = [table[start + i] for i, count in enumerate(counts) if count is None]
-        num_to_evict = len(new) - (self.num_blocks - len(ref_counts))
+        num_to_evict = len(new) - (self.num_blocks - len(held))
         if num_to_evict > 0:
             evicted = self.policy.evict(num_to_evict, set(keys)) if num_to_evict <= self.num_evictable else None
             if evicted is None:
                 return False
             self.num_evictable -= len(evicted)
             self.num_evicted_blocks += len(evicted)
-            for key in evicted:
-                del ref_counts[key]
             if self.copier is not None:
                 self.copier.evict(evicted)
         else:
             evicted = []
-        ref_counts.update(dict.fromkeys(new, PENDING))
+        self.busy.update(dict.fromkeys(new, PENDING))
         self.policy.insert_n(new, seq_id, new_positions)
         self.queued_stores.append((seq_id, new, block_ids))
         self.in_flight[seq_id] = self.in_flight.get(seq_id, 0) + 1
@@ -309,6 +314,11 @@ class CpuTier:
         if len(flags) < len(seq.block_hashes):
             flags.extend(bytes(len(seq.block_hashes) - len(flags)))
         return flags
+
+    @property
+    def ref_counts(self) -> dict[int, int]:
+        """Every block the tier holds -> its reference count (as the reference tier has them)."""
+        return {key: self.busy.get(key, 0) for key in self.held}
 
     def request_finished(self, seq_id: int):
         """The request finished or was aborted: ranked at the next schedule's end."""
