@@ -29,7 +29,8 @@ def test_two_tiers_that_evict_differently_differ_at_the_first_differing_store():
     # 8 blocks take B's 4 at once; 4 can evict A's 3 only once they are readable, a step later:
     # the GPU schedules alike until C finds A's blocks in one tier and not in the other
     big, small = run(8), run(4)
-    stores = [[(e.step, e.seq_id, e.hashes, e.evicted) for e in events if type(e) is CpuStore] for events in (big, small)]
+    stores = [[(e.step, e.seq_id, e.hashes, e.evicted) for e in events if type(e) is CpuStore]
+              for events in (big, small)]
     assert stores[0][0] == stores[1][0] and stores[0][1][0] == 1 and stores[1][1][0] == 2
     decisions = [[without_wall_clock(e) for e in events if type(e) is ScheduleDecision and e.step <= 2]
                  for events in (big, small)]

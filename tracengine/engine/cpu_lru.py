@@ -95,7 +95,7 @@ class LruPolicy:
                 self._place(key)
 
     def mark_evictable_n(self, keys):
-        """`keys` (their counts now 0) become evictable. Those of one store (one band, head to
+        """`keys` (no longer busy) become evictable. Those of one store (one band, head to
         tail: ranks falling) go to the front of their group at once."""
         ranks = list(map(self.ranks.__getitem__, keys))
         band = ranks[0] >> POSITION_BITS

@@ -174,7 +174,7 @@ class CpuTier:
         if self.in_flight.get(seq.seq_id):
             return None
         keys = seq.hash_full_blocks()[num_gpu_hits:seq.num_tokens // self.block_size]
-        num = sum(1 for _ in takewhile(self.held.__contains__, keys))
+        num = self.num_held_blocks(keys)
         return None if PENDING in map(self.busy.get, keys[:num]) else num
 
     def num_held_blocks(self, keys: list[int]) -> int:
@@ -260,7 +260,8 @@ class CpuTier:
             counts = [None if rank is None else self.busy.get(key, 0) for key, rank in zip(keys, ranks)]
             new = [key for key, count in zip(keys, counts) if count is None]
             new_positions = [position for position, count in zip(positions, counts) if count is None]
-            ready = [count is not None and count != PENDING and not flag for count, flag in zip(counts, used[start:end])]
+            ready = [count is not None and count != PENDING and not flag
+                     for count, flag in zip(counts, used[start:end])]
             ready_keys = list(compress(keys, ready))
             if new or ready_keys:
                 if PENDING not in counts:
