@@ -120,7 +120,7 @@ def live_state(scheduler, step: int, known_seqs=()) -> FoldState:
                                     seq.num_preemptions, finish_reason=seq.finish_reason,
                                     draft_token_ids=list(seq.spec_token_ids))
     tier = getattr(scheduler, "cpu_tier", None)
-    cpu = CpuTierState(step, len(tier.ref_counts), dict(tier.loads), {h: [step] for h in tier.ref_counts}) \
+    cpu = CpuTierState(step, len(tier.held), dict(tier.loads), {h: [step] for h in tier.held}) \
         if tier is not None else None
     return FoldState(step, [s.seq_id for s in scheduler.waiting], [s.seq_id for s in scheduler.running], seqs,
                      bm.ref_counts, bm.hashes, list(bm.free_block_ids),

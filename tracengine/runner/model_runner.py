@@ -23,6 +23,7 @@ from tracengine.model.context import Context, forward_context
 from tracengine.model.loader import load_hf_config, load_model, resolve_model_dir
 from tracengine.model.registry import check_max_model_len, model_class
 from tracengine.runner.attention import BACKENDS, kv_cache_shape
+from tracengine.runner.kv_host import HostKVBuffer
 from tracengine.runner.cuda_graph import MAX_GRAPH_BATCH_SIZE, CUDAGraphRunner
 from tracengine.runner.device import available_memory, default_dtype, rank_device, resolve_device, resolve_dtype
 from tracengine.runner.flash_backend import flash_attn_usable
@@ -71,6 +72,7 @@ class ModelRunner:
         # The torch backend on the CPU plans its attention (torch_plans.py); the decode copies only when eager.
         self.cpu_plans = self.device.type == "cpu" and self.attention_backend == "torch"
         self.kv_copy_planner = None
+        self.host_kv = None      # the CPU tier's host buffer (kv_host.py), made when a tier asks for it
 
         if config.num_kvcache_blocks != -1:
             self.num_kvcache_blocks = config.num_kvcache_blocks
@@ -282,6 +284,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+        if not seqs:       # a step whose every sequence waits for a CPU tier's transfer
+            return []
         if any(seq.spec_token_ids for seq in seqs):
             return self.run_verify(seqs)
         logits = self.compute_logits(seqs, is_prefill)
@@ -314,6 +318,14 @@ class ModelRunner:
             out.append(tokens[i:i + n + 1] if n else tokens[i])
             i += n + 1
         return out
+
+    def host_kv_buffer(self, num_blocks: int) -> HostKVBuffer:
+        """The CPU tier's host buffer of `num_blocks` blocks, empty (made at the first call)."""
+        if self.host_kv is None:
+            self.host_kv = HostKVBuffer(self.kv_cache, num_blocks)
+        else:
+            self.host_kv.reset()
+        return self.host_kv
 
     def exit(self):
         if self.graph_runner is not None:

@@ -22,6 +22,7 @@ from tracengine.tui.screens import EventTypePicker, HelpScreen, NumberPrompt, Ru
 from tracengine.tui.seq_view import SeqScreen, life_lines, life_summary
 from tracengine.tui.trace_index import EVENT_TYPE_NAMES, StepView, TraceIndex
 from tracengine.tui.widgets.block_map import BlockMap
+from tracengine.tui.widgets.cpu_tier import CpuTierPanel, tier_capacity
 from tracengine.tui.widgets.event_list import EventList
 from tracengine.tui.widgets.header import Explanation, TraceHeaderBar
 from tracengine.tui.widgets.queues import SeqTable
@@ -30,6 +31,17 @@ from tracengine.replay.vllm_fold import NULL_BLOCK_ID
 from tracengine.trace.header import VLLM, backend_of
 
 SPEEDS = (1, 2, 5, 10, 25, 50, 100)   # steps per second when playing
+
+
+def with_cpu_tier(block_map: BlockMap, header) -> ComposeResult:
+    """The KV block map, and beside it the CPU tier's panel where the trace has a tier."""
+    capacity = tier_capacity(header)
+    if not capacity:
+        yield block_map
+        return
+    with Horizontal(id="tiers"):
+        yield block_map
+        yield CpuTierPanel(capacity, id="cpu-tier").data_bind(TraceApp.view)
 
 
 class TraceApp(App):
@@ -132,8 +144,9 @@ class TraceApp(App):
                 yield SeqTable("running", id="running", max_num_seqs=header.config.get("max_num_seqs")).data_bind(
                     TraceApp.view, TraceApp.selected_seq_id)
             with Vertical(id="state"):
-                yield BlockMap(NULL_BLOCK_ID if backend_of(header) == VLLM else -1, id="blocks").data_bind(
+                block_map = BlockMap(NULL_BLOCK_ID if backend_of(header) == VLLM else -1, id="blocks").data_bind(
                     TraceApp.view, TraceApp.selected_seq_id)
+                yield from with_cpu_tier(block_map, header)
                 yield EventList(self.index, id="events").data_bind(TraceApp.step, TraceApp.num_steps,
                                                                    TraceApp.event_type)
         yield Footer()

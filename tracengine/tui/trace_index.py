@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from tracengine.analysis.stats import stats
 from tracengine.errors import TraceError
 from tracengine.trace.vllm_events import VLLM_INPUT_EVENTS
-from tracengine.trace.events import (AnyEvent, BlockAllocate, Preempt, RequestAdded, ScheduleDecision, SeqFinish,
-                                     StepEnd, TokenSample, prefill_flags)
+from tracengine.trace.events import (AnyEvent, BlockAllocate, CpuHit, CpuLoad, CpuStore, Preempt, RequestAdded,
+                                     ScheduleDecision, SeqFinish, StepEnd, TokenSample, prefill_flags)
 from tracengine.replay.fold import Fold, FoldState
 from tracengine.trace.tracelog import TraceReader
 from tracengine.tui.explain import explain_step
@@ -34,10 +34,26 @@ class StepView:
     end_ns: int = 0
     age_ns: dict | None = None   # seq_id -> time from its arrival to the end of the step, for the queues
     seq_label_width: int = 2     # digits of the largest seq id read so far: the KV map labels each whole
+    cpu_step: tuple = (0, 0, 0, 0, 0)   # what the step did to a CPU tier (step_tier_figures)
 
     @property
     def phase(self) -> str:
         return self.state.decision.phase if self.state.decision is not None else ""
+
+
+def step_tier_figures(events) -> tuple[int, int, int, int, int]:
+    """What a step's events did to the tier: (blocks stored, blocks evicted, blocks hit, loads
+    started, loads ended)."""
+    stored = evicted = hit = started = ended = 0
+    for e in events:
+        if type(e) is CpuStore:
+            stored, evicted = stored + len(e.hashes), evicted + len(e.evicted)
+        elif type(e) is CpuHit:
+            hit, started = hit + len(e.hashes), started + 1
+        elif type(e) is CpuLoad:
+            ended += 1
+    return stored, evicted, hit, started, ended
+
 
 
 @dataclass(slots=True)
@@ -204,13 +220,15 @@ class TraceIndex:
         state = self.fold.state_at(step)
         free_before = self._summary.num_free_blocks[step - 1] if step > 0 else self.num_free_blocks_at_start
         config = self.header.config
-        explanation = explain_step(self.events_at(step), state.seqs, free_before,
+        events = self.events_at(step)
+        explanation = explain_step(events, state.seqs, free_before,
                                    config.get("max_num_batched_tokens", 0), config.get("max_num_seqs", 0))
         s = self._summary
         end = s.end_ns[step]
         ages = {seq_id: end - s.arrival_ns[seq_id] for seq_id in (*state.waiting, *state.running)
                 if seq_id in s.arrival_ns}
-        return StepView(step, state, explanation, s.start_ns[step], end, ages, max(2, len(str(s.max_seq_id))))
+        return StepView(step, state, explanation, s.start_ns[step], end, ages, max(2, len(str(s.max_seq_id))),
+                        step_tier_figures(events) if config.get("kv_offloading_size") else (0, 0, 0, 0, 0))
 
     def event_start(self, step: int) -> int:
         """The line of a step's first event in the list of all events."""
