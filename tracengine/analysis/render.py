@@ -14,8 +14,8 @@ from tracengine.analysis.vllm_inputs import step_items
 from tracengine.trace.vllm_events import VLLM_INPUT_EVENTS
 from tracengine.trace.events import (WALL_CLOCK_FIELDS, BlockAllocate, BlockAppend, BlockFree, BlockHash,
                                      DraftProposed, DraftVerified, Preempt, PromptBlocksHashed, RequestAdded,
-                                     ScheduleDecision, ScheduledSeq, SeqAbort, SeqFinish, StepEnd, TokenSample,
-                                     TraceHeader)
+                                     ScheduleDecision, ScheduledSeq, SeqAbort, SeqFinish, SpecAccepted, SpecDecode,
+                                     SpecDraft, StepEnd, TokenSample, TraceHeader)
 from tracengine.trace.views import iter_steps
 from tracengine.trace.header import VLLM, backend_of
 
@@ -78,6 +78,7 @@ def render_step(events) -> str:
     step, decision, end = None, None, None
     arrived, allocs, appended, hashed, preempts, finishes, kept, drafted = [], [], {}, {}, [], [], [], []
     inputs: dict[str, list[str]] = {}
+    verified = []
     for e in events:
         t = type(e)
         if t is TraceHeader:
@@ -106,6 +107,12 @@ def render_step(events) -> str:
             kept.append(f"s{e.seq_id}:{e.num_accepted_tokens}/{e.num_draft_tokens}")
         elif t is DraftProposed:
             drafted.append(f"s{e.seq_id}:{e.num_draft_tokens}")
+        elif t is SpecDraft:         # vLLM's scheduler: drafts given, verified, accepted
+            drafted.append(f"s{e.seq_id}:{len(e.token_ids)}")
+        elif t is SpecDecode:
+            verified += [f"s{s}:{n}" for s, n in zip(e.seq_ids, e.num_spec_tokens)]
+        elif t is SpecAccepted:
+            kept += [f"s{s}:{n}" for s, n in zip(e.seq_ids, e.num_accepted)]
         elif t is SeqAbort:
             finishes.append(f"s{e.seq_id}:abort({e.reason})")
         elif t is StepEnd:
@@ -133,7 +140,8 @@ def render_step(events) -> str:
         ("append", [f"s{sid}+{ids[0]}" if len(ids) == 1 else f"s{sid}+[{id_ranges(ids)}]"
                     for sid, ids in appended.items()]),
         ("hashed", [f"s{sid}[{id_ranges(ids)}]" for sid, ids in hashed.items()]),
-        ("preempt", preempts), ("finish", finishes), ("kept", kept), ("draft", drafted), *inputs.items()) if items]
+        ("preempt", preempts), ("finish", finishes), ("verify", verified), ("kept", kept), ("draft", drafted),
+        *inputs.items()) if items]
     line = head + (" | " + "; ".join(segments) if segments else "")
     return line + (f" | free {end.num_free_blocks}" if end is not None else "")
 
@@ -255,4 +263,10 @@ def describe_event(e) -> str:
             return f"seq {e.seq_id} gets {e.num_draft_tokens} drafts for its next step{tokens}"
         case DraftVerified():
             return f"seq {e.seq_id} keeps {e.num_accepted_tokens} of its {e.num_draft_tokens} drafts"
+        case SpecDraft():
+            return f"seq {e.seq_id} is given drafts {format_value(e.token_ids)}"
+        case SpecDecode():
+            return "verifies " + ", ".join(f"seq {s}'s {n}" for s, n in zip(e.seq_ids, e.num_spec_tokens)) + " drafts"
+        case SpecAccepted():
+            return "accepted: " + ", ".join(f"seq {s} {n}" for s, n in zip(e.seq_ids, e.num_accepted))
     return " ".join(f"{name}={format_value(getattr(e, name))}" for name in e.__struct_fields__ if name != "step")

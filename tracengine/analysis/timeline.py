@@ -224,15 +224,16 @@ class RequestTimeline:
         return itl_steps, itl_ns
 
     def _spec_counts(self) -> SpecCounts:
-        if self.spec_decoding is None:
-            self.spec_decoding = SpecCounts()
+        self.spec_decoding = self.spec_decoding or SpecCounts()
         return self.spec_decoding
 
-    def _drafts_scheduled(self, event: SpecDecode) -> None:
+    def _drafts_scheduled(self, event: SpecDecode) -> None:       # vLLM's: a step's drafts are those it scheduled
         self._spec_counts().scheduled(event)
+        self._step_drafts = (self._step_drafts[0] + sum(event.num_spec_tokens), self._step_drafts[1])
 
-    def _drafts_accepted(self, event: SpecAccepted) -> None:
+    def _drafts_accepted(self, event: SpecAccepted) -> None:      # and those its output accepted
         self._spec_counts().accepted(event)
+        self._step_drafts = (self._step_drafts[0], self._step_drafts[1] + sum(event.num_accepted))
 
     def _drafts_verified(self, event: DraftVerified) -> None:
         if event.padded:        # placeholders, not drafts

@@ -268,7 +268,8 @@ class TraceApp(App):
         def done(step: int | None) -> None:
             if step is not None:
                 self.go(step)
-        self.push_screen(SeqScreen(life_summary(seq), life_lines(seq_id, self.index.milestones(seq_id), last)), done)
+        milestones = self.index.milestones(seq_id)
+        self.push_screen(SeqScreen(life_summary(seq, milestones), life_lines(seq_id, milestones, last)), done)
 
     # -- play ------------------------------------------------------------------------------------------
 

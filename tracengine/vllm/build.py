@@ -16,12 +16,13 @@ from tracengine.errors import ConfigError
 from tracengine.vllm.connector import standin_transfer_config
 from tracengine.vllm.kv_groups import recorded_groups
 from tracengine.vllm.header import CACHE_FIELDS, LORA_FIELDS, SPEC_FIELDS, scheduler_field_names
+from tracengine.vllm.synthetic import SYNTHETIC_FIELDS, synthetic_options
 
 
 def settable_fields() -> list[str]:
     """The names `replay --set` and `simulate --scheduler vllm` accept for a vLLM trace."""
     return scheduler_field_names() + list(CACHE_FIELDS) + ["max_model_len", "num_gpu_blocks", "scheduler_kind"] + \
-        list(SPEC_FIELDS) + list(LORA_FIELDS)
+        list(SPEC_FIELDS) + list(SYNTHETIC_FIELDS) + list(LORA_FIELDS)
 
 
 def default_config(**overrides) -> dict:
@@ -79,7 +80,7 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = "", vllm_opt
                                        sliding_window=config.get("sliding_window"), **(cache_options or {}))
             cache_config.num_gpu_blocks = config["num_gpu_blocks"]
             options = vllm_options(model_config) if vllm_options is not None else {}
-            if config.get("speculative_method"):
+            if config.get("speculative_method") or config.get("num_speculative_tokens"):
                 options["speculative_config"] = speculative_config(config, model_config)
             if speculative:
                 from vllm.config import ParallelConfig, SpeculativeConfig
@@ -108,10 +109,13 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = "", vllm_opt
 
 
 def speculative_config(config: dict, model_config):
-    """vLLM's SpeculativeConfig of a header's SPEC_FIELDS."""
+    """vLLM's SpeculativeConfig of a header's SPEC_FIELDS (drafts with no method named: ngram's, as
+    a run without a model drafts) and its synthetic acceptance (synthetic.py)."""
     from vllm.config import ParallelConfig, SpeculativeConfig
+    options = {attribute: config.get(name) for name, attribute in SPEC_FIELDS.items()}
+    options["method"] = options["method"] or "ngram"
     return SpeculativeConfig(target_model_config=model_config, target_parallel_config=ParallelConfig(),
-                             **{attribute: config[name] for name, attribute in SPEC_FIELDS.items()})
+                             **options, **synthetic_options(config))
 
 
 def _first_line(exc: Exception) -> str:

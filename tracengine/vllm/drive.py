@@ -13,6 +13,7 @@ from tracengine.errors import TracengineError
 from tracengine.sim.clock import Stepped, in_arrival_order, run_in_time
 from tracengine.sim.steptime import step_shape
 from tracengine.trace.events import ScheduleDecision, prefill_flags
+from tracengine.vllm.synthetic import synthetic_acceptance
 
 EOS_TOKEN_ID = 2
 FILLER_TOKEN_IDS = (0, 1)     # past a recorded output: the first that stops nothing
@@ -94,6 +95,7 @@ class Driver:
         # (async); every request's drafts as given and verified, a what-if's `RequestSpec.drafts`
         self.spec_decoding = scheduler.vllm_config.speculative_config is not None
         self.async_drafts = self.spec_decoding and batch_queue_size(scheduler) > 1
+        self.synthetic = synthetic_acceptance(scheduler) if self.spec_decoding else None   # synthetic.py
         self.drafts_log: dict = {}
 
     def add(self, spec: RequestSpec) -> None:
@@ -134,16 +136,19 @@ class Driver:
             token_at = functools.partial(self.token_at, req_id, peek=True)
             if self.async_drafts:       # the worker drafts: the scheduler holds placeholders
                 drafts = self.propose(req_id, n, len(drafts))
-                a = num_accepted(drafts, n, token_at)
+            # the drafts given (or vLLM's padding, -1: never a token), kept as they equal the tokens, or synthetically
+            a = num_accepted(drafts, n, token_at) if self.synthetic is None else \
+                self.synthetic.num_accepted(self.index[req_id], request.num_prompt_tokens + n, drafts)
+            if self.async_drafts:
                 self.drafts_given(req_id).add(n, drafts[:a + 1])    # what the verification shows of them
-            else:                       # the drafts given (or vLLM's padding, -1: never a token)
-                a = num_accepted(drafts, n, token_at)
             tokens[req_id] = [self.token_at(req_id, n)] + [token_at(n + j) for j in range(1, a + 1)]
         return tokens
 
     def propose(self, req_id: str, n: int, k: int) -> list[int]:
         """A request's drafts at output length n: its spec's (a recording's), else made up."""
         spec = self.by_id[req_id]
+        if self.synthetic is not None:      # its own next tokens
+            return [self.token_at(req_id, n + j, peek=True) for j in range(k)]
         if spec.drafts is not None:
             return spec.drafts.propose(n, k)
         from tracengine.vllm.spec import made_up_drafts

@@ -91,7 +91,8 @@ class VllmTimedReplay:
     def config(self, overrides: dict) -> dict:
         """The config of a variant; one vLLM refuses is refused here (ConfigError)."""
         from tracengine.vllm.build import apply_overrides, build_scheduler
-        config = apply_overrides(self.recorded, overrides)
+        from tracengine.vllm.synthetic import whatif_config
+        config = whatif_config(self.recorded, overrides, apply_overrides(self.recorded, overrides), self.events)
         build_scheduler(config, record="").shutdown()
         return config
 
