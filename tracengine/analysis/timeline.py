@@ -236,11 +236,10 @@ class RequestTimeline:
         self._step_drafts = (self._step_drafts[0], self._step_drafts[1] + sum(event.num_accepted))
 
     def _drafts_verified(self, event: DraftVerified) -> None:
-        if event.padded:        # placeholders, not drafts
-            return
-        num_drafted, num_kept = self._step_drafts
-        self._step_drafts = (num_drafted + event.num_draft_tokens, num_kept + event.num_accepted_tokens)
-        self._spec_counts().verified_drafts(event.num_draft_tokens, event.num_accepted_tokens)
+        if not event.padded:        # padded: placeholders, not drafts
+            num_drafted, num_kept = self._step_drafts
+            self._step_drafts = (num_drafted + event.num_draft_tokens, num_kept + event.num_accepted_tokens)
+            self._spec_counts().verified_drafts(event.num_draft_tokens, event.num_accepted_tokens)
 
     def _finished(self, event: SeqFinish) -> None:
         req = self._request(event.seq_id, event)
