@@ -68,3 +68,7 @@ def main(argv=None) -> int:
     except (TracengineError, OSError) as exc:
         print(f"tracengine: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

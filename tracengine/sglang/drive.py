@@ -139,8 +139,8 @@ def record_workload(config: dict, specs: list[RequestSpec], **drive) -> list:
 
 
 if __name__ == "__main__":
-    # The command's front end (its flags are the other commands') is cli/sglang_drive.py, a layer
-    # above this one: named, not imported, so that this module reads only the layers below it.
-    import importlib
+    # The command's front end (its flags are the other commands') is the command line's, a layer
+    # above this one: run as its own process, so that this module reads only the layers below it.
+    import os
     import sys
-    sys.exit(importlib.import_module("tracengine.cli.sglang_drive").main())
+    os.execv(sys.executable, [sys.executable, "-m", "tracengine.cli.sglang_drive", *sys.argv[1:]])
