@@ -145,7 +145,8 @@ def reexecute_fleet(events, policy=None, routers: dict | None = None) -> FleetRe
 def _recorded_start(recorded: list, start: int, ends: dict[int, int], replica: int) -> int:
     """The recorded start of the replica step whose events begin at `start` (its StepEnd's gap
     after the end of the replica's step before), and its end kept in `ends`."""
-    for e in recorded[start:]:
+    for i in range(start, len(recorded)):     # by index: a slice would copy the rest of the trace
+        e = recorded[i]
         if type(e) is StepEnd:
             begin = ends.get(replica, 0) + e.gap_ns
             ends[replica] = begin + e.schedule_ns + e.model_ns + e.postprocess_ns
