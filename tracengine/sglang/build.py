@@ -13,7 +13,7 @@ import os
 import tempfile
 import warnings
 
-from tracengine.errors import ConfigError
+from tracengine.errors import ConfigError, TracengineError
 
 # ServerArgs fields that decide what SGLang's scheduler does, and which `replay --set` changes
 SERVER_FIELDS = ("max_total_tokens", "chunked_prefill_size", "max_running_requests", "max_prefill_tokens",
@@ -21,6 +21,7 @@ SERVER_FIELDS = ("max_total_tokens", "chunked_prefill_size", "max_running_reques
                  "enable_mixed_chunk", "radix_eviction_policy", "context_length")
 MODEL_FIELDS = ("num_kv_heads", "head_dim")
 LOOPS = ("normal",)
+_groups_pid = [None]      # the process that made the process groups of the last scheduler built
 
 
 def settable_fields() -> list[str]:
@@ -78,31 +79,52 @@ def build_scheduler(config: dict, token_of):
     """SGLang's Scheduler for a header's `config`, on the CPU, its model's forward
     `StandInWorker(token_of)`. Raises ConfigError for a value SGLang refuses."""
     from tracengine.sglang.imports import scheduler_module
-    if config.get("scheduler_loop", "normal") not in LOOPS:
-        raise ConfigError(f"SGLang's {config['scheduler_loop']} loop is not rebuilt yet (rebuilt: {', '.join(LOOPS)})")
     Scheduler = scheduler_module().Scheduler
     from tracengine.sglang.recorder import install_hooks
     install_hooks()     # before the scheduler binds its handlers (abort_request) at construction
     from sglang.srt.distributed import bootstrap, parallel_state
     from sglang.srt.runtime_context import SpawnRanks, publish
-    from sglang.srt.server_args import PortArgs, ServerArgs
+    from sglang.srt.server_args import PortArgs
     with tempfile.TemporaryDirectory(prefix="tracengine-sglang-") as model_dir:
-        write_model_config(model_dir, config)
-        try:
-            server_args = ServerArgs(model_path=model_dir, device="cpu", skip_tokenizer_init=True,
-                                     disable_overlap_schedule=True, load_format="dummy", dtype="float32",
-                                     random_seed=0, **{name: config[name] for name in SERVER_FIELDS})
-        except (ValueError, TypeError, AssertionError) as exc:
-            raise ConfigError(f"SGLang refuses the config: {' '.join(str(exc).split())[:300]}") from None
+        server_args = server_args_of(config, model_dir)
         if bootstrap._PARALLEL_INITIALISED:     # one scheduler's groups per process: the last one's go
+            if _groups_pid[0] not in (None, os.getpid()):
+                raise TracengineError("SGLang's scheduler was built in this process's parent before it forked; "
+                                      "a forked process cannot build another (check a config with check_config)")
             parallel_state.destroy_model_parallel()
             parallel_state.destroy_distributed_environment()
         publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
         with warnings.catch_warnings():     # SGLang's model loading warns of what a CPU lacks
             warnings.simplefilter("ignore")
             scheduler = Scheduler(server_args, PortArgs.init_new(server_args))
+    _groups_pid[0] = os.getpid()
     scheduler.model_worker.forward_batch_generation = StandInWorker(token_of).forward_batch_generation
     return scheduler
+
+
+def check_config(config: dict) -> None:
+    """Raises ConfigError for a config SGLang refuses, building no Scheduler: a process that
+    forks sweep workers builds none itself (a forked child cannot tear down its parent's
+    process groups, whose threads it does not have)."""
+    from tracengine.sglang.imports import scheduler_module
+    scheduler_module()
+    with tempfile.TemporaryDirectory(prefix="tracengine-sglang-") as model_dir:
+        server_args_of(config, model_dir)
+
+
+def server_args_of(config: dict, model_dir: str):
+    """SGLang's ServerArgs for a header's `config` on the CPU, the model's config written to
+    `model_dir`; ConfigError for a value SGLang refuses."""
+    from sglang.srt.server_args import ServerArgs
+    if config.get("scheduler_loop", "normal") not in LOOPS:
+        raise ConfigError(f"SGLang's {config['scheduler_loop']} loop is not rebuilt yet (rebuilt: {', '.join(LOOPS)})")
+    write_model_config(model_dir, config)
+    try:
+        return ServerArgs(model_path=model_dir, device="cpu", skip_tokenizer_init=True,
+                          disable_overlap_schedule=True, load_format="dummy", dtype="float32",
+                          random_seed=0, **{name: config[name] for name in SERVER_FIELDS})
+    except (ValueError, TypeError, AssertionError) as exc:
+        raise ConfigError(f"SGLang refuses the config: {' '.join(str(exc).split())[:300]}") from None
 
 
 def write_model_config(model_dir: str, config: dict) -> None:

@@ -22,6 +22,8 @@ class RequestSpec:
     arrival_step: int = 0
     eos_after: int = 0                       # > 0: the model gives EOS as this output token (1: the first)
     output_token_ids: list[int] | None = None    # a recorded request's tokens (what-if), in order
+    arrival_ns: int = -1                     # in simulated time (timed.py): when it arrives; -1: not known
+    abort_ns: int | None = None              # in simulated time: when its client leaves
 
 
 def generate_request(rid: str, prompt_token_ids, max_tokens: int, *, ignore_eos: bool = True, temperature: float = 0.0,
@@ -74,12 +76,16 @@ class Tokens:
 
     def __init__(self, specs: list[RequestSpec]):
         self.by_id = {spec.request_id: (i, spec) for i, spec in enumerate(specs)}
+        self.past_output: set[str] = set()   # requests that asked for a token past their recorded output
 
     def __call__(self, req) -> int:
         index, spec = self.by_id[req.rid]
         position = len(req.output_ids)
         if spec.output_token_ids is not None:
-            return spec.output_token_ids[position] if position < len(spec.output_token_ids) else FILLER_TOKEN_ID
+            if position < len(spec.output_token_ids):
+                return spec.output_token_ids[position]
+            self.past_output.add(req.rid)
+            return FILLER_TOKEN_ID
         if spec.eos_after and position + 1 >= spec.eos_after:
             return EOS_TOKEN_ID
         return FIRST_TOKEN_ID + (index * 31 + position) % NUM_TOKEN_IDS
@@ -130,7 +136,8 @@ def record_workload(config: dict, specs: list[RequestSpec], **drive) -> list:
     scheduler = build_scheduler(config, Tokens(specs))
     header = trace_header(scheduler)
     sink = ListSink()
-    record_to(scheduler, sink, header.created_at)
+    recorder = record_to(scheduler, sink, header.created_at)
+    recorder.arrival_ns.update((spec.request_id, spec.arrival_ns) for spec in specs)
     try:
         run(scheduler, specs, **drive)
     finally:

@@ -25,6 +25,8 @@ class StepRecorder:
         self.last_end_ns = time.perf_counter_ns()
         self.gap_ns = 0
         self.step_times = None             # step -> (schedule_ns, model_ns, postprocess_ns, gap_ns), instead of the clock's
+        self.arrival_ns: dict[str, int] = {}   # a request's arrival (ns from created_at) where its driver knows it
+        self.last_decision = None          # the ScheduleDecision of the step under way (a step-time model reads it)
 
     def emit(self, event) -> None:
         self.sink.emit(event)
@@ -45,7 +47,8 @@ class StepRecorder:
         stop_ids = sorted(params.stop_token_ids or ())
         self.emit(RequestAdded(
             self.step, seq_id, list(req.origin_input_ids), params.max_new_tokens, params.temperature,
-            params.ignore_eos, top_k=params.top_k if 0 < params.top_k < (1 << 30) else -1, top_p=params.top_p,
+            params.ignore_eos, arrival_ns=self.arrival_ns.get(req.rid, -1),
+            top_k=params.top_k if 0 < params.top_k < (1 << 30) else -1, top_p=params.top_p,
             request_id=req.rid, priority=req.priority or 0, min_tokens=params.min_new_tokens,
             stop_token_ids=stop_ids))
 
@@ -100,9 +103,11 @@ class StepRecorder:
         phase = "decode" if not prefills else "prefill" if not decodes else "mixed"
         num_waiting = len(scheduler.waiting_queue)
         num_tokens = sum(s.num_tokens for s in decodes + prefills)
-        self.emit(ScheduleDecision(step, phase, decodes + prefills, num_tokens, self._stop_reason(batch, num_waiting),
-                                   -1, 0, self.free_slots(), num_waiting, len(batch.reqs),
-                                   len(decodes) if phase == "mixed" else 0, resumed))
+        self.last_decision = ScheduleDecision(step, phase, decodes + prefills, num_tokens,
+                                              self._stop_reason(batch, num_waiting), -1, 0, self.free_slots(),
+                                              num_waiting, len(batch.reqs), len(decodes) if phase == "mixed" else 0,
+                                              resumed)
+        self.emit(self.last_decision)
         for event in allocations:
             self.emit(event)
 
