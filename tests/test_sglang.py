@@ -147,3 +147,29 @@ def test_check_reads_an_sglang_trace_whole(tmp_path, capsys, prefix_trace):
     write_trace(tmp_path / "bad.trace", bad)
     assert main(["check", str(tmp_path / "bad.trace")]) == 1
     assert "slot 10000 is outside the token pool of 301" in capsys.readouterr().out
+
+
+def test_retraction_under_token_pool_pressure_replays_exactly():
+    """Requests that may stop at EOS are admitted on SGLang's new-token ratio, not their max_tokens:
+    six of them overcommit a 300-slot pool, and a decode that no longer fits retracts one
+    (retract_decode, SGLang's preemption), which is admitted again later and recomputed."""
+    from tracengine.analysis.stats import stats
+    from tracengine.sglang.build import default_config
+    from tracengine.sglang.drive import RequestSpec, record_workload
+    from tracengine.sglang.replay import reexecute
+    from tracengine.trace.events import Preempt
+    specs = [RequestSpec(f"r{i}", [7] * 8 + [i] * 30, 80, eos_after=81) for i in range(6)]
+    events = record_workload(default_config(max_total_tokens=300, chunked_prefill_size=64, max_running_requests=8,
+                                            schedule_conservativeness=0.3), specs)
+    preempts = [e for e in events if type(e) is Preempt]
+    assert preempts and all(e.freed_block_ids and e.num_computed_tokens for e in preempts)
+    resumed = [e for e in events if type(e) is ScheduleDecision and e.resumed_seq_ids]
+    assert [e.resumed_seq_ids for e in resumed] == [[p.seq_id] for p in preempts]
+    assert resumed[0].step > preempts[0].step
+    assert stats(events)["preemption"].num_preemptions == len(preempts)
+    assert reexecute(events).ok
+    planted = list(events)
+    i = planted.index(preempts[0])
+    planted[i] = msgspec.structs.replace(preempts[0], seq_id=preempts[0].seq_id + 1)
+    divergence = reexecute(planted).divergence
+    assert divergence is not None and divergence.step == preempts[0].step and divergence.expected == planted[i]

@@ -89,8 +89,9 @@ def build_scheduler(config: dict, token_of):
         server_args = server_args_of(config, model_dir)
         if bootstrap._PARALLEL_INITIALISED:     # one scheduler's groups per process: the last one's go
             if _groups_pid[0] not in (None, os.getpid()):
-                raise TracengineError("SGLang's scheduler was built in this process's parent before it forked; "
-                                      "a forked process cannot build another (check a config with check_config)")
+                raise TracengineError("SGLang's scheduler was built in this process's parent before it forked: a "
+                                      "forked sweep worker cannot build another (sweep from a process that built "
+                                      "none, as the command line's, or with --jobs 1)")
             parallel_state.destroy_model_parallel()
             parallel_state.destroy_distributed_environment()
         publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
