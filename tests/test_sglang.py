@@ -173,3 +173,69 @@ def test_retraction_under_token_pool_pressure_replays_exactly():
     planted[i] = msgspec.structs.replace(preempts[0], seq_id=preempts[0].seq_id + 1)
     divergence = reexecute(planted).divergence
     assert divergence is not None and divergence.step == preempts[0].step and divergence.expected == planted[i]
+
+
+class LivePool:
+    """A sink that keeps, at each StepEnd, SGLang's live token pool: its free slots, the radix
+    tree's slots no request holds, and each request's slots."""
+    enabled = True
+
+    def __init__(self, scheduler):
+        self.scheduler, self.events, self.at_step = scheduler, [], {}
+
+    def emit(self, event):
+        self.events.append(event)
+        if type(event).__name__ == "StepEnd":
+            self.at_step[event.step] = self.live()
+
+    def live(self):
+        s = self.scheduler
+        allocator = s.token_to_kv_pool_allocator
+        free = set(allocator.free_pages.tolist()) | set(allocator.release_pages.tolist())
+        batches = (s.running_batch, s.last_batch, s.cur_batch_for_debug)
+        reqs = [*s.waiting_queue, *(r for b in batches if b is not None for r in b.reqs)]
+        reqs += [s.chunked_req] if s.chunked_req is not None else []
+        owned = {s.tracengine.seq_ids[r.rid]: set(s.req_to_token_pool.req_to_token[r.kv.req_pool_idx,
+                                                                                      :r.kv.kv_allocated_len].tolist())
+                 for r in reqs if not r.finished() and r.kv.req_pool_idx is not None}
+        tree = set(s.tree_cache.all_values_flatten().tolist()) - set().union(*owned.values())
+        return free, tree, owned
+
+
+@pytest.mark.parametrize("workload", ["prefix", "aborts", "retraction"])
+def test_the_fold_is_sglangs_token_pool_and_radix_tree_at_every_step(workload):
+    """What `tui` draws (the fold of SGLang's rules, replay/sglang_fold.py) is SGLang's own pool
+    after each step: the same free slots, the tree's slots no request holds, each request's slots."""
+    from tracengine.replay.fold import Fold
+    from tracengine.sglang.build import build_scheduler, default_config
+    from tracengine.sglang.drive import RequestSpec, Tokens, run
+    from tracengine.sglang.header import trace_header
+    from tracengine.sglang.recorder import record_to, stop_recording
+    config, specs, aborts = {
+        "prefix": (dict(max_total_tokens=200, chunked_prefill_size=32, max_running_requests=6),
+                   shared_prefix_specs(12), {}),
+        "aborts": (dict(max_total_tokens=300, chunked_prefill_size=64, max_running_requests=8),
+                   [RequestSpec(f"r{i}", [5] * 20 + [i] * (20 + i), 60, arrival_step=i) for i in range(8)],
+                   {6: ["r1"], 9: ["r7"]}),
+        "retraction": (dict(max_total_tokens=300, chunked_prefill_size=64, schedule_conservativeness=0.3),
+                       [RequestSpec(f"r{i}", [7] * 8 + [i] * 30, 80, eos_after=81) for i in range(6)], {}),
+    }[workload]
+    scheduler = build_scheduler(default_config(**config), Tokens(specs))
+    header = trace_header(scheduler)
+    pool = LivePool(scheduler)
+    record_to(scheduler, pool, header.created_at)
+    try:
+        run(scheduler, specs, aborts=aborts)
+    finally:
+        stop_recording(scheduler)
+    fold = Fold([header] + pool.events)
+    assert len(pool.at_step) == fold.num_steps
+    for step, (free, tree, owned) in pool.at_step.items():
+        state = fold.state_at(step)
+        folded: dict[int, set] = {}
+        for block in state.blocks:
+            for seq_id in block.owners:
+                folded.setdefault(seq_id, set()).add(block.block_id)
+        assert set(state.free_block_ids) == free, step
+        assert {b.block_id for b in state.blocks if not b.owners and b.hash != -1} == tree, step
+        assert folded == {seq_id: slots for seq_id, slots in owned.items() if slots}, step
