@@ -239,3 +239,51 @@ def test_the_fold_is_sglangs_token_pool_and_radix_tree_at_every_step(workload):
         assert set(state.free_block_ids) == free, step
         assert {b.block_id for b in state.blocks if not b.owners and b.hash != -1} == tree, step
         assert folded == {seq_id: slots for seq_id, slots in owned.items() if slots}, step
+
+
+@pytest.mark.parametrize("workload", ["aborts", "retraction"])
+def test_the_overlap_loop_records_and_replays_exactly(workload):
+    """event_loop_overlap on the CPU: each step's batch is chosen while the last one's result is
+    in flight, and its frame is written whole when its result is processed; the trace replays
+    exactly, a planted change is found at its step, the fold follows it, and (where no request
+    needs tokens past its recorded output) the what-if to the normal loop is SGLang's normal loop
+    really run."""
+    from tracengine.replay.fold import Fold
+    from tracengine.sglang.build import apply_overrides, default_config
+    from tracengine.sglang.drive import RequestSpec, record_workload
+    from tracengine.sglang.replay import reexecute
+    from tracengine.sglang.whatif import whatif
+    from tracengine.trace.events import Preempt, SeqFinish, StepEnd
+    if workload == "aborts":
+        config = default_config(max_total_tokens=300, chunked_prefill_size=32, scheduler_loop="overlap")
+        # r3 and r5 stop at EOS; r1 is aborted running, r7 waiting (a what-if has no tokens past an abort)
+        specs = [RequestSpec(f"r{i}", [5] * 20 + [i] * (20 + i), 30, arrival_step=i,
+                             eos_after=4 + i % 3 if i in (3, 5) else 0) for i in range(8)]
+        drive = {"aborts": {6: ["r1"], 9: ["r7"]}}
+    else:
+        config = default_config(max_total_tokens=300, chunked_prefill_size=64, schedule_conservativeness=0.3,
+                                scheduler_loop="overlap")
+        specs = [RequestSpec(f"r{i}", [7] * 8 + [i] * 30, 80, eos_after=81) for i in range(6)]
+        drive = {}
+    events = record_workload(config, specs, **drive)
+    assert events[0].config["scheduler_loop"] == "overlap"
+    steps = [e.step for e in events[1:]]
+    assert steps == sorted(steps) and [e.step for e in events if type(e) is StepEnd] == list(range(steps[-1] + 1))
+    if workload == "aborts":
+        assert {e.reason for e in events if type(e) is SeqFinish} >= {"eos", "length"}
+        assert sum(1 for e in events if type(e) is SeqAbort) == 2
+    else:
+        assert any(type(e) is Preempt for e in events)
+    assert reexecute(events).ok
+    Fold(events)     # every StepEnd's free slots follow from the events before it
+    planted = list(events)
+    i = next(i for i, e in enumerate(planted) if type(e) is ScheduleDecision and e.step == 7)
+    planted[i] = msgspec.structs.replace(planted[i], num_batched_tokens=planted[i].num_batched_tokens + 1)
+    divergence = reexecute(planted).divergence
+    assert divergence is not None and divergence.step == 7
+    if workload == "aborts":
+        return      # r1 ran on past its recorded output before its abort took it out of the normal loop
+    from tracengine.replay.reexec import _COMPARED
+    normal = whatif(events, {"scheduler_loop": "normal"})
+    really = record_workload(apply_overrides(config, {"scheduler_loop": "normal"}), specs)
+    assert [_COMPARED[type(e)](e) for e in normal.events[1:]] == [_COMPARED[type(e)](e) for e in really[1:]]

@@ -132,3 +132,11 @@ def test_a_request_aborted_in_the_step_it_arrived_replays():
     assert (abort.seq_id, abort.status) == (3, "waiting")
     assert next(e for e in events if type(e) is RequestAdded and e.seq_id == 3).step == abort.step
     assert reexecute(events).ok
+
+
+def test_the_overlap_loop_is_refused_in_simulated_time(simulated, capsys):
+    workload, _ = simulated
+    assert main(simulate_argv(workload, "--set", "scheduler_loop=overlap")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["tracengine: error: SGLang's overlap loop is not run in simulated time yet (its steps overlap "
+                   "the CPU's work with the model's forward); its traces replay and take what-ifs in steps"]

@@ -44,6 +44,11 @@ class SglangProjection(Projection):
     def _in_tree(self, slot: int) -> bool:
         return self.hashes[slot] == slot
 
+    def _to_tree(self, slots) -> None:
+        for slot in slots:
+            self.hashes[slot] = slot
+            self.hash_to_block_id[slot] = slot
+
     def _release(self, seq_id: int) -> None:
         """The request gives its slots up to the radix tree; the pool takes back those the tree
         does not keep (frees that come after a retraction, in the same step)."""
@@ -51,8 +56,7 @@ class SglangProjection(Projection):
         table = s.block_table
         for slot in table:
             self.ref_counts[slot] -= 1
-            self.hashes[slot] = slot
-            self.hash_to_block_id[slot] = slot
+        self._to_tree(table)
         s.block_table = []
         self._settle(table)
 
@@ -68,8 +72,12 @@ class SglangProjection(Projection):
         self._settle(set(old) | set(e.block_ids))
 
     def block_append(self, e: BlockAppend):
-        self.ref_counts[e.block_id] += 1
-        self.seqs[e.seq_id].block_table.append(e.block_id)
+        s = self.seqs[e.seq_id]
+        if s.status == FINISHED:     # the overlap loop: it finished in the result in flight as this batch was chosen
+            self._to_tree((e.block_id,))         # its slot is released with it, to the tree
+        else:
+            self.ref_counts[e.block_id] += 1
+            s.block_table.append(e.block_id)
         self._settle((e.block_id,))
 
     def block_free(self, e: BlockFree):
@@ -108,8 +116,12 @@ class SglangProjection(Projection):
         s.status, s.finish_step, s.finish_reason = FINISHED, e.step, e.reason
 
     def seq_abort(self, e: SeqAbort):
-        """A request mid-prefill (SGLang's chunked request) is in the fold's waiting queue."""
+        """A request mid-prefill (SGLang's chunked request) is in the fold's waiting queue. In the
+        overlap loop, a running request aborted while a batch was in flight finishes in that
+        batch's result, whose frame comes first."""
         self._release(e.seq_id)
+        if self.seqs[e.seq_id].status == FINISHED:
+            return
         (self.running if e.seq_id in self.running else self.waiting).remove(e.seq_id)
         s = self.seqs[e.seq_id]
         s.status, s.finish_step, s.finish_reason = FINISHED, e.step, "abort"

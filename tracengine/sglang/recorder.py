@@ -78,6 +78,7 @@ def get_next_batch_to_run(original, self, *args, **kwargs):
         return original(self, *args, **kwargs)
     start_ns = time.perf_counter_ns()
     recorder.frees = []
+    recorder.in_call = "decide"
     _active.append(recorder)
     try:
         plan = original(self, *args, **kwargs)
@@ -87,10 +88,13 @@ def get_next_batch_to_run(original, self, *args, **kwargs):
     batch = plan.batch_to_run
     if batch is not None:
         recorder.decision(batch)
-        recorder.schedule_ns = time.perf_counter_ns() - start_ns
-        recorder.gap_ns = max(start_ns - recorder.last_end_ns, 0)
+        recorder.timing[recorder.num_decided] = [time.perf_counter_ns() - start_ns, 0,
+                                                 max(start_ns - recorder.last_end_ns, 0)]
     for event in frees:
         recorder.emit(event)
+    recorder.in_call = "between"
+    if batch is not None:
+        recorder.num_decided += 1
     return plan
 
 
@@ -110,7 +114,7 @@ def run_batch(original, self, batch, *args, **kwargs):
         return original(self, batch, *args, **kwargs)
     start_ns = time.perf_counter_ns()
     result = original(self, batch, *args, **kwargs)
-    recorder.model_ns = time.perf_counter_ns() - start_ns
+    recorder.timing[recorder.num_decided - 1][1] = time.perf_counter_ns() - start_ns     # the batch just chosen
     return result
 
 
@@ -121,8 +125,12 @@ def process_batch_result(original, self, batch, result, *args, **kwargs):
     start_ns = time.perf_counter_ns()
     tokens = result.next_token_ids.tolist()
     before = [(len(req.output_ids), req.finished()) for req in batch.reqs]
-    out = original(self, batch, result, *args, **kwargs)
-    recorder.outputs(batch, tokens, before, start_ns)
+    recorder.in_call = "process"
+    try:
+        out = original(self, batch, result, *args, **kwargs)
+        recorder.outputs(batch, tokens, before, start_ns)
+    finally:
+        recorder.in_call = "between"
     return out
 
 

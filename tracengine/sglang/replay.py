@@ -33,7 +33,7 @@ class RecordedTokens:
         self.seq_ids: dict[str, int] = {}
         self.step = 0
 
-    def __call__(self, req) -> int:
+    def __call__(self, req, position: int) -> int:
         from tracengine.sglang.drive import FILLER_TOKEN_ID
         return self.tokens.get((self.step, self.seq_ids.get(req.rid, -1)), FILLER_TOKEN_ID)
 
@@ -94,6 +94,8 @@ class _Replay:
             divergence = self._compare(step)
             if divergence is not None:
                 return divergence_result(divergence, self, start)
+        while getattr(scheduler, "result_queue", None):     # the overlap loop: the last batch's result
+            iterate(scheduler)
         divergence = self._compare(step, final=True)
         if divergence is not None:
             return divergence_result(divergence, self, start)

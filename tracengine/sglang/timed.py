@@ -17,7 +17,7 @@ from collections import deque
 
 import msgspec
 
-from tracengine.errors import TraceError, TracengineError
+from tracengine.errors import ConfigError, TraceError, TracengineError
 from tracengine.sim.clock import Stepped, in_arrival_order, run_in_time
 from tracengine.sim.steptime import step_shape
 from tracengine.trace.events import prefill_flags
@@ -124,6 +124,14 @@ class SglangClockedEngine:
         return f"SGLang's scheduler is stuck after step {self.num_steps}"
 
 
+def check_loop(config: dict) -> None:
+    """Simulated time times SGLang's normal loop: the overlap loop's steps overlap the CPU's
+    scheduling with the model's forward, which no step-time model here describes."""
+    if config.get("scheduler_loop", "normal") != "normal":
+        raise ConfigError("SGLang's overlap loop is not run in simulated time yet (its steps overlap the CPU's work "
+                          "with the model's forward); its traces replay and take what-ifs in steps")
+
+
 def holds(scheduler, request_id: str) -> bool:
     """Whether SGLang's scheduler holds `request_id` unfinished (waiting, running, mid-prefill)."""
     reqs = list(scheduler.waiting_queue) + list(scheduler.running_batch.reqs)
@@ -154,6 +162,7 @@ def run_config(config: dict, specs, step_time, model=None, first_step_ns: int = 
     from tracengine.sglang.drive import Tokens
     from tracengine.sglang.recorder import record_to, stop_recording
     from tracengine.trace.sinks import ListSink
+    check_loop(config)
     tokens = Tokens(specs)
     scheduler = build_scheduler(config, tokens)
     header = simulated_header(scheduler, step_time, model)
@@ -205,6 +214,8 @@ class SglangTimedReplay:
         """The config of a variant; one SGLang refuses is refused here (ConfigError)."""
         from tracengine.sglang.build import apply_overrides, check_config
         config = apply_overrides(self.recorded, overrides)
+        check_loop(self.recorded)
+        check_loop(config)
         check_config(config)
         return config
 
