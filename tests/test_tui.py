@@ -571,3 +571,15 @@ async def test_an_sglang_traces_kv_panel_draws_its_token_pool_and_radix_cache():
             await pilot.press("right")
             await pilot.pause()
     assert kinds == {"shared", "owned", "tree", "free"}
+
+
+def test_replay_state_of_an_sglang_trace_folds_its_token_pool(capsys):
+    """`replay --state` on an SGLang trace needs no SGLang: the fold of its token pool. A request
+    aborted while running (s3, at step 4) is finished, not running, though SGLang decodes it once
+    more before its abort's result is processed."""
+    trace = Path(__file__).resolve().parents[1] / "traces" / "sglang.trace"
+    assert main(["replay", str(trace), "--state", "5"]) == 0
+    out = capsys.readouterr().out
+    running = out.split("running:\n")[1].split("finished")[0]
+    assert out.startswith("state after step 5: 5 waiting, 6 running, 205 of 401 blocks free (block size 1)")
+    assert "s3 " not in running and "finished (1): s3:abort@4" in out

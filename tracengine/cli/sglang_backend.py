@@ -9,8 +9,8 @@ from tracengine.trace.tracelog import TraceReader
 
 
 def run_replay(args) -> int:
-    """As cli/replay.run, with SGLang's scheduler: re-execution, the what-if in steps or in
-    simulated time (--step-time, --roofline, or a trace with arrival times), sweeps of either."""
+    """As cli/replay.run, with SGLang's scheduler: re-execution, --state, the what-if in steps or
+    in simulated time (--step-time, --roofline, or a trace with arrival times), sweeps of either."""
     from tracengine.cli import replay_runs
     from tracengine.cli.outputs import check_outputs, note_torn_tail
     from tracengine.cli.steptime import step_time_from_args
@@ -19,15 +19,15 @@ def run_replay(args) -> int:
     if args.policy:
         raise TraceError("--policy names a tracengine scheduling policy; an SGLang trace runs SGLang's scheduler "
                          "(--set schedule_policy=lpm for SGLang's)")
-    if args.state is not None:
-        raise TraceError("--state is not supported on an SGLang trace yet (re-execution, --set and --sweep are)")
     check_plot_figure(args)
     check_executor_flags(args, bool(args.sweep))
     with TraceReader(args.trace) as reader:
         header = reader.header
-    check_sglang_version(header)
     overrides = sglang_overrides(args.set, header.config)
     replay_runs.check_flags_combine(args, overrides)
+    if args.state is not None:      # the fold of SGLang's token pool (replay/sglang_fold.py): no SGLang
+        return replay_runs.show_state(args.trace, args.state)
+    check_sglang_version(header)
     step_time = step_time_from_args(args)
     timed = args.arrivals == "time" or step_time is not None
     if not (overrides or args.record or timed or args.sweep):

@@ -17,9 +17,11 @@ Where SGLang differs from tracengine's block manager:
 - a request that inserts its tokens into the tree gives back its copies of slots the tree held
   already (BlockFree of slots of no tree); the fold drops them from its table, and does not
   know which of the tree's slots it shares instead (the tokens are not folded)."""
+from collections import deque
+
 from tracengine.replay.projection import Projection
 from tracengine.replay.state import FINISHED
-from tracengine.trace.events import BlockAllocate, BlockAppend, BlockFree, Preempt, SeqAbort, SeqFinish
+from tracengine.trace.events import BlockAllocate, BlockAppend, BlockFree, Preempt, ScheduleDecision, SeqAbort, SeqFinish
 
 PADDING_SLOT = 0
 
@@ -59,6 +61,14 @@ class SglangProjection(Projection):
         self._to_tree(table)
         s.block_table = []
         self._settle(table)
+
+    def schedule_decision(self, e: ScheduleDecision):
+        """An aborted request stays in SGLang's batch until its abort's result is processed: it
+        is decoded with the others, and stays out of the fold's running queue."""
+        super().schedule_decision(e)
+        seqs = self.seqs
+        if any(seqs[ss.seq_id].status == FINISHED for ss in e.seqs):
+            self.running = deque(i for i in self.running if seqs[i].status != FINISHED)
 
     def block_allocate(self, e: BlockAllocate):
         s = self.seqs[e.seq_id]
