@@ -125,13 +125,15 @@ def test_replay_command_and_its_refusals(tmp_path, capsys, monkeypatch, prefix_t
     assert main(["stats", str(path)]) == 0      # the commands that read a trace need no SGLang
 
 
-def test_the_golden_trace_replays():
+@pytest.mark.parametrize("name, loop", [("sglang", "normal"), ("sglang_overlap", "overlap")])
+def test_the_golden_traces_replay(name, loop):
     from tracengine.sglang.replay import reexecute
     from tracengine.trace.tracelog import TraceReader
-    with TraceReader(TRACES / "sglang.trace") as reader:
+    with TraceReader(TRACES / f"{name}.trace") as reader:
         events = list(reader.events())
+    assert events[0].config["scheduler_loop"] == loop
     kinds = Counter(type(e).__name__ for e in events)
-    assert kinds["SeqAbort"] and kinds["RequestAdded"] == 12
+    assert kinds["SeqAbort"] == 2 and kinds["RequestAdded"] == 12
     assert reexecute(events).ok
 
 

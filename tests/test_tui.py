@@ -550,12 +550,14 @@ def test_following_waits_for_the_recording_to_start(tmp_path, trace):
     index.close()
 
 
-async def test_an_sglang_traces_kv_panel_draws_its_token_pool_and_radix_cache():
-    """traces/sglang.trace (SGLang's scheduler, no SGLang needed to read it): a cell per token-pool
-    slot, each as the fold of SGLang's rules leaves it at every step (replay/sglang_fold.py, held
-    to the live scheduler's pool and tree in tests/test_sglang.py): the requests' slots, shared
-    where the radix cache matched a prefix, the tree's slots no request holds, the padding slot."""
-    trace = Path(__file__).resolve().parents[1] / "traces" / "sglang.trace"
+@pytest.mark.parametrize("name", ["sglang", "sglang_overlap"])
+async def test_an_sglang_traces_kv_panel_draws_its_token_pool_and_radix_cache(name):
+    """traces/sglang.trace (SGLang's scheduler, no SGLang needed to read it) and its overlap loop's:
+    a cell per token-pool slot, each as the fold of SGLang's rules leaves it at every step
+    (replay/sglang_fold.py, held to the live scheduler's pool and tree in tests/test_sglang.py):
+    the requests' slots, shared where the radix cache matched a prefix, the tree's slots no
+    request holds, the padding slot."""
+    trace = Path(__file__).resolve().parents[1] / "traces" / f"{name}.trace"
     fold = Fold.from_trace(trace)
     kinds = set()
     app, running = opened(trace)
