@@ -21,7 +21,8 @@ from collections import deque
 
 from tracengine.replay.projection import Projection
 from tracengine.replay.state import FINISHED
-from tracengine.trace.events import BlockAllocate, BlockAppend, BlockFree, Preempt, ScheduleDecision, SeqAbort, SeqFinish
+from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, Preempt, ScheduleDecision, SeqAbort,
+                                     SeqFinish)
 
 PADDING_SLOT = 0
 

@@ -8,7 +8,10 @@ SGLang decided and change no decision. Where each event comes from: `_add_reques
 BlockAllocate/BlockAppend from the batch it prepared: the radix-cache prefix match and the
 new token-pool slots), ScheduleBatch.retract_decode (Preempt), the token pool's `free`
 (BlockFree: finishes, radix evictions; seq_id -1, a slot freed is the pool's), and
-`process_batch_result` (TokenSample, SeqFinish, StepEnd)."""
+`process_batch_result` (TokenSample, SeqFinish, StepEnd). Both of SGLang's loops call them: the
+normal one a step's calls in order, the overlap one `process_batch_result` of step k after
+`get_next_batch_to_run` and `run_batch` of step k+1 (the step recorder says which step an event
+belongs to by the call it comes in)."""
 import functools
 import time
 
