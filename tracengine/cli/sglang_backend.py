@@ -1,51 +1,146 @@
 """`tracengine replay` on a trace of SGLang's own scheduler: re-execution through SGLang's real
-scheduler (tracengine/sglang/replay.py), and the what-if in steps (`--set` any of the header's
-SGLang fields: chunked_prefill_size, max_total_tokens, max_running_requests, schedule_policy,
-schedule_conservativeness, ...), printed as `replay` prints tracengine's."""
+scheduler (tracengine/sglang/replay.py), and the what-if in steps or in simulated time (`--set`
+any of the header's SGLang fields: chunked_prefill_size, max_total_tokens, max_running_requests,
+schedule_policy, schedule_conservativeness, ...), one run or a sweep; and `simulate --scheduler
+sglang`. The output is the one `replay` and `simulate` print for tracengine's traces and
+workloads."""
 from tracengine.errors import ConfigError, TraceError
 from tracengine.trace.tracelog import TraceReader
 
 
 def run_replay(args) -> int:
+    """As cli/replay.run, with SGLang's scheduler: re-execution, --state, the what-if in steps or
+    in simulated time (--step-time, --roofline, or a trace with arrival times), sweeps of either."""
     from tracengine.cli import replay_runs
+    from tracengine.cli.outputs import check_outputs, note_torn_tail
+    from tracengine.cli.steptime import step_time_from_args
+    from tracengine.cli.sweeps import check_executor_flags, check_plot_figure
     from tracengine.sglang.replay import check_sglang_version
     if args.policy:
         raise TraceError("--policy names a tracengine scheduling policy; an SGLang trace runs SGLang's scheduler "
                          "(--set schedule_policy=lpm for SGLang's)")
-    unsupported = [flag for flag, given in (("--state", args.state is not None), ("--sweep", bool(args.sweep)),
-                                            ("--step-time", getattr(args, "step_time", None) is not None),
-                                            ("--roofline", getattr(args, "roofline", None) is not None))
-                   if given]
-    if unsupported:
-        raise TraceError(f"{unsupported[0]} is not supported on an SGLang trace yet (re-execution and --set are)")
+    check_plot_figure(args)
+    check_executor_flags(args, bool(args.sweep))
     with TraceReader(args.trace) as reader:
         header = reader.header
-    check_sglang_version(header)
     overrides = sglang_overrides(args.set, header.config)
-    if not (overrides or args.record):
+    replay_runs.check_flags_combine(args, overrides)
+    if args.state is not None:      # the fold of SGLang's token pool (replay/sglang_fold.py): no SGLang
+        return replay_runs.show_state(args.trace, args.state)
+    check_sglang_version(header)
+    step_time = step_time_from_args(args)
+    timed = args.arrivals == "time" or step_time is not None
+    if not (overrides or args.record or timed or args.sweep):
         from tracengine.sglang.replay import reexecute
         return replay_runs.run_replay(args.trace, args.json, replayer=reexecute)
-    from tracengine.cli.outputs import check_outputs
+    if timed and args.arrivals == "steps":
+        raise TraceError("--step-time and --roofline time a what-if in simulated time; "
+                         "they do not combine with --arrivals steps")
     check_outputs({"--record": args.record}, {"TRACE": args.trace}, args.force)
     with TraceReader(args.trace) as reader:
         events = list(reader.events())
+        note_torn_tail(reader)
+    if args.arrivals is None:    # time when the trace has arrival times, steps otherwise
+        from tracengine.replay.timed import has_arrivals
+        timed = timed or has_arrivals(events)
+    if args.sweep:
+        from tracengine.sglang import sweeps
+        return replay_runs.run_sweep_replay(args.trace, events, overrides, timed, step_time, args, sweeps,
+                                           lambda text: parsed_field(text, header.config))
+    if timed:
+        from tracengine.sglang.timed import timed_whatif
+        return replay_runs.run_timed_whatif(args.trace, events, overrides, args.record, step_time,
+                                           as_json=args.json, timed_whatif=timed_whatif)
     from tracengine.sglang.whatif import whatif
     return replay_runs.print_whatif(args.trace, whatif(events, overrides), args.record, args.json)
 
 
 def sglang_overrides(texts, config: dict) -> dict:
     """--set NAME=VALUE as SGLang fields, typed as the recorded value is."""
-    from tracengine.cli.vllm_backend import typed
-    from tracengine.sglang.build import settable_fields
     given = {}
     for text in texts:
-        name, sep, raw = text.partition("=")
-        name = name.strip().replace("-", "_")
-        if not sep:
-            raise ConfigError(f"expected NAME=VALUE, got {text!r}")
-        if name not in settable_fields():
-            raise ConfigError(f"unknown SGLang config field {name!r}; known: {', '.join(settable_fields())}")
+        name, value = parsed_field(text, config)
         if name in given:
             raise ConfigError(f"{name} is given twice in --set")
-        given[name] = typed(name, raw.strip(), config.get(name))
+        given[name] = value
     return given
+
+
+def parsed_field(text: str, config: dict) -> tuple[str, object]:
+    """`NAME=VALUE` (--set, --sweep's values) as an SGLang field and its value, typed as `config` has it."""
+    from tracengine.cli.vllm_backend import typed
+    from tracengine.sglang.build import settable_fields
+    name, sep, raw = text.partition("=")
+    name = name.strip().replace("-", "_")
+    if not sep:
+        raise ConfigError(f"expected NAME=VALUE, got {text!r}")
+    if name not in settable_fields():
+        raise ConfigError(f"unknown SGLang config field {name!r}; known: {', '.join(settable_fields())}")
+    return name, typed(name, raw.strip(), config.get(name))
+
+
+def run_simulate(args) -> int:
+    """`tracengine simulate WORKLOAD --scheduler sglang`: sglang/simulate.py, printed as simulate
+    prints; a --sweep's variants through SGLang's scheduler (sglang/sweeps.py)."""
+    import time
+
+    from tracengine.analysis.stats import render, stats
+    from tracengine.cli.common import print_table
+    from tracengine.cli.flags import DEFAULT_VOCAB_SIZE, workload_for_simulation, workload_spec
+    from tracengine.cli.outputs import check_outputs
+    from tracengine.cli.steptime import describe_step_time, input_files, print_unvaried_note, step_time_from_args
+    from tracengine.cli.sweeps import print_sweep, sweep_options
+    from tracengine.errors import TracengineError
+    from tracengine.sglang import require_sglang
+    from tracengine.sglang.build import default_config
+    from tracengine.sglang.simulate import simulate
+    from tracengine.sim.engine import check_token_prompts
+    require_sglang("simulate --scheduler sglang runs SGLang's scheduler")
+    if args.workload_file and args.workload:
+        raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
+    if args.search:
+        raise TracengineError("--search is not supported with --scheduler sglang yet (--sweep is)")
+    from tracengine.cli.flags import flag_fields
+    flags = [name for name in flag_fields() if getattr(args, name, None) is not None]
+    if flags:
+        raise ConfigError(f"--{flags[0].replace('_', '-')} is tracengine's engine's; SGLang's scheduler takes "
+                          "--set NAME=VALUE (max_total_tokens, chunked_prefill_size, ...)")
+    base = default_config()
+    overrides = sglang_overrides(args.set, base)
+    variants, slo = sweep_options(args, overrides, parse=lambda text: parsed_field(text, base))
+    step_time = step_time_from_args(args)
+    if step_time is None:
+        raise TracengineError("simulate needs step times: --step-time FILE (tracengine calibrate) or --roofline CONFIG")
+    if args.record and variants is not None:
+        raise TracengineError("--record writes one run; a --sweep makes many")
+    config = {**base, **overrides}
+    check_outputs({"--record": args.record}, input_files(args), args.force)
+    vocab_size = args.vocab_size or (step_time.model.vocab_size if step_time.kind == "roofline" else DEFAULT_VOCAB_SIZE)
+    workload = args.workload_file or args.workload
+    requests = workload_for_simulation(args, workload, vocab_size)
+    check_token_prompts(requests)
+    if variants is not None:
+        from tracengine.sglang.sweeps import SIMULATE
+        from tracengine.sim.spec import PreparedSources, SweepSpec, workload_source
+        source, prepared = workload_source(workload_spec(args, workload=workload), vocab_size), PreparedSources()
+        prepared.add(source, requests)
+        spec = SweepSpec(SIMULATE, source.digest, config, step_time.to_dict(), slo)
+        print(f"simulate {len(requests):,} requests through SGLang's scheduler with {describe_step_time(step_time)}")
+        rc = print_sweep(spec, source, prepared, variants, args)
+        print_unvaried_note(step_time)
+        return rc
+    from tracengine.sglang.imports import scheduler_module
+    scheduler_module()      # SGLang's import is not the simulation's time
+    wall, cpu = time.perf_counter(), time.process_time()
+    events = simulate(config, requests, step_time)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    if args.record:
+        from tracengine.trace.tracelog import write_trace
+        write_trace(args.record, events)
+    s = stats(events, slo)
+    print(f"simulated {len(requests):,} requests through SGLang {events[0].engine_version}'s scheduler with "
+          f"{describe_step_time(step_time)}: {s['steps']['num_steps']:,} steps in {wall:.2f} s wall, {cpu:.2f} s CPU")
+    print_table(render(s, title="simulated run"))
+    if args.record:
+        print(f"wrote {args.record}")
+    return 0

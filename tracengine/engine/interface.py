@@ -12,9 +12,10 @@ the capacity search) asks of an engine, whichever it is, in the spirit of vLLM's
 - `next_step_ns() -> int | None`: the clock: when its next step starts (None: idle, until a
   request comes); `stuck_reason()` when it is neither finished nor has a step to take.
 
-Three implementations: tracengine's own engine (`sim/clock.ClockedEngine` over
-`sim/engine.SimulatedEngine`), vLLM's scheduler (`vllm/timed.VllmClockedEngine`) and a fleet
-of engines behind routers, itself an engine made of engines (`fleet/engine.Fleet`). The one
+Four implementations: tracengine's own engine (`sim/clock.ClockedEngine` over
+`sim/engine.SimulatedEngine`), vLLM's scheduler (`vllm/timed.VllmClockedEngine`), SGLang's
+(`sglang/timed.SglangClockedEngine`) and a fleet of engines behind routers, itself an engine
+made of engines (`fleet/engine.Fleet`). The one
 loop over it is `sim/clock.run_in_time`. On the wall clock, `LLMEngine` (llm_engine.py) is the
 same engine driven by `generate` and `serve`: its requests arrive when they are sent and its
 steps start when the last one ends."""

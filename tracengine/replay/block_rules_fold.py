@@ -1,5 +1,6 @@
 """The fold's projection for the block rules a trace was recorded under: a
-vLLM trace's (replay/vllm_fold.py), tracengine's own under vLLM's block rules
+vLLM trace's (replay/vllm_fold.py), an SGLang trace's token pool and radix cache
+(replay/sglang_fold.py), tracengine's own under vLLM's block rules
 (engine/vllm_block_manager.py), or nano-vllm's (fold.py's `Projection`); a
 disaggregated fleet's decode replica takes in KV transfers (fold_transfer.py)."""
 import msgspec
@@ -9,7 +10,7 @@ from tracengine.engine.vllm_block_manager import release, unregister
 from tracengine.replay.projection import Keyframe, Projection
 from tracengine.replay.fold_transfer import TransferProjection
 from tracengine.trace.events import BlockFree
-from tracengine.trace.header import VLLM, backend_of
+from tracengine.trace.header import SGLANG, VLLM, backend_of
 
 
 class VllmRulesKeyframe(Keyframe, frozen=True, gc=False):
@@ -68,6 +69,9 @@ def projection(header, num_blocks: int, block_size: int) -> Projection:
     if backend_of(header) == VLLM:
         from tracengine.replay.vllm_fold import vllm_projection
         return vllm_projection(num_blocks, block_size)
+    if backend_of(header) == SGLANG:
+        from tracengine.replay.sglang_fold import SglangProjection
+        return SglangProjection(num_blocks, block_size)
     vllm_rules = recorded_block_rules(header.config) == "vllm"
     if header.fleet.get("num_decode_replicas"):
         return (VllmRulesTransferProjection if vllm_rules else TransferProjection)(num_blocks, block_size)

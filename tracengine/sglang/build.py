@@ -7,24 +7,26 @@ pool, schedule policy and batches are SGLang's own.
 
 The header's config is flat: SERVER_FIELDS, the ServerArgs that decide scheduling, as the
 scheduler resolved them (`max_total_tokens` is the token pool's size, whatever the server was
-given); MODEL_FIELDS, the KV shape; and `scheduler_loop` ("normal": event_loop_normal)."""
+given); MODEL_FIELDS, the KV shape; and `scheduler_loop` ("normal": event_loop_normal; "overlap":
+event_loop_overlap, one batch in flight)."""
 import json
 import os
 import tempfile
 import warnings
 
-from tracengine.errors import ConfigError
+from tracengine.errors import ConfigError, TracengineError
 
 # ServerArgs fields that decide what SGLang's scheduler does, and which `replay --set` changes
 SERVER_FIELDS = ("max_total_tokens", "chunked_prefill_size", "max_running_requests", "max_prefill_tokens",
                  "schedule_policy", "schedule_conservativeness", "page_size", "disable_radix_cache",
                  "enable_mixed_chunk", "radix_eviction_policy", "context_length")
 MODEL_FIELDS = ("num_kv_heads", "head_dim")
-LOOPS = ("normal",)
+LOOPS = ("normal", "overlap")
+_groups_pid = [None]      # the process that made the process groups of the last scheduler built
 
 
 def settable_fields() -> list[str]:
-    return list(SERVER_FIELDS) + list(MODEL_FIELDS)
+    return list(SERVER_FIELDS) + list(MODEL_FIELDS) + ["scheduler_loop"]
 
 
 def default_config(**overrides) -> dict:
@@ -61,48 +63,92 @@ def header_config(scheduler) -> dict:
 
 
 class StandInWorker:
-    """The model's forward, standing in: each request's next token is `token_of(req)` (its
-    position is len(req.output_ids); a middle chunk's token SGLang drops)."""
+    """The model's forward, standing in: each request's next token is `token_of(req, position)`,
+    its position in the output (a middle chunk's token SGLang drops): the output processed so
+    far and, in the overlap loop, the token of the batch in flight."""
 
-    def __init__(self, token_of):
+    def __init__(self, token_of, scheduler):
         self.token_of = token_of
+        self.scheduler = scheduler
 
     def forward_batch_generation(self, batch, **kwargs):
         import torch
         from sglang.srt.managers.utils import GenerationBatchResult
-        ids = [self.token_of(req) for req in batch.reqs]
+        ids = [self.token_of(req, len(req.output_ids) + in_flight_tokens(self.scheduler, req)) for req in batch.reqs]
         return GenerationBatchResult(next_token_ids=torch.tensor(ids, dtype=torch.int64), can_run_cuda_graph=False)
+
+
+def in_flight_tokens(scheduler, req) -> int:
+    """The overlap loop's: the tokens `req` gets from the batches whose results are not processed
+    yet (a decode's, or a prefill's that completes its prompt; a middle chunk's is dropped)."""
+    n = 0
+    for batch, _ in getattr(scheduler, "result_queue", ()):
+        for i, r in enumerate(batch.reqs):
+            if r is not req:
+                continue
+            if batch.forward_mode.is_decode() or any(d is req for d in batch.decoding_reqs or ()) \
+                    or batch.prefix_lens[i] + batch.extend_lens[i] >= len(req.origin_input_ids) + len(req.output_ids):
+                n += 1
+    return n
 
 
 def build_scheduler(config: dict, token_of):
     """SGLang's Scheduler for a header's `config`, on the CPU, its model's forward
     `StandInWorker(token_of)`. Raises ConfigError for a value SGLang refuses."""
     from tracengine.sglang.imports import scheduler_module
-    if config.get("scheduler_loop", "normal") not in LOOPS:
-        raise ConfigError(f"SGLang's {config['scheduler_loop']} loop is not rebuilt yet (rebuilt: {', '.join(LOOPS)})")
     Scheduler = scheduler_module().Scheduler
     from tracengine.sglang.recorder import install_hooks
     install_hooks()     # before the scheduler binds its handlers (abort_request) at construction
     from sglang.srt.distributed import bootstrap, parallel_state
     from sglang.srt.runtime_context import SpawnRanks, publish
-    from sglang.srt.server_args import PortArgs, ServerArgs
+    from sglang.srt.server_args import PortArgs
     with tempfile.TemporaryDirectory(prefix="tracengine-sglang-") as model_dir:
-        write_model_config(model_dir, config)
-        try:
-            server_args = ServerArgs(model_path=model_dir, device="cpu", skip_tokenizer_init=True,
-                                     disable_overlap_schedule=True, load_format="dummy", dtype="float32",
-                                     random_seed=0, **{name: config[name] for name in SERVER_FIELDS})
-        except (ValueError, TypeError, AssertionError) as exc:
-            raise ConfigError(f"SGLang refuses the config: {' '.join(str(exc).split())[:300]}") from None
+        server_args = server_args_of(config, model_dir)
         if bootstrap._PARALLEL_INITIALISED:     # one scheduler's groups per process: the last one's go
+            if _groups_pid[0] not in (None, os.getpid()):
+                raise TracengineError("SGLang's scheduler was built in this process's parent before it forked: a "
+                                      "forked sweep worker cannot build another (sweep from a process that built "
+                                      "none, as the command line's, or with --jobs 1)")
             parallel_state.destroy_model_parallel()
             parallel_state.destroy_distributed_environment()
         publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
         with warnings.catch_warnings():     # SGLang's model loading warns of what a CPU lacks
             warnings.simplefilter("ignore")
             scheduler = Scheduler(server_args, PortArgs.init_new(server_args))
-    scheduler.model_worker.forward_batch_generation = StandInWorker(token_of).forward_batch_generation
+    _groups_pid[0] = os.getpid()
+    scheduler.model_worker.forward_batch_generation = StandInWorker(token_of, scheduler).forward_batch_generation
+    if scheduler.enable_overlap:        # what event_loop_overlap sets up before its first iteration
+        from collections import deque
+        scheduler.enable_skip_finishing_decode = True
+        scheduler.result_queue = deque()
+        scheduler._war_barrier_enabled = False     # a CUDA fence (is_cuda()): a CPU has no streams to fence
     return scheduler
+
+
+def check_config(config: dict) -> None:
+    """Raises ConfigError for a config SGLang refuses, building no Scheduler: a process that
+    forks sweep workers builds none itself (a forked child cannot tear down its parent's
+    process groups, whose threads it does not have)."""
+    from tracengine.sglang.imports import scheduler_module
+    scheduler_module()
+    with tempfile.TemporaryDirectory(prefix="tracengine-sglang-") as model_dir:
+        server_args_of(config, model_dir)
+
+
+def server_args_of(config: dict, model_dir: str):
+    """SGLang's ServerArgs for a header's `config` on the CPU, the model's config written to
+    `model_dir`; ConfigError for a value SGLang refuses."""
+    from sglang.srt.server_args import ServerArgs
+    if config.get("scheduler_loop", "normal") not in LOOPS:
+        raise ConfigError(f"SGLang's {config['scheduler_loop']} loop is not rebuilt yet (rebuilt: {', '.join(LOOPS)})")
+    write_model_config(model_dir, config)
+    try:
+        return ServerArgs(model_path=model_dir, device="cpu", skip_tokenizer_init=True,
+                          disable_overlap_schedule=config.get("scheduler_loop", "normal") != "overlap",
+                          load_format="dummy", dtype="float32",
+                          random_seed=0, **{name: config[name] for name in SERVER_FIELDS})
+    except (ValueError, TypeError, AssertionError) as exc:
+        raise ConfigError(f"SGLang refuses the config: {' '.join(str(exc).split())[:300]}") from None
 
 
 def write_model_config(model_dir: str, config: dict) -> None:

@@ -22,6 +22,8 @@ class RequestSpec:
     arrival_step: int = 0
     eos_after: int = 0                       # > 0: the model gives EOS as this output token (1: the first)
     output_token_ids: list[int] | None = None    # a recorded request's tokens (what-if), in order
+    arrival_ns: int = -1                     # in simulated time (timed.py): when it arrives; -1: not known
+    abort_ns: int | None = None              # in simulated time: when its client leaves
 
 
 def generate_request(rid: str, prompt_token_ids, max_tokens: int, *, ignore_eos: bool = True, temperature: float = 0.0,
@@ -46,14 +48,18 @@ def abort_request(rid: str):
 
 
 def has_work(scheduler) -> bool:
-    """Whether the next iteration can run a batch: requests waiting, running, mid-prefill, or in the
-    last batch (a prefill batch joins the running batch in the next get_next_batch_to_run)."""
+    """Whether the next iteration has something to do: requests waiting, running, mid-prefill, in
+    the last batch (a prefill batch joins the running batch in the next get_next_batch_to_run),
+    or, in the overlap loop, a result not processed yet."""
     return bool(scheduler.waiting_queue) or not scheduler.running_batch.is_empty() \
-        or scheduler.chunked_req is not None or scheduler.last_batch is not None
+        or scheduler.chunked_req is not None or scheduler.last_batch is not None \
+        or bool(getattr(scheduler, "result_queue", None))
 
 
 def iterate(scheduler) -> bool:
-    """One iteration of SGLang's normal loop after its requests are in: whether it ran a batch."""
+    """One iteration of SGLang's loop (normal or overlap) after its requests are in: whether it ran a batch."""
+    if scheduler.enable_overlap:
+        return iterate_overlap(scheduler)
     plan = scheduler.get_next_batch_to_run(running_batch=scheduler.running_batch, last_batch=scheduler.last_batch)
     scheduler.running_batch = plan.running_batch
     batch = plan.batch_to_run
@@ -68,18 +74,55 @@ def iterate(scheduler) -> bool:
     return bool(batch)
 
 
+def iterate_overlap(scheduler) -> bool:
+    """One iteration of SGLang's overlap loop (event_loop_overlap's body after ingest_requests):
+    the batch chosen is launched, then the last one's result is processed (before the launch
+    where the two batches may not overlap); whether it ran a batch."""
+    plan = scheduler.get_next_batch_to_run(running_batch=scheduler.running_batch, last_batch=scheduler.last_batch)
+    scheduler.running_batch = plan.running_batch
+    batch = plan.batch_to_run
+    scheduler.cur_batch_for_debug = batch
+    disable_overlap = scheduler.is_disable_overlap_for_batch(batch, last_batch=scheduler.last_batch)
+    if disable_overlap:
+        _process_oldest(scheduler)
+    result = None
+    if batch:
+        result = scheduler.run_batch(batch)
+        scheduler._apply_war_barrier()
+        scheduler.result_queue.append((batch.copy(), result))
+    else:
+        scheduler._sched_idled = True
+    if scheduler.last_batch:
+        if not disable_overlap:
+            _process_oldest(scheduler)
+    elif batch is None:
+        scheduler.on_idle()
+    if scheduler.is_generation:
+        scheduler.launch_batch_sample_if_needed(result, batch)
+    scheduler.last_batch = batch
+    return bool(batch)
+
+
+def _process_oldest(scheduler) -> None:
+    batch, result = scheduler.result_queue.popleft()
+    scheduler.process_batch_result(batch, result)
+
+
 class Tokens:
     """The token a request's model gives at each output position: a spec's recorded tokens, EOS
     where a spec says, else a made-up token that stops nothing."""
 
     def __init__(self, specs: list[RequestSpec]):
         self.by_id = {spec.request_id: (i, spec) for i, spec in enumerate(specs)}
+        self.past_output: set[str] = set()   # requests that asked for a token past their recorded output
 
-    def __call__(self, req) -> int:
+    def __call__(self, req, position: int) -> int:
         index, spec = self.by_id[req.rid]
-        position = len(req.output_ids)
         if spec.output_token_ids is not None:
-            return spec.output_token_ids[position] if position < len(spec.output_token_ids) else FILLER_TOKEN_ID
+            if position < len(spec.output_token_ids):
+                return spec.output_token_ids[position]
+            self.past_output.add(req.rid)
+            return FILLER_TOKEN_ID
         if spec.eos_after and position + 1 >= spec.eos_after:
             return EOS_TOKEN_ID
         return FIRST_TOKEN_ID + (index * 31 + position) % NUM_TOKEN_IDS
@@ -109,11 +152,12 @@ def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, max_
             scheduler.process_input_requests(arrived)
         if not has_work(scheduler):
             continue
+        in_flight = bool(getattr(scheduler, "result_queue", None))   # the overlap loop's: its frees may be due
         if iterate(scheduler):
             num_steps += 1
             tick += 1
         elif scheduler.waiting_queue and scheduler.running_batch.is_empty() and scheduler.chunked_req is None \
-                and not pending:
+                and not pending and not in_flight:
             request = scheduler.waiting_queue[0]
             raise ConfigError(f"SGLang's scheduler can never run request {request.rid} "
                               f"({len(request.origin_input_ids)} tokens) with {scheduler.max_total_num_tokens} "
@@ -130,7 +174,8 @@ def record_workload(config: dict, specs: list[RequestSpec], **drive) -> list:
     scheduler = build_scheduler(config, Tokens(specs))
     header = trace_header(scheduler)
     sink = ListSink()
-    record_to(scheduler, sink, header.created_at)
+    recorder = record_to(scheduler, sink, header.created_at)
+    recorder.arrival_ns.update((spec.request_id, spec.arrival_ns) for spec in specs)
     try:
         run(scheduler, specs, **drive)
     finally:

@@ -8,7 +8,10 @@ SGLang decided and change no decision. Where each event comes from: `_add_reques
 BlockAllocate/BlockAppend from the batch it prepared: the radix-cache prefix match and the
 new token-pool slots), ScheduleBatch.retract_decode (Preempt), the token pool's `free`
 (BlockFree: finishes, radix evictions; seq_id -1, a slot freed is the pool's), and
-`process_batch_result` (TokenSample, SeqFinish, StepEnd)."""
+`process_batch_result` (TokenSample, SeqFinish, StepEnd). Both of SGLang's loops call them: the
+normal one a step's calls in order, the overlap one `process_batch_result` of step k after
+`get_next_batch_to_run` and `run_batch` of step k+1 (the step recorder says which step an event
+belongs to by the call it comes in)."""
 import functools
 import time
 
@@ -78,6 +81,7 @@ def get_next_batch_to_run(original, self, *args, **kwargs):
         return original(self, *args, **kwargs)
     start_ns = time.perf_counter_ns()
     recorder.frees = []
+    recorder.in_call = "decide"
     _active.append(recorder)
     try:
         plan = original(self, *args, **kwargs)
@@ -87,10 +91,13 @@ def get_next_batch_to_run(original, self, *args, **kwargs):
     batch = plan.batch_to_run
     if batch is not None:
         recorder.decision(batch)
-        recorder.schedule_ns = time.perf_counter_ns() - start_ns
-        recorder.gap_ns = max(start_ns - recorder.last_end_ns, 0)
+        recorder.timing[recorder.num_decided] = [time.perf_counter_ns() - start_ns, 0,
+                                                 max(start_ns - recorder.last_end_ns, 0)]
     for event in frees:
         recorder.emit(event)
+    recorder.in_call = "between"
+    if batch is not None:
+        recorder.num_decided += 1
     return plan
 
 
@@ -110,7 +117,7 @@ def run_batch(original, self, batch, *args, **kwargs):
         return original(self, batch, *args, **kwargs)
     start_ns = time.perf_counter_ns()
     result = original(self, batch, *args, **kwargs)
-    recorder.model_ns = time.perf_counter_ns() - start_ns
+    recorder.timing[recorder.num_decided - 1][1] = time.perf_counter_ns() - start_ns     # the batch just chosen
     return result
 
 
@@ -121,8 +128,12 @@ def process_batch_result(original, self, batch, result, *args, **kwargs):
     start_ns = time.perf_counter_ns()
     tokens = result.next_token_ids.tolist()
     before = [(len(req.output_ids), req.finished()) for req in batch.reqs]
-    out = original(self, batch, result, *args, **kwargs)
-    recorder.outputs(batch, tokens, before, start_ns)
+    recorder.in_call = "process"
+    try:
+        out = original(self, batch, result, *args, **kwargs)
+        recorder.outputs(batch, tokens, before, start_ns)
+    finally:
+        recorder.in_call = "between"
     return out
 
 

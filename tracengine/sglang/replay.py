@@ -33,7 +33,7 @@ class RecordedTokens:
         self.seq_ids: dict[str, int] = {}
         self.step = 0
 
-    def __call__(self, req) -> int:
+    def __call__(self, req, position: int) -> int:
         from tracengine.sglang.drive import FILLER_TOKEN_ID
         return self.tokens.get((self.step, self.seq_ids.get(req.rid, -1)), FILLER_TOKEN_ID)
 
@@ -68,6 +68,7 @@ class _Replay:
         for e in recorded:
             if type(e) in (RequestAdded, SeqAbort):
                 self.arrivals.setdefault(e.step, []).append(e)
+        self.request_ids = {e.seq_id: e.request_id for e in recorded if type(e) is RequestAdded}
         self.num_compared = 0
         self.frame_start = 0      # the index of the current step's first event
 
@@ -93,6 +94,8 @@ class _Replay:
             divergence = self._compare(step)
             if divergence is not None:
                 return divergence_result(divergence, self, start)
+        while getattr(scheduler, "result_queue", None):     # the overlap loop: the last batch's result
+            iterate(scheduler)
         divergence = self._compare(step, final=True)
         if divergence is not None:
             return divergence_result(divergence, self, start)
@@ -101,7 +104,8 @@ class _Replay:
                             num_unfinished=num_unfinished)
 
     def _request_id(self, seq_id: int) -> str:
-        return next((rid for rid, s in self.recorder.seq_ids.items() if s == seq_id), "")
+        # the recorded one: a request aborted in the step it arrived is not in the recorder's map yet
+        return self.request_ids[seq_id]
 
     def _compare(self, step: int, final: bool = False):
         """The events emitted since the last comparison against the trace's; a Divergence or None."""

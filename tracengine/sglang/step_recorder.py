@@ -10,27 +10,62 @@ from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, Pree
 
 
 class StepRecorder:
-    """The events of one SGLang scheduler, written to `sink` as they come (the normal loop runs a
-    step's calls in order: a step's events are whole when its StepEnd is written)."""
+    """The events of one SGLang scheduler. The normal loop runs a step's calls in order, and its
+    events are written to `sink` as they come; the overlap loop chooses a step's batch before
+    the last one's result is processed, so its events are kept per step and a step's frame is
+    written whole when its StepEnd is (as vLLM's async scheduling's are, vllm/step_recorder.py)."""
 
     def __init__(self, scheduler, sink, created_at: float):
         self.scheduler = scheduler
         self.sink = sink
         self.created_at = created_at
         self.seq_ids: dict[str, int] = {}
-        self.step = 0                      # steps run so far (a step: a batch run and processed)
+        self.num_decided = 0               # batches chosen so far (a step: a batch chosen, run and processed)
+        self.num_processed = 0             # batches whose result was processed (StepEnds written)
+        self.in_call = "between"           # "decide" (get_next_batch_to_run), "process" or "between"
+        self.overlap = bool(scheduler.enable_overlap)
+        self.pending: dict[int, list] = {}     # the overlap loop's events by step, until its frame is written
         self.retracted: set[str] = set()   # requests retracted and not yet admitted again
         self.frees: list | None = None     # the frees of the call under way, held for after its decision
-        self.schedule_ns = self.model_ns = 0
+        self.timing: dict[int, list] = {}  # step -> [schedule_ns, model_ns, gap_ns] until its StepEnd
         self.last_end_ns = time.perf_counter_ns()
-        self.gap_ns = 0
         self.step_times = None             # step -> (schedule_ns, model_ns, postprocess_ns, gap_ns), instead of the clock's
+        self.arrival_ns: dict[str, int] = {}   # a request's arrival (ns from created_at) where its driver knows it
+        self.last_decision = None          # the ScheduleDecision of the step under way (a step-time model reads it)
+
+    @property
+    def step(self) -> int:
+        """Inside get_next_batch_to_run: the step chosen; inside process_batch_result: the step
+        processed; between calls: the next step to be chosen (requests and aborts precede it)."""
+        return self.num_processed if self.in_call == "process" else self.num_decided
 
     def emit(self, event) -> None:
-        self.sink.emit(event)
+        if self.overlap:
+            self.pending.setdefault(event.step, []).append(event)
+        else:
+            self.sink.emit(event)
+
+    def write_frame(self, step: int) -> None:
+        for event in self.pending.pop(step, ()):
+            self.sink.emit(event)
 
     def free_slots(self) -> int:
         return self.scheduler.token_to_kv_pool_allocator.available_size()
+
+    def free_slots_after(self, step: int) -> int:
+        """The free slots as the events up to `step`'s leave them: in the overlap loop the next
+        step's batch took its slots (and its choice freed some) before this step's result came."""
+        num_free = self.free_slots()
+        for later in range(step + 1, self.num_decided + 1):
+            for event in self.pending.get(later, ()):
+                t = type(event)
+                if t is BlockAllocate:
+                    num_free += len(event.block_ids) - event.num_cached_blocks
+                elif t is BlockAppend:
+                    num_free += 1
+                elif t is BlockFree:
+                    num_free -= len(event.block_ids)
+        return num_free
 
     def slots(self, req, end: int) -> list[int]:
         return self.scheduler.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :end].tolist()
@@ -45,7 +80,8 @@ class StepRecorder:
         stop_ids = sorted(params.stop_token_ids or ())
         self.emit(RequestAdded(
             self.step, seq_id, list(req.origin_input_ids), params.max_new_tokens, params.temperature,
-            params.ignore_eos, top_k=params.top_k if 0 < params.top_k < (1 << 30) else -1, top_p=params.top_p,
+            params.ignore_eos, arrival_ns=self.arrival_ns.get(req.rid, -1),
+            top_k=params.top_k if 0 < params.top_k < (1 << 30) else -1, top_p=params.top_p,
             request_id=req.rid, priority=req.priority or 0, min_tokens=params.min_new_tokens,
             stop_token_ids=stop_ids))
 
@@ -100,9 +136,11 @@ class StepRecorder:
         phase = "decode" if not prefills else "prefill" if not decodes else "mixed"
         num_waiting = len(scheduler.waiting_queue)
         num_tokens = sum(s.num_tokens for s in decodes + prefills)
-        self.emit(ScheduleDecision(step, phase, decodes + prefills, num_tokens, self._stop_reason(batch, num_waiting),
-                                   -1, 0, self.free_slots(), num_waiting, len(batch.reqs),
-                                   len(decodes) if phase == "mixed" else 0, resumed))
+        self.last_decision = ScheduleDecision(step, phase, decodes + prefills, num_tokens,
+                                              self._stop_reason(batch, num_waiting), -1, 0, self.free_slots(),
+                                              num_waiting, len(batch.reqs), len(decodes) if phase == "mixed" else 0,
+                                              resumed)
+        self.emit(self.last_decision)
         for event in allocations:
             self.emit(event)
 
@@ -134,13 +172,18 @@ class StepRecorder:
             self.emit(SeqFinish(step, seq_ids[req.rid], _FINISH_REASONS.get(reason, "error"),
                                 len(req.origin_input_ids), len(req.output_ids)))
         end_ns = time.perf_counter_ns()
+        schedule_ns, model_ns, gap_ns = self.timing.pop(step, (0, 0, 0))
         times = self.step_times(step) if self.step_times is not None else \
-            (self.schedule_ns, self.model_ns, end_ns - postprocess_start_ns, self.gap_ns)
-        self.emit(StepEnd(step, self.free_slots(), *times))
+            (schedule_ns, model_ns, end_ns - postprocess_start_ns, gap_ns)
+        self.emit(StepEnd(step, self.free_slots_after(step), *times))
+        if self.overlap:
+            self.write_frame(step)
         self.last_end_ns = end_ns
-        self.step += 1
+        self.num_processed += 1
 
     def close(self) -> None:
+        for step in sorted(self.pending):       # requests that came after the last step
+            self.write_frame(step)
         close = getattr(self.sink, "close", None)
         if close is not None:
             close()

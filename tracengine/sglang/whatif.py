@@ -23,8 +23,10 @@ def extract_workload(events):
         if t is TokenSample and e.kept:
             specs[e.seq_id].output_token_ids.append(e.token_id)
         elif t is RequestAdded:
+            # a request that stops at EOS stops at its recorded one (eos_after past max_tokens: never made up)
             specs[e.seq_id] = RequestSpec(e.request_id, list(e.prompt_token_ids), e.max_tokens, arrival_step=e.step,
-                                          output_token_ids=[])
+                                          eos_after=0 if e.ignore_eos else e.max_tokens + 1, output_token_ids=[],
+                                          arrival_ns=e.arrival_ns)
         elif t is SeqAbort:
             aborts.setdefault(e.step, []).append(specs[e.seq_id].request_id)
         elif t is StepEnd:

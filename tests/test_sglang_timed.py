@@ -1,0 +1,142 @@
+"""SGLang's own scheduler in simulated time (tracengine/sglang/timed.py, sglang/sweeps.py), the
+third backend of the engine interface: `simulate --scheduler sglang`, the what-if of an SGLang
+trace in simulated time, and sweeps of both. A what-if in time equals simulating the workload
+through SGLang's scheduler with that config (`tracengine diff` finds no scheduling difference),
+a simulated trace re-executes exactly, and every row of a sweep is the run it stands for made
+alone (skipped where SGLang is not installed: scripts/install-sglang-cpu.sh)."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import table_of, write_mooncake
+from tracengine.analysis.stats import stats
+from tracengine.cli import main
+from tracengine.sim.sweep import IN_TIME, render_rows, row_of
+from tracengine.trace.events import RequestAdded, SeqAbort
+from tracengine.trace.tracelog import open_trace
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="SGLang is not installed")
+FIXED = str(Path(__file__).parent / "data" / "fixed_steptime.json")
+TRACES = Path(__file__).resolve().parents[1] / "traces"
+BASE = ["--set", "max_total_tokens=2000", "--set", "chunked_prefill_size=128"]
+
+
+def simulate_argv(workload, *extra) -> list[str]:
+    return ["simulate", workload, "--scheduler", "sglang", "--step-time", FIXED, "--length-scale", "0.25",
+            "--time-scale", "20", *extra]
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory):
+    """The workload and the trace `simulate --scheduler sglang` records of it under BASE."""
+    folder = tmp_path_factory.mktemp("sglang-timed")
+    workload = write_mooncake(folder / "mooncake.jsonl", 20)
+    path = folder / "base.trace"
+    assert main(simulate_argv(workload, *BASE, "--record", str(path))) == 0
+    return workload, path
+
+
+def test_a_simulated_trace_holds_arrival_times_and_replays_exactly(simulated):
+    from tracengine.sglang.replay import reexecute
+    events = list(open_trace(simulated[1]))
+    header = events[0]
+    assert (header.engine, header.device) == ("sglang", "simulated (linear)")
+    added = [e for e in events if type(e) is RequestAdded]
+    assert len(added) == 20 and all(e.arrival_ns >= 0 for e in added)
+    s = stats(events)
+    assert s["requests"]["num_finished"] == 20 and s["prefix_cache"]["num_hit_tokens"] > 0
+    assert reexecute(events).ok
+
+
+def test_a_timed_whatif_equals_simulating_sglang_with_that_config(simulated, tmp_path, capsys):
+    workload, base = simulated
+    whatif, direct = tmp_path / "whatif.trace", tmp_path / "direct.trace"
+    assert main(["replay", str(base), "--set", "chunked_prefill_size=64", "--step-time", FIXED,
+                 "--record", str(whatif)]) == 0
+    out = capsys.readouterr().out
+    assert "in simulated time: chunked_prefill_size 128 -> 64" in out
+    for line in out.splitlines()[3:24]:     # the recorded config in simulated time is the recorded run
+        assert line.split()[-3] in ("+0.0%", "-"), line
+    assert main(simulate_argv(workload, "--set", "max_total_tokens=2000", "--set", "chunked_prefill_size=64",
+                              "--record", str(direct))) == 0
+    capsys.readouterr()
+    assert main(["diff", str(whatif), str(direct)]) == 0
+    assert "no scheduling difference in" in capsys.readouterr().out
+    assert stats(whatif)["latency"] == stats(direct)["latency"]
+    assert stats(whatif)["steps"]["num_steps"] != stats(base)["steps"]["num_steps"]
+
+
+def sweep_rows(argv, capsys) -> list[dict]:
+    assert main(argv + ["--json", "--no-cache"]) == 0
+    return [v["figures"] for v in json.loads(capsys.readouterr().out)["variants"]]
+
+
+def test_sweeps_give_each_variants_own_run(simulated, tmp_path, capsys):
+    """A sweep of the trace in simulated time and simulate's sweep: each row is the run of its
+    config made alone. (One job: this process built SGLang schedulers, which a forked worker
+    cannot tear down; the command line's process builds none before it forks.)"""
+    workload, base = simulated
+    rows = sweep_rows(["replay", str(base), "--step-time", FIXED, "--sweep", "chunked_prefill_size=64,128",
+                       "--jobs", "1"], capsys)
+    direct = tmp_path / "direct.trace"
+    assert main(simulate_argv(workload, "--set", "max_total_tokens=2000", "--set", "chunked_prefill_size=64",
+                              "--record", str(direct))) == 0
+    capsys.readouterr()
+    assert rows == [row_of(stats(direct)), row_of(stats(base))] and rows[0] != rows[1]
+    assert main(simulate_argv(workload, "--set", "max_total_tokens=2000", "--sweep", "chunked_prefill_size=64,128",
+                              "--jobs", "1", "--no-cache")) == 0
+    table = table_of(capsys.readouterr().out)
+    assert table[0].startswith("simulate 20 requests through SGLang's scheduler with")
+    assert table[1:] == render_rows([{"chunked_prefill_size": 64}, {"chunked_prefill_size": 128}], rows,
+                                    IN_TIME).splitlines()
+
+
+def test_the_golden_traces_whatif_in_time_keeps_its_departures(tmp_path, capsys):
+    """The driver's trace has arrival steps, not times: its requests arrive at the recorded start of
+    the step they came before, its clients leave at the start of the step they left before."""
+    from tracengine.sglang.replay import reexecute
+    new = tmp_path / "new.trace"
+    assert main(["replay", str(TRACES / "sglang.trace"), "--set", "chunked_prefill_size=32", "--step-time", FIXED,
+                 "--record", str(new)]) == 0
+    capsys.readouterr()
+    events = list(open_trace(new))
+    assert [e.seq_id for e in events if type(e) is SeqAbort] == \
+        [e.seq_id for e in open_trace(TRACES / "sglang.trace") if type(e) is SeqAbort]
+    assert reexecute(events).ok
+
+
+def test_simulate_refuses_what_sglang_does_not_take(simulated, tmp_path, capsys):
+    workload, _ = simulated
+    assert main(simulate_argv(workload, "--set", "chunk_size=3")) == 2
+    assert "unknown SGLang config field 'chunk_size'" in capsys.readouterr().err
+    assert main(simulate_argv(workload, "--num-kvcache-blocks", "64")) == 2
+    assert "--num-kvcache-blocks is tracengine's engine's" in capsys.readouterr().err
+    assert main(["simulate", workload, "--scheduler", "sglang"]) == 2
+    assert "simulate needs step times" in capsys.readouterr().err
+
+
+def test_a_request_aborted_in_the_step_it_arrived_replays():
+    """A client that leaves before the step it arrived for: added and aborted in the same step."""
+    from tracengine.sglang.build import default_config
+    from tracengine.sglang.drive import RequestSpec
+    from tracengine.sglang.replay import reexecute
+    from tracengine.sglang.timed import run_config
+    from tracengine.sim.steptime import load_step_time
+    specs = [RequestSpec(f"r{i:02d}", [1, 2, 3, 4] * 8 + [i] * 12, 6, arrival_ns=i * 40_000_000) for i in range(12)]
+    specs[3].abort_ns = specs[3].arrival_ns      # it leaves as it comes: before the step it came for
+    events, _ = run_config(default_config(max_total_tokens=300, chunked_prefill_size=64), specs,
+                           load_step_time(FIXED))
+    abort = next(e for e in events if type(e) is SeqAbort)
+    assert (abort.seq_id, abort.status) == (3, "waiting")
+    assert next(e for e in events if type(e) is RequestAdded and e.seq_id == 3).step == abort.step
+    assert reexecute(events).ok
+
+
+def test_the_overlap_loop_is_refused_in_simulated_time(simulated, capsys):
+    workload, _ = simulated
+    assert main(simulate_argv(workload, "--set", "scheduler_loop=overlap")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["tracengine: error: SGLang's overlap loop is not run in simulated time yet (its steps overlap "
+                   "the CPU's work with the model's forward); its traces replay and take what-ifs in steps"]
