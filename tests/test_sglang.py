@@ -289,3 +289,12 @@ def test_the_overlap_loop_records_and_replays_exactly(workload):
     normal = whatif(events, {"scheduler_loop": "normal"})
     really = record_workload(apply_overrides(config, {"scheduler_loop": "normal"}), specs)
     assert [_COMPARED[type(e)](e) for e in normal.events[1:]] == [_COMPARED[type(e)](e) for e in really[1:]]
+
+
+def test_the_schedulers_built_here_have_no_watchdog_to_fire():
+    """SGLang's watchdog thread, unfed by the drivers here, would send this process's parent SIGQUIT
+    300 s after a run that ended mid-batch (a replay stops after its last step's batch)."""
+    from tracengine.sglang.build import NO_WATCHDOG_S, build_scheduler, default_config
+    from tracengine.sglang.drive import Tokens
+    scheduler = build_scheduler(default_config(), Tokens([]))
+    assert scheduler.watchdog.watchdog_timeout == NO_WATCHDOG_S

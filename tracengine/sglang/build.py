@@ -23,6 +23,7 @@ SERVER_FIELDS = ("max_total_tokens", "chunked_prefill_size", "max_running_reques
 MODEL_FIELDS = ("num_kv_heads", "head_dim")
 LOOPS = ("normal", "overlap")
 _groups_pid = [None]      # the process that made the process groups of the last scheduler built
+NO_WATCHDOG_S = 1e9       # SGLang's scheduler watchdog's timeout: a billion seconds, never
 
 
 def settable_fields() -> list[str]:
@@ -143,9 +144,11 @@ def server_args_of(config: dict, model_dir: str):
         raise ConfigError(f"SGLang's {config['scheduler_loop']} loop is not rebuilt yet (rebuilt: {', '.join(LOOPS)})")
     write_model_config(model_dir, config)
     try:
+        # No watchdog: SGLang's event loop feeds it, the drivers here do not, and its thread sends
+        # this process's parent SIGQUIT once a scheduler left mid-batch has not stepped for its timeout.
         return ServerArgs(model_path=model_dir, device="cpu", skip_tokenizer_init=True,
                           disable_overlap_schedule=config.get("scheduler_loop", "normal") != "overlap",
-                          load_format="dummy", dtype="float32",
+                          load_format="dummy", dtype="float32", watchdog_timeout=NO_WATCHDOG_S,
                           random_seed=0, **{name: config[name] for name in SERVER_FIELDS})
     except (ValueError, TypeError, AssertionError) as exc:
         raise ConfigError(f"SGLang refuses the config: {' '.join(str(exc).split())[:300]}") from None
