@@ -48,7 +48,24 @@ def has_arrivals(events) -> bool:
     return seen
 
 
-class TimedReplay:
+class TimedWorkload:
+    """What every backend's workload ready to run in simulated time shares (TimedReplay's, vLLM's,
+    SGLang's): the step-time model, fitted to the trace's own steps unless given one, and the
+    policy the recorded config runs under (None: the backend's own scheduler decides)."""
+    events: list
+    step_time: object
+    trace_name: str
+
+    def ensure_step_time(self):
+        if self.step_time is None:
+            self.step_time = calibrated_step_time(self.events, self.trace_name)
+        return self.step_time
+
+    def recorded_policy(self, policy):
+        return None
+
+
+class TimedReplay(TimedWorkload):
     """A trace's workload ready to run in simulated time under any config: `run(overrides)`
     gives the events of one run. Calibrates on the trace itself unless given a model."""
 
@@ -72,11 +89,6 @@ class TimedReplay:
         config = self.recorded.replace(**overrides)
         check_requests(Scheduler(config), requests_under(self.workload, config))
         return config
-
-    def ensure_step_time(self):
-        if self.step_time is None:
-            self.step_time = calibrated_step_time(self.events, self.trace_name)
-        return self.step_time
 
     def recorded_policy(self, policy):
         """The policy the recorded config runs under: replay --policy when the recorded one is a

@@ -18,6 +18,8 @@ from collections import deque
 import msgspec
 
 from tracengine.errors import ConfigError, TraceError, TracengineError
+from tracengine.replay.timed import TimedWorkload
+from tracengine.sim.engine import as_simulated
 from tracengine.sim.clock import Stepped, in_arrival_order, run_in_time
 from tracengine.sim.steptime import step_shape
 from tracengine.trace.events import prefill_flags
@@ -142,18 +144,6 @@ def holds(scheduler, request_id: str) -> bool:
     return any(req.rid == request_id and not req.finished() for req in reqs)
 
 
-def simulated_header(scheduler, step_time, model=None):
-    """The TraceHeader of a run in simulated time (created_at 0: arrival_ns count from the run's
-    start); `model`: the recorded run's ModelInfo, else the step-time model's source."""
-    from tracengine.sglang.header import trace_header
-    from tracengine.trace.events import ModelInfo
-    if model is None:
-        source = getattr(step_time, "source", None) or {}
-        model = ModelInfo(source.get("model", "") or "synthetic", source.get("dtype", "none"), "simulated")
-    return msgspec.structs.replace(trace_header(scheduler), created_at=0.0, device=f"simulated ({step_time.kind})",
-                                   model=model)
-
-
 def run_config(config: dict, specs, step_time, model=None, first_step_ns: int = 0,
                max_steps: int = 10_000_000) -> tuple[list, int]:
     """The events (header first) of `specs` through SGLang's scheduler for `config` in simulated
@@ -165,7 +155,8 @@ def run_config(config: dict, specs, step_time, model=None, first_step_ns: int = 
     check_loop(config)
     tokens = Tokens(specs)
     scheduler = build_scheduler(config, tokens)
-    header = simulated_header(scheduler, step_time, model)
+    from tracengine.sglang.header import trace_header
+    header = as_simulated(trace_header(scheduler), step_time, model)
     sink = ListSink()
     engine = SglangClockedEngine(scheduler, record_to(scheduler, sink, created_at=0.0), step_time, first_step_ns)
     try:
@@ -179,7 +170,7 @@ def run_config(config: dict, specs, step_time, model=None, first_step_ns: int = 
     return [header] + sink.events, len(tokens.past_output)
 
 
-class SglangTimedReplay:
+class SglangTimedReplay(TimedWorkload):
     """An SGLang trace's workload ready to run in simulated time under any config (as
     replay/timed.TimedReplay and vllm/timed.VllmTimedReplay): requests at their recorded arrival
     times (a trace whose requests came with none, the driver's, whose arrivals are steps: the
@@ -219,14 +210,6 @@ class SglangTimedReplay:
         check_config(config)
         return config
 
-    def ensure_step_time(self):
-        if self.step_time is None:
-            from tracengine.replay.timed import calibrated_step_time
-            self.step_time = calibrated_step_time(self.events, self.trace_name)
-        return self.step_time
-
-    def recorded_policy(self, policy):
-        return None       # tracengine's --policy: SGLang's scheduler has its own (schedule_policy)
 
     def changes(self, config: dict) -> list[tuple[str, object, object]]:
         return [(name, value, config.get(name)) for name, value in self.recorded.items() if config.get(name) != value]

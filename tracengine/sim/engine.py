@@ -13,6 +13,8 @@ releases it (workload/sessions.py): its dependencies' last finish (the end of th
 think time."""
 import math
 
+import msgspec
+
 from tracengine.engine.config import Config
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.errors import TracengineError
@@ -136,11 +138,23 @@ def with_kv_bytes(config: Config, step_time) -> Config:
     return config.replace(kv_bytes_per_token=model.kv_bytes_per_token)
 
 
-def simulation_header(config: Config, step_time) -> TraceHeader:
-    """The header of a simulated run: the model and dtype the step-time model came from."""
+def simulated_model(step_time) -> ModelInfo:
+    """The model a simulated run names: the one the step-time model came from."""
     source = getattr(step_time, "source", {}) or {}
-    return make_header(config, ModelInfo(source.get("model", "") or "synthetic", source.get("dtype", "none"),
-                                         "simulated"), device=f"simulated ({step_time.kind})")
+    return ModelInfo(source.get("model", "") or "synthetic", source.get("dtype", "none"), "simulated")
+
+
+def simulation_header(config: Config, step_time) -> TraceHeader:
+    """The header of a simulated run of tracengine's engine."""
+    return make_header(config, simulated_model(step_time), device=f"simulated ({step_time.kind})")
+
+
+def as_simulated(header: TraceHeader, step_time, model: ModelInfo | None = None) -> TraceHeader:
+    """A scheduler's own header (vLLM's, SGLang's) as a run in simulated time writes it: created_at
+    0 (arrival_ns count from the run's start), the step-time model's device, and `model` (a
+    recorded run's) or the step-time model's."""
+    return msgspec.structs.replace(header, created_at=0.0, device=f"simulated ({step_time.kind})",
+                                   model=model if model is not None else simulated_model(step_time))
 
 
 def token_prompts(requests):

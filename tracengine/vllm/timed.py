@@ -17,6 +17,8 @@ import time
 import msgspec
 
 from tracengine.errors import TraceError, TracengineError
+from tracengine.replay.timed import TimedWorkload
+from tracengine.sim.engine import as_simulated
 from tracengine.sim.clock import in_arrival_order, run_in_time
 from tracengine.trace.sinks import ListSink
 from tracengine.vllm.drive import VllmClockedEngine
@@ -36,24 +38,13 @@ def run_timed(scheduler, specs, step_time, *, first_step_ns: int = 0, past_outpu
         raise exc
 
 
-def simulated_header(scheduler, step_time, model=None):
-    """The TraceHeader of a run in simulated time (created_at 0: arrival_ns count from the run's
-    start); `model`: the recorded run's ModelInfo, else the step-time model's source."""
-    from tracengine.trace.events import ModelInfo
-    from tracengine.vllm.header import trace_header
-    if model is None:
-        source = getattr(step_time, "source", None) or {}
-        model = ModelInfo(source.get("model", "") or "synthetic", source.get("dtype", "none"), "simulated")
-    return msgspec.structs.replace(trace_header(scheduler), created_at=0.0, device=f"simulated ({step_time.kind})",
-                                   model=model)
-
-
 def run_config(config: dict, specs, step_time, model=None, first_step_ns: int = 0,
                past_output: set | None = None) -> list:
     """The events (header first) of `specs` through vLLM's scheduler for `config` in simulated time."""
     from tracengine.vllm.build import build_scheduler
     scheduler = build_scheduler(config)
-    header = simulated_header(scheduler, step_time, model)
+    from tracengine.vllm.header import trace_header
+    header = as_simulated(trace_header(scheduler), step_time, model)
     sink = ListSink()
     scheduler.record_to(sink, created_at=0.0)
     run_timed(scheduler, specs, step_time, first_step_ns=first_step_ns, past_output=past_output)
@@ -61,7 +52,7 @@ def run_config(config: dict, specs, step_time, model=None, first_step_ns: int = 
     return [header] + sink.events
 
 
-class VllmTimedReplay:
+class VllmTimedReplay(TimedWorkload):
     """A vLLM trace's workload ready to run in simulated time under any config (replay/timed.py's
     TimedReplay, for vLLM's scheduler): requests at their recorded arrival times, clients leaving
     when they left, each request's recorded tokens. Calibrates on the trace unless given a model."""
@@ -96,14 +87,6 @@ class VllmTimedReplay:
         build_scheduler(config, record="").shutdown()
         return config
 
-    def ensure_step_time(self):
-        if self.step_time is None:
-            from tracengine.replay.timed import calibrated_step_time
-            self.step_time = calibrated_step_time(self.events, self.trace_name)
-        return self.step_time
-
-    def recorded_policy(self, policy):
-        return None       # tracengine's --policy: vLLM's scheduler has its own
 
     def changes(self, config: dict) -> list[tuple[str, object, object]]:
         return [(name, value, config.get(name)) for name, value in self.recorded.items() if config.get(name) != value]
