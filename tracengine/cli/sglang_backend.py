@@ -82,19 +82,12 @@ def parsed_field(text: str, config: dict) -> tuple[str, object]:
 def run_simulate(args) -> int:
     """`tracengine simulate WORKLOAD --scheduler sglang`: sglang/simulate.py, printed as simulate
     prints; a --sweep's variants through SGLang's scheduler (sglang/sweeps.py)."""
-    import time
-
-    from tracengine.analysis.stats import render, stats
-    from tracengine.cli.common import print_table
-    from tracengine.cli.flags import DEFAULT_VOCAB_SIZE, workload_for_simulation, workload_spec
-    from tracengine.cli.outputs import check_outputs
-    from tracengine.cli.steptime import describe_step_time, input_files, print_unvaried_note, step_time_from_args
-    from tracengine.cli.sweeps import print_sweep, sweep_options
+    from tracengine.cli.steptime import step_time_from_args
+    from tracengine.cli.sweeps import sweep_options
     from tracengine.errors import TracengineError
     from tracengine.sglang import require_sglang
     from tracengine.sglang.build import default_config
     from tracengine.sglang.simulate import simulate
-    from tracengine.sim.engine import check_token_prompts
     require_sglang("simulate --scheduler sglang runs SGLang's scheduler")
     if args.workload_file and args.workload:
         raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
@@ -111,36 +104,8 @@ def run_simulate(args) -> int:
     step_time = step_time_from_args(args)
     if step_time is None:
         raise TracengineError("simulate needs step times: --step-time FILE (tracengine calibrate) or --roofline CONFIG")
-    if args.record and variants is not None:
-        raise TracengineError("--record writes one run; a --sweep makes many")
-    config = {**base, **overrides}
-    check_outputs({"--record": args.record}, input_files(args), args.force)
-    vocab_size = args.vocab_size or (step_time.model.vocab_size if step_time.kind == "roofline" else DEFAULT_VOCAB_SIZE)
-    workload = args.workload_file or args.workload
-    requests = workload_for_simulation(args, workload, vocab_size)
-    check_token_prompts(requests)
-    if variants is not None:
-        from tracengine.sglang.sweeps import SIMULATE
-        from tracengine.sim.spec import PreparedSources, SweepSpec, workload_source
-        source, prepared = workload_source(workload_spec(args, workload=workload), vocab_size), PreparedSources()
-        prepared.add(source, requests)
-        spec = SweepSpec(SIMULATE, source.digest, config, step_time.to_dict(), slo)
-        print(f"simulate {len(requests):,} requests through SGLang's scheduler with {describe_step_time(step_time)}")
-        rc = print_sweep(spec, source, prepared, variants, args)
-        print_unvaried_note(step_time)
-        return rc
+    from tracengine.cli.vllm_backend import simulate_through_scheduler
     from tracengine.sglang.imports import scheduler_module
-    scheduler_module()      # SGLang's import is not the simulation's time
-    wall, cpu = time.perf_counter(), time.process_time()
-    events = simulate(config, requests, step_time)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    if args.record:
-        from tracengine.trace.tracelog import write_trace
-        write_trace(args.record, events)
-    s = stats(events, slo)
-    print(f"simulated {len(requests):,} requests through SGLang {events[0].engine_version}'s scheduler with "
-          f"{describe_step_time(step_time)}: {s['steps']['num_steps']:,} steps in {wall:.2f} s wall, {cpu:.2f} s CPU")
-    print_table(render(s, title="simulated run"))
-    if args.record:
-        print(f"wrote {args.record}")
-    return 0
+    # SGLang's import is not the simulation's time
+    return simulate_through_scheduler(args, "SGLang", {**base, **overrides}, variants, slo, step_time, simulate,
+                                      "tracengine.sglang.sweeps:simulate_runner", before_run=scheduler_module)

@@ -132,17 +132,9 @@ def typed(name: str, raw: str, recorded):
 def run_simulate(args) -> int:
     """`tracengine simulate WORKLOAD --scheduler vllm`: vllm/simulate.py, printed as simulate prints;
     a --sweep's variants through vLLM's scheduler (vllm/sweeps.py)."""
-    import time
-
-    from tracengine.analysis.stats import render, stats
-    from tracengine.cli.common import print_table
-    from tracengine.cli.flags import workload_spec
-    from tracengine.cli.outputs import check_outputs
-    from tracengine.cli.flags import DEFAULT_VOCAB_SIZE, workload_for_simulation
-    from tracengine.cli.steptime import describe_step_time, input_files, print_unvaried_note, step_time_from_args
-    from tracengine.cli.sweeps import print_sweep, sweep_options
+    from tracengine.cli.steptime import step_time_from_args
+    from tracengine.cli.sweeps import sweep_options
     from tracengine.errors import TracengineError
-    from tracengine.sim.engine import check_token_prompts
     from tracengine.vllm import require_vllm
     from tracengine.vllm.build import default_config
     from tracengine.vllm.simulate import simulate
@@ -160,9 +152,27 @@ def run_simulate(args) -> int:
     if "num_gpu_blocks" not in overrides and not (variants and "num_gpu_blocks" in variants[0]):
         raise TracengineError("simulate --scheduler vllm needs num_gpu_blocks (--set num_gpu_blocks=N or "
                               "--num-kvcache-blocks N): a simulation has no device to size the cache")
+    return simulate_through_scheduler(args, "vLLM", {**base, **overrides}, variants, slo, step_time, simulate,
+                                      "tracengine.vllm.sweeps:simulate_runner")
+
+
+def simulate_through_scheduler(args, name: str, config: dict, variants, slo, step_time, simulate, sweep_runner: str,
+                               before_run=None) -> int:
+    """`simulate --scheduler vllm|sglang` once the backend read its config: the workload through
+    `simulate(config, requests, step_time)` (or a --sweep's variants, made by `sweep_runner`),
+    printed as simulate prints. `before_run()`: what must not count in the run's time."""
+    import time
+
+    from tracengine.analysis.stats import render, stats
+    from tracengine.cli.common import print_table
+    from tracengine.cli.flags import DEFAULT_VOCAB_SIZE, workload_for_simulation, workload_spec
+    from tracengine.cli.outputs import check_outputs
+    from tracengine.cli.steptime import describe_step_time, input_files, print_unvaried_note
+    from tracengine.cli.sweeps import print_sweep
+    from tracengine.errors import TracengineError
+    from tracengine.sim.engine import check_token_prompts
     if args.record and variants is not None:
         raise TracengineError("--record writes one run; a --sweep makes many")
-    config = {**base, **overrides}
     check_outputs({"--record": args.record}, input_files(args), args.force)
     vocab_size = args.vocab_size or (step_time.model.vocab_size if step_time.kind == "roofline" else DEFAULT_VOCAB_SIZE)
     workload = args.workload_file or args.workload
@@ -170,14 +180,15 @@ def run_simulate(args) -> int:
     check_token_prompts(requests)
     if variants is not None:
         from tracengine.sim.spec import PreparedSources, SweepSpec, workload_source
-        from tracengine.vllm.sweeps import SIMULATE
         source, prepared = workload_source(workload_spec(args, workload=workload), vocab_size), PreparedSources()
         prepared.add(source, requests)
-        spec = SweepSpec(SIMULATE, source.digest, config, step_time.to_dict(), slo)
-        print(f"simulate {len(requests):,} requests through vLLM's scheduler with {describe_step_time(step_time)}")
+        spec = SweepSpec(sweep_runner, source.digest, config, step_time.to_dict(), slo)
+        print(f"simulate {len(requests):,} requests through {name}'s scheduler with {describe_step_time(step_time)}")
         rc = print_sweep(spec, source, prepared, variants, args)
         print_unvaried_note(step_time)
         return rc
+    if before_run is not None:
+        before_run()
     wall, cpu = time.perf_counter(), time.process_time()
     events = simulate(config, requests, step_time)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -185,7 +196,7 @@ def run_simulate(args) -> int:
         from tracengine.trace.tracelog import write_trace
         write_trace(args.record, events)
     s = stats(events, slo)
-    print(f"simulated {len(requests):,} requests through vLLM {events[0].engine_version}'s scheduler with "
+    print(f"simulated {len(requests):,} requests through {name} {events[0].engine_version}'s scheduler with "
           f"{describe_step_time(step_time)}: {s['steps']['num_steps']:,} steps in {wall:.2f} s wall, {cpu:.2f} s CPU")
     print_table(render(s, title="simulated run"))
     if args.record:
