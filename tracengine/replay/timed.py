@@ -9,7 +9,7 @@ import msgspec
 
 from tracengine.engine.config import Config
 from tracengine.errors import TraceError
-from tracengine.replay.whatif import OutputRunner, extract_workload, requests_under
+from tracengine.replay.whatif import OutputRunner, extract_workload, requests_under, whatif_in_steps
 from tracengine.sim.engine import run_timed, with_kv_bytes
 from tracengine.sim.runners import check_requests
 from tracengine.sim.steptime import calibrate
@@ -163,24 +163,17 @@ class TimedVariant:
 
 
 class StepVariant:
-    """A step-exact what-if (replay/whatif.py) under base + overrides, its figures in steps
-    (IN_STEPS); `policy`: as TimedVariant's."""
+    """A what-if at recorded steps (replay/whatif.whatif_in_steps) under base + overrides, of any
+    engine's trace (`replay`: its StepReplay, VllmStepReplay or SglangStepReplay), its figures
+    in steps (IN_STEPS); `policy`: as TimedVariant's."""
     figures = IN_STEPS
 
-    def __init__(self, events: list, base: dict, policy=None):
-        from tracengine.replay.whatif import extract_workload
-        self.events, self.base, self.policy = events, base, policy
-        self.workload = extract_workload(events)     # once: what check checks and every variant runs
+    def __init__(self, replay, base: dict, policy=None):
+        self.replay, self.base, self.policy = replay, base, policy
 
     def check(self, overrides: dict):
-        from tracengine.replay.whatif import whatif_config
-        whatif_config(self.workload, {**self.base, **overrides})
+        self.replay.check({**self.base, **overrides})
 
     def __call__(self, overrides: dict) -> dict:
-        from tracengine.analysis.stats import stats
-        from tracengine.replay.whatif import whatif
         merged = {**self.base, **overrides}
-        result = whatif(self.events, merged, policy=_variant_policy(merged, self.policy), workload=self.workload)
-        return step_row_of(stats(result.events))
-
-
+        return step_row_of(whatif_in_steps(self.replay, merged, _variant_policy(merged, self.policy)).new)

@@ -5,10 +5,8 @@ stopping at the first difference (the report is tracengine's own: replay/render.
 
 The loop is drive.py's: a request that arrives when the scheduler has nothing to do comes
 after an idle iteration, as in SGLang's event loop (and in the driver)."""
-import time
-
 from tracengine.errors import TraceError, TraceVersionError
-from tracengine.replay.reexec import _COMPARED, Divergence, ReplayResult
+from tracengine.replay.reexecution import ABORT, ADD, STEP, ComparingSink, Divergence, Diverged, ReplayResult, replay
 from tracengine.replay.state import RUNNING, WAITING, FoldState, SeqState
 from tracengine.trace.events import RequestAdded, SeqAbort, StepEnd, TokenSample
 from tracengine.trace.header import SGLANG, backend_of
@@ -53,99 +51,96 @@ def reexecute(events, config: dict | None = None) -> ReplayResult:
     sink = ListSink()
     recorder = record_to(scheduler, sink, header.created_at)
     tokens.seq_ids = recorder.seq_ids
-    start = time.perf_counter()
     try:
-        return _Replay(scheduler, recorder, sink, recorded, tokens).run(start)
+        return replay(SglangReplay(scheduler, recorder, sink, recorded, tokens))
     finally:
         stop_recording(scheduler)
 
 
-class _Replay:
-    def __init__(self, scheduler, recorder, sink, recorded, tokens):
-        self.scheduler, self.recorder, self.sink, self.recorded, self.tokens = scheduler, recorder, sink, recorded, tokens
+class SglangReplay:
+    """SGLang's scheduler as a replaying engine (replay/reexecution.py), run as its loop runs it
+    (drive.py): a step's requests and aborts reach it together before the step (after an idle
+    iteration when it has nothing to do, as in SGLang's event loop), then it iterates until a
+    step ran. Its events are compared, in the trace's order, after each iteration; the overlap
+    loop's last result comes after the last step."""
+    no_abort = ""
+    nothing_left = "the replay's scheduler has nothing to run where the trace has a step"
+
+    def __init__(self, scheduler, recorder, emitted, recorded, tokens):
+        self.scheduler, self.recorder, self.emitted, self.tokens = scheduler, recorder, emitted, tokens
+        self.sink = ComparingSink(recorded)
         self.num_steps = sum(1 for e in recorded if type(e) is StepEnd)
         self.arrivals: dict[int, list] = {}
         for e in recorded:
             if type(e) in (RequestAdded, SeqAbort):
                 self.arrivals.setdefault(e.step, []).append(e)
+        # the recorded ids: a request aborted in the step it arrived is not in the recorder's map yet
         self.request_ids = {e.seq_id: e.request_id for e in recorded if type(e) is RequestAdded}
-        self.num_compared = 0
-        self.frame_start = 0      # the index of the current step's first event
+        self.pending = []
+        self.step_no = 0
 
-    def run(self, start: float) -> ReplayResult:
-        from tracengine.sglang.drive import abort_request, generate_request, has_work, iterate
+    def calls(self):
+        from tracengine.sglang.drive import iterate
+        while self.step_no < self.num_steps:
+            for e in self.arrivals.pop(self.step_no, ()):
+                yield (ADD if type(e) is RequestAdded else ABORT), e
+            yield STEP, self.step_no
+        while getattr(self.scheduler, "result_queue", None):     # the overlap loop: the last batch's result
+            iterate(self.scheduler)
+        self._compare()
+        sink = self.sink
+        if sink.index < len(sink.expected) and type(sink.expected[sink.index]) is not RequestAdded:
+            raise sink.missing()
+
+    def add(self, index: int, e: RequestAdded) -> None:
+        from tracengine.sglang.drive import generate_request
+        self.pending.append(generate_request(
+            e.request_id, e.prompt_token_ids, e.max_tokens, ignore_eos=e.ignore_eos, temperature=e.temperature,
+            top_k=e.top_k, top_p=e.top_p, min_tokens=e.min_tokens, stop_token_ids=e.stop_token_ids))
+
+    def abort(self, seq_id: int, reason: str) -> bool:
+        from tracengine.sglang.drive import abort_request
+        self.pending.append(abort_request(self.request_ids[seq_id]))
+        return True
+
+    def feed(self, step: int) -> None:
+        from tracengine.sglang.drive import has_work, iterate
+        self.tokens.step = step
+        if self.pending:
+            if not has_work(self.scheduler):
+                iterate(self.scheduler)
+            self.scheduler.process_input_requests(self.pending)
+            self.pending = []
+
+    def is_finished(self) -> bool:
+        from tracengine.sglang.drive import has_work
+        return not has_work(self.scheduler)
+
+    def step(self) -> None:
+        from tracengine.sglang.drive import iterate
+        if iterate(self.scheduler):
+            self.step_no += 1
+        self._compare()
+
+    def _compare(self) -> None:
+        """The events emitted since the last comparison, in the trace's order."""
+        emitted, sink = self.emitted.events, self.sink
+        for i in range(sink.index, len(emitted)):
+            sink.compare(emitted[i])
+
+    def diverged(self, d: Diverged):
+        recorded, index = self.sink.expected, self.sink.index
+        frame_start = next((i + 1 for i in range(index - 1, -1, -1) if type(recorded[i]) is StepEnd), 0)
+        step = self.step_no if d.reason == self.nothing_left else (d.expected or d.actual).step
+        state = live_sglang_state(self.scheduler, step, self.recorder.seq_ids)
+        num_steps = sum(1 for e in recorded[:frame_start] if type(e) is StepEnd)
+        return Divergence(step, index - frame_start, d.expected, d.actual, d.reason, state), num_steps, index
+
+    def replayed(self):
         scheduler = self.scheduler
-        step = 0
-        while step < self.num_steps:
-            self.tokens.step = step
-            due = self.arrivals.pop(step, None)
-            if due:
-                if not has_work(scheduler):
-                    iterate(scheduler)
-                scheduler.process_input_requests([
-                    generate_request(e.request_id, e.prompt_token_ids, e.max_tokens, ignore_eos=e.ignore_eos,
-                                     temperature=e.temperature, top_k=e.top_k, top_p=e.top_p, min_tokens=e.min_tokens,
-                                     stop_token_ids=e.stop_token_ids) if type(e) is RequestAdded
-                    else abort_request(self._request_id(e.seq_id)) for e in due])
-            if not has_work(scheduler):
-                return self._diverged(step, start, "the replay's scheduler has nothing to run where the trace has a step")
-            if iterate(scheduler):
-                step += 1
-            divergence = self._compare(step)
-            if divergence is not None:
-                return divergence_result(divergence, self, start)
-        while getattr(scheduler, "result_queue", None):     # the overlap loop: the last batch's result
-            iterate(scheduler)
-        divergence = self._compare(step, final=True)
-        if divergence is not None:
-            return divergence_result(divergence, self, start)
-        num_unfinished = len(scheduler.waiting_queue) + sum(1 for req in scheduler.running_batch.reqs if not req.finished())
-        return ReplayResult(self.num_steps, self.num_compared, time.perf_counter() - start,
-                            num_unfinished=num_unfinished)
-
-    def _request_id(self, seq_id: int) -> str:
-        # the recorded one: a request aborted in the step it arrived is not in the recorder's map yet
-        return self.request_ids[seq_id]
-
-    def _compare(self, step: int, final: bool = False):
-        """The events emitted since the last comparison against the trace's; a Divergence or None."""
-        emitted, recorded = self.sink.events, self.recorded
-        for i in range(self.num_compared, len(emitted)):
-            event = emitted[i]
-            expected = recorded[i] if i < len(recorded) else None
-            if expected is None:
-                return self._divergence(i, None, event, "the replay emitted an event the trace does not have")
-            if not _same(expected, event):
-                return self._divergence(i, expected, event, "the replay emitted a different event")
-            self.num_compared = i + 1
-            if type(event) is StepEnd:
-                self.frame_start = i + 1
-        if final and self.num_compared < len(recorded) and type(recorded[self.num_compared]) is not RequestAdded:
-            return self._divergence(self.num_compared, recorded[self.num_compared], None,
-                                    "the trace has an event the replay did not emit")
-        return None
-
-    def _divergence(self, i: int, expected, actual, reason: str) -> Divergence:
-        step = (expected or actual).step
-        return Divergence(step, i - self.frame_start, expected, actual, reason,
-                          live_sglang_state(self.scheduler, step, self.recorder.seq_ids))
-
-    def _diverged(self, step: int, start: float, reason: str) -> ReplayResult:
-        i = self.num_compared
-        expected = self.recorded[i] if i < len(self.recorded) else None
-        d = Divergence(step, i - self.frame_start, expected, None, reason,
-                       live_sglang_state(self.scheduler, step, self.recorder.seq_ids))
-        return divergence_result(d, self, start)
-
-
-def divergence_result(divergence: Divergence, replay: _Replay, start: float) -> ReplayResult:
-    num_steps = sum(1 for e in replay.recorded[:replay.frame_start] if type(e) is StepEnd)
-    return ReplayResult(num_steps, replay.num_compared, time.perf_counter() - start, divergence)
-
-
-def _same(recorded, event) -> bool:
-    return recorded == event or (type(recorded) is type(event)
-                                 and _COMPARED[type(event)](recorded) == _COMPARED[type(event)](event))
+        num_unfinished = len(scheduler.waiting_queue) + sum(1 for req in scheduler.running_batch.reqs
+                                                            if not req.finished())
+        return self.num_steps, self.sink.index, num_unfinished
 
 
 def live_sglang_state(scheduler, step: int, seq_ids: dict[str, int]) -> FoldState:

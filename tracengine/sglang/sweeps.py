@@ -3,25 +3,6 @@ SGLang trace's variants (replay/sweeps.py's, for SGLang's scheduler: what-ifs in
 and step-exact ones) and of `simulate --scheduler sglang`'s. A maker is named in the SweepSpec,
 so a worker, local or Ray, makes the same variant object from the same source."""
 from tracengine.sim.spec import PreparedSources, Source, SweepSpec, step_time_of
-from tracengine.sim.sweep import IN_STEPS
-
-
-class StepVariant:
-    """A step-exact what-if of an SGLang trace (whatif.py) under base + overrides, in steps."""
-    figures = IN_STEPS
-
-    def __init__(self, events: list, base: dict):
-        self.events, self.base = events, base
-
-    def check(self, overrides: dict):
-        from tracengine.sglang.build import apply_overrides, check_config
-        check_config(apply_overrides(self.events[0].config, {**self.base, **overrides}))
-
-    def __call__(self, overrides: dict) -> dict:
-        from tracengine.analysis.stats import stats
-        from tracengine.sglang.whatif import whatif
-        from tracengine.sim.sweep import step_row_of
-        return step_row_of(stats(whatif(self.events, {**self.base, **overrides}).events))
 
 
 def timed_runner(spec: SweepSpec, events: list):
@@ -31,8 +12,11 @@ def timed_runner(spec: SweepSpec, events: list):
     return TimedVariant(SglangTimedReplay(events, step_time_of(spec.step_time)), spec.base, spec.slo)
 
 
-def step_runner(spec: SweepSpec, events: list) -> StepVariant:
-    return StepVariant(events, spec.base)
+def step_runner(spec: SweepSpec, events: list):
+    """replay/timed.StepVariant over SGLang's scheduler."""
+    from tracengine.replay.timed import StepVariant
+    from tracengine.sglang.whatif import SglangStepReplay
+    return StepVariant(SglangStepReplay(events), spec.base)
 
 
 def simulate_runner(spec: SweepSpec, requests):

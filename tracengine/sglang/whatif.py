@@ -34,25 +34,46 @@ def extract_workload(events):
     return header, list(specs.values()), aborts, num_steps
 
 
-def run_workload(events, config: dict) -> list:
-    """The recorded workload through SGLang's scheduler under `config`: the new trace's events."""
-    from tracengine.sglang.drive import record_workload
-    header, specs, aborts, num_steps = extract_workload(events)
-    new_events = record_workload(config, specs, aborts=aborts, max_steps=100 * max(num_steps, 1) + 10_000)
-    return [msgspec.structs.replace(new_events[0], model=header.model, created_at=time.time())] + new_events[1:]
+class SglangStepReplay:
+    """An SGLang trace's workload ready to run at recorded steps through SGLang's scheduler
+    under any config (replay/whatif.whatif_in_steps), driven as its loop (drive.py)."""
+
+    def __init__(self, events):
+        from tracengine.sglang.replay import check_sglang_version
+        self.events = events = list(events)
+        self.header = events[0]
+        check_sglang_version(self.header)
+        _, self.specs, self.aborts, num_steps = extract_workload(events)
+        self.max_steps = 100 * max(num_steps, 1) + 10_000
+        self._original = None
+
+    def original(self) -> dict:
+        from tracengine.analysis.stats import stats
+        if self._original is None:
+            self._original = stats(self.events)
+        return self._original
+
+    def config(self, overrides: dict) -> dict:
+        from tracengine.sglang.build import apply_overrides
+        return apply_overrides(self.header.config, overrides)
+
+    def check(self, overrides: dict) -> None:
+        from tracengine.sglang.build import check_config
+        check_config(self.config(overrides))
+
+    def changes(self, new: dict) -> list[tuple[str, object, object]]:
+        from tracengine.replay.whatif import config_changes
+        return config_changes(self.header.config, new)
+
+    def run(self, config: dict, policy=None) -> tuple[list, int]:
+        """The recorded workload through SGLang's scheduler under `config`: the new trace's events
+        (no request runs past its recorded output: each stops at it). `policy`: tracengine's, never given."""
+        from tracengine.sglang.drive import record_workload
+        new_events = record_workload(config, self.specs, aborts=self.aborts, max_steps=self.max_steps)
+        return [msgspec.structs.replace(new_events[0], model=self.header.model, created_at=time.time())] \
+            + new_events[1:], 0
 
 
 def whatif(events, overrides: dict):
-    from tracengine.analysis.stats import stats
-    from tracengine.replay.whatif import WhatIfResult
-    from tracengine.sglang.build import apply_overrides
-    from tracengine.sglang.replay import check_sglang_version
-    events = list(events)
-    header = events[0]
-    check_sglang_version(header)
-    config = apply_overrides(header.config, overrides)
-    new_events = run_workload(events, config)
-    new_config = new_events[0].config
-    changes = [(name, value, new_config[name]) for name, value in header.config.items()
-               if name in new_config and new_config[name] != value]
-    return WhatIfResult(stats(events), stats(new_events), changes, new_events, 0)
+    from tracengine.replay.whatif import whatif_in_steps
+    return whatif_in_steps(SglangStepReplay(events), overrides)

@@ -3,27 +3,6 @@ trace's variants (replay/sweeps.py's, for vLLM's scheduler: what-ifs in simulate
 step-exact ones) and of `simulate --scheduler vllm`'s. A maker is named in the SweepSpec, so
 a worker, local or Ray, makes the same variant object from the same source."""
 from tracengine.sim.spec import PreparedSources, Source, SweepSpec, step_time_of
-from tracengine.sim.sweep import IN_STEPS
-
-
-class StepVariant:
-    """A step-exact what-if of a vLLM trace (whatif.py) under base + overrides, in steps."""
-    figures = IN_STEPS
-
-    def __init__(self, events: list, base: dict):
-        from tracengine.vllm.whatif import extract_workload
-        self.events, self.base = events, base
-        self.workload = extract_workload(events)
-
-    def check(self, overrides: dict):
-        from tracengine.vllm.build import apply_overrides, build_scheduler
-        build_scheduler(apply_overrides(self.workload.header.config, {**self.base, **overrides}), record="").shutdown()
-
-    def __call__(self, overrides: dict) -> dict:
-        from tracengine.analysis.stats import stats
-        from tracengine.sim.sweep import step_row_of
-        from tracengine.vllm.whatif import whatif
-        return step_row_of(stats(whatif(self.events, {**self.base, **overrides}).events))
 
 
 def timed_runner(spec: SweepSpec, events: list):
@@ -33,8 +12,11 @@ def timed_runner(spec: SweepSpec, events: list):
     return TimedVariant(VllmTimedReplay(events, step_time_of(spec.step_time)), spec.base, spec.slo)
 
 
-def step_runner(spec: SweepSpec, events: list) -> StepVariant:
-    return StepVariant(events, spec.base)
+def step_runner(spec: SweepSpec, events: list):
+    """replay/timed.StepVariant over vLLM's scheduler."""
+    from tracengine.replay.timed import StepVariant
+    from tracengine.vllm.whatif import VllmStepReplay
+    return StepVariant(VllmStepReplay(events), spec.base)
 
 
 def simulate_runner(spec: SweepSpec, requests):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import msgspec
 
 from tracengine.analysis.stats import stats
-from tracengine.replay.whatif import WhatIfResult
+from tracengine.replay.whatif import WhatIfResult, config_changes, whatif_in_steps
 from tracengine.trace.events import RequestAdded, SeqAbort, TokenSample
 from tracengine.trace.tracelog import split_header
 from tracengine.vllm.answers import refuse_whatif
@@ -90,17 +90,39 @@ def run_workload(workload: VllmWorkload, config: dict, past_output: set | None =
     return [msgspec.structs.replace(header, model=workload.header.model, created_at=time.time())] + sink.events
 
 
+class VllmStepReplay:
+    """A vLLM trace's workload ready to run at recorded steps through vLLM's scheduler under
+    any config (replay/whatif.whatif_in_steps), driven as its engine core drives it."""
+
+    def __init__(self, events):
+        from tracengine.vllm.replay import check_vllm_version
+        self.workload = extract_workload(events)
+        check_vllm_version(self.workload.header)
+        self.header = self.workload.header
+        self._original = None
+
+    def original(self) -> dict:
+        if self._original is None:
+            self._original = stats(self.workload.events)
+        return self._original
+
+    def config(self, overrides: dict) -> dict:
+        from tracengine.vllm.build import apply_overrides
+        return apply_overrides(self.header.config, overrides)
+
+    def check(self, overrides: dict) -> None:
+        """A config vLLM refuses is refused here (its scheduler built once)."""
+        from tracengine.vllm.build import build_scheduler
+        build_scheduler(self.config(overrides), record="").shutdown()
+
+    def changes(self, new: dict) -> list[tuple[str, object, object]]:
+        return config_changes(self.header.config, new)
+
+    def run(self, config: dict, policy=None) -> tuple[list, int]:
+        """`policy` is tracengine's, never given here."""
+        past_output: set = set()
+        return run_workload(self.workload, config, past_output), len(past_output)
+
+
 def whatif(events, overrides: dict) -> WhatIfResult:
-    from tracengine.vllm.build import apply_overrides
-    from tracengine.vllm.replay import check_vllm_version
-    workload = extract_workload(events)
-    check_vllm_version(workload.header)
-    recorded = workload.header.config
-    config = apply_overrides(recorded, overrides)
-    past_output: set = set()
-    new_events = run_workload(workload, config, past_output)
-    new_config = new_events[0].config
-    # a field the new header does not record (one a later tracengine leaves to vLLM) is no change
-    changes = [(name, value, new_config[name]) for name, value in recorded.items()
-               if name in new_config and new_config[name] != value]
-    return WhatIfResult(stats(workload.events), stats(new_events), changes, new_events, len(past_output))
+    return whatif_in_steps(VllmStepReplay(events), overrides)
