@@ -16,7 +16,7 @@ from tracengine.engine.hash_id_prompt import request_prompt
 from tracengine.engine.request import Request
 from tracengine.errors import ConfigError
 from tracengine.replay.reexec import RecordedRunner
-from tracengine.replay.reexecution import ADD, OWN, STEP, ComparingSink, Divergence, Diverged, ReplayResult, replay
+from tracengine.replay.reexecution import ADD, OWN, STEP, ComparingSink, Diverged, ReplayResult, replay
 from tracengine.sim.clock import NoTime
 from tracengine.sim.engine import SimulatedEngine
 from tracengine.fleet.engine import Fleet
@@ -146,10 +146,9 @@ class FleetReplay:
         recorded, index, replica = self.recorded, self.sink.index, self.replica
         at = recorded[min(index, len(recorded) - 1)] if d.expected is None else d.expected
         in_replica = type(at) not in (RouteDecision, KVTransfer)
-        divergence = Divergence(getattr(at, "step", None), index, d.expected, d.actual, d.reason,
-                                replica=(replica.index if replica is not None else 0) if in_replica else None,
-                                seq_id=None if in_replica else at.seq_id)
-        return divergence, self.num_steps, index - 1
+        return {"step": getattr(at, "step", None), "index": index,
+                "replica": (replica.index if replica is not None else 0) if in_replica else None,
+                "seq_id": None if in_replica else at.seq_id}, self.num_steps, index - 1
 
     def replayed(self):
         return self.num_steps, self.sink.index - 1, 0

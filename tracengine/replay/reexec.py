@@ -141,7 +141,7 @@ class EngineReplay:
     def diverged(self, d: Diverged):
         step, index = self.step_no, self.sink.index
         state = live_state(self.engine.scheduler, step, self.seqs)
-        return Divergence(step, index, d.expected, d.actual, d.reason, state), step, self.num_events + index
+        return {"step": step, "index": index, "state": state}, step, self.num_events + index
 
     def replayed(self):
         scheduler = self.engine.scheduler

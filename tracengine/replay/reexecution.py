@@ -13,9 +13,10 @@ is_finished) with what a replay adds to it:
   drafts, proposed drafts), which the replay feeds back as the model's output;
 - `sink`: the ComparingSink its events go to; `no_abort`, `nothing_left`: the reasons it gives
   when an abort finds no request and when it has nothing to step where the trace has a step;
-- `diverged(d) -> (Divergence, num_steps, num_events)`: where the difference is, with its live
-  state (`live_state`) in tracengine's terms; `replayed() -> (num_steps, num_events,
-  num_unfinished)`.
+- `diverged(d) -> (where, num_steps, num_events)`: where the difference is (the Divergence's
+  fields but the events and the reason: its step, its index, the replaying engine's live state
+  in tracengine's terms), the steps and events reproduced before it; `replayed() ->
+  (num_steps, num_events, num_unfinished)`.
 
 The backends' replaying engines: tracengine's (replay/reexec.EngineReplay), vLLM's scheduler
 as its engine core calls it, with steps in flight (vllm/replay.VllmReplay), SGLang's as its
@@ -159,7 +160,8 @@ def replay(engine) -> ReplayResult:
             else:
                 engine.own(arg)
     except Diverged as d:
-        divergence, num_steps, num_events = engine.diverged(d)
-        return ReplayResult(num_steps, num_events, time.perf_counter() - start, divergence)
+        where, num_steps, num_events = engine.diverged(d)
+        return ReplayResult(num_steps, num_events, time.perf_counter() - start,
+                            Divergence(expected=d.expected, actual=d.actual, reason=d.reason, **where))
     num_steps, num_events, num_unfinished = engine.replayed()
     return ReplayResult(num_steps, num_events, time.perf_counter() - start, num_unfinished=num_unfinished)

@@ -4,6 +4,7 @@ step loop under another config, with no model. The outputs do not depend on
 the schedule, so only the scheduling changes."""
 import time
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import msgspec
 
@@ -163,10 +164,25 @@ def whatif_in_steps(replay, overrides: dict, policy=None) -> WhatIfResult:
     output, under the recorded config with `overrides`. `policy`: tracengine's, as whatif's."""
     config = replay.config(overrides)
     events, num_past_output = replay.run(config, policy)
-    return WhatIfResult(replay.original(), stats(events), replay.changes(events[0].config), events, num_past_output)
+    return WhatIfResult(replay.original, stats(events), replay.changes(events[0].config), events, num_past_output)
 
 
-class StepReplay:
+class StepWorkload:
+    """What every backend's workload ready to run at recorded steps shares: the figures of the
+    recorded run (`recorded_run`: its events or timeline), taken once however many runs follow,
+    and the changes of a new header's config."""
+    header: TraceHeader
+    recorded_run: object
+
+    @cached_property
+    def original(self) -> dict:
+        return stats(self.recorded_run)
+
+    def changes(self, new: dict) -> list[tuple[str, object, object]]:
+        return config_changes(self.header.config, new)
+
+
+class StepReplay(StepWorkload):
     """tracengine's engine's workload of a trace, ready to run at recorded steps under any
     config (whatif_in_steps): its step loop (sim/runners.run_workload) with no model, each
     sequence fed its recorded output (OutputRunner)."""
@@ -174,14 +190,8 @@ class StepReplay:
     def __init__(self, events, workload: RecordedWorkload | None = None, max_steps: int | None = None):
         self.workload = workload if workload is not None else extract_workload(events)
         self.header = self.workload.header
+        self.recorded_run = self.workload.timeline
         self.max_steps = 100 * max(self.workload.timeline.num_steps, 1) + 10_000 if max_steps is None else max_steps
-        self._original = None
-
-    def original(self) -> dict:
-        """stats() of the recorded run."""
-        if self._original is None:
-            self._original = stats(self.workload.timeline)
-        return self._original
 
     def config(self, overrides: dict) -> Config:
         return whatif_config(self.workload, overrides)

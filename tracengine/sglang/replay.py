@@ -6,7 +6,7 @@ stopping at the first difference (the report is tracengine's own: replay/render.
 The loop is drive.py's: a request that arrives when the scheduler has nothing to do comes
 after an idle iteration, as in SGLang's event loop (and in the driver)."""
 from tracengine.errors import TraceError, TraceVersionError
-from tracengine.replay.reexecution import ABORT, ADD, STEP, ComparingSink, Divergence, Diverged, ReplayResult, replay
+from tracengine.replay.reexecution import ABORT, ADD, STEP, ComparingSink, Diverged, ReplayResult, replay
 from tracengine.replay.state import RUNNING, WAITING, FoldState, SeqState
 from tracengine.trace.events import RequestAdded, SeqAbort, StepEnd, TokenSample
 from tracengine.trace.header import SGLANG, backend_of
@@ -134,7 +134,7 @@ class SglangReplay:
         step = self.step_no if d.reason == self.nothing_left else (d.expected or d.actual).step
         state = live_sglang_state(self.scheduler, step, self.recorder.seq_ids)
         num_steps = sum(1 for e in recorded[:frame_start] if type(e) is StepEnd)
-        return Divergence(step, index - frame_start, d.expected, d.actual, d.reason, state), num_steps, index
+        return {"step": step, "index": index - frame_start, "state": state}, num_steps, index
 
     def replayed(self):
         scheduler = self.scheduler

@@ -7,6 +7,7 @@ import time
 
 import msgspec
 
+from tracengine.replay.whatif import StepWorkload, whatif_in_steps
 from tracengine.sglang.drive import RequestSpec
 from tracengine.trace.events import RequestAdded, SeqAbort, StepEnd, TokenSample
 from tracengine.trace.tracelog import split_header
@@ -34,7 +35,7 @@ def extract_workload(events):
     return header, list(specs.values()), aborts, num_steps
 
 
-class SglangStepReplay:
+class SglangStepReplay(StepWorkload):
     """An SGLang trace's workload ready to run at recorded steps through SGLang's scheduler
     under any config (replay/whatif.whatif_in_steps), driven as its loop (drive.py)."""
 
@@ -45,13 +46,7 @@ class SglangStepReplay:
         check_sglang_version(self.header)
         _, self.specs, self.aborts, num_steps = extract_workload(events)
         self.max_steps = 100 * max(num_steps, 1) + 10_000
-        self._original = None
-
-    def original(self) -> dict:
-        from tracengine.analysis.stats import stats
-        if self._original is None:
-            self._original = stats(self.events)
-        return self._original
+        self.recorded_run = events
 
     def config(self, overrides: dict) -> dict:
         from tracengine.sglang.build import apply_overrides
@@ -60,10 +55,6 @@ class SglangStepReplay:
     def check(self, overrides: dict) -> None:
         from tracengine.sglang.build import check_config
         check_config(self.config(overrides))
-
-    def changes(self, new: dict) -> list[tuple[str, object, object]]:
-        from tracengine.replay.whatif import config_changes
-        return config_changes(self.header.config, new)
 
     def run(self, config: dict, policy=None) -> tuple[list, int]:
         """The recorded workload through SGLang's scheduler under `config`: the new trace's events
@@ -75,5 +66,4 @@ class SglangStepReplay:
 
 
 def whatif(events, overrides: dict):
-    from tracengine.replay.whatif import whatif_in_steps
     return whatif_in_steps(SglangStepReplay(events), overrides)

@@ -14,8 +14,8 @@ num_steps_in_flight` updated, and so do the drafts the engine core gave
 and again, whole, when its frame is written."""
 from tracengine.errors import TraceError, TraceVersionError
 from tracengine.trace.views import iter_steps
-from tracengine.replay.reexecution import (ABORT, ADD, OWN, STEP, ComparingSink, Divergence, Diverged, ReplayResult,
-                                           check_emitted, replay)
+from tracengine.replay.reexecution import (ABORT, ADD, OWN, STEP, ComparingSink, Diverged, ReplayResult, check_emitted,
+                                           replay)
 from tracengine.trace.events import RequestAdded, SeqAbort, SpecDraft, StepEnd, TokenSample
 from tracengine.trace.tracelog import split_header
 from tracengine.vllm.answers import answer_from
@@ -145,8 +145,7 @@ class VllmReplay:
     def diverged(self, d: Diverged):
         index = self.sink.index if d.index is None else d.index
         state = live_vllm_state(self.scheduler, self.step_no, self.recorder.seq_ids)
-        return (Divergence(self.step_no, index, d.expected, d.actual, d.reason, state), self.step_no,
-                self.num_events + index)
+        return {"step": self.step_no, "index": index, "state": state}, self.step_no, self.num_events + index
 
     def replayed(self):
         num_running, num_waiting = self.scheduler.get_request_counts()

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from tracengine.analysis.stats import stats
-from tracengine.replay.whatif import WhatIfResult, config_changes, whatif_in_steps
+from tracengine.replay.whatif import StepWorkload, WhatIfResult, whatif_in_steps
 from tracengine.trace.events import RequestAdded, SeqAbort, TokenSample
 from tracengine.trace.tracelog import split_header
 from tracengine.vllm.answers import refuse_whatif
@@ -90,7 +89,7 @@ def run_workload(workload: VllmWorkload, config: dict, past_output: set | None =
     return [msgspec.structs.replace(header, model=workload.header.model, created_at=time.time())] + sink.events
 
 
-class VllmStepReplay:
+class VllmStepReplay(StepWorkload):
     """A vLLM trace's workload ready to run at recorded steps through vLLM's scheduler under
     any config (replay/whatif.whatif_in_steps), driven as its engine core drives it."""
 
@@ -99,12 +98,7 @@ class VllmStepReplay:
         self.workload = extract_workload(events)
         check_vllm_version(self.workload.header)
         self.header = self.workload.header
-        self._original = None
-
-    def original(self) -> dict:
-        if self._original is None:
-            self._original = stats(self.workload.events)
-        return self._original
+        self.recorded_run = self.workload.events
 
     def config(self, overrides: dict) -> dict:
         from tracengine.vllm.build import apply_overrides
@@ -114,9 +108,6 @@ class VllmStepReplay:
         """A config vLLM refuses is refused here (its scheduler built once)."""
         from tracengine.vllm.build import build_scheduler
         build_scheduler(self.config(overrides), record="").shutdown()
-
-    def changes(self, new: dict) -> list[tuple[str, object, object]]:
-        return config_changes(self.header.config, new)
 
     def run(self, config: dict, policy=None) -> tuple[list, int]:
         """`policy` is tracengine's, never given here."""
