@@ -10,7 +10,7 @@ import msgspec
 from tracengine.fleet.stats import fleet_stats, replica_streams
 from tracengine.engine.config import Config
 from tracengine.errors import TraceError
-from tracengine.replay.whatif import OutputRunner, extract_workload
+from tracengine.replay.whatif import OutputRunner, changed_fields, extract_workload
 from tracengine.fleet.engine import fleet_header, simulate_fleet
 from tracengine.fleet.spec import FleetSpec
 from tracengine.engine.request import Request
@@ -148,8 +148,7 @@ def fleet_whatif(events, spec: FleetSpec, overrides: dict, step_time=None, trace
     config = replay.config(overrides, policy)
     new = replay.run(config, spec)
     header, recorded = replay.header, replay.recorded
-    changes = [(name, value, getattr(config, name)) for name, value in recorded.to_dict().items()
-               if getattr(config, name) != value]
+    changes = changed_fields(recorded, config)
     # the fleets as their headers name them (each pool's router resolved); one engine's: one replica
     before = header.fleet or {"num_replicas": 1}
     after = new[0].fleet or {"num_replicas": 1}

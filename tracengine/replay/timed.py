@@ -9,7 +9,7 @@ import msgspec
 
 from tracengine.engine.config import Config
 from tracengine.errors import TraceError
-from tracengine.replay.whatif import OutputRunner, extract_workload, requests_under, whatif_in_steps
+from tracengine.replay.whatif import OutputRunner, changed_fields, extract_workload, requests_under, whatif_in_steps
 from tracengine.sim.engine import run_timed, with_kv_bytes
 from tracengine.sim.runners import check_requests
 from tracengine.sim.steptime import calibrate
@@ -97,8 +97,7 @@ class TimedReplay(TimedWorkload):
         return None if self.recorded.scheduling_policy in BUILTIN_POLICY_NAMES else policy
 
     def changes(self, config: Config) -> list[tuple[str, object, object]]:
-        return [(name, value, getattr(config, name)) for name, value in self.recorded.to_dict().items()
-                if getattr(config, name) != value]
+        return changed_fields(self.recorded, config)
 
     def run(self, config: Config, policy=None) -> tuple[list, int]:
         """The events of the workload under `config` in simulated time (header first), and how

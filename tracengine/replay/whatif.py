@@ -157,6 +157,12 @@ def config_changes(recorded: dict, new: dict) -> list[tuple[str, object, object]
     return [(name, value, new[name]) for name, value in recorded.items() if name in new and new[name] != value]
 
 
+def changed_fields(recorded: Config, config: Config) -> list[tuple[str, object, object]]:
+    """(field, recorded value, new value) of each field of tracengine's config that `config` changes."""
+    return [(name, value, getattr(config, name)) for name, value in recorded.to_dict().items()
+            if getattr(config, name) != value]
+
+
 def whatif_in_steps(replay, overrides: dict, policy=None) -> WhatIfResult:
     """The what-if at recorded steps of any engine's trace, `replay` being its workload ready to
     run step by step (StepReplay, tracengine's engine; vllm/whatif.VllmStepReplay,
@@ -199,9 +205,7 @@ class StepReplay(StepWorkload):
     check = config
 
     def changes(self, new: dict) -> list[tuple[str, object, object]]:
-        recorded, config = Config.from_dict(self.header.config), Config.from_dict(new)
-        return [(name, value, getattr(config, name)) for name, value in recorded.to_dict().items()
-                if getattr(config, name) != value]
+        return changed_fields(Config.from_dict(self.header.config), Config.from_dict(new))
 
     def run(self, config: Config, policy=None) -> tuple[list, int]:
         """The new run's events (header first) and how many sequences ran past their recorded
