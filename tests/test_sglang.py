@@ -298,3 +298,19 @@ def test_the_schedulers_built_here_have_no_watchdog_to_fire():
     from tracengine.sglang.drive import Tokens
     scheduler = build_scheduler(default_config(), Tokens([]))
     assert scheduler.watchdog.watchdog_timeout == NO_WATCHDOG_S
+
+
+def test_replay_reports_a_planted_change_with_the_replaying_schedulers_token_slots(tmp_path, capsys, prefix_trace):
+    """The divergence report shows SGLang's scheduler as it was where it diverged: its requests'
+    token slots are the blocks (of one token) of its pool."""
+    from tracengine.cli.main import main
+    planted = list(prefix_trace)
+    i = next(i for i, e in enumerate(planted) if type(e) is ScheduleDecision and e.step == 7)
+    planted[i] = msgspec.structs.replace(planted[i], num_batched_tokens=planted[i].num_batched_tokens + 1)
+    path = tmp_path / "planted.trace"
+    write_trace(path, planted)
+    assert main(["replay", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "replay diverges at step 7" in out and "replayed state at the divergence:" in out
+    state = out[out.index("replayed state at the divergence:"):]
+    assert "of 301 blocks free (block size 1)" in state and "ref 1" in state     # slot 0: the padding slot

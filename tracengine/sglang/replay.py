@@ -159,4 +159,12 @@ def live_sglang_state(scheduler, step: int, seq_ids: dict[str, int]) -> FoldStat
 
     waiting = [seq_state(req, WAITING) for req in scheduler.waiting_queue]
     running = [seq_state(req, RUNNING) for req in scheduler.running_batch.reqs if not req.finished()]
-    return FoldState(step, waiting, running, seqs, [], [], [], {}, None, 1)
+    # the pool's slots as the fold has them (replay/sglang_fold.py): N slots are N+1 cells, slot 0
+    # SGLang's padding slot; a slot's count is the requests' tables that hold it
+    allocator = scheduler.token_to_kv_pool_allocator
+    ref_counts = [0] * (allocator.size + 1)
+    for seq in seqs.values():
+        for slot in seq.block_table:
+            ref_counts[slot] += 1
+    free_slots = allocator.free_pages.tolist() + allocator.release_pages.tolist()
+    return FoldState(step, waiting, running, seqs, ref_counts, [-1] * len(ref_counts), free_slots, {}, None, 1)
