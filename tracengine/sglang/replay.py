@@ -129,6 +129,9 @@ class SglangReplay:
             sink.compare(emitted[i])
 
     def diverged(self, d: Diverged):
+        """Its step: the loop's where it had nothing to run, else the step of the events compared
+        (the overlap loop emits a step's result during the next step's iteration); its index: in
+        the step the events matched so far end in."""
         recorded, index = self.sink.expected, self.sink.index
         frame_start = next((i + 1 for i in range(index - 1, -1, -1) if type(recorded[i]) is StepEnd), 0)
         step = self.step_no if d.reason == self.nothing_left else (d.expected or d.actual).step
