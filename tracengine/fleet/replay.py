@@ -50,10 +50,10 @@ def reexecute_fleet(events, policy=None, routers: dict | None = None) -> ReplayR
     {pool: Router class} to replay with instead of the recorded ones ("all", "prefill", "decode").
     A divergence's index is the event's in the trace, the header being 0."""
     header, it = split_header(events)
-    return replay(FleetReplay(header, [header, *it], policy, routers))
+    return replay(ReplayingFleet(header, [header, *it], policy, routers))
 
 
-class FleetReplay:
+class ReplayingFleet:
     """A fleet as a replaying engine (replay/reexecution.py): the trace's events in order, each
     a call: a RouteDecision routes its request again (ADD; a decode pool's hands the prefilled
     request over), a KVTransfer lands it, a ReplicaScope steps that replica (STEP), fed the

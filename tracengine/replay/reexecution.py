@@ -21,7 +21,7 @@ is_finished) with what a replay adds to it:
 The backends' replaying engines: tracengine's (replay/reexec.EngineReplay), vLLM's scheduler
 as its engine core calls it, with steps in flight (vllm/replay.VllmReplay), SGLang's as its
 loop runs it (sglang/replay.SglangReplay), a fleet's replicas and routers
-(fleet/replay.FleetReplay)."""
+(fleet/replay.ReplayingFleet)."""
 import operator
 import time
 from dataclasses import dataclass
