@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from tracengine.analysis.stats import stats
 from tracengine.errors import TraceError
-from tracengine.trace.vllm_events import VLLM_INPUT_EVENTS
+from tracengine.trace.vllm_events import VLLM_EVENTS
 from tracengine.trace.events import (AnyEvent, BlockAllocate, CpuHit, CpuLoad, CpuStore, DraftProposed,
                                      DraftVerified, Preempt, RequestAdded, ScheduleDecision, SeqFinish,
                                      SpecAccepted, SpecDecode, SpecDraft, StepEnd, TokenSample, prefill_flags)
@@ -22,7 +22,7 @@ from tracengine.replay.fold import Fold, FoldState
 from tracengine.trace.tracelog import TraceReader
 from tracengine.tui.explain import explain_step
 
-EVENT_TYPE_NAMES = [cls.__name__ for cls in (*AnyEvent.__args__, *VLLM_INPUT_EVENTS) if cls.__name__ != "TraceHeader"]
+EVENT_TYPE_NAMES = [cls.__name__ for cls in (*AnyEvent.__args__, *VLLM_EVENTS) if cls.__name__ != "TraceHeader"]
 # speculative decoding's events: tracengine's engine's, then vLLM's scheduler's
 DRAFT_EVENT_NAMES = frozenset(("DraftProposed", "DraftVerified", "SpecDraft", "SpecDecode", "SpecAccepted"))
 
