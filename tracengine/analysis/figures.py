@@ -240,6 +240,20 @@ class Adapter(Figures, frozen=True):
     e2e_steps: Summary
 
 
+class KVGroupFigures(Figures, frozen=True):
+    """One KV cache group of a vLLM hybrid model (analysis/kv_groups.py): the blocks its requests were
+    given (prefix-cache hits among them), gave back while running (out of a sliding window, older
+    Mamba states), freed, and the most held at once."""
+    group: int
+    spec: str                        # vLLM's spec class: FullAttentionSpec, SlidingWindowSpec, MambaSpec
+    sliding_window: int | None
+    num_allocated_blocks: int
+    num_hit_blocks: int
+    num_skipped_blocks: int
+    num_freed_blocks: int
+    peak_blocks: int
+
+
 class Stats(Figures, frozen=True, kw_only=True):
     """What `tracengine stats` says of one engine's trace."""
     stats_version: int
@@ -260,6 +274,7 @@ class Stats(Figures, frozen=True, kw_only=True):
     cpu_tier: CpuTierFigures | None = None    # analysis/cpu_tier.py; None without a CPU tier
     kv_connector: KVConnectorFigures | None = None    # analysis/vllm_inputs.py; None without a connector
     structured_output: StructuredOutputFigures | None = None   # analysis/vllm_inputs.py; None without grammars
+    kv_groups: list[KVGroupFigures] | None = None   # analysis/kv_groups.py; None for one KV cache group
     per_request: list[RequestFigures]
 
 

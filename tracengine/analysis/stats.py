@@ -39,6 +39,7 @@ from tracengine.analysis.figures import (Goodput, HeadOfLine, KVBlocks, Latencie
                                          TraceFigures, summarize, summarize_counts)
 from tracengine.analysis.sessions import session_line, timeline_sessions
 from tracengine.analysis.adapters import adapter_figures
+from tracengine.analysis.kv_groups import kv_group_figures, kv_group_lines
 from tracengine.analysis.timeline import RequestTimeline, load
 from tracengine.errors import TracengineError
 
@@ -208,6 +209,7 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> Stats:
         cpu_tier=cpu,
         kv_connector=connector_figures(t),
         structured_output=structured_output_figures(t),
+        kv_groups=kv_group_figures(t),
         per_request=per_request,
     )
 
@@ -288,7 +290,7 @@ def render(s: Stats, title: str = ""):
                                   f"{format_number(wait, '{:,.1f}')} ms")
     if s.sessions:
         other.add_row("sessions", session_line(s.sessions))
-    for name, line in vllm_inputs_lines(s):
+    for name, line in vllm_inputs_lines(s) + kv_group_lines(s):
         other.add_row(name, line)
     if s.spec_decoding is not None:
         sd = s.spec_decoding
