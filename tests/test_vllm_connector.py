@@ -100,7 +100,7 @@ NAMED = dict(vllm_options=offloading)
 def test_vllm_offloading_connector_records_and_replays_exactly_without_it(tmp_path, kind, configured):
     events, worker = record(tmp_path / "offload.trace", kind, specs=offload_workload(), **configured)
     header = events[0]
-    assert header.format_version == 12 and header.not_recorded == []
+    assert header.format_version == 13 and header.not_recorded == []
     assert header.config["kv_connector"] == "OffloadingConnector" and header.config["kv_role"] == "kv_both"
     loads = [e for e in events if type(e) is ConnectorMatched and e.load_async and e.num_external_tokens > 0]
     assert loads and any(type(e) is Preempt for e in events)          # CPU hits loaded, and preemptions

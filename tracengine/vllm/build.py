@@ -16,13 +16,14 @@ from tracengine.errors import ConfigError
 from tracengine.vllm.connector import standin_transfer_config
 from tracengine.vllm.kv_groups import recorded_groups
 from tracengine.vllm.header import CACHE_FIELDS, LORA_FIELDS, SPEC_FIELDS, scheduler_field_names
+from tracengine.vllm.spec import DYNAMIC_FIELD, dynamic_options
 from tracengine.vllm.synthetic import SYNTHETIC_FIELDS, synthetic_options
 
 
 def settable_fields() -> list[str]:
     """The names `replay --set` and `simulate --scheduler vllm` accept for a vLLM trace."""
     return scheduler_field_names() + list(CACHE_FIELDS) + ["max_model_len", "num_gpu_blocks", "scheduler_kind"] + \
-        list(SPEC_FIELDS) + list(SYNTHETIC_FIELDS) + list(LORA_FIELDS)
+        list(SPEC_FIELDS) + list(SYNTHETIC_FIELDS) + list(LORA_FIELDS) + [DYNAMIC_FIELD]
 
 
 def default_config(**overrides) -> dict:
@@ -115,7 +116,7 @@ def speculative_config(config: dict, model_config):
     options = {attribute: config.get(name) for name, attribute in SPEC_FIELDS.items()}
     options["method"] = options["method"] or "ngram"
     return SpeculativeConfig(target_model_config=model_config, target_parallel_config=ParallelConfig(),
-                             **options, **synthetic_options(config))
+                             **options, **synthetic_options(config), **dynamic_options(config))
 
 
 def _first_line(exc: Exception) -> str:

@@ -6,7 +6,8 @@ user says to record anyway ($TRACENGINE_RECORD_ANYWAY=1, or additional_config {"
 {"record_anyway": true}}): the trace's header then lists what it lacks (TraceHeader.not_recorded)
 and `replay` and `check` say so first (trace/header.py's not_recorded_note).
 
-Recorded, so not refused: speculative decoding by ngram (spec.py), LoRA, a hybrid model's KV
+Recorded, so not refused: speculative decoding by ngram (spec.py, with a dynamic draft length
+too), LoRA, a hybrid model's KV
 cache groups (full attention, sliding window, Mamba: group_blocks.py), a KV connector of any
 kind (connector.py: its answers and transfers are events; a replay needs no connector), structured
 output (structured.py: its grammars' answers are events; a replay needs no grammar backend).
@@ -41,8 +42,6 @@ def config_features(vllm_config, kv_cache_config) -> list[str]:
     """The features of a scheduler's config that a trace does not hold, named; [] for none."""
     found = []
     spec = vllm_config.speculative_config
-    if spec is not None and spec.num_speculative_tokens_per_batch_size:
-        found.append("dynamic speculative draft length (num_speculative_tokens_per_batch_size)")
     if spec is not None and spec.method not in RECORDED_SPEC_METHODS:
         found.append(f"speculative decoding with method {spec.method!r} (recorded: "
                      f"{', '.join(RECORDED_SPEC_METHODS) or 'none'})")
