@@ -1,9 +1,10 @@
 """A hybrid model's KV cache groups in a vLLM trace (tracengine/vllm/group_blocks.py): per group, the
 blocks its requests were given (hits among them), gave back while running (out of a sliding window,
-older Mamba states) and freed, and the most it held at once. The request timeline folds the block
-events here; a trace whose header names no groups (`kv_cache_groups`) keeps no record, and its
-prefix-cache figures are as before: the first group's, as a hybrid trace's are."""
+older Mamba states) and freed, and the most it held at once, counted in a pass of their own over a
+hybrid trace's events (a trace whose header names no groups, `kv_cache_groups`, has none). The
+prefix-cache figures are the first group's, as a one-group trace's are."""
 import json
+import os
 
 from tracengine.analysis.figures import KVGroupFigures
 from tracengine.trace.events import BlockAllocate, BlockAppend, BlockFree
@@ -25,54 +26,42 @@ class GroupCounts:
         self.peak[group] = max(self.peak[group], self.held[group])
 
 
-def _groups(timeline) -> GroupCounts | None:
-    """The timeline's record, made at its first block event from its header (None: one group)."""
-    header = timeline.header
-    found = getattr(timeline, "kv_groups", None)
-    if found is None or found[0] is not header:
-        groups = GroupCounts(header) if header is not None and header.config.get("kv_cache_groups") else None
-        found = timeline.kv_groups = (header, groups)
-    return found[1]
-
-
 def block_allocated(timeline, e: BlockAllocate) -> None:
-    if not e.group:              # the prefix-cache figures: the first group's (timeline.py)
+    """The request timeline's fold of a BlockAllocate: its prefix-cache figures are the first group's."""
+    if not e.group:
         type(timeline)._allocated(timeline, e)
-    record = _groups(timeline)
-    if record is not None:
-        record.gained(e.group, len(e.block_ids))
-        record.hits[e.group] += e.num_cached_blocks
 
 
-def block_appended(timeline, e: BlockAppend) -> None:
-    record = _groups(timeline)
-    if record is not None:
-        record.gained(e.group, 1)
+# what the request timeline folds of the groups (timeline.py); the per-group figures are a pass of their own
+FOLD = {BlockAllocate: block_allocated}
 
 
-def block_freed(timeline, e: BlockFree) -> None:
-    record = _groups(timeline)
-    if record is not None:
-        record.freed[e.group] += len(e.block_ids)
-        record.held[e.group] -= len(e.block_ids)
-
-
-def block_skipped(timeline, e: BlockSkip) -> None:
-    record = _groups(timeline)
-    if record is not None:
-        record.skipped[e.group] += len(e.block_ids)
-        record.held[e.group] -= len(e.block_ids)
-
-
-FOLD = {BlockAllocate: block_allocated, BlockAppend: block_appended, BlockFree: block_freed,
-        BlockSkip: block_skipped}
-
-
-def kv_group_figures(timeline) -> list[KVGroupFigures] | None:
-    found = getattr(timeline, "kv_groups", None)
-    record = found[1] if found is not None else None
-    if record is None:
+def kv_group_figures(timeline, source) -> list[KVGroupFigures] | None:
+    """Each group's figures of a hybrid model's trace (None for one group): its block events counted
+    in a pass of their own over `source` (a path, read again, or a list of events), so a one-group
+    trace's fold does no more than before; None where the events cannot be read again (an iterator)."""
+    header = timeline.header
+    if header is None or not header.config.get("kv_cache_groups"):
         return None
+    if isinstance(source, (str, os.PathLike)):
+        from tracengine.trace.tracelog import TraceReader
+        with TraceReader(source) as reader:
+            return _count(header, reader.events())
+    return _count(header, source) if isinstance(source, (list, tuple)) else None
+
+
+def _count(header, events) -> list[KVGroupFigures]:
+    record = GroupCounts(header)
+    for e in events:
+        t = type(e)
+        if t is BlockAllocate:
+            record.gained(e.group, len(e.block_ids))
+            record.hits[e.group] += e.num_cached_blocks
+        elif t is BlockAppend:
+            record.gained(e.group, 1)
+        elif t is BlockFree or t is BlockSkip:
+            (record.freed if t is BlockFree else record.skipped)[e.group] += len(e.block_ids)
+            record.held[e.group] -= len(e.block_ids)
     return [KVGroupFigures(group=g, spec=spec, sliding_window=record.windows[g],
                            num_allocated_blocks=record.allocated[g], num_hit_blocks=record.hits[g],
                            num_skipped_blocks=record.skipped[g], num_freed_blocks=record.freed[g],

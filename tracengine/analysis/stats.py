@@ -209,7 +209,7 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> Stats:
         cpu_tier=cpu,
         kv_connector=connector_figures(t),
         structured_output=structured_output_figures(t),
-        kv_groups=kv_group_figures(t),
+        kv_groups=kv_group_figures(t, path_or_events),
         per_request=per_request,
     )
 
