@@ -29,6 +29,7 @@ from tracengine.trace.vllm_events import (ALL_EVENT_TYPES, GrammarRequested, Gra
                                           ConnectorFinished, ConnectorMatched, ConnectorPending,
                                           KVTransfersDone)
 from tracengine.replay.reexec import reexecute
+from tracengine.trace.sglang_events import PolicyOrder, PrefillStop
 from tracengine.sim.runners import SyntheticRunner
 from tracengine.testing import every_event_type_config
 from tracengine.engine.sampling_params import SamplingParams
@@ -90,6 +91,8 @@ SAMPLES = [
     GrammarState(3, 2, "ready"),
     DraftProposed(2, 1, 3, [7, 8, 9]),
     DraftVerified(3, 1, 3, 2),
+    PolicyOrder(2, "lpm", "lpm", [4, 1], 3, [64, 0], [2]),
+    PrefillStop(2, "no_token", "no_token", 1, False, 2, 30, 16000, 12),
 ]
 
 

@@ -52,6 +52,7 @@ def reexecute(events, config: dict | None = None) -> ReplayResult:
     scheduler = build_scheduler(header.config if config is None else config, tokens)
     sink = ListSink()
     recorder = record_to(scheduler, sink, header.created_at)
+    recorder.format_version = header.format_version     # an older trace's events, as its format recorded them
     tokens.seq_ids = recorder.seq_ids
     start = time.perf_counter()
     try:

@@ -8,6 +8,7 @@ from typing import Literal
 import msgspec
 
 from tracengine.trace.events import EVENT_TYPES, Event
+from tracengine.trace.sglang_events import SGLANG_EVENTS
 
 
 class ConnectorMatched(Event, tag=27):
@@ -77,4 +78,5 @@ class GrammarState(Event, tag=33):
 
 VLLM_INPUT_EVENTS = (ConnectorMatched, ConnectorAllocated, ConnectorFinished, ConnectorPending,
                      KVTransfersDone, GrammarRequested, GrammarState)
-ALL_EVENT_TYPES: dict[str, type] = {**EVENT_TYPES, **{cls.__name__: cls for cls in VLLM_INPUT_EVENTS}}
+# every event type by name: events.py's, these, and SGLang's (sglang_events.py)
+ALL_EVENT_TYPES: dict[str, type] = {**EVENT_TYPES, **{cls.__name__: cls for cls in (*VLLM_INPUT_EVENTS, *SGLANG_EVENTS)}}
