@@ -29,6 +29,7 @@ from tracengine.trace.vllm_events import (ALL_EVENT_TYPES, BlockSkip, GrammarReq
                                           ConnectorFinished, ConnectorMatched, ConnectorPending,
                                           KVTransfersDone)
 from tracengine.replay.reexec import reexecute
+from tracengine.trace.sglang_events import PolicyOrder, PrefillStop
 from tracengine.sim.runners import SyntheticRunner
 from tracengine.testing import every_event_type_config
 from tracengine.engine.sampling_params import SamplingParams
@@ -93,6 +94,8 @@ SAMPLES = [
     BlockFree(6, 2, [12, 11, 10], 2),
     DraftProposed(2, 1, 3, [7, 8, 9]),
     DraftVerified(3, 1, 3, 2),
+    PolicyOrder(2, "lpm", "lpm", [4, 1], 3, [64, 0], [2]),
+    PrefillStop(2, "no_token", "no_token", 1, False, 2, 30, 16000, 12),
 ]
 
 

@@ -10,7 +10,9 @@ computes one token per sequence, `s3:1@20`. Lists longer than 12 items show
 the first 12 and how many more."""
 import msgspec
 
+from tracengine.analysis import sglang_decisions
 from tracengine.analysis.vllm_inputs import step_items
+from tracengine.trace.sglang_events import SGLANG_EVENTS
 from tracengine.trace.vllm_events import VLLM_INPUT_EVENTS, BlockSkip
 from tracengine.trace.events import (WALL_CLOCK_FIELDS, BlockAllocate, BlockAppend, BlockFree, BlockHash,
                                      DraftProposed, DraftVerified, Preempt, PromptBlocksHashed, RequestAdded,
@@ -122,6 +124,8 @@ def render_step(events) -> str:
         elif t is StepEnd:
             end = e
         elif t in VLLM_INPUT_EVENTS and (item := step_items(e)) is not None:    # a connector's, a grammar's
+            inputs.setdefault(item[0], []).append(item[1])
+        elif t in SGLANG_EVENTS and (item := sglang_decisions.step_item(e)) is not None:   # SGLang's order, stop
             inputs.setdefault(item[0], []).append(item[1])
     if decision is None:
         head = f"{step if step is not None else '?':>4} (no step yet)"
@@ -284,4 +288,6 @@ def describe_event(e) -> str:
             return "verifies " + ", ".join(f"seq {s}'s {n}" for s, n in zip(e.seq_ids, e.num_spec_tokens)) + " drafts"
         case SpecAccepted():
             return "accepted: " + ", ".join(f"seq {s} {n}" for s, n in zip(e.seq_ids, e.num_accepted))
+    if type(e) in SGLANG_EVENTS:
+        return sglang_decisions.describe(e)
     return " ".join(f"{name}={format_value(getattr(e, name))}" for name in e.__struct_fields__ if name != "step")

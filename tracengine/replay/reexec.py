@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from tracengine.engine.config import Config
 from tracengine.errors import RequestError
 from tracengine.engine.hash_id_prompt import hashed_blocks, request_prompt
-from tracengine.trace.vllm_events import VLLM_EVENTS
+from tracengine.trace.vllm_events import BACKEND_EVENTS
 from tracengine.trace.events import (WALL_CLOCK_FIELDS, AnyEvent, BlockHash, DraftProposed, DraftVerified, Event,
                                      PromptBlocksHashed, RequestAdded, SeqAbort, StepEnd, TokenSample)
 from tracengine.engine.llm_engine import LLMEngine
@@ -97,7 +97,7 @@ def _compared(cls):
     return operator.attrgetter(*[name for name in cls.__struct_fields__ if name not in WALL_CLOCK_FIELDS])
 
 
-_COMPARED = {cls: _compared(cls) for cls in (*AnyEvent.__args__, *VLLM_EVENTS)}
+_COMPARED = {cls: _compared(cls) for cls in (*AnyEvent.__args__, *BACKEND_EVENTS)}
 
 
 class _Diverged(Exception):

@@ -52,6 +52,7 @@ def reexecute(events, config: dict | None = None) -> ReplayResult:
     scheduler = build_scheduler(header.config if config is None else config, tokens)
     sink = ListSink()
     recorder = record_to(scheduler, sink, header.created_at)
+    recorder.format_version = header.format_version     # an older trace's events, as its format recorded them
     tokens.seq_ids = recorder.seq_ids
     start = time.perf_counter()
     try:
@@ -80,7 +81,7 @@ class _Replay:
             self.tokens.step = step
             due = self.arrivals.pop(step, None)
             if due:
-                if not has_work(scheduler):
+                if not has_work(scheduler) or _health_check_waited(scheduler, due):
                     iterate(scheduler)
                 scheduler.process_input_requests([
                     generate_request(e.request_id, e.prompt_token_ids, e.max_tokens, ignore_eos=e.ignore_eos,
@@ -136,6 +137,15 @@ class _Replay:
         d = Divergence(step, i - self.frame_start, expected, None, reason,
                        live_sglang_state(self.scheduler, step, self.recorder.seq_ids))
         return divergence_result(d, self, start)
+
+
+def _health_check_waited(scheduler, due) -> bool:
+    """SGLang's server admits a health check request (rid HEALTH_CHECK_...) only into a fully
+    idle scheduler (it drops it otherwise): one recorded came after the idle iteration that
+    cleared the last batch, which the replay so runs first."""
+    from sglang.srt.constants import HEALTH_CHECK_RID_PREFIX
+    return any(type(e) is RequestAdded and e.request_id.startswith(HEALTH_CHECK_RID_PREFIX) for e in due) \
+        and not scheduler.is_fully_idle(for_health_check=True)
 
 
 def divergence_result(divergence: Divergence, replay: _Replay, start: float) -> ReplayResult:

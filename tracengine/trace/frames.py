@@ -105,7 +105,8 @@ FORMAT_VERSION = 13
 # decoding's DraftProposed and DraftVerified in tracengine's engine (engine/spec_decode.py), and the CPU
 # tier's events (CpuStore with its evictions, CpuLoad, CpuHit: engine/cpu_tier.py); 12 adds a vLLM KV connector's
 # answers and transfers (KVConnector*, KVTransfersDone) and structured output's grammars (Grammar*);
-# 13 appends the KV cache group to block events and adds BlockSkip (a vLLM hybrid model's groups)
+# 13 appends the KV cache group to block events and adds BlockSkip (a vLLM hybrid model's groups), and
+# SGLang's schedule policy order and prefill adder stop (PolicyOrder, PrefillStop: sglang_events.py)
 READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
 RUN_END_SINCE = 6                      # the first version whose end frame may hold a RunEnd
 BETWEEN_STEPS_FRAMES_SINCE = 8         # the first version whose between-steps frames may come before their step's

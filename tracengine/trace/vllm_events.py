@@ -8,6 +8,7 @@ from typing import Literal
 import msgspec
 
 from tracengine.trace.events import EVENT_TYPES, Event
+from tracengine.trace.sglang_events import SGLANG_EVENTS
 
 
 class ConnectorMatched(Event, tag=27):
@@ -89,6 +90,8 @@ class BlockSkip(Event, tag=34):
 
 VLLM_INPUT_EVENTS = (ConnectorMatched, ConnectorAllocated, ConnectorFinished, ConnectorPending,
                      KVTransfersDone, GrammarRequested, GrammarState)
-# every event of this module (what a decoder reads beside events.py's)
+# every event of this module
 VLLM_EVENTS = (*VLLM_INPUT_EVENTS, BlockSkip)
-ALL_EVENT_TYPES: dict[str, type] = {**EVENT_TYPES, **{cls.__name__: cls for cls in VLLM_EVENTS}}
+# every event beyond events.py's (what a decoder reads beside them): these and SGLang's (sglang_events.py)
+BACKEND_EVENTS = (*VLLM_EVENTS, *SGLANG_EVENTS)
+ALL_EVENT_TYPES: dict[str, type] = {**EVENT_TYPES, **{cls.__name__: cls for cls in BACKEND_EVENTS}}
