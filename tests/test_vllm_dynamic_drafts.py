@@ -57,3 +57,25 @@ def test_a_dynamic_draft_length_is_recorded_per_step_and_replays_exactly(tmp_pat
     # the schedule decides: replayed with a fixed length of 3, the replay parts from the recording
     fixed = dict(header.config, num_speculative_tokens_per_batch_size=None)
     assert not reexecute(events, fixed).ok
+
+
+def test_stats_report_the_draft_length_each_batch_size_chose(tmp_path, monkeypatch):
+    from tracengine.analysis.stats import render, stats
+    from tracengine.analysis.tables import table_text
+    monkeypatch.delenv("TRACENGINE_RECORD_ANYWAY", raising=False)
+    path = tmp_path / "dynamic.trace"
+    events = record_spec(path, config("sync"), spec_workload())
+    decisions = {e.step: len(e.seqs) for e in events if type(e) is ScheduleDecision}
+    expected: dict = {}
+    for e in events:
+        if type(e) is SpecDecode:
+            key = (decisions[e.step], e.num_spec_tokens_to_schedule)
+            expected[key] = expected.get(key, 0) + 1
+    for source in (events, str(path)):       # a list of events, or the file read again
+        lengths = stats(source).spec_decoding.draft_lengths
+        assert {(d.batch_size, d.num_spec_tokens): d.num_steps for d in lengths} == expected
+        assert all(d.num_spec_tokens == length_for(d.batch_size) for d in lengths)
+    assert "draft length" in table_text(render(stats(events)))
+    # a fixed draft length's trace has none
+    fixed = record_spec(tmp_path / "fixed.trace", default_config(**SPEC_PRESSURE), spec_workload())
+    assert stats(fixed).spec_decoding.draft_lengths is None

@@ -200,6 +200,15 @@ class SpecDecoding(Figures, frozen=True):
     acceptance_rate: float | None   # accepted / drafted
     mean_acceptance_length: float | None    # tokens a verification gave: 1 + accepted (vLLM's)
     acceptance_rate_per_position: list[float]   # of the verifications with a draft at position j, the share accepting it
+    # a dynamic draft length's (vLLM's num_speculative_tokens_per_batch_size): the lengths each batch size chose
+    draft_lengths: list["DraftLength"] | None = None
+
+
+class DraftLength(Figures, frozen=True):
+    """Of the steps that scheduled `batch_size` requests, `num_steps` chose `num_spec_tokens` drafts."""
+    batch_size: int
+    num_spec_tokens: int
+    num_steps: int
 
 
 class KVConnectorFigures(Figures, frozen=True):

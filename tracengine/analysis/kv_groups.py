@@ -43,11 +43,17 @@ def kv_group_figures(timeline, source) -> list[KVGroupFigures] | None:
     header = timeline.header
     if header is None or not header.config.get("kv_cache_groups"):
         return None
+    return pass_over(source, lambda events: _count(header, events))
+
+
+def pass_over(source, count):
+    """`count(events)` of a trace's events read again (`source`: a path, or a list of events);
+    None where they cannot be (an iterator): the figures a pass of their own gives."""
     if isinstance(source, (str, os.PathLike)):
         from tracengine.trace.tracelog import TraceReader
         with TraceReader(source) as reader:
-            return _count(header, reader.events())
-    return _count(header, source) if isinstance(source, (list, tuple)) else None
+            return count(reader.events())
+    return count(source) if isinstance(source, (list, tuple)) else None
 
 
 def _count(header, events) -> list[KVGroupFigures]:

@@ -238,8 +238,9 @@ class VllmClockedEngine:
     def _base(self) -> int:
         if self.step_time is None:
             return self.tick
-        return self.end_ns + self.step_time.gap_ns if self.num_scheduled else \
+        base = self.end_ns + self.step_time.gap_ns if self.num_scheduled else \
             max(self.step_time.gap_ns, self.first_step_ns)
+        return base if self.kv_worker is None else self.kv_worker.next_start(base)
 
     def _busy(self) -> bool:
         return bool(self.queued) or self.scheduler.has_requests() or bool(self.batch_queue)
@@ -283,6 +284,8 @@ class VllmClockedEngine:
                 self.schedule_log.append((dict(out.num_scheduled_tokens), sorted(out.preempted_req_ids)))
             if self.step_time is not None:
                 self._time(self.num_scheduled, start)
+            if self.kv_worker is not None:
+                self.kv_worker.scheduled(out, start, self.end_ns)
             self.batch_queue.appendleft((self.num_scheduled, out, sampling_req_ids(scheduler, out)))
             self.num_scheduled += 1
             self.tick += 1

@@ -8,6 +8,7 @@ import os
 
 from tracengine.vllm.connector import connector_config
 from tracengine.vllm.kv_groups import groups_config
+from tracengine.vllm.offloading import offloading_fields
 from tracengine.vllm.spec import dynamic_fields
 from tracengine.vllm.synthetic import header_fields as synthetic_header_fields
 
@@ -64,6 +65,7 @@ def header_config(scheduler) -> dict:
     if vllm_config.lora_config is not None:
         config.update({name: getattr(vllm_config.lora_config, name) for name in LORA_FIELDS})
     config.update(connector_config(scheduler))
+    config.update(offloading_fields(scheduler))
     config.update(groups_config(scheduler.kv_cache_config))
     return config
 
