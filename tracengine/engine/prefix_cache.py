@@ -15,6 +15,7 @@ workload) is matched on its hashes alone, as vLLM matches every request."""
 from itertools import chain, repeat
 
 NO_HASH = -1
+LOOKUP_RUN = 64      # blocks looked up at once
 
 
 class PrefixCache:
@@ -38,9 +39,15 @@ class PrefixCache:
     def lookup(self, block_hashes: list[int], tokens=None) -> list[int]:
         """The blocks holding the leading blocks of `block_hashes`, up to the first miss.
         `tokens(start, end)`: the sequence's token ids in [start, end), where it has them."""
-        block_ids = list(map(self.hash_to_block_id.get, block_hashes))
-        if None in block_ids:
-            del block_ids[block_ids.index(None):]      # the first miss ends the hits
+        # LOOKUP_RUN blocks at a time, up to the run with the first miss, which ends the hits: a
+        # long prompt's blocks past it are not looked up
+        get, block_ids = self.hash_to_block_id.get, []
+        for start in range(0, len(block_hashes), LOOKUP_RUN):
+            run = list(map(get, block_hashes[start:start + LOOKUP_RUN]))
+            if None in run:
+                block_ids += run[:run.index(None)]
+                break
+            block_ids += run
         if tokens is not None and block_ids:
             del block_ids[self._num_same_tokens(block_ids, tokens(0, len(block_ids) * self.block_size)):]
         return block_ids
