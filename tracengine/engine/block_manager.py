@@ -77,7 +77,8 @@ class BlockManager:
 
     @property
     def blocks(self) -> list[Block]:
-        token_ids = self._every_block(self.prefix_cache.token_ids, None)
+        held = self.prefix_cache.token_ids
+        token_ids = [held.get(block_id) for block_id in range(self.num_blocks)]
         return [Block(block_id, ref_count, h, list(tokens or ()))
                 for block_id, (ref_count, h, tokens) in enumerate(zip(self.ref_counts, self.hashes, token_ids))]
 

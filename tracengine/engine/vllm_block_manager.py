@@ -71,23 +71,26 @@ class VllmPrefixCache(PrefixCache):
 
     def insert(self, block_ids: list[int], block_hashes: list[int], token_ids=None):
         self._cover(block_ids)
-        size, hashes, held, index = self.block_size, self.hashes, self.token_ids, self.hash_to_block_id
-        for i, (block_id, h) in enumerate(zip(block_ids, block_hashes)):
+        hashes, index = self.hashes, self.hash_to_block_id
+        for block_id, h in zip(block_ids, block_hashes):
             hashes[block_id] = h
-            held[block_id] = None if token_ids is None else token_ids[i * size:(i + 1) * size]
             if index.setdefault(h, block_id) != block_id:
                 self.later_block_ids.setdefault(h, []).append(block_id)
+        self._hold_tokens(block_ids, token_ids)
 
     def evict(self, block_ids: list[int]):
         self._cover(block_ids)
-        hashes, held, index, later = self.hashes, self.token_ids, self.hash_to_block_id, self.later_block_ids
+        hashes, index, later = self.hashes, self.hash_to_block_id, self.later_block_ids
         for block_id in block_ids:
             h = hashes[block_id]
             if h == NO_HASH:
                 continue
-            unregister(index, later, h, block_id)
+            if h in later:      # another block holds it too
+                unregister(index, later, h, block_id)
+            else:               # the one block registered under it: the one found
+                del index[h]
             hashes[block_id] = NO_HASH
-            held[block_id] = None
+        self._hold_tokens(block_ids, None)
 
 
 def unregister(hash_to_block_id: dict[int, int], later_block_ids: dict[int, list[int]], h: int, block_id: int):
