@@ -147,11 +147,11 @@ class VllmBlockManager(BlockManager):
         nothing allocated, when the free blocks do not cover them. Blocks of draft tokens (slots
         past the sequence's tokens) are registered once the drafts are kept (`hash_verified_blocks`):
         only the sequence's tokens are registered here, as vLLM caps what it caches at `request.num_tokens`."""
-        num_slots = min(seq.num_cached_tokens + num_new_tokens, seq.num_tokens)
-        num_new_blocks = -(-(seq.num_cached_tokens + num_new_tokens) // self.block_size) - len(seq.block_table)
-        if num_new_blocks > self.pool.num_free_blocks:
-            return False
-        if num_new_blocks > 0:
+        size, num_cached_tokens = self.block_size, seq.num_cached_tokens
+        num_new_blocks = -(-(num_cached_tokens + num_new_tokens) // size) - len(seq.block_table)
+        if num_new_blocks > 0:      # (a decode: 1 in block_size)
+            if num_new_blocks > self.pool.num_free_blocks:
+                return False
             new_block_ids = self.pool.get_new_blocks(num_new_blocks)
             self.prefix_cache.evict(new_block_ids)
             if self.cpu_tier is not None:
@@ -160,9 +160,9 @@ class VllmBlockManager(BlockManager):
             if self.sink.enabled:
                 for block_id in new_block_ids:
                     self.sink.emit(BlockAppend(self.step, seq.seq_id, block_id))
-        num_cached_blocks = seq.num_cached_tokens // self.block_size
-        if num_slots // self.block_size > num_cached_blocks:      # these slots fill blocks (a decode: 1 in block_size)
-            self.cache_blocks(seq, num_cached_blocks, num_slots // self.block_size)
+        num_filled = min(num_cached_tokens + num_new_tokens, seq.num_tokens) // size
+        if num_filled > num_cached_tokens // size:      # these slots fill blocks (a decode: 1 in block_size)
+            self.cache_blocks(seq, num_cached_tokens // size, num_filled)
         return True
 
     def cache_blocks(self, seq: Sequence, num_cached_blocks: int, end: int):
