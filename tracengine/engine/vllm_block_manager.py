@@ -52,10 +52,10 @@ def release(ref_counts: list[int], hashes: list[int], free_block_queue, block_id
     that order."""
     evict_first, evict_last = [], []
     for block_id in block_ids:
-        ref_counts[block_id] -= 1
-        if ref_counts[block_id] == 0:
+        ref_count = ref_counts[block_id] = ref_counts[block_id] - 1
+        if ref_count == 0:
             (evict_first if hashes[block_id] == NO_HASH else evict_last).append(block_id)
-        elif ref_counts[block_id] < 0:
+        elif ref_count < 0:
             raise ValueError(f"block {block_id} freed more often than it was taken")
     free_block_queue.prepend_n(evict_first)
     free_block_queue.append_n(evict_last)
