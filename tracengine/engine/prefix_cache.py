@@ -21,6 +21,7 @@ LOOKUP_RUN = 64      # blocks looked up at once
 class PrefixCache:
 
     def __init__(self, num_blocks: int, block_size: int):
+        self.num_blocks = num_blocks
         self.block_size = block_size
         self.hash_to_block_id: dict[int, int] = {}
         # per block id, up to the highest one given so far (a block past it holds nothing: the
@@ -31,7 +32,10 @@ class PrefixCache:
         self.token_ids: dict[int, list[int]] = {}
 
     def _cover(self, block_ids: list[int]):
-        """Slots for `block_ids` in `hashes` (extended in place: the pool shares it)."""
+        """Slots for `block_ids` in `hashes` (extended in place: the pool shares it); none to
+        look for once every block has one."""
+        if len(self.hashes) == self.num_blocks:
+            return
         end = max(block_ids, default=-1) + 1
         if end > len(self.hashes):
             self.hashes += repeat(NO_HASH, end - len(self.hashes))
