@@ -42,3 +42,27 @@ def test_tokens_are_kept_for_the_blocks_registered_with_them_and_forgotten_when_
     assert cache.lookup([11, 12], lambda start, end: [1, 2, 3, 9][start:end]) == [3]     # the second differs
     cache.evict([4, 7])
     assert cache.token_ids == {3: [1, 2]} and cache.lookup([11, 12, 13]) == [3]
+
+
+def setdefault_registry(runs):
+    """vLLM's BlockHashToBlockMap as a block at a time: the first block registered under a hash is
+    found, the others wait in order."""
+    index, later = {}, {}
+    for block_ids, block_hashes in runs:
+        for block_id, h in zip(block_ids, block_hashes):
+            if index.setdefault(h, block_id) != block_id:
+                later.setdefault(h, []).append(block_id)
+    return index, later
+
+
+@pytest.mark.parametrize("runs", [
+    [([0, 1, 2], [10, 11, 12])],
+    [([0, 1, 2, 3], [10, 11, 10, 10])],                       # a hash given twice in one run
+    [([0, 1], [10, 11]), ([2, 3, 4], [12, 11, 13])],          # one a block already holds
+    [([0, 1], [10, 11]), ([2, 3, 4, 5], [11, 12, 12, 10])],   # both
+])
+def test_a_run_registers_as_its_blocks_one_at_a_time_would(runs):
+    cache = VllmPrefixCache(100, 4)
+    for block_ids, block_hashes in runs:
+        cache.insert(block_ids, block_hashes)
+    assert (cache.hash_to_block_id, cache.later_block_ids) == setdefault_registry(runs)
