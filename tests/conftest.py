@@ -7,6 +7,15 @@ from tracengine.trace.sinks import ListSink
 pytest_plugins = ["pytester", "tracengine.testing"]
 
 
+def pytest_collection_modifyitems(items):
+    """SGLang's tests run last. Each SGLang scheduler a test builds stays alive in the process (its own
+    components and watchdog thread hold it), and with it its gloo process groups' and ZMQ context's
+    threads, hundreds by the end of those tests; their small periodic work keeps the process from
+    looking idle, and Textual's pilot waits for an idle process at every pause (up to a second each),
+    so TUI tests run after them take ten times as long."""
+    items.sort(key=lambda item: item.path.name.startswith("test_sglang"))    # stable: the rest keep their order
+
+
 @pytest.fixture(autouse=True)
 def sweep_cache_dir(tmp_path_factory, monkeypatch):
     """Sweeps keep their rows in a result cache (sim/cache.py); a test's go to a directory of its

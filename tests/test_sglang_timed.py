@@ -140,3 +140,25 @@ def test_the_overlap_loop_is_refused_in_simulated_time(simulated, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["tracengine: error: SGLang's overlap loop is not run in simulated time yet (its steps overlap "
                    "the CPU's work with the model's forward); its traces replay and take what-ifs in steps"]
+
+
+def test_simulate_searches_the_capacity_of_sglangs_scheduler(simulated, tmp_path, capsys):
+    """`simulate --scheduler sglang --search request_rate`: each probe is SGLang's scheduler run at
+    the rate; more running requests admit more at once, so a higher rate meets the TTFT objective."""
+    workload, _ = simulated
+    argv = simulate_argv(workload, *BASE, "--slo", "ttft=1s", "--search", "request_rate", "--sweep",
+                         "max_running_requests=1,8", "--search-precision", "0.5", "--goodput", "0.9",
+                         "--jobs", "1", "--cache-dir", str(tmp_path / "cache"))
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "the highest rate at which 90.0% of the requests meet ttft 1000 ms, to 0.5 requests/s" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["8"])}
+    rates = [float(rows[n][1]) for n in ("1", "8")]
+    assert 0 < rates[0] < rates[1] and all(r % 0.5 == 0 for r in rates)
+    assert main(argv) == 0          # again: every probe from the cache, the same answer
+    again = capsys.readouterr().out
+    probes = next(line for line in again.splitlines() if " probes (" in line).split()
+    assert probes[0] == probes[2].lstrip("(") and [float(line.split()[1]) for line in again.splitlines()
+                                                    if line.split()[:1] in (["1"], ["8"])] == rates
+    assert main(simulate_argv(workload, *BASE, "--search", "request_rate")) == 2
+    assert "--search needs an objective" in capsys.readouterr().err

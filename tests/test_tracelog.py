@@ -25,10 +25,11 @@ from tracengine.trace.events import (CPU_TIER_EVENT_TYPES, EVENT_TYPES, FLEET_EV
                                SeqFinish, SpecAccepted, SpecDecode, SpecDraft, StepEnd,
                                TokenSample, TraceHeader, ReplicaScope, RouteDecision, KVTransfer, RunEnd)
 from tracengine.engine.llm_engine import LLMEngine
-from tracengine.trace.vllm_events import (ALL_EVENT_TYPES, GrammarRequested, GrammarState, ConnectorAllocated,
+from tracengine.trace.vllm_events import (ALL_EVENT_TYPES, BlockSkip, GrammarRequested, GrammarState, ConnectorAllocated,
                                           ConnectorFinished, ConnectorMatched, ConnectorPending,
                                           KVTransfersDone)
 from tracengine.replay.reexec import reexecute
+from tracengine.trace.sglang_events import PolicyOrder, PrefillStop
 from tracengine.sim.runners import SyntheticRunner
 from tracengine.testing import every_event_type_config
 from tracengine.engine.sampling_params import SamplingParams
@@ -88,8 +89,13 @@ SAMPLES = [
     KVTransfersDone(5, [1], [2], [3], [7]),
     GrammarRequested(1, 2, "regex"),
     GrammarState(3, 2, "ready"),
+    BlockSkip(5, 1, [9, 8], 1),
+    BlockAllocate(5, 2, [10, 11, 12], 1, 2),
+    BlockFree(6, 2, [12, 11, 10], 2),
     DraftProposed(2, 1, 3, [7, 8, 9]),
     DraftVerified(3, 1, 3, 2),
+    PolicyOrder(2, "lpm", "lpm", [4, 1], 3, [64, 0], [2]),
+    PrefillStop(2, "no_token", "no_token", 1, False, 2, 30, 16000, 12),
 ]
 
 

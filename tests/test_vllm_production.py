@@ -60,10 +60,13 @@ def lora(max_loras: int = 1, max_cpu_loras: int | None = None):
 
 
 def hybrid_groups(spec):
+    """A hybrid model with a group a trace does not hold (chunked local attention; tests/test_vllm_kv_groups.py
+    records full attention, sliding window and Mamba groups)."""
     import torch
-    from vllm.v1.kv_cache_interface import KVCacheGroupSpec, SlidingWindowSpec
-    window = SlidingWindowSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float32, sliding_window=64)
-    return [KVCacheGroupSpec(["full"], spec), KVCacheGroupSpec(["window"], window)]
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, KVCacheGroupSpec
+    local = ChunkedLocalAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float32,
+                                      attention_chunk_size=64)
+    return [KVCacheGroupSpec(["full"], spec), KVCacheGroupSpec(["local"], local)]
 
 
 def ec_connector(model_config):
@@ -79,13 +82,9 @@ def parallel(**sizes):
 REFUSED = {
     "speculative decoding (a draft model)": (dict(vllm_options=speculative("draft_model")),
                                              "speculative decoding with method 'draft_model'"),
-    "dynamic draft length": (dict(vllm_options=speculative("ngram", prompt_lookup_min=1, prompt_lookup_max=3,
-                                                           num_speculative_tokens_per_batch_size=[(1, 4, 3),
-                                                                                                  (5, 16, 1)])),
-                             "dynamic speculative draft length"),
     "an encoder cache connector": (dict(vllm_options=ec_connector), "an encoder cache connector"),
-    "hybrid KV cache groups": (dict(kv_cache_groups=hybrid_groups),
-                               "hybrid KV cache groups (2 groups: FullAttentionSpec, SlidingWindowSpec"),
+    "a hybrid model's unrecorded group": (dict(kv_cache_groups=hybrid_groups),
+                                          "a KV cache group of ChunkedLocalAttentionSpec in a hybrid model"),
     "pooling": (dict(model_options=dict(runner="pooling")), "pooling"),
     "pipeline parallelism": (dict(vllm_options=parallel(pipeline_parallel_size=2)), "pipeline parallelism"),
     "data parallelism": (dict(vllm_options=parallel(data_parallel_size=2)), "data parallelism"),
@@ -118,7 +117,7 @@ def test_a_plain_config_still_records_and_replays_exactly(tmp_path, no_record_an
     run(scheduler, workload(priorities=policy == "priority"))
     scheduler.shutdown()
     events = recorded(path)
-    assert events[0].not_recorded == [] and events[0].format_version == 12
+    assert events[0].not_recorded == [] and events[0].format_version == 13
     assert reexecute(events).ok
 
 
@@ -129,10 +128,11 @@ def test_recording_anyway_names_what_the_trace_lacks_and_replay_and_check_say_so
     run(scheduler, workload(4))
     scheduler.shutdown()
     header = recorded(path)[0]
-    assert header.not_recorded == ["hybrid KV cache groups (2 groups: FullAttentionSpec, SlidingWindowSpec; "
-                                   "block events hold the first only)"]
-    note = ("tracengine: note: the trace was recorded without hybrid KV cache groups (2 groups: FullAttentionSpec, "
-            "SlidingWindowSpec; block events hold the first only) (recorded anyway): a replay of it is not exact\n")
+    assert header.not_recorded == ["a KV cache group of ChunkedLocalAttentionSpec in a hybrid model (recorded: "
+                                   "FullAttentionSpec, MambaSpec, SlidingWindowSpec)"]
+    note = ("tracengine: note: the trace was recorded without a KV cache group of ChunkedLocalAttentionSpec in a "
+            "hybrid model (recorded: FullAttentionSpec, MambaSpec, SlidingWindowSpec) (recorded anyway): a replay "
+            "of it is not exact\n")
     main(["check", str(path)])
     assert capsys.readouterr().err == note
     main(["replay", str(path)])

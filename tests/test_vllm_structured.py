@@ -104,7 +104,7 @@ def test_requests_waiting_for_their_grammars_replay_exactly_without_a_grammar_ba
     with TraceReader(path) as reader:
         events = list(reader.events())
         assert reader.run_end is None            # the recording held every request
-    assert events[0].format_version == 12
+    assert events[0].format_version == 13
     assert {e.seq_id: e.kind for e in events if type(e) is GrammarRequested} == \
         {int(r.split("-")[1]): plan[0] for r, plan in GRAMMARS.items()}
     states = {(e.seq_id, e.state) for e in events if type(e) is GrammarState}

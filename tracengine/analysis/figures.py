@@ -200,6 +200,15 @@ class SpecDecoding(Figures, frozen=True):
     acceptance_rate: float | None   # accepted / drafted
     mean_acceptance_length: float | None    # tokens a verification gave: 1 + accepted (vLLM's)
     acceptance_rate_per_position: list[float]   # of the verifications with a draft at position j, the share accepting it
+    # a dynamic draft length's (vLLM's num_speculative_tokens_per_batch_size): the lengths each batch size chose
+    draft_lengths: list["DraftLength"] | None = None
+
+
+class DraftLength(Figures, frozen=True):
+    """Of the steps that scheduled `batch_size` requests, `num_steps` chose `num_spec_tokens` drafts."""
+    batch_size: int
+    num_spec_tokens: int
+    num_steps: int
 
 
 class KVConnectorFigures(Figures, frozen=True):
@@ -240,6 +249,20 @@ class Adapter(Figures, frozen=True):
     e2e_steps: Summary
 
 
+class KVGroupFigures(Figures, frozen=True):
+    """One KV cache group of a vLLM hybrid model (analysis/kv_groups.py): the blocks its requests were
+    given (prefix-cache hits among them), gave back while running (out of a sliding window, older
+    Mamba states), freed, and the most held at once."""
+    group: int
+    spec: str                        # vLLM's spec class: FullAttentionSpec, SlidingWindowSpec, MambaSpec
+    sliding_window: int | None
+    num_allocated_blocks: int
+    num_hit_blocks: int
+    num_skipped_blocks: int
+    num_freed_blocks: int
+    peak_blocks: int
+
+
 class Stats(Figures, frozen=True, kw_only=True):
     """What `tracengine stats` says of one engine's trace."""
     stats_version: int
@@ -260,6 +283,7 @@ class Stats(Figures, frozen=True, kw_only=True):
     cpu_tier: CpuTierFigures | None = None    # analysis/cpu_tier.py; None without a CPU tier
     kv_connector: KVConnectorFigures | None = None    # analysis/vllm_inputs.py; None without a connector
     structured_output: StructuredOutputFigures | None = None   # analysis/vllm_inputs.py; None without grammars
+    kv_groups: list[KVGroupFigures] | None = None   # analysis/kv_groups.py; None for one KV cache group
     per_request: list[RequestFigures]
 
 

@@ -2,6 +2,7 @@
 answers and its workers' transfers, and structured output's grammars (tracengine/vllm/connector.py,
 structured.py). The request timeline folds their events here (a record made at the first of
 them, so a trace without any costs nothing); `stats` reports the figures."""
+from tracengine.analysis.kv_groups import FOLD as KV_GROUPS_FOLD
 from tracengine.analysis.figures import KVConnectorFigures, StructuredOutputFigures, summarize
 from tracengine.trace.vllm_events import (GrammarRequested, GrammarState, ConnectorAllocated, ConnectorFinished,
                                           ConnectorMatched, KVTransfersDone)
@@ -77,7 +78,8 @@ def grammar_state(timeline, event: GrammarState) -> None:
 
 FOLD = {ConnectorMatched: connector_matched, ConnectorAllocated: connector_allocated,
         ConnectorFinished: connector_finished, KVTransfersDone: transfers_done,
-        GrammarRequested: grammar_requested, GrammarState: grammar_state}
+        GrammarRequested: grammar_requested, GrammarState: grammar_state,
+        **KV_GROUPS_FOLD}   # a hybrid model's groups; BlockAllocate's prefix-cache figures stay the first group's
 
 
 def connector_figures(timeline) -> KVConnectorFigures | None:

@@ -4,6 +4,8 @@ any of the header's SGLang fields: chunked_prefill_size, max_total_tokens, max_r
 schedule_policy, schedule_conservativeness, ...), one run or a sweep; and `simulate --scheduler
 sglang`. The output is the one `replay` and `simulate` print for tracengine's traces and
 workloads."""
+import functools
+
 from tracengine.errors import ConfigError, TraceError
 from tracengine.trace.tracelog import TraceReader
 
@@ -91,8 +93,8 @@ def run_simulate(args) -> int:
     require_sglang("simulate --scheduler sglang runs SGLang's scheduler")
     if args.workload_file and args.workload:
         raise TracengineError("give the workload file once: as WORKLOAD or as --workload")
-    if args.search:
-        raise TracengineError("--search is not supported with --scheduler sglang yet (--sweep is)")
+    from tracengine.cli.search import check_search_flags
+    check_search_flags(args)
     from tracengine.cli.flags import flag_fields
     flags = [name for name in flag_fields() if getattr(args, name, None) is not None]
     if flags:
@@ -100,7 +102,13 @@ def run_simulate(args) -> int:
                           "--set NAME=VALUE (max_total_tokens, chunked_prefill_size, ...)")
     base = default_config()
     overrides = sglang_overrides(args.set, base)
-    variants, slo = sweep_options(args, overrides, parse=lambda text: parsed_field(text, base))
+    parse = functools.partial(parsed_field, config=base)
+    if args.search:     # its flags are checked by cli/search.run_search, once the workload is read
+        from tracengine.cli.sweeps import check_executor_flags
+        check_executor_flags(args, True)
+        variants, slo = None, None
+    else:
+        variants, slo = sweep_options(args, overrides, parse=parse)
     step_time = step_time_from_args(args)
     if step_time is None:
         raise TracengineError("simulate needs step times: --step-time FILE (tracengine calibrate) or --roofline CONFIG")
@@ -108,4 +116,5 @@ def run_simulate(args) -> int:
     from tracengine.sglang.imports import scheduler_module
     # SGLang's import is not the simulation's time
     return simulate_through_scheduler(args, "SGLang", {**base, **overrides}, variants, slo, step_time, simulate,
-                                      "tracengine.sglang.sweeps:simulate_runner", before_run=scheduler_module)
+                                      "tracengine.sglang.sweeps:simulate_runner", before_run=scheduler_module,
+                                      search=(overrides, parse) if args.search else None)

@@ -157,10 +157,11 @@ def run_simulate(args) -> int:
 
 
 def simulate_through_scheduler(args, name: str, config: dict, variants, slo, step_time, simulate, sweep_runner: str,
-                               before_run=None) -> int:
+                               before_run=None, search=None) -> int:
     """`simulate --scheduler vllm|sglang` once the backend read its config: the workload through
     `simulate(config, requests, step_time)` (or a --sweep's variants, made by `sweep_runner`),
-    printed as simulate prints. `before_run()`: what must not count in the run's time."""
+    printed as simulate prints. `before_run()`: what must not count in the run's time. `search`:
+    (the --set fields, how swept values are typed) for a --search (cli/search.py)."""
     import time
 
     from tracengine.analysis.stats import render, stats
@@ -178,10 +179,15 @@ def simulate_through_scheduler(args, name: str, config: dict, variants, slo, ste
     workload = args.workload_file or args.workload
     requests = workload_for_simulation(args, workload, vocab_size)
     check_token_prompts(requests)
-    if variants is not None:
+    if variants is not None or search is not None:
         from tracengine.sim.spec import PreparedSources, SweepSpec, workload_source
         source, prepared = workload_source(workload_spec(args, workload=workload), vocab_size), PreparedSources()
         prepared.add(source, requests)
+        if search is not None:
+            from tracengine.cli.search import run_search
+            if before_run is not None:
+                before_run()
+            return run_search(args, search[0], step_time, requests, source, prepared, sweep_runner, config, search[1])
         spec = SweepSpec(sweep_runner, source.digest, config, step_time.to_dict(), slo)
         print(f"simulate {len(requests):,} requests through {name}'s scheduler with {describe_step_time(step_time)}")
         rc = print_sweep(spec, source, prepared, variants, args)

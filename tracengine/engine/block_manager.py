@@ -77,7 +77,8 @@ class BlockManager:
 
     @property
     def blocks(self) -> list[Block]:
-        token_ids = self._every_block(self.prefix_cache.token_ids, None)
+        held = self.prefix_cache.token_ids
+        token_ids = [held.get(block_id) for block_id in range(self.num_blocks)]
         return [Block(block_id, ref_count, h, list(tokens or ()))
                 for block_id, (ref_count, h, tokens) in enumerate(zip(self.ref_counts, self.hashes, token_ids))]
 
@@ -92,8 +93,7 @@ class BlockManager:
     def num_blocks_needed(self, seq: Sequence, hits: list[int]) -> int:
         """Free blocks a first allocation with these `hits` (`cached_block_ids`) takes: a
         cached block that is free still takes a free block; one a live sequence holds does not."""
-        ref_counts = self.pool.ref_counts
-        num_free_hits = sum(1 for block_id in hits if ref_counts[block_id] == 0)
+        num_free_hits = list(map(self.pool.ref_counts.__getitem__, hits)).count(0)
         return seq.num_blocks - len(hits) + num_free_hits
 
     def allocate(self, seq: Sequence, hits: list[int]):

@@ -184,14 +184,14 @@ class BlockPool:
         return self.free_block_queue.num_free_blocks
 
     def get_new_blocks(self, n: int) -> list[int]:
-        """The n blocks at the head of the free queue, each with one reference."""
+        """The n blocks at the head of the free queue, each with one reference (a block is free
+        exactly when it has none)."""
         queue = self.free_block_queue
         block_ids = queue.popleft_n(n)
         ref_counts = self.ref_counts
         if len(ref_counts) < queue.fresh:     # blocks handed out for the first time
             ref_counts += repeat(0, queue.fresh - len(ref_counts))
         for block_id in block_ids:
-            assert ref_counts[block_id] == 0
             ref_counts[block_id] = 1
         return block_ids
 

@@ -88,7 +88,7 @@ class CpuTier:
     # -- time ---------------------------------------------------------------------------------
 
     def duration_ns(self, num_blocks: int) -> int:
-        return -(-num_blocks * self.block_bytes * 1000 // round(self.gbps * 1000)) if self.gbps else 0
+        return transfer_ns(num_blocks, self.block_bytes, self.gbps)
 
     def begin_step(self, step: int, now_ns: int):
         """A step starts at `now_ns`: the transfers that ended by then complete, and the stores
@@ -324,3 +324,9 @@ class CpuTier:
     def request_finished(self, seq_id: int):
         """The request finished or was aborted: ranked at the next schedule's end."""
         self.finished.append(seq_id)
+
+
+def transfer_ns(num_blocks: int, block_bytes: int, gbps: float) -> int:
+    """How long a copy of `num_blocks` blocks of `block_bytes` takes at `gbps` decimal GB/s (bytes
+    per ns), rounded up; 0 at 0 GB/s (transfers take no time)."""
+    return -(-num_blocks * block_bytes * 1000 // round(gbps * 1000)) if gbps else 0

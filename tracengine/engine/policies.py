@@ -97,7 +97,6 @@ class MixedScheduler(Scheduler):
         per_chunk = self.block_manager.allocates_per_chunk
 
         # Running first: each gets the tokens it needs to catch up.
-        scheduled_running: list[Sequence] = []
         while self.running and token_budget > 0:
             seq = self.running.popleft()
             # the rest of its prompt or the chunk the budget leaves; a decoding one, its one token
@@ -114,10 +113,10 @@ class MixedScheduler(Scheduler):
             seq.num_scheduled_tokens = num_new_tokens
             self._take(seq, scheduled_seqs, prefill_flags)
             token_budget -= seq.num_scheduled_tokens
-            scheduled_running.append(seq)
         else:
             if self.running:           # the budget ran out before every running sequence had its tokens
                 stop_reason = "budget_exhausted"
+        scheduled_running = scheduled_seqs[:]     # so far, only running sequences are scheduled
         self.running.extendleft(reversed(scheduled_running))
 
         if self.num_preemptions != num_preemptions:   # V1 admits nothing in a step that preempted

@@ -52,10 +52,10 @@ def release(ref_counts: list[int], hashes: list[int], free_block_queue, block_id
     that order."""
     evict_first, evict_last = [], []
     for block_id in block_ids:
-        ref_counts[block_id] -= 1
-        if ref_counts[block_id] == 0:
+        ref_count = ref_counts[block_id] = ref_counts[block_id] - 1
+        if ref_count == 0:
             (evict_first if hashes[block_id] == NO_HASH else evict_last).append(block_id)
-        elif ref_counts[block_id] < 0:
+        elif ref_count < 0:
             raise ValueError(f"block {block_id} freed more often than it was taken")
     free_block_queue.prepend_n(evict_first)
     free_block_queue.append_n(evict_last)
@@ -71,23 +71,26 @@ class VllmPrefixCache(PrefixCache):
 
     def insert(self, block_ids: list[int], block_hashes: list[int], token_ids=None):
         self._cover(block_ids)
-        size, hashes, held, index = self.block_size, self.hashes, self.token_ids, self.hash_to_block_id
-        for i, (block_id, h) in enumerate(zip(block_ids, block_hashes)):
+        hashes, index = self.hashes, self.hash_to_block_id
+        for block_id, h in zip(block_ids, block_hashes):
             hashes[block_id] = h
-            held[block_id] = None if token_ids is None else token_ids[i * size:(i + 1) * size]
             if index.setdefault(h, block_id) != block_id:
                 self.later_block_ids.setdefault(h, []).append(block_id)
+        self._hold_tokens(block_ids, token_ids)
 
     def evict(self, block_ids: list[int]):
         self._cover(block_ids)
-        hashes, held, index, later = self.hashes, self.token_ids, self.hash_to_block_id, self.later_block_ids
+        hashes, index, later = self.hashes, self.hash_to_block_id, self.later_block_ids
         for block_id in block_ids:
             h = hashes[block_id]
             if h == NO_HASH:
                 continue
-            unregister(index, later, h, block_id)
+            if h in later:      # another block holds it too
+                unregister(index, later, h, block_id)
+            else:               # the one block registered under it: the one found
+                del index[h]
             hashes[block_id] = NO_HASH
-            held[block_id] = None
+        self._hold_tokens(block_ids, None)
 
 
 def unregister(hash_to_block_id: dict[int, int], later_block_ids: dict[int, list[int]], h: int, block_id: int):
@@ -144,11 +147,11 @@ class VllmBlockManager(BlockManager):
         nothing allocated, when the free blocks do not cover them. Blocks of draft tokens (slots
         past the sequence's tokens) are registered once the drafts are kept (`hash_verified_blocks`):
         only the sequence's tokens are registered here, as vLLM caps what it caches at `request.num_tokens`."""
-        num_slots = min(seq.num_cached_tokens + num_new_tokens, seq.num_tokens)
-        num_new_blocks = -(-(seq.num_cached_tokens + num_new_tokens) // self.block_size) - len(seq.block_table)
-        if num_new_blocks > self.pool.num_free_blocks:
-            return False
-        if num_new_blocks > 0:
+        size, num_cached_tokens = self.block_size, seq.num_cached_tokens
+        num_new_blocks = -(-(num_cached_tokens + num_new_tokens) // size) - len(seq.block_table)
+        if num_new_blocks > 0:      # (a decode: 1 in block_size)
+            if num_new_blocks > self.pool.num_free_blocks:
+                return False
             new_block_ids = self.pool.get_new_blocks(num_new_blocks)
             self.prefix_cache.evict(new_block_ids)
             if self.cpu_tier is not None:
@@ -157,9 +160,9 @@ class VllmBlockManager(BlockManager):
             if self.sink.enabled:
                 for block_id in new_block_ids:
                     self.sink.emit(BlockAppend(self.step, seq.seq_id, block_id))
-        num_cached_blocks = seq.num_cached_tokens // self.block_size
-        if num_slots // self.block_size > num_cached_blocks:      # these slots fill blocks (a decode: 1 in block_size)
-            self.cache_blocks(seq, num_cached_blocks, num_slots // self.block_size)
+        num_filled = min(num_cached_tokens + num_new_tokens, seq.num_tokens) // size
+        if num_filled > num_cached_tokens // size:      # these slots fill blocks (a decode: 1 in block_size)
+            self.cache_blocks(seq, num_cached_tokens // size, num_filled)
         return True
 
     def cache_blocks(self, seq: Sequence, num_cached_blocks: int, end: int):

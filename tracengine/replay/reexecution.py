@@ -30,7 +30,7 @@ from tracengine.engine.hash_id_prompt import hashed_blocks
 from tracengine.errors import RequestError
 from tracengine.replay.state import FoldState
 from tracengine.trace.events import WALL_CLOCK_FIELDS, AnyEvent, BlockHash, Event, PromptBlocksHashed
-from tracengine.trace.vllm_events import VLLM_INPUT_EVENTS
+from tracengine.trace.vllm_events import BACKEND_EVENTS
 
 ADD, ABORT, STEP, OWN = "add", "abort", "step", "own"
 
@@ -40,7 +40,7 @@ def _compared(cls):
     return operator.attrgetter(*[name for name in cls.__struct_fields__ if name not in WALL_CLOCK_FIELDS])
 
 
-_COMPARED = {cls: _compared(cls) for cls in (*AnyEvent.__args__, *VLLM_INPUT_EVENTS)}
+_COMPARED = {cls: _compared(cls) for cls in (*AnyEvent.__args__, *BACKEND_EVENTS)}
 
 
 def _same_but_wall_clock(recorded, event) -> bool:

@@ -23,6 +23,7 @@ from tracengine.replay.projection import Projection
 from tracengine.replay.state import FINISHED
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, Preempt, ScheduleDecision, SeqAbort,
                                      SeqFinish)
+from tracengine.trace.sglang_events import SGLANG_EVENTS
 
 PADDING_SLOT = 0
 
@@ -33,6 +34,8 @@ class SglangProjection(Projection):
         super().__init__(num_blocks, block_size)
         if num_blocks:
             self.free.remove(PADDING_SLOT)
+        for event_type in SGLANG_EVENTS:       # how the step was chosen: the pool is not changed by it
+            self.handlers[event_type] = _explains_only
 
     def _settle(self, slots) -> None:
         """Each slot in the free queue exactly when no request and not the tree holds it."""
@@ -137,3 +140,7 @@ class SglangProjection(Projection):
         s = self.seqs[e.seq_id]
         s.status, s.finish_step, s.finish_reason = FINISHED, e.step, "abort"
         s.draft_token_ids = []
+
+
+def _explains_only(e) -> None:
+    pass

@@ -6,6 +6,7 @@ pool (seq_id -1) when the radix tree evicts it, so slots are checked against the
 from tracengine.errors import TraceError
 from tracengine.trace.events import RequestAdded, ScheduleDecision, StepEnd, TokenSample, TraceHeader
 from tracengine.trace.header import block_pool_config
+from tracengine.trace.sglang_events import PolicyOrder
 from tracengine.trace.tracelog import ends_mid_step
 
 
@@ -47,6 +48,12 @@ class SglangEventCheck:
             if missing:
                 return f"seq {missing[0]} was never added"
             self.scheduled = {s.seq_id for s in e.seqs}
+        elif t is PolicyOrder:
+            missing = [s for s in (*e.seq_ids, *e.deprioritized) if s not in self.seq_ids]
+            if missing:
+                return f"seq {missing[0]} was never added"
+            if len(e.seq_ids) > e.num_waiting or len(e.num_matched_tokens) > len(e.seq_ids):
+                return f"it orders {len(e.seq_ids)} of {e.num_waiting} waiting"
         elif t is TokenSample and e.seq_id not in (self.scheduled or ()):
             return f"seq {e.seq_id} was not scheduled in this step"
         elif t is not StepEnd and getattr(e, "seq_id", -1) not in self.seq_ids and e.seq_id != -1:

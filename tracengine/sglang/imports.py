@@ -33,20 +33,28 @@ class _Placeholder(types.ModuleType):
         return _Unavailable(name, (), {})
 
 
+def torchvision_placeholders() -> dict:
+    """Where torchvision is not importable, the placeholder modules, put in sys.modules (and
+    returned, for taking out); {} where it is. SGLang's own processes (its server's, spawned)
+    need them for their whole life: a sitecustomize there calls this (docs/sglang.md)."""
+    if "torchvision" in sys.modules or importlib.util.find_spec("torchvision") is not None:
+        return {}
+    from transformers.utils import import_utils
+    import_utils.is_torchvision_available()      # cached as False before the placeholder is in
+    placeholders = {name: _Placeholder(name) for name in _TORCHVISION_MODULES}
+    for name, module in placeholders.items():
+        module.__path__ = []
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(placeholders[parent], child, module)
+    sys.modules.update(placeholders)
+    return placeholders
+
+
 @functools.cache
 def scheduler_module():
     """sglang.srt.managers.scheduler, imported (its import takes seconds: SGLang's whole runtime)."""
-    placeholders = {}
-    if "torchvision" not in sys.modules and importlib.util.find_spec("torchvision") is None:
-        from transformers.utils import import_utils
-        import_utils.is_torchvision_available()      # cached as False before the placeholder is in
-        placeholders = {name: _Placeholder(name) for name in _TORCHVISION_MODULES}
-        for name, module in placeholders.items():
-            module.__path__ = []
-            parent, _, child = name.rpartition(".")
-            if parent:
-                setattr(placeholders[parent], child, module)
-        sys.modules.update(placeholders)
+    placeholders = torchvision_placeholders()
     try:
         with warnings.catch_warnings():     # SGLang's import warns of the GPU features a CPU lacks
             warnings.simplefilter("ignore")

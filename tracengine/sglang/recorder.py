@@ -81,6 +81,7 @@ def get_next_batch_to_run(original, self, *args, **kwargs):
         return original(self, *args, **kwargs)
     start_ns = time.perf_counter_ns()
     recorder.frees = []
+    recorder.prefill = None
     recorder.in_call = "decide"
     _active.append(recorder)
     try:
@@ -159,6 +160,10 @@ def install_hooks() -> None:
     from tracengine.sglang.imports import scheduler_module
     scheduler_module()
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-    for target, hook in HOOKS.items():
+
+    from tracengine.sglang.prefill_recorder import AFTER_HOOKS, AROUND_HOOKS
+    for target, hook in {**HOOKS, **AROUND_HOOKS}.items():
         HookRegistry.register(target, hook, HookType.AROUND)
+    for target, hook in AFTER_HOOKS.items():
+        HookRegistry.register(target, hook, HookType.AFTER)
     HookRegistry.apply_hooks()

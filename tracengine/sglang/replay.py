@@ -50,6 +50,7 @@ def reexecute(events, config: dict | None = None) -> ReplayResult:
     scheduler = build_scheduler(header.config if config is None else config, tokens)
     sink = ListSink()
     recorder = record_to(scheduler, sink, header.created_at)
+    recorder.format_version = header.format_version     # an older trace's events, as its format recorded them
     tokens.seq_ids = recorder.seq_ids
     try:
         return replay(SglangReplay(scheduler, recorder, sink, recorded, tokens))
@@ -76,7 +77,8 @@ class SglangReplay:
                 self.arrivals.setdefault(e.step, []).append(e)
         # the recorded ids: a request aborted in the step it arrived is not in the recorder's map yet
         self.request_ids = {e.seq_id: e.request_id for e in recorded if type(e) is RequestAdded}
-        self.pending = []
+        self.pending = []          # the requests and aborts for the next step: SGLang's and as recorded
+        self.pending_events = []
         self.step_no = 0
 
     def calls(self):
@@ -94,6 +96,7 @@ class SglangReplay:
 
     def add(self, index: int, e: RequestAdded) -> None:
         from tracengine.sglang.drive import generate_request
+        self.pending_events.append(e)
         self.pending.append(generate_request(
             e.request_id, e.prompt_token_ids, e.max_tokens, ignore_eos=e.ignore_eos, temperature=e.temperature,
             top_k=e.top_k, top_p=e.top_p, min_tokens=e.min_tokens, stop_token_ids=e.stop_token_ids))
@@ -107,10 +110,10 @@ class SglangReplay:
         from tracengine.sglang.drive import has_work, iterate
         self.tokens.step = step
         if self.pending:
-            if not has_work(self.scheduler):
+            if not has_work(self.scheduler) or _health_check_waited(self.scheduler, self.pending_events):
                 iterate(self.scheduler)
             self.scheduler.process_input_requests(self.pending)
-            self.pending = []
+            self.pending, self.pending_events = [], []
 
     def is_finished(self) -> bool:
         from tracengine.sglang.drive import has_work
@@ -171,3 +174,12 @@ def live_sglang_state(scheduler, step: int, seq_ids: dict[str, int]) -> FoldStat
             ref_counts[slot] += 1
     free_slots = allocator.free_pages.tolist() + allocator.release_pages.tolist()
     return FoldState(step, waiting, running, seqs, ref_counts, [-1] * len(ref_counts), free_slots, {}, None, 1)
+
+
+def _health_check_waited(scheduler, due) -> bool:
+    """SGLang's server admits a health check request (rid HEALTH_CHECK_...) only into a fully
+    idle scheduler (it drops it otherwise): one recorded came after the idle iteration that
+    cleared the last batch, which the replay so runs first."""
+    from sglang.srt.constants import HEALTH_CHECK_RID_PREFIX
+    return any(e.request_id.startswith(HEALTH_CHECK_RID_PREFIX) for e in due) \
+        and not scheduler.is_fully_idle(for_health_check=True)

@@ -5,8 +5,10 @@ slots the token pool got back (frees, radix evictions), and the output `process_
 processed. Slots are token-pool indices: a "block" of one token (page_size 1)."""
 import time
 
+from tracengine.sglang.prefill_recorder import STOP_REASONS, prefill_events
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, Preempt, RequestAdded, ScheduledSeq,
                                      ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample)
+from tracengine.trace.sglang_events import SGLANG_EVENTS_SINCE
 
 
 class StepRecorder:
@@ -32,6 +34,9 @@ class StepRecorder:
         self.step_times = None             # step -> (schedule_ns, model_ns, postprocess_ns, gap_ns), instead of the clock's
         self.arrival_ns: dict[str, int] = {}   # a request's arrival (ns from created_at) where its driver knows it
         self.last_decision = None          # the ScheduleDecision of the step under way (a step-time model reads it)
+        self.prefill = None                # the prefill attempt of the call under way (prefill_recorder.py)
+        self.full_reason = "no_token"      # the PrefillStop reason that last left the running batch full
+        self.format_version = None         # a replay of an older trace records as that format did (None: the newest)
 
     @property
     def step(self) -> int:
@@ -136,16 +141,27 @@ class StepRecorder:
         phase = "decode" if not prefills else "prefill" if not decodes else "mixed"
         num_waiting = len(scheduler.waiting_queue)
         num_tokens = sum(s.num_tokens for s in decodes + prefills)
-        self.last_decision = ScheduleDecision(step, phase, decodes + prefills, num_tokens,
-                                              self._stop_reason(batch, num_waiting), -1, 0, self.free_slots(),
-                                              num_waiting, len(batch.reqs), len(decodes) if phase == "mixed" else 0,
-                                              resumed)
+        order = stop = None
+        if self.format_version is None or self.format_version >= SGLANG_EVENTS_SINCE:
+            order, stop = prefill_events(self, step)
+            stop_reason = STOP_REASONS[self.full_reason if stop.reason == "batch_full" else stop.reason]
+            if stop.reason in ("no_token", "max_running_requests"):
+                self.full_reason = stop.reason
+        else:
+            stop_reason = self._stop_reason(batch, num_waiting)
+        self.last_decision = ScheduleDecision(step, phase, decodes + prefills, num_tokens, stop_reason, -1, 0,
+                                              self.free_slots(), num_waiting, len(batch.reqs),
+                                              len(decodes) if phase == "mixed" else 0, resumed)
         self.emit(self.last_decision)
+        for event in (order, stop):
+            if event is not None:
+                self.emit(event)
         for event in allocations:
             self.emit(event)
 
     def _stop_reason(self, batch, num_waiting: int) -> str:
-        """SGLang's admission loop has no named exits: the one the state after the step shows."""
+        """Format 12's stop reason, inferred from the state after the step (format 13 reads the
+        prefill adder's: prefill_recorder.py)."""
         scheduler = self.scheduler
         if num_waiting == 0:
             return "waiting_empty"

@@ -182,13 +182,12 @@ def run_variant(spec: SweepSpec, source: Source, variant: Variant, prepared: Pre
     if variant.request_rate is None:
         return runner(variant.overrides)
     from tracengine.analysis.stats import stats
-    from tracengine.sim.engine import simulate, simulate_config
     from tracengine.sim.sweep import SimulateVariant, row_of
     if not isinstance(runner, SimulateVariant):
         raise TracengineError("a capacity search runs `simulate` workloads")
     requests = at_rate(runner.requests, variant.request_rate, source.params)
-    config = simulate_config({**spec.base, **variant.overrides}, requests)
-    s = stats(simulate(config, requests, runner.step_time), spec.slo)
+    # through the runner's engine: tracengine's, or another's own scheduler (simulate --scheduler)
+    s = stats(runner.engine.run({**spec.base, **variant.overrides}, requests, runner.step_time), spec.slo)
     return {**row_of(s), "good_request_share": s.goodput.good_request_share if s.goodput is not None else None}
 
 

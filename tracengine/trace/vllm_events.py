@@ -1,6 +1,6 @@
 """Events of a trace of vLLM's scheduler (format 12) beyond its decisions: what the scheduler was
 told by a KV connector (its answers, and the transfers its workers report: tracengine/vllm/connector.py)
-and by grammars (structured output: tracengine/vllm/structured.py). Tags 27-33. They are read
+and by grammars (structured output: tracengine/vllm/structured.py). Tags 27-34. They are read
 with events.py's (block_runs.WireEvent holds them); ALL_EVENT_TYPES names both, as EVENT_TYPES
 names events.py's (which, imported by every layer, stays under its size and imports nothing)."""
 from typing import Literal
@@ -8,6 +8,7 @@ from typing import Literal
 import msgspec
 
 from tracengine.trace.events import EVENT_TYPES, Event
+from tracengine.trace.sglang_events import SGLANG_EVENTS
 
 
 class ConnectorMatched(Event, tag=27):
@@ -75,6 +76,22 @@ class GrammarState(Event, tag=33):
     state: Literal["ready", "failed", "rejected"]
 
 
+# Format 13: a hybrid model's KV cache groups (tracengine/vllm/group_blocks.py); tags 34-37.
+
+class BlockSkip(Event, tag=34):
+    """Blocks a running request gives back while it keeps its place in its group's table (vLLM puts
+    the null block there): a sliding window's blocks that fell out of the window, a Mamba group's
+    state blocks no longer needed (`remove_skipped_blocks`), freed in this order."""
+    step: int
+    seq_id: int
+    block_ids: list[int]
+    group: int = 0
+
+
 VLLM_INPUT_EVENTS = (ConnectorMatched, ConnectorAllocated, ConnectorFinished, ConnectorPending,
                      KVTransfersDone, GrammarRequested, GrammarState)
-ALL_EVENT_TYPES: dict[str, type] = {**EVENT_TYPES, **{cls.__name__: cls for cls in VLLM_INPUT_EVENTS}}
+# every event of this module
+VLLM_EVENTS = (*VLLM_INPUT_EVENTS, BlockSkip)
+# every event beyond events.py's (what a decoder reads beside them): these and SGLang's (sglang_events.py)
+BACKEND_EVENTS = (*VLLM_EVENTS, *SGLANG_EVENTS)
+ALL_EVENT_TYPES: dict[str, type] = {**EVENT_TYPES, **{cls.__name__: cls for cls in BACKEND_EVENTS}}

@@ -3,6 +3,7 @@ the seeds' terms (head-of-line blocking, chunk gate, running tail). It reads
 the step's recorded events; it decides nothing."""
 from collections.abc import Mapping
 
+from tracengine.analysis.sglang_decisions import explain as sglang_clauses
 from tracengine.trace.events import (BlockAllocate, DraftVerified, KVTransfer, Preempt, ScheduleDecision, SeqAbort,
                                      SeqFinish, SpecAccepted, SpecDecode, TokenSample)
 
@@ -26,7 +27,7 @@ def explain_step(events: list, seqs: Mapping, num_free_before: int,
               for e in events if isinstance(e, KVTransfer)]
     finished = [f"seq {e.seq_id} aborted ({e.reason})" for e in events if isinstance(e, SeqAbort)]
     finished += [f"seq {e.seq_id} finished ({e.reason})" for e in events if isinstance(e, SeqFinish)]
-    return "; ".join(landed + [text] + _drafts_kept(events) + finished)
+    return "; ".join(landed + [text] + sglang_clauses(events) + _drafts_kept(events) + finished)
 
 
 def _drafts_kept(events) -> list[str]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from tracengine.analysis.stats import stats
 from tracengine.errors import TraceError
-from tracengine.trace.vllm_events import VLLM_INPUT_EVENTS
+from tracengine.trace.vllm_events import BACKEND_EVENTS
 from tracengine.trace.events import (AnyEvent, BlockAllocate, CpuHit, CpuLoad, CpuStore, DraftProposed,
                                      DraftVerified, Preempt, RequestAdded, ScheduleDecision, SeqFinish,
                                      SpecAccepted, SpecDecode, SpecDraft, StepEnd, TokenSample, prefill_flags)
@@ -22,7 +22,7 @@ from tracengine.replay.fold import Fold, FoldState
 from tracengine.trace.tracelog import TraceReader
 from tracengine.tui.explain import explain_step
 
-EVENT_TYPE_NAMES = [cls.__name__ for cls in (*AnyEvent.__args__, *VLLM_INPUT_EVENTS) if cls.__name__ != "TraceHeader"]
+EVENT_TYPE_NAMES = [cls.__name__ for cls in (*AnyEvent.__args__, *BACKEND_EVENTS) if cls.__name__ != "TraceHeader"]
 # speculative decoding's events: tracengine's engine's, then vLLM's scheduler's
 DRAFT_EVENT_NAMES = frozenset(("DraftProposed", "DraftVerified", "SpecDraft", "SpecDecode", "SpecAccepted"))
 
@@ -261,7 +261,8 @@ class TraceIndex:
         config = self.header.config
         events = self.events_at(step)
         explanation = explain_step(events, state.seqs, free_before,
-                                   config.get("max_num_batched_tokens", 0), config.get("max_num_seqs", 0))
+                                   config.get("max_num_batched_tokens", config.get("chunked_prefill_size", 0)),
+                                   config.get("max_num_seqs", config.get("max_running_requests", 0)))   # or SGLang's
         s = self._summary
         end = s.end_ns[step]
         ages = {seq_id: end - s.arrival_ns[seq_id] for seq_id in (*state.waiting, *state.running)

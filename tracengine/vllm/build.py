@@ -16,13 +16,15 @@ from tracengine.errors import ConfigError
 from tracengine.vllm.connector import standin_transfer_config
 from tracengine.vllm.kv_groups import recorded_groups
 from tracengine.vllm.header import CACHE_FIELDS, LORA_FIELDS, SPEC_FIELDS, scheduler_field_names
+from tracengine.vllm.offloading import OFFLOADING_FIELDS, is_native_offloading, offloading_transfer_config
+from tracengine.vllm.spec import DYNAMIC_FIELD, dynamic_options
 from tracengine.vllm.synthetic import SYNTHETIC_FIELDS, synthetic_options
 
 
 def settable_fields() -> list[str]:
     """The names `replay --set` and `simulate --scheduler vllm` accept for a vLLM trace."""
     return scheduler_field_names() + list(CACHE_FIELDS) + ["max_model_len", "num_gpu_blocks", "scheduler_kind"] + \
-        list(SPEC_FIELDS) + list(SYNTHETIC_FIELDS) + list(LORA_FIELDS)
+        list(SPEC_FIELDS) + list(SYNTHETIC_FIELDS) + list(LORA_FIELDS) + [DYNAMIC_FIELD] + list(OFFLOADING_FIELDS)
 
 
 def default_config(**overrides) -> dict:
@@ -44,7 +46,7 @@ def apply_overrides(config: dict, overrides: dict) -> dict:
 
 def build_scheduler(config: dict, scheduler_cls=None, record: str = "", vllm_options=None, kv_cache_groups=None,
                     additional_config: dict | None = None, model_options: dict | None = None,
-                    speculative: dict | None = None, cache_options: dict | None = None):
+                    speculative: dict | None = None, cache_options: dict | None = None, live_offloading: bool = False):
     """vLLM's scheduler for a header's `config`: `scheduler_cls` (a Scheduler subclass), or
     the recording class of the recorded kind, recording to `record` if given as vLLM's
     engine core would have it (else not until `record_to`; $TRACENGINE_RECORD is not read).
@@ -53,8 +55,9 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = "", vllm_opt
     `additional_config`: more of "tracengine"'s options; `model_options`: more ModelConfig fields;
     `speculative`: a SpeculativeConfig's fields (method, num_speculative_tokens, ...), for the
     comparison of speculative decoding with tracengine's (compare.py); `cache_options`: more
-    CacheConfig fields (a test's native KV offloading, `kv_offloading_size`). Raises ConfigError
-    for a value vLLM refuses."""
+    CacheConfig fields (a test's native KV offloading, `kv_offloading_size`); `live_offloading`: the
+    config's native CPU offloading by vLLM's own connector (offloading.py; a run in simulated
+    time), not the recorded answers' stand-in. Raises ConfigError for a value vLLM refuses."""
     import torch
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -89,7 +92,11 @@ def build_scheduler(config: dict, scheduler_cls=None, record: str = "", vllm_opt
             if config.get("max_loras"):
                 from vllm.config import LoRAConfig
                 options["lora_config"] = LoRAConfig(**{name: config[name] for name in LORA_FIELDS})
-            if "kv_transfer_config" not in options and config.get("kv_connector"):
+            if "kv_transfer_config" in options:
+                pass
+            elif live_offloading and is_native_offloading(config):
+                options["kv_transfer_config"] = offloading_transfer_config(config)
+            elif config.get("kv_connector"):
                 options["kv_transfer_config"] = standin_transfer_config(config)
             vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                                      cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
@@ -115,7 +122,7 @@ def speculative_config(config: dict, model_config):
     options = {attribute: config.get(name) for name, attribute in SPEC_FIELDS.items()}
     options["method"] = options["method"] or "ngram"
     return SpeculativeConfig(target_model_config=model_config, target_parallel_config=ParallelConfig(),
-                             **options, **synthetic_options(config))
+                             **options, **synthetic_options(config), **dynamic_options(config))
 
 
 def _first_line(exc: Exception) -> str:

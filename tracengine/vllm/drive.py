@@ -158,9 +158,10 @@ class Driver:
         from tracengine.vllm.spec import Drafts
         return self.drafts_log.setdefault(req_id, Drafts())
 
-    def give_drafts(self, req_ids) -> None:
+    def give_drafts(self, req_ids, k: int | None = None) -> None:
         """After a step's output (synchronous scheduling, vLLM's post_step): the next drafts of the
-        requests that sampled, as vLLM's engine core gives them (update_draft_token_ids)."""
+        requests that sampled, as vLLM's engine core gives them (update_draft_token_ids); `k` of
+        them each, the step's draft length (a dynamic one's), else the config's."""
         from vllm.v1.outputs import DraftTokenIds
         ids, drafts = [], []
         for req_id in req_ids:
@@ -169,7 +170,7 @@ class Driver:
                 continue
             n = request.num_output_tokens
             ids.append(req_id)
-            drafts.append(self.propose(req_id, n, self.scheduler.num_spec_tokens))
+            drafts.append(self.propose(req_id, n, self.scheduler.num_spec_tokens if k is None else k))
             self.drafts_given(req_id).add(n, drafts[-1])
         if ids:
             self.scheduler.update_draft_token_ids(DraftTokenIds(ids, drafts))
@@ -237,8 +238,9 @@ class VllmClockedEngine:
     def _base(self) -> int:
         if self.step_time is None:
             return self.tick
-        return self.end_ns + self.step_time.gap_ns if self.num_scheduled else \
+        base = self.end_ns + self.step_time.gap_ns if self.num_scheduled else \
             max(self.step_time.gap_ns, self.first_step_ns)
+        return base if self.kv_worker is None else self.kv_worker.next_start(base)
 
     def _busy(self) -> bool:
         return bool(self.queued) or self.scheduler.has_requests() or bool(self.batch_queue)
@@ -282,6 +284,8 @@ class VllmClockedEngine:
                 self.schedule_log.append((dict(out.num_scheduled_tokens), sorted(out.preempted_req_ids)))
             if self.step_time is not None:
                 self._time(self.num_scheduled, start)
+            if self.kv_worker is not None:
+                self.kv_worker.scheduled(out, start, self.end_ns)
             self.batch_queue.appendleft((self.num_scheduled, out, sampling_req_ids(scheduler, out)))
             self.num_scheduled += 1
             self.tick += 1
@@ -300,7 +304,7 @@ class VllmClockedEngine:
                 output.kv_connector_output = self.kv_worker.output(scheduler, out)
             scheduler.update_from_output(out, output)
             if driver.spec_decoding and not driver.async_drafts:     # the engine core's drafts (spec.py)
-                driver.give_drafts(req_ids)
+                driver.give_drafts(req_ids, out.num_spec_tokens_to_schedule or None)
         self.start_ns = self._base() if self._busy() else None
         return Stepped([], [], ran, self.end_ns)
 

@@ -6,7 +6,9 @@ user says to record anyway ($TRACENGINE_RECORD_ANYWAY=1, or additional_config {"
 {"record_anyway": true}}): the trace's header then lists what it lacks (TraceHeader.not_recorded)
 and `replay` and `check` say so first (trace/header.py's not_recorded_note).
 
-Recorded, so not refused: speculative decoding by ngram (spec.py), LoRA, a KV connector of any
+Recorded, so not refused: speculative decoding by ngram (spec.py, with a dynamic draft length
+too), LoRA, a hybrid model's KV
+cache groups (full attention, sliding window, Mamba: group_blocks.py), a KV connector of any
 kind (connector.py: its answers and transfers are events; a replay needs no connector), structured
 output (structured.py: its grammars' answers are events; a replay needs no grammar backend).
 
@@ -22,6 +24,9 @@ RECORD_ANYWAY_ENV = "TRACENGINE_RECORD_ANYWAY"
 # acceptances are events (vllm/spec.py); others reserve lookahead slots and drop blocks by rules
 # a trace does not hold (EAGLE, MTP, draft models)
 RECORDED_SPEC_METHODS = ("ngram",)
+# the specs of a hybrid model's KV cache groups whose blocks a trace holds, group by group
+# (group_blocks.py): their managers change a request's blocks only inside allocate_slots and free
+RECORDED_GROUP_SPECS = frozenset({"FullAttentionSpec", "SlidingWindowSpec", "MambaSpec"})
 
 
 def record_anyway(vllm_config) -> bool:
@@ -37,22 +42,21 @@ def config_features(vllm_config, kv_cache_config) -> list[str]:
     """The features of a scheduler's config that a trace does not hold, named; [] for none."""
     found = []
     spec = vllm_config.speculative_config
-    if spec is not None and spec.num_speculative_tokens_per_batch_size:
-        found.append("dynamic speculative draft length (num_speculative_tokens_per_batch_size)")
     if spec is not None and spec.method not in RECORDED_SPEC_METHODS:
         found.append(f"speculative decoding with method {spec.method!r} (recorded: "
                      f"{', '.join(RECORDED_SPEC_METHODS) or 'none'})")
     if vllm_config.ec_transfer_config is not None:
         found.append("an encoder cache connector (ec_transfer_config)")
     groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1:
-        kinds = ", ".join(type(g.kv_cache_spec).__name__ for g in groups)
-        # the header records every group and a replay rebuilds them (kv_groups.py), but the block
-        # events are the first group's: the fold, check, the TUI and stats would see that one only
-        found.append(f"hybrid KV cache groups ({len(groups)} groups: {kinds}; block events hold the first only)")
-    elif type(groups[0].kv_cache_spec).__name__ != "FullAttentionSpec":
-        found.append(f"a KV cache group of {type(groups[0].kv_cache_spec).__name__} (tracengine records "
-                     f"FullAttentionSpec)")
+    kinds = {type(g.kv_cache_spec).__name__ for g in groups}
+    if len(groups) == 1 and kinds != {"FullAttentionSpec"}:
+        found.append(f"a KV cache group of {kinds.pop()} (tracengine records FullAttentionSpec, or several groups)")
+    elif len(groups) > 1 and not kinds <= RECORDED_GROUP_SPECS:
+        found.append(f"a KV cache group of {sorted(kinds - RECORDED_GROUP_SPECS)[0]} in a hybrid model (recorded: "
+                     f"{', '.join(sorted(RECORDED_GROUP_SPECS))})")
+    if len(groups) > 1 and vllm_config.kv_transfer_config is not None:
+        # a connector's answers name the first group's blocks (connector.py)
+        found.append("hybrid KV cache groups with a KV connector")
     if getattr(kv_cache_config, "hisparse_host_num_blocks", None) is not None:
         found.append("HiSparse host KV blocks")
     model = vllm_config.model_config

@@ -6,9 +6,7 @@ The header's config is flat: the groups are one string, `kv_cache_groups` (JSON:
 spec's class and its fields, and its number of layers), present only for a model whose KV cache is
 not the one full-attention group the other fields describe, so a one-group trace reads as before.
 
-What is recorded of the groups so far is this, the header; block events are the first group's
-(features.py still refuses a hybrid model, naming it not recorded where the user records anyway):
-such a trace re-executes exactly, but the fold, `check`, the TUI and stats see the first group."""
+The block events of every group (each names its group) are group_blocks.py's."""
 import dataclasses
 import enum
 import json

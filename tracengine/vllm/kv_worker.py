@@ -40,3 +40,9 @@ class KVWorker:
             return None
         return KVConnectorOutput(finished_sending=set(sending) or None, finished_recving=set(recving) or None,
                                  kv_connector_worker_meta=worker_meta, failed_recving=failed)
+
+    def scheduled(self, out, start: int, end: int) -> None:
+        """After a step is scheduled (its start and end): nothing here, every transfer ends with its step."""
+
+    def next_start(self, base: int) -> int:
+        return base

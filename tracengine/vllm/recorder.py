@@ -168,8 +168,11 @@ class _Recording:
                        and self.requests[req_id].status == recorder.status.RUNNING]
             recorder.preempted_ids.difference_update(resumed)
             resumed = [recorder.seq_ids[req_id] for req_id in resumed]
-        if out.scheduled_spec_decode_tokens:      # before the decision, which counts the drafts in its seqs
-            recorder.emit(spec_decode(recorder.num_scheduled, out, recorder.seq_ids))
+        # before the decision, which counts the drafts in its seqs; a dynamic draft length's every step
+        if out.scheduled_spec_decode_tokens or self.dynamic_sd_lookup is not None:
+            event = spec_decode(recorder.num_scheduled, out, recorder.seq_ids, self.dynamic_sd_lookup is not None)
+            if event is not None:
+                recorder.emit(event)
         recorder.decision(out, prefill_before, resumed, start_ns)
         recorder.num_scheduled += 1
         return out

@@ -18,8 +18,9 @@ def workload_specs(requests) -> list[RequestSpec]:
 def simulate(config: dict, requests, step_time) -> list:
     """Runs `requests` through vLLM's scheduler under `config` (a vLLM header's): the events,
     header first."""
+    from tracengine.vllm.offloading import with_model_kv_bytes
     from tracengine.vllm.timed import run_config
-    return run_config(config, workload_specs(requests), step_time)
+    return run_config(with_model_kv_bytes(config, step_time), workload_specs(requests), step_time)
 
 
 class VllmSimulation:
@@ -28,7 +29,7 @@ class VllmSimulation:
     @staticmethod
     def check(fields: dict, requests: list) -> None:
         from tracengine.vllm.build import build_scheduler
-        build_scheduler(fields, record="").shutdown()
+        build_scheduler(fields, record="", live_offloading=True).shutdown()
 
     @staticmethod
     def run(fields: dict, requests: list, step_time) -> list:

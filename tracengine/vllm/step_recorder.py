@@ -3,6 +3,7 @@ until the step's output is processed, then written as the step's frame."""
 import time
 
 from tracengine.vllm.connector import unobserve_connector
+from tracengine.vllm.group_blocks import num_groups, observe_groups
 from tracengine.vllm.structured import unobserve_grammars
 
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, Preempt, RequestAdded, ScheduledSeq,
@@ -48,6 +49,8 @@ class StepRecorder:
         self._allocate_slots, self._free = manager.allocate_slots, manager.free
         # The scheduler's own manager, observed: its methods are called as before and return the same.
         manager.allocate_slots, manager.free = self.allocate_slots, self.free
+        if num_groups(scheduler) > 1:      # a hybrid model: every group's blocks (group_blocks.py)
+            observe_groups(self)
 
     # -- where an event goes -------------------------------------------------------------------
 

@@ -29,7 +29,9 @@ def run_timed(scheduler, specs, step_time, *, first_step_ns: int = 0, past_outpu
     """Runs `specs` (drive.RequestSpec, with `arrival_ns` and `abort_ns`) through `scheduler`, which
     records (its StepEnds get the simulated times); returns the number of steps. `first_step_ns`:
     the earliest start of step 0 (a recording's start-up, as replay/timed.TimedReplay's)."""
-    engine = VllmClockedEngine(scheduler, specs, step_time, first_step_ns, past_output)
+    from tracengine.vllm.offloading import offloading_worker
+    engine = VllmClockedEngine(scheduler, specs, step_time, first_step_ns, past_output,
+                               kv_worker=offloading_worker(scheduler))     # native offloading's workers
     try:
         return run_in_time(engine, in_arrival_order(specs), max_steps=max_steps)
     except TracengineError as exc:
@@ -42,7 +44,7 @@ def run_config(config: dict, specs, step_time, model=None, first_step_ns: int = 
                past_output: set | None = None) -> list:
     """The events (header first) of `specs` through vLLM's scheduler for `config` in simulated time."""
     from tracengine.vllm.build import build_scheduler
-    scheduler = build_scheduler(config)
+    scheduler = build_scheduler(config, live_offloading=True)
     from tracengine.vllm.header import trace_header
     header = as_simulated(trace_header(scheduler), step_time, model)
     sink = ListSink()
@@ -62,7 +64,7 @@ class VllmTimedReplay(TimedWorkload):
         from tracengine.trace.events import StepEnd
         from tracengine.vllm.whatif import extract_workload
         self.events = events = list(events)
-        self.workload = workload = extract_workload(events)
+        self.workload = workload = extract_workload(events, in_time=True)
         if not workload.specs or any(s.arrival_ns < 0 for s in workload.specs):
             raise TraceError("the trace has no arrival times (its requests came with none after the recording "
                              "started); use --arrivals steps")
@@ -84,7 +86,7 @@ class VllmTimedReplay(TimedWorkload):
         from tracengine.vllm.build import apply_overrides, build_scheduler
         from tracengine.vllm.synthetic import whatif_config
         config = whatif_config(self.recorded, overrides, apply_overrides(self.recorded, overrides), self.events)
-        build_scheduler(config, record="").shutdown()
+        build_scheduler(config, record="", live_offloading=True).shutdown()
         return config
 
 

@@ -32,10 +32,11 @@ class VllmWorkload:
     events: list                            # the recording, TraceHeader first
 
 
-def extract_workload(events) -> VllmWorkload:
+def extract_workload(events, in_time: bool = False) -> VllmWorkload:
+    """`in_time`: for a what-if in simulated time (which runs native CPU offloading's connector)."""
     events = list(events)
     header, it = split_header(events)
-    refuse_whatif(header, events)     # a connector's and grammars' answers hold for the recorded schedule
+    refuse_whatif(header, events, in_time)   # a connector's and grammars' answers hold for the recorded schedule
     batch_queue_size = 2 if header.config.get("scheduler_kind") == "async" else 1
     specs: dict[int, RequestSpec] = {}
     aborts: dict[int, list[str]] = {}
