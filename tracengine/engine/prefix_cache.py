@@ -31,6 +31,18 @@ class PrefixCache:
         # have none, and cost nothing here
         self.token_ids: dict[int, list[int]] = {}
 
+    def copy(self) -> "PrefixCache":
+        """An independent copy (a fold's keyframe)."""
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        other.hash_to_block_id, other.hashes = dict(self.hash_to_block_id), list(self.hashes)
+        other.token_ids = dict(self.token_ids)     # each block's tokens: replaced, never changed in place
+        return other
+
+    def hold_every_block(self):
+        """A hash slot for every block now (a fold shows every block)."""
+        self._cover([self.num_blocks - 1])
+
     def _cover(self, block_ids: list[int]):
         """Slots for `block_ids` in `hashes` (extended in place: the pool shares it); none to
         look for once every block has one."""

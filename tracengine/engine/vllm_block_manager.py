@@ -44,6 +44,11 @@ class VllmBlockPool(BlockPool):
     def free_blocks(self, block_ids: list[int]):
         release(self.ref_counts, self.hashes, self.free_block_queue, block_ids)
 
+    def copy(self, prefix_cache=None) -> "VllmBlockPool":
+        other = super().copy()
+        other.hashes = prefix_cache.hashes
+        return other
+
 
 def release(ref_counts: list[int], hashes: list[int], free_block_queue, block_ids: list[int]):
     """vLLM's free rule (the pool's, and the replay fold's): a reference less to each of
@@ -77,6 +82,11 @@ class VllmPrefixCache(PrefixCache):
             if index.setdefault(h, block_id) != block_id:
                 self.later_block_ids.setdefault(h, []).append(block_id)
         self._hold_tokens(block_ids, token_ids)
+
+    def copy(self) -> "VllmPrefixCache":
+        other = super().copy()
+        other.later_block_ids = {h: list(ids) for h, ids in self.later_block_ids.items()}
+        return other
 
     def evict(self, block_ids: list[int]):
         self._cover(block_ids)

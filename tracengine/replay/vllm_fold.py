@@ -69,15 +69,6 @@ class VllmProjection(Projection):
         state.group_tables = self.group_tables
         return state
 
-    def _release(self, block_ids):
-        ref_counts, free = self.ref_counts, self.free
-        for block_id in block_ids:
-            ref_counts[block_id] -= 1
-            if ref_counts[block_id] == 0:
-                free.append(block_id)
-            elif ref_counts[block_id] < 0:
-                raise ValueError(f"block {block_id} freed more often than allocated")
-
     def block_skip(self, e: BlockSkip):
         """Given back whatever the request's state: with async scheduling the step that skips them may be
         scheduled before the output that finishes it, whose BlockFree (written first) holds them no more."""
@@ -85,15 +76,14 @@ class VllmProjection(Projection):
             self.group_tables.setdefault(e.group, {}).get(e.seq_id, [])
         skipped = set(e.block_ids)
         table[:] = [b for b in table if b not in skipped]
-        self._release(e.block_ids)
+        self.pool.free_blocks(e.block_ids)
 
-    def _take_free_block(self, block_id: int):
-        self.free.remove(block_id)       # a ValueError if it is not free
-        h = self.hashes[block_id]
-        if h != -1 and self.hash_to_block_id.get(h) == block_id:
-            del self.hash_to_block_id[h]
-        self.hashes[block_id] = -1
-        self.ref_counts[block_id] = 1
+    def _take_new_blocks(self, block_ids: list[int]):
+        """Each block wherever it is in the free queue (vLLM's order is not the fold's)."""
+        take = self.pool.take_block
+        for block_id in block_ids:
+            take(block_id)
+        self.prefix_cache.evict(block_ids)
 
     def scheduled_when_finished(self, seq_id: int) -> bool:
         seq = self.seqs.get(seq_id)
@@ -106,7 +96,7 @@ class VllmProjection(Projection):
             kept = set(held)
             e = msgspec.structs.replace(e, block_ids=[b for b in e.block_ids if b in kept])
         if e.group:
-            self._release(e.block_ids)
+            self.pool.free_blocks(e.block_ids)
         else:
             super().block_free(e)
 
@@ -114,9 +104,8 @@ class VllmProjection(Projection):
         if self.seqs[e.seq_id].status == FINISHED:    # taken and freed already (block_free), as block_append
             return
         if e.group:
-            self._take_hits(e.block_ids[:e.num_cached_blocks])
-            for block_id in e.block_ids[e.num_cached_blocks:]:
-                self._take_free_block(block_id)
+            self.pool.touch(e.block_ids[:e.num_cached_blocks])
+            self._take_new_blocks(e.block_ids[e.num_cached_blocks:])
             self.group_tables.setdefault(e.group, {})[e.seq_id] = list(e.block_ids)
             return
         held = self.seqs[e.seq_id].block_table
@@ -135,7 +124,7 @@ class VllmProjection(Projection):
         if self.seqs[e.seq_id].status == FINISHED:     # taken and freed already (block_free)
             return
         if e.group:
-            self._take_free_block(e.block_id)
+            self._take_new_blocks([e.block_id])
             self.group_tables.setdefault(e.group, {}).setdefault(e.seq_id, []).append(e.block_id)
         else:
             super().block_append(e)
@@ -183,5 +172,5 @@ def _no_change(e) -> None:
 
 def vllm_projection(num_blocks: int, block_size: int) -> VllmProjection:
     projection = VllmProjection(num_blocks, block_size)
-    projection.free.remove(NULL_BLOCK_ID)
+    projection.pool.free_block_queue.remove(NULL_BLOCK_ID)
     return projection
