@@ -12,13 +12,12 @@ import msgspec
 from tracengine.fleet.stats import fleet_stats, replica_streams
 from tracengine.engine.config import Config
 from tracengine.errors import TraceError
-from tracengine.replay.timed import TimedWorkload, whatif_in_time
+from tracengine.replay.timed import TimedVariant, TimedWorkload, whatif_in_time
 from tracengine.replay.whatif import OutputRunner, changed_fields, extract_workload
 from tracengine.fleet.engine import fleet_header, simulate_fleet
 from tracengine.fleet.spec import FleetSpec, header_fields
 from tracengine.engine.request import Request
 from tracengine.sim.spec import PreparedSources, Source, SweepSpec, step_time_of
-from tracengine.sim.sweep import IN_TIME
 from tracengine.trace.events import KVTransfer, ReplicaScope, RouteDecision, SeqAbort, StepEnd
 
 
@@ -181,6 +180,11 @@ class FleetTimedReplay(TimedWorkload):
         new[0] = msgspec.structs.replace(fleet_header(config, step_time, spec), model=self.header.model)
         return new, len(set().union(*(r.past_output_seq_ids for r in runners)))
 
+    def row(self, events: list, slo: dict | None) -> dict:
+        """A sweep's row of a run: the fleet's figures (fleet/sweep.fleet_row_of)."""
+        from tracengine.fleet.sweep import fleet_row_of
+        return fleet_row_of(fleet_stats(events, slo))
+
 
 def fleet_whatif(events, spec: FleetSpec | None, overrides: dict, step_time=None, trace_name: str = "",
                  policy=None) -> FleetWhatIf:
@@ -193,29 +197,12 @@ def fleet_whatif(events, spec: FleetSpec | None, overrides: dict, step_time=None
                        result.changes, result.num_past_output)
 
 
-class FleetTraceVariant:
-    """A fleet what-if of a trace (FleetTimedReplay) under base + overrides, for a sweep."""
-    figures = IN_TIME
-
-    def __init__(self, timed: FleetTimedReplay, base: dict, slo: dict | None = None):
-        self.timed, self.base, self.slo = timed, base, slo
-        timed.ensure_step_time()      # fitted once, before the workers fork
-
-    def check(self, overrides: dict):
-        self.timed.config({**self.base, **overrides})
-
-    def __call__(self, overrides: dict) -> dict:
-        from tracengine.fleet.sweep import fleet_row_of
-        events, _ = self.timed.run(self.timed.config({**self.base, **overrides}))
-        return fleet_row_of(fleet_stats(events, self.slo))
-
-
 def fleet_trace_runner(spec: SweepSpec, events: list):
     """The maker of a fleet what-if's variants (`replay TRACE --sweep ...` of a fleet): the
     fleet the variants change travels in the spec as data (spec.fleet)."""
     timed = FleetTimedReplay(events, step_time_of(spec.step_time), spec=FleetSpec.from_dict(spec.fleet),
                              policy=spec.policy)
-    return FleetTraceVariant(timed, spec.base, spec.slo)
+    return TimedVariant(timed, spec.base, spec.slo)
 
 
 FLEET_TRACE = f"{__name__}:fleet_trace_runner"
@@ -231,5 +218,5 @@ def prepare_fleet(prepared: PreparedSources, source: Source, events: list, step_
     spec = SweepSpec(FLEET_TRACE, source.digest, base, model.to_dict(), slo, policy, fleet=timed.recorded_spec.to_dict())
     timed.step_time = step_time_of(spec.step_time)
     prepared.add(source, events)
-    prepared.add_runner(spec, FleetTraceVariant(timed, base, slo))
+    prepared.add_runner(spec, TimedVariant(timed, base, slo))
     return spec, timed.step_time

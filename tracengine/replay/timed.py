@@ -66,6 +66,11 @@ class TimedWorkload:
     def recorded_policy(self, policy):
         return None
 
+    def row(self, events: list, slo: dict | None) -> dict:
+        """A sweep's row of a run's events: its figures in simulated time."""
+        from tracengine.analysis.stats import stats
+        return row_of(stats(events, slo))
+
 
 class TimedReplay(TimedWorkload):
     """A trace's workload ready to run in simulated time under any config: `run(overrides)`
@@ -150,7 +155,7 @@ def _variant_policy(overrides: dict, policy):
 
 class TimedVariant:
     """A what-if in simulated time under base + overrides, of any engine's trace (`timed`: as
-    whatif_in_time's). `policy`: replay --policy (a trace of one's own policy needs it)."""
+    whatif_in_time's, a fleet's included), its row the workload's (TimedWorkload.row). `policy`: replay --policy (a trace of one's own policy needs it)."""
     figures = IN_TIME
 
     def __init__(self, timed, base: dict, slo: dict | None = None, policy=None):
@@ -161,10 +166,9 @@ class TimedVariant:
         self.timed.config({**self.base, **overrides})
 
     def __call__(self, overrides: dict) -> dict:
-        from tracengine.analysis.stats import stats
         merged = {**self.base, **overrides}
         events, _ = self.timed.run(self.timed.config(merged), _variant_policy(merged, self.policy))
-        return row_of(stats(events, self.slo))
+        return self.timed.row(events, self.slo)
 
 
 class StepVariant:
