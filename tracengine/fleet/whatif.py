@@ -145,6 +145,8 @@ class FleetTimedReplay(TimedWorkload):
         from tracengine.fleet.engine import check_fleet_requests
         from tracengine.fleet.overrides import resolve
         fields, spec = resolve(self.spec, overrides, self.step_time)
+        if "kv_bytes_per_token" in overrides:     # the config's too (a CPU tier's), as its flag is
+            fields = {**fields, "kv_bytes_per_token": overrides["kv_bytes_per_token"]}
         config = self.recorded_config.replace(**fields)
         if self.policy is not None and "scheduling_policy" not in fields:
             config = config.replace(scheduling_policy=self.policy)
