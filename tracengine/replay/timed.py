@@ -31,7 +31,7 @@ def calibrated_step_time(events: list, trace_name: str,
 class TimedWhatIf:
     step_time: object            # the model the runs were timed with
     recorded: list               # the recorded events
-    self_check: list             # the recorded config in simulated time
+    self_check: list | None      # the recorded config in simulated time (None: not run, checks_itself)
     new: list                    # the what-if in simulated time
     changes: list[tuple[str, object, object]]
     num_past_output: int
@@ -50,11 +50,13 @@ def has_arrivals(events) -> bool:
 
 class TimedWorkload:
     """What every backend's workload ready to run in simulated time shares (TimedReplay's, vLLM's,
-    SGLang's): the step-time model, fitted to the trace's own steps unless given one, and the
-    policy the recorded config runs under (None: the backend's own scheduler decides)."""
+    SGLang's, a fleet's): the step-time model, fitted to the trace's own steps unless given one, and the
+    policy the recorded config runs under (None: the backend's own scheduler decides), and whether
+    its what-if runs the recorded config beside the new one (the self-check, `checks_itself`)."""
     events: list
     step_time: object
     trace_name: str
+    checks_itself = True
 
     def ensure_step_time(self):
         if self.step_time is None:
@@ -63,6 +65,11 @@ class TimedWorkload:
 
     def recorded_policy(self, policy):
         return None
+
+    def row(self, events: list, slo: dict | None) -> dict:
+        """A sweep's row of a run's events: its figures in simulated time."""
+        from tracengine.analysis.stats import stats
+        return row_of(stats(events, slo))
 
 
 class TimedReplay(TimedWorkload):
@@ -119,12 +126,16 @@ class TimedReplay(TimedWorkload):
 
 def whatif_in_time(timed, overrides: dict, policy=None) -> TimedWhatIf:
     """The what-if in simulated time of any engine's trace, `timed` being its workload ready to
-    run (TimedReplay; vLLM's scheduler's: vllm/timed.VllmTimedReplay): the recorded config in
-    simulated time (the self-check: how far the step-time model is from the recording) and the
-    one with `overrides`. `policy` (replay --policy): the recorded policy when it is a user's
-    own, and the new run's unless `overrides` names one (as whatif's)."""
+    run (TimedReplay; vllm/timed.VllmTimedReplay, sglang/timed.SglangTimedReplay,
+    fleet/whatif.FleetTimedReplay): the recorded config in simulated time (the self-check: how
+    far the step-time model is from the recording; none where the workload does not check
+    itself and `overrides` change something) and the one with `overrides`. `policy` (replay
+    --policy): the recorded policy when it is a user's own, and the new run's unless
+    `overrides` names one (as whatif's)."""
     config = timed.config(overrides)     # before calibrating: say the plainer problem first
-    self_check, num_past_output = timed.run(timed.recorded, timed.recorded_policy(policy))
+    self_check = None
+    if timed.checks_itself or not overrides:
+        self_check, num_past_output = timed.run(timed.recorded, timed.recorded_policy(policy))
     new = self_check
     if overrides:
         new, num_past_output = timed.run(config, overrides.get("scheduling_policy", policy))
@@ -144,7 +155,7 @@ def _variant_policy(overrides: dict, policy):
 
 class TimedVariant:
     """A what-if in simulated time under base + overrides, of any engine's trace (`timed`: as
-    whatif_in_time's). `policy`: replay --policy (a trace of one's own policy needs it)."""
+    whatif_in_time's, a fleet's included), its row the workload's (TimedWorkload.row). `policy`: replay --policy (a trace of one's own policy needs it)."""
     figures = IN_TIME
 
     def __init__(self, timed, base: dict, slo: dict | None = None, policy=None):
@@ -155,10 +166,9 @@ class TimedVariant:
         self.timed.config({**self.base, **overrides})
 
     def __call__(self, overrides: dict) -> dict:
-        from tracengine.analysis.stats import stats
         merged = {**self.base, **overrides}
         events, _ = self.timed.run(self.timed.config(merged), _variant_policy(merged, self.policy))
-        return row_of(stats(events, self.slo))
+        return self.timed.row(events, self.slo)
 
 
 class StepVariant:
