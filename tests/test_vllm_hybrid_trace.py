@@ -9,6 +9,7 @@ from tracengine.cli import main
 from tracengine.replay.fold import Fold
 from tracengine.trace.tracelog import TraceReader
 from tracengine.tui.widgets.block_map import group_counts
+from tracengine.tui.widgets.queues import blocks_held
 
 TRACE = Path(__file__).resolve().parent.parent / "traces" / "vllm_hybrid.trace"
 
@@ -36,6 +37,10 @@ def test_the_fold_keeps_each_groups_tables_and_frees_them_all():
     assert len(middle.group_tables[1][running]) <= 64 // 16 + 1 < len(middle.seqs[running].block_table)
     assert len(middle.group_tables[2][running]) <= 2          # Mamba: the last states only
     assert group_counts(middle).startswith(" (group 0: ")
+    # the TUI's queue counts a sequence's blocks in every group
+    held = len(middle.seqs[running].block_table) + len(middle.group_tables[1][running]) + \
+        len(middle.group_tables[2][running])
+    assert blocks_held(middle, running) == held > len(middle.seqs[running].block_table)
     last = fold.state_at(fold.num_steps - 1)
     assert last.num_free_blocks == 47 and not any(t for tables in last.group_tables.values() for t in tables.values())
 
