@@ -23,8 +23,8 @@ TRACES = Path(__file__).resolve().parents[1] / "traces"
 BASE = ["--set", "max_total_tokens=2000", "--set", "chunked_prefill_size=128"]
 
 
-def simulate_argv(workload, *extra) -> list[str]:
-    return ["simulate", workload, "--scheduler", "sglang", "--step-time", FIXED, "--length-scale", "0.25",
+def simulate_argv(workload, *extra, step_time: str = FIXED) -> list[str]:
+    return ["simulate", workload, "--scheduler", "sglang", "--step-time", step_time, "--length-scale", "0.25",
             "--time-scale", "20", *extra]
 
 
@@ -134,12 +134,75 @@ def test_a_request_aborted_in_the_step_it_arrived_replays():
     assert reexecute(events).ok
 
 
-def test_the_overlap_loop_is_refused_in_simulated_time(simulated, capsys):
+SCHEDULE_NS, POSTPROCESS_NS = 6_000_000, 5_000_000     # the CPU's part of each step, in cpu_steptime
+
+
+@pytest.fixture(scope="module")
+def overlapped(simulated, tmp_path_factory):
+    """FIXED with CPU time (SCHEDULE_NS, POSTPROCESS_NS each step: a decode's 11 ms of CPU to its
+    10 ms forward), and the traces of the workload under it through the normal and overlap loops."""
+    folder = tmp_path_factory.mktemp("sglang-overlap")
+    model = json.loads(Path(FIXED).read_text())
+    for phase in ("prefill", "decode"):
+        model["coefficients"][phase]["schedule_ns"][0] = SCHEDULE_NS
+        model["coefficients"][phase]["postprocess_ns"][0] = POSTPROCESS_NS
+    step_time = folder / "cpu_steptime.json"
+    step_time.write_text(json.dumps(model))
+    paths = {}
+    for loop in ("normal", "overlap"):
+        paths[loop] = folder / f"{loop}.trace"
+        assert main(simulate_argv(simulated[0], *BASE, "--set", f"scheduler_loop={loop}", "--record",
+                                  str(paths[loop]), step_time=str(step_time))) == 0
+    return str(step_time), paths
+
+
+def test_the_overlap_loop_in_simulated_time_overlaps_the_cpu_with_the_forward(overlapped):
+    """A step of the overlap loop lasts max(its forward, the CPU's scheduling of the next step and
+    processing of the last one), not their sum: a decode between decodes 11 ms (the CPU's), not
+    21; its trace re-executes exactly, and the run ends sooner than the normal loop's."""
+    from tracengine.sglang.replay import reexecute
+    from tracengine.trace.events import ScheduleDecision, StepEnd
+    _, paths = overlapped
+    runs = {loop: list(open_trace(path)) for loop, path in paths.items()}
+    events = runs["overlap"]
+    assert events[0].config["scheduler_loop"] == "overlap" and events[0].device == "simulated (linear)"
+    assert reexecute(events).ok
+    phases = [e.phase for e in events if type(e) is ScheduleDecision]
+    ends = [e for e in events if type(e) is StepEnd]
+    durations = [e.schedule_ns + e.model_ns + e.postprocess_ns for e in ends]
+    assert all(e.gap_ns >= 0 and e.model_ns >= 0 for e in ends)
+    steady = [durations[k] for k in range(1, len(ends) - 1) if phases[k - 1:k + 2] == ["decode"] * 3]
+    assert steady and set(steady) == {SCHEDULE_NS + POSTPROCESS_NS}
+    assert all(e.postprocess_ns == POSTPROCESS_NS for e in ends)
+    normal = [e for e in runs["normal"] if type(e) is StepEnd]
+    assert {e.schedule_ns + e.model_ns + e.postprocess_ns for e in normal} == \
+        {SCHEDULE_NS + ns + POSTPROCESS_NS for ns in (10_000_000, 100_000_000)}
+    s = {loop: stats(run) for loop, run in runs.items()}
+    assert s["overlap"]["requests"]["num_finished"] == s["normal"]["requests"]["num_finished"] == 20
+    assert sum(e.gap_ns for e in ends) + sum(durations) < sum(e.gap_ns + e.schedule_ns + e.model_ns + e.postprocess_ns
+                                                               for e in normal)
+    assert s["overlap"]["latency"]["e2e"]["seconds"]["mean"] < s["normal"]["latency"]["e2e"]["seconds"]["mean"]
+
+
+def test_an_overlap_traces_whatif_in_time_equals_simulating_it(simulated, overlapped, tmp_path, capsys):
+    """The what-if in simulated time of an overlap trace runs the overlap loop: under the recorded
+    config it is the recorded run, under another it is simulate's run of that config."""
     workload, _ = simulated
-    assert main(simulate_argv(workload, "--set", "scheduler_loop=overlap")) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["tracengine: error: SGLang's overlap loop is not run in simulated time yet (its steps overlap "
-                   "the CPU's work with the model's forward); its traces replay and take what-ifs in steps"]
+    step_time, paths = overlapped
+    whatif, direct = tmp_path / "whatif.trace", tmp_path / "direct.trace"
+    assert main(["replay", str(paths["overlap"]), "--set", "chunked_prefill_size=64", "--step-time", step_time,
+                 "--record", str(whatif)]) == 0
+    out = capsys.readouterr().out
+    assert "in simulated time: chunked_prefill_size 128 -> 64" in out
+    for line in out.splitlines()[3:24]:     # the recorded config in simulated time is the recorded run
+        assert line.split()[-3] in ("+0.0%", "-"), line
+    assert main(simulate_argv(workload, "--set", "max_total_tokens=2000", "--set", "chunked_prefill_size=64",
+                              "--set", "scheduler_loop=overlap", "--record", str(direct), step_time=step_time)) == 0
+    capsys.readouterr()
+    assert main(["diff", str(whatif), str(direct)]) == 0
+    assert "no scheduling difference in" in capsys.readouterr().out
+    assert stats(whatif)["latency"] == stats(direct)["latency"]
+    assert stats(whatif)["steps"]["num_steps"] != stats(paths["overlap"])["steps"]["num_steps"]
 
 
 def test_simulate_searches_the_capacity_of_sglangs_scheduler(simulated, tmp_path, capsys):

@@ -28,8 +28,6 @@ class SglangSimulation:
     @staticmethod
     def check(fields: dict, requests: list) -> None:
         from tracengine.sglang.build import check_config
-        from tracengine.sglang.timed import check_loop
-        check_loop(fields)
         check_config(fields)
 
     @staticmethod

@@ -1,9 +1,11 @@
 """SGLang's own scheduler in simulated time, behind the engine interface (engine/interface.py):
 requests enter at their arrival times, each step lasts what a step-time model (sim/steptime.py,
 sim/roofline.py) says for its batch (the ScheduleDecision the recorder built from the batch
-`get_next_batch_to_run` chose), and the scheduler's calls are its normal loop's, in the order
-the driver and re-execution make them (drive.py, replay.py), so a run in simulated time
-re-executes exactly.
+`get_next_batch_to_run` chose), and the scheduler's calls are its loop's (normal or overlap),
+in the order the driver and re-execution make them (drive.py, replay.py), so a run in simulated
+time re-executes exactly. In the overlap loop the CPU schedules the next batch and processes the
+last result while a batch's forward runs on the device: a busy step lasts max(the forward, the
+CPU's work), not their sum (SglangClockedEngine._overlap_times says the rule and its StepEnd).
 
 The loop is sim/clock.run_in_time's: a step starts the model's gap after the last one ended,
 or, idle, its wake-up time after the next arrival; the requests that arrived by a step's start
@@ -17,7 +19,7 @@ from collections import deque
 
 import msgspec
 
-from tracengine.errors import ConfigError, TraceError, TracengineError
+from tracengine.errors import TraceError, TracengineError
 from tracengine.replay.timed import TimedWorkload
 from tracengine.sim.engine import as_simulated
 from tracengine.sim.clock import Stepped, in_arrival_order, run_in_time
@@ -28,12 +30,14 @@ from tracengine.trace.events import prefill_flags
 class SglangClockedEngine:
     """SGLang's scheduler on the simulated clock: the requests given it (drive.RequestSpec, with
     `arrival_ns` and `abort_ns`) enter before its next step, the clients that left by that
-    step's start leave, and a step is the normal loop's iterations until one runs a batch. The
-    recorder's StepEnds get the simulated times."""
+    step's start leave, and a step is the loop's iterations until one runs a batch. The
+    recorder's StepEnds get the simulated times: the normal loop's a step's parts one after
+    another (`_times`), the overlap loop's the CPU's and the device's clocks (`_overlap_times`)."""
 
     def __init__(self, scheduler, recorder, step_time, first_step_ns: int = 0):
         self.scheduler, self.recorder = scheduler, recorder
-        recorder.step_times = self._times
+        self.overlap = bool(scheduler.enable_overlap)
+        recorder.step_times = self._overlap_times if self.overlap else self._times
         self.step_time = step_time
         self.first_step_ns = first_step_ns
         self.queued: list = []           # specs given it, entering before the next step
@@ -42,8 +46,20 @@ class SglangClockedEngine:
         self.num_steps = 0
         self.start_ns: int | None = None
         self.stuck = False               # the last step could run nothing, and nothing will change that
+        # the overlap loop's clocks (_overlap_times): the CPU's and the device's
+        self.cpu_ns = 0                  # when the CPU is done with the last iteration's work
+        self.at_ns = 0                   # when the next iteration of the step under way starts
+        self.device_ns = 0               # when the device is done with the batches launched
+        self.predicted: dict[int, tuple] = {}     # step -> (schedule_ns, model_ns, postprocess_ns) of its batch
+        self.forward_end_ns: dict[int, int] = {}  # step -> when its forward ends, until its result is processed
+        self.num_launched = 0
+        self.iteration = None            # (start, batches chosen before it) of the iteration under way
+        self.interval = None             # [gap_ns, cpu_ns] since the last StepEnd: its leading gap, the CPU's work
 
     def _base_ns(self) -> int:
+        if self.overlap:
+            return self.cpu_ns + self.step_time.gap_ns if self.num_launched else \
+                max(self.step_time.gap_ns, self.first_step_ns)
         return self.end_ns + self.step_time.gap_ns if self.num_steps else \
             max(self.step_time.gap_ns, self.first_step_ns)
 
@@ -77,10 +93,12 @@ class SglangClockedEngine:
         return not self.queued and not has_work(self.scheduler)
 
     def step(self) -> Stepped:
-        """The step at `next_step_ns()`: arrivals and departures, then the normal loop's
-        iterations until one runs a batch (none runs when every request left)."""
-        from tracengine.sglang.drive import abort_request, generate_request, has_work, iterate
+        """The step at `next_step_ns()`: arrivals and departures, then the loop's iterations until
+        one runs a batch (none runs when every request left)."""
+        from tracengine.sglang.drive import abort_request, generate_request, has_work
         scheduler, start = self.scheduler, self.start_ns
+        iterate = self._iterate
+        self.at_ns = start
         inputs = [generate_request(s.request_id, s.prompt_token_ids, s.max_tokens, ignore_eos=not s.eos_after)
                   for s in self.queued]
         self.queued.clear()
@@ -106,14 +124,88 @@ class SglangClockedEngine:
     def _times(self, step: int) -> tuple:
         """The step under way lasts what the step-time model says for its batch (the recorder
         asks, writing its StepEnd)."""
-        decision = self.recorder.last_decision
+        schedule_ns, model_ns, postprocess_ns = self._predict(self.recorder.last_decision)
+        times = (schedule_ns, model_ns, postprocess_ns, self.start_ns - self.end_ns)
+        self.end_ns = self.start_ns + schedule_ns + model_ns + postprocess_ns
+        self.num_steps += 1
+        return times
+
+    # -- the overlap loop's clock --------------------------------------------------------------
+
+    def _iterate(self, scheduler) -> bool:
+        """One iteration of SGLang's loop (drive.iterate); in the overlap loop, on its clocks: it
+        starts at `at_ns`, and a batch it chose and launched with no result processed after (the
+        first, or one after an iteration with none) costs the CPU its scheduling."""
+        from tracengine.sglang.drive import iterate
+        if not self.overlap:
+            return iterate(scheduler)
+        at = self.at_ns
+        if self.interval is None:
+            self.interval = [at - self.end_ns, 0]
+        else:                           # the loop's time between two iterations since the last StepEnd
+            self.interval[1] += at - self.cpu_ns
+        self.iteration = (at, self.recorder.num_decided)
+        self.cpu_ns = at
+        ran = iterate(scheduler)
+        chosen = self._chosen()
+        if chosen is not None and chosen not in self.forward_end_ns:     # launched, no result processed after
+            schedule_ns = self.predicted[chosen][0]
+            self.interval[1] += schedule_ns
+            self.cpu_ns = at + schedule_ns
+            self._launch(chosen, self.cpu_ns)
+        self.iteration = None
+        self.at_ns = self.cpu_ns
+        return ran
+
+    def _chosen(self) -> int | None:
+        """The step whose batch the iteration under way chose (its prediction made), or None."""
+        if self.recorder.num_decided == self.iteration[1]:
+            return None
+        step = self.recorder.num_decided - 1
+        if step not in self.predicted:
+            self.predicted[step] = self._predict(self.recorder.last_decision)
+        return step
+
+    def _predict(self, decision) -> tuple[int, int, int]:
+        """(schedule_ns, model_ns, postprocess_ns) of a batch, by the step-time model."""
         flags = prefill_flags(decision)
         is_prefill = any(flags)
         shape = step_shape((s.num_tokens, s.num_cached_tokens) for s in decision.seqs)
-        schedule_ns, model_ns, postprocess_ns = self.step_time.predict(is_prefill, *shape,
-                                                                       mixed=is_prefill and not all(flags))
-        times = (schedule_ns, model_ns, postprocess_ns, self.start_ns - self.end_ns)
-        self.end_ns = self.start_ns + schedule_ns + model_ns + postprocess_ns
+        return self.step_time.predict(is_prefill, *shape, mixed=is_prefill and not all(flags))
+
+    def _launch(self, step: int, at_ns: int) -> None:
+        """The batch of `step` goes to the device at `at_ns`: its forward runs once the one before is done."""
+        self.device_ns = self.forward_end_ns[step] = max(at_ns, self.device_ns) + self.predicted[step][1]
+        self.num_launched += 1
+
+    def _overlap_times(self, step: int) -> tuple:
+        """The overlap loop's StepEnd of `step`, whose result is processed now: the CPU schedules
+        and launches the next batch while this step's forward runs on the device, then waits for
+        the forward and processes its result. So a step lasts, from the last result processed to
+        this one, the loop's gap, the next batch's scheduling (`schedule_ns`), what is left of this
+        step's forward when that is done (`model_ns`: the CPU waits for it; the rest of the
+        forward overlapped the CPU's work) and this step's processing (`postprocess_ns`): busy,
+        a step takes max(its forward, the CPU's scheduling of the next step + processing of the
+        last one + the gap), not their sum. The step-time model prices each batch's three parts
+        as the normal loop's (`_times`). A step's latencies come from its result's processing,
+        the end of its StepEnd, as the normal loop's. (Where SGLang does not overlap two
+        batches, `is_disable_overlap_for_batch`, it processes the result before it launches the
+        next batch, which then starts at the StepEnd's end.)"""
+        at = self.iteration[0]
+        chosen = self._chosen()
+        schedule_ns = self.predicted[chosen][0] if chosen is not None else 0
+        scheduled = at + schedule_ns
+        launched_first = chosen is not None and bool(self.scheduler.result_queue)
+        if launched_first:
+            self._launch(chosen, scheduled)
+        begin = max(scheduled, self.forward_end_ns.pop(step))
+        end = begin + self.predicted.pop(step)[2]
+        gap_ns, cpu_ns = self.interval
+        times = (cpu_ns + schedule_ns, begin - scheduled, end - begin, gap_ns)
+        if chosen is not None and not launched_first:
+            self._launch(chosen, end)
+        self.interval = None
+        self.end_ns = self.cpu_ns = end
         self.num_steps += 1
         return times
 
@@ -124,14 +216,6 @@ class SglangClockedEngine:
             return (f"SGLang's scheduler can never run request {request.rid} ({len(request.origin_input_ids)} "
                     f"tokens) with {scheduler.max_total_num_tokens} token slots: give more max_total_tokens")
         return f"SGLang's scheduler is stuck after step {self.num_steps}"
-
-
-def check_loop(config: dict) -> None:
-    """Simulated time times SGLang's normal loop: the overlap loop's steps overlap the CPU's
-    scheduling with the model's forward, which no step-time model here describes."""
-    if config.get("scheduler_loop", "normal") != "normal":
-        raise ConfigError("SGLang's overlap loop is not run in simulated time yet (its steps overlap the CPU's work "
-                          "with the model's forward); its traces replay and take what-ifs in steps")
 
 
 def holds(scheduler, request_id: str) -> bool:
@@ -152,7 +236,6 @@ def run_config(config: dict, specs, step_time, model=None, first_step_ns: int = 
     from tracengine.sglang.drive import Tokens
     from tracengine.sglang.recorder import record_to, stop_recording
     from tracengine.trace.sinks import ListSink
-    check_loop(config)
     tokens = Tokens(specs)
     scheduler = build_scheduler(config, tokens)
     from tracengine.sglang.header import trace_header
@@ -205,8 +288,6 @@ class SglangTimedReplay(TimedWorkload):
         """The config of a variant; one SGLang refuses is refused here (ConfigError)."""
         from tracengine.sglang.build import apply_overrides, check_config
         config = apply_overrides(self.recorded, overrides)
-        check_loop(self.recorded)
-        check_loop(config)
         check_config(config)
         return config
 
