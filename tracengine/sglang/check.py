@@ -3,40 +3,21 @@ the ones before it as far as SGLang's own rules are not needed (no SGLang is imp
 fold's block rules (replay/event_check.py) are tracengine's and vLLM's, not a radix cache's: a
 token-pool slot here is shared by every request whose prefix matched it, and freed by the
 pool (seq_id -1) when the radix tree evicts it, so slots are checked against the pool's size."""
-from tracengine.errors import TraceError
+from tracengine.replay.event_check import FrameCheck
 from tracengine.trace.events import RequestAdded, ScheduleDecision, StepEnd, TokenSample, TraceHeader
 from tracengine.trace.header import block_pool_config
 from tracengine.trace.sglang_events import PolicyOrder
-from tracengine.trace.tracelog import ends_mid_step
 
 
-class SglangEventCheck:
+class SglangEventCheck(FrameCheck):
     def __init__(self, header: TraceHeader):
+        super().__init__(header)
         self.num_slots = block_pool_config(header)[0]
-        self.version = header.format_version
-        self.step = 0
-        self.open_frame = False
         self.seq_ids: set[int] = set()
         self.scheduled: set[int] | None = None   # this step's, once decided
 
-    def frame(self, events) -> None:
-        if self.open_frame:
-            raise TraceError(f"step {self.step}: a frame follows one that ended without its step's StepEnd")
-        if not events:
-            raise TraceError(f"step {self.step}: a frame without events")
-        for i, event in enumerate(events):
-            reason = self._impossible(event, i == len(events) - 1)
-            if reason is not None:
-                raise TraceError(f"step {self.step}: event {i} of the frame, {type(event).__name__}, "
-                                 f"does not follow: {reason}")
-        self.open_frame = ends_mid_step(events, self.version)
-
-    def _impossible(self, e, is_last: bool) -> str | None:
+    def follows(self, e, is_last: bool) -> str | None:
         t = type(e)
-        if t is TraceHeader:
-            return "a TraceHeader after the first frame"
-        if e.step != self.step:
-            return f"it is stamped step {e.step}"
         if t is RequestAdded:
             if e.seq_id in self.seq_ids:
                 return f"seq {e.seq_id} was added before"
