@@ -5,9 +5,9 @@ arrival_ns // --step-ms (0 for a workload with no arrival times)."""
 import argparse
 import sys
 
-from tracengine.cli.common import EXIT_BAD_INPUT, EXIT_NOT_INSTALLED, EXIT_OK
+from tracengine.cli.common import EXIT_OK
 from tracengine.cli.flags import DEFAULT_VOCAB_SIZE, add_synthetic_arguments, add_workload_arguments, workload_spec
-from tracengine.errors import NotInstalledError, TracengineError
+from tracengine.errors import TracengineError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,15 +59,9 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
+    from tracengine.cli.main import exit_code_of
     args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except NotInstalledError as exc:
-        print(f"tracengine: error: {exc}", file=sys.stderr)
-        return EXIT_NOT_INSTALLED
-    except (TracengineError, OSError) as exc:
-        print(f"tracengine: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    return exit_code_of(lambda: run(args))
 
 
 if __name__ == "__main__":
