@@ -93,7 +93,8 @@ class BlockManager:
     def num_blocks_needed(self, seq: Sequence, hits: list[int]) -> int:
         """Free blocks a first allocation with these `hits` (`cached_block_ids`) takes: a
         cached block that is free still takes a free block; one a live sequence holds does not."""
-        num_free_hits = list(map(self.pool.ref_counts.__getitem__, hits)).count(0)
+        ref_counts = self.pool.ref_counts
+        num_free_hits = sum(1 for block_id in hits if ref_counts[block_id] == 0)
         return seq.num_blocks - len(hits) + num_free_hits
 
     def allocate(self, seq: Sequence, hits: list[int]):
