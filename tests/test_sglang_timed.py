@@ -1,4 +1,4 @@
-"""SGLang's own scheduler in simulated time (tracengine/sglang/timed.py, sglang/sweeps.py), the
+"""SGLang's own scheduler in simulated time (tracengine/sglang/timed.py, replay/scheduler_backends.py), the
 third backend of the engine interface: `simulate --scheduler sglang`, the what-if of an SGLang
 trace in simulated time, and sweeps of both. A what-if in time equals simulating the workload
 through SGLang's scheduler with that config (`tracengine diff` finds no scheduling difference),

@@ -46,8 +46,8 @@ def run_replay(args) -> int:
         from tracengine.replay.timed import has_arrivals
         timed = timed or has_arrivals(events)
     if args.sweep:
-        from tracengine.sglang import sweeps
-        return replay_runs.run_sweep_replay(args.trace, events, overrides, timed, step_time, args, sweeps,
+        from tracengine.replay.scheduler_backends import SGLANG
+        return replay_runs.run_sweep_replay(args.trace, events, overrides, timed, step_time, args, SGLANG,
                                            lambda text: parsed_field(text, header.config))
     if timed:
         from tracengine.sglang.timed import timed_whatif
@@ -83,7 +83,7 @@ def parsed_field(text: str, config: dict) -> tuple[str, object]:
 
 def run_simulate(args) -> int:
     """`tracengine simulate WORKLOAD --scheduler sglang`: sglang/simulate.py, printed as simulate
-    prints; a --sweep's variants through SGLang's scheduler (sglang/sweeps.py)."""
+    prints; a --sweep's variants through SGLang's scheduler (replay/scheduler_backends.SGLANG)."""
     from tracengine.cli.steptime import step_time_from_args
     from tracengine.cli.sweeps import sweep_options
     from tracengine.errors import TracengineError
@@ -115,6 +115,7 @@ def run_simulate(args) -> int:
     from tracengine.cli.vllm_backend import simulate_through_scheduler
     from tracengine.sglang.imports import scheduler_module
     # SGLang's import is not the simulation's time
+    from tracengine.replay.scheduler_backends import SGLANG
     return simulate_through_scheduler(args, "SGLang", {**base, **overrides}, variants, slo, step_time, simulate,
-                                      "tracengine.sglang.sweeps:simulate_runner", before_run=scheduler_module,
+                                      SGLANG.SIMULATE, before_run=scheduler_module,
                                       search=(overrides, parse) if args.search else None)

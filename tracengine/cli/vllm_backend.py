@@ -51,8 +51,8 @@ def run_replay(args) -> int:
         from tracengine.replay.timed import has_arrivals
         timed = timed or has_arrivals(events)
     if args.sweep:
-        from tracengine.vllm import sweeps
-        return replay_runs.run_sweep_replay(args.trace, events, overrides, timed, step_time, args, sweeps,
+        from tracengine.replay.scheduler_backends import VLLM
+        return replay_runs.run_sweep_replay(args.trace, events, overrides, timed, step_time, args, VLLM,
                                            lambda text: parsed_field(text, header.config))
     if timed:
         from tracengine.vllm.timed import timed_whatif
@@ -131,7 +131,7 @@ def typed(name: str, raw: str, recorded):
 
 def run_simulate(args) -> int:
     """`tracengine simulate WORKLOAD --scheduler vllm`: vllm/simulate.py, printed as simulate prints;
-    a --sweep's variants through vLLM's scheduler (vllm/sweeps.py)."""
+    a --sweep's variants through vLLM's scheduler (replay/scheduler_backends.VLLM)."""
     from tracengine.cli.steptime import step_time_from_args
     from tracengine.cli.sweeps import sweep_options
     from tracengine.errors import TracengineError
@@ -152,8 +152,9 @@ def run_simulate(args) -> int:
     if "num_gpu_blocks" not in overrides and not (variants and "num_gpu_blocks" in variants[0]):
         raise TracengineError("simulate --scheduler vllm needs num_gpu_blocks (--set num_gpu_blocks=N or "
                               "--num-kvcache-blocks N): a simulation has no device to size the cache")
+    from tracengine.replay.scheduler_backends import VLLM
     return simulate_through_scheduler(args, "vLLM", {**base, **overrides}, variants, slo, step_time, simulate,
-                                      "tracengine.vllm.sweeps:simulate_runner")
+                                      VLLM.SIMULATE)
 
 
 def simulate_through_scheduler(args, name: str, config: dict, variants, slo, step_time, simulate, sweep_runner: str,
