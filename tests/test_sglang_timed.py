@@ -225,3 +225,13 @@ def test_simulate_searches_the_capacity_of_sglangs_scheduler(simulated, tmp_path
                                                     if line.split()[:1] in (["1"], ["8"])] == rates
     assert main(simulate_argv(workload, *BASE, "--search", "request_rate")) == 2
     assert "--search needs an objective" in capsys.readouterr().err
+
+
+def test_replay_of_an_sglang_trace_refuses_fleet_flags_and_policy(capsys):
+    """An SGLang trace runs one SGLang scheduler: a fleet flag is refused, as for a vLLM trace,
+    rather than left unread."""
+    for argv, message in [(["--replicas", "2"], "an SGLang trace runs one SGLang scheduler"),
+                          (["--policy", "x:Y"], "--policy names a tracengine scheduling policy; an SGLang trace runs "
+                                                "SGLang's scheduler (--set schedule_policy=lpm for SGLang's)")]:
+        assert main(["replay", str(TRACES / "sglang.trace"), *argv]) == 2, argv
+        assert capsys.readouterr().err.startswith(f"tracengine: error: {message}"), argv

@@ -34,11 +34,14 @@ class SchedulerBackend:
     """One engine's scheduler, each piece by its `module:name` path."""
     label: str           # the name of this record in this module (its makers' paths)
     name: str            # the engine as messages name it
+    a_trace: str         # and one of its traces
     timed: str           # its replay/timed.TimedWorkload of a trace: (events, step_time, trace_name)
     steps: str           # its what-if at recorded steps, replay/timed.StepVariant's replay: (events)
     simulation: str      # its engine in simulated time, sim/sweep.SimulateVariant's
     check_version: str   # (header) -> the installed version, which must be the recorded one
     reexecute: str       # (events, config=None) -> ReplayResult: re-execution through its scheduler
+    whatif: str          # (events, overrides) -> WhatIfResult: the what-if at recorded steps
+    timed_whatif: str    # (events, overrides, step_time, trace_name): the what-if in simulated time
 
     @property
     def TIMED(self) -> str:
@@ -90,13 +93,15 @@ class SchedulerBackend:
         return SweepSpec(self.STEPS, source.digest, base, None)
 
 
-VLLM = SchedulerBackend("VLLM", "vLLM", timed="tracengine.vllm.timed:VllmTimedReplay",
+VLLM = SchedulerBackend("VLLM", "vLLM", "a vLLM trace", timed="tracengine.vllm.timed:VllmTimedReplay",
                         steps="tracengine.vllm.whatif:VllmStepReplay",
                         simulation="tracengine.vllm.simulate:VllmSimulation",
                         check_version="tracengine.vllm.replay:check_vllm_version",
-                        reexecute="tracengine.vllm.replay:reexecute")
-SGLANG = SchedulerBackend("SGLANG", "SGLang", timed="tracengine.sglang.timed:SglangTimedReplay",
+                        reexecute="tracengine.vllm.replay:reexecute", whatif="tracengine.vllm.whatif:whatif",
+                        timed_whatif="tracengine.vllm.timed:timed_whatif")
+SGLANG = SchedulerBackend("SGLANG", "SGLang", "an SGLang trace", timed="tracengine.sglang.timed:SglangTimedReplay",
                           steps="tracengine.sglang.whatif:SglangStepReplay",
                           simulation="tracengine.sglang.simulate:SglangSimulation",
                           check_version="tracengine.sglang.replay:check_sglang_version",
-                          reexecute="tracengine.sglang.replay:reexecute")
+                          reexecute="tracengine.sglang.replay:reexecute", whatif="tracengine.sglang.whatif:whatif",
+                          timed_whatif="tracengine.sglang.timed:timed_whatif")
