@@ -73,6 +73,19 @@ def names_fields(args) -> bool:
     return bool(args.set) or any(getattr(args, name, None) is not None for name in flag_fields())
 
 
+def set_fields(texts, config: dict, parse, flags: dict | None = None) -> dict:
+    """The fields --set NAME=VALUE gives (`parse(text, config)`: one so) over those engine flags
+    gave (`flags`), typed as `config` has them; a field given twice is refused, not overwritten."""
+    given = dict(flags or {})
+    for text in texts:
+        name, value = parse(text, config)
+        if name in given:
+            raise ConfigError(f"{name} is given " + ("as a flag and in --set" if name in (flags or {}) else
+                                                     "twice in --set"))
+        given[name] = value
+    return given
+
+
 def parsed_field(text: str, config: dict, engine: str, settable: list, aliases: dict | None = None):
     """`NAME=VALUE` (--set, --sweep's values) as one of `engine`'s `settable` fields (`aliases`: a
     name's other names) and its value, typed as `config` has it."""

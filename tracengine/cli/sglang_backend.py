@@ -19,13 +19,8 @@ def run_replay(args) -> int:
 
 def sglang_overrides(texts, config: dict) -> dict:
     """--set NAME=VALUE as SGLang fields, typed as the recorded value is."""
-    given = {}
-    for text in texts:
-        name, value = parsed_field(text, config)
-        if name in given:
-            raise ConfigError(f"{name} is given twice in --set")
-        given[name] = value
-    return given
+    from tracengine.cli.scheduler_backend import set_fields
+    return set_fields(texts, config, parsed_field)
 
 
 def parsed_field(text: str, config: dict) -> tuple[str, object]:

@@ -32,12 +32,8 @@ def vllm_overrides(args, config: dict) -> dict:
                 raise ConfigError(f"--{name.replace('_', '-')} is not a field of vLLM's scheduler; known: "
                                   f"{', '.join(settable_fields())}")
             given[field] = value
-    for text in args.set:
-        name, value = parsed_field(text, config)
-        if name in given:
-            raise ConfigError(f"{name} is given twice (as a flag and in --set, or twice in --set)")
-        given[name] = value
-    return given
+    from tracengine.cli.scheduler_backend import set_fields
+    return set_fields(args.set, config, parsed_field, given)
 
 
 def parsed_field(text: str, config: dict) -> tuple[str, object]:
