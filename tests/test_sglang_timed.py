@@ -1,4 +1,4 @@
-"""SGLang's own scheduler in simulated time (tracengine/sglang/timed.py, sglang/sweeps.py), the
+"""SGLang's own scheduler in simulated time (tracengine/sglang/timed.py, replay/scheduler_backends.py), the
 third backend of the engine interface: `simulate --scheduler sglang`, the what-if of an SGLang
 trace in simulated time, and sweeps of both. A what-if in time equals simulating the workload
 through SGLang's scheduler with that config (`tracengine diff` finds no scheduling difference),
@@ -225,3 +225,13 @@ def test_simulate_searches_the_capacity_of_sglangs_scheduler(simulated, tmp_path
                                                     if line.split()[:1] in (["1"], ["8"])] == rates
     assert main(simulate_argv(workload, *BASE, "--search", "request_rate")) == 2
     assert "--search needs an objective" in capsys.readouterr().err
+
+
+def test_replay_of_an_sglang_trace_refuses_fleet_flags_and_policy(capsys):
+    """An SGLang trace runs one SGLang scheduler: a fleet flag is refused, as for a vLLM trace,
+    rather than left unread."""
+    for argv, message in [(["--replicas", "2"], "an SGLang trace runs one SGLang scheduler"),
+                          (["--policy", "x:Y"], "--policy names a tracengine scheduling policy; an SGLang trace runs "
+                                                "SGLang's scheduler (--set schedule_policy=lpm for SGLang's)")]:
+        assert main(["replay", str(TRACES / "sglang.trace"), *argv]) == 2, argv
+        assert capsys.readouterr().err.startswith(f"tracengine: error: {message}"), argv

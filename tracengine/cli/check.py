@@ -32,7 +32,7 @@ def run(args) -> int:
     except TraceCorruptError as exc:   # the header frame itself is damaged
         return report_check(args, None, {}, [], {"message": str(exc), "offset": exc.offset, "step": exc.step}, None)
     with reader:
-        from tracengine.cli.vllm_backend import note_not_recorded
+        from tracengine.cli.scheduler_backend import note_not_recorded
         note_not_recorded(reader.header)
         counts: collections.Counter[str] = collections.Counter()
         steps: list[int] = []

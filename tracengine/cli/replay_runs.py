@@ -155,8 +155,8 @@ def timed_table(recorded: dict, self_check: dict, new: dict | None) -> str:
 
 def run_sweep_replay(path, events: list, overrides: dict, timed: bool, step_time, args, makers=None,
                      parse=None) -> int:
-    """`events`: those of the trace at `path`, read. `makers`: the module whose prepare_timed and
-    prepare_steps make the variants (vLLM's scheduler's for a vLLM trace: vllm/sweeps.py),
+    """`events`: those of the trace at `path`, read. `makers`: whose prepare_timed and
+    prepare_steps make the variants (vLLM's scheduler's for a vLLM trace: replay/scheduler_backends.VLLM),
     replay/sweeps.py by default; `parse`: as sweep_options'."""
     from tracengine.sim.spec import PreparedSources, Source
     from tracengine.sim.sweep import IN_STEPS, IN_TIME

@@ -6,84 +6,33 @@ sglang`. The output is the one `replay` and `simulate` print for tracengine's tr
 workloads."""
 import functools
 
-from tracengine.errors import ConfigError, TraceError
-from tracengine.trace.tracelog import TraceReader
+from tracengine.errors import ConfigError
 
 
 def run_replay(args) -> int:
-    """As cli/replay.run, with SGLang's scheduler: re-execution, --state, the what-if in steps or
-    in simulated time (--step-time, --roofline, or a trace with arrival times), sweeps of either."""
-    from tracengine.cli import replay_runs
-    from tracengine.cli.outputs import check_outputs, note_torn_tail
-    from tracengine.cli.steptime import step_time_from_args
-    from tracengine.cli.sweeps import check_executor_flags, check_plot_figure
-    from tracengine.sglang.replay import check_sglang_version
-    if args.policy:
-        raise TraceError("--policy names a tracengine scheduling policy; an SGLang trace runs SGLang's scheduler "
-                         "(--set schedule_policy=lpm for SGLang's)")
-    check_plot_figure(args)
-    check_executor_flags(args, bool(args.sweep))
-    with TraceReader(args.trace) as reader:
-        header = reader.header
-    overrides = sglang_overrides(args.set, header.config)
-    replay_runs.check_flags_combine(args, overrides)
-    if args.state is not None:      # the fold of SGLang's token pool (replay/sglang_fold.py): no SGLang
-        return replay_runs.show_state(args.trace, args.state)
-    check_sglang_version(header)
-    step_time = step_time_from_args(args)
-    timed = args.arrivals == "time" or step_time is not None
-    if not (overrides or args.record or timed or args.sweep):
-        from tracengine.sglang.replay import reexecute
-        return replay_runs.run_replay(args.trace, args.json, replayer=reexecute)
-    if timed and args.arrivals == "steps":
-        raise TraceError("--step-time and --roofline time a what-if in simulated time; "
-                         "they do not combine with --arrivals steps")
-    check_outputs({"--record": args.record}, {"TRACE": args.trace}, args.force)
-    with TraceReader(args.trace) as reader:
-        events = list(reader.events())
-        note_torn_tail(reader)
-    if args.arrivals is None:    # time when the trace has arrival times, steps otherwise
-        from tracengine.replay.timed import has_arrivals
-        timed = timed or has_arrivals(events)
-    if args.sweep:
-        from tracengine.sglang import sweeps
-        return replay_runs.run_sweep_replay(args.trace, events, overrides, timed, step_time, args, sweeps,
-                                           lambda text: parsed_field(text, header.config))
-    if timed:
-        from tracengine.sglang.timed import timed_whatif
-        return replay_runs.run_timed_whatif(args.trace, events, overrides, args.record, step_time,
-                                           as_json=args.json, timed_whatif=timed_whatif)
-    from tracengine.sglang.whatif import whatif
-    return replay_runs.print_whatif(args.trace, whatif(events, overrides), args.record, args.json)
+    """As cli/replay.run, with SGLang's scheduler (cli/scheduler_backend.py)."""
+    from tracengine.cli.scheduler_backend import run_scheduler_replay
+    from tracengine.replay.scheduler_backends import SGLANG
+    return run_scheduler_replay(args, SGLANG, lambda args, config: sglang_overrides(args.set, config), parsed_field,
+                                "--set schedule_policy=lpm for SGLang's")
 
 
 def sglang_overrides(texts, config: dict) -> dict:
     """--set NAME=VALUE as SGLang fields, typed as the recorded value is."""
-    given = {}
-    for text in texts:
-        name, value = parsed_field(text, config)
-        if name in given:
-            raise ConfigError(f"{name} is given twice in --set")
-        given[name] = value
-    return given
+    from tracengine.cli.scheduler_backend import set_fields
+    return set_fields(texts, config, parsed_field)
 
 
 def parsed_field(text: str, config: dict) -> tuple[str, object]:
     """`NAME=VALUE` (--set, --sweep's values) as an SGLang field and its value, typed as `config` has it."""
-    from tracengine.cli.vllm_backend import typed
+    from tracengine.cli.scheduler_backend import parsed_field as field_of
     from tracengine.sglang.build import settable_fields
-    name, sep, raw = text.partition("=")
-    name = name.strip().replace("-", "_")
-    if not sep:
-        raise ConfigError(f"expected NAME=VALUE, got {text!r}")
-    if name not in settable_fields():
-        raise ConfigError(f"unknown SGLang config field {name!r}; known: {', '.join(settable_fields())}")
-    return name, typed(name, raw.strip(), config.get(name))
+    return field_of(text, config, "SGLang", settable_fields())
 
 
 def run_simulate(args) -> int:
     """`tracengine simulate WORKLOAD --scheduler sglang`: sglang/simulate.py, printed as simulate
-    prints; a --sweep's variants through SGLang's scheduler (sglang/sweeps.py)."""
+    prints; a --sweep's variants through SGLang's scheduler (replay/scheduler_backends.SGLANG)."""
     from tracengine.cli.steptime import step_time_from_args
     from tracengine.cli.sweeps import sweep_options
     from tracengine.errors import TracengineError
@@ -115,6 +64,7 @@ def run_simulate(args) -> int:
     from tracengine.cli.vllm_backend import simulate_through_scheduler
     from tracengine.sglang.imports import scheduler_module
     # SGLang's import is not the simulation's time
+    from tracengine.replay.scheduler_backends import SGLANG
     return simulate_through_scheduler(args, "SGLang", {**base, **overrides}, variants, slo, step_time, simulate,
-                                      "tracengine.sglang.sweeps:simulate_runner", before_run=scheduler_module,
+                                      SGLANG.SIMULATE, before_run=scheduler_module,
                                       search=(overrides, parse) if args.search else None)

@@ -5,7 +5,7 @@ stopping at the first difference (the report is tracengine's own: replay/render.
 
 The loop is drive.py's: a request that arrives when the scheduler has nothing to do comes
 after an idle iteration, as in SGLang's event loop (and in the driver)."""
-from tracengine.errors import TraceError, TraceVersionError
+from tracengine.errors import TraceError
 from tracengine.replay.reexecution import ABORT, ADD, STEP, ComparingSink, Diverged, ReplayResult, replay
 from tracengine.replay.state import RUNNING, WAITING, FoldState, SeqState
 from tracengine.trace.events import RequestAdded, SeqAbort, StepEnd, TokenSample
@@ -15,12 +15,9 @@ from tracengine.trace.tracelog import split_header
 
 def check_sglang_version(header) -> str:
     """The installed SGLang's version, which must be the recorded one."""
+    from tracengine.replay.scheduler_backends import check_engine_version
     from tracengine.sglang import require_sglang
-    version = require_sglang(f"the trace was recorded with SGLang {header.engine_version}", header.engine_version)
-    if version != header.engine_version:
-        raise TraceVersionError(f"the trace was recorded with SGLang {header.engine_version}; the installed SGLang "
-                                f"is {version} (a replay needs the recorded version)")
-    return version
+    return check_engine_version("SGLang", require_sglang, header.engine_version)
 
 
 class RecordedTokens:

@@ -12,7 +12,7 @@ num_steps_in_flight` updated, and so do the drafts the engine core gave
 (SpecDraft, speculative decoding). A step's events are compared right after its
 `schedule()` (so a different batch is reported before its output is fed)
 and again, whole, when its frame is written."""
-from tracengine.errors import TraceError, TraceVersionError
+from tracengine.errors import TraceError
 from tracengine.trace.views import iter_steps
 from tracengine.replay.reexecution import (ABORT, ADD, OWN, STEP, ComparingSink, Diverged, ReplayResult, check_emitted,
                                            replay)
@@ -25,12 +25,9 @@ from tracengine.trace.header import VLLM, backend_of
 
 def check_vllm_version(header) -> str:
     """The installed vLLM's version, which must be the recorded one."""
+    from tracengine.replay.scheduler_backends import check_engine_version
     from tracengine.vllm import require_vllm
-    version = require_vllm(f"the trace was recorded with vLLM {header.engine_version}", header.engine_version)
-    if version != header.engine_version:
-        raise TraceVersionError(f"the trace was recorded with vLLM {header.engine_version}; the installed vLLM is "
-                                f"{version} (a replay needs the recorded version)")
-    return version
+    return check_engine_version("vLLM", require_vllm, header.engine_version)
 
 
 def reexecute(events, config: dict | None = None) -> ReplayResult:
