@@ -9,6 +9,9 @@ its acceptance (`tracengine stats`' spec decode figures), and every run's tokens
 those of the run without drafts.
 
     python benchmarks/bench_spec_decode.py [--num-prompts 16] [--max-tokens 128] [--ks 0,2,4] [--repeats 3]
+
+`--write-prompts FILE` writes the prompts as JSONL for `tracengine generate --prompts-file`, to time
+whole processes against each other (BENCHMARKS.md).
 """
 import argparse
 import statistics
@@ -50,7 +53,13 @@ def main():
     parser.add_argument("--lookup-max", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--write-prompts", metavar="FILE", help="write the prompts as JSONL and exit")
     args = parser.parse_args()
+    if args.write_prompts:
+        import json
+        with open(args.write_prompts, "x") as f:
+            f.writelines(json.dumps({"prompt": p}) + "\n" for p in prompts(args.num_prompts))
+        return
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)

@@ -115,7 +115,7 @@ def test_the_pool_counts_references_and_frees_a_block_when_none_is_left():
     assert pool.ref_counts[1] == 1 and 1 not in pool.free_block_queue     # still held once
     pool.free_blocks([1])
     assert list(pool.free_block_queue) == [3, 4, 5, 2, 0, 1]
-    with pytest.raises(AssertionError, match="freed more often"):
+    with pytest.raises(ValueError, match="freed more often"):
         pool.free_blocks([1])
 
 
@@ -328,7 +328,7 @@ def test_blocks_never_handed_out_cost_nothing():
     fill(manager, b)                                   # hits a's two full blocks
     assert a.block_table == [0, 1, 2] and b.block_table == [0, 1, 3] and manager.num_free_blocks == 10**12 - 4
     pool, cache = manager.pool, manager.prefix_cache
-    assert len(pool.ref_counts) == len(cache.hashes) == len(cache.token_ids) == 4
+    assert len(pool.ref_counts) == len(cache.hashes) == 4 and set(cache.token_ids) == {0, 1}   # the full blocks' tokens
     assert len(pool.free_block_queue.prev) == 4 + 2          # and the sentinel's and the fresh run's
     manager.deallocate(b)
     manager.deallocate(a)
@@ -340,3 +340,34 @@ def test_blocks_never_handed_out_cost_nothing():
     assert list(queue) == [2, 3, 4, 5, 7, 8, 9, 0, 6] and queue.popleft_n(8) == [2, 3, 4, 5, 7, 8, 9, 0]
     queue.remove(6)
     assert list(queue) == [] and len(queue) == 0
+
+
+def test_pool_applies_a_recorded_allocation_by_its_own_rules():
+    """The fold's operations (replay/projection.py): a recorded block must be the one the pool
+    hands out next; a copy changes apart from the pool; a vLLM-rules pool's copy reads its cache copy."""
+    from tracengine.engine.vllm_block_manager import VllmBlockPool, VllmPrefixCache
+    pool = BlockPool(4)
+    pool.hold_every_block()
+    pool.take_next_block(0)
+    with pytest.raises(ValueError, match="not the next free block 1"):
+        pool.take_next_block(2)
+    pool.take_block(3)                     # wherever it is in the free queue
+    assert pool.ref_counts == [1, 0, 0, 1] and list(pool.free_block_queue) == [1, 2]
+    copy = pool.copy()
+    pool.free_blocks([3, 0])
+    assert list(pool.free_block_queue) == [1, 2, 3, 0] and list(copy.free_block_queue) == [1, 2]
+    assert copy.ref_counts == [1, 0, 0, 1]
+    cache = VllmPrefixCache(4, 2)
+    cache.hold_every_block()
+    vllm_pool = VllmBlockPool(4, cache.hashes)
+    vllm_pool.hold_every_block()
+    vllm_pool.take_next_block(0)
+    vllm_pool.take_next_block(1)
+    cache.insert([0, 1], [7, 7])           # the first registered is found, the later kept
+    cache_copy = cache.copy()
+    pool_copy = vllm_pool.copy(cache_copy)
+    cache.evict([0])
+    assert cache.hash_to_block_id == {7: 1} and cache_copy.hash_to_block_id == {7: 0}
+    assert cache_copy.later_block_ids == {7: [1]} and pool_copy.hashes is cache_copy.hashes
+    pool_copy.free_blocks([1, 0])         # both hold a hash: to the tail, in order
+    assert list(pool_copy.free_block_queue) == [2, 3, 1, 0]

@@ -71,12 +71,6 @@ def test_a_tier_without_bytes_per_token_or_under_prefill_first_is_refused():
         run_workload(tier_config(scheduling_policy="prefill_first"), [Request([1, 2, 3], 2)])
 
 
-def test_a_real_model_refuses_the_tier():
-    from tracengine.engine.llm import LLM
-    with pytest.raises(ConfigError, match="simulated time only"):
-        LLM(kv_offloading_size=1.0, kv_bytes_per_token=1024, scheduling_policy="mixed")
-
-
 def test_the_command_line_refuses_a_negative_tier_in_one_line(tmp_path, capsys):
     workload = tmp_path / "w.jsonl"
     workload.write_text('{"prompt_token_ids": [1, 2, 3], "max_tokens": 2, "arrival_s": 0}\n')

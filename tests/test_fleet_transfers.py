@@ -70,8 +70,9 @@ def run_live(config, spec, requests):
     from tracengine.sim.runners import SyntheticRunner
     step_time, sink = fixed_step_time(), LiveBlocks()
     sink.fleet = fleet = Fleet(config, spec, lambda i, c: SimulatedEngine(c, SyntheticRunner(seed=1), step_time,
-                                                                       sink, policy=c.scheduling_policy), sink)
-    run_fleet(fleet, requests, step_time)
+                                                                       sink, policy=c.scheduling_policy), sink,
+                                step_time=step_time)
+    run_fleet(fleet, requests)
     return [fleet_header(config, step_time, spec), *sink.inner.events], sink.states
 
 

@@ -45,7 +45,7 @@ RULES = {"core": (CORE, TORCH | IO), **{part: (mods, TORCH | MODEL_SIDE) for par
          "sim below replay": (modules_of("sim"), {"tracengine.replay"}),
          "model below runner": (modules_of("model"), {"tracengine.runner"}),
          "workload": (modules_of("workload"), TORCH | {"argparse"})}
-EXTRAS = {"vllm", "ray", "matplotlib", "flash_attn"}
+EXTRAS = {"vllm", "sglang", "ray", "matplotlib", "flash_attn"}
 
 
 def source_of(module: str) -> Path | None:
@@ -211,7 +211,7 @@ LAYERS = [["tracengine.errors", "tracengine.version", "tracengine.process", "tra
           ["tracengine.engine.llm", "tracengine.workload"],
           ["tracengine.sim"],
           ["tracengine.replay"],
-          ["tracengine.vllm", "tracengine.fleet"],
+          ["tracengine.vllm", "tracengine.sglang", "tracengine.fleet"],
           ["tracengine.serve", "tracengine.tui"],
           ["tracengine.testing"],
           ["tracengine.cli"],

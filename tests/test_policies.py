@@ -380,3 +380,28 @@ def test_a_time_aware_whatif_runs_a_policy_given_by_name():
     assert reexecute(result.new, MixedPreemptingHead).ok
     with pytest.raises(ConfigError, match="user_policies:MixedPreemptingHead"):
         reexecute(result.new)                                     # never imported on its own
+
+
+def test_a_scheduler_is_handed_its_block_manager_and_mixed_runs_the_rules_of_the_one_it_has():
+    """The block rules are the block manager's: mixed schedules a chunk's slots per step with
+    vLLM's (VllmBlockManager), a whole prompt at admission with nano-vllm's (BlockManager)."""
+    from tracengine.engine.block_manager import BlockManager
+    from tracengine.engine.policies import MixedScheduler
+    from tracengine.engine.sequence import Sequence
+    from tracengine.engine.vllm_block_manager import VllmBlockManager
+    from tracengine.trace.events import BlockAllocate
+    from tracengine.trace.sinks import ListSink
+    config = Config(num_kvcache_blocks=16, kvcache_block_size=4, max_num_batched_tokens=8, max_num_seqs=4,
+                    max_model_len=64, scheduling_policy="mixed")
+    allocated = {}
+    for manager_class in (VllmBlockManager, BlockManager):
+        sink = ListSink()
+        manager = manager_class(16, 4, sink)
+        scheduler = MixedScheduler(config, sink, block_manager=manager)
+        assert scheduler.block_manager is manager
+        scheduler.add(Sequence(0, list(range(20)), 4))
+        scheduler.schedule()
+        allocated[manager_class] = [len(e.block_ids) for e in sink.events if type(e) is BlockAllocate]
+    assert allocated == {VllmBlockManager: [2], BlockManager: [5]}    # the 8-token chunk's slots, or all 20
+    assert type(MixedScheduler(config).block_manager) is VllmBlockManager
+    assert type(MixedScheduler(config.replace(block_rules="nano-vllm")).block_manager) is BlockManager

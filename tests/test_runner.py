@@ -204,6 +204,48 @@ def test_decode_across_batch_changes_matches_full_recompute(runner):
             seq.append_token(int(row.argmax()))
 
 
+def test_verify_on_the_decode_copies_matches_full_recompute(runner):
+    """A decode step that verifies drafts runs over the dense copies, each sequence with 1 + its
+    drafts queries: the logits at every position are a full recompute's, whether the drafts were
+    kept (a) or rejected (b, whose rejected keys the next step writes over), beside a sequence
+    without drafts (c), and the copies are reused from step to step."""
+    blocks = Blocks(runner)
+    seqs = [new_seq(runner, i, tokens(n, salt=40 + i), blocks.take(n + 40)) for i, n in enumerate([6, 19, 12])]
+    for seq, token_id in zip(seqs, runner.run([schedule(seq) for seq in seqs], True)):
+        seq.append_token(token_id)
+    computed(seqs)
+
+    def greedy(token_ids, n):
+        out = []
+        for _ in range(n):
+            out.append(int(reference_logits(runner, token_ids + out).argmax()))
+        return out
+
+    a, b, c = seqs
+    for step in range(6):
+        a.spec_token_ids = greedy(a.token_ids, 2 + step % 2)          # kept
+        b.spec_token_ids = [t + 1 for t in greedy(b.token_ids, 3)]    # rejected
+        c.spec_token_ids = []
+        inputs = runner.prepare_verify(seqs)
+        assert inputs is not None and (step == 0 or runner.kv_copy_planner.last.reuse)
+        with torch.inference_mode():
+            logits = runner.run_model(*inputs)
+        row = 0
+        for seq in seqs:
+            drafts = seq.spec_token_ids
+            for i in range(len(drafts) + 1):
+                torch.testing.assert_close(logits[row], reference_logits(runner, seq.token_ids + drafts[:i]),
+                                           atol=ATOL, rtol=0)
+                row += 1
+            kept = [int(logits[row - len(drafts) - 1 + i].argmax()) for i in range(len(drafts) + 1)]
+            num_accepted = next((i for i, d in enumerate(drafts) if d != kept[i]), len(drafts))
+            seq.num_cached_tokens = seq.num_tokens + num_accepted
+            for token_id in kept[:num_accepted + 1]:
+                seq.append_token(token_id)
+            seq.spec_token_ids = []
+        assert row == logits.size(0)
+
+
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_prefill_in_length_groups_matches_full_forward(block_size):
     """12 sequences of 5-150 tokens: on the CPU they attend in grids of similar

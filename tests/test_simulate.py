@@ -276,6 +276,7 @@ def test_progress_counts_finished_requests_and_simulated_time(roofline):
     callback the events are the same."""
     from tracengine.engine.config import Config
     from tracengine.sim import engine as simulation
+    from tracengine.sim.clock import PROGRESS_EVERY
     from tracengine.sim.roofline import ModelShape, RooflineStepTime
     from tracengine.engine.request import Request
     from tracengine.trace.views import without_wall_clock
@@ -286,8 +287,8 @@ def test_progress_counts_finished_requests_and_simulated_time(roofline):
     calls = []
     events = simulation.run_timed(config, requests, step_time, on_progress=lambda *call: calls.append(call))
     num_steps = sum(type(e).__name__ == "StepEnd" for e in events)
-    assert num_steps > simulation.PROGRESS_EVERY     # more than one report before the last
-    assert len(calls) == num_steps // simulation.PROGRESS_EVERY + 1
+    assert num_steps > PROGRESS_EVERY     # more than one report before the last
+    assert len(calls) == num_steps // PROGRESS_EVERY + 1
     finished = [n for n, _ in calls]
     assert finished == sorted(finished) and finished[-1] == len(requests) and finished[0] < len(requests)
     assert calls[-1][1] == int(round(stats(events)["steps"]["total_s"] * 1e9))

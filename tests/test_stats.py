@@ -198,6 +198,9 @@ JSON_KEYS = {
     "spec_decoding": None,
     "lora_adapters": None,
     "cpu_tier": None,
+    "kv_connector": None,          # a vLLM trace's KV connector (analysis/vllm_inputs.py)
+    "structured_output": None,     # and its grammars
+    "kv_groups": None,             # a hybrid model's KV cache groups (analysis/kv_groups.py)
     "per_request": None,
 }
 REQUEST_KEYS = {"seq_id", "added_step", "arrival_s", "first_scheduled_step", "first_token_step", "finish_step",

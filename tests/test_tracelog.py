@@ -25,7 +25,11 @@ from tracengine.trace.events import (CPU_TIER_EVENT_TYPES, EVENT_TYPES, FLEET_EV
                                SeqFinish, SpecAccepted, SpecDecode, SpecDraft, StepEnd,
                                TokenSample, TraceHeader, ReplicaScope, RouteDecision, KVTransfer, RunEnd)
 from tracengine.engine.llm_engine import LLMEngine
+from tracengine.trace.vllm_events import (ALL_EVENT_TYPES, BlockSkip, GrammarRequested, GrammarState, ConnectorAllocated,
+                                          ConnectorFinished, ConnectorMatched, ConnectorPending,
+                                          KVTransfersDone)
 from tracengine.replay.reexec import reexecute
+from tracengine.trace.sglang_events import PolicyOrder, PrefillStop
 from tracengine.sim.runners import SyntheticRunner
 from tracengine.testing import every_event_type_config
 from tracengine.engine.sampling_params import SamplingParams
@@ -78,13 +82,25 @@ SAMPLES = [
     SpecDraft(2, 1, [7, 8, 9], 1),
     SpecDecode(3, [1, 2], [3, 0], 3),
     SpecAccepted(3, [1], [2]),
+    ConnectorMatched(3, 1, 16, 32, True),
+    ConnectorAllocated(3, 1, 32, [4, 5, 6]),
+    ConnectorFinished(4, 1, True),
+    ConnectorPending(4, True),
+    KVTransfersDone(5, [1], [2], [3], [7]),
+    GrammarRequested(1, 2, "regex"),
+    GrammarState(3, 2, "ready"),
+    BlockSkip(5, 1, [9, 8], 1),
+    BlockAllocate(5, 2, [10, 11, 12], 1, 2),
+    BlockFree(6, 2, [12, 11, 10], 2),
     DraftProposed(2, 1, 3, [7, 8, 9]),
     DraftVerified(3, 1, 3, 2),
+    PolicyOrder(2, "lpm", "lpm", [4, 1], 3, [64, 0], [2]),
+    PrefillStop(2, "no_token", "no_token", 1, False, 2, 30, 16000, 12),
 ]
 
 
 def test_samples_cover_every_event_type():
-    assert {type(e).__name__ for e in SAMPLES} == set(EVENT_TYPES)
+    assert {type(e).__name__ for e in SAMPLES} == set(ALL_EVENT_TYPES)     # events.py's and vllm_events.py's
 
 
 @pytest.mark.parametrize("event", [e for e in SAMPLES[1:] if type(e) is not RunEnd], ids=lambda e: type(e).__name__)

@@ -106,7 +106,8 @@ def assert_panels_match(app, fold, step):
 
 def assert_block_cells(app, state):
     """Each cell's label is its owner's whole id, `+` marks a shared block, `░░` a free hashed
-    one, `▪▪` vLLM's null block (block 0 of a vLLM trace)."""
+    one (an SGLang slot the radix tree holds), `▪▪` vLLM's null block or SGLang's padding slot
+    (block 0 of their traces)."""
     block_map = app.query_one(BlockMap)
     per_row, width = block_map.cells_per_row, block_map.cell_width
     digits = width - 1
@@ -118,8 +119,8 @@ def assert_block_cells(app, state):
         cell = shown[block.block_id]
         if block.owners:
             assert cell == f"{block.owners[0]:0{digits}d}" + ("+" if block.ref_count > 1 else " ")
-        elif app.index.header.engine == "vllm" and block.block_id == 0:
-            assert cell == "▪" * digits + " "
+        elif app.index.header.engine in ("vllm", "sglang") and block.block_id == 0:    # vLLM's null block,
+            assert cell == "▪" * digits + " "                                          # SGLang's padding slot
         elif state.hash_to_block_id.get(block.hash) == block.block_id:
             assert cell == "░" * digits + " "
         else:
@@ -547,3 +548,40 @@ def test_following_waits_for_the_recording_to_start(tmp_path, trace):
     timer.join()
     assert index.num_steps > 0
     index.close()
+
+
+@pytest.mark.parametrize("name", ["sglang", "sglang_overlap"])
+async def test_an_sglang_traces_kv_panel_draws_its_token_pool_and_radix_cache(name):
+    """traces/sglang.trace (SGLang's scheduler, no SGLang needed to read it) and its overlap loop's:
+    a cell per token-pool slot, each as the fold of SGLang's rules leaves it at every step
+    (replay/sglang_fold.py, held to the live scheduler's pool and tree in tests/test_sglang.py):
+    the requests' slots, shared where the radix cache matched a prefix, the tree's slots no
+    request holds, the padding slot."""
+    trace = Path(__file__).resolve().parents[1] / "traces" / f"{name}.trace"
+    fold = Fold.from_trace(trace)
+    kinds = set()
+    app, running = opened(trace)
+    async with running as pilot:
+        await pilot.pause()
+        for step in range(fold.num_steps):
+            assert app.step == step
+            state = fold.state_at(step)
+            assert state.num_blocks == app.index.header.config["max_total_tokens"] + 1
+            assert_block_cells(app, state)
+            kinds |= {"shared" if b.ref_count > 1 else "owned" if b.owners else "tree" if b.hash != -1 else "free"
+                      for b in state.blocks[1:]}
+            await pilot.press("right")
+            await pilot.pause()
+    assert kinds == {"shared", "owned", "tree", "free"}
+
+
+def test_replay_state_of_an_sglang_trace_folds_its_token_pool(capsys):
+    """`replay --state` on an SGLang trace needs no SGLang: the fold of its token pool. A request
+    aborted while running (s3, at step 4) is finished, not running, though SGLang decodes it once
+    more before its abort's result is processed."""
+    trace = Path(__file__).resolve().parents[1] / "traces" / "sglang.trace"
+    assert main(["replay", str(trace), "--state", "5"]) == 0
+    out = capsys.readouterr().out
+    running = out.split("running:\n")[1].split("finished")[0]
+    assert out.startswith("state after step 5: 5 waiting, 6 running, 205 of 401 blocks free (block size 1)")
+    assert "s3 " not in running and "finished (1): s3:abort@4" in out

@@ -60,16 +60,18 @@ def lora(max_loras: int = 1, max_cpu_loras: int | None = None):
 
 
 def hybrid_groups(spec):
+    """A hybrid model with a group a trace does not hold (chunked local attention; tests/test_vllm_kv_groups.py
+    records full attention, sliding window and Mamba groups)."""
     import torch
-    from vllm.v1.kv_cache_interface import KVCacheGroupSpec, SlidingWindowSpec
-    window = SlidingWindowSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float32, sliding_window=64)
-    return [KVCacheGroupSpec(["full"], spec), KVCacheGroupSpec(["window"], window)]
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, KVCacheGroupSpec
+    local = ChunkedLocalAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float32,
+                                      attention_chunk_size=64)
+    return [KVCacheGroupSpec(["full"], spec), KVCacheGroupSpec(["local"], local)]
 
 
-def kv_connector(model_config):
-    from vllm.config import KVTransferConfig
-    return dict(kv_transfer_config=KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
-                                                  kv_connector_extra_config={"cpu_bytes_to_use": 1 << 24}))
+def ec_connector(model_config):
+    from vllm.config import ECTransferConfig
+    return dict(ec_transfer_config=ECTransferConfig(ec_connector="ECExampleConnector", ec_role="ec_both"))
 
 
 def parallel(**sizes):
@@ -80,13 +82,9 @@ def parallel(**sizes):
 REFUSED = {
     "speculative decoding (a draft model)": (dict(vllm_options=speculative("draft_model")),
                                              "speculative decoding with method 'draft_model'"),
-    "dynamic draft length": (dict(vllm_options=speculative("ngram", prompt_lookup_min=1, prompt_lookup_max=3,
-                                                           num_speculative_tokens_per_batch_size=[(1, 4, 3),
-                                                                                                  (5, 16, 1)])),
-                             "dynamic speculative draft length"),
-    "KV connector": (dict(vllm_options=kv_connector), "a KV connector (OffloadingConnector)"),
-    "hybrid KV cache groups": (dict(kv_cache_groups=hybrid_groups),
-                               "hybrid KV cache groups (2 groups: FullAttentionSpec, SlidingWindowSpec"),
+    "an encoder cache connector": (dict(vllm_options=ec_connector), "an encoder cache connector"),
+    "a hybrid model's unrecorded group": (dict(kv_cache_groups=hybrid_groups),
+                                          "a KV cache group of ChunkedLocalAttentionSpec in a hybrid model"),
     "pooling": (dict(model_options=dict(runner="pooling")), "pooling"),
     "pipeline parallelism": (dict(vllm_options=parallel(pipeline_parallel_size=2)), "pipeline parallelism"),
     "data parallelism": (dict(vllm_options=parallel(data_parallel_size=2)), "data parallelism"),
@@ -119,7 +117,7 @@ def test_a_plain_config_still_records_and_replays_exactly(tmp_path, no_record_an
     run(scheduler, workload(priorities=policy == "priority"))
     scheduler.shutdown()
     events = recorded(path)
-    assert events[0].not_recorded == [] and events[0].format_version == 11
+    assert events[0].not_recorded == [] and events[0].format_version == 13
     assert reexecute(events).ok
 
 
@@ -130,10 +128,11 @@ def test_recording_anyway_names_what_the_trace_lacks_and_replay_and_check_say_so
     run(scheduler, workload(4))
     scheduler.shutdown()
     header = recorded(path)[0]
-    assert header.not_recorded == ["hybrid KV cache groups (2 groups: FullAttentionSpec, SlidingWindowSpec; "
-                                   "tracengine records one)"]
-    note = ("tracengine: note: the trace was recorded without hybrid KV cache groups (2 groups: FullAttentionSpec, "
-            "SlidingWindowSpec; tracengine records one) (recorded anyway): a replay of it is not exact\n")
+    assert header.not_recorded == ["a KV cache group of ChunkedLocalAttentionSpec in a hybrid model (recorded: "
+                                   "FullAttentionSpec, MambaSpec, SlidingWindowSpec)"]
+    note = ("tracengine: note: the trace was recorded without a KV cache group of ChunkedLocalAttentionSpec in a "
+            "hybrid model (recorded: FullAttentionSpec, MambaSpec, SlidingWindowSpec) (recorded anyway): a replay "
+            "of it is not exact\n")
     main(["check", str(path)])
     assert capsys.readouterr().err == note
     main(["replay", str(path)])
@@ -167,11 +166,12 @@ def test_a_request_the_trace_cannot_hold_ends_the_recording_before_it(tmp_path, 
     assert main(["check", str(path)]) == 4
 
 
-def test_a_structured_output_request_ends_the_recording_before_it(tmp_path, no_record_anyway):
+def test_a_structured_output_request_with_drafts_ends_the_recording_before_it(tmp_path, no_record_anyway):
+    # a grammar cuts the drafts the scheduler is given (validate_tokens), which a trace does not hold
     from vllm.sampling_params import SamplingParams, StructuredOutputsParams
     from vllm.v1.request import Request
     path = tmp_path / "structured.trace"
-    scheduler = build_scheduler(default_config(**PRESSURE), record=str(path))
+    scheduler = build_scheduler(default_config(**SPEC_PRESSURE), record=str(path))
     run(scheduler, workload(3))
     params = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(json={"type": "object"}))
     scheduler.add_request(Request("json-0", [1, 2, 3], params, None, arrival_time=3.0))
@@ -179,7 +179,7 @@ def test_a_structured_output_request_ends_the_recording_before_it(tmp_path, no_r
     scheduler.shutdown()
     with TraceReader(path) as reader:
         events = list(reader.events())
-        assert "request json-0 uses structured output" in reader.run_end.reason
+        assert "request json-0 uses structured output with speculative decoding" in reader.run_end.reason
     assert reexecute(events).ok
 
 

@@ -1,4 +1,4 @@
-"""vLLM's own scheduler in simulated time (tracengine/vllm/timed.py, vllm/sweeps.py): the
+"""vLLM's own scheduler in simulated time (tracengine/vllm/timed.py, replay/scheduler_backends.py): the
 what-if of a vLLM trace under a step-time model or a roofline, sweeps of it (in time and in
 steps), and `simulate --scheduler vllm --sweep`. A what-if in time equals simulating the
 workload through vLLM's scheduler with that config (`tracengine diff` finds no scheduling

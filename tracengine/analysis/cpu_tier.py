@@ -50,8 +50,8 @@ def cpu_tier_figures(timeline) -> CpuTierFigures | None:
     the step it started in to the start of the step its sequence was scheduled at again."""
     record, header = timeline.cpu, timeline.header
     config = header.config if header is not None else {}
-    if record is None and not config.get("kv_offloading_size"):
-        return None
+    if record is None and (not config.get("kv_offloading_size") or config.get("kv_connector")):
+        return None      # (vLLM's own offloading: its connector's figures, stats' kv_connector)
     record = record or CpuTierRecord()
     block_bytes = config.get("kv_bytes_per_token", 0) * (timeline.block_size or 0)
     waits = [timeline.start_ns(step) - start_ns for step, start_ns in record.loads if step < timeline.num_steps]

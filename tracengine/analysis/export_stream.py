@@ -17,8 +17,8 @@ from tracengine.analysis.export import (ENGINE_PID, REQUESTS_PID, STEPS_TID, _me
 from tracengine.analysis.export import metadata as export_metadata
 from tracengine.analysis.timeline import RequestRecord, StepRecord
 from tracengine.errors import TraceError
-from tracengine.trace.events import (DraftVerified, Preempt, RequestAdded, ScheduleDecision, SeqAbort, SeqFinish, StepEnd,
-                                     TokenSample, TraceHeader, prefill_flags)
+from tracengine.trace.events import (DraftVerified, Preempt, RequestAdded, ScheduleDecision, SeqAbort, SeqFinish,
+                                     SpecAccepted, SpecDecode, StepEnd, TokenSample, TraceHeader, prefill_flags)
 
 
 class RequestClock:
@@ -99,6 +99,10 @@ class PerfettoStream:
             self._step_ended(event)
         elif kind is DraftVerified and not event.padded:
             self._drafts = (self._drafts[0] + event.num_draft_tokens, self._drafts[1] + event.num_accepted_tokens)
+        elif kind is SpecDecode:       # vLLM's scheduler: the drafts a step schedules, and those accepted
+            self._drafts = (self._drafts[0] + sum(event.num_spec_tokens), self._drafts[1])
+        elif kind is SpecAccepted:
+            self._drafts = (self._drafts[0], self._drafts[1] + sum(event.num_accepted))
         elif kind is RequestAdded:
             num_prompt_tokens = len(event.prompt_token_ids)
             live = _Live(RequestRecord(event.seq_id, event.step, num_prompt_tokens, num_prompt_tokens,

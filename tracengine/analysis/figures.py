@@ -200,6 +200,42 @@ class SpecDecoding(Figures, frozen=True):
     acceptance_rate: float | None   # accepted / drafted
     mean_acceptance_length: float | None    # tokens a verification gave: 1 + accepted (vLLM's)
     acceptance_rate_per_position: list[float]   # of the verifications with a draft at position j, the share accepting it
+    # a dynamic draft length's (vLLM's num_speculative_tokens_per_batch_size): the lengths each batch size chose
+    draft_lengths: list["DraftLength"] | None = None
+
+
+class DraftLength(Figures, frozen=True):
+    """Of the steps that scheduled `batch_size` requests, `num_steps` chose `num_spec_tokens` drafts."""
+    batch_size: int
+    num_spec_tokens: int
+    num_steps: int
+
+
+class KVConnectorFigures(Figures, frozen=True):
+    """A vLLM KV connector's answers and transfers (analysis/vllm_inputs.py): the lookups it
+    answered, the admissions it gave external tokens (loaded asynchronously or not), what its
+    workers reported done, and the finished requests whose blocks it kept for a send."""
+    kv_connector: str
+    num_lookups: int
+    num_lookups_pending: int         # answered "cannot tell yet": the request waits
+    num_external_admissions: int     # admissions with external tokens (update_state_after_alloc)
+    num_external_tokens: int
+    num_async_loads: int             # of those, loaded while waiting (WAITING_FOR_REMOTE_KVS)
+    num_finished_recving: int
+    num_finished_sending: int
+    num_failed_recving: int
+    num_delayed_frees: int
+
+
+class StructuredOutputFigures(Figures, frozen=True):
+    """Structured output in a vLLM trace (analysis/vllm_inputs.py): requests with a grammar, how
+    many steps each waited for it (from its arrival to the step the scheduler found it ready),
+    and the grammars that failed to compile or refused a token."""
+    num_requests: int
+    num_ready: int
+    num_failed: int
+    num_rejected: int
+    grammar_wait_steps: Summary
 
 
 class Adapter(Figures, frozen=True):
@@ -211,6 +247,20 @@ class Adapter(Figures, frozen=True):
     queueing_steps: Summary
     ttft_steps: Summary
     e2e_steps: Summary
+
+
+class KVGroupFigures(Figures, frozen=True):
+    """One KV cache group of a vLLM hybrid model (analysis/kv_groups.py): the blocks its requests were
+    given (prefix-cache hits among them), gave back while running (out of a sliding window, older
+    Mamba states), freed, and the most held at once."""
+    group: int
+    spec: str                        # vLLM's spec class: FullAttentionSpec, SlidingWindowSpec, MambaSpec
+    sliding_window: int | None
+    num_allocated_blocks: int
+    num_hit_blocks: int
+    num_skipped_blocks: int
+    num_freed_blocks: int
+    peak_blocks: int
 
 
 class Stats(Figures, frozen=True, kw_only=True):
@@ -231,6 +281,9 @@ class Stats(Figures, frozen=True, kw_only=True):
     spec_decoding: SpecDecoding | None = None   # analysis/spec_decoding.py; None without drafts
     lora_adapters: dict[str, Adapter] | None = None   # analysis/adapters.py; None without LoRA
     cpu_tier: CpuTierFigures | None = None    # analysis/cpu_tier.py; None without a CPU tier
+    kv_connector: KVConnectorFigures | None = None    # analysis/vllm_inputs.py; None without a connector
+    structured_output: StructuredOutputFigures | None = None   # analysis/vllm_inputs.py; None without grammars
+    kv_groups: list[KVGroupFigures] | None = None   # analysis/kv_groups.py; None for one KV cache group
     per_request: list[RequestFigures]
 
 

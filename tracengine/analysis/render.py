@@ -10,10 +10,14 @@ computes one token per sequence, `s3:1@20`. Lists longer than 12 items show
 the first 12 and how many more."""
 import msgspec
 
+from tracengine.analysis import sglang_decisions
+from tracengine.analysis.vllm_inputs import step_items
+from tracengine.trace.sglang_events import SGLANG_EVENTS
+from tracengine.trace.vllm_events import VLLM_INPUT_EVENTS, BlockSkip
 from tracengine.trace.events import (WALL_CLOCK_FIELDS, BlockAllocate, BlockAppend, BlockFree, BlockHash,
                                      DraftProposed, DraftVerified, Preempt, PromptBlocksHashed, RequestAdded,
-                                     ScheduleDecision, ScheduledSeq, SeqAbort, SeqFinish, StepEnd, TokenSample,
-                                     TraceHeader)
+                                     ScheduleDecision, ScheduledSeq, SeqAbort, SeqFinish, SpecAccepted, SpecDecode,
+                                     SpecDraft, StepEnd, TokenSample, TraceHeader)
 from tracengine.trace.views import iter_steps
 from tracengine.trace.header import VLLM, backend_of
 
@@ -67,7 +71,8 @@ def format_event(event, wall_clock: bool = True) -> str:
         return "(none)"
     step = getattr(event, "step", "-")
     fields = " ".join(f"{name}={format_value(getattr(event, name))}" for name in event.__struct_fields__
-                      if name != "step" and (wall_clock or name not in WALL_CLOCK_FIELDS))
+                      if name != "step" and (wall_clock or name not in WALL_CLOCK_FIELDS)
+                      and not (name == "group" and event.group == 0))     # a block's KV cache group, named past the first
     return f"{step:>6}  {type(event).__name__:<16}  {fields}"
 
 
@@ -75,6 +80,9 @@ def render_step(events) -> str:
     """One line for one step's events: a row of the step table."""
     step, decision, end = None, None, None
     arrived, allocs, appended, hashed, preempts, finishes, kept, drafted = [], [], {}, {}, [], [], [], []
+    skipped = []
+    inputs: dict[str, list[str]] = {}
+    verified = []
     for e in events:
         t = type(e)
         if t is TraceHeader:
@@ -87,9 +95,11 @@ def render_step(events) -> str:
         elif t is BlockAllocate:
             hits, new = e.block_ids[:e.num_cached_blocks], e.block_ids[e.num_cached_blocks:]
             blocks = ", ".join(part for part in (f"hit {id_ranges(hits)}" if hits else "", id_ranges(new)) if part)
-            allocs.append(f"s{e.seq_id}[{blocks}]")
+            allocs.append(f"s{e.seq_id}{group_label(e)}[{blocks}]")
         elif t is BlockAppend:       # a chunk's slots (vLLM's block rules) may take several blocks
-            appended.setdefault(e.seq_id, []).append(e.block_id)
+            appended.setdefault(f"{e.seq_id}{group_label(e)}" if e.group else e.seq_id, []).append(e.block_id)
+        elif t is BlockSkip:         # a hybrid model's sliding window or Mamba group gives blocks back
+            skipped.append(f"s{e.seq_id}{group_label(e)}-[{id_ranges(e.block_ids)}]")
         elif t is BlockHash:
             hashed.setdefault(e.seq_id, []).append(e.block_id)
         elif t is PromptBlocksHashed:
@@ -103,10 +113,20 @@ def render_step(events) -> str:
             kept.append(f"s{e.seq_id}:{e.num_accepted_tokens}/{e.num_draft_tokens}")
         elif t is DraftProposed:
             drafted.append(f"s{e.seq_id}:{e.num_draft_tokens}")
+        elif t is SpecDraft:         # vLLM's scheduler: drafts given, verified, accepted
+            drafted.append(f"s{e.seq_id}:{len(e.token_ids)}")
+        elif t is SpecDecode:
+            verified += [f"s{s}:{n}" for s, n in zip(e.seq_ids, e.num_spec_tokens)]
+        elif t is SpecAccepted:
+            kept += [f"s{s}:{n}" for s, n in zip(e.seq_ids, e.num_accepted)]
         elif t is SeqAbort:
             finishes.append(f"s{e.seq_id}:abort({e.reason})")
         elif t is StepEnd:
             end = e
+        elif t in VLLM_INPUT_EVENTS and (item := step_items(e)) is not None:    # a connector's, a grammar's
+            inputs.setdefault(item[0], []).append(item[1])
+        elif t in SGLANG_EVENTS and (item := sglang_decisions.step_item(e)) is not None:   # SGLang's order, stop
+            inputs.setdefault(item[0], []).append(item[1])
     if decision is None:
         head = f"{step if step is not None else '?':>4} (no step yet)"
     else:
@@ -127,8 +147,9 @@ def render_step(events) -> str:
         ("arrive", arrived), ("alloc", allocs),
         ("append", [f"s{sid}+{ids[0]}" if len(ids) == 1 else f"s{sid}+[{id_ranges(ids)}]"
                     for sid, ids in appended.items()]),
-        ("hashed", [f"s{sid}[{id_ranges(ids)}]" for sid, ids in hashed.items()]),
-        ("preempt", preempts), ("finish", finishes), ("kept", kept), ("draft", drafted)) if items]
+        ("hashed", [f"s{sid}[{id_ranges(ids)}]" for sid, ids in hashed.items()]), ("skip", skipped),
+        ("preempt", preempts), ("finish", finishes), ("verify", verified), ("kept", kept), ("draft", drafted),
+        *inputs.items()) if items]
     line = head + (" | " + "; ".join(segments) if segments else "")
     return line + (f" | free {end.num_free_blocks}" if end is not None else "")
 
@@ -213,6 +234,15 @@ def render_state(state, when: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def group_label(e) -> str:
+    """A block event's KV cache group in a step table ("" for the first: a one-group trace reads as before)."""
+    return f"/g{e.group}" if e.group else ""
+
+
+def group_words(e) -> str:
+    return f" in KV cache group {e.group}" if e.group else ""
+
+
 def describe_event(e) -> str:
     """One event in words: a line of the TUI's event list (its step and type are shown beside it)."""
     match e:
@@ -222,16 +252,18 @@ def describe_event(e) -> str:
             return f"{e.phase} {e.num_batched_tokens} tokens {format_value(e.seqs)} stop={e.stop_reason}"
         case BlockAllocate():
             cached = f" ({e.num_cached_blocks} cached)" if e.num_cached_blocks else ""
-            return f"seq {e.seq_id} gets blocks {format_value(e.block_ids)}{cached}"
+            return f"seq {e.seq_id} gets blocks {format_value(e.block_ids)}{cached}{group_words(e)}"
         case BlockAppend():
-            return f"seq {e.seq_id} gets block {e.block_id}"
+            return f"seq {e.seq_id} gets block {e.block_id}{group_words(e)}"
+        case BlockSkip():
+            return f"seq {e.seq_id} gives back blocks {format_value(e.block_ids)}{group_words(e)} (out of its window)"
         case BlockHash():
             return f"seq {e.seq_id} fills block {e.block_id}, hash {e.hash & 0xFFFFFFFF:08x}"
         case PromptBlocksHashed():
             return (f"seq {e.seq_id} fills blocks {format_value(e.block_ids)} of its prompt (from its block "
                     f"{e.first_block}), hashes from hash ids {format_value(e.hash_ids)}")
         case BlockFree():
-            return f"seq {e.seq_id} frees blocks {format_value(e.block_ids)}"
+            return f"seq {e.seq_id} frees blocks {format_value(e.block_ids)}{group_words(e)}"
         case Preempt():
             who = "itself" if e.by_seq_id == e.seq_id else f"seq {e.by_seq_id}"
             return (f"seq {e.seq_id} preempted for {who}: frees {format_value(e.freed_block_ids)}, "
@@ -250,4 +282,12 @@ def describe_event(e) -> str:
             return f"seq {e.seq_id} gets {e.num_draft_tokens} drafts for its next step{tokens}"
         case DraftVerified():
             return f"seq {e.seq_id} keeps {e.num_accepted_tokens} of its {e.num_draft_tokens} drafts"
+        case SpecDraft():
+            return f"seq {e.seq_id} is given drafts {format_value(e.token_ids)}"
+        case SpecDecode():
+            return "verifies " + ", ".join(f"seq {s}'s {n}" for s, n in zip(e.seq_ids, e.num_spec_tokens)) + " drafts"
+        case SpecAccepted():
+            return "accepted: " + ", ".join(f"seq {s} {n}" for s, n in zip(e.seq_ids, e.num_accepted))
+    if type(e) in SGLANG_EVENTS:
+        return sglang_decisions.describe(e)
     return " ".join(f"{name}={format_value(getattr(e, name))}" for name in e.__struct_fields__ if name != "step")

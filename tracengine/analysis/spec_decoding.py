@@ -2,9 +2,14 @@
 step verified (a vLLM trace's SpecDecode, tracengine's DraftVerified), how many the output accepted
 (SpecAccepted; DraftVerified), in all and per draft position, as vLLM's own spec-decoding metrics count them
 (a verification: a request's drafts in a step whose output it sampled)."""
+from collections import Counter
 from dataclasses import dataclass, field
 
-from tracengine.analysis.figures import SpecDecoding
+import msgspec
+
+from tracengine.analysis.figures import DraftLength, SpecDecoding
+from tracengine.analysis.kv_groups import pass_over
+from tracengine.trace.events import ScheduleDecision, SpecDecode
 
 
 @dataclass(slots=True)
@@ -43,3 +48,29 @@ class SpecCounts:
             acceptance_rate=self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None,
             mean_acceptance_length=1 + self.num_accepted_tokens / n if n else None,
             acceptance_rate_per_position=[a / d for a, d in zip(self.accepted_at, self.drafted_at)])
+
+
+def spec_decoding_figures(timeline, source) -> SpecDecoding | None:
+    """The trace's speculative decoding figures (None: no drafts); with a dynamic draft length (the
+    header's num_speculative_tokens_per_batch_size), the length each step chose for its batch size
+    (its requests scheduled, as vLLM's dynamic_sd_lookup reads it), counted in a pass of their own
+    over `source` (a path or a list of events; none for an iterator)."""
+    if timeline.spec_decoding is None:
+        return None
+    figures = timeline.spec_decoding.figures()
+    header = timeline.header
+    if header is None or not header.config.get("num_speculative_tokens_per_batch_size"):
+        return figures
+    return msgspec.structs.replace(figures, draft_lengths=pass_over(source, _draft_lengths))
+
+
+def _draft_lengths(events) -> list[DraftLength]:
+    chosen: dict[int, int] = {}      # step -> the draft length its SpecDecode says (it comes before its decision)
+    counts: Counter = Counter()
+    for e in events:
+        t = type(e)
+        if t is SpecDecode:
+            chosen[e.step] = e.num_spec_tokens_to_schedule
+        elif t is ScheduleDecision and e.step in chosen:
+            counts[len(e.seqs), chosen.pop(e.step)] += 1
+    return [DraftLength(batch_size=b, num_spec_tokens=k, num_steps=n) for (b, k), n in sorted(counts.items())]

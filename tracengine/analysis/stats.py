@@ -33,11 +33,14 @@ import math
 import msgspec
 
 from tracengine.analysis.cpu_tier import cpu_tier_figures
+from tracengine.analysis.vllm_inputs import connector_figures, structured_output_figures, vllm_inputs_lines
 from tracengine.analysis.figures import (Goodput, HeadOfLine, KVBlocks, Latencies, Latency, Preemption, PrefixCache,
                                          RequestCounts, RequestFigures, Stats, StepFigures, TokenCounts, Throughput,
                                          TraceFigures, summarize, summarize_counts)
 from tracengine.analysis.sessions import session_line, timeline_sessions
 from tracengine.analysis.adapters import adapter_figures
+from tracengine.analysis.kv_groups import kv_group_figures, kv_group_lines
+from tracengine.analysis.spec_decoding import spec_decoding_figures
 from tracengine.analysis.timeline import RequestTimeline, load
 from tracengine.errors import TracengineError
 
@@ -202,9 +205,12 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> Stats:
         head_of_line=HeadOfLine(num_blocked_steps=hol_prefill + hol_decode, num_blocked_prefill_steps=hol_prefill,
                                 num_blocked_decode_steps=hol_decode, num_blocked_requests=len(blocked)),
         sessions=timeline_sessions(t),    # None without sessions (analysis/sessions.py)
-        spec_decoding=t.spec_decoding.figures() if t.spec_decoding is not None else None,
+        spec_decoding=spec_decoding_figures(t, path_or_events),
         lora_adapters=adapter_figures(per_request, t.lora_names),
         cpu_tier=cpu,
+        kv_connector=connector_figures(t),
+        structured_output=structured_output_figures(t),
+        kv_groups=kv_group_figures(t, path_or_events),
         per_request=per_request,
     )
 
@@ -285,6 +291,8 @@ def render(s: Stats, title: str = ""):
                                   f"{format_number(wait, '{:,.1f}')} ms")
     if s.sessions:
         other.add_row("sessions", session_line(s.sessions))
+    for name, line in vllm_inputs_lines(s) + kv_group_lines(s):
+        other.add_row(name, line)
     if s.spec_decoding is not None:
         sd = s.spec_decoding
         other.add_row("speculative", f"{sd.num_accepted_tokens:,}/{sd.num_draft_tokens:,} drafts accepted "
@@ -292,6 +300,9 @@ def render(s: Stats, title: str = ""):
                                      f"verifications, {format_number(sd.mean_acceptance_length)} tokens each; "
                                      f"per position " + " ".join(format_percent(r)
                                                                  for r in sd.acceptance_rate_per_position))
+        if sd.draft_lengths:
+            other.add_row("draft length", ", ".join(f"{d.num_spec_tokens} at batch {d.batch_size} ({d.num_steps:,} "
+                                                    f"steps)" for d in sd.draft_lengths))
     for name, a in (s.lora_adapters or {}).items():
         other.add_row(f"adapter {name or '(base)'}", f"{a.num_requests} requests ({a.num_finished} finished), "
                                                       f"TTFT steps mean {format_number(a.ttft_steps.mean)}, "

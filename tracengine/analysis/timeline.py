@@ -19,6 +19,7 @@ import msgspec
 
 from tracengine.analysis.spec_decoding import SpecCounts
 from tracengine.analysis.cpu_tier import FOLD as CPU_TIER_FOLD
+from tracengine.analysis.vllm_inputs import FOLD as VLLM_INPUTS_FOLD
 from tracengine.errors import TraceError
 from tracengine.trace.events import (BlockAllocate, DraftVerified, Preempt, RequestAdded, ScheduleDecision, SeqAbort,
                                      SeqFinish, SpecAccepted, SpecDecode, StepEnd, TokenSample, TraceHeader,
@@ -223,22 +224,22 @@ class RequestTimeline:
         return itl_steps, itl_ns
 
     def _spec_counts(self) -> SpecCounts:
-        if self.spec_decoding is None:
-            self.spec_decoding = SpecCounts()
+        self.spec_decoding = self.spec_decoding or SpecCounts()
         return self.spec_decoding
 
-    def _drafts_scheduled(self, event: SpecDecode) -> None:
+    def _drafts_scheduled(self, event: SpecDecode) -> None:       # vLLM's: a step's drafts are those it scheduled
         self._spec_counts().scheduled(event)
+        self._step_drafts = (self._step_drafts[0] + sum(event.num_spec_tokens), self._step_drafts[1])
 
-    def _drafts_accepted(self, event: SpecAccepted) -> None:
+    def _drafts_accepted(self, event: SpecAccepted) -> None:      # and those its output accepted
         self._spec_counts().accepted(event)
+        self._step_drafts = (self._step_drafts[0], self._step_drafts[1] + sum(event.num_accepted))
 
     def _drafts_verified(self, event: DraftVerified) -> None:
-        if event.padded:        # placeholders, not drafts
-            return
-        num_drafted, num_kept = self._step_drafts
-        self._step_drafts = (num_drafted + event.num_draft_tokens, num_kept + event.num_accepted_tokens)
-        self._spec_counts().verified_drafts(event.num_draft_tokens, event.num_accepted_tokens)
+        if not event.padded:        # padded: placeholders, not drafts
+            num_drafted, num_kept = self._step_drafts
+            self._step_drafts = (num_drafted + event.num_draft_tokens, num_kept + event.num_accepted_tokens)
+            self._spec_counts().verified_drafts(event.num_draft_tokens, event.num_accepted_tokens)
 
     def _finished(self, event: SeqFinish) -> None:
         req = self._request(event.seq_id, event)
@@ -336,7 +337,7 @@ FOLD = {TraceHeader: RequestTimeline._header_read, RequestAdded: RequestTimeline
         Preempt: RequestTimeline._preempted, TokenSample: RequestTimeline._token_sampled,
         SeqFinish: RequestTimeline._finished, SeqAbort: RequestTimeline._aborted, StepEnd: RequestTimeline._step_ended,
         SpecDecode: RequestTimeline._drafts_scheduled, SpecAccepted: RequestTimeline._drafts_accepted,
-        DraftVerified: RequestTimeline._drafts_verified, **CPU_TIER_FOLD}
+        DraftVerified: RequestTimeline._drafts_verified, **CPU_TIER_FOLD, **VLLM_INPUTS_FOLD}
 
 
 def fold(events) -> RequestTimeline:

@@ -10,8 +10,10 @@ from typing import Callable
 from tracengine.cli import engine_commands as engine
 from tracengine.cli import fleet_commands as fleet
 from tracengine.cli.replay_runs import replay_engine_trace, replay_fleet_trace
+from tracengine.cli.sglang_backend import run_replay as replay_sglang_trace
 from tracengine.cli.vllm_backend import run_replay as replay_vllm_trace
-from tracengine.trace.header import ENGINE, FLEET, VLLM, backend_of
+from tracengine.sglang.check import SglangEventCheck as sglang_event_check
+from tracengine.trace.header import ENGINE, FLEET, SGLANG, VLLM, backend_of
 from tracengine.trace.tracelog import TraceReader
 
 
@@ -31,6 +33,7 @@ ENGINE_COMMANDS = TraceCommands(replay_engine_trace, engine.stats_command, engin
 BACKENDS = {
     ENGINE: ENGINE_COMMANDS,
     VLLM: replace(ENGINE_COMMANDS, replay=replay_vllm_trace),
+    SGLANG: replace(ENGINE_COMMANDS, replay=replay_sglang_trace, event_check=sglang_event_check),
     FLEET: TraceCommands(replay_fleet_trace, fleet.fleet_stats_command, fleet.fleet_step_tables,
                          fleet.fleet_export_command, fleet.fleet_tui_command, fleet.fleet_event_check,
                          fleet.fleet_diff_of_readers),

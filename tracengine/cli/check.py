@@ -6,7 +6,8 @@ import os
 
 from tracengine.cli.common import EXIT_FAILED_CHECK, EXIT_NOT_ENDED, EXIT_OK, EXIT_RUN_FAILED, add_parser
 from tracengine.errors import TraceCorruptError, TraceError
-from tracengine.trace.events import EVENT_TYPES, StepEnd
+from tracengine.trace.events import StepEnd
+from tracengine.trace.vllm_events import ALL_EVENT_TYPES as EVENT_TYPES
 from tracengine.trace.tracelog import TraceReader
 
 
@@ -31,7 +32,7 @@ def run(args) -> int:
     except TraceCorruptError as exc:   # the header frame itself is damaged
         return report_check(args, None, {}, [], {"message": str(exc), "offset": exc.offset, "step": exc.step}, None)
     with reader:
-        from tracengine.cli.vllm_backend import note_not_recorded
+        from tracengine.cli.scheduler_backend import note_not_recorded
         note_not_recorded(reader.header)
         counts: collections.Counter[str] = collections.Counter()
         steps: list[int] = []

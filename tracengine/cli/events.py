@@ -6,7 +6,8 @@ import msgspec
 from tracengine.analysis.render import format_event, involves_seq
 from tracengine.cli.common import EXIT_OK, add_parser, parse_step_range
 from tracengine.errors import TracengineError
-from tracengine.trace.events import EVENT_TYPES, TraceHeader
+from tracengine.trace.events import TraceHeader
+from tracengine.trace.vllm_events import ALL_EVENT_TYPES as EVENT_TYPES
 from tracengine.trace.views import to_builtins
 from tracengine.trace.tracelog import TraceReader
 

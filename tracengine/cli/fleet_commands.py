@@ -140,10 +140,10 @@ WHATIF_ROWS += [("aborted", ("requests", "num_aborted"), 1, "{:,}"),
                 ("KV transfers", ("kv_transfer", "num_transfers"), 1, "{:,}")]
 
 
-def fleet_whatif_command(path, events: list, spec, overrides: dict, record, step_time, policy, as_json: bool) -> int:
+def fleet_whatif_command(path, events: list, overrides: dict, record, step_time, policy, as_json: bool) -> int:
     from tracengine.fleet.whatif import fleet_whatif
     from tracengine.trace.tracelog import write_trace
-    result = fleet_whatif(events, spec, overrides, step_time, str(path), policy)
+    result = fleet_whatif(events, None, overrides, step_time, str(path), policy)
     if record:
         write_trace(record, result.events)
     if as_json:

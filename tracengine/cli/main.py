@@ -53,10 +53,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
-    try:
+
+    def run() -> int:
         with collector_paused() if args.command in BATCH_COMMANDS else nullcontext(), \
                 nullcontext() if args.command in OWN_SIGTERM else sigterm_as_interrupt():
             return args.run(args) or EXIT_OK
+    return exit_code_of(run)
+
+
+def exit_code_of(run) -> int:
+    """`run()`'s exit code, what a user can cause printed in one line with its own code: the
+    command line's, and any command of tracengine's run as a module of its own."""
+    try:
+        return run()
     except BrokenPipeError:   # `tracengine diff a b | head -1`: no error to print, but no verdict either
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # so the exit's flush is quiet too
         return EXIT_PIPE_CLOSED

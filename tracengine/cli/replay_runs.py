@@ -155,8 +155,8 @@ def timed_table(recorded: dict, self_check: dict, new: dict | None) -> str:
 
 def run_sweep_replay(path, events: list, overrides: dict, timed: bool, step_time, args, makers=None,
                      parse=None) -> int:
-    """`events`: those of the trace at `path`, read. `makers`: the module whose prepare_timed and
-    prepare_steps make the variants (vLLM's scheduler's for a vLLM trace: vllm/sweeps.py),
+    """`events`: those of the trace at `path`, read. `makers`: whose prepare_timed and
+    prepare_steps make the variants (vLLM's scheduler's for a vLLM trace: replay/scheduler_backends.VLLM),
     replay/sweeps.py by default; `parse`: as sweep_options'."""
     from tracengine.sim.spec import PreparedSources, Source
     from tracengine.sim.sweep import IN_STEPS, IN_TIME
@@ -272,8 +272,7 @@ def run_fleet_replay(args, fleet_trace: bool, reshaped: bool, overrides: dict, t
     """A fleet trace re-executed whole (alone, --router: with that router), or a trace's workload
     through another fleet (docs/cluster.md), one or a sweep. `scoped`: the pools' and replicas'
     --set fields."""
-    from tracengine.cli.fleet_commands import fleet_replay_command, fleet_spec_from_args, fleet_whatif_command
-    from tracengine.fleet.spec import FleetSpec
+    from tracengine.cli.fleet_commands import fleet_changes, fleet_replay_command, fleet_whatif_command
     if args.arrivals == "steps":
         raise TraceError("a fleet runs in time: --arrivals steps is one engine's")
     with TraceReader(args.trace) as reader:
@@ -284,6 +283,5 @@ def run_fleet_replay(args, fleet_trace: bool, reshaped: bool, overrides: dict, t
         return fleet_sweep_command(args, events, overrides, scoped, step_time)
     if fleet_trace and not (reshaped or overrides or args.record or timed):
         return fleet_replay_command(args.trace, events, args.json, args.policy, args.router)
-    recorded = FleetSpec.from_dict(events[0].fleet) if fleet_trace else FleetSpec()
-    spec = fleet_spec_from_args(args, step_time, recorded, scoped)
-    return fleet_whatif_command(args.trace, events, spec, overrides, args.record, step_time, args.policy, args.json)
+    changes = {**overrides, **fleet_changes(args), **scoped}     # over the recorded fleet, as a sweep's base
+    return fleet_whatif_command(args.trace, events, changes, args.record, step_time, args.policy, args.json)

@@ -51,9 +51,12 @@ def check_search_flags(args):
         raise TracengineError("--goodput and --search-precision go with --search request_rate")
 
 
-def run_search(args, overrides: dict, step_time, requests, source, prepared) -> int:
+def run_search(args, overrides: dict, step_time, requests, source, prepared, maker: str | None = None,
+               base: dict | None = None, parse=None) -> int:
     """The capacity of the base config, or of each --sweep variant; `requests`: the workload
-    `source` read, in `prepared`."""
+    `source` read, in `prepared`; `overrides` the --set fields. Another engine's (`simulate
+    --scheduler sglang`): `maker` its simulate runner (sim/spec.py's SIMULATE by default), `base`
+    its whole config (the --set fields over its defaults) and `parse` how its swept values are typed."""
     from tracengine.analysis.stats import parse_slos
     from tracengine.sim.search import search_rates
     from tracengine.sim.spec import SIMULATE, SweepSpec, native_rate
@@ -67,11 +70,11 @@ def run_search(args, overrides: dict, step_time, requests, source, prepared) -> 
     if args.plot:
         check_plot_format(args.plot)
         require_matplotlib()
-    configs = parse_sweep(args.sweep) if args.sweep else [{}]
+    configs = (parse_sweep(args.sweep) if parse is None else parse_sweep(args.sweep, parse)) if args.sweep else [{}]
     both = [name for name in configs[0] if name in overrides]
     if both:
         raise TracengineError(f"--set and --sweep both name {', '.join(both)}; give its values to --sweep alone")
-    spec = SweepSpec(SIMULATE, source.digest, overrides, step_time.to_dict(), slo)
+    spec = SweepSpec(maker or SIMULATE, source.digest, overrides if base is None else base, step_time.to_dict(), slo)
     start_rate = native_rate(requests, source.params) or 1.0
     goodput = DEFAULT_GOODPUT if args.goodput is None else args.goodput
     precision = DEFAULT_PRECISION if args.search_precision is None else args.search_precision

@@ -36,9 +36,9 @@ def add_to(sub):
     add_sweep_arguments(p)
     add_search_arguments(p)
     add_fleet_arguments(p)
-    p.add_argument("--scheduler", choices=("tracengine", "vllm"), default="tracengine",
-                   help="whose scheduler: tracengine's, or vLLM's own (installed; --set takes vLLM's config "
-                   "fields, docs/vllm.md)")
+    p.add_argument("--scheduler", choices=("tracengine", "vllm", "sglang"), default="tracengine",
+                   help="whose scheduler: tracengine's, or vLLM's or SGLang's own (installed; --set takes "
+                   "their config fields, docs/vllm.md, docs/sglang.md)")
     p.set_defaults(run=run)
 
 
@@ -53,6 +53,9 @@ def run(args) -> int:
     if args.scheduler == "vllm":
         from tracengine.cli.vllm_backend import run_simulate
         return run_simulate(args)
+    if args.scheduler == "sglang":
+        from tracengine.cli.sglang_backend import run_simulate as run_sglang_simulate
+        return run_sglang_simulate(args)
     from tracengine.sim.engine import check_token_prompts, simulate_config, with_kv_bytes
     if args.workload_file and args.workload:
         raise TracengineError("give the workload file once: as WORKLOAD or as --workload")

@@ -4,78 +4,18 @@ vLLM's scheduler, `--state`, and the what-if in steps or in simulated time
 `num_gpu_blocks`, `scheduler_kind`), one run or a sweep; and `simulate
 --scheduler vllm`. The output is the one `replay` and `simulate` print for
 tracengine's traces and workloads (cli/replay.py, cli/simulate.py)."""
-from tracengine.errors import ConfigError, TraceError
-from tracengine.trace.tracelog import TraceReader
+from tracengine.errors import ConfigError
 
 # tracengine's engine flags that name a vLLM field under another name
 FLAG_ALIASES = {"kvcache_block_size": "block_size", "num_kvcache_blocks": "num_gpu_blocks"}
 
 
 def run_replay(args) -> int:
-    """As cli/replay.run, with vLLM's scheduler: re-execution, --state, the what-if in steps or in
-    simulated time (--step-time, --roofline, or a trace with arrival times), sweeps of either."""
-    from tracengine.cli import replay_runs
-    from tracengine.cli.fleet_commands import fleet_changes
-    from tracengine.cli.outputs import note_torn_tail
-    from tracengine.cli.steptime import step_time_from_args
-    from tracengine.cli.sweeps import check_executor_flags, check_plot_figure
-    if args.policy:
-        raise TraceError("--policy names a tracengine scheduling policy; a vLLM trace runs vLLM's scheduler "
-                         "(--set policy=priority for vLLM's priority policy)")
-    if fleet_changes(args):
-        raise TraceError("a vLLM trace runs one vLLM scheduler; a fleet's what-if is tracengine's")
-    check_plot_figure(args)
-    check_executor_flags(args, bool(args.sweep))
-    with TraceReader(args.trace) as reader:
-        header = reader.header
-    note_not_recorded(header)
-    if args.state is None or names_fields(args):    # --state alone folds the trace (replay/vllm_fold.py): no vLLM
-        from tracengine.vllm.replay import check_vllm_version
-        check_vllm_version(header)
-    overrides = vllm_overrides(args, header.config)
-    replay_runs.check_flags_combine(args, overrides)
-    if args.state is not None:
-        return replay_runs.show_state(args.trace, args.state)
-    step_time = step_time_from_args(args)
-    timed = args.arrivals == "time" or step_time is not None
-    if not (overrides or args.record or timed or args.sweep):
-        from tracengine.vllm.replay import reexecute
-        return replay_runs.run_replay(args.trace, args.json, replayer=reexecute)
-    if timed and args.arrivals == "steps":
-        raise TraceError("--step-time and --roofline time a what-if in simulated time; "
-                         "they do not combine with --arrivals steps")
-    with TraceReader(args.trace) as reader:
-        events = list(reader.events())
-        note_torn_tail(reader)
-    if args.arrivals is None:    # time when the trace has arrival times, steps otherwise
-        from tracengine.replay.timed import has_arrivals
-        timed = timed or has_arrivals(events)
-    if args.sweep:
-        from tracengine.vllm import sweeps
-        return replay_runs.run_sweep_replay(args.trace, events, overrides, timed, step_time, args, sweeps,
-                                           lambda text: parsed_field(text, header.config))
-    if timed:
-        from tracengine.vllm.timed import timed_whatif
-        return replay_runs.run_timed_whatif(args.trace, events, overrides, args.record, step_time,
-                                           as_json=args.json, timed_whatif=timed_whatif)
-    from tracengine.vllm.whatif import whatif
-    return replay_runs.print_whatif(args.trace, whatif(events, overrides), args.record, args.json)
-
-
-def note_not_recorded(header) -> None:
-    """Before a replay starts: on stderr, what the trace does not hold (a feature recorded anyway)."""
-    import sys
-
-    from tracengine.trace.header import not_recorded_note
-    note = not_recorded_note(header)
-    if note is not None:
-        print(f"tracengine: note: {note}", file=sys.stderr)
-
-
-def names_fields(args) -> bool:
-    """Whether the command line names a field (--set, or an engine flag): vLLM's names them."""
-    from tracengine.cli.flags import flag_fields
-    return bool(args.set) or any(getattr(args, name, None) is not None for name in flag_fields())
+    """As cli/replay.run, with vLLM's scheduler (cli/scheduler_backend.py)."""
+    from tracengine.cli.scheduler_backend import run_scheduler_replay
+    from tracengine.replay.scheduler_backends import VLLM
+    return run_scheduler_replay(args, VLLM, vllm_overrides, parsed_field,
+                                "--set policy=priority for vLLM's priority policy")
 
 
 def vllm_overrides(args, config: dict) -> dict:
@@ -92,57 +32,23 @@ def vllm_overrides(args, config: dict) -> dict:
                 raise ConfigError(f"--{name.replace('_', '-')} is not a field of vLLM's scheduler; known: "
                                   f"{', '.join(settable_fields())}")
             given[field] = value
-    for text in args.set:
-        name, value = parsed_field(text, config)
-        if name in given:
-            raise ConfigError(f"{name} is given twice (as a flag and in --set, or twice in --set)")
-        given[name] = value
-    return given
+    from tracengine.cli.scheduler_backend import set_fields
+    return set_fields(args.set, config, parsed_field, given)
 
 
 def parsed_field(text: str, config: dict) -> tuple[str, object]:
     """`NAME=VALUE` (--set, --sweep's values) as a vLLM field and its value, typed as `config` has it."""
+    from tracengine.cli.scheduler_backend import parsed_field as field_of
     from tracengine.vllm.build import settable_fields
-    name, sep, raw = text.partition("=")
-    name = FLAG_ALIASES.get(name.strip().replace("-", "_"), name.strip().replace("-", "_"))
-    if not sep:
-        raise ConfigError(f"expected NAME=VALUE, got {text!r}")
-    if name not in settable_fields():
-        raise ConfigError(f"unknown vLLM config field {name!r}; known: {', '.join(settable_fields())}")
-    return name, typed(name, raw.strip(), config.get(name))
-
-
-def typed(name: str, raw: str, recorded):
-    """`raw` as the type of the recorded value (a number, a bool, a string; "none" for None)."""
-    if raw.lower() == "none":
-        return None
-    kinds = [type(recorded)] if recorded is not None else [int, float, str]
-    for kind in kinds:
-        try:
-            if kind is bool:
-                if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError(raw)
-                return raw.lower() in ("true", "1", "yes")
-            return kind(raw)
-        except ValueError:
-            continue
-    raise ConfigError(f"{name} expects {type(recorded).__name__}, got {raw!r}")
+    return field_of(text, config, "vLLM", settable_fields(), FLAG_ALIASES)
 
 
 def run_simulate(args) -> int:
     """`tracengine simulate WORKLOAD --scheduler vllm`: vllm/simulate.py, printed as simulate prints;
-    a --sweep's variants through vLLM's scheduler (vllm/sweeps.py)."""
-    import time
-
-    from tracengine.analysis.stats import render, stats
-    from tracengine.cli.common import print_table
-    from tracengine.cli.flags import workload_spec
-    from tracengine.cli.outputs import check_outputs
-    from tracengine.cli.flags import DEFAULT_VOCAB_SIZE, workload_for_simulation
-    from tracengine.cli.steptime import describe_step_time, input_files, print_unvaried_note, step_time_from_args
-    from tracengine.cli.sweeps import print_sweep, sweep_options
+    a --sweep's variants through vLLM's scheduler (replay/scheduler_backends.VLLM)."""
+    from tracengine.cli.steptime import step_time_from_args
+    from tracengine.cli.sweeps import sweep_options
     from tracengine.errors import TracengineError
-    from tracengine.sim.engine import check_token_prompts
     from tracengine.vllm import require_vllm
     from tracengine.vllm.build import default_config
     from tracengine.vllm.simulate import simulate
@@ -160,24 +66,50 @@ def run_simulate(args) -> int:
     if "num_gpu_blocks" not in overrides and not (variants and "num_gpu_blocks" in variants[0]):
         raise TracengineError("simulate --scheduler vllm needs num_gpu_blocks (--set num_gpu_blocks=N or "
                               "--num-kvcache-blocks N): a simulation has no device to size the cache")
+    from tracengine.replay.scheduler_backends import VLLM
+    return simulate_through_scheduler(args, "vLLM", {**base, **overrides}, variants, slo, step_time, simulate,
+                                      VLLM.SIMULATE)
+
+
+def simulate_through_scheduler(args, name: str, config: dict, variants, slo, step_time, simulate, sweep_runner: str,
+                               before_run=None, search=None) -> int:
+    """`simulate --scheduler vllm|sglang` once the backend read its config: the workload through
+    `simulate(config, requests, step_time)` (or a --sweep's variants, made by `sweep_runner`),
+    printed as simulate prints. `before_run()`: what must not count in the run's time. `search`:
+    (the --set fields, how swept values are typed) for a --search (cli/search.py)."""
+    import time
+
+    from tracengine.analysis.stats import render, stats
+    from tracengine.cli.common import print_table
+    from tracengine.cli.flags import DEFAULT_VOCAB_SIZE, workload_for_simulation, workload_spec
+    from tracengine.cli.outputs import check_outputs
+    from tracengine.cli.steptime import describe_step_time, input_files, print_unvaried_note
+    from tracengine.cli.sweeps import print_sweep
+    from tracengine.errors import TracengineError
+    from tracengine.sim.engine import check_token_prompts
     if args.record and variants is not None:
         raise TracengineError("--record writes one run; a --sweep makes many")
-    config = {**base, **overrides}
     check_outputs({"--record": args.record}, input_files(args), args.force)
     vocab_size = args.vocab_size or (step_time.model.vocab_size if step_time.kind == "roofline" else DEFAULT_VOCAB_SIZE)
     workload = args.workload_file or args.workload
     requests = workload_for_simulation(args, workload, vocab_size)
     check_token_prompts(requests)
-    if variants is not None:
+    if variants is not None or search is not None:
         from tracengine.sim.spec import PreparedSources, SweepSpec, workload_source
-        from tracengine.vllm.sweeps import SIMULATE
         source, prepared = workload_source(workload_spec(args, workload=workload), vocab_size), PreparedSources()
         prepared.add(source, requests)
-        spec = SweepSpec(SIMULATE, source.digest, config, step_time.to_dict(), slo)
-        print(f"simulate {len(requests):,} requests through vLLM's scheduler with {describe_step_time(step_time)}")
+        if search is not None:
+            from tracengine.cli.search import run_search
+            if before_run is not None:
+                before_run()
+            return run_search(args, search[0], step_time, requests, source, prepared, sweep_runner, config, search[1])
+        spec = SweepSpec(sweep_runner, source.digest, config, step_time.to_dict(), slo)
+        print(f"simulate {len(requests):,} requests through {name}'s scheduler with {describe_step_time(step_time)}")
         rc = print_sweep(spec, source, prepared, variants, args)
         print_unvaried_note(step_time)
         return rc
+    if before_run is not None:
+        before_run()
     wall, cpu = time.perf_counter(), time.process_time()
     events = simulate(config, requests, step_time)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -185,7 +117,7 @@ def run_simulate(args) -> int:
         from tracengine.trace.tracelog import write_trace
         write_trace(args.record, events)
     s = stats(events, slo)
-    print(f"simulated {len(requests):,} requests through vLLM {events[0].engine_version}'s scheduler with "
+    print(f"simulated {len(requests):,} requests through {name} {events[0].engine_version}'s scheduler with "
           f"{describe_step_time(step_time)}: {s['steps']['num_steps']:,} steps in {wall:.2f} s wall, {cpu:.2f} s CPU")
     print_table(render(s, title="simulated run"))
     if args.record:

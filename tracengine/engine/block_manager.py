@@ -27,6 +27,9 @@ class Block(NamedTuple):
 
 
 class BlockManager:
+    # nano-vllm's block rules: a prompt's blocks all allocated when it is admitted, a block
+    # appended when a decode needs one (VllmBlockManager: slots for each step's tokens)
+    allocates_per_chunk = False
 
     def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK,
                  enable_caching: bool = True) -> None:
@@ -37,9 +40,10 @@ class BlockManager:
         self.num_hit_blocks = 0   # prefix-cache hits, in blocks, over the manager's life
         self.sink = sink
         self.step = 0   # stamped on events; the scheduler sets it each step
-        # seq_id -> tokens of its prompt whose KV a transfer put in place (a disaggregated fleet's
-        # decode replica, fleet/engine.py), as vLLM's KV connectors report external computed tokens
-        self.external_tokens: dict[int, int] = {}
+        # where the KV of a sequence's prompt may come from outside the engine, as vLLM's KV
+        # connector reports external computed tokens (a disaggregated fleet's transfers,
+        # fleet/kv_transfer.LandedPrompts); None: nowhere
+        self.kv_connector: Any = None
         self.cpu_tier: Any = None    # the CPU tier of KV offloading (engine/cpu_tier.py), where the policy has one
 
     @property
@@ -74,7 +78,8 @@ class BlockManager:
 
     @property
     def blocks(self) -> list[Block]:
-        token_ids = self._every_block(self.prefix_cache.token_ids, None)
+        held = self.prefix_cache.token_ids
+        token_ids = [held.get(block_id) for block_id in range(self.num_blocks)]
         return [Block(block_id, ref_count, h, list(tokens or ()))
                 for block_id, (ref_count, h, tokens) in enumerate(zip(self.ref_counts, self.hashes, token_ids))]
 
@@ -103,19 +108,18 @@ class BlockManager:
         self.prefix_cache.evict(new_block_ids)     # their cached content is overwritten
         seq.block_table = list(hits) + new_block_ids
         seq.num_cached_tokens = self.num_computed_tokens(seq, num_cached_blocks)
-        self.external_tokens.pop(seq.seq_id, None)
+        if self.kv_connector is not None:
+            self.kv_connector.allocated(seq.seq_id)
         self.num_hit_blocks += num_cached_blocks
         if self.sink.enabled:
             self.sink.emit(BlockAllocate(self.step, seq.seq_id, list(seq.block_table), num_cached_blocks))
 
     def num_computed_tokens(self, seq: Sequence, num_cached_blocks: int) -> int:
         """The tokens of `seq` computed when it is admitted with `num_cached_blocks` hits: the
-        hits, or a transfer's tokens when the full blocks before them are these hits (they were
-        not evicted first); the last token is always computed anew."""
+        hits, or as many more as the KV connector put in place."""
         num_computed = num_cached_blocks * self.block_size
-        num_external = self.external_tokens.get(seq.seq_id, 0)
-        if num_external and num_cached_blocks == num_external // self.block_size:
-            num_computed = max(num_computed, min(num_external, seq.num_tokens - 1))
+        if self.kv_connector is not None:
+            num_computed = self.kv_connector.num_computed_tokens(seq, num_cached_blocks, num_computed)
         return num_computed
 
     def deallocate(self, seq: Sequence) -> None:

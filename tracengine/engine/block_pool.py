@@ -15,7 +15,7 @@ a billion blocks (a what-if's "as many as it takes") costs what its blocks in us
 cost."""
 from collections.abc import Iterator
 from itertools import repeat
-from typing import Final
+from typing import Any, Final
 
 SENTINEL: Final = -1     # the node that closes the ring: its slot is the lists' last
 FRESH_RUN: Final = -2    # the node that stands for the fresh blocks: its slot is the one before
@@ -189,14 +189,14 @@ class BlockPool:
         return self.free_block_queue.num_free_blocks
 
     def get_new_blocks(self, n: int) -> list[int]:
-        """The n blocks at the head of the free queue, each with one reference."""
+        """The n blocks at the head of the free queue, each with one reference (a block is free
+        exactly when it has none)."""
         queue = self.free_block_queue
         block_ids = queue.popleft_n(n)
         ref_counts = self.ref_counts
         if len(ref_counts) < queue.fresh:     # blocks handed out for the first time
             ref_counts += repeat(0, queue.fresh - len(ref_counts))
         for block_id in block_ids:
-            assert ref_counts[block_id] == 0
             ref_counts[block_id] = 1
         return block_ids
 
@@ -218,8 +218,42 @@ class BlockPool:
         ref_counts = self.ref_counts
         freed: list[int] = []
         for block_id in block_ids:
-            ref_counts[block_id] -= 1
-            assert ref_counts[block_id] >= 0, f"block {block_id} freed more often than it was taken"
-            if ref_counts[block_id] == 0:
+            ref_count = ref_counts[block_id] = ref_counts[block_id] - 1
+            if ref_count == 0:
                 freed.append(block_id)
+            elif ref_count < 0:
+                raise ValueError(f"block {block_id} freed more often than it was taken")
         self.free_block_queue.append_n(freed)
+
+    # -- a recorded decision applied (the fold, replay/projection.py): the same rules, checked --
+
+    def take_next_block(self, block_id: int):
+        """`get_new_blocks(1)` where the record says it gave `block_id`: a ValueError when the
+        free queue's head is another block."""
+        head = self.free_block_queue.head()
+        if head != block_id:
+            raise ValueError(f"block {block_id} is not the next free block {head}")
+        self.get_new_blocks(1)
+
+    def take_block(self, block_id: int):
+        """`block_id` out of the free queue wherever it is, with one reference: an allocation
+        whose place in the queue the record does not say (a vLLM trace's)."""
+        queue, ref_counts = self.free_block_queue, self.ref_counts
+        queue.remove(block_id)      # a ValueError when it is not free
+        if len(ref_counts) < queue.fresh:     # blocks handed out for the first time
+            ref_counts += repeat(0, queue.fresh - len(ref_counts))
+        ref_counts[block_id] = 1
+
+    def hold_every_block(self):
+        """A reference count for every block now, not only those handed out (a fold shows
+        every block, and takes any)."""
+        self.ref_counts += repeat(0, self.num_blocks - len(self.ref_counts))
+
+    def copy(self, prefix_cache: Any = None) -> "BlockPool":
+        """An independent copy (a fold's keyframe); `prefix_cache`: the copy of the prefix
+        cache whose hashes the copy's rules read, where they read them (VllmBlockPool)."""
+        return self._copy_into(BlockPool(0))
+
+    def _copy_into(self, other: "BlockPool") -> "BlockPool":
+        other.ref_counts, other.free_block_queue = list(self.ref_counts), self.free_block_queue.copy()
+        return other

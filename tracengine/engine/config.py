@@ -144,11 +144,7 @@ class Config:
     def num_cpu_blocks(self) -> int:
         """KV blocks the CPU tier holds: its bytes over a block's, the block's rounded up to a
         4 KiB page, as vLLM's CPUOffloadingSpec sizes its chunks (0: no tier, or no bytes per token yet)."""
-        if not self.kv_offloading_size or not self.kv_bytes_per_token:
-            return 0
-        page = 4096
-        block_bytes = -(-self.kv_bytes_per_token * self.kvcache_block_size // page) * page
-        return int(self.kv_offloading_size * (1 << 30)) // block_bytes
+        return cpu_tier_num_blocks(self.kv_offloading_size, self.kv_bytes_per_token, self.kvcache_block_size)
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -252,3 +248,13 @@ def parse_override(text: str) -> tuple[str, object]:
     except ValueError:
         article = "an" if kind.__name__[0] in "aeiou" else "a"
         raise ConfigError(f"{name} expects {article} {kind.__name__}, got {raw!r}") from None
+
+
+def cpu_tier_num_blocks(kv_offloading_size: float, kv_bytes_per_token: int, block_size: int) -> int:
+    """KV blocks a CPU tier of `kv_offloading_size` GiB holds (Config.num_cpu_blocks; 0: no tier, or
+    no bytes per token yet): its bytes over a block's, the block's rounded up to a 4 KiB page."""
+    if not kv_offloading_size or not kv_bytes_per_token:
+        return 0
+    page = 4096
+    block_bytes = -(-kv_bytes_per_token * block_size // page) * page
+    return int(kv_offloading_size * (1 << 30)) // block_bytes

@@ -7,32 +7,40 @@ turn, tail first, so its head is the most recent. The least ranked readable bloc
 reads is evicted first.
 
 vLLM keeps the evictable blocks in a heap, a push a block and a pop or two an eviction. Here the
-ranks fall in bands that never interleave: a request's (a, -p) for its one `a`, and a finish's
-run of values, here (its first value, i) for its i-th block, the counter still moving past the
-run, which orders them as vLLM's ranks are ordered. A rank's band is its int >> 40 (two
-neighbouring bands may share one, which keeps the order). A band is a group, its blocks in a deque in rank order,
-and a heap orders the groups (one entry a group, not a block). A request's blocks become
-evictable head to tail (their stores end in the order they were offered), so each goes to the
-front of its group; a finish's group is built in order. A block that arrives out of order (a
-load's, released in the middle of its band) goes to a heap of its own. A group's or the heap's
-entry is an int, rank << 64 | key, checked against the block's rank when it is taken: a block
-ranked anew, evicted or read by a load leaves stale entries, which are skipped."""
+ranks fall in bands that never interleave nor share: a request's (a, -p) for its one `a`, here
+a * POSITIONS + (POSITIONS - 1 - p), and a finish's run of values, here (its first value, i) for
+its i-th block, the counter still moving past the run, which orders them as vLLM's ranks are
+ordered. A rank's band is its int >> 40: a request's `a`, a finish's first value, each a value
+of the counter no other band takes, and a block has one rank in a band. A band is a group: its
+blocks' keys in a deque in rank order, and a heap orders the groups (one entry a group, not a
+block). A request's blocks become evictable head to tail (their stores end in the order they
+were offered), so each run of them goes to the front of its group at once; a finish's group is
+built in order. A key in a group is current while its block is evictable and ranked in the
+group's band: a block ranked anew, evicted or read by a load leaves stale keys, which are
+skipped. A finished request's blocks are all ranked anew, so its band's group is dropped whole.
+A block that arrives out of order (a load's, released in the middle of its band) goes to a heap
+of its own, as the int rank << 64 | key, checked against the block's rank when it is taken."""
 import heapq
 from collections import deque
+from itertools import filterfalse
 
 POSITION_BITS = 40
-POSITIONS = 1 << POSITION_BITS     # a rank (a, -position) is the int a * POSITIONS - position
-KEY_BITS = 64           # an entry is rank << KEY_BITS | key (a block hash: 64 bits)
+POSITIONS = 1 << POSITION_BITS     # a rank (a, -position) is the int a * POSITIONS + POSITIONS - 1 - position
+KEY_BITS = 64           # an entry of the others' heap is rank << KEY_BITS | key (a block hash: 64 bits)
 KEY_MASK = (1 << KEY_BITS) - 1
+TAKEN = -2              # a block's reference count while an eviction holds it
 
 
 class LruPolicy:
+    """`ranks`: every block the tier holds -> its rank. `busy`: the tier's reference counts that
+    are not 0 (a block being written or read, or taken by an eviction): a block held and not busy
+    is evictable."""
 
-    def __init__(self):
+    def __init__(self, busy: dict[int, int]):
+        self.busy = busy
         self.ranks: dict[int, int] = {}
-        self.evictable: set[int] = set()
-        self.groups: dict[int, deque] = {}       # band -> its entries, least ranked first
-        self.group_heap: list[int] = []          # the bands with entries (some perhaps emptied since)
+        self.groups: dict[int, deque] = {}       # band -> its keys, least ranked first
+        self.group_heap: list[int] = []          # the bands with keys (some perhaps emptied since)
         self.others: list[int] = []              # a heap of the entries that came out of order
         self.next_rank = 0
         self.request_ranks: dict[int, int] = {}  # seq_id -> its rank, given when first needed
@@ -44,102 +52,119 @@ class LruPolicy:
             rank = self.request_ranks[seq_id] = self.next_rank
         return rank
 
-    def insert_n(self, keys: list[int], seq_id: int, positions: dict[int, int]):
-        """New blocks a request stores, at their `positions` (key -> position)."""
-        base = self.request_rank(seq_id) * POSITIONS
-        self.ranks.update(zip(keys, map(base.__sub__, map(positions.__getitem__, keys))))
+    def request_base(self, seq_id: int) -> int:
+        """A request's rank at position 0: its rank at position p is this minus p."""
+        return self.request_rank(seq_id) * POSITIONS + POSITIONS - 1
 
-    def access(self, keys: list[tuple[int, int]], seq_id: int):
-        """A request's first use of `keys` ((key, position) pairs): ranked no lower than (its
-        rank, minus the position)."""
-        base = self.request_rank(seq_id) * POSITIONS      # given now even when no key is held yet
-        ranks, evictable = self.ranks, self.evictable
-        for key, position in keys:
-            current = ranks.get(key)
-            if current is not None and current < base - position:
-                ranks[key] = base - position
-                if key in evictable:
-                    self._place(key)
+    def insert_n(self, keys: list[int], seq_id: int, positions):
+        """New blocks a request stores, at their `positions` (one for each key, in turn)."""
+        self.ranks.update(zip(keys, map(self.request_base(seq_id).__sub__, positions)))
+
+    def access(self, keys: list[int], positions, seq_id: int):
+        """A request's first use of `keys`, head to tail, at their `positions`: each held one
+        ranked no lower than (its rank, minus its position)."""
+        base = self.request_base(seq_id)      # its rank given now even when no key is held yet
+        ranks, busy = self.ranks, self.busy
+        raised = [(key, rank) for key, rank, current in zip(keys, map(base.__sub__, positions), map(ranks.get, keys))
+                  if current is not None and current < rank]
+        if raised:
+            ranks.update(raised)
+            evictable = [key for key, _ in raised if key not in busy]
+            if evictable:
+                self.mark_evictable_n(evictable)
 
     def finish(self, keys_head_first: list[int], seq_id: int):
-        """The request finished: its blocks the tier holds ranked anew, tail first, head last."""
-        self.request_ranks.pop(seq_id, None)
-        ranks, evictable = self.ranks, self.evictable
-        keys = [key for key in reversed(keys_head_first) if key in ranks]
+        """The request finished: its blocks the tier holds ranked anew, tail first, head last.
+        Every block of its band is one of them, so the band's group is all stale: dropped."""
+        request_rank = self.request_ranks.pop(seq_id, None)
+        if request_rank is not None:
+            self.groups.pop(request_rank, None)      # its heap entry goes when it comes first
+        ranks = self.ranks
+        keys = list(filter(ranks.__contains__, reversed(keys_head_first)))
         if not keys:
             return
         band = self.next_rank + 1
         self.next_rank += len(keys)
-        new_ranks = range(band * POSITIONS, band * POSITIONS + len(keys))
-        ranks.update(zip(keys, new_ranks))
-        entries = deque(rank << KEY_BITS | key for key, rank in zip(keys, new_ranks) if key in evictable)
-        if entries and band not in self.groups:       # the band is new: it has no group yet
-            self.groups[band] = entries
+        ranks.update(zip(keys, range(band * POSITIONS, band * POSITIONS + len(keys))))
+        group = deque(filterfalse(self.busy.__contains__, keys))
+        if group and band not in self.groups:       # the band is new: it has no group yet
+            self.groups[band] = group
             heapq.heappush(self.group_heap, band)
-        elif entries:
-            for entry in entries:
-                self._place(entry & KEY_MASK)
+        elif group:
+            for key in group:
+                self._place(key)
 
     def mark_evictable_n(self, keys):
-        """`keys` become evictable. Those of one store (one band, head to tail: ranks falling)
-        go to the front of their group at once."""
-        self.evictable.update(keys)
+        """`keys` (no longer busy) become evictable. Those of one store (one band, head to
+        tail: ranks falling) go to the front of their group at once."""
         ranks = list(map(self.ranks.__getitem__, keys))
         band = ranks[0] >> POSITION_BITS
-        entries = [rank << KEY_BITS | key for rank, key in zip(ranks, keys)]
         group = self.groups.get(band)
+        if group:
+            self._trim(group, band)
         # one band's blocks head to tail fall in rank, whether the band is a request's or a finish's
-        if (not group or entries[0] < group[0]) and all(map(int.__gt__, entries, entries[1:])) and \
-                ranks[-1] >> POSITION_BITS == band:
+        if ranks[-1] >> POSITION_BITS == band and all(map(int.__gt__, ranks, ranks[1:])) and \
+                (not group or ranks[0] < self.ranks[group[0]]):
             if group is None:
                 self.groups[band] = group = deque()
             if not group:
                 heapq.heappush(self.group_heap, band)
-            group.extendleft(entries)
+            group.extendleft(keys)
             return
         for key in keys:
             self._place(key)
 
-    def mark_non_evictable(self, key: int):
-        self.evictable.discard(key)
+    def _current(self, key: int, band: int) -> bool:
+        rank = self.ranks.get(key)
+        return rank is not None and key not in self.busy and rank >> POSITION_BITS == band
+
+    def _trim(self, group: deque, band: int):
+        """Stale keys off both ends of `group`, so that its ends are ranked."""
+        while group and not self._current(group[0], band):
+            group.popleft()
+        while group and not self._current(group[-1], band):
+            group.pop()
 
     def _place(self, key: int):
-        """An entry for `key` at its rank: at an end of its group where it is in order there,
-        else in the heap of the others."""
-        rank = self.ranks[key]
-        band, entry = rank >> POSITION_BITS, rank << KEY_BITS | key
+        """`key` at its rank: at an end of its group where it is in order there, else in the
+        heap of the others."""
+        ranks = self.ranks
+        rank = ranks[key]
+        band = rank >> POSITION_BITS
         group = self.groups.get(band)
         if group is None:
-            self.groups[band] = deque((entry,))
+            self.groups[band] = deque((key,))
             heapq.heappush(self.group_heap, band)
-        elif not group:
-            group.append(entry)
+            return
+        self._trim(group, band)
+        if not group:
+            group.append(key)
             heapq.heappush(self.group_heap, band)
-        elif entry < group[0]:
-            group.appendleft(entry)
-        elif entry > group[-1]:
-            group.append(entry)
+        elif rank < ranks[group[0]]:
+            group.appendleft(key)
+        elif rank > ranks[group[-1]]:
+            group.append(key)
         else:
-            heapq.heappush(self.others, entry)
+            heapq.heappush(self.others, rank << KEY_BITS | key)
 
     def _least(self) -> tuple[int, deque | None] | None:
-        """The least entry that is current (a readable block no load reads, at its rank), and the
-        group it heads (None: the others' heap); stale entries in front of it are dropped."""
-        ranks, evictable, groups, group_heap, others = self.ranks, self.evictable, self.groups, \
+        """The least current block's key, and the group it heads (None: the others' heap);
+        stale keys and entries in front of it are dropped."""
+        ranks, busy, groups, group_heap, others = self.ranks, self.busy, self.groups, \
             self.group_heap, self.others
         while others:
             entry = others[0]
             key = entry & KEY_MASK
-            if key in evictable and ranks[key] == entry >> KEY_BITS:
+            if key not in busy and ranks.get(key) == entry >> KEY_BITS:
                 break
             heapq.heappop(others)
         while group_heap:
             band = group_heap[0]
             group = groups.get(band)
             while group:
-                entry = group[0]
-                key = entry & KEY_MASK
-                if key in evictable and ranks[key] == entry >> KEY_BITS:
+                key = group[0]
+                rank = ranks.get(key)
+                if rank is not None and key not in busy and rank >> POSITION_BITS == band:
                     break
                 group.popleft()
             if group:
@@ -147,59 +172,67 @@ class LruPolicy:
             heapq.heappop(group_heap)
             if group is not None:
                 del groups[band]         # made anew if a block of the band comes again
-        head = groups[group_heap[0]][0] if group_heap else None
-        if others and (head is None or others[0] < head):
-            return others[0], None
-        return (head, groups[group_heap[0]]) if head is not None else None
+        if not group_heap:
+            return (others[0] & KEY_MASK, None) if others else None
+        group = groups[group_heap[0]]
+        head = group[0]
+        if others and others[0] < ranks[head] << KEY_BITS | head:
+            return others[0] & KEY_MASK, None
+        return head, group
 
     def evict(self, n: int, protected: set[int]) -> list[int] | None:
         """The n least ranked evictable blocks not in `protected`, taken out; None (nothing
         changed) when there are fewer."""
-        popped, num_taken = [], 0       # (entry, its group or None, whether it is protected), in order
-        ranks, evictable, others = self.ranks, self.evictable, self.others
+        popped, num_taken = [], 0       # (key, its group or None, whether it is protected), in order
+        ranks, busy, others = self.ranks, self.busy, self.others
         while num_taken < n:
             least = self._least()
             if least is None:
                 break
-            entry, group = least
+            key, group = least
             if group is None:
                 heapq.heappop(others)
-                key = entry & KEY_MASK
-                evictable.discard(key)            # out of the running while this eviction lasts
-                popped.append((entry, None, key in protected))
+                busy[key] = TAKEN                 # out of the running while this eviction lasts
+                popped.append((key, None, key in protected))
                 num_taken += key not in protected
                 continue
-            # the group's current entries, in order, while they come before the others' least
+            # the group's current keys, in order, while they come before the others' least
+            band = ranks[key] >> POSITION_BITS
             bound = others[0] if others else None
-            while group and num_taken < n and (bound is None or group[0] <= bound):
-                entry = group.popleft()
-                key = entry & KEY_MASK
-                if key not in evictable or ranks[key] != entry >> KEY_BITS:
-                    continue                      # stale
-                evictable.discard(key)
+            while group and num_taken < n:
+                key = group[0]
+                rank = ranks.get(key)
+                if rank is None or key in busy or rank >> POSITION_BITS != band:
+                    group.popleft()               # stale
+                    continue
+                if bound is not None and rank << KEY_BITS | key > bound:
+                    break
+                group.popleft()
+                busy[key] = TAKEN
                 kept = key in protected
-                popped.append((entry, group, kept))
+                popped.append((key, group, kept))
                 num_taken += not kept
         done = num_taken == n
-        for entry, group, kept in reversed(popped):
+        for key, group, kept in reversed(popped):
             if kept or not done:                   # put back where they were
-                self.evictable.add(entry & KEY_MASK)
-                self._put_back(entry, group)
+                del busy[key]
+                self._put_back(key, group)
         if not done:
             return None
-        keys = [entry & KEY_MASK for entry, _, kept in popped if not kept]
+        keys = [key for key, _, kept in popped if not kept]
         for key in keys:
-            del self.ranks[key]
+            del ranks[key], busy[key]
         return keys
 
-    def _put_back(self, entry: int, group: deque | None):
+    def _put_back(self, key: int, group: deque | None):
+        rank = self.ranks[key]
         if group is None:
-            heapq.heappush(self.others, entry)
+            heapq.heappush(self.others, rank << KEY_BITS | key)
             return
-        band = entry >> (KEY_BITS + POSITION_BITS)
+        band = rank >> POSITION_BITS
         if self.groups.get(band) is not group:     # emptied and dropped meanwhile
             self.groups[band] = group
             heapq.heappush(self.group_heap, band)
         elif not group:
             heapq.heappush(self.group_heap, band)
-        group.appendleft(entry)
+        group.appendleft(key)

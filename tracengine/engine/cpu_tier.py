@@ -33,7 +33,8 @@ by its block hash. The rules:
 Events (the sink's): CpuStore when blocks are taken (with the blocks that evicted), CpuHit
 when a load starts, CpuLoad when it has ended and the sequence runs."""
 import heapq
-from operator import itemgetter
+from itertools import compress, repeat, takewhile
+from operator import not_
 
 from tracengine.engine.cpu_lru import LruPolicy
 from tracengine.engine.sequence import Sequence
@@ -41,11 +42,14 @@ from tracengine.trace.events import CpuHit, CpuLoad, CpuStore
 from tracengine.trace.sinks import NULL_SINK, EventSink
 
 PENDING = -1     # a block's reference count while its copy to the tier is in flight
+USED = b"\x01"    # a block's flag once its request used it
 
 
 class CpuTier:
-    """The tier's blocks (hash -> reference count: PENDING while written, else the loads
-    reading it), the transfers in flight, and the sequences set aside while they load."""
+    """The tier's blocks (`held`: hash -> its rank in the eviction order, cpu_lru.py), the
+    reference counts that are not 0 (`busy`: PENDING while written, else the loads reading it;
+    a block with none is evictable), the transfers in flight, and the sequences set aside while
+    they load."""
 
     def __init__(self, num_blocks: int, block_size: int, block_bytes: int, gbps: float,
                  sink: EventSink = NULL_SINK):
@@ -54,10 +58,14 @@ class CpuTier:
         self.block_bytes = block_bytes
         self.gbps = gbps
         self.sink = sink
+        # a real run's copies of the blocks (runner/kv_host.py's HostKVBuffer: store, load, evict);
+        # None in simulated time and re-execution, where a block is its hash alone
+        self.copier = None
         self.step = 0
         self.now_ns = 0
-        self.ref_counts: dict[int, int] = {}
-        self.policy = LruPolicy()
+        self.busy: dict[int, int] = {}
+        self.policy = LruPolicy(self.busy)
+        self.held = self.policy.ranks
         self.num_evictable = 0
         self.d2h_free_ns = self.h2d_free_ns = 0    # when each direction's link is next free
         self.queued_stores: list[tuple[int, list[int], list[int]]] = []   # (seq_id, keys, GPU blocks): next step
@@ -68,7 +76,9 @@ class CpuTier:
         self.num_transfers = 0
         self.in_flight: dict[int, int] = {}      # seq_id -> its transfers in flight
         self.next_offered: dict[int, int] = {}   # seq_id -> its first block not offered yet
-        self.seen: dict[int, dict[int, int]] = {}    # seq_id -> the blocks it used: key -> position
+        # seq_id -> the blocks it used: a flag per block index, and its block hashes (a request's
+        # blocks are a run of its chain: the flags give them head first with no sort)
+        self.used: dict[int, tuple[bytearray, list[int]]] = {}
         self.loads: dict[int, tuple[int, int]] = {}  # seq_id of a sequence set aside -> (first block, blocks)
         self.loaded: set[int] = set()            # of those, the ones whose load has ended
         self.finished: list[int] = []            # requests finished since the last schedule
@@ -78,7 +88,7 @@ class CpuTier:
     # -- time ---------------------------------------------------------------------------------
 
     def duration_ns(self, num_blocks: int) -> int:
-        return -(-num_blocks * self.block_bytes * 1000 // round(self.gbps * 1000)) if self.gbps else 0
+        return transfer_ns(num_blocks, self.block_bytes, self.gbps)
 
     def begin_step(self, step: int, now_ns: int):
         """A step starts at `now_ns`: the transfers that ended by then complete, and the stores
@@ -90,10 +100,14 @@ class CpuTier:
             self._complete(is_store, seq_id, keys)
         self.flush_until_ns = 0
         fenced, store_done = self.fenced, self.store_done
+        if self.d2h_free_ns <= now_ns:      # no store is copying: no GPU block is fenced
+            fenced.clear()
         for seq_id, keys, block_ids in self.queued_stores:
             start = max(self.d2h_free_ns, now_ns)
             self.d2h_free_ns = done = start + self.duration_ns(len(keys))
             self._start(done, True, seq_id, keys)
+            if self.copier is not None:
+                self.copier.store(keys, block_ids)
             fenced.update(dict.fromkeys(block_ids, done))
             store_done[seq_id] = done
         self.queued_stores = []
@@ -101,9 +115,8 @@ class CpuTier:
     def reuse(self, block_ids: list[int]):
         """GPU blocks handed out again this step: a store still copying one of them is waited
         for before the step's forward pass (vLLM's jobs_to_flush)."""
-        fenced = self.fenced
-        for block_id in block_ids:
-            done = fenced.pop(block_id, 0)
+        if self.fenced:
+            done = max(map(self.fenced.pop, block_ids, repeat(0)), default=0)
             if done > self.flush_until_ns:
                 self.flush_until_ns = done
 
@@ -126,18 +139,21 @@ class CpuTier:
         heapq.heappush(self.transfers, (done_ns, self.num_transfers, is_store, seq_id, keys))
 
     def _complete(self, is_store: bool, seq_id: int, keys: list[int]):
-        ref_counts, policy = self.ref_counts, self.policy
+        busy, policy = self.busy, self.policy
         if is_store:       # a block being written is never evicted: each of `keys` is still here
-            ref_counts.update(dict.fromkeys(keys, 0))
+            for key in keys:
+                del busy[key]
             self.num_evictable += len(keys)
             policy.mark_evictable_n(keys)
         else:
             released = []
             for key in keys:
-                count = ref_counts[key]
-                ref_counts[key] = count - 1
+                count = busy[key]
                 if count == 1:
+                    del busy[key]
                     released.append(key)
+                else:
+                    busy[key] = count - 1
             if released:
                 self.num_evictable += len(released)
                 policy.mark_evictable_n(released)
@@ -157,29 +173,27 @@ class CpuTier:
         self.next_offered[seq.seq_id] = 0        # starting over: every block is offered again
         if self.in_flight.get(seq.seq_id):
             return None
-        num = 0
-        ref_counts = self.ref_counts
-        for key in seq.hash_full_blocks()[num_gpu_hits:seq.num_tokens // self.block_size]:
-            count = ref_counts.get(key)
-            if count is None:
-                break
-            if count == PENDING:
-                return None
-            num += 1
-        return num
+        keys = seq.hash_full_blocks()[num_gpu_hits:seq.num_tokens // self.block_size]
+        num = self.num_held_blocks(keys)
+        return None if PENDING in map(self.busy.get, keys[:num]) else num
+
+    def num_held_blocks(self, keys: list[int]) -> int:
+        """How many of `keys` the tier holds, up to the first it does not (those being written too:
+        they are readable once their copy ends)."""
+        return sum(1 for _ in takewhile(self.held.__contains__, keys))
 
     def start_load(self, seq: Sequence, first_block: int, num_blocks: int):
         """Load `num_blocks` blocks of `seq` from `first_block` on (its lookup's hit, GPU blocks
         allocated for them); the sequence is set aside until `take_loaded`."""
         seq_id = seq.seq_id
         keys = seq.block_hashes[first_block:first_block + num_blocks]
-        ref_counts, policy = self.ref_counts, self.policy
-        for key in keys:
-            if ref_counts[key] == 0:
-                self.num_evictable -= 1
-                policy.mark_non_evictable(key)
-            ref_counts[key] += 1
-        self._access(seq_id, [(key, (first_block + i + 1) * self.block_size) for i, key in enumerate(keys)])
+        busy = self.busy
+        counts = list(map(busy.get, keys, repeat(0)))
+        self.num_evictable -= counts.count(0)      # read by a load: not evictable
+        busy.update(zip(keys, map((1).__add__, counts)))
+        self._access(seq, first_block, keys)
+        if self.copier is not None:
+            self.copier.load(keys, seq.block_table[first_block:first_block + num_blocks])
         start = max(self.h2d_free_ns, self.now_ns)
         self.h2d_free_ns = done = start + self.duration_ns(num_blocks)
         self._start(done, False, seq_id, keys)
@@ -223,8 +237,8 @@ class CpuTier:
                     self.next_offered[seq.seq_id] = end
         for seq_id in self.finished:
             self.store_done.pop(seq_id, None)
-            seen = self.seen.pop(seq_id, {})
-            self.policy.finish([key for key, _ in sorted(seen.items(), key=itemgetter(1))], seq_id)
+            flags, hashes = self.used.pop(seq_id, (b"", []))
+            self.policy.finish(list(compress(hashes, flags)), seq_id)
             self.next_offered.pop(seq_id, None)
         self.finished = []
 
@@ -232,50 +246,87 @@ class CpuTier:
         """prepare_store of blocks [start, end) of `seq`: False when too few can be evicted. The
         blocks it stores and those it finds readable are its use of them, even when it fails."""
         keys = seq.block_hashes[start:end]
-        ref_counts, size, seq_id = self.ref_counts, self.block_size, seq.seq_id
-        counts = list(map(ref_counts.get, keys))
+        held, size, seq_id = self.held, self.block_size, seq.seq_id
+        ranks = list(map(held.get, keys))       # None: the tier does not hold the block
         positions = range((start + 1) * size, (end + 1) * size, size)
-        new = [key for key, count in zip(keys, counts) if count is None]
         # its use of the blocks it stores and of those it finds readable (not of those being written)
-        seen = self.seen.setdefault(seq_id, {})
-        ready = [(key, position) for key, position, count in zip(keys, positions, counts)
-                 if count is not None and count != PENDING and key not in seen]
-        if new or ready:
-            seen.update(zip(keys, positions) if PENDING not in counts else
-                        ((key, position) for key, position, count in zip(keys, positions, counts) if count != PENDING))
-            self.policy.access(ready, seq_id)
-        if not new:
-            return True
-        num_to_evict = len(new) - (self.num_blocks - len(ref_counts))
+        used = self._used(seq)
+        if ranks.count(None) == len(keys):      # none held: it stores them all, in one run
+            new, new_positions, block_ids = keys, positions, seq.block_table[start:end]
+            used[start:end] = USED * (end - start)
+            self.policy.request_rank(seq_id)
+        else:
+            # each block's count: None when the tier does not hold it, 0 when no transfer holds it
+            counts = [None if rank is None else self.busy.get(key, 0) for key, rank in zip(keys, ranks)]
+            new = [key for key, count in zip(keys, counts) if count is None]
+            new_positions = [position for position, count in zip(positions, counts) if count is None]
+            ready = [count is not None and count != PENDING and not flag
+                     for count, flag in zip(counts, used[start:end])]
+            ready_keys = list(compress(keys, ready))
+            if new or ready_keys:
+                if PENDING not in counts:
+                    used[start:end] = USED * (end - start)
+                else:
+                    for i, count in enumerate(counts, start):
+                        if count != PENDING:
+                            used[i] = 1
+                self.policy.access(ready_keys, compress(positions, ready), seq_id)
+            if not new:
+                return True
+            table = seq.block_table
+            block_ids = [table[start + i] for i, count in enumerate(counts) if count is None]
+        num_to_evict = len(new) - (self.num_blocks - len(held))
         if num_to_evict > 0:
             evicted = self.policy.evict(num_to_evict, set(keys)) if num_to_evict <= self.num_evictable else None
             if evicted is None:
                 return False
             self.num_evictable -= len(evicted)
             self.num_evicted_blocks += len(evicted)
-            for key in evicted:
-                del ref_counts[key]
+            if self.copier is not None:
+                self.copier.evict(evicted)
         else:
             evicted = []
-        ref_counts.update(dict.fromkeys(new, PENDING))
-        self.policy.insert_n(new, seq_id, seen)
-        table = seq.block_table
-        self.queued_stores.append((seq_id, new, [table[start + i] for i, count in enumerate(counts) if count is None]))
+        self.busy.update(dict.fromkeys(new, PENDING))
+        self.policy.insert_n(new, seq_id, new_positions)
+        self.queued_stores.append((seq_id, new, block_ids))
         self.in_flight[seq_id] = self.in_flight.get(seq_id, 0) + 1
         self.num_stored_blocks += len(new)
         if self.sink.enabled:
             self.sink.emit(CpuStore(self.step, seq_id, start + keys.index(new[0]), new, evicted))
         return True
 
-    def _access(self, seq_id: int, keys: list[tuple[int, int]]):
-        """A request's use of `keys` ((key, position) pairs): those it uses for the first time
-        are ranked (vLLM's on_request_access)."""
-        seen = self.seen.setdefault(seq_id, {})
-        first = [(key, position) for key, position in keys if key not in seen]
-        if first:
-            seen.update(first)
-            self.policy.access(first, seq_id)
+    def _access(self, seq: Sequence, first_block: int, keys: list[int]):
+        """A request's use of its blocks `keys` from `first_block` on: those it uses for the first
+        time are ranked (vLLM's on_request_access)."""
+        used, size = self._used(seq), self.block_size
+        end = first_block + len(keys)
+        unused = list(map(not_, used[first_block:end]))
+        if any(unused):
+            used[first_block:end] = USED * len(keys)
+            self.policy.access(list(compress(keys, unused)),
+                               compress(range((first_block + 1) * size, (end + 1) * size, size), unused), seq.seq_id)
+
+    def _used(self, seq: Sequence) -> bytearray:
+        """The flags of the blocks `seq` used, one for each block it has a hash for."""
+        used = self.used.get(seq.seq_id)
+        if used is None:
+            used = self.used[seq.seq_id] = (bytearray(), seq.block_hashes)
+        flags = used[0]
+        if len(flags) < len(seq.block_hashes):
+            flags.extend(bytes(len(seq.block_hashes) - len(flags)))
+        return flags
+
+    @property
+    def ref_counts(self) -> dict[int, int]:
+        """Every block the tier holds -> its reference count (as the reference tier has them)."""
+        return {key: self.busy.get(key, 0) for key in self.held}
 
     def request_finished(self, seq_id: int):
         """The request finished or was aborted: ranked at the next schedule's end."""
         self.finished.append(seq_id)
+
+
+def transfer_ns(num_blocks: int, block_bytes: int, gbps: float) -> int:
+    """How long a copy of `num_blocks` blocks of `block_bytes` takes at `gbps` decimal GB/s (bytes
+    per ns), rounded up; 0 at 0 GB/s (transfers take no time)."""
+    return -(-num_blocks * block_bytes * 1000 // round(gbps * 1000)) if gbps else 0

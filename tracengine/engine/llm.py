@@ -19,9 +19,10 @@ class LLM(LLMEngine):
         if requested.num_speculative_tokens and requested.speculative_method == "synthetic":
             raise ConfigError("speculative_method=synthetic drafts no tokens a model can verify: it is for "
                               "simulate and what-ifs; a model drafts with ngram")
-        if requested.kv_offloading_size:     # the runner copies no KV block to host memory
-            raise ConfigError("kv_offloading_size runs in simulated time only (simulate, replay --set): "
-                              "a model's KV blocks are not copied to a CPU tier")
+        if requested.kv_offloading_size and requested.tensor_parallel_size > 1:
+            # each rank holds a shard of the KV heads: its copies would have to travel on the wire too
+            raise ConfigError("kv_offloading_size with tensor_parallel_size > 1: the CPU tier copies one "
+                              "process's KV cache; run it on one rank")
         from tracengine.model.loader import load_hf_config, resolve_model_dir
         from tracengine.model.registry import check_max_model_len
         from tracengine.runner import make_runner
@@ -36,6 +37,8 @@ class LLM(LLMEngine):
         try:
             # the config the engine runs and records: the requested one with the KV cache the runner sized
             config = requested.replace(num_kvcache_blocks=runner.num_kvcache_blocks)
+            if config.kv_offloading_size and not config.kv_bytes_per_token:   # the model's own, every layer
+                config = config.replace(kv_bytes_per_token=runner.block_bytes // config.kvcache_block_size)
             super().__init__(config, runner, NULL_SINK, tokenizer, policy=scheduling_policy)
             self.writer = None
             self.last_run = None   # the figures (Stats) of the last generate(summary=True)
@@ -44,6 +47,12 @@ class LLM(LLMEngine):
         except BaseException:
             runner.exit()   # tensor-parallel workers must not outlive a failed start
             raise
+
+    def reset(self, sink=NULL_SINK):
+        super().reset(sink)
+        tier = self.scheduler.cpu_tier
+        if tier is not None:       # the tier's blocks are real memory: copied to a host buffer and back
+            tier.copier = self.runner.host_kv_buffer(tier.num_blocks)
 
     def prompt_token_ids(self, prompt, sampling_params: SamplingParams) -> list[int]:
         """The prompt's token ids, checked as the scheduler will check them (vocabulary,

@@ -59,6 +59,7 @@ from typing import cast
 
 from tracengine.engine.config import BUILTIN_POLICY_NAMES, Config
 from tracengine.engine.cpu_tier import CpuTier
+from tracengine.engine.block_manager import BlockManager
 from tracengine.engine.offload_scheduling import schedule_waiting
 from tracengine.engine.scheduler import Scheduler
 from tracengine.engine.sequence import Sequence, SequenceStatus
@@ -76,14 +77,19 @@ class MixedScheduler(Scheduler):
     """vLLM V1's FCFS scheduling with chunked prefill (the module docstring says what is followed).
     `seq.is_prefill` is True while a sequence still has prompt (or recompute) tokens to schedule."""
 
-    def __init__(self, config: Config, sink: EventSink = NULL_SINK) -> None:
-        super().__init__(config, sink)
-        self.allocate_per_chunk = block_rules(type(self), config) == "vllm"
-        if self.allocate_per_chunk:
-            self.block_manager = VllmBlockManager(config.num_kvcache_blocks, config.kvcache_block_size, sink,
-                                                  config.enable_prefix_caching)
+    @classmethod
+    def make_block_manager(cls, config: Config, sink: EventSink = NULL_SINK) -> BlockManager:
+        """vLLM V1's block rules (VllmBlockManager: slots for a step's tokens), or nano-vllm's for a
+        trace recorded before the field (block_rules, below); with the CPU tier of KV offloading."""
+        block_manager: BlockManager
+        if block_rules(cls, config) == "vllm":
+            block_manager = VllmBlockManager(config.num_kvcache_blocks, config.kvcache_block_size, sink,
+                                             config.enable_prefix_caching)
+        else:
+            block_manager = super().make_block_manager(config, sink)
         if config.kv_offloading_size:
-            self.cpu_tier = self.block_manager.cpu_tier = make_cpu_tier(config, sink)
+            block_manager.cpu_tier = make_cpu_tier(config, sink)
+        return block_manager
 
     def schedule(self) -> tuple[list[Sequence], bool]:
         self.order_waiting()
@@ -93,9 +99,9 @@ class MixedScheduler(Scheduler):
         stop_reason: StopReason | None = None
         blocked_seq_id, num_blocks_needed = -1, 0
         num_preemptions = self.num_preemptions
+        per_chunk = self.block_manager.allocates_per_chunk
 
         # Running first: each gets the tokens it needs to catch up.
-        scheduled_running: list[Sequence] = []
         while self.running and token_budget > 0:
             seq = self.running.popleft()
             # the rest of its prompt or the chunk the budget leaves; a decoding one, its one token
@@ -103,7 +109,7 @@ class MixedScheduler(Scheduler):
             num_new_tokens = min(seq.num_tokens - seq.num_cached_tokens, token_budget) if seq.is_prefill else 1
             if seq.spec_token_ids:
                 num_new_tokens += self.num_drafts(seq, token_budget - 1)
-            if self.allocate_per_chunk:
+            if per_chunk:
                 has_slots = self._allocate_slots(seq, num_new_tokens)
             else:            # the whole prompt was allocated at admission: only a decode needs a block
                 has_slots = seq.is_prefill or self._append_slot(seq, num_new_tokens - 1)
@@ -112,10 +118,10 @@ class MixedScheduler(Scheduler):
             seq.num_scheduled_tokens = num_new_tokens
             self._take(seq, scheduled_seqs, prefill_flags)
             token_budget -= seq.num_scheduled_tokens
-            scheduled_running.append(seq)
         else:
             if self.running:           # the budget ran out before every running sequence had its tokens
                 stop_reason = "budget_exhausted"
+        scheduled_running = scheduled_seqs[:]     # so far, only running sequences are scheduled
         self.running.extendleft(reversed(scheduled_running))
 
         if self.num_preemptions != num_preemptions:   # V1 admits nothing in a step that preempted
@@ -140,7 +146,7 @@ class MixedScheduler(Scheduler):
                     # head-of-line block: shorter requests behind it wait too
                     stop_reason, blocked_seq_id, num_blocks_needed = "no_free_blocks", seq.seq_id, num_new_blocks
                     break
-                if self.allocate_per_chunk:   # the hits and the first chunk's slots
+                if per_chunk:   # the hits and the first chunk's slots
                     num_computed = self.block_manager.num_computed_tokens(seq, len(hits))
                     num_new_tokens = seq.num_tokens - num_computed
                     if num_new_tokens == 1 and self.num_speculative_tokens and not prefill_scheduled and (

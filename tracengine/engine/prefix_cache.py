@@ -17,34 +17,69 @@ from itertools import chain, repeat
 from typing import Final, cast
 
 NO_HASH: Final = -1
+LOOKUP_RUN: Final = 64      # blocks looked up at once
 Tokens = Callable[[int, int], list[int]]     # a sequence's token ids in [start, end) (Sequence.tokens)
 
 
 class PrefixCache:
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.num_blocks = num_blocks
         self.block_size = block_size
         self.hash_to_block_id: dict[int, int] = {}
         # per block id, up to the highest one given so far (a block past it holds nothing: the
-        # pool has not handed it out, block_pool.py): the hash of the full block it holds, and
-        # those tokens, if known
+        # pool has not handed it out, block_pool.py): the hash of the full block it holds
         self.hashes: list[int] = []
-        self.token_ids: list[list[int] | None] = []
+        # the tokens of each block registered with them, by block id: a hash-id prompt's blocks
+        # have none, and cost nothing here
+        self.token_ids: dict[int, list[int]] = {}
+
+    def copy(self) -> "PrefixCache":
+        """An independent copy (a fold's keyframe)."""
+        return self._copy_into(PrefixCache(self.num_blocks, self.block_size))
+
+    def _copy_into(self, other: "PrefixCache") -> "PrefixCache":
+        other.hash_to_block_id, other.hashes = dict(self.hash_to_block_id), list(self.hashes)
+        other.token_ids = dict(self.token_ids)     # each block's tokens: replaced, never changed in place
+        return other
+
+    def hold_every_block(self) -> None:
+        """A hash slot for every block now (a fold shows every block)."""
+        self._cover([self.num_blocks - 1])
 
     def _cover(self, block_ids: list[int]) -> None:
-        """Slots for `block_ids` in the per-block lists (extended in place: the pool shares `hashes`)."""
+        """Slots for `block_ids` in `hashes` (extended in place: the pool shares it); none to
+        look for once every block has one."""
+        if len(self.hashes) == self.num_blocks:
+            return
         end = max(block_ids, default=-1) + 1
         if end > len(self.hashes):
             self.hashes += repeat(NO_HASH, end - len(self.hashes))
-            self.token_ids += repeat(None, end - len(self.token_ids))
+
+    def _hold_tokens(self, block_ids: list[int], token_ids: list[int] | None) -> None:
+        """Keep the tokens of `block_ids` (theirs end to end in `token_ids`), or forget any they
+        held (`token_ids` None)."""
+        held, size = self.token_ids, self.block_size
+        if token_ids is not None:
+            for i, block_id in enumerate(block_ids):
+                held[block_id] = token_ids[i * size:(i + 1) * size]
+        elif held:
+            for block_id in block_ids:
+                held.pop(block_id, None)
 
     def lookup(self, block_hashes: list[int], tokens: Tokens | None = None) -> list[int]:
         """The blocks holding the leading blocks of `block_hashes`, up to the first miss.
         `tokens(start, end)`: the sequence's token ids in [start, end), where it has them."""
-        found: list[int | None] = list(map(self.hash_to_block_id.get, block_hashes))
-        if None in found:
-            del found[found.index(None):]      # the first miss ends the hits
-        block_ids = cast(list[int], found)
+        # LOOKUP_RUN blocks at a time, up to the run with the first miss, which ends the hits: a
+        # long prompt's blocks past it are not looked up
+        get = self.hash_to_block_id.get
+        block_ids: list[int] = []
+        for start in range(0, len(block_hashes), LOOKUP_RUN):
+            run: list[int | None] = list(map(get, block_hashes[start:start + LOOKUP_RUN]))
+            if None in run:
+                block_ids += cast(list[int], run[:run.index(None)])
+                break
+            block_ids += cast(list[int], run)
         if tokens is not None and block_ids:
             del block_ids[self._num_same_tokens(block_ids, tokens(0, len(block_ids) * self.block_size)):]
         return block_ids
@@ -54,7 +89,7 @@ class PrefixCache:
         tokens recorded counts as the same): all of them compared at once, then one by one
         where they differ."""
         size, held = self.block_size, self.token_ids
-        cached = [held[block_id] for block_id in block_ids]
+        cached: list[list[int] | None] = [held.get(block_id) for block_id in block_ids]
         if None not in cached and list(chain.from_iterable(cast(list[list[int]], cached))) == token_ids:
             return len(block_ids)
         for i, tokens in enumerate(cached):
@@ -66,25 +101,20 @@ class PrefixCache:
         """Register each of `block_ids` (just filled) under its hash in `block_hashes`, with its
         tokens when `token_ids` gives them (the blocks' tokens, end to end)."""
         self._cover(block_ids)
-        size, hashes, held = self.block_size, self.hashes, self.token_ids
-        blocks_tokens: list[list[int] | None]
-        if token_ids is None:
-            blocks_tokens = [None] * len(block_ids)
-        else:
-            blocks_tokens = [token_ids[start:start + size] for start in range(0, len(block_ids) * size, size)]
-        for block_id, h, tokens in zip(block_ids, block_hashes, blocks_tokens):
+        hashes = self.hashes
+        for block_id, h in zip(block_ids, block_hashes):
             hashes[block_id] = h
-            held[block_id] = tokens
+        self._hold_tokens(block_ids, token_ids)
         self.hash_to_block_id.update(zip(block_hashes, block_ids))    # a hash given twice: the later block
 
     def evict(self, block_ids: list[int]) -> None:
         """Forget what `block_ids` held: they are handed out to be overwritten."""
         self._cover(block_ids)
-        hashes, held, index = self.hashes, self.token_ids, self.hash_to_block_id
+        hashes, index = self.hashes, self.hash_to_block_id
         for block_id in block_ids:
             h = hashes[block_id]
             if h != NO_HASH:
                 if index.get(h) == block_id:
                     del index[h]
                 hashes[block_id] = NO_HASH
-                held[block_id] = None
+        self._hold_tokens(block_ids, None)

@@ -23,6 +23,9 @@ class ReferenceBlock:
 
 
 class ReferenceBlockManager:
+    allocates_per_chunk = False      # nano-vllm's block rules (BlockManager's)
+    cpu_tier = None                  # no CPU tier, no KV connector: BlockManager's without them
+    kv_connector = None
 
     def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK, enable_caching: bool = True):
         self.block_size = block_size

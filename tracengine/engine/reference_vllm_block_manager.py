@@ -10,6 +10,7 @@ from tracengine.trace.sinks import NULL_SINK
 
 
 class ReferenceVllmBlockManager(ReferenceBlockManager):
+    allocates_per_chunk = True
 
     def __init__(self, num_blocks: int, block_size: int, sink=NULL_SINK, enable_caching: bool = True):
         super().__init__(num_blocks, block_size, sink, enable_caching)

@@ -22,7 +22,9 @@ from tracengine.engine.native import mypyc_attr
 @mypyc_attr(allow_interpreted_subclasses=True)     # a policy of one's own subclasses it
 class Scheduler:
 
-    def __init__(self, config: Config, sink: EventSink = NULL_SINK) -> None:
+    def __init__(self, config: Config, sink: EventSink = NULL_SINK, block_manager: BlockManager | None = None) -> None:
+        """`block_manager`: the KV blocks it schedules, under their block rules; None: the ones
+        `make_block_manager` makes for the config."""
         if config.num_kvcache_blocks <= 0:
             raise ConfigError(f"num_kvcache_blocks must be resolved to a positive count, got {config.num_kvcache_blocks}")
         self.max_num_seqs = config.max_num_seqs
@@ -30,12 +32,11 @@ class Scheduler:
         self.max_model_len = config.max_model_len
         self.eos = config.eos
         self.block_size = config.kvcache_block_size
-        self.block_manager = BlockManager(config.num_kvcache_blocks, config.kvcache_block_size, sink,
-                                          config.enable_prefix_caching)
+        self.block_manager = block_manager if block_manager is not None else self.make_block_manager(config, sink)
         self.waiting: deque[Sequence] = deque()   # not fully prefilled: new, mid-chunk, preempted
         self.running: deque[Sequence] = deque()   # prefilled, decoding
         self.loading: deque[Sequence] = deque()   # set aside while the CPU tier loads their blocks (policies.py)
-        self.cpu_tier: Any = None       # the CPU tier of KV offloading (engine/cpu_tier.py), where the policy has one
+        self.cpu_tier: Any = self.block_manager.cpu_tier   # KV offloading's CPU tier (engine/cpu_tier.py), or None
         self.sink = sink
         self.step = 0   # the engine's step, stamped on events: set by `begin_step`
         self.num_preemptions = 0   # over the scheduler's life (a server's metrics read it)
@@ -43,6 +44,11 @@ class Scheduler:
         # KV slots past them for a drafter that writes ahead: none for ngram (vLLM's num_lookahead_tokens)
         self.num_speculative_tokens = config.num_speculative_tokens
         self.num_lookahead_tokens = 0
+
+    @classmethod
+    def make_block_manager(cls, config: Config, sink: EventSink = NULL_SINK) -> BlockManager:
+        """The block manager of a policy's own under `config`: the seeds' (nano-vllm's) block rules."""
+        return BlockManager(config.num_kvcache_blocks, config.kvcache_block_size, sink, config.enable_prefix_caching)
 
     def begin_step(self, step: int) -> None:
         self.step = self.block_manager.step = step

@@ -42,6 +42,18 @@ def conditional_rates(rates: list[float]) -> list[float]:
     return [p / q if q > 0.0 else 0.0 for p, q in zip(rates, [1.0, *rates[:-1]])]
 
 
+def synthetic_num_accepted(seed: int, seq_key: int, num_tokens: int, rates: list[float], num_drafts: int) -> int:
+    """vLLM's synthetic rejection rule, seeded: of `num_drafts` drafts of a sequence (`seq_key`) of
+    `num_tokens` tokens, the leading ones kept; draft i (at position num_tokens + i) is kept when a
+    uniform draw, a hash of (seed, seq_key, its position), is below its conditional rate rates[i].
+    The one definition: tracengine's engine and vLLM's scheduler in simulated time (vllm/synthetic.py)."""
+    prefix = b"%d:%d:" % (seed, seq_key)
+    for i in range(num_drafts):
+        if xxhash.xxh64_intdigest(prefix + b"%d" % (num_tokens + i)) / 2.0 ** 64 >= rates[i]:
+            return i
+    return num_drafts
+
+
 def max_num_drafts(seq: Sequence, k: int, max_model_len: int) -> int:
     """The drafts `seq` may be given after this step: k, or fewer near its max_tokens or max_model_len."""
     return max(0, min(k, seq.max_tokens - seq.num_completion_tokens - 1, max_model_len - seq.num_tokens - 1))
@@ -95,14 +107,9 @@ class SpecDecoding:
         """How many of seq's scheduled drafts (`seq.spec_token_ids`) the step keeps, given the
         model's token at each of its positions (`targets`, one more than the drafts)."""
         drafts = seq.spec_token_ids
-        if self.method == "synthetic":
-            prefix, rates = b"%d:%d:" % (self.seed, seq.seq_id), self.rates
-            for i in range(len(drafts)):
-                # draft i takes position num_tokens + i; the draw is uniform in [0, 1)
-                if drafts[i] == PADDING_DRAFT or \
-                        xxhash.xxh64_intdigest(prefix + b"%d" % (seq.num_tokens + i)) / 2.0 ** 64 >= rates[i]:
-                    return i
-            return len(drafts)
+        if self.method == "synthetic":      # placeholders (all of a padded step's) are never kept
+            num_drafts = 0 if drafts and drafts[0] == PADDING_DRAFT else len(drafts)
+            return synthetic_num_accepted(self.seed, seq.seq_id, seq.num_tokens, self.rates, num_drafts)
         for i, draft in enumerate(drafts):
             if draft != targets[i]:
                 return i

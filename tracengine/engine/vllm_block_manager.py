@@ -25,6 +25,8 @@ single_type_kv_cache_manager.py):
 Events: BlockAllocate at admission (the hits, then the first chunk's new
 blocks), BlockAppend for each block a later chunk or token is given, BlockHash
 for each block registered, in the step that allocates it."""
+from typing import Any
+
 from tracengine.engine.block_manager import BlockManager
 from tracengine.engine.block_pool import BlockPool, FreeKVCacheBlockQueue
 from tracengine.engine.hash_id_prompt import hashed_block_events
@@ -44,6 +46,11 @@ class VllmBlockPool(BlockPool):
     def free_blocks(self, block_ids: list[int]) -> None:
         release(self.ref_counts, self.hashes, self.free_block_queue, block_ids)
 
+    def copy(self, prefix_cache: Any = None) -> "VllmBlockPool":
+        other = VllmBlockPool(0, prefix_cache.hashes)
+        self._copy_into(other)
+        return other
+
 
 def release(ref_counts: list[int], hashes: list[int], free_block_queue: FreeKVCacheBlockQueue,
             block_ids: list[int]) -> None:
@@ -54,10 +61,10 @@ def release(ref_counts: list[int], hashes: list[int], free_block_queue: FreeKVCa
     evict_first: list[int] = []
     evict_last: list[int] = []
     for block_id in block_ids:
-        ref_counts[block_id] -= 1
-        if ref_counts[block_id] == 0:
+        ref_count = ref_counts[block_id] = ref_counts[block_id] - 1
+        if ref_count == 0:
             (evict_first if hashes[block_id] == NO_HASH else evict_last).append(block_id)
-        elif ref_counts[block_id] < 0:
+        elif ref_count < 0:
             raise ValueError(f"block {block_id} freed more often than it was taken")
     free_block_queue.prepend_n(evict_first)
     free_block_queue.append_n(evict_last)
@@ -73,23 +80,32 @@ class VllmPrefixCache(PrefixCache):
 
     def insert(self, block_ids: list[int], block_hashes: list[int], token_ids: list[int] | None = None) -> None:
         self._cover(block_ids)
-        size, hashes, held, index = self.block_size, self.hashes, self.token_ids, self.hash_to_block_id
-        for i, (block_id, h) in enumerate(zip(block_ids, block_hashes)):
+        hashes, index = self.hashes, self.hash_to_block_id
+        for block_id, h in zip(block_ids, block_hashes):
             hashes[block_id] = h
-            held[block_id] = None if token_ids is None else token_ids[i * size:(i + 1) * size]
             if index.setdefault(h, block_id) != block_id:
                 self.later_block_ids.setdefault(h, []).append(block_id)
+        self._hold_tokens(block_ids, token_ids)
+
+    def copy(self) -> "VllmPrefixCache":
+        other = VllmPrefixCache(self.num_blocks, self.block_size)
+        self._copy_into(other)
+        other.later_block_ids = {h: list(ids) for h, ids in self.later_block_ids.items()}
+        return other
 
     def evict(self, block_ids: list[int]) -> None:
         self._cover(block_ids)
-        hashes, held, index, later = self.hashes, self.token_ids, self.hash_to_block_id, self.later_block_ids
+        hashes, index, later = self.hashes, self.hash_to_block_id, self.later_block_ids
         for block_id in block_ids:
             h = hashes[block_id]
             if h == NO_HASH:
                 continue
-            unregister(index, later, h, block_id)
+            if h in later:      # another block holds it too
+                unregister(index, later, h, block_id)
+            else:               # the one block registered under it: the one found
+                del index[h]
             hashes[block_id] = NO_HASH
-            held[block_id] = None
+        self._hold_tokens(block_ids, None)
 
 
 def unregister(hash_to_block_id: dict[int, int], later_block_ids: dict[int, list[int]], h: int,
@@ -110,6 +126,7 @@ def unregister(hash_to_block_id: dict[int, int], later_block_ids: dict[int, list
 
 
 class VllmBlockManager(BlockManager):
+    allocates_per_chunk = True     # vLLM's allocate_slots: a running sequence's chunk needs slots as a decode does
 
     def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK,
                  enable_caching: bool = True) -> None:
@@ -128,7 +145,8 @@ class VllmBlockManager(BlockManager):
         num_cached_blocks = len(hits)
         self.pool.touch(hits)
         seq.num_cached_tokens = self.num_computed_tokens(seq, num_cached_blocks)
-        self.external_tokens.pop(seq.seq_id, None)
+        if self.kv_connector is not None:
+            self.kv_connector.allocated(seq.seq_id)
         num_slots = seq.num_tokens if num_new_tokens is None else seq.num_cached_tokens + num_new_tokens
         new_block_ids = self.pool.get_new_blocks(-(-num_slots // self.block_size) - num_cached_blocks)
         self.prefix_cache.evict(new_block_ids)     # their cached content is overwritten
@@ -147,11 +165,11 @@ class VllmBlockManager(BlockManager):
         nothing allocated, when the free blocks do not cover them. Blocks of draft tokens (slots
         past the sequence's tokens) are registered once the drafts are kept (`hash_verified_blocks`):
         only the sequence's tokens are registered here, as vLLM caps what it caches at `request.num_tokens`."""
-        num_slots = min(seq.num_cached_tokens + num_new_tokens, seq.num_tokens)
-        num_new_blocks = -(-(seq.num_cached_tokens + num_new_tokens) // self.block_size) - len(seq.block_table)
-        if num_new_blocks > self.pool.num_free_blocks:
-            return False
-        if num_new_blocks > 0:
+        size, num_cached_tokens = self.block_size, seq.num_cached_tokens
+        num_new_blocks = -(-(num_cached_tokens + num_new_tokens) // size) - len(seq.block_table)
+        if num_new_blocks > 0:      # (a decode: 1 in block_size)
+            if num_new_blocks > self.pool.num_free_blocks:
+                return False
             new_block_ids = self.pool.get_new_blocks(num_new_blocks)
             self.prefix_cache.evict(new_block_ids)
             if self.cpu_tier is not None:
@@ -160,9 +178,9 @@ class VllmBlockManager(BlockManager):
             if self.sink.enabled:
                 for block_id in new_block_ids:
                     self.sink.emit(BlockAppend(self.step, seq.seq_id, block_id))
-        num_cached_blocks = seq.num_cached_tokens // self.block_size
-        if num_slots // self.block_size > num_cached_blocks:      # these slots fill blocks (a decode: 1 in block_size)
-            self.cache_blocks(seq, num_cached_blocks, num_slots // self.block_size)
+        num_filled = min(num_cached_tokens + num_new_tokens, seq.num_tokens) // size
+        if num_filled > num_cached_tokens // size:      # these slots fill blocks (a decode: 1 in block_size)
+            self.cache_blocks(seq, num_cached_tokens // size, num_filled)
         return True
 
     def cache_blocks(self, seq: Sequence, num_cached_blocks: int, end: int) -> None:

@@ -13,14 +13,15 @@ decode pool's router when that step ends, and its prompt's KV lands on the chose
 replica `latency + bytes / bandwidth` later: the prompt's full blocks enter that replica's
 prefix cache, and the request (prompt and first token, max_tokens - 1) enters there as an
 arrival. Admitted, it finds the full blocks cached and its last, partial block's tokens
-computed (BlockManager.external_tokens, as vLLM's KV connectors report external computed
-tokens), so its first step computes one token: the first token, whose KV the prefill
+computed (the replica's KV connector, fleet/kv_transfer.LandedPrompts, as vLLM's KV connectors
+report external computed tokens), so its first step computes one token: the first token, whose KV the prefill
 replica did not compute.
 
 Events: one trace. A fleet of one replica writes exactly what one simulated engine writes;
 otherwise each replica step (and the requests it adds) follows a ReplicaScope, and the
 routers' choices and the transfers are RouteDecision and KVTransfer events."""
 import dataclasses
+import functools
 import heapq
 
 from tracengine.engine.config import Config
@@ -29,31 +30,35 @@ from tracengine.errors import TracengineError
 from tracengine.engine.request import Request
 from tracengine.fleet.departures import FleetDepartures
 from tracengine.fleet.overrides import replica_configs
-from tracengine.fleet.kv_transfer import install_prompt_kv
-from tracengine.sim.runners import sampling_params_of
+from tracengine.fleet.kv_transfer import LandedPrompts, install_prompt_kv
+from tracengine.sim.clock import ClockedEngine, NoTime, Stepped, in_arrival_order, run_in_time
 from tracengine.fleet.routers import RoutedRequest, Router, router_classes
 from tracengine.fleet.spec import FleetSpec, header_fields
 from tracengine.trace.events import KVTransfer, ReplicaScope, RouteDecision
 from tracengine.trace.sinks import NULL_SINK
-from tracengine.workload.sessions import SessionRelease, has_sessions, session_fields, session_turn
+from tracengine.workload.sessions import SessionRelease, has_sessions, session_fields
 
-ARRIVAL, HANDOFF, LANDING = 0, 1, 2     # what the fleet's clock holds besides replica steps
+HANDOFF, LANDING = 1, 2     # what the fleet's own clock holds besides its replicas' steps
 
 
-class Replica:
-    """One replica: its engine, the requests routed to it that enter before its next step, and
-    the figures a router reads."""
+class Replica(ClockedEngine):
+    """One replica: its engine on the clock (sim/clock.py: the requests routed to it, which
+    enter before its next step, and when that step starts), and the figures a router reads."""
 
-    def __init__(self, index: int, role: str, engine):
+    def __init__(self, index: int, role: str, engine, step_time, first_step_ns: int = 0, leaving=None,
+                 scoped: bool = True):
+        super().__init__(engine, step_time, first_step_ns, leaving, records_sessions=role != "decode")
         self.index = index
         self.role = role                   # "all", "prefill" or "decode"
-        self.engine = engine
-        self.queued: list[Request] = []
-        self.start_ns: int | None = None   # its next step's start; None: idle
+        self.scoped = scoped               # a fleet of several: its steps' events follow a ReplicaScope
 
-    @property
-    def scheduler(self):
-        return self.engine.scheduler
+    def run_step(self, aborts=None) -> Stepped:
+        """ClockedEngine's, its events (the requests entering first) after a ReplicaScope, so the
+        step's frame says whose it is."""
+        sink = self.engine.sink
+        if self.scoped and sink.enabled:
+            sink.emit(ReplicaScope(self.engine.num_steps, self.index))
+        return super().run_step(aborts)
 
     @property
     def num_requests(self) -> int:
@@ -65,7 +70,7 @@ class Replica:
     def num_prefill_tokens(self) -> int:
         """Prompt tokens still to compute here: waiting sequences', and queued requests' (a decode
         replica's come with their prompt's KV)."""
-        queued = 0 if self.role == "decode" else sum(len(r.prompt) for r in self.queued)
+        queued = 0 if self.role == "decode" else sum(len(r.prompt) for _, r in self.queued)
         return sum(seq.num_tokens - seq.num_cached_tokens for seq in self.engine.scheduler.waiting) + queued
 
     @property
@@ -85,29 +90,100 @@ class Replica:
 
 
 class Fleet:
-    """The replicas and their routers; `run_fleet` drives them in simulated time, and
-    re-execution (fleet/replay.py) drives the same methods in a trace's order."""
+    """The replicas and their routers, an engine made of engines (the engine interface,
+    engine/interface.py): `run_in_time` drives it in simulated time, and re-execution
+    (fleet/replay.py) drives its routing, steps and transfers in a trace's order."""
 
-    def __init__(self, config: Config, spec: FleetSpec, make_engine, sink=NULL_SINK, routers=None):
+    def __init__(self, config: Config, spec: FleetSpec, make_engine, sink=NULL_SINK, routers=None,
+                 step_time=None, first_step_ns: int = 0):
         """`make_engine(index, config)`: a replica's engine under its config (FleetSpec.replica_config's
         over `config`), sending its events to `sink`. `routers`: {pool: Router class} instead of the
-        spec's names (a user's classes, loaded once)."""
+        spec's names (a user's classes, loaded once). `step_time`: the model its replicas' loop gaps
+        and wake-ups come from; `first_step_ns`: as ClockedEngine's."""
         self.config = config
         self.spec = spec
         self.sink = sink
         roles = spec.roles
         self.configs = replica_configs(config, spec)
-        self.replicas = [Replica(i, role, make_engine(i, self.configs[i])) for i, role in enumerate(roles)]
+        self.departures = FleetDepartures([])    # the clients that leave (set_departures)
+        step_time = step_time if step_time is not None else NoTime
+        self.replicas = [Replica(i, role, make_engine(i, self.configs[i]), step_time, first_step_ns,
+                                 functools.partial(self._leaving, i), not spec.is_single)
+                         for i, role in enumerate(roles)]
         self.pools = {pool: [r for r in self.replicas if r.role == pool] for pool in dict.fromkeys(roles)}
         options = {"seed": spec.router_seed, "prefix_weight": spec.prefix_weight, "load_weight": spec.load_weight}
         self.routers: dict[str, Router] = {pool: cls(**options) for pool, cls in router_classes(spec, routers).items()}
         self.prefilled: dict[int, tuple[Sequence, Request]] = {}   # handed off, KV not landed yet
         self.max_tokens: dict[int, int] = {}     # a disaggregated request's own max_tokens
         self.session_ids: dict[int, str] = {}    # a disaggregated request's session, for the decode pool's router
-        self.sessions: SessionRelease | None = None   # a sessions workload's (run_fleet's): aborts end sessions
-        self.departures = FleetDepartures([])    # the clients that leave (run_fleet's requests')
+        self.clock: list[tuple[int, int, int, object]] = []     # heap of (time, order, kind, what): handoffs, landings
+        self.num_clock_entries = 0
 
-    # -- what the clock drives: routing, entering, steps, transfers -----------------------
+    def set_departures(self, requests: list[Request]) -> None:
+        """The clients of `requests` that leave (each with its abort_ns), as they left the recording."""
+        self.departures = FleetDepartures(requests)
+
+    def _leaving(self, index: int, now_ns: int) -> list[tuple[int, str]]:
+        return self.departures.leaving(index, now_ns)
+
+    # -- the engine interface --------------------------------------------------------------
+
+    def add(self, index: int, request: Request) -> None:
+        """A request from the workload arrives (a request without a seq_id: its index)."""
+        if request.seq_id is None:
+            request = dataclasses.replace(request, seq_id=index)
+        self.arrive(request, request.arrival_ns)
+
+    def abort(self, seq_id: int, reason: str) -> bool:
+        """Its client leaves, from the replica that holds it (a request whose KV is in flight
+        leaves its decode replica when it lands, as FleetDepartures has it)."""
+        return any(replica.abort(seq_id, reason) for replica in self.replicas)
+
+    def next_step_ns(self) -> int | None:
+        """The start of its replicas' next step, or the time of its next handoff or landing."""
+        starts = [r.start_ns for r in self.replicas if r.start_ns is not None]
+        if self.clock:
+            starts.append(self.clock[0][0])
+        return min(starts) if starts else None
+
+    def is_finished(self) -> bool:
+        return not self.clock and all(r.is_finished() for r in self.replicas)
+
+    def step(self) -> Stepped:
+        """The fleet's next event: a handoff or a landing due no later than any replica's next
+        step, else the step of the replica that starts first."""
+        busy = [r for r in self.replicas if r.start_ns is not None]
+        replica = min(busy, key=lambda r: r.start_ns) if busy else None
+        if self.clock and (replica is None or self.clock[0][0] <= replica.start_ns):
+            now_ns, _, kind, what = heapq.heappop(self.clock)
+            if kind == HANDOFF:
+                src, seq = what
+                dst, duration_ns = self.handoff(seq, now_ns)
+                self._at(now_ns + duration_ns, LANDING, (seq.seq_id, src, dst))
+            else:
+                self.land(*what, now_ns)
+            return Stepped([], [], False, now_ns)
+        stepped = replica.step()
+        if not stepped.ran:
+            return stepped
+        handed = self.prefilled_seqs(replica, stepped.finished)
+        for seq in handed:
+            self._at(stepped.end_ns, HANDOFF, (replica, seq))
+        handed_ids = {seq.seq_id for seq in handed}
+        finished = [seq for seq in stepped.finished if seq.seq_id not in handed_ids]
+        for seq in finished:
+            self.departures.finished(seq.seq_id)
+        return stepped._replace(finished=finished)
+
+    def stuck_reason(self) -> str:
+        stuck = next(r for r in self.replicas if not r.is_finished())
+        return f"replica {stuck.index}: {stuck.stuck_reason()}"
+
+    def _at(self, when: int, kind: int, what) -> None:
+        heapq.heappush(self.clock, (when, self.num_clock_entries, kind, what))
+        self.num_clock_entries += 1
+
+    # -- routing and transfers -------------------------------------------------------------
 
     def route(self, request: Request, pool: str, now_ns: int) -> Replica:
         """The router of `pool` chooses a replica for `request`, arriving there at `now_ns`."""
@@ -132,28 +208,9 @@ class Fleet:
             request = Request(request.prompt, 1, request.arrival_ns, request.temperature, request.ignore_eos,
                               seq_id=request.seq_id, **session_fields(request))
         replica = self.route(request, "prefill" if self.spec.disaggregated else "all", now_ns)
-        replica.queued.append(request)
+        replica.add(request.seq_id, request)
         self.departures.moved(request.seq_id, replica.index)
         return replica
-
-    def step(self, replica: Replica, aborts: list[tuple[int, str]] | None = None) -> list[Sequence] | None:
-        """The requests routed to `replica` enter, those whose clients left by now leave
-        (`aborts`: (seq_id, reason) of each; default: the departures due, fleet_departures.py),
-        then it steps; returns the sequences that finished, or None when no step was left to
-        take. A fleet writes a ReplicaScope first, so the step's frame says whose it is."""
-        engine = replica.engine
-        if self.sink.enabled and not self.spec.is_single:
-            self.sink.emit(ReplicaScope(engine.num_steps, replica.index))
-        for r in replica.queued:     # a session's turn is recorded where it first enters (not a decode replica)
-            engine.add_request(r.prompt, sampling_params_of(r), seq_id=r.seq_id, arrival_ns=r.arrival_ns,
-                               session=session_turn(r) if replica.role != "decode" else None)
-        replica.queued.clear()
-        for seq_id, reason in self.departures.leaving(replica.index, engine.now_ns) if aborts is None else aborts:
-            if engine.abort_request(seq_id, reason) is not None and self.sessions is not None:
-                self.sessions.ended(seq_id)      # an aborted turn ends its session
-        if engine.is_finished():     # every request it held left: no step (run_timed's rule)
-            return None
-        return engine.step()[1]
 
     def prefilled_seqs(self, replica: Replica, finished: list[Sequence]) -> list[Sequence]:
         """The sequences of a prefill replica's step that go on to decode (those with tokens left)."""
@@ -179,92 +236,27 @@ class Fleet:
         seq, request = self.prefilled.pop(seq_id)
         block_manager = dst.scheduler.block_manager
         num_blocks = install_prompt_kv(block_manager, seq_id, seq.prompt_token_ids)
-        # the prompt's last, partial block came too: computed once its full blocks are hits
-        block_manager.external_tokens[seq_id] = seq.num_prompt_tokens
+        if block_manager.kv_connector is None:
+            block_manager.kv_connector = LandedPrompts(block_manager.block_size)
+        block_manager.kv_connector.landed(seq_id, seq.num_prompt_tokens)
         num_bytes, duration_ns = self.spec.transfer_ns(seq.num_prompt_tokens)
         if self.sink.enabled:
             self.sink.emit(KVTransfer(dst.engine.num_steps, seq_id, src.index, dst.index, seq.num_prompt_tokens,
                                       num_bytes, duration_ns, num_blocks))
         request.arrival_ns = now_ns
-        dst.queued.append(request)
+        dst.add(seq_id, request)
         self.departures.moved(seq_id, dst.index)
 
 
-def run_fleet(fleet: Fleet, requests: list[Request], step_time, max_steps: int = 10_000_000,
-              on_progress=None, first_step_ns: int = 0) -> None:
+def run_fleet(fleet: Fleet, requests: list[Request], max_steps: int = 10_000_000, on_progress=None) -> None:
     """The fleet serves `requests` (each with arrival_ns) in simulated time; its events go to the
-    fleet's sink. `on_progress(num_done, now_ns)`: as run_timed's, per replica step."""
-    gap_ns, wake_ns = step_time.gap_ns, step_time.wake_ns
-    fleet.departures = FleetDepartures(requests)
-    clock: list[tuple[int, int, int, object]] = []     # (time, order, kind, what): arrivals, handoffs, landings
+    fleet's sink. `on_progress(num_done, now_ns)`: as run_in_time's, per replica step."""
     # a request without an id has its index in the workload, as run_timed's
     numbered = [r if r.seq_id is not None else dataclasses.replace(r, seq_id=i) for i, r in enumerate(requests)]
-    sessions = fleet.sessions = SessionRelease(numbered) if has_sessions(numbered) else None
-    # in arrival order; a sessions workload's turns ready now, each later one when its session releases it
-    ready = sorted(numbered, key=lambda r: r.arrival_ns) if sessions is None else iter(lambda: sessions.pop()[1], None)
-    clock += [(r.arrival_ns, n, ARRIVAL, r) for n, r in enumerate(ready)]
-    counter = len(clock)
-    num_done, num_steps = 0, 0
-
-    def wake(replica: Replica, now_ns: int):
-        engine = replica.engine
-        if replica.start_ns is None:     # idle: it sleeps until this arrival, and wakes late
-            base = engine.now_ns + gap_ns if engine.num_steps else max(gap_ns, first_step_ns)
-            replica.start_ns = max(base, now_ns + wake_ns)
-        elif engine.waits:               # waiting for a CPU tier's transfer: an arrival wakes it sooner
-            replica.start_ns = min(replica.start_ns, max(engine.now_ns + gap_ns, now_ns + wake_ns))
-
-    replicas = fleet.replicas
-    while True:
-        busy = [r for r in replicas if r.start_ns is not None]
-        next_step = min(busy, key=lambda r: r.start_ns) if busy else None
-        if clock and (next_step is None or clock[0][0] <= next_step.start_ns):
-            now_ns, _, kind, what = heapq.heappop(clock)
-            if kind == ARRIVAL:
-                if sessions is not None and sessions.is_dropped(what):     # its session ended first
-                    continue
-                wake(fleet.arrive(what, now_ns), now_ns)
-            elif kind == HANDOFF:
-                src, seq = what
-                dst, duration_ns = fleet.handoff(seq, now_ns)
-                heapq.heappush(clock, (now_ns + duration_ns, counter, LANDING, (seq.seq_id, src, dst)))
-                counter += 1
-            else:
-                seq_id, src, dst = what
-                fleet.land(seq_id, src, dst, now_ns)
-                wake(dst, now_ns)
-            continue
-        if next_step is None:
-            break
-        replica, engine = next_step, next_step.engine
-        engine.now_ns = replica.start_ns
-        finished = fleet.step(replica)
-        if finished is None:     # its clients left: it sleeps until the next request routed to it
-            replica.start_ns = None
-            continue
-        num_steps += 1
-        handed = fleet.prefilled_seqs(replica, finished)
-        for seq in handed:
-            heapq.heappush(clock, (engine.now_ns, counter, HANDOFF, (replica, seq)))
-            counter += 1
-        handed_ids = {seq.seq_id for seq in handed}
-        for seq in finished:
-            if seq.seq_id not in handed_ids:
-                fleet.departures.finished(seq.seq_id)
-                if sessions is not None:     # the turns it releases arrive after their think time
-                    for _, turn in sessions.finished(seq, engine.now_ns):
-                        heapq.heappush(clock, (turn.arrival_ns, counter, ARRIVAL, turn))
-                        counter += 1
-        num_done += len(finished) - len(handed)
-        replica.start_ns = engine.now_ns + gap_ns if (replica.queued or not engine.is_finished()) else None
-        if engine.waits and replica.start_ns is not None:    # it ran nothing: it waits for a transfer
-            replica.start_ns = max(replica.start_ns, engine.scheduler.cpu_tier.next_done_ns() or 0)
-        if engine.num_steps >= max_steps:
-            raise TracengineError(f"replica {replica.index} did not finish in {max_steps} steps")
-        if on_progress is not None and not num_steps % 512:
-            on_progress(num_done, engine.now_ns)
-    if on_progress is not None:
-        on_progress(num_done, max((r.engine.now_ns for r in replicas), default=0))
+    fleet.set_departures(numbered)
+    sessions = SessionRelease(numbered) if has_sessions(numbered) else None
+    take = sessions.pop if sessions is not None else in_arrival_order(numbered)
+    run_in_time(fleet, take, sessions, max_steps, on_progress)
 
 
 def simulate_fleet(config: Config, requests: list[Request], step_time, spec: FleetSpec, sink=None, header=None,
@@ -288,8 +280,8 @@ def simulate_fleet(config: Config, requests: list[Request], step_time, spec: Fle
                                policy=replica_config.scheduling_policy)
 
     check_fleet_requests(config, spec, requests)
-    fleet = Fleet(config, spec, make_engine, events_sink, routers)
-    run_fleet(fleet, requests, step_time, on_progress=on_progress, first_step_ns=first_step_ns)
+    fleet = Fleet(config, spec, make_engine, events_sink, routers, step_time, first_step_ns)
+    run_fleet(fleet, requests, on_progress=on_progress)
     head = header if header is not None else fleet_header(config, step_time, spec, routers)
     return [head] if sink is not None else [head, *events_sink.events]
 

@@ -31,3 +31,27 @@ def install_prompt_kv(block_manager, seq_id: int, token_ids) -> int:
         return num_blocks
     finally:
         block_manager.sink = sink
+
+
+class LandedPrompts:
+    """The KV connector of a disaggregated fleet's decode replica (BlockManager.kv_connector):
+    the prompts whose KV a transfer put in place, by seq_id. A landed prompt's full blocks are
+    in the prefix cache (install_prompt_kv); its last, partial block came too, so once its full
+    blocks are the hits (none was evicted first) its tokens are computed, but the last, which is
+    always computed anew. Forgotten once the sequence is admitted."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.num_tokens: dict[int, int] = {}
+
+    def landed(self, seq_id: int, num_tokens: int) -> None:
+        self.num_tokens[seq_id] = num_tokens
+
+    def num_computed_tokens(self, seq: Sequence, num_cached_blocks: int, num_computed: int) -> int:
+        num_landed = self.num_tokens.get(seq.seq_id, 0)
+        if num_landed and num_cached_blocks == num_landed // self.block_size:
+            return max(num_computed, min(num_landed, seq.num_tokens - 1))
+        return num_computed
+
+    def allocated(self, seq_id: int) -> None:
+        self.num_tokens.pop(seq_id, None)

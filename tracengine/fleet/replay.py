@@ -9,57 +9,23 @@ prefilled request on the decode replica the replay routed it to. No step-time mo
 needed: the clock decided the order, and the order is in the trace. A routing change shows
 at the request it concerns (the RouteDecision differs); a scheduling change at the replica
 and step where it first acts."""
-import time
-from dataclasses import dataclass
-
 import msgspec
 
 from tracengine.engine.config import Config
 from tracengine.engine.hash_id_prompt import request_prompt
 from tracengine.engine.request import Request
 from tracengine.errors import ConfigError
-from tracengine.replay.reexec import ComparingSink, RecordedRunner, _Diverged
+from tracengine.replay.reexec import RecordedRunner
+from tracengine.replay.reexecution import ADD, OWN, STEP, ComparingSink, Diverged, ReplayResult, replay
+from tracengine.sim.clock import NoTime
 from tracengine.sim.engine import SimulatedEngine
 from tracengine.fleet.engine import Fleet
 from tracengine.fleet.spec import FleetSpec
 from tracengine.fleet.routers import BUILTIN_ROUTERS
-from tracengine.trace.events import (BlockFree, Event, KVTransfer, ReplicaScope, RequestAdded, RouteDecision,
+from tracengine.trace.events import (BlockFree, KVTransfer, ReplicaScope, RequestAdded, RouteDecision,
                                      SeqAbort, StepEnd, TokenSample)
 from tracengine.trace.tracelog import split_header
 from tracengine.workload.sessions import session_fields
-
-
-class _NoTime:
-    """Steps of no duration: a re-execution follows the recorded order and compares no time."""
-    kind = "replay"
-    gap_ns = wake_ns = 0
-
-    @staticmethod
-    def predict(is_prefill, *shape, mixed=False):
-        return 0, 0, 0
-
-
-@dataclass
-class FleetDivergence:
-    index: int                 # of the event in the trace, the header being 0
-    replica: int | None        # the replica whose event it is (None: a router's or a transfer's)
-    step: int | None
-    seq_id: int | None         # the request of a routing or transfer divergence
-    expected: Event | None
-    actual: Event | None
-    reason: str
-
-
-@dataclass
-class FleetReplayResult:
-    num_events: int            # events that matched
-    num_steps: int             # replica steps reproduced
-    seconds: float
-    divergence: FleetDivergence | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.divergence is None
 
 
 def fleet_routers(header, routers: dict | None) -> dict:
@@ -79,82 +45,120 @@ def fleet_routers(header, routers: dict | None) -> dict:
     return routers
 
 
-def reexecute_fleet(events, policy=None, routers: dict | None = None) -> FleetReplayResult:
+def reexecute_fleet(events, policy=None, routers: dict | None = None) -> ReplayResult:
     """Re-execute a fleet trace's events (TraceHeader first). `policy`: as reexecute's; `routers`:
-    {pool: Router class} to replay with instead of the recorded ones ("all", "prefill", "decode")."""
+    {pool: Router class} to replay with instead of the recorded ones ("all", "prefill", "decode").
+    A divergence's index is the event's in the trace, the header being 0."""
     header, it = split_header(events)
-    recorded = [header, *it]
-    config = Config.from_dict(header.config)
-    spec = FleetSpec.from_dict(header.fleet)
-    sink = ComparingSink()
-    sink.expected, sink.index = recorded, 1
-    runners: dict[int, RecordedRunner] = {}
+    return replay(ReplayingFleet(header, [header, *it], policy, routers))
 
-    def make_engine(index: int, replica_config: Config):
-        runners[index] = RecordedRunner()
-        return SimulatedEngine(replica_config, runners[index], _NoTime, sink, policy=policy)
 
-    fleet = Fleet(config, spec, make_engine, sink, fleet_routers(header, routers))
-    requests = _recorded_requests(recorded, spec.disaggregated)
-    prefilled, transfers = {}, {}     # seq_id -> (seq, its prefill replica); seq_id -> (src, dst)
-    replica, num_steps, start = None, 0, time.perf_counter()
-    ends: dict[int, int] = {}       # replica -> the recorded end of its last step
-    while sink.index < len(recorded):
-        i = sink.index
-        e = recorded[i]
-        t = type(e)
-        try:
-            if t is RouteDecision and e.pool == "decode":
-                if e.seq_id not in prefilled:
-                    raise _Diverged(e, None, f"the replay has not prefilled s{e.seq_id}")
-                seq, src = prefilled.pop(e.seq_id)
-                transfers[e.seq_id] = (src, fleet.handoff(seq, e.arrival_ns)[0])
-            elif t is RouteDecision:
-                if e.seq_id not in requests:
-                    raise _Diverged(e, None, f"the trace never adds s{e.seq_id}")
-                r = requests[e.seq_id]
-                fleet.arrive(Request(request_prompt(r), r.max_tokens, e.arrival_ns, r.temperature, r.ignore_eos,
-                                     seq_id=r.seq_id, **session_fields(r)), e.arrival_ns)
-            elif t is KVTransfer:
-                if e.seq_id not in transfers:
-                    raise _Diverged(e, None, f"the replay has routed no transfer of s{e.seq_id}")
-                src, dst = transfers.pop(e.seq_id)
-                fleet.land(e.seq_id, src, dst, 0)
+class ReplayingFleet:
+    """A fleet as a replaying engine (replay/reexecution.py): the trace's events in order, each
+    a call: a RouteDecision routes its request again (ADD; a decode pool's hands the prefilled
+    request over), a KVTransfer lands it, a ReplicaScope steps that replica (STEP), fed the
+    tokens its step sampled and the departures it began with. Each call must emit events."""
+    no_abort = ""     # a departure is taken by its replica's step (Replica.run_step)
+
+    def __init__(self, header, recorded: list, policy=None, routers: dict | None = None):
+        config = Config.from_dict(header.config)
+        spec = FleetSpec.from_dict(header.fleet)
+        self.recorded = recorded
+        self.sink = sink = ComparingSink(recorded, 1)
+        self.runners: dict[int, RecordedRunner] = {}
+
+        def make_engine(index: int, replica_config: Config):
+            self.runners[index] = RecordedRunner()
+            return SimulatedEngine(replica_config, self.runners[index], NoTime, sink, policy=policy)
+
+        self.fleet = Fleet(config, spec, make_engine, sink, fleet_routers(header, routers))
+        self.requests = _recorded_requests(recorded, spec.disaggregated)
+        self.prefilled, self.transfers = {}, {}     # seq_id -> (seq, its prefill replica); seq_id -> (src, dst)
+        self.replica = None
+        self.num_steps = 0
+        self.ends: dict[int, int] = {}       # replica -> the recorded end of its last step
+        self.at = 0                          # the index of the ReplicaScope of the step to run
+
+    def calls(self):
+        recorded, sink = self.recorded, self.sink
+        while sink.index < len(recorded):
+            i = sink.index
+            e = recorded[i]
+            t = type(e)
+            if t is RouteDecision and e.pool != "decode":
+                yield ADD, e
+            elif t is RouteDecision or t is KVTransfer:
+                yield OWN, e
             elif t is ReplicaScope:
-                if not 0 <= e.replica < len(fleet.replicas):
-                    raise _Diverged(e, None, f"the fleet has no replica {e.replica}")
-                replica = fleet.replicas[e.replica]
-                if not replica.queued and replica.engine.is_finished():
-                    raise _Diverged(e, None, f"the replay has nothing to schedule on replica {e.replica}")
-                runners[e.replica].tokens = _step_tokens(recorded, i + 1)
-                # its clock past every routed arrival, so they enter now (no time is compared); a
-                # CPU tier's transfers count the recorded time: the step starts where its StepEnd says
-                start_ns = _recorded_start(recorded, i + 1, ends, e.replica)
-                replica.engine.now_ns = start_ns if replica.engine.scheduler.cpu_tier is not None else \
-                    max([replica.engine.now_ns] + [r.arrival_ns for r in replica.queued])
-                finished = fleet.step(replica, _segment_aborts(recorded, i + 1))
-                if finished is not None:
-                    num_steps += 1
-                    for seq in fleet.prefilled_seqs(replica, finished):
-                        prefilled[seq.seq_id] = (seq, replica)
+                yield STEP, i
             else:
-                raise _Diverged(e, None, "the trace has an event the replay did not emit")
+                raise Diverged(e, None, "the trace has an event the replay did not emit")
             if sink.index == i:
-                raise _Diverged(e, None, "the replay emitted nothing here")
-        except _Diverged as d:
-            at = recorded[min(sink.index, len(recorded) - 1)] if d.expected is None else d.expected
-            in_replica = type(at) not in (RouteDecision, KVTransfer)
-            divergence = FleetDivergence(
-                sink.index, (replica.index if replica is not None else 0) if in_replica else None,
-                getattr(at, "step", None), None if in_replica else at.seq_id, d.expected, d.actual, d.reason)
-            return FleetReplayResult(sink.index - 1, num_steps, time.perf_counter() - start, divergence)
-    return FleetReplayResult(sink.index - 1, num_steps, time.perf_counter() - start)
+                raise Diverged(e, None, "the replay emitted nothing here")
+
+    def add(self, index: int, e: RouteDecision) -> None:
+        if e.seq_id not in self.requests:
+            raise Diverged(e, None, f"the trace never adds s{e.seq_id}")
+        r = self.requests[e.seq_id]
+        self.fleet.arrive(Request(request_prompt(r), r.max_tokens, e.arrival_ns, r.temperature, r.ignore_eos,
+                                  seq_id=r.seq_id, **session_fields(r)), e.arrival_ns)
+
+    def own(self, e) -> None:
+        if type(e) is RouteDecision:      # the decode pool's
+            if e.seq_id not in self.prefilled:
+                raise Diverged(e, None, f"the replay has not prefilled s{e.seq_id}")
+            seq, src = self.prefilled.pop(e.seq_id)
+            self.transfers[e.seq_id] = (src, self.fleet.handoff(seq, e.arrival_ns)[0])
+        else:
+            if e.seq_id not in self.transfers:
+                raise Diverged(e, None, f"the replay has routed no transfer of s{e.seq_id}")
+            src, dst = self.transfers.pop(e.seq_id)
+            self.fleet.land(e.seq_id, src, dst, 0)
+
+    def feed(self, i: int) -> None:
+        e = self.recorded[i]
+        if not 0 <= e.replica < len(self.fleet.replicas):
+            raise Diverged(e, None, f"the fleet has no replica {e.replica}")
+        self.replica, self.at = self.fleet.replicas[e.replica], i
+
+    @property
+    def nothing_left(self) -> str:
+        return f"the replay has nothing to schedule on replica {self.replica.index}"
+
+    def is_finished(self) -> bool:
+        return not self.replica.queued and self.replica.engine.is_finished()
+
+    def step(self) -> None:
+        recorded, i, replica = self.recorded, self.at, self.replica
+        self.runners[replica.index].tokens = _step_tokens(recorded, i + 1)
+        # its clock past every routed arrival, so they enter now (no time is compared); a
+        # CPU tier's transfers count the recorded time: the step starts where its StepEnd says
+        start_ns = _recorded_start(recorded, i + 1, self.ends, replica.index)
+        replica.engine.now_ns = start_ns if replica.engine.scheduler.cpu_tier is not None else \
+            max([replica.engine.now_ns] + [r.arrival_ns for _, r in replica.queued])
+        stepped = replica.run_step(_segment_aborts(recorded, i + 1))
+        if stepped.ran:
+            self.num_steps += 1
+            for seq in self.fleet.prefilled_seqs(replica, stepped.finished):
+                self.prefilled[seq.seq_id] = (seq, replica)
+
+    def diverged(self, d: Diverged):
+        recorded, index, replica = self.recorded, self.sink.index, self.replica
+        at = recorded[min(index, len(recorded) - 1)] if d.expected is None else d.expected
+        in_replica = type(at) not in (RouteDecision, KVTransfer)
+        return {"step": getattr(at, "step", None), "index": index,
+                "replica": (replica.index if replica is not None else 0) if in_replica else None,
+                "seq_id": None if in_replica else at.seq_id}, self.num_steps, index - 1
+
+    def replayed(self):
+        return self.num_steps, self.sink.index - 1, 0
 
 
 def _recorded_start(recorded: list, start: int, ends: dict[int, int], replica: int) -> int:
     """The recorded start of the replica step whose events begin at `start` (its StepEnd's gap
     after the end of the replica's step before), and its end kept in `ends`."""
-    for e in recorded[start:]:
+    for i in range(start, len(recorded)):     # by index: a slice would copy the rest of the trace
+        e = recorded[i]
         if type(e) is StepEnd:
             begin = ends.get(replica, 0) + e.gap_ns
             ends[replica] = begin + e.schedule_ns + e.model_ns + e.postprocess_ns

@@ -12,7 +12,10 @@ tracengine import it on its own.
   entered), as Vidur's least-outstanding-requests; tokens do not count.
 - `prefix_aware`: Dynamo's KV router cost, `prefix_weight * prefill blocks + load_weight *
   active blocks`: prefill blocks are the request's blocks the replica's prefix cache lacks
-  plus the prompt blocks still to compute there; active blocks are the KV blocks in use.
+  plus the prompt blocks still to compute there; active blocks are the KV blocks in use. A
+  replica with a CPU tier: the blocks past its GPU hits that the tier holds (up to its first
+  miss, as vLLM's lookup) are loaded, not computed, and each counts `cpu_hit_weight` (1/2) of
+  a prefill block.
 - `random`: uniform, from `seed`.
 - `session_affinity`: a session's turns go to the replica that served its first turn (whose
   prefix cache holds the history they are sent after); a first turn, or a request outside a
@@ -90,14 +93,22 @@ class LeastLoaded(Router):
 
 class PrefixAware(Router):
     name = "prefix_aware"
+    # What a block found in a replica's CPU tier costs, in prefill blocks: it is loaded, not
+    # computed, but its request still waits for the load and takes GPU blocks for it (0: a hit
+    # like the GPU's; 1: a miss). A subclass sets its own.
+    cpu_hit_weight = 0.5
 
     def route(self, request, replicas):
         hashes, size = request.block_hashes, request.block_size
         num_blocks = -(-request.num_prompt_tokens // size)
         scores = []
         for r in replicas:
-            num_prefill_blocks = num_blocks - r.num_cached_blocks(hashes) + -(-r.num_prefill_tokens // size)
-            scores.append(self.prefix_weight * num_prefill_blocks + self.load_weight * r.num_active_blocks)
+            num_gpu_hits = r.num_cached_blocks(hashes)
+            tier = r.scheduler.cpu_tier
+            num_cpu_hits = tier.num_held_blocks(hashes[num_gpu_hits:]) if tier is not None else 0
+            num_prefill_blocks = num_blocks - num_gpu_hits - num_cpu_hits + -(-r.num_prefill_tokens // size)
+            scores.append(self.prefix_weight * (num_prefill_blocks + self.cpu_hit_weight * num_cpu_hits)
+                          + self.load_weight * r.num_active_blocks)
         return scores
 
 

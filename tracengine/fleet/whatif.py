@@ -4,29 +4,31 @@ replica config. Each request arrives when it reached the recorded fleet's router
 recorded engine), with its recorded output tokens (OutputRunner; a decode replica's count
 from the second, as its prompt holds the first)."""
 from dataclasses import dataclass
+from functools import cached_property
+from typing import NamedTuple
 
 import msgspec
 
 from tracengine.fleet.stats import fleet_stats, replica_streams
 from tracengine.engine.config import Config
 from tracengine.errors import TraceError
-from tracengine.replay.whatif import OutputRunner, extract_workload
+from tracengine.replay.timed import TimedVariant, TimedWorkload, whatif_in_time
+from tracengine.replay.whatif import OutputRunner, changed_fields, extract_workload
 from tracengine.fleet.engine import fleet_header, simulate_fleet
-from tracengine.fleet.spec import FleetSpec
+from tracengine.fleet.spec import FleetSpec, header_fields
 from tracengine.engine.request import Request
 from tracengine.sim.spec import PreparedSources, Source, SweepSpec, step_time_of
-from tracengine.sim.sweep import IN_TIME
 from tracengine.trace.events import KVTransfer, ReplicaScope, RouteDecision, SeqAbort, StepEnd
 
 
 @dataclass
 class FleetWhatIf:
     step_time: object
-    spec: FleetSpec
     recorded: dict          # fleet_stats of the trace
     new: dict               # fleet_stats of the what-if
     events: list            # the what-if's trace, header first
     changes: list[tuple[str, object, object]]
+    num_past_output: int    # sequences that ran past their recorded output
 
 
 def fleet_workload(events) -> tuple[list[Request], dict[int, list[int]], dict]:
@@ -95,17 +97,32 @@ def _left_idle(events) -> dict[int, int]:
     return left
 
 
-class FleetReplay:
-    """A trace's workload ready to run through any fleet in simulated time (TimedReplay's, for
-    fleets): `run(config, spec)` gives the events of one run. Calibrates on the trace (its
-    replica 0) unless given a model."""
+class FleetConfig(NamedTuple):
+    """What a fleet what-if's run changes: every replica's config, and the fleet (its replicas'
+    and pools' own fields in spec.replica_config)."""
+    config: Config
+    spec: FleetSpec
 
-    def __init__(self, events, step_time=None, trace_name: str = ""):
+
+class FleetTimedReplay(TimedWorkload):
+    """A trace's workload (a fleet's, or one engine's) ready to run through a fleet in simulated
+    time (replay/timed.whatif_in_time's, as TimedReplay's): its config names every replica's
+    config fields, a pool's or a replica's, and the fleet's own (fleet/overrides.py), over the
+    recorded config and `spec` (the recorded fleet unless given; one replica for one engine's
+    trace). `policy` (replay --policy) is every replica's unless the overrides name one.
+    Calibrates on the trace (its replica 0) unless given a model."""
+    # The what-if's table sets the recording's figures beside the new run's: the recorded
+    # config is run only when nothing changes (then it is the what-if).
+    checks_itself = False
+
+    def __init__(self, events, step_time=None, trace_name: str = "", spec: FleetSpec | None = None, policy=None):
         self.events = events = list(events)
         self.header = header = events[0]
         self.requests, self.outputs, self.middle = fleet_workload(events)
-        self.recorded = Config.from_dict(header.config)
+        self.recorded_config = Config.from_dict(header.config)
         self.recorded_spec = FleetSpec.from_dict(header.fleet) if header.fleet else FleetSpec()
+        self.spec = spec if spec is not None else self.recorded_spec
+        self.policy = policy
         self.step_time = step_time
         self.trace_name = trace_name
         # a recorded engine's start-up came before its step 0: no run starts earlier (TimedReplay's rule)
@@ -118,79 +135,76 @@ class FleetReplay:
                                                   "--step-time or --roofline")
         return self.step_time
 
-    def config(self, overrides: dict, policy=None) -> Config:
-        """The recorded config with `overrides`; `policy` (replay --policy) unless they name one."""
-        config = self.recorded.replace(**overrides)
-        if policy is not None and "scheduling_policy" not in overrides:
-            config = config.replace(scheduling_policy=policy)
-        return config
+    @cached_property
+    def recorded(self) -> FleetConfig:
+        """The recorded config through the fleet `spec`: the run when nothing changes."""
+        return self.config({})
 
-    def run(self, config: Config, spec: FleetSpec) -> list:
+    def config(self, overrides: dict) -> FleetConfig:
+        """The config and fleet of a variant; a request a replica could never run is refused here."""
+        from tracengine.fleet.engine import check_fleet_requests
+        from tracengine.fleet.overrides import resolve
+        fields, spec = resolve(self.spec, overrides, self.step_time)
+        if "kv_bytes_per_token" in overrides:     # the config's too (a CPU tier's), as its flag is
+            fields = {**fields, "kv_bytes_per_token": overrides["kv_bytes_per_token"]}
+        config = self.recorded_config.replace(**fields)
+        if self.policy is not None and "scheduling_policy" not in fields:
+            config = config.replace(scheduling_policy=self.policy)
+        check_fleet_requests(config, spec, self.requests)
+        return FleetConfig(config, spec)
+
+    def changes(self, config: FleetConfig) -> list[tuple[str, object, object]]:
+        """The config's changed fields, then the fleet's as the headers name them (each pool's
+        router resolved; one engine's trace: one replica)."""
+        from tracengine.fleet.routers import router_classes
+        changes = changed_fields(self.recorded_config, config.config)
+        before = self.header.fleet or {"num_replicas": 1}
+        after = header_fields(config.spec, router_classes(config.spec)) or {"num_replicas": 1}
+        return changes + [(f"fleet {name}", before.get(name), after.get(name))
+                          for name in dict.fromkeys([*before, *after]) if before.get(name) != after.get(name)]
+
+    def run(self, config: FleetConfig, policy=None) -> tuple[list, int]:
+        """The events of the workload through the fleet (header first), and how many sequences
+        ran past their recorded output. `policy`: the config's already (config())."""
         step_time = self.ensure_step_time()
+        config, spec = config
         filler = 0 if config.eos != 0 else 1
         shifted = {seq_id: out[1:] for seq_id, out in self.outputs.items()}
+        runners = []
 
         def make_runner(index: int):
             decode = spec.disaggregated and index >= spec.num_prefill_replicas
-            return OutputRunner(shifted if decode else self.outputs, self.middle, filler)
+            runners.append(OutputRunner(shifted if decode else self.outputs, self.middle, filler))
+            return runners[-1]
 
         new = simulate_fleet(config, self.requests, step_time, spec, make_runner=make_runner,
                              first_step_ns=self.first_step_ns)
         new[0] = msgspec.structs.replace(fleet_header(config, step_time, spec), model=self.header.model)
-        return new
+        return new, len(set().union(*(r.past_output_seq_ids for r in runners)))
 
-
-def fleet_whatif(events, spec: FleetSpec, overrides: dict, step_time=None, trace_name: str = "",
-                 policy=None) -> FleetWhatIf:
-    """`events`' workload through the fleet `spec` with the recorded config changed by `overrides`;
-    `step_time` defaults to a model calibrated on the trace (its replica 0)."""
-    replay = FleetReplay(events, step_time, trace_name)
-    config = replay.config(overrides, policy)
-    new = replay.run(config, spec)
-    header, recorded = replay.header, replay.recorded
-    changes = [(name, value, getattr(config, name)) for name, value in recorded.to_dict().items()
-               if getattr(config, name) != value]
-    # the fleets as their headers name them (each pool's router resolved); one engine's: one replica
-    before = header.fleet or {"num_replicas": 1}
-    after = new[0].fleet or {"num_replicas": 1}
-    changes += [(f"fleet {name}", before.get(name), after.get(name)) for name in dict.fromkeys([*before, *after])
-                if before.get(name) != after.get(name)]
-    return FleetWhatIf(replay.step_time, spec, fleet_stats(replay.events), fleet_stats(new), new, changes)
-
-
-class FleetTraceVariant:
-    """A fleet what-if of a trace (FleetReplay) under base + overrides, for a sweep: config
-    fields of every replica, of a pool or of one replica, and the fleet's own fields
-    (fleet/overrides.py), over the recorded fleet (one replica for one engine's trace)."""
-    figures = IN_TIME
-
-    def __init__(self, replay: FleetReplay, base: dict, slo: dict | None = None, policy=None, spec=None):
-        self.replay, self.base, self.slo, self.policy = replay, base, slo, policy
-        self.spec = spec if spec is not None else replay.recorded_spec
-        replay.ensure_step_time()      # fitted once, before the workers fork
-
-    def _resolve(self, overrides: dict) -> tuple[Config, FleetSpec]:
-        from tracengine.fleet.overrides import resolve
-        fields, spec = resolve(self.spec, {**self.base, **overrides}, self.replay.step_time)
-        return self.replay.config(fields, self.policy), spec
-
-    def check(self, overrides: dict):
-        from tracengine.fleet.engine import check_fleet_requests
-        config, spec = self._resolve(overrides)
-        check_fleet_requests(config, spec, self.replay.requests)
-
-    def __call__(self, overrides: dict) -> dict:
+    def row(self, events: list, slo: dict | None) -> dict:
+        """A sweep's row of a run: the fleet's figures (fleet/sweep.fleet_row_of)."""
         from tracengine.fleet.sweep import fleet_row_of
-        config, spec = self._resolve(overrides)
-        return fleet_row_of(fleet_stats(self.replay.run(config, spec), self.slo))
+        return fleet_row_of(fleet_stats(events, slo))
+
+
+def fleet_whatif(events, spec: FleetSpec | None, overrides: dict, step_time=None, trace_name: str = "",
+                 policy=None) -> FleetWhatIf:
+    """replay/timed.whatif_in_time of `events`' workload through the fleet `spec` (the recorded
+    one if None) with `overrides` (FleetTimedReplay's names); `step_time` defaults to a model
+    calibrated on the trace (its replica 0)."""
+    timed = FleetTimedReplay(events, step_time, trace_name, spec, policy)
+    result = whatif_in_time(timed, overrides)
+    return FleetWhatIf(result.step_time, fleet_stats(timed.events), fleet_stats(result.new), result.new,
+                       result.changes, result.num_past_output)
 
 
 def fleet_trace_runner(spec: SweepSpec, events: list):
     """The maker of a fleet what-if's variants (`replay TRACE --sweep ...` of a fleet): the
     fleet the variants change travels in the spec as data (spec.fleet)."""
-    from tracengine.fleet.spec import FleetSpec
-    return FleetTraceVariant(FleetReplay(events, step_time_of(spec.step_time)), spec.base, spec.slo, spec.policy,
-                             FleetSpec.from_dict(spec.fleet))
+    timed = FleetTimedReplay(events, step_time_of(spec.step_time), spec=FleetSpec.from_dict(spec.fleet),
+                             policy=spec.policy)
+    return TimedVariant(timed, spec.base, spec.slo)
 
 
 FLEET_TRACE = f"{__name__}:fleet_trace_runner"
@@ -201,10 +215,10 @@ def prepare_fleet(prepared: PreparedSources, source: Source, events: list, step_
     """(spec, step-time model) of a sweep of fleet what-ifs of a trace (a fleet's, or one engine's
     through a fleet), as prepare_timed's: the model fitted on the trace (its replica 0) unless
     given; the fleet every variant starts from, the recorded one (one replica for one engine's)."""
-    replay = FleetReplay(events, step_time, trace_name)
-    model = replay.ensure_step_time()
-    spec = SweepSpec(FLEET_TRACE, source.digest, base, model.to_dict(), slo, policy, fleet=replay.recorded_spec.to_dict())
-    replay.step_time = step_time_of(spec.step_time)
+    timed = FleetTimedReplay(events, step_time, trace_name, policy=policy)
+    model = timed.ensure_step_time()
+    spec = SweepSpec(FLEET_TRACE, source.digest, base, model.to_dict(), slo, policy, fleet=timed.recorded_spec.to_dict())
+    timed.step_time = step_time_of(spec.step_time)
     prepared.add(source, events)
-    prepared.add_runner(spec, FleetTraceVariant(replay, base, slo, policy))
-    return spec, replay.step_time
+    prepared.add_runner(spec, TimedVariant(timed, base, slo))
+    return spec, timed.step_time

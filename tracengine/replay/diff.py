@@ -1,23 +1,25 @@
 """The first step where two traces schedule differently. Scheduling is the
-ScheduleDecision, Preempt, Block* and SpecDecode events, compared without wall-clock
-fields; token ids, arrivals and timings do not count."""
+ScheduleDecision, Preempt, Block* and SpecDecode events and the CPU tier's (CpuStore with its
+evictions, CpuHit, CpuLoad), compared without wall-clock fields (a load's link times among
+them); token ids, arrivals and timings do not count."""
 from dataclasses import dataclass, field
 
 from tracengine.analysis.stats import stats
 from tracengine.analysis.timeline import RequestTimeline
 from tracengine.engine.config import Config, recorded_block_rules
 
-from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, DraftProposed, DraftVerified,
-                                     Preempt, PromptBlocksHashed, RequestAdded, ScheduleDecision, SpecDecode)
+from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, CpuHit, CpuLoad, CpuStore,
+                                     DraftProposed, DraftVerified, Preempt, PromptBlocksHashed, RequestAdded,
+                                     ScheduleDecision, SpecDecode)
 from tracengine.trace.views import without_wall_clock
 from tracengine.engine.hash_id_prompt import hashed_blocks
 from tracengine.trace.tracelog import split_header
 from tracengine.trace.views import iter_steps
 
 # speculative decoding's: how many drafts a sequence got and kept (a draft's token id, as any, does not
-# count); a vLLM step's SpecDecode: the drafts it verified, which its ScheduledSeqs count
+# count); a vLLM step's SpecDecode: the drafts it verified, which its ScheduledSeqs count; the CPU tier's
 SCHEDULING_TYPES = (ScheduleDecision, Preempt, BlockAllocate, BlockAppend, BlockHash, PromptBlocksHashed, BlockFree,
-                    DraftProposed, DraftVerified, SpecDecode)
+                    DraftProposed, DraftVerified, SpecDecode, CpuStore, CpuHit, CpuLoad)
 
 
 @dataclass

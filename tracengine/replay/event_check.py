@@ -4,21 +4,20 @@ from tracengine.errors import TraceError
 from tracengine.replay.fold import _projection_of
 from tracengine.trace.events import (RequestAdded, ScheduleDecision, SpecAccepted, SpecDecode, StepEnd, TokenSample,
                                      TraceHeader)
+from tracengine.trace.vllm_events import ConnectorPending, KVTransfersDone
 from tracengine.trace.tracelog import ends_mid_step
 
 
-class EventCheck:
-    """Checks, one frame at a time, that every event follows from the ones before
-    it, applying them as the fold does; it keeps the state, not the events.
-    `frame(events)` raises TraceError naming the first event that does not follow."""
+class FrameCheck:
+    """Checks, one frame at a time, that every event follows from the ones before it; it keeps
+    state, not events. `frame(events)` raises TraceError naming the first event that does not
+    follow. What follows is a backend's rules (`follows`); the frames' order and the steps'
+    stamps are every trace's."""
 
     def __init__(self, header: TraceHeader):
-        self.state = _projection_of(header)
-        self.num_blocks = len(self.state.ref_counts)
         self.step = 0                   # the step in progress
         self.open_frame = False         # the last frame ended in the middle of a step (frames.ends_mid_step)
         self.version = header.format_version
-        self.scheduled: set[int] = set()
 
     def frame(self, events) -> None:
         if self.open_frame:
@@ -33,11 +32,28 @@ class EventCheck:
         self.open_frame = ends_mid_step(events, self.version)
 
     def _impossible(self, e, is_last: bool) -> str | None:
-        t = type(e)
-        if t is TraceHeader:
+        if type(e) is TraceHeader:
             return "a TraceHeader after the first frame"
         if e.step != self.step:
             return f"it is stamped step {e.step}"
+        return self.follows(e, is_last)
+
+    def follows(self, e, is_last: bool) -> str | None:
+        """Why `e` cannot follow the events before it under the backend's rules (None: it can)."""
+        raise NotImplementedError
+
+
+class EventCheck(FrameCheck):
+    """tracengine's and vLLM's traces: every event applied as the fold applies it."""
+
+    def __init__(self, header: TraceHeader):
+        super().__init__(header)
+        self.state = _projection_of(header)
+        self.num_blocks = len(self.state.ref_counts)
+        self.scheduled: set[int] = set()
+
+    def follows(self, e, is_last: bool) -> str | None:
+        t = type(e)
         seqs = self.state.seqs
         if t is RequestAdded:
             if e.seq_id in seqs:
@@ -56,7 +72,12 @@ class EventCheck:
             missing = [seq_id for seq_id in e.seq_ids if seq_id not in (seqs if t is SpecDecode else self.scheduled)]
             if missing:
                 return f"seq {missing[0]} was {'never added' if t is SpecDecode else 'not scheduled in this step'}"
-        elif t is not StepEnd and e.seq_id not in seqs:
+        elif t is KVTransfersDone:
+            missing = [s for ids in (e.finished_sending, e.finished_recving, e.failed_recving) for s in ids
+                       if s not in seqs]
+            if missing:
+                return f"seq {missing[0]} was never added"
+        elif t is not StepEnd and t is not ConnectorPending and e.seq_id not in seqs:
             return f"seq {e.seq_id} was never added"
         elif t is TokenSample and e.seq_id not in self.scheduled:
             return f"seq {e.seq_id} was not scheduled in this step"

@@ -1,7 +1,7 @@
 """Event sourcing: the scheduler and block-manager state at any step, from the events alone.
 
-`Fold` applies each event to a mutable projection that mirrors what the scheduler and the
-block manager did (queues, block tables, ref counts, hashes, the free queue), and keeps a
+`Fold` applies each event to a mutable projection of what the scheduler and the block manager
+did (queues, block tables, and the engine's own block pool and prefix cache), and keeps a
 keyframe every `keyframe_interval` steps. `state_at(step)` starts from the nearest keyframe
 at or before the step and applies at most `keyframe_interval` steps of events. The states
 it returns are values: nothing changes them after they are returned."""

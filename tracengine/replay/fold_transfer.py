@@ -37,21 +37,12 @@ class TransferProjection(Projection):
         if len(prompt) < num_blocks * self.block_size:
             raise ValueError(f"seq {e.seq_id}'s transfer holds {num_blocks} blocks, its prompt fewer")
         hashes = Sequence(e.seq_id, prompt[:num_blocks * self.block_size], self.block_size).hash_full_blocks()
-        ref_counts = self.ref_counts
-        hits = []
-        for h in hashes[:num_blocks - 1]:       # the prefix cache's hit rule: never the last block
-            block_id = self.hash_to_block_id.get(h)
-            if block_id is None:
-                break
-            hits.append(block_id)
-        self._take_hits(hits)
-        new = []
-        for h in hashes[len(hits):]:
-            block_id = self.free.head()
-            self._take_free_block(block_id)
-            self._register(block_id, h)
-            new.append(block_id)
-        for block_id in reversed(hits + new):
-            ref_counts[block_id] -= 1
-            if ref_counts[block_id] == 0:
-                self.free.append(block_id)
+        # as install_prompt_kv through the block manager: the hits, the rest handed out and
+        # registered, then all released, the last first
+        pool, prefix_cache = self.pool, self.prefix_cache
+        hits = prefix_cache.lookup(hashes[:num_blocks - 1])     # the hit rule: never the last block
+        pool.touch(hits)
+        new = pool.get_new_blocks(num_blocks - len(hits))
+        prefix_cache.evict(new)
+        prefix_cache.insert(new, hashes[len(hits):])
+        pool.free_blocks((hits + new)[::-1])

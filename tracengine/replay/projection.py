@@ -1,14 +1,18 @@
-"""The fold's projection: a mutable mirror of what the scheduler and the block manager did
-(queues, block tables, ref counts, hashes, the free queue), one handler per event, and the
-keyframe it is saved to and restored from. nano-vllm's block rules; the other rules a trace
-may have run under subclass it (block_rules_fold.py)."""
+"""The fold's projection: what the scheduler and the block manager did (queues, block tables,
+and the engine's own block pool and prefix cache, engine/block_pool.py and prefix_cache.py),
+one handler per event, and the keyframe it is saved to and restored from. A handler applies
+the recorded decision through the pool's and the cache's operations, so each block rule
+(which block is handed out next, where a freed block goes, what registering a hash
+supersedes) is the engine's, checked against the record. nano-vllm's block rules; the other
+rules a trace may have run under subclass it (block_rules_fold.py)."""
 from collections import deque
 from itertools import islice
 
 import msgspec
 
-from tracengine.engine.block_pool import FreeKVCacheBlockQueue
+from tracengine.engine.block_pool import BlockPool
 from tracengine.engine.hash_id_prompt import hashed_blocks
+from tracengine.engine.prefix_cache import PrefixCache
 from tracengine.engine.spec_decode import SYNTHETIC_DRAFT
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, CpuHit, CpuLoad, CpuStore,
                                      DraftProposed, DraftVerified, Preempt, PromptBlocksHashed, RequestAdded,
@@ -22,10 +26,8 @@ class Keyframe(msgspec.Struct, frozen=True, gc=False):
     seqs: dict                 # seq_id -> SeqState, never mutated again
     waiting: tuple
     running: tuple
-    ref_counts: list
-    hashes: list
-    free: FreeKVCacheBlockQueue   # a copy, never mutated again
-    hash_to_block_id: dict
+    pool: BlockPool            # copies, never mutated again
+    prefix_cache: PrefixCache
     decision: object
     cpu_num_blocks: int        # the CPU tier's blocks (its hashes: the history, shared, by step)
     cpu_loading: dict          # seq_id -> (first block, blocks) of the sequences set aside to load
@@ -40,10 +42,11 @@ class Projection:
         self.seqs: dict[int, SeqState] = {}
         self.waiting: deque[int] = deque()
         self.running: deque[int] = deque()
-        self.ref_counts = [0] * num_blocks
-        self.hashes = [-1] * num_blocks
-        self.free = FreeKVCacheBlockQueue(num_blocks)
-        self.hash_to_block_id: dict[int, int] = {}
+        # every block has its slots from the start: a state shows every block
+        self.prefix_cache = self.new_prefix_cache(num_blocks, block_size)
+        self.prefix_cache.hold_every_block()
+        self.pool = self.new_pool(num_blocks, self.prefix_cache)
+        self.pool.hold_every_block()
         self.decision = None
         # The CPU tier (engine/cpu_tier.py): its block count, the sequences set aside while they
         # load, and its history: hash -> the steps it was stored and evicted at, alternately
@@ -65,12 +68,38 @@ class Projection:
             CpuStore: self.cpu_store, CpuHit: self.cpu_hit, CpuLoad: self.cpu_load,
         }
 
+    # -- the engine's block pool and prefix cache, under the rules the trace was recorded with --
+
+    @staticmethod
+    def new_prefix_cache(num_blocks: int, block_size: int) -> PrefixCache:
+        return PrefixCache(num_blocks, block_size)
+
+    @staticmethod
+    def new_pool(num_blocks: int, prefix_cache: PrefixCache) -> BlockPool:
+        return BlockPool(num_blocks)
+
+    @property
+    def ref_counts(self) -> list[int]:
+        return self.pool.ref_counts
+
+    @property
+    def free(self):
+        return self.pool.free_block_queue
+
+    @property
+    def hashes(self) -> list[int]:
+        return self.prefix_cache.hashes
+
+    @property
+    def hash_to_block_id(self) -> dict[int, int]:
+        return self.prefix_cache.hash_to_block_id
+
     # -- keyframes --------------------------------------------------------------------------
 
     def keyframe(self, step: int) -> Keyframe:
-        kf = Keyframe(step, dict(self.seqs), tuple(self.waiting), tuple(self.running), list(self.ref_counts),
-                       list(self.hashes), self.free.copy(), dict(self.hash_to_block_id), self.decision,
-                       self.cpu_num_blocks, dict(self.cpu_loading), self.cpu_history)
+        prefix_cache = self.prefix_cache.copy()
+        kf = Keyframe(step, dict(self.seqs), tuple(self.waiting), tuple(self.running), self.pool.copy(prefix_cache),
+                       prefix_cache, self.decision, self.cpu_num_blocks, dict(self.cpu_loading), self.cpu_history)
         self._own_live_seqs(kf)
         return kf
 
@@ -79,8 +108,8 @@ class Projection:
         p = cls(0, block_size)
         p.seqs = dict(kf.seqs)
         p.waiting, p.running = deque(kf.waiting), deque(kf.running)
-        p.ref_counts, p.hashes = list(kf.ref_counts), list(kf.hashes)
-        p.free, p.hash_to_block_id = kf.free.copy(), dict(kf.hash_to_block_id)
+        p.prefix_cache = kf.prefix_cache.copy()
+        p.pool = kf.pool.copy(p.prefix_cache)
         p.decision = kf.decision
         p.cpu_num_blocks, p.cpu_loading = kf.cpu_num_blocks, dict(kf.cpu_loading)
         p.cpu_history, p.cpu_live = kf.cpu_history, False
@@ -170,59 +199,36 @@ class Projection:
     def scheduled_when_finished(self, seq_id: int) -> bool:   # vLLM's async scheduling: replay/vllm_fold.py
         return False
 
-    def _take_free_block(self, block_id: int):
-        if self.free.head() != block_id:
-            raise ValueError(f"block {block_id} is not the next free block {self.free.head()}")
-        self.free.popleft()
-        h = self.hashes[block_id]
-        if h != -1 and self.hash_to_block_id.get(h) == block_id:
-            del self.hash_to_block_id[h]      # the cached content is overwritten
-        self.hashes[block_id] = -1
-        self.ref_counts[block_id] = 1
-
-    def _take_hits(self, block_ids: list[int]):
-        """A reference more to each prefix-cache hit; a hit on a freed block takes it out of
-        the free queue."""
-        ref_counts = self.ref_counts
+    def _take_new_blocks(self, block_ids: list[int]):
+        """The blocks the pool hands out next, as the record says, their cached content
+        overwritten."""
+        take = self.pool.take_next_block
         for block_id in block_ids:
-            if ref_counts[block_id] == 0:
-                self.free.remove(block_id)
-            ref_counts[block_id] += 1
+            take(block_id)
+        self.prefix_cache.evict(block_ids)
 
     def block_allocate(self, e: BlockAllocate):
-        self._take_hits(e.block_ids[:e.num_cached_blocks])
-        for block_id in e.block_ids[e.num_cached_blocks:]:
-            self._take_free_block(block_id)
+        self.pool.touch(e.block_ids[:e.num_cached_blocks])    # the prefix-cache hits
+        self._take_new_blocks(e.block_ids[e.num_cached_blocks:])
         s = self.seqs[e.seq_id]
         s.block_table = list(e.block_ids)
         s.num_cached_tokens = e.num_cached_blocks * self.block_size
 
     def block_append(self, e: BlockAppend):
-        self._take_free_block(e.block_id)
+        self._take_new_blocks([e.block_id])
         self.seqs[e.seq_id].block_table.append(e.block_id)
 
     def block_hash(self, e: BlockHash):
-        self._register(e.block_id, e.hash)
-
-    def _register(self, block_id: int, h: int):
-        """A block's hash, as the block manager's prefix cache registers it."""
-        self.hashes[block_id] = h
-        self.hash_to_block_id[h] = block_id
+        self.prefix_cache.insert([e.block_id], [e.hash])
 
     def prompt_blocks_hashed(self, e: PromptBlocksHashed):
         if e.block_size != self.block_size:
             raise ValueError(f"blocks of {e.block_size} tokens in a pool of blocks of {self.block_size}")
-        for block_hash in hashed_blocks(e):
-            self.block_hash(block_hash)
+        events = hashed_blocks(e)
+        self.prefix_cache.insert([b.block_id for b in events], [b.hash for b in events])
 
     def block_free(self, e: BlockFree):
-        ref_counts, free = self.ref_counts, self.free
-        for block_id in e.block_ids:
-            ref_counts[block_id] -= 1
-            if ref_counts[block_id] == 0:
-                free.append(block_id)
-            elif ref_counts[block_id] < 0:
-                raise ValueError(f"block {block_id} freed more often than allocated")
+        self.pool.free_blocks(e.block_ids)
         s = self.seqs[e.seq_id]
         s.block_table = []
         s.num_cached_tokens = 0
@@ -304,8 +310,9 @@ class Projection:
         self.seqs[e.seq_id].num_cached_tokens = e.num_cached_tokens
 
     def step_end(self, e: StepEnd):
-        if e.num_free_blocks != len(self.free):
-            raise ValueError(f"StepEnd says {e.num_free_blocks} free blocks, the events leave {len(self.free)}")
+        num_free_blocks = self.pool.num_free_blocks
+        if e.num_free_blocks != num_free_blocks:
+            raise ValueError(f"StepEnd says {e.num_free_blocks} free blocks, the events leave {num_free_blocks}")
 
 
 def _no_change(e) -> None:

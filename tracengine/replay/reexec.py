@@ -1,23 +1,21 @@
-"""Re-execution: run the engine's own step loop (the real Scheduler and
-BlockManager) over a trace's requests and sampled tokens, and check every
-event it emits against the recorded one, stopping at the first difference."""
-import operator
-import time
-from dataclasses import dataclass
-
-from tracengine.engine.config import Config
-from tracengine.errors import RequestError
-from tracengine.engine.hash_id_prompt import hashed_blocks, request_prompt
-from tracengine.trace.events import (WALL_CLOCK_FIELDS, AnyEvent, BlockHash, DraftProposed, DraftVerified, Event,
-                                     PromptBlocksHashed, RequestAdded, SeqAbort, StepEnd, TokenSample)
-from tracengine.engine.llm_engine import LLMEngine
+"""Re-execution of tracengine's engine: its own step loop (the real Scheduler and
+BlockManager) as a replaying engine (replay/reexecution.py, the one re-execution of every
+backend): the trace's requests and aborts given where they were recorded, its sampled tokens
+fed back, every event it emits checked against the recorded one, stopping at the first
+difference; and the report of a divergence, whichever backend's."""
 from tracengine.analysis.render import format_event, render_state, render_step
-from tracengine.replay.fold import Fold
-from tracengine.trace.views import iter_steps
-from tracengine.trace.tracelog import split_header
-from tracengine.replay.state import FoldState, live_state
+from tracengine.engine.config import Config
+from tracengine.engine.hash_id_prompt import request_prompt
+from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.engine.spec_decode import SYNTHETIC_DRAFT
+from tracengine.replay.fold import Fold
+from tracengine.replay.reexecution import (_COMPARED, ABORT, ADD, STEP, ComparingSink, Divergence,  # noqa: F401
+                                           Diverged, ReplayResult, replay)
+from tracengine.replay.state import live_state
+from tracengine.trace.events import DraftProposed, DraftVerified, RequestAdded, SeqAbort, StepEnd, TokenSample
+from tracengine.trace.tracelog import split_header
+from tracengine.trace.views import iter_steps
 
 
 class RecordedRunner:
@@ -64,78 +62,6 @@ class RecordedDrafts:
         return self.drafts.get(seq.seq_id, [])
 
 
-@dataclass
-class Divergence:
-    step: int
-    index: int                 # of the event within the step
-    expected: Event | None     # None: the trace has no more events in this step
-    actual: Event | None       # None: the replay emitted nothing where the trace has `expected`
-    reason: str
-    state: FoldState           # the replaying scheduler at the moment it diverged
-
-
-@dataclass
-class ReplayResult:
-    num_steps: int             # steps reproduced in full
-    num_events: int            # events that matched the trace
-    seconds: float
-    divergence: Divergence | None = None
-    num_unfinished: int = 0    # sequences still in the queues when the trace ended
-
-    @property
-    def ok(self) -> bool:
-        return self.divergence is None
-
-    @property
-    def events_per_second(self) -> float:
-        return self.num_events / self.seconds if self.seconds > 0 else float("inf")
-
-
-def _compared(cls):
-    """The fields of `cls` a replay compares, as one getter: `without_wall_clock` without its per-call work."""
-    return operator.attrgetter(*[name for name in cls.__struct_fields__ if name not in WALL_CLOCK_FIELDS])
-
-
-_COMPARED = {cls: _compared(cls) for cls in AnyEvent.__args__}
-
-
-class _Diverged(Exception):
-    def __init__(self, expected, actual, reason):
-        super().__init__(reason)
-        self.expected, self.actual, self.reason = expected, actual, reason
-
-
-class ComparingSink:
-    """An event sink that checks each event against the next one of the
-    recorded step as it is emitted, and raises at the first difference."""
-    enabled = True
-
-    def __init__(self):
-        self.expected: list[Event] = []
-        self.index = 0
-
-    def emit(self, event: Event) -> None:
-        if type(event) is PromptBlocksHashed and self.index < len(self.expected) \
-                and type(self.expected[self.index]) is BlockHash:
-            # a trace older than format 7 recorded a hash-id prompt's blocks as a BlockHash each
-            for block_hash in hashed_blocks(event):
-                self._compare(block_hash)
-        else:
-            self._compare(event)
-
-    def _compare(self, event: Event) -> None:
-        i = self.index
-        try:
-            recorded = self.expected[i]
-        except IndexError:
-            raise _Diverged(None, event, "the replay emitted an event the trace does not have") from None
-        # Equal structs are equal; otherwise only the wall-clock fields may differ.
-        if recorded != event and (type(recorded) is not type(event)
-                                  or _COMPARED[type(event)](recorded) != _COMPARED[type(event)](event)):
-            raise _Diverged(recorded, event, "the replay emitted a different event")
-        self.index = i + 1
-
-
 class RecordedClockEngine(LLMEngine):
     """The engine of a re-execution: a CPU tier's transfers count the recorded time (each step
     starts where its StepEnd says), so they end at the steps they ended at."""
@@ -145,64 +71,89 @@ class RecordedClockEngine(LLMEngine):
         return self.recorded_start_ns
 
 
+class EngineReplay:
+    """tracengine's engine as a replaying engine (replay/reexecution.py): each recorded step's
+    requests and aborts where they were recorded, then its step, fed the step's sampled tokens
+    and drafts (RecordedRunner); every event of the step must be emitted."""
+    no_abort = "the replay has no sequence {seq_id} to abort"
+    nothing_left = "the replay has nothing left to schedule"
+
+    def __init__(self, header, frames, policy=None):
+        self.runner, self.sink = RecordedRunner(), ComparingSink()
+        self.engine = RecordedClockEngine(Config.from_dict(header.config), self.runner, self.sink, policy=policy)
+        self.frames = frames
+        self.step_end_ns = 0      # the recorded end of the last step, ns from the start of the run
+        self.seqs = []            # every sequence added, to show those caught mid-step
+        self.num_events = 0       # of the steps reproduced in full
+        self.step_no = 0
+
+    def calls(self):
+        sink, engine = self.sink, self.engine
+        for step_events in self.frames:
+            self.step_no = engine.num_steps
+            sink.expected, sink.index = step_events, 0
+            for e in step_events:
+                t = type(e)
+                if t is RequestAdded:
+                    yield ADD, e
+                elif t is SeqAbort:
+                    # applied where it was recorded: between the requests added before this step
+                    yield ABORT, e
+            if type(step_events[-1]) is StepEnd:
+                yield STEP, step_events
+            if sink.index < len(step_events):
+                raise sink.missing()
+            self.num_events += len(step_events)
+
+    def add(self, index: int, e: RequestAdded) -> None:
+        self.seqs.append(self.engine.add_request(request_prompt(e), SamplingParams(
+            e.temperature, e.max_tokens, e.ignore_eos, e.top_k, e.top_p, None if e.seed == -1 else e.seed),
+            seq_id=e.seq_id, session=(e.session_id, e.turn, e.depends_on, e.think_ns) if e.session_id else None))
+
+    def abort(self, seq_id: int, reason: str) -> bool:
+        return self.engine.abort_request(seq_id, reason) is not None
+
+    def feed(self, step_events) -> None:
+        runner = self.runner
+        runner.tokens = tokens = {}
+        runner.verified = verified = {}
+        runner.proposer.drafts = {}
+        for e in step_events:
+            t = type(e)
+            if t is TokenSample:
+                tokens[e.seq_id] = e.token_id
+                if e.seq_id in verified:
+                    verified[e.seq_id][1].append(e.token_id)
+            elif t is DraftVerified:
+                verified[e.seq_id] = (e.num_accepted_tokens, [])
+            elif t is DraftProposed:
+                runner.proposer.add(e)
+        end = step_events[-1]
+        self.engine.recorded_start_ns = start_ns = self.step_end_ns + end.gap_ns
+        self.step_end_ns = start_ns + end.schedule_ns + end.model_ns + end.postprocess_ns
+
+    def is_finished(self) -> bool:
+        return self.engine.is_finished()
+
+    def step(self):
+        self.engine.step()
+
+    def diverged(self, d: Diverged):
+        step, index = self.step_no, self.sink.index
+        state = live_state(self.engine.scheduler, step, self.seqs)
+        return {"step": step, "index": index, "state": state}, step, self.num_events + index
+
+    def replayed(self):
+        scheduler = self.engine.scheduler
+        return self.engine.num_steps, self.num_events, len(scheduler.waiting) + len(scheduler.running)
+
+
 def reexecute(events, policy: type | str | None = None) -> ReplayResult:
     """Re-execute `events` (TraceHeader first); stops at the first divergence. `policy`: the
     scheduler to replay with; without it the recorded built-in policy (a recorded policy of
     one's own is never imported on its own: pass it)."""
     header, it = split_header(events)
-    config = Config.from_dict(header.config)
-    runner, sink = RecordedRunner(), ComparingSink()
-    engine = RecordedClockEngine(config, runner, sink, policy=policy)
-    step_end_ns = 0      # the recorded end of the last step, ns from the start of the run
-    seqs = []            # every sequence added, to show those caught mid-step
-    num_events = 0
-    start = time.perf_counter()
-    for step_events in iter_steps(it):
-        step = engine.num_steps
-        sink.expected, sink.index = step_events, 0
-        runner.tokens = tokens = {}
-        runner.verified = verified = {}
-        runner.proposer.drafts = {}
-        try:
-            for e in step_events:
-                t = type(e)
-                if t is TokenSample:
-                    tokens[e.seq_id] = e.token_id
-                    if e.seq_id in verified:
-                        verified[e.seq_id][1].append(e.token_id)
-                elif t is DraftVerified:
-                    verified[e.seq_id] = (e.num_accepted_tokens, [])
-                elif t is DraftProposed:
-                    runner.proposer.add(e)
-                elif t is RequestAdded:
-                    try:
-                        seqs.append(engine.add_request(request_prompt(e), SamplingParams(
-                            e.temperature, e.max_tokens, e.ignore_eos, e.top_k, e.top_p,
-                            None if e.seed == -1 else e.seed), seq_id=e.seq_id,
-                            session=(e.session_id, e.turn, e.depends_on, e.think_ns) if e.session_id else None))
-                    except RequestError as exc:
-                        raise _Diverged(e, None, f"the replay refused the request: {exc}") from None
-                elif t is SeqAbort:
-                    # applied where it was recorded: between the requests added before this step
-                    if engine.abort_request(e.seq_id, e.reason) is None:
-                        raise _Diverged(e, None, f"the replay has no sequence {e.seq_id} to abort")
-            if type(step_events[-1]) is StepEnd:
-                if engine.is_finished():
-                    raise _Diverged(step_events[sink.index], None, "the replay has nothing left to schedule")
-                end = step_events[-1]
-                engine.recorded_start_ns = step_end_ns + end.gap_ns
-                step_end_ns = engine.recorded_start_ns + end.schedule_ns + end.model_ns + end.postprocess_ns
-                engine.step()
-            if sink.index < len(step_events):
-                raise _Diverged(step_events[sink.index], None, "the trace has an event the replay did not emit")
-        except _Diverged as d:
-            divergence = Divergence(step, sink.index, d.expected, d.actual, d.reason,
-                                    live_state(engine.scheduler, step, seqs))
-            return ReplayResult(step, num_events + sink.index, time.perf_counter() - start, divergence)
-        num_events += len(step_events)
-    scheduler = engine.scheduler
-    return ReplayResult(engine.num_steps, num_events, time.perf_counter() - start,
-                        num_unfinished=len(scheduler.waiting) + len(scheduler.running))
+    return replay(EngineReplay(header, iter_steps(it), policy))
 
 
 def divergence_report(name: str, result, events) -> str:

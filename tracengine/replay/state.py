@@ -39,6 +39,7 @@ class BlockState(msgspec.Struct, frozen=True, gc=False):
     ref_count: int
     hash: int            # -1: none
     owners: list[int]    # seq ids whose block table holds the block, ascending
+    group: int = 0       # the KV cache group of the tables that hold it (a vLLM hybrid model's)
 
 
 class CpuTierState:
@@ -61,7 +62,7 @@ class CpuTierState:
 class FoldState:
     """The state after `step` completed (step -1: before the first step)."""
     __slots__ = ("step", "waiting", "running", "seqs", "ref_counts", "hashes", "free_block_ids",
-                 "hash_to_block_id", "decision", "block_size", "in_flight", "cpu", "_blocks")
+                 "hash_to_block_id", "decision", "block_size", "in_flight", "cpu", "group_tables", "_blocks")
 
     def __init__(self, step, waiting, running, seqs, ref_counts, hashes, free_block_ids, hash_to_block_id,
                  decision, block_size, in_flight=(), cpu: CpuTierState | None = None):
@@ -79,6 +80,9 @@ class FoldState:
         # out of both queues, e.g. the one being scheduled, or a victim being preempted.
         self.in_flight: list[int] = list(in_flight)
         self.cpu: CpuTierState = cpu if cpu is not None else CpuTierState(step)   # the second KV tier
+        # a vLLM hybrid model's KV cache groups past the first: group -> seq_id -> its blocks there
+        # (a sequence's block_table is its first group's); empty for one group
+        self.group_tables: dict[int, dict[int, list[int]]] = {}
         self._blocks = None
 
     @property
@@ -96,8 +100,21 @@ class FoldState:
             for seq_id in sorted(self.waiting + self.running + self.in_flight):
                 for block_id in self.seqs[seq_id].block_table:
                     owners[block_id].append(seq_id)
+            if self.group_tables:
+                return self._group_blocks(owners)
             self._blocks = [BlockState(i, rc, h, o) for i, (rc, h, o)
                             in enumerate(zip(self.ref_counts, self.hashes, owners))]
+        return self._blocks
+
+    def _group_blocks(self, owners: list[list[int]]) -> list[BlockState]:
+        groups = [0] * len(owners)
+        for group, tables in sorted(self.group_tables.items()):
+            for seq_id, table in sorted(tables.items()):
+                for block_id in table:
+                    owners[block_id].append(seq_id)
+                    groups[block_id] = group
+        self._blocks = [BlockState(i, rc, h, o, g) for i, (rc, h, o, g)
+                        in enumerate(zip(self.ref_counts, self.hashes, owners, groups))]
         return self._blocks
 
     def __repr__(self):
@@ -120,7 +137,7 @@ def live_state(scheduler, step: int, known_seqs=()) -> FoldState:
                                     seq.num_preemptions, finish_reason=seq.finish_reason,
                                     draft_token_ids=list(seq.spec_token_ids))
     tier = getattr(scheduler, "cpu_tier", None)
-    cpu = CpuTierState(step, len(tier.ref_counts), dict(tier.loads), {h: [step] for h in tier.ref_counts}) \
+    cpu = CpuTierState(step, len(tier.held), dict(tier.loads), {h: [step] for h in tier.held}) \
         if tier is not None else None
     return FoldState(step, [s.seq_id for s in scheduler.waiting], [s.seq_id for s in scheduler.running], seqs,
                      bm.ref_counts, bm.hashes, list(bm.free_block_ids),

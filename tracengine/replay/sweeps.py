@@ -9,7 +9,8 @@ def timed_runner(spec: SweepSpec, events: list) -> TimedVariant:
 
 
 def step_runner(spec: SweepSpec, events: list) -> StepVariant:
-    return StepVariant(events, spec.base, spec.policy)
+    from tracengine.replay.whatif import StepReplay
+    return StepVariant(StepReplay(events), spec.base, spec.policy)
 
 
 TIMED, STEPS = f"{__name__}:timed_runner", f"{__name__}:step_runner"

@@ -9,7 +9,7 @@ import msgspec
 
 from tracengine.engine.config import Config
 from tracengine.errors import TraceError
-from tracengine.replay.whatif import OutputRunner, extract_workload, requests_under
+from tracengine.replay.whatif import OutputRunner, changed_fields, extract_workload, requests_under, whatif_in_steps
 from tracengine.sim.engine import run_timed, with_kv_bytes
 from tracengine.sim.runners import check_requests
 from tracengine.sim.steptime import calibrate
@@ -31,7 +31,7 @@ def calibrated_step_time(events: list, trace_name: str,
 class TimedWhatIf:
     step_time: object            # the model the runs were timed with
     recorded: list               # the recorded events
-    self_check: list             # the recorded config in simulated time
+    self_check: list | None      # the recorded config in simulated time (None: not run, checks_itself)
     new: list                    # the what-if in simulated time
     changes: list[tuple[str, object, object]]
     num_past_output: int
@@ -48,7 +48,31 @@ def has_arrivals(events) -> bool:
     return seen
 
 
-class TimedReplay:
+class TimedWorkload:
+    """What every backend's workload ready to run in simulated time shares (TimedReplay's, vLLM's,
+    SGLang's, a fleet's): the step-time model, fitted to the trace's own steps unless given one, and the
+    policy the recorded config runs under (None: the backend's own scheduler decides), and whether
+    its what-if runs the recorded config beside the new one (the self-check, `checks_itself`)."""
+    events: list
+    step_time: object
+    trace_name: str
+    checks_itself = True
+
+    def ensure_step_time(self):
+        if self.step_time is None:
+            self.step_time = calibrated_step_time(self.events, self.trace_name)
+        return self.step_time
+
+    def recorded_policy(self, policy):
+        return None
+
+    def row(self, events: list, slo: dict | None) -> dict:
+        """A sweep's row of a run's events: its figures in simulated time."""
+        from tracengine.analysis.stats import stats
+        return row_of(stats(events, slo))
+
+
+class TimedReplay(TimedWorkload):
     """A trace's workload ready to run in simulated time under any config: `run(overrides)`
     gives the events of one run. Calibrates on the trace itself unless given a model."""
 
@@ -73,12 +97,18 @@ class TimedReplay:
         check_requests(Scheduler(config), requests_under(self.workload, config))
         return config
 
-    def ensure_step_time(self):
-        if self.step_time is None:
-            self.step_time = calibrated_step_time(self.events, self.trace_name)
-        return self.step_time
+    def recorded_policy(self, policy):
+        """The policy the recorded config runs under: replay --policy when the recorded one is a
+        user's own (never imported on its own), else the recorded built-in."""
+        from tracengine.engine.config import BUILTIN_POLICY_NAMES
+        return None if self.recorded.scheduling_policy in BUILTIN_POLICY_NAMES else policy
 
-    def run(self, config: Config, policy=None) -> tuple[list, OutputRunner]:
+    def changes(self, config: Config) -> list[tuple[str, object, object]]:
+        return changed_fields(self.recorded, config)
+
+    def run(self, config: Config, policy=None) -> tuple[list, int]:
+        """The events of the workload under `config` in simulated time (header first), and how
+        many sequences ran past their recorded output."""
         step_time = self.ensure_step_time()
         config = with_kv_bytes(config, step_time)
         if policy is not None:      # the header names the policy that runs
@@ -89,25 +119,33 @@ class TimedReplay:
         header = msgspec.structs.replace(self.workload.header, config=config.to_dict(),
                                          device=f"simulated ({step_time.kind})", created_at=time.time())
         runner = OutputRunner(self.workload.outputs, self.workload.middle, 0 if config.eos != 0 else 1)
-        return run_timed(config, requests_under(self.workload, config), step_time, runner, header=header, policy=policy,
-                         first_step_ns=self.first_step_ns), runner
+        events = run_timed(config, requests_under(self.workload, config), step_time, runner, header=header,
+                           policy=policy, first_step_ns=self.first_step_ns)
+        return events, len(runner.past_output_seq_ids)
+
+
+def whatif_in_time(timed, overrides: dict, policy=None) -> TimedWhatIf:
+    """The what-if in simulated time of any engine's trace, `timed` being its workload ready to
+    run (TimedReplay; vllm/timed.VllmTimedReplay, sglang/timed.SglangTimedReplay,
+    fleet/whatif.FleetTimedReplay): the recorded config in simulated time (the self-check: how
+    far the step-time model is from the recording; none where the workload does not check
+    itself and `overrides` change something) and the one with `overrides`. `policy` (replay
+    --policy): the recorded policy when it is a user's own, and the new run's unless
+    `overrides` names one (as whatif's)."""
+    config = timed.config(overrides)     # before calibrating: say the plainer problem first
+    self_check = None
+    if timed.checks_itself or not overrides:
+        self_check, num_past_output = timed.run(timed.recorded, timed.recorded_policy(policy))
+    new = self_check
+    if overrides:
+        new, num_past_output = timed.run(config, overrides.get("scheduling_policy", policy))
+    return TimedWhatIf(timed.step_time, timed.events, self_check, new, timed.changes(config), num_past_output)
 
 
 def timed_whatif(events, overrides: dict, step_time=None, trace_name: str = "", policy=None) -> TimedWhatIf:
-    """The workload of `events` at its recorded arrival times, in simulated time, under the
-    recorded config (the self-check) and with `overrides`; `step_time` defaults to a model
-    calibrated on the trace itself. `policy` (replay --policy): the recorded policy when it is
-    a user's own, and the new run's unless `overrides` names one (as whatif's)."""
-    from tracengine.engine.config import BUILTIN_POLICY_NAMES
-    timed = TimedReplay(events, step_time, trace_name)
-    config = timed.config(overrides)     # before calibrating: say the plainer problem first
-    recorded_policy = None if timed.recorded.scheduling_policy in BUILTIN_POLICY_NAMES else policy
-    self_check, check_runner = timed.run(timed.recorded, recorded_policy)
-    new, runner = (self_check, check_runner) if not overrides else timed.run(
-        config, overrides.get("scheduling_policy", policy))
-    changes = [(name, value, getattr(config, name)) for name, value in timed.recorded.to_dict().items()
-               if getattr(config, name) != value]
-    return TimedWhatIf(timed.step_time, timed.events, self_check, new, changes, len(runner.past_output_seq_ids))
+    """whatif_in_time of tracengine's engine: the workload of `events` at its recorded arrival
+    times; `step_time` defaults to a model calibrated on the trace itself."""
+    return whatif_in_time(TimedReplay(events, step_time, trace_name), overrides, policy)
 
 
 def _variant_policy(overrides: dict, policy):
@@ -116,8 +154,8 @@ def _variant_policy(overrides: dict, policy):
 
 
 class TimedVariant:
-    """A what-if in simulated time (replay/simulate.TimedReplay) under base + overrides.
-    `policy`: replay --policy (a trace of one's own policy needs it)."""
+    """A what-if in simulated time under base + overrides, of any engine's trace (`timed`: as
+    whatif_in_time's, a fleet's included), its row the workload's (TimedWorkload.row). `policy`: replay --policy (a trace of one's own policy needs it)."""
     figures = IN_TIME
 
     def __init__(self, timed, base: dict, slo: dict | None = None, policy=None):
@@ -128,31 +166,23 @@ class TimedVariant:
         self.timed.config({**self.base, **overrides})
 
     def __call__(self, overrides: dict) -> dict:
-        from tracengine.analysis.stats import stats
         merged = {**self.base, **overrides}
         events, _ = self.timed.run(self.timed.config(merged), _variant_policy(merged, self.policy))
-        return row_of(stats(events, self.slo))
+        return self.timed.row(events, self.slo)
 
 
 class StepVariant:
-    """A step-exact what-if (replay/whatif.py) under base + overrides, its figures in steps
-    (IN_STEPS); `policy`: as TimedVariant's."""
+    """A what-if at recorded steps (replay/whatif.whatif_in_steps) under base + overrides, of any
+    engine's trace (`replay`: its StepReplay, VllmStepReplay or SglangStepReplay), its figures
+    in steps (IN_STEPS); `policy`: as TimedVariant's."""
     figures = IN_STEPS
 
-    def __init__(self, events: list, base: dict, policy=None):
-        from tracengine.replay.whatif import extract_workload
-        self.events, self.base, self.policy = events, base, policy
-        self.workload = extract_workload(events)     # once: what check checks and every variant runs
+    def __init__(self, replay, base: dict, policy=None):
+        self.replay, self.base, self.policy = replay, base, policy
 
     def check(self, overrides: dict):
-        from tracengine.replay.whatif import whatif_config
-        whatif_config(self.workload, {**self.base, **overrides})
+        self.replay.check({**self.base, **overrides})
 
     def __call__(self, overrides: dict) -> dict:
-        from tracengine.analysis.stats import stats
-        from tracengine.replay.whatif import whatif
         merged = {**self.base, **overrides}
-        result = whatif(self.events, merged, policy=_variant_policy(merged, self.policy), workload=self.workload)
-        return step_row_of(stats(result.events))
-
-
+        return step_row_of(whatif_in_steps(self.replay, merged, _variant_policy(merged, self.policy)).new)

@@ -4,6 +4,7 @@ step loop under another config, with no model. The outputs do not depend on
 the schedule, so only the scheduling changes."""
 import time
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import msgspec
 
@@ -150,24 +151,80 @@ def whatif_config(workload: RecordedWorkload, overrides: dict) -> Config:
     return config
 
 
+def config_changes(recorded: dict, new: dict) -> list[tuple[str, object, object]]:
+    """(field, recorded value, new value) of each field two headers' configs differ in; a field
+    the new header does not record (one a backend leaves to its engine) is no change."""
+    return [(name, value, new[name]) for name, value in recorded.items() if name in new and new[name] != value]
+
+
+def changed_fields(recorded: Config, config: Config) -> list[tuple[str, object, object]]:
+    """(field, recorded value, new value) of each field of tracengine's config that `config` changes."""
+    return [(name, value, getattr(config, name)) for name, value in recorded.to_dict().items()
+            if getattr(config, name) != value]
+
+
+def whatif_in_steps(replay, overrides: dict, policy=None) -> WhatIfResult:
+    """The what-if at recorded steps of any engine's trace, `replay` being its workload ready to
+    run step by step (StepReplay, tracengine's engine; vllm/whatif.VllmStepReplay,
+    sglang/whatif.SglangStepReplay): each request at the step it arrived, with its recorded
+    output, under the recorded config with `overrides`. `policy`: tracengine's, as whatif's."""
+    config = replay.config(overrides)
+    events, num_past_output = replay.run(config, policy)
+    return WhatIfResult(replay.original, stats(events), replay.changes(events[0].config), events, num_past_output)
+
+
+class StepWorkload:
+    """What every backend's workload ready to run at recorded steps shares: the figures of the
+    recorded run (`recorded_run`: its events or timeline), taken once however many runs follow,
+    and the changes of a new header's config."""
+    header: TraceHeader
+    recorded_run: object
+
+    @cached_property
+    def original(self) -> dict:
+        return stats(self.recorded_run)
+
+    def changes(self, new: dict) -> list[tuple[str, object, object]]:
+        return config_changes(self.header.config, new)
+
+
+class StepReplay(StepWorkload):
+    """tracengine's engine's workload of a trace, ready to run at recorded steps under any
+    config (whatif_in_steps): its step loop (sim/runners.run_workload) with no model, each
+    sequence fed its recorded output (OutputRunner)."""
+
+    def __init__(self, events, workload: RecordedWorkload | None = None, max_steps: int | None = None):
+        self.workload = workload if workload is not None else extract_workload(events)
+        self.header = self.workload.header
+        self.recorded_run = self.workload.timeline
+        self.max_steps = 100 * max(self.workload.timeline.num_steps, 1) + 10_000 if max_steps is None else max_steps
+
+    def config(self, overrides: dict) -> Config:
+        return whatif_config(self.workload, overrides)
+
+    check = config
+
+    def changes(self, new: dict) -> list[tuple[str, object, object]]:
+        return changed_fields(Config.from_dict(self.header.config), Config.from_dict(new))
+
+    def run(self, config: Config, policy=None) -> tuple[list, int]:
+        """The new run's events (header first) and how many sequences ran past their recorded
+        output; `policy`: the one to run, else the recorded one if it is built in."""
+        workload = self.workload
+        runner = OutputRunner(workload.outputs, workload.middle, filler=0 if config.eos != 0 else 1)
+        events = run_workload(config, requests_under(workload, config), runner, max_steps=self.max_steps,
+                              policy=policy)
+        config = Config.from_dict(events[0].config)
+        events[0] = msgspec.structs.replace(workload.header, config=config.to_dict(), created_at=time.time())
+        return events, len(runner.past_output_seq_ids)
+
+
 def whatif(events, overrides: dict, max_steps: int | None = None, policy: type | str | None = None,
            workload: RecordedWorkload | None = None) -> WhatIfResult:
-    """Run the workload of `events` under the header's config with `overrides`. The scheduling
-    policy: `policy` if given, else `overrides["scheduling_policy"]` (a name the user gave, so
-    a module:Class is imported), else the recorded one if it is built in. `workload`: the
-    events' extract_workload, when the caller has it (a sweep runs one workload many times)."""
-    workload = workload if workload is not None else extract_workload(events)
-    recorded = Config.from_dict(workload.header.config)
-    config = whatif_config(workload, overrides)
+    """Run the workload of `events` under the header's config with `overrides` (whatif_in_steps
+    of tracengine's engine). The scheduling policy: `policy` if given, else
+    `overrides["scheduling_policy"]`, else the recorded one if it is built in. `workload`: the
+    events' extract_workload, when the caller has it."""
     if policy is None and "scheduling_policy" in overrides:
         policy = overrides["scheduling_policy"]
-    runner = OutputRunner(workload.outputs, workload.middle, filler=0 if config.eos != 0 else 1)
-    if max_steps is None:
-        max_steps = 100 * max(workload.timeline.num_steps, 1) + 10_000
-    events = run_workload(config, requests_under(workload, config), runner, max_steps=max_steps, policy=policy)
-    config = Config.from_dict(events[0].config)
-    header = msgspec.structs.replace(workload.header, config=config.to_dict(), created_at=time.time())
-    events[0] = header
-    changes = [(name, value, getattr(config, name)) for name, value in recorded.to_dict().items()
-               if getattr(config, name) != value]
-    return WhatIfResult(stats(workload.timeline), stats(events), changes, events, len(runner.past_output_seq_ids))
+    return whatif_in_steps(StepReplay(events, workload, max_steps), overrides, policy)

@@ -7,8 +7,10 @@ Contract with the engine:
            of each sequence, reading the cached prefix through its block table;
   decode:  computes each sequence's last token;
   both return one sampled token id per sequence. A sequence with drafts (`spec_token_ids`, which
-  the scheduler cut to those it scheduled) computes its last token and its drafts, on the prefill
-  path, and gets the token sampled after each of them: a list of 1 + its drafts."""
+  the scheduler cut to those it scheduled) computes its last token and its drafts and gets the
+  token sampled after each of them: a list of 1 + its drafts. A decode step that verifies drafts
+  runs on the CPU as a decode over the dense K/V copies (torch_plans.py), each sequence with 1 + its
+  drafts queries; elsewhere, and beside a prefill, on the prefill path."""
 import math
 import os
 
@@ -23,6 +25,7 @@ from tracengine.model.context import Context, forward_context
 from tracengine.model.loader import load_hf_config, load_model, resolve_model_dir
 from tracengine.model.registry import check_max_model_len, model_class
 from tracengine.runner.attention import BACKENDS, kv_cache_shape
+from tracengine.runner.kv_host import HostKVBuffer
 from tracengine.runner.cuda_graph import MAX_GRAPH_BATCH_SIZE, CUDAGraphRunner
 from tracengine.runner.device import available_memory, default_dtype, rank_device, resolve_device, resolve_dtype
 from tracengine.runner.flash_backend import flash_attn_usable
@@ -71,6 +74,7 @@ class ModelRunner:
         # The torch backend on the CPU plans its attention (torch_plans.py); the decode copies only when eager.
         self.cpu_plans = self.device.type == "cpu" and self.attention_backend == "torch"
         self.kv_copy_planner = None
+        self.host_kv = None      # the CPU tier's host buffer (kv_host.py), made when a tier asks for it
 
         if config.num_kvcache_blocks != -1:
             self.num_kvcache_blocks = config.num_kvcache_blocks
@@ -264,6 +268,27 @@ class ModelRunner:
         return (self._tensor([seq.last_token for seq in seqs], torch.int64),
                 self._tensor([n - 1 for n in context_lens], torch.int64), context)
 
+    def prepare_verify(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, Context] | None:
+        """A decode step that verifies drafts, over the dense K/V copies: each sequence computes its
+        last token and its drafts, one query each; None where the copies cannot serve it."""
+        num_queries = [1 + len(seq.spec_token_ids) for seq in seqs]
+        context_lens = [seq.num_tokens + q - 1 for seq, q in zip(seqs, num_queries)]
+        copies = self.kv_copy_planner.plan(seqs, context_lens, num_queries)
+        if copies is None:
+            return None
+        input_ids, positions, slot_mapping = [], [], []
+        for seq, n, q in zip(seqs, context_lens, num_queries):
+            input_ids.append(seq.last_token)     # then its drafts (a placeholder, never kept, as token 0)
+            input_ids.extend(d if d >= 0 else 0 for d in seq.spec_token_ids)
+            positions.extend(range(n - q, n))
+            slot_mapping.extend(self._slots(seq, n - q, n))
+        context = Context(False, max_seqlen_k=max(context_lens), slot_mapping=self._tensor(slot_mapping, torch.int64),
+                          context_lens=self._tensor(context_lens, torch.int32), cpu_plan=copies.plan())
+        if not copies.reuse:   # refilled in the copies' row order
+            context.block_tables = self.prepare_block_tables([seqs[i] for i in copies.seq_of_row],
+                                                             copies.num_keys // self.block_size)
+        return self._tensor(input_ids, torch.int64), self._tensor(positions, torch.int64), context
+
     # --- forward ----------------------------------------------------------
 
     def run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
@@ -282,8 +307,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+        if not seqs:       # a step whose every sequence waits for a CPU tier's transfer
+            return []
         if any(seq.spec_token_ids for seq in seqs):
-            return self.run_verify(seqs)
+            return self.run_verify(seqs, is_prefill)
         logits = self.compute_logits(seqs, is_prefill)
         temperatures = [seq.temperature for seq in seqs]
         # Row seeds are hashed only when something is sampled: a greedy batch takes the argmax.
@@ -294,11 +321,12 @@ class ModelRunner:
         return self.sampler(logits, temperatures, seeds, [seq.top_k for seq in seqs] if filtered else None,
                             [seq.top_p for seq in seqs] if filtered else None).tolist()
 
-    def run_verify(self, seqs: list[Sequence]) -> list:
-        """A step that verifies drafts, in one forward on the prefill path: a token for each
-        position, sampled as a run without drafts samples there (its row seed at that length);
-        a list for each sequence with drafts."""
-        logits = self.compute_logits(seqs, True)
+    def run_verify(self, seqs: list[Sequence], is_prefill: bool) -> list:
+        """A step that verifies drafts, in one forward: a token for each position, sampled as a
+        run without drafts samples there (its row seed at that length); a list for each sequence
+        with drafts."""
+        inputs = None if is_prefill or self.kv_copy_planner is None else self.prepare_verify(seqs)
+        logits = self.compute_logits(seqs, True) if inputs is None else self.run_model(*inputs)
         rows = [(seq, offset) for seq in seqs for offset in range(len(seq.spec_token_ids) + 1)]
         temperatures = [seq.temperature for seq, _ in rows]
         if not any(t > 0 for t in temperatures):
@@ -314,6 +342,14 @@ class ModelRunner:
             out.append(tokens[i:i + n + 1] if n else tokens[i])
             i += n + 1
         return out
+
+    def host_kv_buffer(self, num_blocks: int) -> HostKVBuffer:
+        """The CPU tier's host buffer of `num_blocks` blocks, empty (made at the first call)."""
+        if self.host_kv is None:
+            self.host_kv = HostKVBuffer(self.kv_cache, num_blocks)
+        else:
+            self.host_kv.reset()
+        return self.host_kv
 
     def exit(self):
         if self.graph_runner is not None:

@@ -58,7 +58,12 @@ class CopiesMetadata:
     buckets: tuple                      # KVCopyPlan.buckets as ints
     plan: KVCopyPlan
     block_rows: torch.Tensor | None = None   # refill, in the copies' row order
-    copy_rows: torch.Tensor | None = None    # reuse: [B, Hkv] row ([-1, head_dim] view) of the copies
+    copy_rows: torch.Tensor | None = None    # reuse: [num_tokens, Hkv] row ([-1, head_dim] view) of the copies
+    # a step that verifies drafts: the most queries of a row, the packed token of each (row, query)
+    # (pads repeat token 0), and the (row, query) of each packed token; mask is [rows, 1, max_q * group, keys]
+    max_q: int = 1
+    q_index: torch.Tensor | None = None
+    out_index: torch.Tensor | None = None
 
 
 def _store_rows(slot_mapping: torch.Tensor, block_size: int, num_kv_heads: int) -> torch.Tensor:
@@ -83,6 +88,8 @@ def torch_metadata(context: Context, layer, q: torch.Tensor):
     block_size = layer.k_cache.size(2) if layer.k_cache.dim() == 4 else 1
     if context.is_prefill:
         return _prefill_metadata(context, q.size(0), block_size, layer.num_kv_heads, q.dtype)
+    if context.cpu_plan is not None and context.cpu_plan.last_keys is not None:
+        return _verify_metadata(context, block_size, layer.num_kv_heads, q.size(1) // layer.num_kv_heads, q.dtype)
     return _decode_metadata(context, block_size, layer.num_kv_heads, q.dtype)
 
 
@@ -108,6 +115,28 @@ def _decode_metadata(context: Context, block_size: int, num_kv_heads: int,
         heads = torch.arange(num_kv_heads, device=row_lens.device)
         lens = context.context_lens.long()
         meta.copy_rows = (plan.rows[:, None] * num_kv_heads + heads) * plan.num_keys + (lens[:, None] - 1)
+    else:
+        meta.block_rows = _block_rows(context.block_tables, num_kv_heads)
+    return meta
+
+
+def _verify_metadata(context: Context, block_size: int, num_kv_heads: int, group: int,
+                     dtype: torch.dtype) -> CopiesMetadata:
+    """A decode over the dense copies whose sequences carry several queries (their last token and
+    drafts), on the plan's grid of queries: each KV head's max_q * group query rows, query by query."""
+    plan = context.cpu_plan
+    num_rows, max_q = plan.last_keys.shape
+    buckets = tuple(tuple(bucket) for bucket in plan.buckets.tolist())
+    num_keys = max(keys for _, _, keys in buckets)
+    allowed = torch.arange(num_keys, device=plan.last_keys.device) <= plan.last_keys[:, :, None]
+    mask = _additive(allowed, dtype)[:, :, None].expand(num_rows, max_q, group, num_keys)
+    meta = CopiesMetadata(_store_rows(context.slot_mapping, block_size, num_kv_heads),
+                          mask.reshape(num_rows, 1, max_q * group, num_keys), buckets, plan,
+                          max_q=max_q, q_index=plan.query_tokens, out_index=plan.token_queries)
+    if plan.reuse:
+        heads = torch.arange(num_kv_heads, device=plan.last_keys.device) * plan.num_keys
+        rows = torch.div(plan.token_queries, max_q, rounding_mode="floor")
+        meta.copy_rows = (rows * (num_kv_heads * plan.num_keys) + plan.token_keys)[:, None] + heads
     else:
         meta.block_rows = _block_rows(context.block_tables, num_kv_heads)
     return meta
@@ -221,15 +250,23 @@ def torch_decode_attention(q, k, v, layer, meta: DecodeMetadata | CopiesMetadata
     else:   # refill from the cache: the gather lands in the copies
         torch.index_select(layer.k_blocks, 0, meta.block_rows, out=k_copy.view(-1, layer.k_blocks.size(1)))
         torch.index_select(layer.v_blocks, 0, meta.block_rows, out=v_copy.view(-1, layer.v_blocks.size(1)))
-    # Queries in row order; a row no sequence uses gets a zero query (its output is dropped).
-    query = q.new_zeros(num_rows, num_kv_heads, group, head_dim)
-    query.view(num_rows, num_heads, head_dim).index_copy_(0, plan.rows, q)
+    max_q = meta.max_q
+    if max_q == 1:
+        # Queries in row order; a row no sequence uses gets a zero query (its output is dropped).
+        query = q.new_zeros(num_rows, num_kv_heads, group, head_dim)
+        query.view(num_rows, num_heads, head_dim).index_copy_(0, plan.rows, q)
+    else:   # [rows, Hkv, max_q * group, D]: each KV head's queries, query by query
+        query = q.index_select(0, meta.q_index).view(num_rows, max_q, num_kv_heads, group, head_dim) \
+            .transpose(1, 2).reshape(num_rows, num_kv_heads, max_q * group, head_dim)
     out = torch.empty_like(query)
     for start, end, num_keys in meta.buckets:
         out[start:end] = F.scaled_dot_product_attention(
             query[start:end], k_copy[start:end, :, :num_keys], v_copy[start:end, :, :num_keys],
             attn_mask=meta.mask[start:end, ..., :num_keys], scale=scale)
-    return out.view(num_rows, num_heads, head_dim).index_select(0, plan.rows)
+    if max_q == 1:
+        return out.view(num_rows, num_heads, head_dim).index_select(0, plan.rows)
+    return out.view(num_rows, num_kv_heads, max_q, group, head_dim).transpose(1, 2) \
+        .reshape(num_rows * max_q, num_heads, head_dim).index_select(0, meta.out_index)
 
 
 def _kv_copies(layer, num_rows: int, num_keys: int, reuse: bool) -> tuple[torch.Tensor, torch.Tensor]:

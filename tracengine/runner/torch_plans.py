@@ -9,7 +9,9 @@ Decode: gathering every sequence's keys anew is a large share of a step, so
 attention keeps dense copies of the batch's K/V per layer while the batch
 stays the same or loses sequences (KVCopies, KVCopyPlan): each step appends
 its token there, and attends row range by row range, each as wide as its
-longest sequence."""
+longest sequence. A step that verifies drafts is a decode too: each sequence appends its last
+token and its drafts (several queries, causal over its own), and the copies stay valid for the
+keys before the kept tokens, so a rejected draft's key is written over by the next step."""
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +55,13 @@ class KVCopyPlan:
     rows: torch.Tensor     # int64 [num_seqs]: each sequence's row
     lens: torch.Tensor     # int32 [rows]: keys of each row (1 for a row no sequence uses)
     buckets: torch.Tensor  # int64 [ranges, 3]: (first row, end row, keys) of each row range attended in one call
+    # A step that verifies drafts (each sequence's queries: its last token and its drafts), on a
+    # [rows, max_q] grid of queries; None: one query a row, the rows' last keys.
+    max_q: int = 1
+    query_tokens: torch.Tensor | None = None   # int64 [rows * max_q]: the packed token of each grid query (pads: 0)
+    token_queries: torch.Tensor | None = None  # int64 [num_tokens]: the grid query of each packed token
+    token_keys: torch.Tensor | None = None     # int64 [num_tokens]: its key in its row (where its K/V lands)
+    last_keys: torch.Tensor | None = None      # int64 [rows, max_q]: the last key each grid query sees
 
 
 def even_ranges(n: int, num_ranges: int) -> list[tuple[int, int]]:
@@ -98,6 +107,7 @@ class KVCopies:
     seq_of_row: list[int]      # per row: its index in the batch (read only at a refill)
     reuse: bool
     buckets: tuple = ()        # ((first row, end row, keys to attend), ...)
+    num_queries: list[int] | None = None   # per sequence of the batch, in a step that verifies drafts
 
     @classmethod
     def refill(cls, keys: list, context_lens: list[int], num_keys: int) -> "KVCopies":
@@ -108,21 +118,24 @@ class KVCopies:
         return cls({keys[i]: row for row, i in enumerate(order)}, [context_lens[i] for i in order], num_keys,
                    row_of_seq, order, False)._with_buckets()
 
-    def advance(self, keys: list, context_lens: list[int]) -> "KVCopies | None":
-        """The copies for the next step of (a subset of) the same batch, or None if they must be refilled."""
+    def advance(self, keys: list, context_lens: list[int], num_queries: list[int] | None = None) -> "KVCopies | None":
+        """The copies for the next step of (a subset of) the same batch, or None if they must be refilled.
+        A sequence's new tokens start at most where its row's keys end: a key past its start is a
+        rejected draft's, which this step writes over."""
         num_rows = len(self.lens)
         if max(context_lens) > self.num_keys or num_rows - len(keys) > KV_COPY_MAX_DEAD * num_rows:
             return None
         lens = [0] * num_rows
         row_of_seq = []
-        for key, n in zip(keys, context_lens):
+        for i, (key, n) in enumerate(zip(keys, context_lens)):
             row = self.row_by_key.get(key)
-            # A dead row has length 0: its sequence cannot come back one token longer.
-            if row is None or n != self.lens[row] + 1:
+            start = n - (num_queries[i] if num_queries else 1)
+            # A dead row has length 0: its sequence cannot come back.
+            if row is None or not self.lens[row] or start > self.lens[row]:
                 return None
             lens[row] = n
             row_of_seq.append(row)
-        return KVCopies(self.row_by_key, lens, self.num_keys, row_of_seq, [], True)._with_buckets()
+        return KVCopies(self.row_by_key, lens, self.num_keys, row_of_seq, [], True, (), num_queries)._with_buckets()
 
     def _with_buckets(self) -> "KVCopies":
         num_rows = len(self.lens)
@@ -132,9 +145,35 @@ class KVCopies:
         return self
 
     def plan(self) -> KVCopyPlan:
-        return KVCopyPlan(self.num_keys, self.reuse, torch.tensor(self.row_of_seq, dtype=torch.int64),
+        plan = KVCopyPlan(self.num_keys, self.reuse, torch.tensor(self.row_of_seq, dtype=torch.int64),
                           torch.tensor([max(n, 1) for n in self.lens], dtype=torch.int32),
                           torch.tensor(self.buckets, dtype=torch.int64))
+        if self.num_queries:
+            self._plan_queries(plan)
+        return plan
+
+    def _plan_queries(self, plan: KVCopyPlan) -> None:
+        """The grid of a step that verifies drafts: query j of a sequence whose new tokens start at
+        key s of its row sees keys 0..s + j (a pad repeats its row's last query)."""
+        max_q = plan.max_q = max(self.num_queries)
+        num_rows = len(self.lens)
+        query_tokens = [0] * (num_rows * max_q)
+        last_keys = [0] * (num_rows * max_q)
+        token_queries, token_keys = [], []
+        token = 0
+        for row, q in zip(self.row_of_seq, self.num_queries):
+            start = self.lens[row] - q
+            first = row * max_q
+            for j in range(max_q):
+                last_keys[first + j] = start + min(j, q - 1)
+            query_tokens[first:first + q] = range(token, token + q)
+            token_queries.extend(range(first, first + q))
+            token_keys.extend(range(start, start + q))
+            token += q
+        plan.query_tokens = torch.tensor(query_tokens, dtype=torch.int64)
+        plan.token_queries = torch.tensor(token_queries, dtype=torch.int64)
+        plan.token_keys = torch.tensor(token_keys, dtype=torch.int64)
+        plan.last_keys = torch.tensor(last_keys, dtype=torch.int64).view(num_rows, max_q)
 
 
 class KVCopyPlanner:
@@ -152,10 +191,12 @@ class KVCopyPlanner:
         self.budget = max(kv_cache.nbytes, KV_COPY_MIN_BUDGET)
         self.last: KVCopies | None = None    # None after a prefill or while copies are not used
 
-    def plan(self, seqs: list[Sequence], context_lens: list[int]) -> KVCopies | None:
+    def plan(self, seqs: list[Sequence], context_lens: list[int],
+             num_queries: list[int] | None = None) -> KVCopies | None:
+        """`num_queries`: each sequence's new tokens, in a step that verifies drafts (None: one each)."""
         keys = [(id(seq), seq.seq_id) for seq in seqs]
         if self.last is not None:
-            reused = self.last.advance(keys, context_lens)
+            reused = self.last.advance(keys, context_lens, num_queries)
             if reused is not None:
                 self.last = reused
                 return reused
@@ -166,4 +207,5 @@ class KVCopyPlanner:
             self.last = None
         else:
             self.last = KVCopies.refill(keys, context_lens, num_keys)
+            self.last.num_queries = num_queries
         return self.last

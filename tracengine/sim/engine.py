@@ -11,18 +11,21 @@ No model and no torch: tokens come from a runner without one (replay.whatif.Outp
 for a what-if, SyntheticRunner for a workload). A session's later turn arrives when its session
 releases it (workload/sessions.py): its dependencies' last finish (the end of that step) plus its
 think time."""
-from functools import partial
+import math
+
+import msgspec
 
 from tracengine.engine.config import Config
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.errors import TracengineError
 from tracengine.engine.request import Request
-from tracengine.sim.runners import Departures, SyntheticRunner, check_requests, sampling_params_of
+from tracengine.sim.clock import ClockedEngine, in_arrival_order, run_in_time, taking
+from tracengine.sim.runners import Departures, SyntheticRunner, check_requests
 from tracengine.sim.steptime import holds_decode, seqs_shape
 from tracengine.trace.events import ModelInfo, StepEnd, TraceHeader
 from tracengine.trace.sinks import NULL_SINK, ListSink
 from tracengine.trace.tracelog import make_header
-from tracengine.workload.sessions import NOT_HELD, SessionRelease, has_sessions, session_turn
+from tracengine.workload.sessions import SessionRelease, has_sessions
 
 
 class SimulatedEngine(LLMEngine):
@@ -76,9 +79,6 @@ class SimulatedEngine(LLMEngine):
         return seqs, finished, is_prefill
 
 
-PROGRESS_EVERY = 512     # steps between two calls of a run's `on_progress`
-
-
 def checked_requests(scheduler, requests):
     """`requests` (an iterator), each refused as check_requests refuses it when it is taken."""
     for i, request in enumerate(requests):
@@ -95,70 +95,27 @@ def run_timed(config: Config, requests, step_time, runner=None, sink=None,
     as they come: the run holds only the requests that have arrived and not finished; none
     leaves before it finishes). With `sink` given (a TraceWriter) the events go there and the
     list holds the header only. `first_step_ns`: the earliest start of step 0 (a recording's
-    start-up: see TimedReplay). `on_progress(num_finished, now_ns)`: called every
-    PROGRESS_EVERY steps and at the end."""
+    start-up: see TimedReplay). `on_progress(num_finished, now_ns)`: as run_in_time's."""
     events_sink = sink if sink is not None else ListSink()
     runner = runner if runner is not None else SyntheticRunner(eos=config.eos, seed=config.seed)
     engine = SimulatedEngine(config, runner, step_time, events_sink, policy=policy)   # policy: as LLMEngine's
     sessions = None       # a sessions workload's turns, sent as their sessions release them
     if isinstance(requests, list):
         check_requests(engine.scheduler, requests)     # all of them, before the run
-        leaving = Departures(requests, "abort_ns")
+        departures = Departures(requests, "abort_ns")
         if has_sessions(requests):
             sessions = SessionRelease(requests)
             take = sessions.pop
         else:
-            take = partial(next, iter(sorted(enumerate(requests), key=lambda item: item[1].arrival_ns)), NOT_HELD)
+            take = in_arrival_order(requests)
     else:
-        leaving = Departures([], "abort_ns")
-        take = partial(next, enumerate(checked_requests(engine.scheduler, requests)), NOT_HELD)
-    gap_ns, wake_ns = step_time.gap_ns, step_time.wake_ns
-    index, request = take()      # the next to arrive (None: no more)
-    num_finished = 0
-    while True:
-        idle = engine.is_finished()
-        if idle and request is None:
-            break
-        start = engine.now_ns + gap_ns if engine.num_steps else max(gap_ns, first_step_ns)
-        if idle:    # the engine sleeps until the next arrival, and wakes late
-            start = max(start, request.arrival_ns + wake_ns)
-        elif engine.waits:   # the last step ran nothing: the next starts when a transfer ends, or a request arrives
-            start = max(start, transfer_wait_ns(engine, request.arrival_ns if request is not None else None))
-        engine.now_ns = start
-        while request is not None and request.arrival_ns <= start:
-            engine.add_request(request.prompt, sampling_params_of(request),
-                               seq_id=index if request.seq_id is None else request.seq_id, arrival_ns=request.arrival_ns,
-                               session=None if sessions is None else session_turn(request))
-            index, request = take()
-        if leaving.next_due <= start:      # the clients that left by now, as they left the recording
-            aborted = leaving.abort(engine, start)
-            if sessions is not None:       # an aborted turn ends its session
-                index, request = sessions.end(aborted, (index, request))
-            if engine.is_finished():
-                continue
-        finished = engine.step()[1]
-        num_finished += len(finished)
-        if sessions is not None and finished:      # the turns they release: sent after their think time
-            index, request = sessions.release(finished, engine.now_ns, (index, request))
-        if engine.num_steps >= max_steps:
-            raise TracengineError(f"the simulation did not finish in {max_steps} steps")
-        if on_progress is not None and not engine.num_steps % PROGRESS_EVERY:
-            on_progress(num_finished, engine.now_ns)
-    if on_progress is not None:
-        on_progress(num_finished, engine.now_ns)
+        departures = None
+        take = taking(enumerate(checked_requests(engine.scheduler, requests)))
+    clocked = ClockedEngine(engine, step_time, first_step_ns,
+                            departures.due if departures is not None and departures.next_due < math.inf else None)
+    run_in_time(clocked, take, sessions, max_steps, on_progress)
     head = header if header is not None else make_header(config)
     return [head] if sink is not None else [head, *events_sink.events]
-
-
-def transfer_wait_ns(engine, arrival: int | None) -> int:
-    """When a step that follows one that ran nothing starts: when the CPU tier's next transfer
-    ends, or when the next request (`arrival`: when it arrives, None: none) comes if that is sooner."""
-    done = engine.scheduler.cpu_tier.next_done_ns()
-    times = [t for t in (done, arrival) if t is not None]
-    if not times:
-        raise TracengineError(f"the simulation is stuck at step {engine.num_steps}: no sequence can run and no "
-                              "transfer is in flight (the sequences set aside to load hold the KV blocks)")
-    return min(times)
 
 
 def simulate_config(overrides: dict, requests: list[Request]) -> Config:
@@ -181,11 +138,23 @@ def with_kv_bytes(config: Config, step_time) -> Config:
     return config.replace(kv_bytes_per_token=model.kv_bytes_per_token)
 
 
-def simulation_header(config: Config, step_time) -> TraceHeader:
-    """The header of a simulated run: the model and dtype the step-time model came from."""
+def simulated_model(step_time) -> ModelInfo:
+    """The model a simulated run names: the one the step-time model came from."""
     source = getattr(step_time, "source", {}) or {}
-    return make_header(config, ModelInfo(source.get("model", "") or "synthetic", source.get("dtype", "none"),
-                                         "simulated"), device=f"simulated ({step_time.kind})")
+    return ModelInfo(source.get("model", "") or "synthetic", source.get("dtype", "none"), "simulated")
+
+
+def simulation_header(config: Config, step_time) -> TraceHeader:
+    """The header of a simulated run of tracengine's engine."""
+    return make_header(config, simulated_model(step_time), device=f"simulated ({step_time.kind})")
+
+
+def as_simulated(header: TraceHeader, step_time, model: ModelInfo | None = None) -> TraceHeader:
+    """A scheduler's own header (vLLM's, SGLang's) as a run in simulated time writes it: created_at
+    0 (arrival_ns count from the run's start), the step-time model's device, and `model` (a
+    recorded run's) or the step-time model's."""
+    return msgspec.structs.replace(header, created_at=0.0, device=f"simulated ({step_time.kind})",
+                                   model=model if model is not None else simulated_model(step_time))
 
 
 def token_prompts(requests):

@@ -2,21 +2,20 @@
 is_prefill)` like the model runner, from a hash instead of logits), and `run_workload`, which
 drives the engine's step loop over requests added by step."""
 import math
-from functools import partial
 from typing import Any
 
 import xxhash
 
 from tracengine.engine.config import Config
-from tracengine.errors import RequestError, TracengineError
+from tracengine.errors import RequestError
+from tracengine.sim.clock import StepClockedEngine, in_arrival_order, run_in_time
 from tracengine.trace.sinks import ListSink
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.request import Request
 from tracengine.engine.native import mypyc_attr
-from tracengine.engine.sampling_params import SamplingParams
 from tracengine.engine.sequence import Sequence
 from tracengine.trace.tracelog import make_header
-from tracengine.workload.sessions import NOT_HELD, SessionRelease, has_sessions, session_turn
+from tracengine.workload.sessions import SessionRelease, has_sessions
 
 
 # b"%d" % position, made once per position and shared by every runner: formatting a number is
@@ -95,10 +94,6 @@ class SyntheticRunner:
         pass
 
 
-def sampling_params_of(request: Request) -> SamplingParams:
-    return SamplingParams(request.temperature, request.max_tokens, request.ignore_eos)
-
-
 def check_requests(scheduler: Any, requests: list[Request], under: str = "the config", first_index: int = 0) -> None:
     """Refuse, before a run and naming it, a request that could never run under the scheduler's config
     (a request without a seq_id is named by its index, the first `first_index`)."""
@@ -124,17 +119,20 @@ class Departures:
         self._next = 0
         self.next_due = self._due[0][0] if self._due else math.inf   # read every step: no call
 
-    def abort(self, engine: Any, now: float) -> list[int]:
-        """The seq_ids of the requests taken out (a session ends with its aborted turn)."""
+    def due(self, now: int) -> list[tuple[int, str]]:
+        """(seq_id, reason) of each request due by `now` and not named before, in the order of their times."""
         due = self._due
-        aborted: list[int] = []
+        leaving: list[tuple[int, str]] = []
         while self._next < len(due) and due[self._next][0] <= now:
             _, seq_id, reason = due[self._next]
-            if engine.abort_request(seq_id, reason) is not None:
-                aborted.append(seq_id)
+            leaving.append((seq_id, reason))
             self._next += 1
         self.next_due = due[self._next][0] if self._next < len(due) else math.inf
-        return aborted
+        return leaving
+
+    def abort(self, engine, now: int) -> list[int]:
+        """The seq_ids of the requests taken out (a session ends with its aborted turn)."""
+        return [seq_id for seq_id, reason in self.due(now) if engine.abort_request(seq_id, reason) is not None]
 
 
 def run_workload(config: Config, requests: list[Request], runner: Any = None, sink: ListSink | None = None,
@@ -148,30 +146,9 @@ def run_workload(config: Config, requests: list[Request], runner: Any = None, si
     engine = LLMEngine(config, runner, sink, policy=policy)
     # a session's later turn arrives think_steps after the step its last dependency finished in
     sessions = SessionRelease(requests, "steps") if has_sessions(requests) else None
-    take = sessions.pop if sessions is not None else \
-        partial(next, iter(sorted(enumerate(requests), key=lambda item: item[1].arrival_step)), NOT_HELD)
-    leaving = Departures(requests, "abort_step")
-    r: Any
-    i, r = take()       # the next to arrive (None: no more)
-    while r is not None or not engine.is_finished():
-        now = engine.num_steps
-        if engine.is_finished():      # idle: the next arrivals come now
-            now = max(now, r.arrival_step)
-        while r is not None and r.arrival_step <= now:
-            engine.add_request(r.prompt, sampling_params_of(r), seq_id=i if r.seq_id is None else r.seq_id,
-                               session=None if sessions is None else session_turn(r))
-            i, r = take()
-        if leaving.next_due <= engine.num_steps:
-            aborted = leaving.abort(engine, engine.num_steps)
-            if sessions is not None:
-                i, r = sessions.end(aborted, (i, r))
-            if engine.is_finished():
-                continue
-        finished = engine.step()[1]
-        if sessions is not None and finished:
-            i, r = sessions.release(finished, engine.num_steps, (i, r))
-        if on_step is not None:
-            on_step(engine)
-        if engine.num_steps >= max_steps:
-            raise TracengineError(f"the workload did not finish in {max_steps} steps")
+    take = sessions.pop if sessions is not None else in_arrival_order(requests, "arrival_step")
+    departures = Departures(requests, "abort_step")
+    clocked = StepClockedEngine(engine, departures.due if departures.next_due < math.inf else None,
+                                records_sessions=sessions is not None, on_step=on_step)
+    run_in_time(clocked, take, sessions, max_steps, arrival="arrival_step")
     return [make_header(engine.config), *sink.events]

@@ -9,6 +9,7 @@ source gives the same row: a forked worker, a Ray worker on another node, this p
 The source is read once per process (`PreparedSources`): from its path on this machine, or
 from the bytes a worker elsewhere was sent."""
 import dataclasses
+import functools
 import hashlib
 import importlib
 import json
@@ -162,7 +163,8 @@ def make_runner(spec: SweepSpec, read):
     `spec.maker` makes of the source as read. A maker is named, not passed, so that a spec stays
     data; the what-ifs of a trace have theirs in replay/sweeps.py (sim imports nothing of replay)."""
     module, _, name = spec.maker.partition(":")
-    return getattr(importlib.import_module(module), name)(spec, read)
+    # `module:name.attribute` too (an entry point's form): a method of a module-level record
+    return functools.reduce(getattr, name.split("."), importlib.import_module(module))(spec, read)
 
 
 def simulate_runner(spec: SweepSpec, requests):
@@ -182,13 +184,12 @@ def run_variant(spec: SweepSpec, source: Source, variant: Variant, prepared: Pre
     if variant.request_rate is None:
         return runner(variant.overrides)
     from tracengine.analysis.stats import stats
-    from tracengine.sim.engine import simulate, simulate_config
     from tracengine.sim.sweep import SimulateVariant, row_of
     if not isinstance(runner, SimulateVariant):
         raise TracengineError("a capacity search runs `simulate` workloads")
     requests = at_rate(runner.requests, variant.request_rate, source.params)
-    config = simulate_config({**spec.base, **variant.overrides}, requests)
-    s = stats(simulate(config, requests, runner.step_time), spec.slo)
+    # through the runner's engine: tracengine's, or another's own scheduler (simulate --scheduler)
+    s = stats(runner.engine.run({**spec.base, **variant.overrides}, requests, runner.step_time), spec.slo)
     return {**row_of(s), "good_request_share": s.goodput.good_request_share if s.goodput is not None else None}
 
 

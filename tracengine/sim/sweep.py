@@ -146,21 +146,34 @@ def plot_rows(path: str, variants: list[dict], rows: list[dict], figure: str, fi
     plt.close(fig)
 
 
-class SimulateVariant:
-    """`tracengine simulate` of timed requests under base + overrides."""
-    figures = IN_TIME
+class TracengineSimulation:
+    """How `simulate` runs tracengine's engine (sim/engine.py), for SimulateVariant."""
 
-    def __init__(self, requests: list, base: dict, step_time, slo: dict | None = None):
-        self.requests, self.base, self.step_time, self.slo = requests, base, step_time, slo
-
-    def check(self, overrides: dict):
+    @staticmethod
+    def check(fields: dict, requests: list) -> None:
         from tracengine.engine.scheduler import Scheduler
         from tracengine.sim.runners import check_requests
         from tracengine.sim.engine import simulate_config
-        check_requests(Scheduler(simulate_config({**self.base, **overrides}, self.requests)), self.requests)
+        check_requests(Scheduler(simulate_config(fields, requests)), requests)
+
+    @staticmethod
+    def run(fields: dict, requests: list, step_time) -> list:
+        from tracengine.sim.engine import simulate, simulate_config
+        return simulate(simulate_config(fields, requests), requests, step_time)
+
+
+class SimulateVariant:
+    """`tracengine simulate` of timed requests under base + overrides, through `engine` (its
+    `check(fields, requests)` and `run(fields, requests, step_time) -> events`): tracengine's
+    by default, vLLM's scheduler's with `--scheduler vllm` (vllm/simulate.VllmSimulation)."""
+    figures = IN_TIME
+
+    def __init__(self, requests: list, base: dict, step_time, slo: dict | None = None, engine=TracengineSimulation):
+        self.requests, self.base, self.step_time, self.slo, self.engine = requests, base, step_time, slo, engine
+
+    def check(self, overrides: dict):
+        self.engine.check({**self.base, **overrides}, self.requests)
 
     def __call__(self, overrides: dict) -> dict:
         from tracengine.analysis.stats import stats
-        from tracengine.sim.engine import simulate, simulate_config
-        config = simulate_config({**self.base, **overrides}, self.requests)
-        return row_of(stats(simulate(config, self.requests, self.step_time), self.slo))
+        return row_of(stats(self.engine.run({**self.base, **overrides}, self.requests, self.step_time), self.slo))

@@ -15,6 +15,7 @@ from typing import Union
 
 import msgspec
 
+from tracengine.trace.vllm_events import BACKEND_EVENTS
 from tracengine.trace.events import (
     AnyEvent,
     BlockAllocate,
@@ -47,7 +48,7 @@ WIRE_FORMS = {BlockAllocate: (BlockAllocateRuns, "block_ids"), BlockFree: (Block
               Preempt: (PreemptRuns, "freed_block_ids"), PromptBlocksHashed: (PromptBlocksHashedRuns, "block_ids")}
 EVENT_OF_WIRE_FORM = {wire: (event_type, field) for event_type, (wire, field) in WIRE_FORMS.items()}
 # what a frame's payload decodes to: the events and their wire forms
-WireEvent = Union[AnyEvent, BlockAllocateRuns, BlockFreeRuns, PreemptRuns, PromptBlocksHashedRuns]
+WireEvent = Union[(AnyEvent, BlockAllocateRuns, BlockFreeRuns, PreemptRuns, PromptBlocksHashedRuns, *BACKEND_EVENTS)]
 
 
 def id_runs(ids: list[int]) -> list[int]:

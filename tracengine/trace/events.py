@@ -137,12 +137,14 @@ class BlockAllocate(Event, tag=3):
     seq_id: int
     block_ids: list[int]
     num_cached_blocks: int   # leading blocks that were prefix-cache hits
+    group: int = 0           # format 13: the KV cache group (vLLM's hybrid models: vllm/group_blocks.py)
 
 
 class BlockAppend(Event, tag=4):
     step: int
     seq_id: int
     block_id: int
+    group: int = 0
 
 
 class BlockHash(Event, tag=5):
@@ -156,6 +158,7 @@ class BlockFree(Event, tag=6):
     step: int
     seq_id: int
     block_ids: list[int]     # the sequence's block table, in release order (tail first)
+    group: int = 0
 
 
 class Preempt(Event, tag=7):

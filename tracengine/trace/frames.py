@@ -92,7 +92,7 @@ import xxhash
 from tracengine.trace.dictionary import DICTIONARY
 from tracengine.trace.events import BlockFree, RequestAdded, RunEnd, SeqAbort, StepEnd
 
-FORMAT_VERSION = 11
+FORMAT_VERSION = 13
 # 2 appended arrival_ns, top_k, top_p, seed to RequestAdded and gap_ns to StepEnd; 3 checks each frame head;
 # 4 adds RequestAdded's hash-id prompt fields, a fleet's events (ReplicaScope, RouteDecision, KVTransfer)
 # and TraceHeader.fleet (docs/cluster.md); 5 appends the engine and what vLLM's scheduler records;
@@ -103,8 +103,11 @@ FORMAT_VERSION = 11
 # RequestAdded's session fields (workload/sessions.py); 11 appends TraceHeader.not_recorded, a vLLM trace's
 # speculative decoding events (SpecDraft, SpecDecode, SpecAccepted) and LoRA fields, speculative
 # decoding's DraftProposed and DraftVerified in tracengine's engine (engine/spec_decode.py), and the CPU
-# tier's events (CpuStore with its evictions, CpuLoad, CpuHit: engine/cpu_tier.py)
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
+# tier's events (CpuStore with its evictions, CpuLoad, CpuHit: engine/cpu_tier.py); 12 adds a vLLM KV connector's
+# answers and transfers (KVConnector*, KVTransfersDone) and structured output's grammars (Grammar*);
+# 13 appends the KV cache group to block events and adds BlockSkip (a vLLM hybrid model's groups), and
+# SGLang's schedule policy order and prefill adder stop (PolicyOrder, PrefillStop: sglang_events.py)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
 RUN_END_SINCE = 6                      # the first version whose end frame may hold a RunEnd
 BETWEEN_STEPS_FRAMES_SINCE = 8         # the first version whose between-steps frames may come before their step's
 MAGIC = b"TRCE"

@@ -31,16 +31,17 @@ def split_header(events) -> tuple[TraceHeader, Iterator[AnyEvent]]:
     return check_header(next(it, None)), it
 
 
-ENGINE, VLLM, FLEET = "tracengine", "vllm", "fleet"      # the backends a trace can name
+ENGINE, VLLM, FLEET, SGLANG = "tracengine", "vllm", "fleet", "sglang"      # the backends a trace can name
 
 
 def backend_of(header: TraceHeader) -> str:
     """The backend that runs a trace's scheduling again, as its header names it: a fleet of
-    engines (the header has a fleet), vLLM's own scheduler (engine "vllm"), or tracengine's
-    engine. The one place that reads a header's kind: everything else asks this."""
+    engines (the header has a fleet), vLLM's own scheduler (engine "vllm"), SGLang's (engine
+    "sglang"), or tracengine's engine. The one place that reads a header's kind: everything
+    else asks this."""
     if header.fleet:
         return FLEET
-    return VLLM if header.engine == "vllm" else ENGINE
+    return {"vllm": VLLM, "sglang": SGLANG}.get(header.engine, ENGINE)
 
 
 def block_pool_config(header: TraceHeader) -> tuple[int, int, int]:
@@ -48,6 +49,9 @@ def block_pool_config(header: TraceHeader) -> tuple[int, int, int]:
     tracengine's fields, or vLLM's in a trace of vLLM's scheduler (whose block 0 is its null
     block, never used); -1, -1, 0 where they are not recorded."""
     config = header.config
+    if backend_of(header) == SGLANG:     # token-pool slots, slot 0 SGLang's padding slot
+        num_slots = config.get("max_total_tokens", -1)
+        return (num_slots + 1, num_slots, 1) if isinstance(num_slots, int) and num_slots > 0 else (-1, -1, 0)
     if backend_of(header) == VLLM:
         num_blocks, block_size = config.get("num_gpu_blocks", -1), config.get("block_size", 0)
         return num_blocks, num_blocks - 1 if isinstance(num_blocks, int) and num_blocks > 0 else -1, block_size

@@ -22,14 +22,32 @@ from tracengine.tui.screens import EventTypePicker, HelpScreen, NumberPrompt, Ru
 from tracengine.tui.seq_view import SeqScreen, life_lines, life_summary
 from tracengine.tui.trace_index import EVENT_TYPE_NAMES, StepView, TraceIndex
 from tracengine.tui.widgets.block_map import BlockMap
+from tracengine.tui.widgets.cpu_tier import CpuTierPanel, tier_capacity
 from tracengine.tui.widgets.event_list import EventList
 from tracengine.tui.widgets.header import Explanation, TraceHeaderBar
 from tracengine.tui.widgets.queues import SeqTable
 from tracengine.tui.widgets.timeline import Timeline
+from tracengine.replay.sglang_fold import PADDING_SLOT
 from tracengine.replay.vllm_fold import NULL_BLOCK_ID
-from tracengine.trace.header import VLLM, backend_of
+from tracengine.trace.header import SGLANG, VLLM, backend_of
 
 SPEEDS = (1, 2, 5, 10, 25, 50, 100)   # steps per second when playing
+
+
+def with_cpu_tier(block_map: BlockMap, header) -> ComposeResult:
+    """The KV block map, and beside it the CPU tier's panel where the trace has a tier."""
+    capacity = tier_capacity(header)
+    if not capacity:
+        yield block_map
+        return
+    with Horizontal(id="tiers"):
+        yield block_map
+        yield CpuTierPanel(capacity, id="cpu-tier").data_bind(TraceApp.view)
+
+
+def null_block_id(header) -> int:
+    """The block no sequence ever holds: vLLM's null block, SGLang's padding slot (-1: none)."""
+    return {VLLM: NULL_BLOCK_ID, SGLANG: PADDING_SLOT}.get(backend_of(header), -1)
 
 
 class TraceApp(App):
@@ -132,8 +150,9 @@ class TraceApp(App):
                 yield SeqTable("running", id="running", max_num_seqs=header.config.get("max_num_seqs")).data_bind(
                     TraceApp.view, TraceApp.selected_seq_id)
             with Vertical(id="state"):
-                yield BlockMap(NULL_BLOCK_ID if backend_of(header) == VLLM else -1, id="blocks").data_bind(
+                block_map = BlockMap(null_block_id(header), id="blocks").data_bind(
                     TraceApp.view, TraceApp.selected_seq_id)
+                yield from with_cpu_tier(block_map, header)
                 yield EventList(self.index, id="events").data_bind(TraceApp.step, TraceApp.num_steps,
                                                                    TraceApp.event_type)
         yield Footer()
@@ -255,7 +274,8 @@ class TraceApp(App):
         def done(step: int | None) -> None:
             if step is not None:
                 self.go(step)
-        self.push_screen(SeqScreen(life_summary(seq), life_lines(seq_id, self.index.milestones(seq_id), last)), done)
+        milestones = self.index.milestones(seq_id)
+        self.push_screen(SeqScreen(life_summary(seq, milestones), life_lines(seq_id, milestones, last)), done)
 
     # -- play ------------------------------------------------------------------------------------------
 

@@ -3,8 +3,9 @@ the seeds' terms (head-of-line blocking, chunk gate, running tail). It reads
 the step's recorded events; it decides nothing."""
 from collections.abc import Mapping
 
-from tracengine.trace.events import (BlockAllocate, KVTransfer, Preempt, ScheduleDecision, SeqAbort, SeqFinish,
-                                     TokenSample)
+from tracengine.analysis.sglang_decisions import explain as sglang_clauses
+from tracengine.trace.events import (BlockAllocate, DraftVerified, KVTransfer, Preempt, ScheduleDecision, SeqAbort,
+                                     SeqFinish, SpecAccepted, SpecDecode, TokenSample)
 
 
 def explain_step(events: list, seqs: Mapping, num_free_before: int,
@@ -26,7 +27,25 @@ def explain_step(events: list, seqs: Mapping, num_free_before: int,
               for e in events if isinstance(e, KVTransfer)]
     finished = [f"seq {e.seq_id} aborted ({e.reason})" for e in events if isinstance(e, SeqAbort)]
     finished += [f"seq {e.seq_id} finished ({e.reason})" for e in events if isinstance(e, SeqFinish)]
-    return "; ".join(landed + [text] + finished)
+    return "; ".join(landed + [text] + sglang_clauses(events) + _drafts_kept(events) + finished)
+
+
+def _drafts_kept(events) -> list[str]:
+    """Speculative decoding: of each sequence's drafts verified, how many were kept (tracengine's
+    engine: DraftVerified; vLLM's scheduler: SpecAccepted, of the drafts SpecDecode scheduled)."""
+    kept = [f"seq {e.seq_id} {e.num_accepted_tokens} of {e.num_draft_tokens}" for e in events
+            if isinstance(e, DraftVerified) and not e.padded]
+    scheduled = {s: n for e in events if isinstance(e, SpecDecode) for s, n in zip(e.seq_ids, e.num_spec_tokens)}
+    kept += [f"seq {s} {a}" + (f" of {scheduled[s]}" if s in scheduled else "")
+             for e in events if isinstance(e, SpecAccepted) for s, a in zip(e.seq_ids, e.num_accepted)]
+    return ["drafts kept: " + ", ".join(kept)] if kept else []
+
+
+def _decode_tokens(n: int, num_tokens: int) -> str:
+    """What each of n decoding sequences computes: one token, or (verifying drafts) more."""
+    if num_tokens <= n:
+        return "1 token" if n == 1 else "1 token each"
+    return f"{_tokens(num_tokens)} with their drafts"
 
 
 def _mixed(decision, events, seqs, budget, max_num_seqs) -> str:
@@ -34,7 +53,9 @@ def _mixed(decision, events, seqs, budget, max_num_seqs) -> str:
     decoding = [s.seq_id for s in decision.seqs[:decision.num_decode_seqs]]
     prefill = decision.seqs[decision.num_decode_seqs:]
     who = f"seq {decoding[0]}" if len(decoding) == 1 else f"{len(decoding)} seqs"
-    parts = [f"mixed batch: decode {who}, 1 token each, beside prefill "
+    num_decode_tokens = sum(s.num_tokens for s in decision.seqs[:decision.num_decode_seqs])
+    tokens = "1 token each" if num_decode_tokens <= len(decoding) else f"{_tokens(num_decode_tokens)} with their drafts"
+    parts = [f"mixed batch: decode {who}, {tokens}, beside prefill "
              + ", ".join(_prefill_items(prefill, events, seqs))
              + f", {_tokens(decision.num_batched_tokens)} in all"]
     parts += _preemptions(events)
@@ -108,7 +129,8 @@ def _decode(decision, events, num_free_before, max_num_seqs) -> str:
         # nothing was allocated before the head blocked, so the step's starting count applies
         parts.append(_blocked(decision.blocked_seq_id, decision.num_blocks_needed, num_free_before))
     n = len(decision.seqs)
-    text = "decode: " + (f"seq {decision.seqs[0].seq_id}, 1 token" if n == 1 else f"{n} seqs, 1 token each")
+    tokens = _decode_tokens(n, decision.num_batched_tokens)
+    text = "decode: " + (f"seq {decision.seqs[0].seq_id}, {tokens}" if n == 1 else f"{n} seqs, {tokens}")
     if n == 0:
         text = "decode: no sequence could run"
     parts.append(text)

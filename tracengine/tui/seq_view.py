@@ -1,5 +1,6 @@
 """One sequence's whole life: arrival, prefill chunks, first token,
-preemptions and recomputation, finish. Picking a line goes to its step."""
+preemptions and recomputation, the drafts each step verified and what it
+kept (speculative decoding), finish. Picking a line goes to its step."""
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -9,7 +10,7 @@ from textual.widgets import Label, OptionList, Static
 from tracengine.tui.trace_index import Milestone
 
 
-def life_summary(seq) -> str:
+def life_summary(seq, milestones: list[Milestone] = ()) -> str:
     parts = [f"seq {seq.seq_id}: {seq.num_prompt_tokens} prompt + {seq.num_tokens - seq.num_prompt_tokens} "
              f"completion tokens", f"arrived at step {seq.arrival_step}"]
     if seq.first_token_step >= 0:
@@ -17,6 +18,11 @@ def life_summary(seq) -> str:
                      f"({seq.first_token_step - seq.arrival_step} steps to first token)")
     if seq.num_preemptions:
         parts.append(f"preempted {seq.num_preemptions}×")
+    verifies = [m for m in milestones if m.kind == "verify"]
+    if verifies:
+        drafted, kept = sum(m.num_tokens for m in verifies), sum(m.num_accepted for m in verifies)
+        parts.append(f"{drafted} drafts verified in {len(verifies)} steps, {kept} kept"
+                     + (f" ({kept / drafted:.0%})" if drafted else ""))
     if seq.finish_step >= 0:
         parts.append(f"finished at step {seq.finish_step} ({seq.finish_reason})")
     else:
@@ -56,9 +62,18 @@ def life_lines(seq_id: int, milestones: list[Milestone], last_step: int) -> list
                        else f"seq {m.other_seq_id} (it is the running tail)")
                 lines.append((m.step, f"preempted for {who}: {m.num_tokens} computed tokens dropped, "
                                       f"back to the head of waiting"))
+            case "verify":
+                drafts = f" {_ids(m.draft_token_ids)}" if m.draft_token_ids else ""
+                appended = f": appends {_ids(m.kept_token_ids)}" if m.kept_token_ids else ""
+                lines.append((m.step, f"verifies {m.num_tokens} draft{'s' if m.num_tokens != 1 else ''}{drafts}, "
+                                      f"keeps {m.num_accepted}{appended}"))
             case "finish":
                 lines.append((m.step, f"finishes ({m.reason}) with {m.num_tokens} completion tokens; blocks freed"))
     return lines
+
+
+def _ids(token_ids) -> str:
+    return "[" + " ".join(map(str, token_ids)) + "]"
 
 
 class SeqScreen(ModalScreen[int | None]):

@@ -14,13 +14,17 @@ from dataclasses import dataclass, field
 
 from tracengine.analysis.stats import stats
 from tracengine.errors import TraceError
-from tracengine.trace.events import (AnyEvent, BlockAllocate, Preempt, RequestAdded, ScheduleDecision, SeqFinish,
-                                     StepEnd, TokenSample, prefill_flags)
+from tracengine.trace.vllm_events import BACKEND_EVENTS
+from tracengine.trace.events import (AnyEvent, BlockAllocate, CpuHit, CpuLoad, CpuStore, DraftProposed,
+                                     DraftVerified, Preempt, RequestAdded, ScheduleDecision, SeqFinish,
+                                     SpecAccepted, SpecDecode, SpecDraft, StepEnd, TokenSample, prefill_flags)
 from tracengine.replay.fold import Fold, FoldState
 from tracengine.trace.tracelog import TraceReader
 from tracengine.tui.explain import explain_step
 
-EVENT_TYPE_NAMES = [cls.__name__ for cls in AnyEvent.__args__ if cls.__name__ != "TraceHeader"]
+EVENT_TYPE_NAMES = [cls.__name__ for cls in (*AnyEvent.__args__, *BACKEND_EVENTS) if cls.__name__ != "TraceHeader"]
+# speculative decoding's events: tracengine's engine's, then vLLM's scheduler's
+DRAFT_EVENT_NAMES = frozenset(("DraftProposed", "DraftVerified", "SpecDraft", "SpecDecode", "SpecAccepted"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,17 +37,33 @@ class StepView:
     end_ns: int = 0
     age_ns: dict | None = None   # seq_id -> time from its arrival to the end of the step, for the queues
     seq_label_width: int = 2     # digits of the largest seq id read so far: the KV map labels each whole
+    cpu_step: tuple = (0, 0, 0, 0, 0)   # what the step did to a CPU tier (step_tier_figures)
 
     @property
     def phase(self) -> str:
         return self.state.decision.phase if self.state.decision is not None else ""
 
 
+def step_tier_figures(events) -> tuple[int, int, int, int, int]:
+    """What a step's events did to the tier: (blocks stored, blocks evicted, blocks hit, loads
+    started, loads ended)."""
+    stored = evicted = hit = started = ended = 0
+    for e in events:
+        if type(e) is CpuStore:
+            stored, evicted = stored + len(e.hashes), evicted + len(e.evicted)
+        elif type(e) is CpuHit:
+            hit, started = hit + len(e.hashes), started + 1
+        elif type(e) is CpuLoad:
+            ended += 1
+    return stored, evicted, hit, started, ended
+
+
+
 @dataclass(slots=True)
 class Milestone:
     """A moment of one sequence's life, for the sequence view."""
     step: int
-    kind: str          # arrive, prefill, preempt, finish
+    kind: str          # arrive, prefill, preempt, finish, verify (drafts)
     num_tokens: int = 0
     num_cached_tokens: int = 0
     other_seq_id: int = -1   # the seq that needed the block, for "preempt"
@@ -51,6 +71,11 @@ class Milestone:
     is_first_chunk: bool = True
     is_last_chunk: bool = True
     reason: str = ""
+    # "verify": num_tokens drafts were verified, num_accepted kept; the drafts' tokens where the
+    # trace has them, and the tokens the step appended (the kept drafts, then the model's token)
+    num_accepted: int = 0
+    draft_token_ids: tuple = ()
+    kept_token_ids: tuple = ()
 
 
 PHASES = ("decode", "prefill", "mixed")      # in the order a column of several steps shows them
@@ -95,6 +120,8 @@ class TraceIndex:
             self._open_step: list = []   # events read of the step not yet ended
             self._summary = _StepIndex()
             self._milestones: dict[int, list[Milestone]] = {}
+            self._drafts: dict[int, list[int]] = {}       # seq_id -> its drafts last proposed
+            self._num_spec: dict[int, int] = {}           # seq_id -> its drafts vLLM last scheduled
             self._index_frames()         # what the first slice read, so step 0 shows at once
         except BaseException:
             self.reader.close()
@@ -149,9 +176,38 @@ class TraceIndex:
             if type(e) is RequestAdded:     # a format-1 trace: it arrived as its step began
                 s.arrival_ns[e.seq_id] = e.arrival_ns if e.arrival_ns >= 0 else start
                 s.max_seq_id = max(s.max_seq_id, e.seq_id)
+        if not names.isdisjoint(DRAFT_EVENT_NAMES):
+            self._note_drafts(step, events)
         if decision is not None and (decision.phase != "decode" or "Preempt" in names
                                      or "RequestAdded" in names or "SeqFinish" in names):
             self._note_milestones(step, events, decision)
+
+    def _note_drafts(self, step, events) -> None:
+        """A "verify" milestone for each sequence whose drafts the step verified, in the order of
+        the step's events: drafts proposed after a step are verified by a later one."""
+        kept: dict[int, list[int]] = {}
+        for e in events:
+            if type(e) is TokenSample and e.kept:
+                kept.setdefault(e.seq_id, []).append(e.token_id)
+        verified = []   # (seq_id, drafts verified, kept)
+        for e in events:
+            t = type(e)
+            if t is DraftVerified and not e.padded:
+                verified.append((e.seq_id, e.num_draft_tokens, e.num_accepted_tokens))
+            elif t is DraftProposed:
+                self._drafts[e.seq_id] = e.draft_token_ids
+            elif t is SpecDraft:
+                self._drafts[e.seq_id] = e.token_ids
+            elif t is SpecDecode:
+                self._num_spec.update(zip(e.seq_ids, e.num_spec_tokens))
+            elif t is SpecAccepted:
+                verified += [(s, self._num_spec.get(s, a), a) for s, a in zip(e.seq_ids, e.num_accepted)]
+            for seq_id, num_drafts, num_accepted in verified:
+                self._milestones.setdefault(seq_id, []).append(Milestone(
+                    step, "verify", num_drafts, num_accepted=num_accepted,
+                    draft_token_ids=tuple(self._drafts.get(seq_id, ())[:num_drafts]),
+                    kept_token_ids=tuple(kept.get(seq_id, ()))))
+            verified.clear()
 
     def _note_milestones(self, step, events, decision) -> None:
         allocated = {e.seq_id for e in events if type(e) is BlockAllocate}
@@ -203,13 +259,16 @@ class TraceIndex:
         state = self.fold.state_at(step)
         free_before = self._summary.num_free_blocks[step - 1] if step > 0 else self.num_free_blocks_at_start
         config = self.header.config
-        explanation = explain_step(self.events_at(step), state.seqs, free_before,
-                                   config.get("max_num_batched_tokens", 0), config.get("max_num_seqs", 0))
+        events = self.events_at(step)
+        explanation = explain_step(events, state.seqs, free_before,
+                                   config.get("max_num_batched_tokens", config.get("chunked_prefill_size", 0)),
+                                   config.get("max_num_seqs", config.get("max_running_requests", 0)))   # or SGLang's
         s = self._summary
         end = s.end_ns[step]
         ages = {seq_id: end - s.arrival_ns[seq_id] for seq_id in (*state.waiting, *state.running)
                 if seq_id in s.arrival_ns}
-        return StepView(step, state, explanation, s.start_ns[step], end, ages, max(2, len(str(s.max_seq_id))))
+        return StepView(step, state, explanation, s.start_ns[step], end, ages, max(2, len(str(s.max_seq_id))),
+                        step_tier_figures(events) if config.get("kv_offloading_size") else (0, 0, 0, 0, 0))
 
     def event_start(self, step: int) -> int:
         """The line of a step's first event in the list of all events."""

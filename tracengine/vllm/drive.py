@@ -9,6 +9,12 @@ import functools
 from collections import deque
 from dataclasses import dataclass, field
 
+from tracengine.errors import TracengineError
+from tracengine.sim.clock import Stepped, in_arrival_order, run_in_time
+from tracengine.sim.steptime import step_shape
+from tracengine.trace.events import ScheduleDecision, prefill_flags
+from tracengine.vllm.synthetic import synthetic_acceptance
+
 EOS_TOKEN_ID = 2
 FILLER_TOKEN_IDS = (0, 1)     # past a recorded output: the first that stops nothing
 # made-up tokens (here and executor.py's) are FIRST_TOKEN_ID .. FIRST_TOKEN_ID + NUM_TOKEN_IDS - 1
@@ -89,6 +95,7 @@ class Driver:
         # (async); every request's drafts as given and verified, a what-if's `RequestSpec.drafts`
         self.spec_decoding = scheduler.vllm_config.speculative_config is not None
         self.async_drafts = self.spec_decoding and batch_queue_size(scheduler) > 1
+        self.synthetic = synthetic_acceptance(scheduler) if self.spec_decoding else None   # synthetic.py
         self.drafts_log: dict = {}
 
     def add(self, spec: RequestSpec) -> None:
@@ -129,16 +136,19 @@ class Driver:
             token_at = functools.partial(self.token_at, req_id, peek=True)
             if self.async_drafts:       # the worker drafts: the scheduler holds placeholders
                 drafts = self.propose(req_id, n, len(drafts))
-                a = num_accepted(drafts, n, token_at)
+            # the drafts given (or vLLM's padding, -1: never a token), kept as they equal the tokens, or synthetically
+            a = num_accepted(drafts, n, token_at) if self.synthetic is None else \
+                self.synthetic.num_accepted(self.index[req_id], request.num_prompt_tokens + n, drafts)
+            if self.async_drafts:
                 self.drafts_given(req_id).add(n, drafts[:a + 1])    # what the verification shows of them
-            else:                       # the drafts given (or vLLM's padding, -1: never a token)
-                a = num_accepted(drafts, n, token_at)
             tokens[req_id] = [self.token_at(req_id, n)] + [token_at(n + j) for j in range(1, a + 1)]
         return tokens
 
     def propose(self, req_id: str, n: int, k: int) -> list[int]:
         """A request's drafts at output length n: its spec's (a recording's), else made up."""
         spec = self.by_id[req_id]
+        if self.synthetic is not None:      # its own next tokens
+            return [self.token_at(req_id, n + j, peek=True) for j in range(k)]
         if spec.drafts is not None:
             return spec.drafts.propose(n, k)
         from tracengine.vllm.spec import made_up_drafts
@@ -148,9 +158,10 @@ class Driver:
         from tracengine.vllm.spec import Drafts
         return self.drafts_log.setdefault(req_id, Drafts())
 
-    def give_drafts(self, req_ids) -> None:
+    def give_drafts(self, req_ids, k: int | None = None) -> None:
         """After a step's output (synchronous scheduling, vLLM's post_step): the next drafts of the
-        requests that sampled, as vLLM's engine core gives them (update_draft_token_ids)."""
+        requests that sampled, as vLLM's engine core gives them (update_draft_token_ids); `k` of
+        them each, the step's draft length (a dynamic one's), else the config's."""
         from vllm.v1.outputs import DraftTokenIds
         ids, drafts = [], []
         for req_id in req_ids:
@@ -159,7 +170,7 @@ class Driver:
                 continue
             n = request.num_output_tokens
             ids.append(req_id)
-            drafts.append(self.propose(req_id, n, self.scheduler.num_spec_tokens))
+            drafts.append(self.propose(req_id, n, self.scheduler.num_spec_tokens if k is None else k))
             self.drafts_given(req_id).add(n, drafts[-1])
         if ids:
             self.scheduler.update_draft_token_ids(DraftTokenIds(ids, drafts))
@@ -167,9 +178,10 @@ class Driver:
 
 def check_progress(scheduler, out) -> None:
     """A step that scheduled and preempted nothing with nobody running and a request waiting: the
-    waiting head never fits (all the blocks are free or evictable), so no later step would run it."""
+    waiting head never fits (all the blocks are free or evictable), so no later step would run it.
+    A KV connector may hold a request back (a lookup it cannot answer yet): not checked then."""
     if out.total_num_scheduled_tokens == 0 and not out.preempted_req_ids and not scheduler.running \
-            and scheduler.waiting:
+            and scheduler.waiting and scheduler.connector is None:
         from tracengine.errors import ConfigError
         request = scheduler.waiting.peek_request()
         manager = scheduler.kv_cache_manager
@@ -184,55 +196,160 @@ def batch_queue_size(scheduler) -> int:
     return 2 if isinstance(scheduler, AsyncScheduler) else 1
 
 
-def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, in_step_aborts: dict | None = None,
-        max_steps: int = 100_000, schedule_log: list | None = None, past_output: set | None = None,
-        drafts_log: dict | None = None) -> int:
-    """Runs `specs` through `scheduler` until it has no requests; returns the number of steps.
-    A request arrives before the step its `arrival_step` names (an idle engine skips ahead to
-    the next arrival, so steps then run behind that count). `aborts[k]`: request ids aborted
-    before step k is scheduled; `in_step_aborts[k]`: ids aborted while step k is in flight,
-    before its output is processed (vLLM's aborts queue). `past_output` gets the ids of
-    recorded requests that ran past their recorded output."""
-    from vllm.v1.request import RequestStatus
+class VllmClockedEngine:
+    """vLLM's scheduler behind the engine interface (engine/interface.py), driven as its engine
+    core drives it: the requests given it (RequestSpec) enter before the next step, the clients
+    that left by then leave, and a step is one turn of the engine core: schedule (with async
+    scheduling, two batches in flight) or process the oldest batch's output.
 
-    aborts, in_step_aborts = aborts or {}, in_step_aborts or {}
-    queue_size = batch_queue_size(scheduler)
-    driver = Driver(scheduler, specs, past_output)
-    if drafts_log is not None:      # request id -> its drafts as given and verified (spec.Drafts)
-        driver.drafts_log = drafts_log
-    pending = deque(sorted(specs, key=lambda s: s.arrival_step))
-    batch_queue: deque = deque()
-    num_scheduled = 0
-    tick = 0          # the arrivals' clock: a step, or an idle wait for the next arrival
+    Its clock is simulated time when given a step-time model (`step_time`: each scheduled step
+    lasts what the model says for its batch, the recording scheduler's StepEnds get those
+    times; a client leaves at its RequestSpec's abort_ns; an idle scheduler sleeps until a
+    request comes and wakes `wake_ns` after it), else steps (a step-exact run: a request arrives
+    before the step its arrival_step names, an idle scheduler skips ahead to it; `aborts[k]`:
+    request ids aborted before step k is scheduled, `in_step_aborts[k]` while step k is in
+    flight, before its output is processed, as vLLM's aborts queue has them)."""
 
-    # aborts and steps are keyed by schedule() calls, arrivals by `tick`
-    while num_scheduled < max_steps:
-        if not scheduler.has_requests() and not batch_queue:
-            if not pending:
-                return num_scheduled
-            tick = max(tick, pending[0].arrival_step)
-        while pending and pending[0].arrival_step <= tick:
-            driver.add(pending.popleft())
-        for req_id in aborts.get(num_scheduled, ()):
-            scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
+    def __init__(self, scheduler, specs, step_time=None, first_step_ns: int = 0, past_output: set | None = None,
+                 aborts: dict | None = None, in_step_aborts: dict | None = None, schedule_log: list | None = None,
+                 kv_worker=None):
+        """`kv_worker`: a KV connector's workers (kv_worker.KVWorker), reporting the transfers each
+        step finished in its output."""
+        self.scheduler = scheduler
+        self.kv_worker = kv_worker
+        self.driver = Driver(scheduler, specs, past_output)
+        self.queue_size = batch_queue_size(scheduler)
+        self.batch_queue: deque = deque()
+        self.step_time = step_time
+        self.first_step_ns = first_step_ns
+        self.aborts, self.in_step_aborts = aborts or {}, in_step_aborts or {}
+        self.schedule_log = schedule_log     # what vLLM decided: each request's tokens, the preempted
+        self.queued: list = []
+        self.num_scheduled = 0
+        self.start_ns: int | None = None     # the next step's start (ns, or a step number); None: idle
+        if step_time is not None:
+            self.recorder = scheduler.tracengine
+            self.times: dict[int, tuple] = {}   # step -> (schedule_ns, model_ns, postprocess_ns, gap_ns)
+            self.recorder.step_times = self.times.pop
+            self.leaving = deque(sorted((s for s in specs if s.abort_ns is not None), key=lambda s: s.abort_ns))
+        self.end_ns = 0              # the last step's end on the simulated clock
+        self.tick = 0                # the clock of steps: a step, or an idle wait for the next arrival
+
+    def _base(self) -> int:
+        if self.step_time is None:
+            return self.tick
+        base = self.end_ns + self.step_time.gap_ns if self.num_scheduled else \
+            max(self.step_time.gap_ns, self.first_step_ns)
+        return base if self.kv_worker is None else self.kv_worker.next_start(base)
+
+    def _busy(self) -> bool:
+        return bool(self.queued) or self.scheduler.has_requests() or bool(self.batch_queue)
+
+    # -- the engine interface --------------------------------------------------------------
+
+    def next_step_ns(self) -> int | None:
+        return self.start_ns
+
+    def add(self, index: int, spec: RequestSpec) -> None:
+        self.queued.append(spec)
+        if self.start_ns is None:        # idle: it sleeps until this arrival (and wakes late)
+            if self.step_time is None:
+                self.tick = max(self.tick, spec.arrival_step)
+                self.start_ns = self.tick
+            else:
+                self.start_ns = max(self._base(), spec.arrival_ns + self.step_time.wake_ns)
+
+    def abort(self, request_id: str, reason: str = "abort") -> bool:
+        from vllm.v1.request import RequestStatus
+        known = request_id in self.scheduler.requests
+        self.scheduler.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
+        return known
+
+    def is_finished(self) -> bool:
+        return not self._busy()
+
+    def step(self) -> Stepped:
+        """One turn of vLLM's engine core at `next_step_ns()`: schedule a step if it has requests
+        (and, with a batch in flight to spare, go on to the next), else process the oldest output."""
+        scheduler, start = self.scheduler, self.start_ns
+        for spec in self.queued:
+            self.driver.add(spec)
+        self.queued.clear()
+        self._leave(start)
+        ran = False
         if scheduler.has_requests():
             out = scheduler.schedule()
             check_progress(scheduler, out)
-            if schedule_log is not None:     # what vLLM decided: each request's tokens, the preempted
-                schedule_log.append((dict(out.num_scheduled_tokens), sorted(out.preempted_req_ids)))
-            batch_queue.appendleft((num_scheduled, out, sampling_req_ids(scheduler, out)))
-            num_scheduled += 1
-            tick += 1
-            if len(batch_queue) < queue_size and (out.total_num_scheduled_tokens > 0
-                                                  or scheduler.has_requests()):
-                continue
-        step, out, req_ids = batch_queue.pop()
-        for req_id in in_step_aborts.get(step, ()):
-            scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
-        scheduler.update_from_output(out, model_output(out.num_scheduled_tokens, driver.tokens(req_ids, out)))
-        if driver.spec_decoding and not driver.async_drafts:
-            driver.give_drafts(req_ids)
-    raise RuntimeError(f"the scheduler did not finish in {max_steps} steps")
+            if self.schedule_log is not None:
+                self.schedule_log.append((dict(out.num_scheduled_tokens), sorted(out.preempted_req_ids)))
+            if self.step_time is not None:
+                self._time(self.num_scheduled, start)
+            if self.kv_worker is not None:
+                self.kv_worker.scheduled(out, start, self.end_ns)
+            self.batch_queue.appendleft((self.num_scheduled, out, sampling_req_ids(scheduler, out)))
+            self.num_scheduled += 1
+            self.tick += 1
+            ran = True
+            if len(self.batch_queue) < self.queue_size and (out.total_num_scheduled_tokens > 0
+                                                            or scheduler.has_requests()):
+                self.start_ns = self._base()
+                return Stepped([], [], ran, self.end_ns)
+        if self.batch_queue:
+            step, out, req_ids = self.batch_queue.pop()
+            for req_id in self.in_step_aborts.get(step, ()):
+                self.abort(req_id)
+            driver = self.driver
+            output = model_output(out.num_scheduled_tokens, driver.tokens(req_ids, out))
+            if self.kv_worker is not None:
+                output.kv_connector_output = self.kv_worker.output(scheduler, out)
+            scheduler.update_from_output(out, output)
+            if driver.spec_decoding and not driver.async_drafts:     # the engine core's drafts (spec.py)
+                driver.give_drafts(req_ids, out.num_spec_tokens_to_schedule or None)
+        self.start_ns = self._base() if self._busy() else None
+        return Stepped([], [], ran, self.end_ns)
+
+    def _leave(self, start: int) -> None:
+        """The clients that left by the step's start: by their abort_ns in time, by `aborts` in steps."""
+        if self.step_time is None:
+            for req_id in self.aborts.get(self.num_scheduled, ()):
+                self.abort(req_id)
+            return
+        while self.leaving and self.leaving[0].abort_ns <= start:
+            self.abort(self.leaving.popleft().request_id)
+
+    def _time(self, step: int, start: int) -> None:
+        """The step just scheduled lasts what the step-time model says for its batch."""
+        decision = next(e for e in self.recorder.steps[step] if type(e) is ScheduleDecision)
+        flags = prefill_flags(decision)
+        is_prefill = any(flags)
+        shape = step_shape((s.num_tokens, s.num_cached_tokens) for s in decision.seqs)
+        schedule_ns, model_ns, postprocess_ns = self.step_time.predict(is_prefill, *shape,
+                                                                       mixed=is_prefill and not all(flags))
+        self.times[step] = (schedule_ns, model_ns, postprocess_ns, start - self.end_ns)
+        self.end_ns = start + schedule_ns + model_ns + postprocess_ns
+
+    def stuck_reason(self) -> str:
+        return f"vLLM's scheduler is stuck after step {self.num_scheduled}"
+
+
+def run(scheduler, specs: list[RequestSpec], *, aborts: dict | None = None, in_step_aborts: dict | None = None,
+        max_steps: int = 100_000, schedule_log: list | None = None, past_output: set | None = None,
+        drafts_log: dict | None = None, kv_worker=None) -> int:
+    """Runs `specs` through `scheduler` until it has no requests, on a clock of steps
+    (VllmClockedEngine's); returns the number of steps. `aborts`, `in_step_aborts`, `kv_worker`:
+    as VllmClockedEngine's. `past_output` gets the ids of recorded requests that ran past their
+    recorded output; `drafts_log`: request id -> its drafts as given and verified (spec.Drafts)."""
+    engine = VllmClockedEngine(scheduler, specs, past_output=past_output, aborts=aborts,
+                               in_step_aborts=in_step_aborts, schedule_log=schedule_log, kv_worker=kv_worker)
+    if drafts_log is not None:
+        engine.driver.drafts_log = drafts_log
+    try:
+        run_in_time(engine, in_arrival_order(specs, "arrival_step"), max_steps=max_steps, arrival="arrival_step")
+    except TracengineError:
+        if engine.num_scheduled >= max_steps:
+            raise RuntimeError(f"the scheduler did not finish in {max_steps} steps") from None
+        raise
+    return engine.num_scheduled
 
 
 def recorded_token(spec: RequestSpec, position: int, past_output: set | None) -> int:

@@ -6,9 +6,15 @@ user says to record anyway ($TRACENGINE_RECORD_ANYWAY=1, or additional_config {"
 {"record_anyway": true}}): the trace's header then lists what it lacks (TraceHeader.not_recorded)
 and `replay` and `check` say so first (trace/header.py's not_recorded_note).
 
-A request can bring a feature the config does not show (structured output, streaming input, a
-cache salt, ...): the recording ends before it, with a RunEnd naming it, and serving goes on;
-the trace holds every step before it, whole."""
+Recorded, so not refused: speculative decoding by ngram (spec.py, with a dynamic draft length
+too), LoRA, a hybrid model's KV
+cache groups (full attention, sliding window, Mamba: group_blocks.py), a KV connector of any
+kind (connector.py: its answers and transfers are events; a replay needs no connector), structured
+output (structured.py: its grammars' answers are events; a replay needs no grammar backend).
+
+A request can bring a feature the config does not show (streaming input, a cache salt, structured
+output with drafts, ...): the recording ends before it, with a RunEnd naming it, and serving goes
+on; the trace holds every step before it, whole."""
 import os
 
 from tracengine.errors import ConfigError
@@ -18,6 +24,9 @@ RECORD_ANYWAY_ENV = "TRACENGINE_RECORD_ANYWAY"
 # acceptances are events (vllm/spec.py); others reserve lookahead slots and drop blocks by rules
 # a trace does not hold (EAGLE, MTP, draft models)
 RECORDED_SPEC_METHODS = ("ngram",)
+# the specs of a hybrid model's KV cache groups whose blocks a trace holds, group by group
+# (group_blocks.py): their managers change a request's blocks only inside allocate_slots and free
+RECORDED_GROUP_SPECS = frozenset({"FullAttentionSpec", "SlidingWindowSpec", "MambaSpec"})
 
 
 def record_anyway(vllm_config) -> bool:
@@ -33,23 +42,21 @@ def config_features(vllm_config, kv_cache_config) -> list[str]:
     """The features of a scheduler's config that a trace does not hold, named; [] for none."""
     found = []
     spec = vllm_config.speculative_config
-    if spec is not None and spec.num_speculative_tokens_per_batch_size:
-        found.append("dynamic speculative draft length (num_speculative_tokens_per_batch_size)")
     if spec is not None and spec.method not in RECORDED_SPEC_METHODS:
         found.append(f"speculative decoding with method {spec.method!r} (recorded: "
                      f"{', '.join(RECORDED_SPEC_METHODS) or 'none'})")
-    transfer = vllm_config.kv_transfer_config
-    if transfer is not None and (transfer.kv_connector or transfer.kv_connector_module_path):
-        found.append(f"a KV connector ({transfer.kv_connector or transfer.kv_connector_module_path})")
     if vllm_config.ec_transfer_config is not None:
         found.append("an encoder cache connector (ec_transfer_config)")
     groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1:
-        kinds = ", ".join(type(g.kv_cache_spec).__name__ for g in groups)
-        found.append(f"hybrid KV cache groups ({len(groups)} groups: {kinds}; tracengine records one)")
-    elif type(groups[0].kv_cache_spec).__name__ != "FullAttentionSpec":
-        found.append(f"a KV cache group of {type(groups[0].kv_cache_spec).__name__} (tracengine records "
-                     f"FullAttentionSpec)")
+    kinds = {type(g.kv_cache_spec).__name__ for g in groups}
+    if len(groups) == 1 and kinds != {"FullAttentionSpec"}:
+        found.append(f"a KV cache group of {kinds.pop()} (tracengine records FullAttentionSpec, or several groups)")
+    elif len(groups) > 1 and not kinds <= RECORDED_GROUP_SPECS:
+        found.append(f"a KV cache group of {sorted(kinds - RECORDED_GROUP_SPECS)[0]} in a hybrid model (recorded: "
+                     f"{', '.join(sorted(RECORDED_GROUP_SPECS))})")
+    if len(groups) > 1 and vllm_config.kv_transfer_config is not None:
+        # a connector's answers name the first group's blocks (connector.py)
+        found.append("hybrid KV cache groups with a KV connector")
     if getattr(kv_cache_config, "hisparse_host_num_blocks", None) is not None:
         found.append("HiSparse host KV blocks")
     model = vllm_config.model_config
@@ -86,13 +93,18 @@ def refuse_unrecorded(vllm_config, kv_cache_config) -> list[str]:
     return found
 
 
-def request_features(request) -> list[str]:
-    """What a request brings that a trace does not hold; [] for none."""
+def request_features(request, scheduler=None) -> list[str]:
+    """What a request brings that a trace of `scheduler` does not hold; [] for none. A KV connector
+    reads a request's KV transfer parameters, and a grammar its structured output: the scheduler
+    acts only on their answers, which are recorded (connector.py, structured.py); but with drafts
+    a grammar also cuts the drafts given, which is not recorded."""
     found = []
+    has_connector = scheduler is not None and scheduler.connector is not None
     if request.prompt_token_ids is None:
         found.append("a prompt given as embeddings")
-    if getattr(request, "structured_output_request", None) is not None:
-        found.append("structured output")
+    if getattr(request, "structured_output_request", None) is not None and \
+            (scheduler is None or scheduler.vllm_config.speculative_config is not None):
+        found.append("structured output with speculative decoding")
     if request.pooling_params is not None:
         found.append("pooling")
     if getattr(request, "resumable", False):
@@ -101,7 +113,7 @@ def request_features(request) -> list[str]:
         found.append("multimodal inputs")
     if request.cache_salt is not None:
         found.append("a cache salt")
-    if request.kv_transfer_params or getattr(request, "ec_transfer_params", None):
+    if (request.kv_transfer_params and not has_connector) or getattr(request, "ec_transfer_params", None):
         found.append("KV transfer parameters")
     if getattr(request, "skip_reading_prefix_cache", False):
         found.append("skip_reading_prefix_cache")

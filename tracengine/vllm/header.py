@@ -6,6 +6,12 @@ The recorder writes it; build.py rebuilds a scheduler from it."""
 import dataclasses
 import os
 
+from tracengine.vllm.connector import connector_config
+from tracengine.vllm.kv_groups import groups_config
+from tracengine.vllm.offloading import offloading_fields
+from tracengine.vllm.spec import dynamic_fields
+from tracengine.vllm.synthetic import header_fields as synthetic_header_fields
+
 # CacheConfig fields that decide scheduling (block size and count, the prefix cache)
 CACHE_FIELDS = ("block_size", "enable_prefix_caching", "prefix_caching_hash_algo", "sliding_window")
 KV_FIELDS = ("num_kv_heads", "head_size", "kv_dtype")
@@ -52,10 +58,15 @@ def header_config(scheduler) -> dict:
     spec = vllm_config.speculative_config
     if spec is not None:      # (features.py refuses a method a trace does not hold)
         config.update({name: getattr(spec, attribute) for name, attribute in SPEC_FIELDS.items()})
+        config.update(synthetic_header_fields(spec))
+        config.update(dynamic_fields(spec))
         if config["max_num_scheduled_tokens"] == config["max_num_batched_tokens"]:
             config["max_num_scheduled_tokens"] = None     # vLLM's default with drafts: the budget's, whatever it is
     if vllm_config.lora_config is not None:
         config.update({name: getattr(vllm_config.lora_config, name) for name in LORA_FIELDS})
+    config.update(connector_config(scheduler))
+    config.update(offloading_fields(scheduler))
+    config.update(groups_config(scheduler.kv_cache_config))
     return config
 
 

@@ -32,7 +32,9 @@ import time
 
 from tracengine.errors import ConfigError
 from tracengine.trace.sinks import NULL_SINK
+from tracengine.vllm.connector import connector_finished, observe_connector, transfers_done
 from tracengine.vllm.features import refuse_unrecorded, request_features
+from tracengine.vllm.structured import grammar_checked, grammar_requested
 from tracengine.vllm.spec import spec_accepted, spec_decode, spec_drafts
 from tracengine.vllm.step_recorder import StepRecorder
 
@@ -79,19 +81,25 @@ class _Recording:
             not_recorded = refuse_unrecorded(self.vllm_config, self.kv_cache_config)
         self.tracengine = StepRecorder(self, sink, time.time() if created_at is None else created_at)
         self.tracengine.not_recorded = not_recorded
+        observe_connector(self.tracengine)
         return self.tracengine
 
     def add_request(self, request) -> None:
+        grammars = getattr(self.tracengine, "grammars", None)
+        if grammars is not None:      # a replay: a recorded request's structured output, and its grammar
+            grammars.prepare(request)
         super().add_request(request)
         recorder = self.tracengine
         if recorder is None:
             return
-        found = request_features(request) if request.request_id not in recorder.seq_ids else ()
+        found = request_features(request, self) if request.request_id not in recorder.seq_ids \
+            else ()
         if found:
             self.stop_recording(f"request {request.request_id} uses {found[0]}, which tracengine does not "
                                 f"record: the trace ends before it")
         else:
             recorder.request_added(request)
+            grammar_requested(recorder, request)
 
     def stop_recording(self, reason: str) -> None:
         """Ends the trace where it is (its complete steps, and a RunEnd giving `reason`); the
@@ -116,7 +124,10 @@ class _Recording:
         for req_id in ids:
             request = self.requests.get(req_id)
             if request is not None and not request.is_finished():
-                recorder.request_aborted(request, reason)
+                if recorder.in_call == "update":    # the scheduler's own: a grammar that failed to compile
+                    recorder.request_failed(request)
+                else:
+                    recorder.request_aborted(request, reason)
             finished += super().finish_requests(req_id, finished_status)
         recorder.count_freed(step, num_free_before)
         return finished
@@ -125,6 +136,18 @@ class _Recording:
         if self.tracengine is not None:
             self.tracengine.preempted(request)
         return super()._preempt_request(request, timestamp, *args, **kwargs)
+
+    def _handle_blocked_waiting_request(self, request) -> bool:
+        recorder = self.tracengine
+        was_waiting = recorder is not None and request.status == recorder.status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+        ready = super()._handle_blocked_waiting_request(request)
+        grammar_checked(recorder, request, was_waiting)
+        return ready
+
+    def _connector_finished(self, request):
+        answer = super()._connector_finished(request)
+        connector_finished(self.tracengine, request, answer)
+        return answer
 
     def schedule(self, *args, **kwargs):
         recorder = self.tracengine
@@ -145,8 +168,11 @@ class _Recording:
                        and self.requests[req_id].status == recorder.status.RUNNING]
             recorder.preempted_ids.difference_update(resumed)
             resumed = [recorder.seq_ids[req_id] for req_id in resumed]
-        if out.scheduled_spec_decode_tokens:      # before the decision, which counts the drafts in its seqs
-            recorder.emit(spec_decode(recorder.num_scheduled, out, recorder.seq_ids))
+        # before the decision, which counts the drafts in its seqs; a dynamic draft length's every step
+        if out.scheduled_spec_decode_tokens or self.dynamic_sd_lookup is not None:
+            event = spec_decode(recorder.num_scheduled, out, recorder.seq_ids, self.dynamic_sd_lookup is not None)
+            if event is not None:
+                recorder.emit(event)
         recorder.decision(out, prefill_before, resumed, start_ns)
         recorder.num_scheduled += 1
         return out
@@ -176,6 +202,7 @@ class _Recording:
             accepted = spec_accepted(recorder.num_updated, scheduler_output, model_runner_output, before,
                                      recorder.seq_ids)
             sampled = [list(tokens) for tokens in model_runner_output.sampled_token_ids]
+        transfers_done(recorder, model_runner_output)
         frees = []
         steps = recorder.steps
         recorder.in_call = "update"

@@ -18,24 +18,19 @@ def workload_specs(requests) -> list[RequestSpec]:
 def simulate(config: dict, requests, step_time) -> list:
     """Runs `requests` through vLLM's scheduler under `config` (a vLLM header's): the events,
     header first."""
+    from tracengine.vllm.offloading import with_model_kv_bytes
     from tracengine.vllm.timed import run_config
-    return run_config(config, workload_specs(requests), step_time)
+    return run_config(with_model_kv_bytes(config, step_time), workload_specs(requests), step_time)
 
 
-class VllmSimulateVariant:
-    """A sweep's variant (sim/spec.py) of `simulate --scheduler vllm`: the workload through vLLM's
-    scheduler under base + overrides, its row in simulated time."""
+class VllmSimulation:
+    """How `simulate --scheduler vllm` runs vLLM's scheduler, for sim/sweep.SimulateVariant."""
 
-    def __init__(self, requests: list, base: dict, step_time, slo: dict | None = None):
-        from tracengine.sim.sweep import IN_TIME
-        self.figures = IN_TIME
-        self.requests, self.base, self.step_time, self.slo = requests, base, step_time, slo
-
-    def check(self, overrides: dict):
+    @staticmethod
+    def check(fields: dict, requests: list) -> None:
         from tracengine.vllm.build import build_scheduler
-        build_scheduler({**self.base, **overrides}, record="").shutdown()
+        build_scheduler(fields, record="", live_offloading=True).shutdown()
 
-    def __call__(self, overrides: dict) -> dict:
-        from tracengine.analysis.stats import stats
-        from tracengine.sim.sweep import row_of
-        return row_of(stats(simulate({**self.base, **overrides}, self.requests, self.step_time), self.slo))
+    @staticmethod
+    def run(fields: dict, requests: list, step_time) -> list:
+        return simulate(fields, requests, step_time)

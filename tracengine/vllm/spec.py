@@ -21,10 +21,15 @@ from tracengine.trace.events import SpecAccepted, SpecDecode, SpecDraft, TokenSa
 
 # -- recording ------------------------------------------------------------------------------------
 
-def spec_decode(step: int, out, seq_ids: dict[str, int]) -> SpecDecode | None:
-    """The drafts scheduled for verification in the step just scheduled (`out`); None: none."""
+def spec_decode(step: int, out, seq_ids: dict[str, int], dynamic: bool = False) -> SpecDecode | None:
+    """The drafts scheduled for verification in the step just scheduled (`out`); None: none. With a
+    dynamic draft length (`dynamic`: num_speculative_tokens_per_batch_size), also a step that verifies
+    none: the draft length the scheduler chose for its batch, which its drafts follow (the worker drafts
+    that many; with async scheduling the next step's placeholders are that many)."""
     scheduled = out.scheduled_spec_decode_tokens
     if not scheduled:
+        if dynamic and out.num_scheduled_tokens:
+            return SpecDecode(step, [], [], out.num_spec_tokens_to_schedule)
         return None
     return SpecDecode(step, [seq_ids[req_id] for req_id in scheduled], [len(t) for t in scheduled.values()],
                       out.num_spec_tokens_to_schedule)
@@ -51,6 +56,27 @@ def spec_drafts(step: int, draft_token_ids, seq_ids: dict[str, int], num_in_flig
     return [SpecDraft(step, seq_ids[req_id], list(tokens), num_in_flight)
             for req_id, tokens in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids)
             if req_id in seq_ids]
+
+
+DYNAMIC_FIELD = "num_speculative_tokens_per_batch_size"
+
+
+def dynamic_fields(spec) -> dict:
+    """A header's dynamic draft length (vLLM's `num_speculative_tokens_per_batch_size`: (first batch size,
+    last, draft length) ranges), as JSON in the flat config; {} without one."""
+    schedule = getattr(spec, DYNAMIC_FIELD, None)
+    if not schedule:
+        return {}
+    import json
+    return {DYNAMIC_FIELD: json.dumps([list(r) for r in schedule])}
+
+
+def dynamic_options(config: dict) -> dict:
+    """SpeculativeConfig's dynamic draft length from a header's config ({} without one)."""
+    if not config.get(DYNAMIC_FIELD):
+        return {}
+    import json
+    return {DYNAMIC_FIELD: [tuple(r) for r in json.loads(config[DYNAMIC_FIELD])]}
 
 
 # -- driving --------------------------------------------------------------------------------------

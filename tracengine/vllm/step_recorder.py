@@ -2,6 +2,10 @@
 until the step's output is processed, then written as the step's frame."""
 import time
 
+from tracengine.vllm.connector import unobserve_connector
+from tracengine.vllm.group_blocks import num_groups, observe_groups
+from tracengine.vllm.structured import unobserve_grammars
+
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, Preempt, RequestAdded, ScheduledSeq,
                                      ScheduleDecision, SeqAbort, SeqFinish, StepEnd, TokenSample)
 
@@ -45,6 +49,8 @@ class StepRecorder:
         self._allocate_slots, self._free = manager.allocate_slots, manager.free
         # The scheduler's own manager, observed: its methods are called as before and return the same.
         manager.allocate_slots, manager.free = self.allocate_slots, self.free
+        if num_groups(scheduler) > 1:      # a hybrid model: every group's blocks (group_blocks.py)
+            observe_groups(self)
 
     # -- where an event goes -------------------------------------------------------------------
 
@@ -101,10 +107,21 @@ class StepRecorder:
         self.emit(SeqAbort(self.current_step(), self.seq_id(request), reason, status, request.num_prompt_tokens,
                            request.num_output_tokens, self.num_in_flight))
 
+    def request_failed(self, request) -> None:
+        """A request the scheduler itself ends with an error while it processes a step's output
+        (its grammar failed to compile, its KV failed to load): a finish, not a client's abort,
+        which a replay's scheduler makes again at the same point."""
+        self.preempted_ids.discard(request.request_id)
+        self.emit(SeqFinish(self.current_step(), self.seq_id(request), "error", request.num_prompt_tokens,
+                            request.num_output_tokens))
+
     # -- the KV cache manager, observed --------------------------------------------------------
 
     def allocate_slots(self, request, num_new_tokens, *args, **kwargs):
         admitting = request.status in self.admitted_from
+        # a KV connector's external tokens get blocks allocate_slots does not return, and a request
+        # admitted after its load holds those already: its table tells the blocks it was given
+        held = len(self.block_ids(request)) if admitting and self.scheduler.connector is not None else None
         new_blocks = self._allocate_slots(request, num_new_tokens, *args, **kwargs)
         self.by_request = request
         if new_blocks is not None and not admitting and not new_blocks.blocks[0]:
@@ -122,6 +139,8 @@ class StepRecorder:
         if admitting:
             hits = kwargs.get("new_computed_blocks")
             hit_ids = hits.get_block_ids()[0] if hits is not None and hits.blocks[0] else []
+            if held is not None:
+                new_ids = self.block_ids(request)[held + len(hit_ids):]
             self.emit(BlockAllocate(step, seq_id, list(hit_ids) + list(new_ids), len(hit_ids)))
         else:
             for block_id in new_ids:
@@ -206,7 +225,7 @@ class StepRecorder:
                                 request.num_output_tokens))
         for event in frees:
             self.emit(event)
-            if self.num_scheduled > step + 1:
+            if self.num_scheduled > step + 1 and type(event) is BlockFree:
                 self.count_ahead(step, event)
         end_ns = time.perf_counter_ns()
         # The free blocks as the events up to this step's leave them: with async scheduling the
@@ -224,10 +243,16 @@ class StepRecorder:
 
     def count_ahead(self, step: int, free: BlockFree) -> None:
         """A request that finished in this update freeing blocks a later step, scheduled already,
-        gave it (async scheduling, with drafts): in the events that block is given in the later
-        frame, after this one frees it, so neither changes the free blocks before that frame."""
-        ahead = {e.block_id for later in range(step + 1, self.num_scheduled) for e in self.steps.get(later, ())
-                 if type(e) is BlockAppend and e.seq_id == free.seq_id}
+        gave it (async scheduling, with drafts; or admitted it, a KV connector's load that ended
+        in a failure): in the events that block is given in the later frame, after this one frees
+        it, so neither changes the free blocks before that frame."""
+        ahead = set()
+        for later in range(step + 1, self.num_scheduled):
+            for e in self.steps.get(later, ()):
+                if type(e) is BlockAppend and e.seq_id == free.seq_id:
+                    ahead.add(e.block_id)
+                elif type(e) is BlockAllocate and e.seq_id == free.seq_id:   # admitted ahead (a connector's load)
+                    ahead.update(e.block_ids[e.num_cached_blocks:])
         num_ahead = sum(1 for block_id in free.block_ids if block_id in ahead)
         if num_ahead:
             self.free_delta[step] = self.free_delta.get(step, 0) - num_ahead
@@ -245,6 +270,8 @@ class StepRecorder:
         self.steps.clear()
         manager = self.scheduler.kv_cache_manager     # the manager's own methods back: nothing observes them now
         del manager.allocate_slots, manager.free
+        unobserve_connector(self.scheduler)
+        unobserve_grammars(self.scheduler)
         close = getattr(self.sink, "close", None)
         if close is not None:
             close()

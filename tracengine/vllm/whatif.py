@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import msgspec
 
-from tracengine.analysis.stats import stats
-from tracengine.replay.whatif import WhatIfResult
+from tracengine.replay.whatif import StepWorkload, WhatIfResult, whatif_in_steps
 from tracengine.trace.events import RequestAdded, SeqAbort, TokenSample
 from tracengine.trace.tracelog import split_header
+from tracengine.vllm.answers import refuse_whatif
 from tracengine.vllm.drive import RequestSpec
 from tracengine.vllm.replay import lora_request
 
@@ -32,9 +32,11 @@ class VllmWorkload:
     events: list                            # the recording, TraceHeader first
 
 
-def extract_workload(events) -> VllmWorkload:
+def extract_workload(events, in_time: bool = False) -> VllmWorkload:
+    """`in_time`: for a what-if in simulated time (which runs native CPU offloading's connector)."""
     events = list(events)
     header, it = split_header(events)
+    refuse_whatif(header, events, in_time)   # a connector's and grammars' answers hold for the recorded schedule
     batch_queue_size = 2 if header.config.get("scheduler_kind") == "async" else 1
     specs: dict[int, RequestSpec] = {}
     aborts: dict[int, list[str]] = {}
@@ -88,17 +90,31 @@ def run_workload(workload: VllmWorkload, config: dict, past_output: set | None =
     return [msgspec.structs.replace(header, model=workload.header.model, created_at=time.time())] + sink.events
 
 
+class VllmStepReplay(StepWorkload):
+    """A vLLM trace's workload ready to run at recorded steps through vLLM's scheduler under
+    any config (replay/whatif.whatif_in_steps), driven as its engine core drives it."""
+
+    def __init__(self, events):
+        from tracengine.vllm.replay import check_vllm_version
+        self.workload = extract_workload(events)
+        check_vllm_version(self.workload.header)
+        self.header = self.workload.header
+        self.recorded_run = self.workload.events
+
+    def config(self, overrides: dict) -> dict:
+        from tracengine.vllm.build import apply_overrides
+        return apply_overrides(self.header.config, overrides)
+
+    def check(self, overrides: dict) -> None:
+        """A config vLLM refuses is refused here (its scheduler built once)."""
+        from tracengine.vllm.build import build_scheduler
+        build_scheduler(self.config(overrides), record="").shutdown()
+
+    def run(self, config: dict, policy=None) -> tuple[list, int]:
+        """`policy` is tracengine's, never given here."""
+        past_output: set = set()
+        return run_workload(self.workload, config, past_output), len(past_output)
+
+
 def whatif(events, overrides: dict) -> WhatIfResult:
-    from tracengine.vllm.build import apply_overrides
-    from tracengine.vllm.replay import check_vllm_version
-    workload = extract_workload(events)
-    check_vllm_version(workload.header)
-    recorded = workload.header.config
-    config = apply_overrides(recorded, overrides)
-    past_output: set = set()
-    new_events = run_workload(workload, config, past_output)
-    new_config = new_events[0].config
-    # a field the new header does not record (one a later tracengine leaves to vLLM) is no change
-    changes = [(name, value, new_config[name]) for name, value in recorded.items()
-               if name in new_config and new_config[name] != value]
-    return WhatIfResult(stats(workload.events), stats(new_events), changes, new_events, len(past_output))
+    return whatif_in_steps(VllmStepReplay(events), overrides)

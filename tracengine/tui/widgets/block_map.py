@@ -4,7 +4,8 @@ trace's largest seq id has, two at least). A shared block (ref count above 1)
 is marked `+`, a free block that still holds a registered hash (a prefix-cache
 hit waiting to happen) is `░░`, a plain free block `··`, and vLLM's null block
 (taken at start-up, never free, held by no sequence) `▪▪`. The selected
-sequence's blocks stand out."""
+sequence's blocks stand out. A vLLM hybrid model's KV cache groups share the pool: a sequence's
+blocks in every group are its cells, and the title counts each group's."""
 from itertools import groupby
 from operator import itemgetter
 
@@ -42,6 +43,17 @@ def cell_text(block, kind: str, label_width: int = 2) -> str:
         case "null":
             return "▪" * label_width + " "
     return "·" * label_width + " "
+
+
+def group_counts(state) -> str:
+    """The blocks each KV cache group holds, a vLLM hybrid model's (its groups share the pool); "" for one group."""
+    if not state.group_tables:
+        return ""
+    held: dict[int, int] = {}
+    for block in state.blocks:
+        if block.owners:
+            held[block.group] = held.get(block.group, 0) + 1
+    return " (" + ", ".join(f"group {g}: {n}" for g, n in sorted(held.items())) + ")"
 
 
 class BlockMap(ComponentStyles, ScrollView, can_focus=True):
@@ -106,7 +118,8 @@ class BlockMap(ComponentStyles, ScrollView, can_focus=True):
             cached = sum(1 for b in state.free_block_ids if state.hash_to_block_id.get(state.hashes[b]) == b)
             has_null = 0 <= self.null_block_id < state.num_blocks
             width = view.seq_label_width
-            self.set_titles(f"KV blocks: {state.num_blocks - state.num_free_blocks - has_null} used, "
+            self.set_titles(f"KV blocks: {state.num_blocks - state.num_free_blocks - has_null} used"
+                            f"{group_counts(state)}, "
                             + ("1 null, " if has_null else "")
                             + f"{state.num_free_blocks} free, {cached} of them prefix-cached",
                             f"{'N' * width} seq  + shared  {'░' * width} free, cached  {'·' * width} free"

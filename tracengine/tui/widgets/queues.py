@@ -17,19 +17,29 @@ from tracengine.tui.widgets.styles import ComponentStyles
 HEADER = f"{'seq':>6}{'prompt':>7}{'out':>5}{'cached':>7}{'sched':>6}{'blocks':>7}{'pre':>4}{'age ms':>9}"
 
 
-def format_row(seq, age_ns: int | None = None) -> str:
+def format_row(seq, age_ns: int | None = None, num_blocks: int | None = None) -> str:
     """One sequence: prompt and completion tokens, cached tokens, tokens
-    scheduled this step, blocks held, preemptions so far, and its age: the
+    scheduled this step, blocks held (`num_blocks`, a hybrid model's in every
+    KV cache group; else its block table's), preemptions so far, and its age: the
     time from its arrival to the end of the step, on the trace's time axis."""
+    num_blocks = len(seq.block_table) if num_blocks is None else num_blocks
     preempted = str(seq.num_preemptions) if seq.num_preemptions else "-"
     age = "-" if age_ns is None else f"{age_ns / 1e6:,.1f}"
     return (f"{seq.seq_id:>6}{seq.num_prompt_tokens:>7}{seq.num_tokens - seq.num_prompt_tokens:>5}"
-            f"{seq.num_cached_tokens:>7}{seq.num_scheduled_tokens or '-':>6}{len(seq.block_table):>7}{preempted:>4}"
+            f"{seq.num_cached_tokens:>7}{seq.num_scheduled_tokens or '-':>6}{num_blocks:>7}{preempted:>4}"
             f"{age:>9}")
 
 
+def blocks_held(state, seq_id: int) -> int:
+    """A sequence's blocks in every KV cache group (a vLLM hybrid model's groups past the first
+    are the fold's group_tables; one group: its block table)."""
+    return len(state.seqs[seq_id].block_table) + sum(len(tables.get(seq_id, ())) for tables in state.group_tables.values())
+
+
 def view_row(view: StepView, seq_id: int) -> str:
-    return format_row(view.state.seqs[seq_id], view.age_ns.get(seq_id) if view.age_ns else None)
+    state = view.state
+    return format_row(state.seqs[seq_id], view.age_ns.get(seq_id) if view.age_ns else None,
+                      blocks_held(state, seq_id))
 
 
 class SeqTable(ComponentStyles, Widget, can_focus=True):

@@ -1,0 +1,116 @@
+"""`tracengine replay` on a trace of another engine's own scheduler (vLLM's, SGLang's), written
+once over that scheduler's record (replay/scheduler_backends.py) and its backend's reading of the
+fields a command line names (cli/vllm_backend.py, cli/sglang_backend.py): re-execution,
+--state, the what-if in steps or in simulated time, sweeps of either. The output is the one
+`replay` prints for tracengine's traces."""
+from tracengine.errors import ConfigError, TraceError
+from tracengine.trace.tracelog import TraceReader
+
+
+def run_scheduler_replay(args, backend, overrides_of, parse, policy_hint: str) -> int:
+    """As cli/replay.run, with `backend`'s scheduler (a replay/scheduler_backends record):
+    re-execution, --state, the what-if in steps or in simulated time (--step-time, --roofline, or a
+    trace with arrival times), sweeps of either. `overrides_of(args, config)`: the fields the user
+    gave, typed as `config` has them; `parse(text, config)`: one NAME=VALUE so (--sweep's values);
+    `policy_hint`: which of its fields is the scheduler's own policy (what --policy is told)."""
+    from tracengine.cli import replay_runs
+    from tracengine.cli.fleet_commands import fleet_changes
+    from tracengine.cli.outputs import note_torn_tail
+    from tracengine.cli.steptime import step_time_from_args
+    from tracengine.cli.sweeps import check_executor_flags, check_plot_figure
+    from tracengine.replay.scheduler_backends import load
+    if args.policy:
+        raise TraceError(f"--policy names a tracengine scheduling policy; {backend.a_trace} runs {backend.name}'s "
+                         f"scheduler ({policy_hint})")
+    if fleet_changes(args):
+        raise TraceError(f"{backend.a_trace} runs one {backend.name} scheduler; a fleet's what-if is tracengine's")
+    check_plot_figure(args)
+    check_executor_flags(args, bool(args.sweep))
+    with TraceReader(args.trace) as reader:
+        header = reader.header
+    note_not_recorded(header)
+    if args.state is None or names_fields(args):    # --state alone folds the trace (replay/*_fold.py): no engine
+        load(backend.check_version)(header)
+    overrides = overrides_of(args, header.config)
+    replay_runs.check_flags_combine(args, overrides)
+    if args.state is not None:
+        return replay_runs.show_state(args.trace, args.state)
+    step_time = step_time_from_args(args)
+    timed = args.arrivals == "time" or step_time is not None
+    if not (overrides or args.record or timed or args.sweep):
+        return replay_runs.run_replay(args.trace, args.json, replayer=load(backend.reexecute))
+    if timed and args.arrivals == "steps":
+        raise TraceError("--step-time and --roofline time a what-if in simulated time; "
+                         "they do not combine with --arrivals steps")
+    with TraceReader(args.trace) as reader:
+        events = list(reader.events())
+        note_torn_tail(reader)
+    if args.arrivals is None:    # time when the trace has arrival times, steps otherwise
+        from tracengine.replay.timed import has_arrivals
+        timed = timed or has_arrivals(events)
+    if args.sweep:
+        return replay_runs.run_sweep_replay(args.trace, events, overrides, timed, step_time, args, backend,
+                                           lambda text: parse(text, header.config))
+    if timed:
+        return replay_runs.run_timed_whatif(args.trace, events, overrides, args.record, step_time,
+                                           as_json=args.json, timed_whatif=load(backend.timed_whatif))
+    return replay_runs.print_whatif(args.trace, load(backend.whatif)(events, overrides), args.record, args.json)
+
+
+def note_not_recorded(header) -> None:
+    """Before a replay starts: on stderr, what the trace does not hold (a feature recorded anyway)."""
+    import sys
+
+    from tracengine.trace.header import not_recorded_note
+    note = not_recorded_note(header)
+    if note is not None:
+        print(f"tracengine: note: {note}", file=sys.stderr)
+
+
+def names_fields(args) -> bool:
+    """Whether the command line names a field (--set, or an engine flag)."""
+    from tracengine.cli.flags import flag_fields
+    return bool(args.set) or any(getattr(args, name, None) is not None for name in flag_fields())
+
+
+def set_fields(texts, config: dict, parse, flags: dict | None = None) -> dict:
+    """The fields --set NAME=VALUE gives (`parse(text, config)`: one so) over those engine flags
+    gave (`flags`), typed as `config` has them; a field given twice is refused, not overwritten."""
+    given = dict(flags or {})
+    for text in texts:
+        name, value = parse(text, config)
+        if name in given:
+            raise ConfigError(f"{name} is given " + ("as a flag and in --set" if name in (flags or {}) else
+                                                     "twice in --set"))
+        given[name] = value
+    return given
+
+
+def parsed_field(text: str, config: dict, engine: str, settable: list, aliases: dict | None = None):
+    """`NAME=VALUE` (--set, --sweep's values) as one of `engine`'s `settable` fields (`aliases`: a
+    name's other names) and its value, typed as `config` has it."""
+    name, sep, raw = text.partition("=")
+    name = name.strip().replace("-", "_")
+    name = (aliases or {}).get(name, name)
+    if not sep:
+        raise ConfigError(f"expected NAME=VALUE, got {text!r}")
+    if name not in settable:
+        raise ConfigError(f"unknown {engine} config field {name!r}; known: {', '.join(settable)}")
+    return name, typed(name, raw.strip(), config.get(name))
+
+
+def typed(name: str, raw: str, recorded):
+    """`raw` as the type of the recorded value (a number, a bool, a string; "none" for None)."""
+    if raw.lower() == "none":
+        return None
+    kinds = [type(recorded)] if recorded is not None else [int, float, str]
+    for kind in kinds:
+        try:
+            if kind is bool:
+                if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(raw)
+                return raw.lower() in ("true", "1", "yes")
+            return kind(raw)
+        except ValueError:
+            continue
+    raise ConfigError(f"{name} expects {type(recorded).__name__}, got {raw!r}")

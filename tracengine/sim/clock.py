@@ -1,0 +1,231 @@
+"""The one loop in simulated time, over the engine interface (engine/interface.py), and
+tracengine's own engine on that clock (`ClockedEngine`).
+
+`run_in_time` gives an engine each request at its arrival, before any step that starts
+later, and steps it until it is finished and no request is left to come: tracengine's
+engine (`ClockedEngine`), vLLM's scheduler (vllm/timed.py) and a fleet (fleet/engine.py)
+all run through it, so a session's turns, the progress reports and the step limit are the
+same for each. Each engine keeps its own clock: when its next step starts (`next_step_ns`,
+None when idle), which an arrival may bring forward."""
+import operator
+from typing import NamedTuple
+
+from tracengine.errors import TracengineError
+from tracengine.engine.request import Request
+from tracengine.engine.sampling_params import SamplingParams
+from tracengine.workload.sessions import NOT_HELD, session_turn
+
+PROGRESS_EVERY = 512     # steps between two calls of a run's `on_progress`
+
+
+class Stepped(NamedTuple):
+    """What an engine's `step()` did: the sequences that finished, the seq_ids its departures
+    took out, and whether a step ran (False: its clients left, or a fleet's transfer landed)."""
+    finished: list
+    aborted: list
+    ran: bool
+    end_ns: int          # when the step ended, on the engine's clock
+
+
+def sampling_params_of(request: Request) -> SamplingParams:
+    return SamplingParams(request.temperature, request.max_tokens, request.ignore_eos)
+
+
+def run_in_time(engine, take, sessions=None, max_steps: int = 10_000_000, on_progress=None,
+                arrival: str = "arrival_ns") -> int:
+    """Runs `engine` (the engine interface, simulated time) over the requests `take()` gives, as
+    (index, request) in arrival order, NOT_HELD when none is left; `sessions` (a SessionRelease,
+    whose `pop` is then `take`): turns released as their dependencies finish, and ended by an
+    abort. Returns the number of steps that ran. `on_progress(num_finished, now_ns)`: every
+    PROGRESS_EVERY steps and at the end. `arrival`: the request's field its engine's clock
+    reads, "arrival_ns", or "arrival_step" for an engine on a clock of steps (StepClockedEngine)."""
+    arrival_of = operator.attrgetter(arrival)
+    index, request = take()
+    num_steps = num_finished = 0
+    end_ns = 0
+    while True:
+        start = engine.next_step_ns()
+        if request is not None and (start is None or arrival_of(request) <= start):
+            engine.add(index, request)
+            index, request = take()
+            continue
+        if start is None:
+            if engine.is_finished():
+                break
+            raise TracengineError(engine.stuck_reason())
+        stepped = engine.step()
+        if sessions is not None:
+            if stepped.aborted:        # an aborted turn ends its session
+                index, request = sessions.end(stepped.aborted, (index, request))
+            if stepped.finished:       # the turns they release: sent after their think time
+                index, request = sessions.release(stepped.finished, stepped.end_ns, (index, request))
+        if not stepped.ran:
+            continue
+        end_ns = stepped.end_ns
+        num_steps += 1
+        num_finished += len(stepped.finished)
+        if num_steps >= max_steps:
+            raise TracengineError(f"the {'simulation' if arrival == 'arrival_ns' else 'workload'} did not finish "
+                                  f"in {max_steps} steps")
+        if on_progress is not None and not num_steps % PROGRESS_EVERY:
+            on_progress(num_finished, end_ns)
+    if on_progress is not None:
+        on_progress(num_finished, end_ns)
+    return num_steps
+
+
+def in_arrival_order(requests: list, arrival: str = "arrival_ns"):
+    """`take` for run_in_time over a list: (index, request) by arrival (`arrival`: the field), in
+    list order at a tie."""
+    arrival_of = operator.attrgetter(arrival)
+    return taking(iter(sorted(enumerate(requests), key=lambda item: arrival_of(item[1]))))
+
+
+def taking(pairs):
+    """`take` for run_in_time over an iterator of (index, request): NOT_HELD once it is spent."""
+    return lambda: next(pairs, NOT_HELD)
+
+
+class NoTime:
+    """Steps of no duration: a re-execution follows the recorded order and compares no time."""
+    kind = "replay"
+    gap_ns = wake_ns = 0
+
+    @staticmethod
+    def predict(is_prefill, *shape, mixed=False):
+        return 0, 0, 0
+
+
+class ClockedEngine:
+    """tracengine's simulated engine (sim/engine.SimulatedEngine) on the clock: the requests
+    given it that enter before its next step, when that step starts, and the clients that leave.
+
+    A step starts its loop gap after the last one ended; idle, it sleeps until a request comes
+    and wakes `wake_ns` after it (the first step no sooner than `first_step_ns`, a recording's
+    start-up); a step that ran nothing (every sequence waits for a CPU tier's transfer) is
+    followed by one when the next transfer ends, or when a request comes, if sooner. Requests
+    enter, then those whose clients left by the step's start (`leaving(now_ns)`: (seq_id,
+    reason) of each) leave, then it steps, unless they all left."""
+
+    def __init__(self, engine, step_time, first_step_ns: int = 0, leaving=None, records_sessions: bool = True):
+        self.engine = engine
+        self.gap_ns, self.wake_ns = step_time.gap_ns, step_time.wake_ns
+        self.first_step_ns = first_step_ns
+        self.leaving = leaving
+        self.records_sessions = records_sessions    # a fleet's decode replica records none: its prefill side did
+        self.queued: list = []       # (index, request) given it, entering before its next step
+        self.start_ns: int | None = None            # its next step's start; None: idle
+
+    @property
+    def scheduler(self):
+        return self.engine.scheduler
+
+    # -- the engine interface --------------------------------------------------------------
+
+    def next_step_ns(self) -> int | None:
+        return self.start_ns
+
+    def add(self, index: int, request) -> None:
+        """`request` arrives (at its arrival_ns): it enters before the next step."""
+        self.queued.append((index, request))
+        engine, arrival_ns = self.engine, request.arrival_ns
+        if self.start_ns is None:        # idle: it sleeps until this arrival, and wakes late
+            base = engine.now_ns + self.gap_ns if engine.num_steps else max(self.gap_ns, self.first_step_ns)
+            self.start_ns = max(base, arrival_ns + self.wake_ns)
+        elif engine.waits:               # waiting for a CPU tier's transfer: an arrival wakes it sooner
+            self.start_ns = min(self.start_ns, max(engine.now_ns + self.gap_ns, arrival_ns + self.wake_ns))
+
+    def abort(self, seq_id: int, reason: str) -> bool:
+        """Its client leaves: a request given it but not entered yet is dropped (no event: the
+        engine never saw it), one in the engine is aborted there."""
+        for i, (index, r) in enumerate(self.queued):
+            if (index if r.seq_id is None else r.seq_id) == seq_id:
+                del self.queued[i]
+                return True
+        return self.engine.abort_request(seq_id, reason) is not None
+
+    def is_finished(self) -> bool:
+        return not self.queued and self.engine.is_finished()
+
+    def step(self) -> Stepped:
+        """The step starting at `next_step_ns()`: entries, departures, then the engine's step, timed."""
+        self.engine.now_ns = self.start_ns
+        return self.run_step()
+
+    def run_step(self, aborts=None) -> Stepped:
+        """step() at the engine's `now_ns` as it is (a re-execution sets it); `aborts`: (seq_id,
+        reason) of each client that leaves instead of `leaving`'s."""
+        engine = self.engine
+        self.enter()
+        leaving = aborts if aborts is not None else self.leaving(engine.now_ns) if self.leaving is not None else ()
+        aborted = [seq_id for seq_id, reason in leaving if engine.abort_request(seq_id, reason) is not None]
+        if engine.is_finished():     # every request it held left: no step, it sleeps
+            self.start_ns = None
+            return Stepped([], aborted, False, engine.now_ns)
+        finished = engine.step()[1]
+        self.start_ns = engine.now_ns + self.gap_ns if not engine.is_finished() else None
+        if engine.waits and self.start_ns is not None:     # it ran nothing: it waits for a transfer
+            done = engine.scheduler.cpu_tier.next_done_ns()
+            self.start_ns = None if done is None else max(self.start_ns, done)
+        return Stepped(finished, aborted, True, engine.now_ns)
+
+    def stuck_reason(self) -> str:
+        return (f"the simulation is stuck at step {self.engine.num_steps}: no sequence can run and no transfer "
+                "is in flight (the sequences set aside to load hold the KV blocks)")
+
+    def enter(self) -> None:
+        """The requests given it enter the engine (a request without a seq_id: its index)."""
+        engine = self.engine
+        for index, r in self.queued:
+            engine.add_request(r.prompt, sampling_params_of(r), seq_id=index if r.seq_id is None else r.seq_id,
+                               arrival_ns=r.arrival_ns, session=session_turn(r) if self.records_sessions else None)
+        self.queued.clear()
+
+
+class StepClockedEngine:
+    """tracengine's engine (engine/llm_engine.LLMEngine) on a clock of steps: a step-exact run,
+    whose requests arrive before the step their `arrival_step` names (a what-if of a trace at its
+    recorded steps, a scripted workload). Its clock reads its next step's number; idle, it skips
+    ahead to the next arrival's step, and the requests due by then enter at once. The clients
+    that left by a step (`leaving(step)`: (seq_id, reason) of each) leave before it.
+    `on_step(engine)`: after every step (property tests check invariants there)."""
+
+    def __init__(self, engine, leaving=None, records_sessions: bool = False, on_step=None):
+        self.engine = engine
+        self.leaving = leaving
+        self.records_sessions = records_sessions
+        self.on_step = on_step
+        self.start: int | None = None        # the next step's number, or the arrival it skipped to; None: idle
+
+    def next_step_ns(self) -> int | None:
+        return self.start
+
+    def add(self, index: int, request) -> None:
+        engine = self.engine
+        engine.add_request(request.prompt, sampling_params_of(request),
+                           seq_id=index if request.seq_id is None else request.seq_id,
+                           session=session_turn(request) if self.records_sessions else None)
+        if self.start is None:       # idle: the next arrivals come now
+            self.start = max(engine.num_steps, request.arrival_step)
+
+    def abort(self, seq_id: int, reason: str) -> bool:
+        return self.engine.abort_request(seq_id, reason) is not None
+
+    def is_finished(self) -> bool:
+        return self.engine.is_finished()
+
+    def step(self) -> Stepped:
+        engine = self.engine
+        leaving = self.leaving(engine.num_steps) if self.leaving is not None else ()
+        aborted = [seq_id for seq_id, reason in leaving if engine.abort_request(seq_id, reason) is not None]
+        if engine.is_finished():     # every request it held left: no step
+            self.start = None
+            return Stepped([], aborted, False, engine.num_steps)
+        finished = engine.step()[1]
+        if self.on_step is not None:
+            self.on_step(engine)
+        self.start = engine.num_steps if not engine.is_finished() else None
+        return Stepped(finished, aborted, True, engine.num_steps)
+
+    def stuck_reason(self) -> str:
+        return f"the engine is stuck at step {self.engine.num_steps}"
