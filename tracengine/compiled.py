@@ -21,6 +21,7 @@ import sys
 
 CORE_MODULES = (
     "tracengine.engine.block_hasher",
+    "tracengine.engine.free_block_queue",
     "tracengine.engine.block_pool",
     "tracengine.engine.prefix_cache",
     "tracengine.engine.sequence",

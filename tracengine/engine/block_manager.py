@@ -10,7 +10,8 @@ holding it and states the hit rule. A sequence is seen through its block hashes
 its tokens where it has them. Every change is an event when the sink is enabled."""
 from typing import Any, NamedTuple
 
-from tracengine.engine.block_pool import BlockPool, FreeKVCacheBlockQueue
+from tracengine.engine.block_pool import BlockPool
+from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
 from tracengine.engine.prefix_cache import NO_HASH, PrefixCache
 from tracengine.engine.sequence import Sequence
 from tracengine.engine.hash_id_prompt import hashed_block_events

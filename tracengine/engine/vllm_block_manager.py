@@ -28,7 +28,8 @@ for each block registered, in the step that allocates it."""
 from typing import Any
 
 from tracengine.engine.block_manager import BlockManager
-from tracengine.engine.block_pool import BlockPool, FreeKVCacheBlockQueue
+from tracengine.engine.block_pool import BlockPool
+from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
 from tracengine.engine.hash_id_prompt import hashed_block_events
 from tracengine.engine.prefix_cache import NO_HASH, PrefixCache
 from tracengine.engine.sequence import Sequence
