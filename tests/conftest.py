@@ -12,8 +12,19 @@ def pytest_collection_modifyitems(items):
     components and watchdog thread hold it), and with it its gloo process groups' and ZMQ context's
     threads, hundreds by the end of those tests; their small periodic work keeps the process from
     looking idle, and Textual's pilot waits for an idle process at every pause (up to a second each),
-    so TUI tests run after them take ten times as long."""
+    so TUI tests run after them take ten times as long.
+
+    A test that patches a core class or module (a scheduler change under test, a reference
+    block manager swapped in) runs on the Python core only: the compiled core calls across its
+    modules natively and never sees the patch. .ci/run runs them with TRACENGINE_PURE_PYTHON=1."""
     items.sort(key=lambda item: item.path.name.startswith("test_sglang"))    # stable: the rest keep their order
+    import tracengine.compiled as compiled
+    if compiled.CORE != "yes":
+        return
+    skip = pytest.mark.skip(reason="patches the core: runs on the Python core (TRACENGINE_PURE_PYTHON=1)")
+    for item in items:
+        if item.get_closest_marker("patches_core"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

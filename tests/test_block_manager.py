@@ -7,7 +7,8 @@ import xxhash
 
 from tracengine.engine.block_hasher import compute_hash, compute_hashes, pack_tokens
 from tracengine.engine.block_manager import BlockManager
-from tracengine.engine.block_pool import BlockPool, FreeKVCacheBlockQueue
+from tracengine.engine.block_pool import BlockPool
+from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
 from tracengine.engine.prefix_cache import PrefixCache
 from tracengine.trace.events import BlockAllocate, BlockHash
 from tracengine.trace.sinks import ListSink

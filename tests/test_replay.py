@@ -128,6 +128,7 @@ def test_events_without_a_header_are_refused():
             read([])
 
 
+@pytest.mark.patches_core
 def test_a_scheduler_change_makes_replay_exit_1_at_the_right_step(tmp_path, capsys, monkeypatch):
     # recorded by the real scheduler: at step 1, s1 needs a block and the tail s3 gives way
     path = write_trace(tmp_path / "run.trace", run_canned("preemption_tail"))
@@ -141,6 +142,7 @@ def test_a_scheduler_change_makes_replay_exit_1_at_the_right_step(tmp_path, caps
     assert "running:" in out and "blocks [" in out
 
 
+@pytest.mark.patches_core
 def test_a_scheduler_change_fails_the_snapshot_with_a_readable_diff(monkeypatch):
     preempt_head_of_running(monkeypatch)
     text = render_steps(run_canned("preemption_tail"))
@@ -191,6 +193,7 @@ def test_golden_worked_example_is_the_seeds_example():
     assert all(d.phase == "decode" for d in decisions[2:])
 
 
+@pytest.mark.patches_core
 def test_a_scheduler_change_makes_a_golden_trace_diverge(monkeypatch, capsys):
     preempt_head_of_running(monkeypatch)
     assert main(["replay", str(TRACES / "preemption.trace")]) == 1

@@ -4,6 +4,7 @@ state, every request finishes, and the recorded run replays exactly."""
 import random
 from unittest import mock
 
+import pytest
 import xxhash
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
@@ -144,6 +145,7 @@ def test_invariants_hold_after_every_step_and_the_run_replays(workload, keyframe
     assert result.num_events == len(events) - 1
 
 
+@pytest.mark.patches_core
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), st.booleans(), st.sampled_from(["prefill_first", "mixed"]), st.sampled_from([True, True, False]))
 def test_the_block_manager_gives_the_events_of_the_plain_reference(workload, colliding, policy, caching):

@@ -63,6 +63,7 @@ def project(pytester):
     return user_project(pytester, USER_CONFTEST, USER_TESTS, "preemption.trace")
 
 
+@pytest.mark.patches_core
 def test_a_user_suite_pins_accepts_and_catches_a_scheduler_change(project, monkeypatch):
     # first run with --snapshot-update stores the tables (pytest-snapshot reports that as an error)
     project.runpytest("--snapshot-update").assert_outcomes(passed=2, errors=2)

@@ -5,7 +5,7 @@ tests/test_vllm.py; the plain reference in tests/test_scheduler_properties.py.""
 import pytest
 
 from tracengine.engine.block_hasher import compute_hashes
-from tracengine.engine.block_pool import FreeKVCacheBlockQueue
+from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
 from tracengine.engine.config import Config, recorded_block_rules
 from tracengine.engine.request import Request
 from tracengine.engine.sequence import Sequence

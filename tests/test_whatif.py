@@ -177,6 +177,7 @@ def test_diff_of_another_config_differs_from_step_0(tmp_path, capsys):
     assert "num_free_blocks=1" in out and "num_free_blocks=2" in out
 
 
+@pytest.mark.patches_core
 def test_diff_finds_a_changed_preemption_victim(tmp_path, capsys, monkeypatch):
     a = write_trace(tmp_path / "a.trace", run_canned("preemption_tail"))
     original = Scheduler.preempt

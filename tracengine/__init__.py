@@ -3,7 +3,11 @@
 One folder per part (engine, model, runner, trace, replay, sim, analysis, tui, workload, serve,
 cli): docs/architecture.md is the map, what each part may import, and the way an event travels."""
 
+from tracengine.compiled import decide as _decide
+
 __all__ = ["LLM", "SamplingParams", "Config", "open_trace", "stats", "__version__"]
+
+_decide()      # which core runs (compiled or Python), before any core module is imported
 
 
 def __getattr__(name):

@@ -42,7 +42,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tracengine", description=DESCRIPTION, epilog=EXIT_CODES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     from tracengine.version import __version__
-    parser.add_argument("--version", action="version", version=f"tracengine {__version__}")
+    import tracengine.compiled as compiled
+    parser.add_argument("--version", action="version", version=f"tracengine {__version__}\ncompiled core: {compiled.CORE}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS if command is None else [command]:
         importlib.import_module(f"tracengine.cli.{name}").add_to(sub)

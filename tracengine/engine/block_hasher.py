@@ -3,18 +3,20 @@ token ids as little-endian int64s; the first block of a sequence has no parent. 
 same bytes on every machine, so a `BlockHash` event agrees across machines, and a
 block's hash stands for every token up to the end of that block (the chain)."""
 import struct
+from collections.abc import Sequence
 from functools import lru_cache
+from typing import Final
 
 import xxhash
 
-PARENT = struct.Struct("<Q")   # a parent block's digest, as it starts its child's bytes
-NO_PARENT = -1
+PARENT: Final = struct.Struct("<Q")   # a parent block's digest, as it starts its child's bytes
+NO_PARENT: Final = -1
 
 
-def pack_tokens(token_ids) -> bytes:
+def pack_tokens(token_ids: Sequence[int]) -> bytes:
     """Token ids as the little-endian int64s that the hash covers. A run of consecutive ids that
     are not negative (a hash-id prompt's blocks, hash_id_prompt.py) is packed as one number."""
-    if type(token_ids) is range and token_ids.step == 1 and token_ids.start >= 0 and token_ids.stop <= 2**63:
+    if isinstance(token_ids, range) and token_ids.step == 1 and token_ids.start >= 0 and token_ids.stop <= 2**63:
         return pack_range(token_ids.start, len(token_ids))
     return struct.pack(f"<{len(token_ids)}q", *token_ids)
 
@@ -32,7 +34,7 @@ def _range_digits(n: int) -> tuple[int, int]:
     return sum(1 << 64 * i for i in range(n)), sum(i << 64 * i for i in range(n))
 
 
-def compute_hash(token_ids, parent: int = NO_PARENT) -> int:
+def compute_hash(token_ids: Sequence[int], parent: int = NO_PARENT) -> int:
     """The hash of one block of `token_ids` whose parent block hashed to `parent`."""
     data = pack_tokens(token_ids)
     if parent != NO_PARENT:
@@ -40,7 +42,7 @@ def compute_hash(token_ids, parent: int = NO_PARENT) -> int:
     return xxhash.xxh64_intdigest(data)
 
 
-def compute_hashes(token_ids, block_size: int, parent: int = NO_PARENT, start: int = 0) -> list[int]:
+def compute_hashes(token_ids: Sequence[int], block_size: int, parent: int = NO_PARENT, start: int = 0) -> list[int]:
     """The chained hashes of the full blocks of `token_ids[start:]`, the first one's parent
     `parent`: each equal to `compute_hash(block, parent)`, the tokens packed once for all."""
     num_blocks = (len(token_ids) - start) // block_size
@@ -49,7 +51,7 @@ def compute_hashes(token_ids, block_size: int, parent: int = NO_PARENT, start: i
     data = pack_tokens(token_ids[start:start + num_blocks * block_size])
     blocks = struct.iter_unpack(f"{block_size * 8}s", data)     # the blocks' bytes, one by one
     digest, pack_parent = xxhash.xxh64_intdigest, PARENT.pack
-    hashes = []
+    hashes: list[int] = []
     if parent == NO_PARENT:      # the first block of a sequence has no parent
         parent = digest(next(blocks)[0])
         hashes.append(parent)

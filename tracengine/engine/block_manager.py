@@ -8,9 +8,10 @@ queue; the prefix cache (prefix_cache.py) maps a chained block hash to the block
 holding it and states the hit rule. A sequence is seen through its block hashes
 (`seq.block_hashes`, request data, block_hasher.py) and, for the collision check,
 its tokens where it has them. Every change is an event when the sink is enabled."""
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from tracengine.engine.block_pool import BlockPool
+from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
 from tracengine.engine.prefix_cache import NO_HASH, PrefixCache
 from tracengine.engine.sequence import Sequence
 from tracengine.engine.hash_id_prompt import hashed_block_events
@@ -31,7 +32,8 @@ class BlockManager:
     # appended when a decode needs one (VllmBlockManager: slots for each step's tokens)
     allocates_per_chunk = False
 
-    def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK, enable_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK,
+                 enable_caching: bool = True) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching     # off: no lookup, no block registered (vLLM's rule)
         self.pool = BlockPool(num_blocks)
@@ -42,8 +44,8 @@ class BlockManager:
         # where the KV of a sequence's prompt may come from outside the engine, as vLLM's KV
         # connector reports external computed tokens (a disaggregated fleet's transfers,
         # fleet/kv_transfer.LandedPrompts); None: nowhere
-        self.kv_connector = None
-        self.cpu_tier = None    # the CPU tier of KV offloading (engine/cpu_tier.py), where the policy has one
+        self.kv_connector: Any = None
+        self.cpu_tier: Any = None    # the CPU tier of KV offloading (engine/cpu_tier.py), where the policy has one
 
     @property
     def num_blocks(self) -> int:
@@ -54,7 +56,7 @@ class BlockManager:
         return self.pool.num_free_blocks
 
     @property
-    def free_block_ids(self):
+    def free_block_ids(self) -> FreeKVCacheBlockQueue:
         """The free blocks, the next one handed out first."""
         return self.pool.free_block_queue
 
@@ -68,7 +70,7 @@ class BlockManager:
         """Every block's hash (-1: none), a copy."""
         return self._every_block(self.prefix_cache.hashes, NO_HASH)
 
-    def _every_block(self, values: list, default) -> list:
+    def _every_block(self, values: list[Any], default: Any) -> list[Any]:
         return values + [default] * (self.num_blocks - len(values))
 
     @property
@@ -97,7 +99,7 @@ class BlockManager:
         num_free_hits = sum(1 for block_id in hits if ref_counts[block_id] == 0)
         return seq.num_blocks - len(hits) + num_free_hits
 
-    def allocate(self, seq: Sequence, hits: list[int]):
+    def allocate(self, seq: Sequence, hits: list[int]) -> None:
         """The sequence's block table: `hits` (its `cached_block_ids`, asked in this step with
         nothing allocated or freed since), then new blocks for the rest."""
         assert not seq.block_table
@@ -121,7 +123,7 @@ class BlockManager:
             num_computed = self.kv_connector.num_computed_tokens(seq, num_cached_blocks, num_computed)
         return num_computed
 
-    def deallocate(self, seq: Sequence):
+    def deallocate(self, seq: Sequence) -> None:
         released = seq.block_table[::-1]   # tail first, so prefix blocks stay cached longer
         self.pool.free_blocks(released)
         seq.num_cached_tokens = 0
@@ -134,11 +136,11 @@ class BlockManager:
     def can_append(self, seq: Sequence) -> bool:
         return self.pool.num_free_blocks > 0 or (seq.num_tokens - 1) % self.block_size != 0
 
-    def may_append(self, seq: Sequence):
+    def may_append(self, seq: Sequence) -> None:
         if (seq.num_tokens - 1) % self.block_size == 0:
             self.append_blocks(seq, 1)
 
-    def append_blocks(self, seq: Sequence, num_new_blocks: int):
+    def append_blocks(self, seq: Sequence, num_new_blocks: int) -> None:
         """`num_new_blocks` more blocks at the end of seq's table (the caller checked they are free)."""
         new_block_ids = self.pool.get_new_blocks(num_new_blocks)
         self.prefix_cache.evict(new_block_ids)
@@ -147,16 +149,16 @@ class BlockManager:
             for block_id in new_block_ids:
                 self.sink.emit(BlockAppend(self.step, seq.seq_id, block_id))
 
-    def hash_blocks(self, seq: Sequence):
+    def hash_blocks(self, seq: Sequence) -> None:
         """Register the full blocks this step computes (`num_scheduled_tokens` past the cached ones)."""
         self.hash_computed_blocks(seq, seq.num_cached_tokens, seq.num_cached_tokens + seq.num_scheduled_tokens)
 
-    def hash_verified_blocks(self, seq: Sequence, num_computed_before: int, num_computed: int):
+    def hash_verified_blocks(self, seq: Sequence, num_computed_before: int, num_computed: int) -> None:
         """After a verify step appended its kept tokens: register the full blocks of the tokens
         computed, `num_computed` (the rejected drafts rolled back), past `num_computed_before`."""
         self.hash_computed_blocks(seq, num_computed_before, num_computed)
 
-    def hash_computed_blocks(self, seq: Sequence, num_computed_before: int, num_computed: int):
+    def hash_computed_blocks(self, seq: Sequence, num_computed_before: int, num_computed: int) -> None:
         size = self.block_size
         start = num_computed_before // size
         end = num_computed // size

@@ -1,177 +1,20 @@
-"""The KV block pool: each block's reference count and the queue of free blocks.
+"""The KV block pool: each block's reference count and the queue of free blocks
+(free_block_queue.py).
 
 A block is handed out from the head of the free queue and returned to its tail,
 so the least recently freed block is reused first, and a freed block keeps what
-the prefix cache knows of it until it is handed out again. A prefix-cache hit on
-a free block takes it out of the middle of the queue, so the queue is doubly
-linked, as vLLM's FreeKVCacheBlockQueue: taking the head, appending and removing
-any free block are O(1), and a step costs the same with 1,000 blocks as with
-100,000.
-
-A block costs memory from when it is first handed out: until then it is one of
-the queue's run of fresh blocks (ids `fresh` .. num_blocks - 1, in id order, one
-node of the queue), and the pool and the prefix cache give it no slot. A pool of
-a billion blocks (a what-if's "as many as it takes") costs what its blocks in use
-cost."""
+the prefix cache knows of it until it is handed out again."""
 from itertools import repeat
+from typing import Any
 
-SENTINEL = -1     # the node that closes the ring: its slot is the lists' last
-FRESH_RUN = -2    # the node that stands for the fresh blocks: its slot is the one before
-
-
-class FreeKVCacheBlockQueue:
-    """Free block ids in order, linked through two lists indexed by block id: `prev` and
-    `next`, whose last two slots are the FRESH_RUN node's and the SENTINEL's. A block
-    has slots once it has been handed out (ids below `fresh`); one not in the queue has
-    `prev` None."""
-    __slots__ = ("prev", "next", "num_free_blocks", "num_blocks", "fresh")
-
-    def __init__(self, num_blocks: int):
-        """All the blocks, in id order: the ring holds the sentinel and the fresh run."""
-        self.num_blocks = self.num_free_blocks = num_blocks
-        self.fresh = 0
-        if num_blocks:
-            self.prev, self.next = [SENTINEL, FRESH_RUN], [SENTINEL, FRESH_RUN]
-        else:      # the run is empty: not in the ring
-            self.prev, self.next = [None, SENTINEL], [None, SENTINEL]
-
-    def copy(self) -> "FreeKVCacheBlockQueue":
-        other = FreeKVCacheBlockQueue(0)
-        other.prev, other.next = list(self.prev), list(self.next)
-        other.num_free_blocks, other.num_blocks, other.fresh = self.num_free_blocks, self.num_blocks, self.fresh
-        return other
-
-    def __len__(self) -> int:
-        return self.num_free_blocks
-
-    def __iter__(self):
-        next_ = self.next
-        node = next_[SENTINEL]
-        while node != SENTINEL:
-            if node == FRESH_RUN:
-                yield from range(self.fresh, self.num_blocks)
-            else:
-                yield node
-            node = next_[node]
-
-    def __contains__(self, block_id: int) -> bool:
-        return 0 <= block_id < self.num_blocks and (block_id >= self.fresh or self.prev[block_id] is not None)
-
-    def head(self) -> int:
-        if not self.num_free_blocks:
-            raise IndexError("no free block")
-        node = self.next[SENTINEL]
-        return self.fresh if node == FRESH_RUN else node
-
-    def popleft(self) -> int:
-        return self.popleft_n(1)[0]
-
-    def popleft_n(self, n: int) -> list[int]:
-        """The first n free blocks, taken out, in order."""
-        if n > self.num_free_blocks:
-            raise IndexError(f"{n} blocks asked, {self.num_free_blocks} free")
-        prev, next_ = self.prev, self.next
-        block_ids = []
-        node = next_[SENTINEL]
-        for _ in range(n):
-            if node == FRESH_RUN:
-                node = self._popleft_through_run(block_ids, n)
-                break
-            block_ids.append(node)
-            prev[node] = None
-            node = next_[node]
-        next_[SENTINEL] = node    # the new head
-        prev[node] = SENTINEL
-        self.num_free_blocks -= n
-        return block_ids
-
-    def _popleft_through_run(self, block_ids: list[int], n: int) -> int:
-        """popleft_n from the fresh run on: its blocks, then those after it, until `block_ids`
-        holds n; the node that is then the head."""
-        block_ids += self._hand_out(min(n - len(block_ids), self.num_blocks - self.fresh))
-        if self.fresh < self.num_blocks:
-            return FRESH_RUN
-        prev, next_ = self.prev, self.next
-        node = next_[FRESH_RUN]       # the run is used up: out of the ring
-        for _ in range(n - len(block_ids)):
-            block_ids.append(node)
-            prev[node] = None
-            node = next_[node]
-        return node
-
-    def _hand_out(self, n: int) -> range:
-        """The next n fresh blocks, given their slots (not in the queue); the ring is the caller's."""
-        first = self.fresh
-        self.fresh = first + n
-        self.prev[-2:-2] = repeat(None, n)      # before the two nodes' slots
-        self.next[-2:-2] = repeat(None, n)
-        return range(first, first + n)
-
-    def append(self, block_id: int):
-        self.append_n([block_id])
-
-    def append_n(self, block_ids: list[int]):
-        """`block_ids` at the tail, in order."""
-        self._insert_after(self.prev[SENTINEL], block_ids)
-
-    def prepend_n(self, block_ids: list[int]):
-        """`block_ids` at the head, in order: the first is handed out first (vLLM's free
-        queue takes back a block that holds no hash there, block_pool.py)."""
-        self._insert_after(SENTINEL, block_ids)
-
-    def _insert_after(self, node: int, block_ids: list[int]):
-        """`block_ids`, in order, linked in between `node` (a block, the sentinel or the run)
-        and the one after it."""
-        prev, next_, fresh = self.prev, self.next, self.fresh
-        after = next_[node]
-        last = node
-        for block_id in block_ids:
-            if block_id >= fresh or prev[block_id] is not None:    # a fresh block is free
-                raise ValueError(f"block {block_id} is already free")
-            next_[last] = block_id
-            prev[block_id] = last
-            last = block_id
-        next_[last] = after
-        prev[after] = last
-        self.num_free_blocks += len(block_ids)
-
-    def remove(self, block_id: int):
-        self.remove_n([block_id])
-
-    def remove_n(self, block_ids: list[int]):
-        """Take each of `block_ids` out, wherever it is in the queue."""
-        prev, next_ = self.prev, self.next
-        for block_id in block_ids:
-            if block_id >= self.fresh and block_id < self.num_blocks:
-                self._split_run(block_id)
-            elif not 0 <= block_id < self.fresh or prev[block_id] is None:
-                raise ValueError(f"block {block_id} is not free")
-            before, after = prev[block_id], next_[block_id]
-            next_[before] = after
-            prev[after] = before
-            prev[block_id] = None
-            self.num_free_blocks -= 1
-
-    def _split_run(self, block_id: int):
-        """The fresh blocks up to `block_id` linked as blocks of their own where the run is,
-        the run going on after them (a fold takes blocks where the events say)."""
-        prev, next_ = self.prev, self.next
-        before, after = prev[FRESH_RUN], next_[FRESH_RUN]
-        if block_id + 1 < self.num_blocks:     # the run goes on after them
-            after = FRESH_RUN
-        for linked in self._hand_out(block_id + 1 - self.fresh):
-            next_[before] = linked
-            prev[linked] = before
-            before = linked
-        next_[before] = after
-        prev[after] = before
+from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
 
 
 class BlockPool:
     """The blocks' reference counts (the block tables holding each) and the free queue: a
     block is free exactly when no block table holds it."""
 
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int) -> None:
         self.ref_counts: list[int] = []     # of the blocks handed out so far; the others have none
         self.free_block_queue = FreeKVCacheBlockQueue(num_blocks)
 
@@ -195,21 +38,23 @@ class BlockPool:
             ref_counts[block_id] = 1
         return block_ids
 
-    def touch(self, block_ids: list[int]):
+    def touch(self, block_ids: list[int]) -> None:
         """A reference more to each of `block_ids`: a free one (a prefix-cache hit on a
         freed block) leaves the free queue. A block given twice (hashes that collide within
         one prompt) gains two references."""
-        ref_counts, taken = self.ref_counts, []
+        ref_counts = self.ref_counts
+        taken: list[int] = []
         for block_id in block_ids:
             if ref_counts[block_id] == 0:
                 taken.append(block_id)
             ref_counts[block_id] += 1
         self.free_block_queue.remove_n(taken)
 
-    def free_blocks(self, block_ids: list[int]):
+    def free_blocks(self, block_ids: list[int]) -> None:
         """A reference less to each of `block_ids`; those left with none join the tail of
         the free queue, in the order they reach none."""
-        ref_counts, freed = self.ref_counts, []
+        ref_counts = self.ref_counts
+        freed: list[int] = []
         for block_id in block_ids:
             ref_count = ref_counts[block_id] = ref_counts[block_id] - 1
             if ref_count == 0:
@@ -242,9 +87,11 @@ class BlockPool:
         every block, and takes any)."""
         self.ref_counts += repeat(0, self.num_blocks - len(self.ref_counts))
 
-    def copy(self, prefix_cache=None) -> "BlockPool":
+    def copy(self, prefix_cache: Any = None) -> "BlockPool":
         """An independent copy (a fold's keyframe); `prefix_cache`: the copy of the prefix
         cache whose hashes the copy's rules read, where they read them (VllmBlockPool)."""
-        other = object.__new__(type(self))
+        return self._copy_into(BlockPool(0))
+
+    def _copy_into(self, other: "BlockPool") -> "BlockPool":
         other.ref_counts, other.free_block_queue = list(self.ref_counts), self.free_block_queue.copy()
         return other

@@ -17,11 +17,12 @@ A trace records the registration of such blocks as one PromptBlocksHashed, not a
 each: the hashes follow from the hash ids, and a reader recomputes them (`hashed_blocks`)."""
 from collections.abc import Sequence as _Sequence
 from functools import lru_cache
+from typing import Any, Final
 
 from tracengine.engine.block_hasher import NO_PARENT, compute_hashes
 from tracengine.trace.events import BlockHash, PromptBlocksHashed
 
-MOONCAKE_BLOCK_TOKENS = 512
+MOONCAKE_BLOCK_TOKENS: Final = 512
 
 
 def hash_id_limit(block_tokens: int) -> int:
@@ -36,7 +37,7 @@ class HashIdPrompt(_Sequence):
     (the last one perhaps cut). Indexing and slicing give the token ids it stands for."""
     __slots__ = ("hash_ids", "num_tokens", "block_tokens")
 
-    def __init__(self, hash_ids: list[int], num_tokens: int, block_tokens: int = MOONCAKE_BLOCK_TOKENS):
+    def __init__(self, hash_ids: list[int], num_tokens: int, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> None:
         if block_tokens <= 0:
             raise ValueError(f"a hash id stands for a positive number of tokens, got {block_tokens}")
         if not 0 < num_tokens <= len(hash_ids) * block_tokens or num_tokens <= (len(hash_ids) - 1) * block_tokens:
@@ -54,7 +55,7 @@ class HashIdPrompt(_Sequence):
     def __len__(self) -> int:
         return self.num_tokens
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: Any) -> Any:
         if isinstance(key, slice):
             return [self._token(p) for p in range(*key.indices(self.num_tokens))]
         if key < 0:
@@ -66,7 +67,7 @@ class HashIdPrompt(_Sequence):
     def _token(self, p: int) -> int:
         return self.hash_ids[p // self.block_tokens] * self.block_tokens + p % self.block_tokens
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         if isinstance(other, HashIdPrompt):
             return (self.hash_ids, self.num_tokens, self.block_tokens) == (other.hash_ids, other.num_tokens,
                                                                            other.block_tokens)
@@ -75,7 +76,7 @@ class HashIdPrompt(_Sequence):
     def __repr__(self) -> str:
         return f"HashIdPrompt({self.hash_ids!r}, {self.num_tokens}, {self.block_tokens})"
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type["HashIdPrompt"], tuple[list[int], int, int]]:
         return HashIdPrompt, (self.hash_ids, self.num_tokens, self.block_tokens)
 
     def block_hashes(self, block_size: int) -> list[int]:
@@ -117,14 +118,15 @@ def _hash_id_blocks(parent: int, hash_id: int, block_tokens: int, block_size: in
     return tuple(compute_hashes(range(first, first + block_tokens), block_size, parent))
 
 
-def hashed_block_events(step: int, seq, first_block: int, block_ids: list[int], hashes: list[int]) -> list:
+def hashed_block_events(step: int, seq: Any, first_block: int, block_ids: list[int],
+                        hashes: list[int]) -> list[BlockHash | PromptBlocksHashed]:
     """The events of `seq`'s blocks `first_block`, ... (`block_ids`) registered under `hashes`: a
     BlockHash each, but for the full blocks of a hash-id prompt, whose hashes follow from its hash
     ids: one PromptBlocksHashed for those (a reader recomputes them: `hashed_blocks`)."""
     num_prompt_blocks = 0
     if isinstance(seq.prompt, HashIdPrompt):
         num_prompt_blocks = max(0, min(len(block_ids), seq.num_prompt_tokens // seq.block_size - first_block))
-    events = []
+    events: list[BlockHash | PromptBlocksHashed] = []
     if num_prompt_blocks:
         prompt, block_size = seq.prompt, seq.block_size
         first_hash_id = first_block * block_size // prompt.block_tokens
@@ -151,7 +153,7 @@ def hashed_blocks(event: PromptBlocksHashed) -> list[BlockHash]:
     return [BlockHash(event.step, event.seq_id, block_id, h) for block_id, h in zip(event.block_ids, hashes)]
 
 
-def request_prompt(event):
+def request_prompt(event: Any) -> "list[int] | HashIdPrompt":
     """The prompt a RequestAdded event recorded: its token ids, or a HashIdPrompt of its hash ids."""
     if event.prompt_hash_ids:
         return HashIdPrompt(event.prompt_hash_ids, event.num_hash_id_prompt_tokens, event.hash_id_block_tokens)

@@ -55,6 +55,8 @@ all one kind, "mixed" when it holds both, listing its decodes first
 still in prefill, so this is the order they were scheduled in); the engine
 runs a mixed batch on the runner's general (prefill) path."""
 
+from typing import cast
+
 from tracengine.engine.config import BUILTIN_POLICY_NAMES, Config
 from tracengine.engine.cpu_tier import CpuTier
 from tracengine.engine.block_manager import BlockManager
@@ -63,12 +65,14 @@ from tracengine.engine.scheduler import Scheduler
 from tracengine.engine.sequence import Sequence, SequenceStatus
 from tracengine.engine.spec_decode import PADDING_DRAFT
 from tracengine.engine.vllm_block_manager import VllmBlockManager
+from tracengine.engine.native import mypyc_attr
 from tracengine.errors import ConfigError
 from tracengine.trace.events import Phase, StopReason
 from tracengine.trace.sinks import NULL_SINK, EventSink
 from tracengine.engine.user_classes import class_name, load_class
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)     # a policy of one's own subclasses it
 class MixedScheduler(Scheduler):
     """vLLM V1's FCFS scheduling with chunked prefill (the module docstring says what is followed).
     `seq.is_prefill` is True while a sequence still has prompt (or recompute) tokens to schedule."""
@@ -77,6 +81,7 @@ class MixedScheduler(Scheduler):
     def make_block_manager(cls, config: Config, sink: EventSink = NULL_SINK) -> BlockManager:
         """vLLM V1's block rules (VllmBlockManager: slots for a step's tokens), or nano-vllm's for a
         trace recorded before the field (block_rules, below); with the CPU tier of KV offloading."""
+        block_manager: BlockManager
         if block_rules(cls, config) == "vllm":
             block_manager = VllmBlockManager(config.num_kvcache_blocks, config.kvcache_block_size, sink,
                                              config.enable_prefix_caching)
@@ -159,7 +164,7 @@ class MixedScheduler(Scheduler):
                         num_new_tokens = num_padded
                         seq.spec_token_ids = [PADDING_DRAFT] * self.num_speculative_tokens
                     seq.num_scheduled_tokens = min(num_new_tokens, token_budget)
-                    self.block_manager.allocate(seq, hits, seq.num_scheduled_tokens)
+                    cast(VllmBlockManager, self.block_manager).allocate(seq, hits, seq.num_scheduled_tokens)
                 else:
                     self.block_manager.allocate(seq, hits)
                     seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_cached_tokens, token_budget)
@@ -201,7 +206,8 @@ class MixedScheduler(Scheduler):
         (`self.running` holds the sequences not scheduled yet) while there are too few free
         blocks, or `seq` itself when nobody is left behind it (False then)."""
         # vLLM's allocate_slots(num_lookahead_tokens=...): slots past the step's tokens, never cached
-        while not self.block_manager.allocate_slots(seq, num_new_tokens + self.num_lookahead_tokens):
+        while not cast(VllmBlockManager, self.block_manager).allocate_slots(seq, num_new_tokens
+                                                                            + self.num_lookahead_tokens):
             if self.running:
                 self.preempt(self.preempt_victim(seq), by=seq)
             else:
@@ -210,7 +216,7 @@ class MixedScheduler(Scheduler):
         return True
 
     @staticmethod
-    def _take(seq: Sequence, scheduled_seqs: list[Sequence], prefill_flags: list[bool]):
+    def _take(seq: Sequence, scheduled_seqs: list[Sequence], prefill_flags: list[bool]) -> None:
         prefill_flags.append(seq.is_prefill)
         if seq.num_cached_tokens + seq.num_scheduled_tokens >= seq.num_tokens:
             seq.is_prefill = False     # from the next step it decodes

@@ -12,15 +12,18 @@ collision is guarded by comparing tokens where both sides have them: a block
 registered with its tokens is a hit only for a sequence whose tokens for that
 block are the same. A sequence that carries block hashes and no tokens (a hash-id
 workload) is matched on its hashes alone, as vLLM matches every request."""
+from collections.abc import Callable
 from itertools import chain, repeat
+from typing import Final, cast
 
-NO_HASH = -1
-LOOKUP_RUN = 64      # blocks looked up at once
+NO_HASH: Final = -1
+LOOKUP_RUN: Final = 64      # blocks looked up at once
+Tokens = Callable[[int, int], list[int]]     # a sequence's token ids in [start, end) (Sequence.tokens)
 
 
 class PrefixCache:
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.hash_to_block_id: dict[int, int] = {}
@@ -33,17 +36,18 @@ class PrefixCache:
 
     def copy(self) -> "PrefixCache":
         """An independent copy (a fold's keyframe)."""
-        other = object.__new__(type(self))
-        other.__dict__.update(self.__dict__)
+        return self._copy_into(PrefixCache(self.num_blocks, self.block_size))
+
+    def _copy_into(self, other: "PrefixCache") -> "PrefixCache":
         other.hash_to_block_id, other.hashes = dict(self.hash_to_block_id), list(self.hashes)
         other.token_ids = dict(self.token_ids)     # each block's tokens: replaced, never changed in place
         return other
 
-    def hold_every_block(self):
+    def hold_every_block(self) -> None:
         """A hash slot for every block now (a fold shows every block)."""
         self._cover([self.num_blocks - 1])
 
-    def _cover(self, block_ids: list[int]):
+    def _cover(self, block_ids: list[int]) -> None:
         """Slots for `block_ids` in `hashes` (extended in place: the pool shares it); none to
         look for once every block has one."""
         if len(self.hashes) == self.num_blocks:
@@ -52,7 +56,7 @@ class PrefixCache:
         if end > len(self.hashes):
             self.hashes += repeat(NO_HASH, end - len(self.hashes))
 
-    def _hold_tokens(self, block_ids: list[int], token_ids):
+    def _hold_tokens(self, block_ids: list[int], token_ids: list[int] | None) -> None:
         """Keep the tokens of `block_ids` (theirs end to end in `token_ids`), or forget any they
         held (`token_ids` None)."""
         held, size = self.token_ids, self.block_size
@@ -63,36 +67,37 @@ class PrefixCache:
             for block_id in block_ids:
                 held.pop(block_id, None)
 
-    def lookup(self, block_hashes: list[int], tokens=None) -> list[int]:
+    def lookup(self, block_hashes: list[int], tokens: Tokens | None = None) -> list[int]:
         """The blocks holding the leading blocks of `block_hashes`, up to the first miss.
         `tokens(start, end)`: the sequence's token ids in [start, end), where it has them."""
         # LOOKUP_RUN blocks at a time, up to the run with the first miss, which ends the hits: a
         # long prompt's blocks past it are not looked up
-        get, block_ids = self.hash_to_block_id.get, []
+        get = self.hash_to_block_id.get
+        block_ids: list[int] = []
         for start in range(0, len(block_hashes), LOOKUP_RUN):
-            run = list(map(get, block_hashes[start:start + LOOKUP_RUN]))
+            run: list[int | None] = list(map(get, block_hashes[start:start + LOOKUP_RUN]))
             if None in run:
-                block_ids += run[:run.index(None)]
+                block_ids += cast(list[int], run[:run.index(None)])
                 break
-            block_ids += run
+            block_ids += cast(list[int], run)
         if tokens is not None and block_ids:
             del block_ids[self._num_same_tokens(block_ids, tokens(0, len(block_ids) * self.block_size)):]
         return block_ids
 
-    def _num_same_tokens(self, block_ids: list[int], token_ids) -> int:
+    def _num_same_tokens(self, block_ids: list[int], token_ids: list[int]) -> int:
         """How many of the leading `block_ids` hold what `token_ids` holds (a block with no
         tokens recorded counts as the same): all of them compared at once, then one by one
         where they differ."""
         size, held = self.block_size, self.token_ids
-        cached = [held.get(block_id) for block_id in block_ids]
-        if None not in cached and list(chain.from_iterable(cached)) == token_ids:
+        cached: list[list[int] | None] = [held.get(block_id) for block_id in block_ids]
+        if None not in cached and list(chain.from_iterable(cast(list[list[int]], cached))) == token_ids:
             return len(block_ids)
         for i, tokens in enumerate(cached):
             if tokens is not None and tokens != token_ids[i * size:(i + 1) * size]:
                 return i
         return len(block_ids)
 
-    def insert(self, block_ids: list[int], block_hashes: list[int], token_ids=None):
+    def insert(self, block_ids: list[int], block_hashes: list[int], token_ids: list[int] | None = None) -> None:
         """Register each of `block_ids` (just filled) under its hash in `block_hashes`, with its
         tokens when `token_ids` gives them (the blocks' tokens, end to end)."""
         self._cover(block_ids)
@@ -102,7 +107,7 @@ class PrefixCache:
         self._hold_tokens(block_ids, token_ids)
         self.hash_to_block_id.update(zip(block_hashes, block_ids))    # a hash given twice: the later block
 
-    def evict(self, block_ids: list[int]):
+    def evict(self, block_ids: list[int]) -> None:
         """Forget what `block_ids` held: they are handed out to be overwritten."""
         self._cover(block_ids)
         hashes, index = self.hashes, self.hash_to_block_id

@@ -6,6 +6,7 @@ seeds' algorithm). Each exit of the prefill and decode loops is named by the
 overrides the hooks at the end (docs/policies.md); engine/policies.py holds
 `mixed` and the lookup of a policy by name."""
 from collections import deque
+from typing import Any, Literal
 
 from tracengine.engine.block_manager import BlockManager
 from tracengine.engine.config import Config
@@ -15,11 +16,13 @@ from tracengine.trace.events import (AbortReason, DraftProposed, DraftVerified, 
 from tracengine.trace.sinks import NULL_SINK, EventSink
 from tracengine.engine.sequence import Sequence, SequenceStatus
 from tracengine.engine.spec_decode import PADDING_DRAFT
+from tracengine.engine.native import mypyc_attr
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)     # a policy of one's own subclasses it
 class Scheduler:
 
-    def __init__(self, config: Config, sink: EventSink = NULL_SINK, block_manager: BlockManager | None = None):
+    def __init__(self, config: Config, sink: EventSink = NULL_SINK, block_manager: BlockManager | None = None) -> None:
         """`block_manager`: the KV blocks it schedules, under their block rules; None: the ones
         `make_block_manager` makes for the config."""
         if config.num_kvcache_blocks <= 0:
@@ -33,7 +36,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()   # not fully prefilled: new, mid-chunk, preempted
         self.running: deque[Sequence] = deque()   # prefilled, decoding
         self.loading: deque[Sequence] = deque()   # set aside while the CPU tier loads their blocks (policies.py)
-        self.cpu_tier = self.block_manager.cpu_tier   # KV offloading's CPU tier (engine/cpu_tier.py), or None
+        self.cpu_tier: Any = self.block_manager.cpu_tier   # KV offloading's CPU tier (engine/cpu_tier.py), or None
         self.sink = sink
         self.step = 0   # the engine's step, stamped on events: set by `begin_step`
         self.num_preemptions = 0   # over the scheduler's life (a server's metrics read it)
@@ -47,13 +50,13 @@ class Scheduler:
         """The block manager of a policy's own under `config`: the seeds' (nano-vllm's) block rules."""
         return BlockManager(config.num_kvcache_blocks, config.kvcache_block_size, sink, config.enable_prefix_caching)
 
-    def begin_step(self, step: int):
+    def begin_step(self, step: int) -> None:
         self.step = self.block_manager.step = step
 
     def is_finished(self) -> bool:
         return not self.waiting and not self.running and not self.loading
 
-    def check_request(self, num_prompt_tokens: int, max_tokens: int):
+    def check_request(self, num_prompt_tokens: int, max_tokens: int) -> None:
         """Refuse a request that could never be served, instead of stalling on it."""
         if num_prompt_tokens == 0:
             raise RequestError("empty prompt")
@@ -67,7 +70,7 @@ class Scheduler:
                 f"request of {num_prompt_tokens} prompt + {max_tokens} max tokens needs {num_blocks} KV blocks "
                 f"of {self.block_size} tokens; the cache has {num_total}")
 
-    def add(self, seq: Sequence):
+    def add(self, seq: Sequence) -> None:
         self.check_request(seq.num_prompt_tokens, seq.max_tokens)
         self.waiting.append(seq)
 
@@ -150,14 +153,15 @@ class Scheduler:
         del seq.spec_token_ids[num_drafts:]
         return num_drafts
 
-    def _emit_decision(self, phase: Phase, seqs, num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,
-                       num_free_blocks, num_decode_seqs: int = 0):
+    def _emit_decision(self, phase: Phase, seqs: list[Sequence], num_batched_tokens: int,
+                       stop_reason: StopReason | None, blocked_seq_id: int, num_blocks_needed: int,
+                       num_free_blocks: int, num_decode_seqs: int = 0) -> None:
         """`num_decode_seqs`: a "mixed" decision's leading decode sequences."""
         if not self.sink.enabled:
             return
         self.sink.emit(ScheduleDecision(
             self.step, phase, [ScheduledSeq(s.seq_id, s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs],
-            num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,
+            num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,  # type: ignore[arg-type]  # mixed's: set
             num_free_blocks, len(self.waiting) + len(self.loading), len(self.running), num_decode_seqs))
 
     def _append_slot(self, seq: Sequence, num_drafts: int = 0) -> bool:
@@ -184,7 +188,7 @@ class Scheduler:
             self.block_manager.may_append(seq)
         return True
 
-    def preempt(self, seq: Sequence, by: Sequence):
+    def preempt(self, seq: Sequence, by: Sequence) -> None:
         """Recomputation: free the KV and go back to the head of waiting."""
         if self.sink.enabled:
             self.sink.emit(Preempt(self.step, seq.seq_id, by.seq_id, seq.block_table[::-1],
@@ -199,15 +203,17 @@ class Scheduler:
         self.block_manager.deallocate(seq)
         self.waiting.appendleft(seq)
 
-    def postprocess(self, seqs: list[Sequence], token_ids: list[int], is_prefill: bool) -> list[Sequence]:
+    def postprocess(self, seqs: list[Sequence], token_ids: list[Any], is_prefill: bool) -> list[Sequence]:
         """Write the sampled tokens back; returns the sequences that finished. (`is_prefill`, the
-        step's phase, is for a policy that overrides this; the rules here need only the counts.)"""
-        finished = []
+        step's phase, is for a policy that overrides this; the rules here need only the counts.)
+        A token is an int, or a verify step's list of them (a sequence with drafts)."""
+        finished: list[Sequence] = []
         block_size = self.block_size
-        for seq, token_id in zip(seqs, token_ids):
+        for seq, sampled in zip(seqs, token_ids):
             if seq.spec_token_ids:
-                self._append_verified(seq, token_id, finished)
+                self._append_verified(seq, sampled, finished)
                 continue
+            token_id: int = sampled
             num_computed = seq.num_cached_tokens + seq.num_scheduled_tokens
             if seq.num_cached_tokens // block_size != num_computed // block_size:
                 self.block_manager.hash_blocks(seq)     # this step filled a block: register it
@@ -227,7 +233,7 @@ class Scheduler:
                 self._finish(seq, "length", finished)
         return finished
 
-    def _append_verified(self, seq: Sequence, token_ids: list[int], finished: list[Sequence]):
+    def _append_verified(self, seq: Sequence, token_ids: list[int], finished: list[Sequence]) -> None:
         """A verify step's tokens (its kept drafts and the model's next token), as vLLM's
         update_from_output takes them: the rejected drafts' computed tokens rolled back (their
         slots stay the sequence's), the tokens appended up to a stop (the rest dropped), then the
@@ -240,7 +246,7 @@ class Scheduler:
         num_computed_before = seq.num_cached_tokens
         num_computed = num_computed_before + seq.num_scheduled_tokens - (num_drafts - num_accepted)
         seq.num_scheduled_tokens = 0
-        reason = None
+        reason: FinishReason | None = None
         for i, token_id in enumerate(token_ids):
             seq.append_token(token_id)
             if self.sink.enabled:
@@ -257,7 +263,7 @@ class Scheduler:
         if reason is not None:
             self._finish(seq, reason, finished)
 
-    def update_draft_token_ids(self, seqs: list[Sequence], proposer) -> None:
+    def update_draft_token_ids(self, seqs: list[Sequence], proposer: Any) -> None:
         """After a step: the drafts `proposer` gives each of `seqs`, the scheduled sequences that
         sampled a token (vLLM drops those of a sequence still in prefill), that goes on, for its next step."""
         emit = self.sink.emit if self.sink.enabled else None
@@ -268,7 +274,7 @@ class Scheduler:
             if drafts and emit is not None:
                 emit(DraftProposed(self.step, seq.seq_id, len(drafts), [] if drafts[0] < 0 else list(drafts)))
 
-    def _finish(self, seq: Sequence, reason: FinishReason, finished: list[Sequence]):
+    def _finish(self, seq: Sequence, reason: FinishReason, finished: list[Sequence]) -> None:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         if self.sink.enabled:
@@ -285,7 +291,9 @@ class Scheduler:
         abort_request does; the seeds define no abort, so this is an extension of them.
         Called between steps only. Returns the sequence, or None when no queue holds it
         (it has finished, or it was never added)."""
-        for queue, status in ((self.waiting, "waiting"), (self.running, "running"), (self.loading, "waiting")):
+        queues: tuple[tuple[deque[Sequence], Literal["waiting", "running"]], ...] = (
+            (self.waiting, "waiting"), (self.running, "running"), (self.loading, "waiting"))
+        for queue, status in queues:
             seq = next((s for s in queue if s.seq_id == seq_id), None)
             if seq is not None:
                 break

@@ -25,8 +25,11 @@ single_type_kv_cache_manager.py):
 Events: BlockAllocate at admission (the hits, then the first chunk's new
 blocks), BlockAppend for each block a later chunk or token is given, BlockHash
 for each block registered, in the step that allocates it."""
+from typing import Any
+
 from tracengine.engine.block_manager import BlockManager
 from tracengine.engine.block_pool import BlockPool
+from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
 from tracengine.engine.hash_id_prompt import hashed_block_events
 from tracengine.engine.prefix_cache import NO_HASH, PrefixCache
 from tracengine.engine.sequence import Sequence
@@ -37,25 +40,27 @@ from tracengine.trace.sinks import NULL_SINK, EventSink
 class VllmBlockPool(BlockPool):
     """The pool with vLLM's `free_blocks`: `hashes` is the prefix cache's hash per block id."""
 
-    def __init__(self, num_blocks: int, hashes: list[int]):
+    def __init__(self, num_blocks: int, hashes: list[int]) -> None:
         super().__init__(num_blocks)
         self.hashes = hashes
 
-    def free_blocks(self, block_ids: list[int]):
+    def free_blocks(self, block_ids: list[int]) -> None:
         release(self.ref_counts, self.hashes, self.free_block_queue, block_ids)
 
-    def copy(self, prefix_cache=None) -> "VllmBlockPool":
-        other = super().copy()
-        other.hashes = prefix_cache.hashes
+    def copy(self, prefix_cache: Any = None) -> "VllmBlockPool":
+        other = VllmBlockPool(0, prefix_cache.hashes)
+        self._copy_into(other)
         return other
 
 
-def release(ref_counts: list[int], hashes: list[int], free_block_queue, block_ids: list[int]):
+def release(ref_counts: list[int], hashes: list[int], free_block_queue: FreeKVCacheBlockQueue,
+            block_ids: list[int]) -> None:
     """vLLM's free rule (the pool's, and the replay fold's): a reference less to each of
     `block_ids` (in eviction order, the first evicted first); those left with none go to the
     head of the free queue when they hold no hash, to its tail when they do, each group in
     that order."""
-    evict_first, evict_last = [], []
+    evict_first: list[int] = []
+    evict_last: list[int] = []
     for block_id in block_ids:
         ref_count = ref_counts[block_id] = ref_counts[block_id] - 1
         if ref_count == 0:
@@ -70,11 +75,11 @@ class VllmPrefixCache(PrefixCache):
     """The prefix cache with vLLM's rule for a hash two blocks hold: the first registered is
     found; `later_block_ids` keeps the others, in order, for when it is handed out."""
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int) -> None:
         super().__init__(num_blocks, block_size)
         self.later_block_ids: dict[int, list[int]] = {}
 
-    def insert(self, block_ids: list[int], block_hashes: list[int], token_ids=None):
+    def insert(self, block_ids: list[int], block_hashes: list[int], token_ids: list[int] | None = None) -> None:
         self._cover(block_ids)
         hashes, index = self.hashes, self.hash_to_block_id
         for block_id, h in zip(block_ids, block_hashes):
@@ -84,11 +89,12 @@ class VllmPrefixCache(PrefixCache):
         self._hold_tokens(block_ids, token_ids)
 
     def copy(self) -> "VllmPrefixCache":
-        other = super().copy()
+        other = VllmPrefixCache(self.num_blocks, self.block_size)
+        self._copy_into(other)
         other.later_block_ids = {h: list(ids) for h, ids in self.later_block_ids.items()}
         return other
 
-    def evict(self, block_ids: list[int]):
+    def evict(self, block_ids: list[int]) -> None:
         self._cover(block_ids)
         hashes, index, later = self.hashes, self.hash_to_block_id, self.later_block_ids
         for block_id in block_ids:
@@ -103,7 +109,8 @@ class VllmPrefixCache(PrefixCache):
         self._hold_tokens(block_ids, None)
 
 
-def unregister(hash_to_block_id: dict[int, int], later_block_ids: dict[int, list[int]], h: int, block_id: int):
+def unregister(hash_to_block_id: dict[int, int], later_block_ids: dict[int, list[int]], h: int,
+               block_id: int) -> None:
     """`block_id` no longer holds hash `h`: when it was the block found, the next registered
     under `h` is found from now on, if any (vLLM's BlockHashToBlockMap)."""
     others = later_block_ids.get(h)
@@ -113,6 +120,7 @@ def unregister(hash_to_block_id: dict[int, int], later_block_ids: dict[int, list
         else:
             del hash_to_block_id[h]
     else:
+        assert others is not None      # a block found under h or one registered after it
         others.remove(block_id)
     if others == []:
         del later_block_ids[h]
@@ -121,13 +129,14 @@ def unregister(hash_to_block_id: dict[int, int], later_block_ids: dict[int, list
 class VllmBlockManager(BlockManager):
     allocates_per_chunk = True     # vLLM's allocate_slots: a running sequence's chunk needs slots as a decode does
 
-    def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK, enable_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK,
+                 enable_caching: bool = True) -> None:
         super().__init__(num_blocks, block_size, sink, enable_caching)
         self.prefix_cache = VllmPrefixCache(num_blocks, block_size)
         self.pool = VllmBlockPool(num_blocks, self.prefix_cache.hashes)
 
     def allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int | None = None,
-                 delay_cache_blocks: bool = False):
+                 delay_cache_blocks: bool = False) -> None:
         """Admission: the `hits` (its `cached_block_ids`, asked in this step with nothing
         allocated or freed since), and slots for the first `num_new_tokens` past the computed
         ones (None: all of them, as a KV transfer installs a prompt, fleet/engine.py); the caller
@@ -175,7 +184,7 @@ class VllmBlockManager(BlockManager):
             self.cache_blocks(seq, num_cached_tokens // size, num_filled)
         return True
 
-    def cache_blocks(self, seq: Sequence, num_cached_blocks: int, end: int):
+    def cache_blocks(self, seq: Sequence, num_cached_blocks: int, end: int) -> None:
         """Register seq's blocks from `num_cached_blocks` (those before it are registered) up to
         `end`, which its slots fill (the slots of tokens the sequence has: never past them)."""
         if not self.enable_caching:
@@ -189,10 +198,10 @@ class VllmBlockManager(BlockManager):
             for event in hashed_block_events(self.step, seq, num_cached_blocks, block_ids, hashes):
                 self.sink.emit(event)
 
-    def hash_blocks(self, seq: Sequence):
+    def hash_blocks(self, seq: Sequence) -> None:
         """Nothing: the blocks a step fills were registered when their slots were allocated."""
 
-    def hash_verified_blocks(self, seq: Sequence, num_computed_before: int, num_computed: int):
+    def hash_verified_blocks(self, seq: Sequence, num_computed_before: int, num_computed: int) -> None:
         """After a verify step appended its kept tokens: register the full blocks its kept drafts
         filled (vLLM's `cache_blocks(request, num_computed_tokens)` in update_from_output); the
         allocation registered those of the tokens the sequence had (`num_computed_before` + 1)."""

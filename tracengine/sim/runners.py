@@ -2,6 +2,7 @@
 is_prefill)` like the model runner, from a hash instead of logits), and `run_workload`, which
 drives the engine's step loop over requests added by step."""
 import math
+from typing import Any
 
 import xxhash
 
@@ -11,6 +12,8 @@ from tracengine.sim.clock import StepClockedEngine, in_arrival_order, run_in_tim
 from tracengine.trace.sinks import ListSink
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.request import Request
+from tracengine.engine.native import mypyc_attr
+from tracengine.engine.sequence import Sequence
 from tracengine.trace.tracelog import make_header
 from tracengine.workload.sessions import SessionRelease, has_sessions
 
@@ -28,23 +31,26 @@ def _decimal(position: int) -> bytes:
     return _DECIMALS[position]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)     # a test's runner subclasses it
 class SyntheticRunner:
     """A stand-in model: each token is a hash of (seed, seq_id, position), so
     like the real model it does not depend on batching, chunking or preemption.
     `eos_at` maps a seq_id to the completion index at which it emits `eos`."""
 
-    def __init__(self, vocab_size: int = 1000, seed: int = 0, eos: int = -1, eos_at: dict[int, int] | None = None):
+    def __init__(self, vocab_size: int = 1000, seed: int = 0, eos: int = -1,
+                 eos_at: dict[int, int] | None = None) -> None:
         self.vocab_size = vocab_size
         self.seed = seed
         self.eos = eos
         self.eos_at = eos_at or {}
         self._prefixes: dict[int, bytes] = {}   # seq_id -> b"{seed}:{seq_id}:", made once per sequence
 
-    def run(self, seqs, is_prefill: bool) -> list[int]:
+    def run(self, seqs: list[Sequence], is_prefill: bool) -> list[Any]:
+        """A token for each of `seqs`: an int, or a verify step's list of them."""
         # One loop for the batch, no call per sequence: a simulation samples every token here.
         eos, eos_at, vocab_size, prefixes, digest, decimals = self.eos, self.eos_at, self.vocab_size, \
             self._prefixes, xxhash.xxh64_intdigest, _DECIMALS
-        tokens = []
+        tokens: list[Any] = []
         for seq in seqs:
             if seq.spec_token_ids:      # a verify step: the model's token at each of its positions
                 tokens.append(self.targets(seq))
@@ -64,12 +70,12 @@ class SyntheticRunner:
             tokens.append(token)
         return tokens
 
-    def targets(self, seq) -> list[int]:
+    def targets(self, seq: Sequence) -> list[int]:
         """The tokens of a sequence that verifies drafts, at positions num_tokens, num_tokens + 1,
         ...: those it would sample there without drafts, eos where `eos_at` puts it."""
         eos, vocab_size, digest, prefix = self.eos, self.vocab_size, xxhash.xxh64_intdigest, self._prefix(seq.seq_id)
         eos_index = self.eos_at.get(seq.seq_id, -1)
-        tokens = []
+        tokens: list[int] = []
         for j in range(len(seq.spec_token_ids) + 1):
             if seq.num_completion_tokens + j == eos_index:
                 tokens.append(eos)
@@ -84,11 +90,11 @@ class SyntheticRunner:
             prefix = self._prefixes[seq_id] = f"{self.seed}:{seq_id}:".encode()
         return prefix
 
-    def exit(self):
+    def exit(self) -> None:
         pass
 
 
-def check_requests(scheduler, requests: list[Request], under: str = "the config", first_index: int = 0):
+def check_requests(scheduler: Any, requests: list[Request], under: str = "the config", first_index: int = 0) -> None:
     """Refuse, before a run and naming it, a request that could never run under the scheduler's config
     (a request without a seq_id is named by its index, the first `first_index`)."""
     for i, r in enumerate(requests, first_index):
@@ -107,7 +113,7 @@ class Departures:
     (the earliest, or infinity) has come, `abort(engine, now)` takes out, as the recording did,
     each one due by `now` that is still queued (one that finished first has nothing to take out)."""
 
-    def __init__(self, requests: list[Request], when: str):
+    def __init__(self, requests: list[Request], when: str) -> None:
         self._due = sorted((getattr(r, when), i if r.seq_id is None else r.seq_id, r.abort_reason)
                            for i, r in enumerate(requests) if getattr(r, when) >= 0)
         self._next = 0
@@ -115,7 +121,8 @@ class Departures:
 
     def due(self, now: int) -> list[tuple[int, str]]:
         """(seq_id, reason) of each request due by `now` and not named before, in the order of their times."""
-        due, leaving = self._due, []
+        due = self._due
+        leaving: list[tuple[int, str]] = []
         while self._next < len(due) and due[self._next][0] <= now:
             _, seq_id, reason = due[self._next]
             leaving.append((seq_id, reason))
@@ -128,8 +135,8 @@ class Departures:
         return [seq_id for seq_id, reason in self.due(now) if engine.abort_request(seq_id, reason) is not None]
 
 
-def run_workload(config: Config, requests: list[Request], runner=None, sink: ListSink | None = None,
-                 max_steps: int = 1_000_000, on_step=None, policy: type | str | None = None) -> list:
+def run_workload(config: Config, requests: list[Request], runner: Any = None, sink: ListSink | None = None,
+                 max_steps: int = 1_000_000, on_step: Any = None, policy: type | str | None = None) -> list[Any]:
     """Drive `LLMEngine` over a scripted workload; returns the events, header
     first. Each request enters before its arrival step; when the engine goes
     idle before the next arrival, that arrival is brought forward. `on_step(engine)`

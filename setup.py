@@ -1,0 +1,79 @@
+"""The compiled core (tracengine/compiled.py): its modules compiled by mypyc from their Python
+source where mypyc and a C compiler are present, the pure-Python package where not (said once).
+The build records each compiled source's hash, which `import tracengine` compares against the
+.py files (an edited module never runs stale compiled code)."""
+import hashlib
+import os
+import runpy
+import sys
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+# the list and the names, from their one definition (stdlib only), without importing the package
+CORE = runpy.run_path(os.path.join(ROOT, "tracengine", "compiled.py"))
+CORE_HASHES, CORE_MODULES, PURE_ENV = CORE["CORE_HASHES"], CORE["CORE_MODULES"], CORE["PURE_ENV"]
+PATHS = [os.path.join(*module.split(".")) + ".py" for module in CORE_MODULES]
+NATIVE = os.path.join("tracengine", "engine", "native.py")
+
+
+def say(message: str):
+    print(f"tracengine: {message}", file=sys.stderr)
+
+
+def core_extensions() -> list:
+    """mypyc's extensions of the core modules, or none (and why, once) where it cannot build them."""
+    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+        say(f"{PURE_ENV}=1: installing the pure-Python core, not compiling it")
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        say("mypyc is not installed: installing the pure-Python core (pip install mypy, then reinstall, to compile it)")
+        return []
+    try:
+        # only the core is read: what it imports from elsewhere is dynamic to it (Any), so a change there never
+        # leaves stale compiled types behind, and the build reads no third-party package (torch)
+        # (native.py too, read and not compiled: its mypyc_attr is mypy_extensions')
+        return mypycify(["--follow-imports=skip", "--ignore-missing-imports", *PATHS, NATIVE], only_compile_paths=PATHS,
+                        opt_level="3", group_name="tracengine_core")
+    except BaseException as error:     # mypyc reports a type error by exiting
+        say(f"mypyc could not compile the core ({error!r}): installing the pure-Python core")
+        return []
+
+
+class BuildCore(build_ext):
+    """build_ext that falls back to the pure-Python core when the C compiler fails, and records
+    the hash of each compiled source beside the extensions."""
+
+    def run(self):
+        if not self.extensions:
+            return
+        try:
+            super().run()
+        except Exception as error:
+            say(f"the C compiler could not build the core ({error}): installing the pure-Python core")
+            self.remove_outputs()
+            return
+        package = ROOT if self.inplace else self.build_lib
+        with open(os.path.join(package, "tracengine", CORE_HASHES), "w") as f:
+            for module, path in zip(CORE_MODULES, PATHS):
+                with open(os.path.join(ROOT, path), "rb") as source:
+                    f.write(f"{hashlib.sha256(source.read()).hexdigest()} {module}\n")
+
+    def remove_outputs(self):
+        for ext in self.extensions:
+            path = self.get_ext_fullpath(ext.name)
+            if os.path.exists(path):
+                os.remove(path)
+        self.extensions = []
+
+    def get_outputs(self):
+        outputs = super().get_outputs()
+        if outputs and not self.inplace:
+            outputs.append(os.path.join(self.build_lib, "tracengine", CORE_HASHES))
+        return outputs
+
+
+setup(ext_modules=core_extensions(), cmdclass={"build_ext": BuildCore})

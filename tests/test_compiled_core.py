@@ -1,0 +1,124 @@
+"""The compiled core against its Python (tracengine/compiled.py): random workloads, each run by
+both in a process of its own (a process imports one core or the other), must give the same
+events. The workloads mix prefix hits, preemptions (few blocks), chunked prefill (small token
+budgets), both policies, both block rules of `mixed`, hash-id prompts and aborts. Also: which
+core runs, and that an edited core module runs its Python (never stale compiled code)."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tracengine.compiled as compiled
+
+ROOT = Path(__file__).parent.parent
+NUM_WORKLOADS = 60
+
+# Run in a child: one digest line per seed, of the events of that seed's random run (header aside).
+CHILD = r"""
+import hashlib, random, sys
+import msgspec
+from tracengine.engine.config import Config
+from tracengine.engine.hash_id_prompt import HashIdPrompt
+from tracengine.sim.runners import SyntheticRunner, run_workload
+from tracengine.testing import random_workload
+from tracengine.trace.views import without_wall_clock
+
+def workload(seed):
+    rng = random.Random(seed)
+    block_size = rng.choice([1, 2, 4, 8])
+    policy = rng.choice(["prefill_first", "mixed"])
+    rules = rng.choice(["nano-vllm", "vllm"]) if policy == "mixed" else "auto"
+    requests = random_workload(rng, num_requests=rng.randint(1, 14), max_prompt_len=48, block_size=block_size)
+    for r in requests:
+        if rng.random() < 0.2:       # a client that leaves
+            r.abort_step = r.arrival_step + rng.randint(0, 6)
+        if rng.random() < 0.15:      # a prompt known by its hash ids (prefix hits by hash id)
+            num_ids = rng.randint(1, 3)
+            r.prompt = HashIdPrompt([rng.randrange(4) + i for i in range(num_ids)], num_ids * 8 - rng.randrange(8), 8)
+    longest = max(len(r.prompt) + r.max_tokens for r in requests)
+    config = Config(num_kvcache_blocks=-(-longest // block_size) + rng.randint(0, 12), kvcache_block_size=block_size,
+                    max_num_batched_tokens=rng.choice([8, 16, 32, 64, 4096]), max_num_seqs=rng.randint(1, 8),
+                    max_model_len=4096, eos=999, scheduling_policy=policy, block_rules=rules,
+                    enable_prefix_caching=rng.random() < 0.85)
+    return config, requests, policy
+
+encoder = msgspec.msgpack.Encoder()
+for seed in map(int, sys.argv[1:]):
+    config, requests, policy = workload(seed)
+    events = run_workload(config, requests, SyntheticRunner(eos=999, eos_at={0: 3}), policy=policy)[1:]
+    print(seed, len(events), hashlib.sha256(encoder.encode([without_wall_clock(e) for e in events])).hexdigest())
+"""
+
+
+def run_child(seeds, pure: bool) -> list[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), compiled.PURE_ENV: "1" if pure else "0"}
+    result = subprocess.run([sys.executable, "-c", CHILD, *map(str, seeds)], capture_output=True, text=True, env=env,
+                            cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.splitlines()
+
+
+def core_of(env: dict) -> str:
+    code = "import tracengine.compiled as c, tracengine.engine.scheduler; print(c.CORE, c.is_compiled())"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **env}).stdout.strip()
+
+
+needs_build = pytest.mark.skipif(compiled.built_hashes() is None, reason="the core is not compiled here (no build)")
+
+
+@needs_build
+def test_the_compiled_core_gives_the_events_of_its_python():
+    seeds = range(NUM_WORKLOADS)
+    ours, reference = run_child(seeds, pure=False), run_child(seeds, pure=True)
+    assert len(ours) == NUM_WORKLOADS
+    assert [line for line, ref in zip(ours, reference) if line != ref] == []
+    assert ours == reference
+
+
+@needs_build
+def test_pure_python_env_runs_the_python_core():
+    assert core_of({compiled.PURE_ENV: "0"}) == "yes True"
+    assert core_of({compiled.PURE_ENV: "1"}) == f"no ({compiled.PURE_ENV}=1) False"
+
+
+@needs_build
+def test_an_edited_core_module_runs_its_python_and_says_how_to_rebuild(tmp_path):
+    """A copy of the package whose block pool was edited after the build: the Python runs, and
+    one line on stderr says so; the compiled code of the old source never runs."""
+    copy = tmp_path / "tracengine"
+    shutil.copytree(ROOT / "tracengine", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    for lib in ROOT.glob("tracengine_core__mypyc*"):      # the group's shared library, beside the package
+        shutil.copy(lib, tmp_path)
+    with open(copy / "engine" / "block_pool.py", "a") as f:
+        f.write("\nEDITED = True\n")
+    code = ("import tracengine.compiled as c, tracengine.engine.block_pool as b; "
+            "print(c.CORE, c.is_compiled(), b.EDITED)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(tmp_path), compiled.PURE_ENV: "0"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "no (stale: tracengine/engine/block_pool.py edited since the build) False True"
+    assert result.stderr.count("\n") == 1 and "rebuild it with `pip install -e .`" in result.stderr
+
+
+def test_version_says_which_core_runs():
+    result = subprocess.run([sys.executable, "-m", "tracengine.cli", "--version"], capture_output=True, text=True,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), compiled.PURE_ENV: "1"})
+    assert result.stdout.splitlines()[1] == ("compiled core: no (not built: pure-Python install)"
+                                             if compiled.built_hashes() is None else
+                                             f"compiled core: no ({compiled.PURE_ENV}=1)")
+
+
+def test_importing_the_core_leaves_the_standard_abcs_alone():
+    """A class mypyc builds from a subclass of an ABC can share the ABC's registry (a list then
+    stopped being a collections.abc.Sequence): the core holds none such."""
+    code = ("import collections.abc as abc, importlib, tracengine.compiled as c\n"
+            "for module in c.CORE_MODULES: importlib.import_module(module)\n"
+            "from tracengine.engine.hash_id_prompt import HashIdPrompt\n"
+            "print(isinstance([1], abc.Sequence), isinstance([1], HashIdPrompt))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.stdout.split() == ["True", "False"]

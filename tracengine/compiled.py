@@ -1,0 +1,109 @@
+"""The compiled core: the hot modules below, compiled by mypyc from this same Python source when
+the package is installed (setup.py), the Python staying the reference (tests/test_compiled_core.py
+runs both and requires the same events).
+
+An extension module sits before its .py on the import path, so the one that runs is decided here,
+when `tracengine` is imported, before any core module is:
+
+- no extension built (no C compiler or no mypyc at install time): the Python, as always;
+- TRACENGINE_PURE_PYTHON=1: the Python, the extensions skipped;
+- a core .py edited since its extension was built (its hash is not the one the build recorded
+  in CORE_HASHES): the Python, and one line on stderr saying how to rebuild; stale compiled
+  code never runs silently.
+
+The modules are compiled as one group, which calls across them natively: either all of them run
+compiled or none does."""
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+CORE_MODULES = (
+    "tracengine.engine.block_hasher",
+    "tracengine.engine.free_block_queue",
+    "tracengine.engine.block_pool",
+    "tracengine.engine.prefix_cache",
+    "tracengine.engine.sequence",
+    "tracengine.engine.block_manager",
+    "tracengine.engine.vllm_block_manager",
+    "tracengine.engine.scheduler",
+    "tracengine.engine.policies",
+    "tracengine.sim.runners",
+)
+# Not engine/hash_id_prompt.py: its HashIdPrompt subclasses collections.abc.Sequence, and mypyc's
+# build of that class shares the ABC's registry with it (a list then stopped being a Sequence).
+CORE_HASHES = "compiled_core.txt"     # beside this file: "<sha256 of the source> <module>" a line, written by the build
+PURE_ENV = "TRACENGINE_PURE_PYTHON"
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def source_path(module: str) -> str:
+    return os.path.join(os.path.dirname(PACKAGE_DIR), *module.split(".")) + ".py"
+
+
+def source_hash(module: str) -> str:
+    with open(source_path(module), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def built_hashes() -> dict[str, str] | None:
+    """module -> the hash of the source its extension was built from; None when none was built."""
+    try:
+        with open(os.path.join(PACKAGE_DIR, CORE_HASHES)) as f:
+            lines = [line.split() for line in f if line.strip()]
+    except FileNotFoundError:
+        return None
+    hashes = {module: digest for digest, module in lines}
+    if not all(has_extension(module) for module in hashes):
+        return None
+    return hashes
+
+
+def has_extension(module: str) -> bool:
+    base = source_path(module)[:-3]
+    return any(os.path.exists(base + suffix) for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+
+
+class PythonSourceFinder:
+    """Imports the core modules from their .py files, past their extensions."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name not in CORE_MODULES:
+            return None
+        return importlib.util.spec_from_file_location(name, source_path(name))
+
+
+CORE = "undecided"     # `decide`'s answer, which `tracengine --version` prints
+
+
+def decide() -> str:
+    """Which core runs, set up before any core module is imported: "yes" (compiled) or "no (why)"."""
+    global CORE
+    CORE = choose()
+    return CORE
+
+
+def choose() -> str:
+    hashes = built_hashes()
+    if hashes is None:
+        return "no (not built: pure-Python install)"
+    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+        reason = f"no ({PURE_ENV}=1)"
+    else:
+        stale = [module for module in CORE_MODULES if hashes.get(module) != source_hash(module)]
+        if not stale:
+            return "yes"
+        path = os.path.relpath(source_path(stale[0]), os.path.dirname(PACKAGE_DIR))
+        print(f"tracengine: the compiled core is older than {path} (edited since the build): running the "
+              f"pure-Python core; rebuild it with `pip install -e .` (or set {PURE_ENV}=1 to say so)", file=sys.stderr)
+        reason = f"no (stale: {path} edited since the build)"
+    sys.meta_path.insert(0, PythonSourceFinder())
+    return reason
+
+
+def is_compiled() -> bool:
+    """Whether the core modules imported in this process are the extensions."""
+    module = sys.modules.get(CORE_MODULES[0])
+    return module is not None and not module.__file__.endswith(".py")
