@@ -3,6 +3,7 @@ both in a process of its own (a process imports one core or the other), must giv
 events. The workloads mix prefix hits, preemptions (few blocks), chunked prefill (small token
 budgets), both policies, both block rules of `mixed`, hash-id prompts and aborts. Also: which
 core runs, and that an edited core module runs its Python (never stale compiled code)."""
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -122,3 +123,39 @@ def test_importing_the_core_leaves_the_standard_abcs_alone():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.stdout.split() == ["True", "False"]
+
+
+def build_in_copy(tmp_path, env: dict) -> subprocess.CompletedProcess:
+    """setup.py's build of the core in a copy of the source tree, under `env`."""
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, tmp_path)
+    shutil.copytree(ROOT / "tracengine", tmp_path / "tracengine",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so", compiled.CORE_HASHES))
+    return subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, **env})
+
+
+def fallback_checked(tmp_path, result: subprocess.CompletedProcess, why: str):
+    """The build went on without the compiled core, said why once, and left a pure-Python package."""
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = [line for line in result.stderr.splitlines() if line.startswith("tracengine: ")]
+    assert len(said) == 1 and why in said[0], result.stderr[-2000:]
+    assert not list((tmp_path / "tracengine").rglob("*.so")) and not (tmp_path / "tracengine" / compiled.CORE_HASHES).exists()
+    version = subprocess.run([sys.executable, "-m", "tracengine.cli", "--version"], capture_output=True, text=True,
+                             cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert version.stdout.splitlines()[1] == "compiled core: no (not built: pure-Python install)"
+
+
+def test_without_mypyc_the_install_goes_on_with_the_python_core_and_says_so_once(tmp_path):
+    hidden = tmp_path / "hidden"        # a mypyc that cannot be imported, first on the path
+    (hidden / "mypyc").mkdir(parents=True)
+    (hidden / "mypyc" / "__init__.py").write_text("raise ImportError('no mypyc here')\n")
+    (tmp_path / "src").mkdir()
+    result = build_in_copy(tmp_path / "src", {"PYTHONPATH": str(hidden)})
+    fallback_checked(tmp_path / "src", result, "mypyc is not installed: installing the pure-Python core")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mypyc") is None, reason="mypyc is not installed")
+def test_without_a_c_compiler_the_install_goes_on_with_the_python_core_and_says_so_once(tmp_path):
+    result = build_in_copy(tmp_path, {"CC": "false", "LDSHARED": "false"})
+    fallback_checked(tmp_path, result, "the C compiler could not build the core")
