@@ -150,10 +150,10 @@ def tracengine_argv(workload: str, step_time: str, block_size: int, record: str 
     return argv + (["--record", record, "--force"] if record else [])
 
 
-def timed(argv: list[str]) -> tuple[float, float, float]:
+def timed(argv: list[str], env_extra: dict | None = None) -> tuple[float, float, float]:
     """(wall seconds, peak RSS in MB, CPU seconds) of a whole process. This process stays small
     (it imports no tracengine): a child's peak RSS counts what it was forked with."""
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env_extra or {})}
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=ROOT)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -188,6 +188,19 @@ from tracengine.cli.main import main
 RequestTimelineSink.enabled = False
 sys.exit(main(sys.argv[1:]))
 """
+
+
+PURE = {"TRACENGINE_PURE_PYTHON": "1"}      # the Python core in a compiled install (tracengine/compiled.py)
+
+
+def same_events(trace: str, other: str) -> str:
+    """Whether two traces hold the same events, the header (its wall-clock time) aside."""
+    code = ("import sys; from tracengine.trace.reader import open_trace; "
+            "a, b = (list(open_trace(p))[1:] for p in sys.argv[1:]); "
+            "print(f'the same ({len(a):,} events)' if a == b else 'DIFFERENT')")
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-c", code, trace, other], env=env, cwd=ROOT, check=True,
+                          capture_output=True, text=True).stdout.strip()
 
 
 def tracengine_figures(trace: str) -> dict:
@@ -272,7 +285,12 @@ def main():
     parser.add_argument("--offload-gbps", default="25,3.125", help="--offload's bandwidths, GB/s each way")
     parser.add_argument("--floor", action="store_true",
                         help="also time tracengine with its event sink off (no events, no stats), in turn with the others")
+    parser.add_argument("--pure", action="store_true",
+                        help="also time tracengine's pure-Python core (TRACENGINE_PURE_PYTHON=1), in turn with the "
+                             "others, and check that its events are the compiled core's")
     args = parser.parse_args()
+    print(subprocess.run([sys.executable, "-m", "tracengine.cli", "--version"], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": ROOT}).stdout.splitlines()[-1])
     with tempfile.TemporaryDirectory() as tmp:
         step_time = os.path.join(tmp, "fixed.json")
         fixed_step_time(step_time)
@@ -293,17 +311,29 @@ def main():
                 dynamo = [args.dynamo_python, script, workload, str(block_size), summary_path]
                 ours = tracengine_argv(workload, step_time, block_size)
                 floor = [sys.executable, "-c", FLOOR, *ours[3:]]      # ours without `-m tracengine.cli`
-                runs = {"tracengine": [], "dynamo": [], **({"no events": []} if args.floor else {})}
+                runs = {"tracengine": [], "dynamo": [], **({"no events": []} if args.floor else {}),
+                        **({"pure python": []} if args.pure else {})}
                 for _ in range(args.repeats):          # alternating, whole processes
                     runs["dynamo"].append(timed(dynamo))
                     runs["tracengine"].append(timed(ours))
                     if args.floor:
                         runs["no events"].append(timed(floor))
+                    if args.pure:
+                        runs["pure python"].append(timed(ours, PURE))
                 trace = os.path.join(tmp, "sim.trace")
                 timed(tracengine_argv(workload, step_time, block_size, trace))    # for its figures, not timed
+                if args.pure:
+                    pure_trace = os.path.join(tmp, "pure.trace")
+                    timed(tracengine_argv(workload, step_time, block_size, pure_trace), PURE)
+                    print(f"  pure Python's events: {same_events(trace, pure_trace)}")
                 with open(summary_path) as f:
                     figures = {"tracengine": tracengine_figures(trace), "dynamo": dynamo_figures(json.load(f))}
                 med = compare(f"block size {block_size}, {num_requests:,} requests", runs, figures, num_requests)
+                if args.pure:
+                    print(f"  pure Python / dynamo: wall {med['pure python'][0] / med['dynamo'][0]:.2f}x, CPU "
+                          f"{med['pure python'][2] / med['dynamo'][2]:.2f}x; pure Python / compiled core: wall "
+                          f"{med['pure python'][0] / med['tracengine'][0]:.2f}x, CPU "
+                          f"{med['pure python'][2] / med['tracengine'][2]:.2f}x")
                 if args.floor:
                     print(f"  tracengine with no events / dynamo: wall {med['no events'][0] / med['dynamo'][0]:.2f}x, "
                           f"CPU {med['no events'][2] / med['dynamo'][2]:.2f}x")
