@@ -4,7 +4,6 @@ sim/search.py on the sweep's executor and cache; the rate per config with its fi
 `--plot` of the probes."""
 import time
 
-from tracengine.analysis.tables import make_table, table_text
 from tracengine.cli.common import EXIT_OK
 from tracengine.cli.outputs import check_outputs
 from tracengine.cli.steptime import describe_step_time, input_files, print_unvaried_note
@@ -128,6 +127,7 @@ def render_search(results, unit: str = "requests/s") -> str:
             cells[0] = "never saturated"
         rows.append([str(r.overrides[n]) for n in names] + cells)
     titles = [RATE_TITLES[unit]] + [title for _, title, _ in SEARCH_COLUMNS[1:]]
+    from tracengine.analysis.tables import make_table, table_text     # rich, only when a table is printed
     return table_text(make_table(names + titles, rows, left_columns=0))
 
 
