@@ -54,6 +54,7 @@ per_request = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] else None   # whe
 num_blocks = int(sys.argv[5]) if len(sys.argv) > 5 else %(num_kvcache_blocks)d
 # a host tier: its blocks, each direction's bandwidth (GB/s) and the KV bytes of a token
 host_blocks, gbps, kv_bytes = (int(sys.argv[6]), float(sys.argv[7]), int(sys.argv[8])) if len(sys.argv) > 8 else (0, 0, 0)
+num_workers = int(sys.argv[9]) if len(sys.argv) > 9 else 1    # workers behind round robin
 engine = {"backend": "vllm", "block_size": block_size, "num_gpu_blocks": num_blocks,
     "max_model_len": %(max_model_len)d, "max_num_batched_tokens": %(max_num_batched_tokens)d,
     "max_num_seqs": %(max_num_seqs)d, "enable_prefix_caching": True, "enable_chunked_prefill": True,
@@ -63,7 +64,7 @@ if host_blocks:
                                      "h2d_bandwidth_gbps": gbps}
     engine["kv_cache_bytes_per_token"] = kv_bytes
 report = run_trace_replay([path], extra_engine_args={"engine": engine},
-    num_workers=1, replay_mode="offline", router_mode="round_robin", trace_format="mooncake",
+    num_workers=num_workers, replay_mode="offline", router_mode="round_robin", trace_format="mooncake",
     trace_block_size=%(hash_id_tokens)d, capture_per_request=per_request is not None)
 summary = report.summary if hasattr(report, "summary") else report
 with open(out, "w") as f:
@@ -141,12 +142,14 @@ def fixed_step_time(path: str):
 
 
 def tracengine_argv(workload: str, step_time: str, block_size: int, record: str | None = None,
-                    num_kvcache_blocks: int | None = None, tier: dict | None = None) -> list[str]:
-    """`tier`: the CPU tier's config fields (kv_offloading_size, kv_bytes_per_token, kv_offloading_bandwidth_gbps)."""
+                    num_kvcache_blocks: int | None = None, tier: dict | None = None, replicas: int = 1) -> list[str]:
+    """`tier`: the CPU tier's config fields (kv_offloading_size, kv_bytes_per_token, kv_offloading_bandwidth_gbps);
+    `replicas`: more than one, a fleet of them behind round robin."""
     settings = {**SETTINGS, **({"num_kvcache_blocks": num_kvcache_blocks} if num_kvcache_blocks else {}), **(tier or {})}
     argv = [sys.executable, "-m", "tracengine.cli", "simulate", workload, "--step-time", step_time, "--quiet",
             "--scheduling-policy", "mixed", "--block-size", str(block_size),
             *(f"--{name.replace('_', '-')}={value}" for name, value in settings.items())]
+    argv += ["--replicas", str(replicas), "--router", "round_robin"] if replicas > 1 else []
     return argv + (["--record", record, "--force"] if record else [])
 
 
@@ -203,9 +206,23 @@ def same_events(trace: str, other: str) -> str:
                           capture_output=True, text=True).stdout.strip()
 
 
-def tracengine_figures(trace: str) -> dict:
+# A fleet's trace: the same figures over the whole fleet (fleet/stats.py), the hit rate of its tokens
+FLEET_FIGURES = r"""
+import json, sys
+from tracengine.fleet.stats import fleet_stats
+s = fleet_stats(sys.argv[1])
+lat = s["latency"]
+print(json.dumps({"duration_ms": s["duration_s"] * 1e3,
+                  **{f"{name}_{q}_ms": getattr(lat[name], "mean" if q == "mean" else q) * 1e3
+                     for name in ("ttft", "tpot", "e2e") for q in ("mean", "p50", "p99")},
+                  "cache_hit_rate": s["token_hit_rate"],
+                  "preemptions": sum(r["stats"]["preemption"]["num_preemptions"] for r in s["replicas"])}))
+"""
+
+
+def tracengine_figures(trace: str, fleet: bool = False) -> dict:
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return json.loads(subprocess.run([sys.executable, "-c", FIGURES, trace], env=env, cwd=ROOT, check=True,
+    return json.loads(subprocess.run([sys.executable, "-c", FLEET_FIGURES if fleet else FIGURES, trace], env=env, cwd=ROOT, check=True,
                                      capture_output=True, text=True).stdout)
 
 
@@ -227,7 +244,7 @@ def compare(label: str, runs: dict, figures: dict, num_requests: int):
     med = {side: [statistics.median(run[k] for run in r) for k in range(3)] for side, r in runs.items()}
     print(f"\n{label} (median of {len(runs['dynamo'])}, alternating):")
     for side in runs:
-        print(f"  {side:<10}  wall {med[side][0]:6.2f} s   CPU {med[side][2]:6.2f} s   peak RSS "
+        print(f"  {side:<11}  wall {med[side][0]:6.2f} s   CPU {med[side][2]:6.2f} s   peak RSS "
               f"{med[side][1]:7.1f} MB   (wall of the runs {', '.join(f'{run[0]:.2f}' for run in runs[side])} s)")
     print(f"  tracengine / dynamo: wall {med['tracengine'][0] / med['dynamo'][0]:.2f}x, "
           f"CPU {med['tracengine'][2] / med['dynamo'][2]:.2f}x, peak RSS {med['tracengine'][1] / med['dynamo'][1]:.2f}x; "
@@ -285,6 +302,8 @@ def main():
     parser.add_argument("--offload-gbps", default="25,3.125", help="--offload's bandwidths, GB/s each way")
     parser.add_argument("--floor", action="store_true",
                         help="also time tracengine with its event sink off (no events, no stats), in turn with the others")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="more than one: a fleet of them behind round robin (Dynamo: as many workers, round robin)")
     parser.add_argument("--pure", action="store_true",
                         help="also time tracengine's pure-Python core (TRACENGINE_PURE_PYTHON=1), in turn with the "
                              "others, and check that its events are the compiled core's")
@@ -308,8 +327,10 @@ def main():
                 continue
             for block_size in map(int, args.block_sizes.split(",")):
                 summary_path = os.path.join(tmp, "summary.json")
-                dynamo = [args.dynamo_python, script, workload, str(block_size), summary_path]
-                ours = tracengine_argv(workload, step_time, block_size)
+                dynamo = [args.dynamo_python, script, workload, str(block_size), summary_path,
+                          *(["", str(SETTINGS["num_kvcache_blocks"]), "0", "0", "0", str(args.replicas)]
+                            if args.replicas > 1 else [])]
+                ours = tracengine_argv(workload, step_time, block_size, replicas=args.replicas)
                 floor = [sys.executable, "-c", FLOOR, *ours[3:]]      # ours without `-m tracengine.cli`
                 runs = {"tracengine": [], "dynamo": [], **({"no events": []} if args.floor else {}),
                         **({"pure python": []} if args.pure else {})}
@@ -321,14 +342,16 @@ def main():
                     if args.pure:
                         runs["pure python"].append(timed(ours, PURE))
                 trace = os.path.join(tmp, "sim.trace")
-                timed(tracengine_argv(workload, step_time, block_size, trace))    # for its figures, not timed
+                timed(tracengine_argv(workload, step_time, block_size, trace, replicas=args.replicas))  # its figures
                 if args.pure:
                     pure_trace = os.path.join(tmp, "pure.trace")
-                    timed(tracengine_argv(workload, step_time, block_size, pure_trace), PURE)
+                    timed(tracengine_argv(workload, step_time, block_size, pure_trace, replicas=args.replicas), PURE)
                     print(f"  pure Python's events: {same_events(trace, pure_trace)}")
                 with open(summary_path) as f:
-                    figures = {"tracengine": tracengine_figures(trace), "dynamo": dynamo_figures(json.load(f))}
-                med = compare(f"block size {block_size}, {num_requests:,} requests", runs, figures, num_requests)
+                    figures = {"tracengine": tracengine_figures(trace, args.replicas > 1),
+                               "dynamo": dynamo_figures(json.load(f))}
+                fleet = f", {args.replicas} replicas behind round robin" if args.replicas > 1 else ""
+                med = compare(f"block size {block_size}, {num_requests:,} requests{fleet}", runs, figures, num_requests)
                 if args.pure:
                     print(f"  pure Python / dynamo: wall {med['pure python'][0] / med['dynamo'][0]:.2f}x, CPU "
                           f"{med['pure python'][2] / med['dynamo'][2]:.2f}x; pure Python / compiled core: wall "
