@@ -18,8 +18,9 @@ from itertools import repeat
 import msgspec
 
 from tracengine.analysis.spec_decoding import SpecCounts
-from tracengine.analysis.cpu_tier import FOLD as CPU_TIER_FOLD
-from tracengine.analysis.vllm_inputs import FOLD as VLLM_INPUTS_FOLD
+from tracengine.analysis.cpu_tier import FOLD as CPU_TIER_FOLD, CpuTierRecord
+from tracengine.analysis.vllm_inputs import FOLD as VLLM_INPUTS_FOLD, VllmInputs
+from tracengine.engine.native import mypyc_attr
 from tracengine.errors import TraceError
 from tracengine.trace.events import (BlockAllocate, DraftVerified, Preempt, RequestAdded, ScheduleDecision, SeqAbort,
                                      SeqFinish, SpecAccepted, SpecDecode, StepEnd, TokenSample, TraceHeader,
@@ -111,7 +112,10 @@ class RequestTimeline:
     to how many there were. A gap closes when the later token's step ends; until then it is
     open (`_open_gaps`: the earlier token's step -> count, for the tokens of `_open_step`)."""
 
-    def __init__(self, header: TraceHeader | None = None, lean: bool = False):
+    def __init__(self, header: TraceHeader | None = None, lean: bool = False) -> None:
+        self._start(header, lean)
+
+    def _start(self, header: TraceHeader | None, lean: bool) -> None:
         self.header = header
         self.lean = lean
         _, num_blocks, block_size = block_pool_config(header) if header is not None else (-1, -1, None)
@@ -124,7 +128,7 @@ class RequestTimeline:
         self.num_allocated_blocks = 0   # over all BlockAllocates (first allocations and after preemptions)
         self.num_hit_blocks = 0         # their leading blocks found in the prefix cache
         self.num_lookup_tokens = 0      # tokens of the sequences at their (re)allocations
-        self.cpu = None                 # the CPU tier's record, from its first event (analysis/cpu_tier.py)
+        self.cpu: CpuTierRecord | None = None   # the CPU tier's record, from its first event (analysis/cpu_tier.py)
         self.torn_tail: str | None = None   # what the reader reported about an incomplete last frame
         self.step_figures = StepFigures()
         self._decision: ScheduleDecision | None = None
@@ -135,6 +139,7 @@ class RequestTimeline:
         self._open_step = -1
         self._open_gaps: dict[int, int] = {}
         self.spec_decoding: SpecCounts | None = None   # drafts verified and accepted (analysis/spec_decoding.py)
+        self.vllm_inputs: VllmInputs | None = None     # a vLLM trace's connector and grammar inputs (analysis/vllm_inputs.py)
         self._step_drafts = (0, 0)     # of the step being folded: drafts verified, and kept
 
     def add(self, event) -> None:
@@ -145,7 +150,7 @@ class RequestTimeline:
 
     def _header_read(self, header: TraceHeader) -> None:
         """A trace's header starts the fold anew, lean or not as it was made."""
-        self.__init__(header, self.lean)
+        self._start(header, self.lean)
 
     def _request_added(self, event: RequestAdded) -> None:
         num_prompt_tokens = event.num_prompt_tokens
@@ -204,7 +209,7 @@ class RequestTimeline:
         self._count_gaps(self._open_step, self._open_gaps, self.itl_steps, self.itl_ns)
         self._open_gaps.clear()
 
-    def _count_gaps(self, step: int, gaps: dict[int, int], itl_steps: dict[int, int], itl_ns: dict[int, int]):
+    def _count_gaps(self, step: int, gaps: dict[int, int], itl_steps: dict[int, int], itl_ns: dict[int, int]) -> None:
         """Count `gaps` (the earlier token's step -> how many) of tokens sampled at `step` into
         `itl_steps` and `itl_ns`, each step ending when `end_ns` says (one that has not ended:
         when the trace does)."""
@@ -373,10 +378,13 @@ def _emit_both(inner_emit, timeline):
     return emit
 
 
+@mypyc_attr(native_class=False)
 class RequestTimelineSink:
     """An event sink that folds what it is given into a RequestTimeline as it comes,
     and passes it on to `inner` (a trace writer) if there is one: the run
-    figures of a run with no trace file to read them from (generate's summary)."""
+    figures of a run with no trace file to read them from (generate's summary).
+    A Python class in the compiled core (tracengine/compiled.py): its `emit` is set per
+    instance, and `--floor` (benchmarks/bench_vs_dynamo.py) switches `enabled` off."""
     enabled = True
 
     def __init__(self, header: TraceHeader, inner=None, first_step: int = 0, origin_ns: int = 0,
@@ -388,7 +396,7 @@ class RequestTimelineSink:
         self.first_step = first_step
         self.origin_ns = origin_ns
         if not (first_step or origin_ns):    # the usual run: every event as it is, one call less each
-            self.emit = self.timeline.add if self.inner is None else _emit_both(self.inner.emit, self.timeline)
+            self.emit = self.timeline.add if self.inner is None else _emit_both(self.inner.emit, self.timeline)   # type: ignore[method-assign]
 
     def emit(self, event) -> None:
         if self.inner is not None:
