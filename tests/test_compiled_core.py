@@ -1,7 +1,8 @@
 """The compiled core against its Python (tracengine/compiled.py): random workloads, each run by
 both in a process of its own (a process imports one core or the other), must give the same
 events. The workloads mix prefix hits, preemptions (few blocks), chunked prefill (small token
-budgets), both policies, both block rules of `mixed`, hash-id prompts and aborts. Also: which
+budgets), both policies, both block rules of `mixed`, hash-id prompts and aborts; each also runs in
+simulated time, its events folded live, which must give the same events and figures. Also: which
 core runs, and that an edited core module runs its Python (never stale compiled code)."""
 import importlib.util
 import os
@@ -17,15 +18,25 @@ import tracengine.compiled as compiled
 ROOT = Path(__file__).parent.parent
 NUM_WORKLOADS = 60
 
-# Run in a child: one digest line per seed, of the events of that seed's random run (header aside).
+# Run in a child: one digest line per seed, of the events of that seed's random run (header aside),
+# and of the events and figures of the same workload in simulated time, folded as they come.
 CHILD = r"""
-import hashlib, random, sys
+import dataclasses, hashlib, random, sys
 import msgspec
+from tracengine.analysis.stats import stats
+from tracengine.analysis.timeline import RequestTimelineSink
 from tracengine.engine.config import Config
 from tracengine.engine.hash_id_prompt import HashIdPrompt
+from tracengine.sim.engine import run_timed
 from tracengine.sim.runners import SyntheticRunner, run_workload
+from tracengine.sim.steptime import PARTS, PHASES, LinearStepTime
 from tracengine.testing import random_workload
+from tracengine.trace.sinks import ListSink
+from tracengine.trace.tracelog import make_header
 from tracengine.trace.views import without_wall_clock
+
+STEP_TIME = LinearStepTime({phase: {part: [20_000.0, 1_234.5, 777.25, 3.3, 0.01] for part in PARTS}
+                            for phase in PHASES}, gap_ns=5_000)
 
 def workload(seed):
     rng = random.Random(seed)
@@ -51,6 +62,11 @@ for seed in map(int, sys.argv[1:]):
     config, requests, policy = workload(seed)
     events = run_workload(config, requests, SyntheticRunner(eos=999, eos_at={0: 3}), policy=policy)[1:]
     print(seed, len(events), hashlib.sha256(encoder.encode([without_wall_clock(e) for e in events])).hexdigest())
+    sink = RequestTimelineSink(make_header(config), ListSink())
+    timed = [dataclasses.replace(r, arrival_ns=r.arrival_step * 50_000) for r in requests]
+    run_timed(config, timed, STEP_TIME, SyntheticRunner(eos=999, eos_at={0: 3}), sink, policy=policy)
+    print(seed, hashlib.sha256(encoder.encode(sink.inner.events)).hexdigest(),
+          hashlib.sha256(msgspec.json.encode(stats(sink.timeline))).hexdigest())
 """
 
 
@@ -75,7 +91,7 @@ needs_build = pytest.mark.skipif(compiled.built_hashes() is None, reason="the co
 def test_the_compiled_core_gives_the_events_of_its_python():
     seeds = range(NUM_WORKLOADS)
     ours, reference = run_child(seeds, pure=False), run_child(seeds, pure=True)
-    assert len(ours) == NUM_WORKLOADS
+    assert len(ours) == 2 * NUM_WORKLOADS
     assert [line for line, ref in zip(ours, reference) if line != ref] == []
     assert ours == reference
 

@@ -30,6 +30,9 @@ CORE_MODULES = (
     "tracengine.engine.scheduler",
     "tracengine.engine.policies",
     "tracengine.sim.runners",
+    "tracengine.analysis.timeline",
+    "tracengine.sim.clock",
+    "tracengine.sim.steptime",
 )
 # Not engine/hash_id_prompt.py: its HashIdPrompt subclasses collections.abc.Sequence, and mypyc's
 # build of that class shares the ABC's registry with it (a list then stopped being a Sequence).

@@ -1,15 +1,13 @@
-"""A trace folded into steps and request lifecycles, with a time axis: what
-`stats` and `export` read. Events only; no engine objects, no torch.
+"""A trace folded into steps and request lifecycles, with a time axis: what `stats` and `export` read.
+Events only; no engine objects, no torch.
 
-Time axis, in ns from the start of the run: a step lasts its StepEnd
-duration, schedule_ns + model_ns + postprocess_ns, and begins gap_ns after
-the previous one ended (step 0: after the start of the run; the gap holds the
-engine's idle waits for arrivals and the loop's own work). So step s runs
-from start_ns(s), the sum of the gaps and durations of steps 0..s-1 plus its
-own gap, to end_ns(s) = start_ns(s) + its duration. A request arrives at its
-RequestAdded.arrival_ns when the trace knows it (format 2), else at the
-start of the step it was added before (format 1, whose gaps read as 0); a
-token sampled in step s appears at end_ns(s)."""
+Time axis, in ns from the start of the run: a step lasts its StepEnd duration, schedule_ns + model_ns +
+postprocess_ns, and begins gap_ns after the previous one ended (step 0: after the start of the run; the gap
+holds the engine's idle waits for arrivals and the loop's own work). So step s runs from start_ns(s), the
+sum of the gaps and durations of steps 0..s-1 plus its own gap, to end_ns(s) = start_ns(s) + its duration.
+A request arrives at its RequestAdded.arrival_ns when the trace knows it (format 2), else at the start of
+the step it was added before (format 1, whose gaps read as 0); a token sampled in step s appears at
+end_ns(s)."""
 import os
 from array import array
 from dataclasses import dataclass, field
@@ -18,8 +16,9 @@ from itertools import repeat
 import msgspec
 
 from tracengine.analysis.spec_decoding import SpecCounts
-from tracengine.analysis.cpu_tier import FOLD as CPU_TIER_FOLD
-from tracengine.analysis.vllm_inputs import FOLD as VLLM_INPUTS_FOLD
+from tracengine.analysis.cpu_tier import FOLD as CPU_TIER_FOLD, CpuTierRecord
+from tracengine.analysis.vllm_inputs import FOLD as VLLM_INPUTS_FOLD, VllmInputs
+from tracengine.engine.native import mypyc_attr
 from tracengine.errors import TraceError
 from tracengine.trace.events import (BlockAllocate, DraftVerified, Preempt, RequestAdded, ScheduleDecision, SeqAbort,
                                      SeqFinish, SpecAccepted, SpecDecode, StepEnd, TokenSample, TraceHeader,
@@ -100,18 +99,20 @@ class StepFigures:
 
 
 class RequestTimeline:
-    """The fold. `steps[i].step == i`; `requests` in arrival order; `step_figures` the steps'
-    sums. `lean`: only what `stats` reads (a run folded live): no steps (`steps` stays empty;
-    their times and sums are kept) and no per-request schedule or token steps
-    (`RequestRecord.scheduled` and `token_steps`, which `export` draws), so that its memory
-    follows the requests, not the steps or the tokens.
+    """The fold. `steps[i].step == i`; `requests` in arrival order; `step_figures` the steps' sums.
+    `lean`: only what `stats` reads (a run folded live): no steps (`steps` stays empty; their times
+    and sums are kept) and no per-request schedule or token steps (`RequestRecord.scheduled` and
+    `token_steps`, which `export` draws), so that its memory follows the requests, not the steps or the tokens.
 
-    Inter-token latencies are counted as they come, lean or not: `itl_steps` and `itl_ns` map a
-    gap between two kept tokens of a request (in steps; in ns, between the ends of their steps)
-    to how many there were. A gap closes when the later token's step ends; until then it is
-    open (`_open_gaps`: the earlier token's step -> count, for the tokens of `_open_step`)."""
+    Inter-token latencies are counted as they come, lean or not: `itl_steps` and `itl_ns` map a gap between
+    two kept tokens of a request (in steps; in ns, between the ends of their steps) to how many there were. A
+    gap closes when the later token's step ends; until then it is open (`_open_gaps`: the earlier token's
+    step -> count, for the tokens of `_open_step`)."""
 
-    def __init__(self, header: TraceHeader | None = None, lean: bool = False):
+    def __init__(self, header: TraceHeader | None = None, lean: bool = False) -> None:
+        self._start(header, lean)
+
+    def _start(self, header: TraceHeader | None, lean: bool) -> None:
         self.header = header
         self.lean = lean
         _, num_blocks, block_size = block_pool_config(header) if header is not None else (-1, -1, None)
@@ -124,7 +125,7 @@ class RequestTimeline:
         self.num_allocated_blocks = 0   # over all BlockAllocates (first allocations and after preemptions)
         self.num_hit_blocks = 0         # their leading blocks found in the prefix cache
         self.num_lookup_tokens = 0      # tokens of the sequences at their (re)allocations
-        self.cpu = None                 # the CPU tier's record, from its first event (analysis/cpu_tier.py)
+        self.cpu: CpuTierRecord | None = None   # the CPU tier's record, from its first event (analysis/cpu_tier.py)
         self.torn_tail: str | None = None   # what the reader reported about an incomplete last frame
         self.step_figures = StepFigures()
         self._decision: ScheduleDecision | None = None
@@ -135,6 +136,7 @@ class RequestTimeline:
         self._open_step = -1
         self._open_gaps: dict[int, int] = {}
         self.spec_decoding: SpecCounts | None = None   # drafts verified and accepted (analysis/spec_decoding.py)
+        self.vllm_inputs: VllmInputs | None = None     # a vLLM trace's connector and grammar inputs
         self._step_drafts = (0, 0)     # of the step being folded: drafts verified, and kept
 
     def add(self, event) -> None:
@@ -145,7 +147,7 @@ class RequestTimeline:
 
     def _header_read(self, header: TraceHeader) -> None:
         """A trace's header starts the fold anew, lean or not as it was made."""
-        self.__init__(header, self.lean)
+        self._start(header, self.lean)
 
     def _request_added(self, event: RequestAdded) -> None:
         num_prompt_tokens = event.num_prompt_tokens
@@ -204,10 +206,9 @@ class RequestTimeline:
         self._count_gaps(self._open_step, self._open_gaps, self.itl_steps, self.itl_ns)
         self._open_gaps.clear()
 
-    def _count_gaps(self, step: int, gaps: dict[int, int], itl_steps: dict[int, int], itl_ns: dict[int, int]):
-        """Count `gaps` (the earlier token's step -> how many) of tokens sampled at `step` into
-        `itl_steps` and `itl_ns`, each step ending when `end_ns` says (one that has not ended:
-        when the trace does)."""
+    def _count_gaps(self, step: int, gaps: dict[int, int], itl_steps: dict[int, int], itl_ns: dict[int, int]) -> None:
+        """Count `gaps` (the earlier token's step -> how many) of tokens sampled at `step` into `itl_steps`
+        and `itl_ns`, each step ending when `end_ns` says (one that has not ended: when the trace does)."""
         end = self.end_ns(step)
         for previous, count in gaps.items():
             gap_steps, gap_ns = step - previous, end - self.end_ns(previous)
@@ -297,10 +298,9 @@ class RequestTimeline:
         return self._ends[step] if step < len(self._ends) else self.total_ns
 
     def idle_gaps(self) -> list[tuple[int, int, int]]:
-        """(step, from_ns, to_ns) for each gap the engine spent idle: no request was in
-        flight when it began (every request added before the step had finished or been
-        aborted), from the end of the step before until the first arrival among the
-        requests the step took in (the engine sleeps until then)."""
+        """(step, from_ns, to_ns) for each gap the engine spent idle: no request was in flight when it
+        began (every request added before the step had finished or been aborted), from the end of the
+        step before until the first arrival among the requests the step took in (it sleeps until then)."""
         delta = [0] * (self.num_steps + 2)
         first_arrival: dict[int, int] = {}
         for req in self.requests.values():
@@ -348,10 +348,9 @@ def fold(events) -> RequestTimeline:
 
 
 def load(path_or_events) -> RequestTimeline:
-    """A RequestTimeline from a trace path or from an iterable of events. A path is
-    read up to its last complete frame: a torn tail (a trace still being
-    written, or cut short) is noted in `torn_tail`, damage raises
-    TraceCorruptError naming the offset."""
+    """A RequestTimeline from a trace path or from an iterable of events. A path is read up to its last
+    complete frame: a torn tail (a trace still being written, or cut short) is noted in `torn_tail`,
+    damage raises TraceCorruptError naming the offset."""
     if not isinstance(path_or_events, (str, os.PathLike)):
         return fold(path_or_events)
     from tracengine.trace.tracelog import TraceReader
@@ -373,10 +372,10 @@ def _emit_both(inner_emit, timeline):
     return emit
 
 
+@mypyc_attr(native_class=False)    # a Python class: its emit is set per instance, its `enabled` by bench --floor
 class RequestTimelineSink:
-    """An event sink that folds what it is given into a RequestTimeline as it comes,
-    and passes it on to `inner` (a trace writer) if there is one: the run
-    figures of a run with no trace file to read them from (generate's summary)."""
+    """An event sink that folds what it is given into a RequestTimeline as it comes, and passes it on to
+    `inner` (a trace writer) if there is one: the run figures of a run with no trace file to read them from."""
     enabled = True
 
     def __init__(self, header: TraceHeader, inner=None, first_step: int = 0, origin_ns: int = 0,
@@ -388,7 +387,8 @@ class RequestTimelineSink:
         self.first_step = first_step
         self.origin_ns = origin_ns
         if not (first_step or origin_ns):    # the usual run: every event as it is, one call less each
-            self.emit = self.timeline.add if self.inner is None else _emit_both(self.inner.emit, self.timeline)
+            self.emit = (self.timeline.add if self.inner is None     # type: ignore[method-assign]
+                         else _emit_both(self.inner.emit, self.timeline))
 
     def emit(self, event) -> None:
         if self.inner is not None:

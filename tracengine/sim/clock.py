@@ -8,8 +8,9 @@ all run through it, so a session's turns, the progress reports and the step limi
 same for each. Each engine keeps its own clock: when its next step starts (`next_step_ns`,
 None when idle), which an arrival may bring forward."""
 import operator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from tracengine.engine.native import mypyc_attr
 from tracengine.errors import TracengineError
 from tracengine.engine.request import Request
 from tracengine.engine.sampling_params import SamplingParams
@@ -86,16 +87,19 @@ def taking(pairs):
     return lambda: next(pairs, NOT_HELD)
 
 
+@mypyc_attr(native_class=False)     # its class is the model: read as the class, not an instance
 class NoTime:
     """Steps of no duration: a re-execution follows the recorded order and compares no time."""
     kind = "replay"
-    gap_ns = wake_ns = 0
+    gap_ns = 0
+    wake_ns = 0
 
     @staticmethod
     def predict(is_prefill, *shape, mixed=False):
         return 0, 0, 0
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)     # fleet/engine.Replica
 class ClockedEngine:
     """tracengine's simulated engine (sim/engine.SimulatedEngine) on the clock: the requests
     given it that enter before its next step, when that step starts, and the clients that leave.
@@ -117,7 +121,7 @@ class ClockedEngine:
         self.start_ns: int | None = None            # its next step's start; None: idle
 
     @property
-    def scheduler(self):
+    def scheduler(self) -> Any:
         return self.engine.scheduler
 
     # -- the engine interface --------------------------------------------------------------

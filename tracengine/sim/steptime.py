@@ -44,6 +44,7 @@ they use numpy (for the fit) and no torch."""
 import json
 import math
 from operator import attrgetter
+from typing import Any, ClassVar
 
 from tracengine.errors import TracengineError, TraceError
 from tracengine.jsonfile import load_json_object
@@ -104,7 +105,7 @@ class LinearStepTime:
     clipped at 0 ns. `gap_ns`: the loop's time between two steps when it is busy;
     `wake_ns`: from a request's arrival to the start of the step it wakes an idle
     engine for (default: gap_ns)."""
-    kind = "linear"
+    kind: ClassVar[str] = "linear"
 
     def __init__(self, coefficients: dict, gap_ns: int = 0, source: dict | None = None, error: dict | None = None,
                  wake_ns: int | None = None):
@@ -136,7 +137,7 @@ class LinearStepTime:
     def from_dict(cls, d: dict) -> "LinearStepTime":
         if list(d.get("features", ())) != list(FEATURES) or list(d.get("parts", ())) != list(PARTS):
             raise TracengineError(f"a linear step-time model has features {list(FEATURES)} and parts {list(PARTS)}")
-        coefficients = d.get("coefficients")
+        coefficients: Any = d.get("coefficients")
         try:
             for phase in ((*PHASES, MIXED) if MIXED in coefficients else PHASES):
                 for part in PARTS:
@@ -178,7 +179,8 @@ def step_samples(events) -> tuple[TraceHeader, list[StepSample]]:
     `wake_ns`, for a step after idle (not step 0, the run's start-up): from the
     earliest arrival it admitted (the one the engine slept until) to its start; -1 otherwise."""
     header, it = split_header(events)
-    samples, decision, num_live, live_at_end = [], None, 0, 0
+    samples: list[StepSample] = []
+    decision, num_live, live_at_end = None, 0, 0
     end_ns, first_arrival_ns = 0, None    # the last step's end, from the run's start
     for e in it:
         t = type(e)
@@ -210,7 +212,7 @@ def step_samples(events) -> tuple[TraceHeader, list[StepSample]]:
 
 def _fit(samples: list[StepSample]) -> dict:
     import numpy as np
-    coefficients = {}
+    coefficients: dict[str, Any] = {}
     for phase in PHASES:
         rows = [s for s in samples if s.is_prefill == (phase == "prefill")]
         if not rows:
@@ -221,7 +223,7 @@ def _fit(samples: list[StepSample]) -> dict:
         # A feature the recording never varied (every prefill one sequence) is the constant again:
         # least squares would split one weight between the two, and a what-if that varies it
         # (several prompts a step) would extrapolate the split. Left out, its weight is 0.
-        varying = [k for k in range(len(columns)) if k == 0 or np.ptp(x[:, k]) > 0]
+        varying = [k for k in range(len(columns)) if k == 0 or float(np.ptp(x[:, k])) > 0]
         columns, x = [columns[k] for k in varying], x[:, varying]
         y = np.array([s.parts for s in rows], dtype=float)
         if PHASE_FIT[phase] == "median":
@@ -297,7 +299,7 @@ def _median(values):
 
 def _errors(model: LinearStepTime, samples: list[StepSample]) -> dict:
     """Per-step and total errors of `model` on `samples`, for the total step time and the model part."""
-    out = {"num_steps": len(samples)}
+    out: dict[str, Any] = {"num_steps": len(samples)}
     for name, select in (("total", lambda p: sum(p)), ("model", lambda p: p[1])):
         recorded = [select(s.parts) for s in samples]
         predicted = [select(model.predict(s.is_prefill, *s.shape)) for s in samples]
