@@ -186,6 +186,23 @@ def test_fleet_stats_count_each_replica_and_the_fleet(tmp_path, capsys):
     assert main(["stats", str(path)]) == 0 and "3 replicas, router least_loaded" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("spec", [FleetSpec(3, "least_loaded"), FleetSpec(num_prefill_replicas=1,
+                                                                     num_decode_replicas=2)])
+def test_a_fleet_folded_live_keeps_no_steps_and_gives_the_figures_of_its_trace(spec):
+    """simulate folds a fleet's run as it goes, lean (what stats reads: no steps, no token steps):
+    its figures are those of the whole trace folded afterwards."""
+    from tracengine.fleet.engine import fleet_header
+    from tracengine.fleet.stats import FleetTimelines
+    config, step_time = CONFIG, fixed_step_time()
+    header = fleet_header(config, step_time, spec)
+    live = FleetTimelines(header, lean=True)
+    simulate_fleet(config, workload(), step_time, spec, live, header)
+    assert all(t.lean and not t.steps and not any(r.token_steps for r in t.requests.values())
+               for t in live.timelines.values())
+    events = simulate_fleet(config, workload(), step_time, spec)
+    assert fleet_stats(live) == fleet_stats(events)
+
+
 @pytest.fixture
 def mooncake(tmp_path):
     rng = random.Random(2)

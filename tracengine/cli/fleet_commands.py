@@ -106,10 +106,10 @@ def simulate_fleet_command(args, config, requests, step_time, spec, slo, on_prog
     if args.record:
         from tracengine.trace.tracelog import TraceWriter
         with TraceWriter(args.record, header, deflate=False) as writer:
-            sink = FleetTimelines(header, writer)
+            sink = FleetTimelines(header, writer, lean=True)
             simulate_fleet(config, requests, step_time, spec, sink, header, on_progress, routers)
     else:
-        sink = FleetTimelines(header)
+        sink = FleetTimelines(header, lean=True)     # a run folded live: what its stats read
         simulate_fleet(config, requests, step_time, spec, sink, header, on_progress, routers)
     return fleet_stats(sink, slo)
 

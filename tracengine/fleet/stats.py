@@ -43,13 +43,15 @@ def replica_headers(header: TraceHeader) -> list[TraceHeader]:
 
 class FleetTimelines:
     """An event sink (or a fold of a trace's events) keeping each replica's RequestTimeline,
-    the routers' decisions and the KV transfers; passes every event on to `inner` if given."""
+    the routers' decisions and the KV transfers; passes every event on to `inner` if given.
+    `lean`: each timeline keeps only what `stats` reads, as a run folded live does (RequestTimeline)."""
     enabled = True
 
-    def __init__(self, header: TraceHeader, inner=None):
+    def __init__(self, header: TraceHeader, inner=None, lean: bool = False):
         self.header = header
         self.inner = inner if inner is not None and inner.enabled else None
-        self.timelines = {r: RequestTimeline(h) for r, h in enumerate(replica_headers(header))}
+        self.lean = lean
+        self.timelines = {r: RequestTimeline(h, lean) for r, h in enumerate(replica_headers(header))}
         self.routes: list[RouteDecision] = []
         self.transfers: list[KVTransfer] = []
         self.torn_tail: str | None = None
@@ -62,7 +64,7 @@ class FleetTimelines:
         if t is ReplicaScope:
             timeline = self.timelines.get(event.replica)
             if timeline is None:
-                timeline = self.timelines[event.replica] = RequestTimeline(self.header)
+                timeline = self.timelines[event.replica] = RequestTimeline(self.header, self.lean)
             self._current = timeline
         elif t is RouteDecision:
             self.routes.append(event)
