@@ -147,8 +147,9 @@ def build_in_copy(tmp_path, env: dict) -> subprocess.CompletedProcess:
         shutil.copy(ROOT / name, tmp_path)
     shutil.copytree(ROOT / "tracengine", tmp_path / "tracengine",
                     ignore=shutil.ignore_patterns("__pycache__", "*.so", compiled.CORE_HASHES))
+    base = {name: value for name, value in os.environ.items() if name != compiled.PURE_ENV}   # a build that compiles
     return subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], capture_output=True, text=True,
-                          cwd=tmp_path, env={**os.environ, **env})
+                          cwd=tmp_path, env={**base, **env})
 
 
 def fallback_checked(tmp_path, result: subprocess.CompletedProcess, why: str):
