@@ -32,7 +32,7 @@ import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tracengine.analysis.timeline import RequestTimelineSink  # noqa: E402
+from tracengine.analysis.timeline_sink import RequestTimelineSink  # noqa: E402
 from tracengine.engine.config import Config  # noqa: E402
 from tracengine.trace.sinks import NULL_SINK, ListSink  # noqa: E402
 from tracengine.engine.llm_engine import LLMEngine  # noqa: E402

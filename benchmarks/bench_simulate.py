@@ -28,7 +28,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tracengine.analysis.stats import stats                       # noqa: E402
-from tracengine.analysis.timeline import RequestTimelineSink       # noqa: E402
+from tracengine.analysis.timeline_sink import RequestTimelineSink       # noqa: E402
 from tracengine.engine.config import Config                       # noqa: E402
 from tracengine.sim.roofline import ModelShape, RooflineStepTime   # noqa: E402
 from tracengine.sim.engine import simulate, simulation_header   # noqa: E402

@@ -186,7 +186,7 @@ print(json.dumps({"duration_ms": s["steps"]["total_s"] * 1e3,
 # and synthetic runner cost alone, the floor under any cost of the events and the stats.
 FLOOR = r"""
 import sys
-from tracengine.analysis.timeline import RequestTimelineSink
+from tracengine.analysis.timeline_sink import RequestTimelineSink
 from tracengine.cli.main import main
 RequestTimelineSink.enabled = False
 sys.exit(main(sys.argv[1:]))

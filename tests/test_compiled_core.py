@@ -24,7 +24,7 @@ CHILD = r"""
 import dataclasses, hashlib, random, sys
 import msgspec
 from tracengine.analysis.stats import stats
-from tracengine.analysis.timeline import RequestTimelineSink
+from tracengine.analysis.timeline_sink import RequestTimelineSink
 from tracengine.engine.config import Config
 from tracengine.engine.hash_id_prompt import HashIdPrompt
 from tracengine.sim.engine import run_timed

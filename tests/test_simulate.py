@@ -484,7 +484,8 @@ def test_a_run_leaves_nothing_for_the_collector(tmp_path):
     collector off, as a simulation runs, a run's pool of blocks and its live fold go when it
     ends, not at the collector's next pass (which would walk 100,000-slot lists and every step)."""
     import gc
-    from tracengine.analysis.timeline import RequestTimeline, RequestTimelineSink
+    from tracengine.analysis.timeline import RequestTimeline
+    from tracengine.analysis.timeline_sink import RequestTimelineSink
     from tracengine.engine.block_manager import BlockManager
     from tracengine.engine.config import Config
     from tracengine.engine.llm_engine import LLMEngine

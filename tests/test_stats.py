@@ -420,7 +420,8 @@ def test_a_live_fold_gives_the_figures_of_its_events_and_is_freed_with_its_sink(
     with the collector off, the sink and its timeline go when the last reference does."""
     import gc
     import weakref
-    from tracengine.analysis.timeline import RequestTimeline, RequestTimelineSink
+    from tracengine.analysis.timeline import RequestTimeline
+    from tracengine.analysis.timeline_sink import RequestTimelineSink
     from tracengine.trace.tracelog import TraceReader
 
     def alive_timelines() -> int:     # counted, not weakly referenced: the compiled core's classes take no weakref

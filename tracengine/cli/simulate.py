@@ -123,7 +123,7 @@ def simulate_run(args, config, requests, step_time, slo, num_requests: int | Non
     """One engine's run of `requests` (a list, or an iterator read as the run goes: `num_requests`
     None), its stats printed and its trace recorded."""
     import time
-    from tracengine.analysis.timeline import RequestTimelineSink
+    from tracengine.analysis.timeline_sink import RequestTimelineSink
     from tracengine.sim.engine import simulate, simulation_header
     header = simulation_header(config, step_time)
     with simulation_progress(num_requests, enabled=not args.quiet) as progress:

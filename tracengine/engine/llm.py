@@ -166,7 +166,7 @@ class LLM(LLMEngine):
             self.start_recording(record)
         folding = None
         if summary and not record:
-            from tracengine.analysis.timeline import RequestTimelineSink
+            from tracengine.analysis.timeline_sink import RequestTimelineSink
             folding = RequestTimelineSink(self.trace_header(), inner=self.sink, first_step=self.num_steps,
                                           origin_ns=self.last_step_end_ns - self.start_ns if self.num_steps else 0)
             self.set_sink(folding)
