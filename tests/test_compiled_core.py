@@ -121,6 +121,22 @@ def test_an_edited_core_module_runs_its_python_and_says_how_to_rebuild(tmp_path)
     assert result.stderr.count("\n") == 1 and "rebuild it with `pip install -e .`" in result.stderr
 
 
+@needs_build
+def test_extensions_without_the_record_of_their_sources_never_run(tmp_path):
+    """A copy of the compiled package whose record of the sources it was built from is gone (a
+    build cut short): the Python runs, and one line on stderr says so."""
+    copy = tmp_path / "tracengine"
+    shutil.copytree(ROOT / "tracengine", copy, ignore=shutil.ignore_patterns("__pycache__", compiled.CORE_HASHES))
+    for lib in ROOT.glob("tracengine_core__mypyc*"):
+        shutil.copy(lib, tmp_path)
+    code = "import tracengine.compiled as c, tracengine.engine.block_pool; print(c.CORE, c.is_compiled())"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(tmp_path), compiled.PURE_ENV: "0"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "no (incomplete build) False"
+    assert result.stderr.count("\n") == 1 and "build is incomplete" in result.stderr
+
+
 def test_version_says_which_core_runs():
     result = subprocess.run([sys.executable, "-m", "tracengine.cli", "--version"], capture_output=True, text=True,
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), compiled.PURE_ENV: "1"})

@@ -8,8 +8,8 @@ when `tracengine` is imported, before any core module is:
 - no extension built (no C compiler or no mypyc at install time): the Python, as always;
 - TRACENGINE_PURE_PYTHON=1: the Python, the extensions skipped;
 - a core .py edited since its extension was built (its hash is not the one the build recorded
-  in CORE_HASHES): the Python, and one line on stderr saying how to rebuild; stale compiled
-  code never runs silently.
+  in CORE_HASHES), or extensions without that record: the Python, and one line on stderr saying
+  how to rebuild; stale compiled code never runs silently.
 
 The modules are compiled as one group, which calls across them natively: either all of them run
 compiled or none does."""
@@ -90,10 +90,14 @@ def decide() -> str:
 
 def choose() -> str:
     hashes = built_hashes()
-    if hashes is None:
+    if hashes is None and not any(has_extension(module) for module in CORE_MODULES):
         return "no (not built: pure-Python install)"
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
         reason = f"no ({PURE_ENV}=1)"
+    elif hashes is None:     # extensions with no whole record of the sources they were built from: never run
+        print(f"tracengine: the compiled core's build is incomplete (its record {CORE_HASHES} is missing or names "
+              f"a module not built): running the pure-Python core; rebuild it with `pip install -e .`", file=sys.stderr)
+        reason = "no (incomplete build)"
     else:
         stale = [module for module in CORE_MODULES if hashes.get(module) != source_hash(module)]
         if not stale:
