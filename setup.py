@@ -13,7 +13,7 @@ from setuptools.command.build_ext import build_ext
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # the list and the names, from their one definition (stdlib only), without importing the package
 CORE = runpy.run_path(os.path.join(ROOT, "tracengine", "compiled.py"))
-CORE_HASHES, CORE_MODULES, PURE_ENV = CORE["CORE_HASHES"], CORE["CORE_MODULES"], CORE["PURE_ENV"]
+CORE_HASHES, CORE_MODULES, PURE_ENV, GROUP = CORE["CORE_HASHES"], CORE["CORE_MODULES"], CORE["PURE_ENV"], CORE["GROUP"]
 PATHS = [os.path.join(*module.split(".")) + ".py" for module in CORE_MODULES]
 NATIVE = os.path.join("tracengine", "engine", "native.py")
 
@@ -37,7 +37,7 @@ def core_extensions() -> list:
         # leaves stale compiled types behind, and the build reads no third-party package (torch)
         # (native.py too, read and not compiled: its mypyc_attr is mypy_extensions')
         return mypycify(["--follow-imports=skip", "--ignore-missing-imports", *PATHS, NATIVE], only_compile_paths=PATHS,
-                        opt_level="3", group_name="tracengine_core")
+                        opt_level="3", group_name=GROUP)
     except BaseException as error:     # mypyc reports a type error by exiting
         say(f"mypyc could not compile the core ({error!r}): installing the pure-Python core")
         return []

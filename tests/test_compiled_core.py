@@ -122,12 +122,14 @@ def test_an_edited_core_module_runs_its_python_and_says_how_to_rebuild(tmp_path)
 
 
 @needs_build
-def test_extensions_without_the_record_of_their_sources_never_run(tmp_path):
-    """A copy of the compiled package whose record of the sources it was built from is gone (a
-    build cut short): the Python runs, and one line on stderr says so."""
+@pytest.mark.parametrize("missing", ["record", "group library"])
+def test_extensions_without_the_record_of_their_sources_or_their_library_never_run(tmp_path, missing):
+    """A copy of the compiled package whose record of the sources it was built from, or whose
+    group's shared library, is gone (a build cut short): the Python runs, and one line says so."""
     copy = tmp_path / "tracengine"
-    shutil.copytree(ROOT / "tracengine", copy, ignore=shutil.ignore_patterns("__pycache__", compiled.CORE_HASHES))
-    for lib in ROOT.glob("tracengine_core__mypyc*"):
+    shutil.copytree(ROOT / "tracengine", copy, ignore=shutil.ignore_patterns(
+        "__pycache__", *([compiled.CORE_HASHES] if missing == "record" else [])))
+    for lib in ROOT.glob(f"{compiled.GROUP}__mypyc*") if missing == "record" else []:
         shutil.copy(lib, tmp_path)
     code = "import tracengine.compiled as c, tracengine.engine.block_pool; print(c.CORE, c.is_compiled())"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,

@@ -38,6 +38,7 @@ CORE_MODULES = (
 # build of that class shares the ABC's registry with it (a list then stopped being a Sequence).
 CORE_HASHES = "compiled_core.txt"     # beside this file: "<sha256 of the source> <module>" a line, written by the build
 PURE_ENV = "TRACENGINE_PURE_PYTHON"
+GROUP = "tracengine_core"     # mypyc's group: one shared library beside the package, which every module's extension loads
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -58,13 +59,18 @@ def built_hashes() -> dict[str, str] | None:
     except FileNotFoundError:
         return None
     hashes = {module: digest for digest, module in lines}
-    if not all(has_extension(module) for module in hashes):
+    if not all(has_extension(module) for module in hashes) or not has_group_library():
         return None
     return hashes
 
 
 def has_extension(module: str) -> bool:
     base = source_path(module)[:-3]
+    return any(os.path.exists(base + suffix) for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+
+
+def has_group_library() -> bool:
+    base = os.path.join(os.path.dirname(PACKAGE_DIR), GROUP + "__mypyc")
     return any(os.path.exists(base + suffix) for suffix in importlib.machinery.EXTENSION_SUFFIXES)
 
 
