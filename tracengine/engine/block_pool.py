@@ -29,14 +29,18 @@ class BlockPool:
     def get_new_blocks(self, n: int) -> list[int]:
         """The n blocks at the head of the free queue, each with one reference (a block is free
         exactly when it has none)."""
-        queue = self.free_block_queue
-        block_ids = queue.popleft_n(n)
+        block_ids = self.free_block_queue.popleft_n(n)
+        self._count_fresh_blocks()
         ref_counts = self.ref_counts
-        if len(ref_counts) < queue.fresh:     # blocks handed out for the first time
-            ref_counts += repeat(0, queue.fresh - len(ref_counts))
         for block_id in block_ids:
             ref_counts[block_id] = 1
         return block_ids
+
+    def _count_fresh_blocks(self) -> None:
+        """A reference count (none yet) for each block the queue handed out for the first time."""
+        ref_counts, fresh = self.ref_counts, self.free_block_queue.fresh
+        if len(ref_counts) < fresh:
+            ref_counts += repeat(0, fresh - len(ref_counts))
 
     def touch(self, block_ids: list[int]) -> None:
         """A reference more to each of `block_ids`: a free one (a prefix-cache hit on a
@@ -65,7 +69,7 @@ class BlockPool:
 
     # -- a recorded decision applied (the fold, replay/projection.py): the same rules, checked --
 
-    def take_next_block(self, block_id: int):
+    def take_next_block(self, block_id: int) -> None:
         """`get_new_blocks(1)` where the record says it gave `block_id`: a ValueError when the
         free queue's head is another block."""
         head = self.free_block_queue.head()
@@ -73,16 +77,14 @@ class BlockPool:
             raise ValueError(f"block {block_id} is not the next free block {head}")
         self.get_new_blocks(1)
 
-    def take_block(self, block_id: int):
+    def take_block(self, block_id: int) -> None:
         """`block_id` out of the free queue wherever it is, with one reference: an allocation
         whose place in the queue the record does not say (a vLLM trace's)."""
-        queue, ref_counts = self.free_block_queue, self.ref_counts
-        queue.remove(block_id)      # a ValueError when it is not free
-        if len(ref_counts) < queue.fresh:     # blocks handed out for the first time
-            ref_counts += repeat(0, queue.fresh - len(ref_counts))
-        ref_counts[block_id] = 1
+        self.free_block_queue.remove(block_id)      # a ValueError when it is not free
+        self._count_fresh_blocks()
+        self.ref_counts[block_id] = 1
 
-    def hold_every_block(self):
+    def hold_every_block(self) -> None:
         """A reference count for every block now, not only those handed out (a fold shows
         every block, and takes any)."""
         self.ref_counts += repeat(0, self.num_blocks - len(self.ref_counts))
