@@ -22,6 +22,12 @@ def say(message: str):
     print(f"tracengine: {message}", file=sys.stderr)
 
 
+def first_line(error: BaseException, limit: int = 160) -> str:
+    """What went wrong, in one short line (a compiler's error carries its whole command line)."""
+    text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def core_extensions() -> list:
     """mypyc's extensions of the core modules, or none (and why, once) where it cannot build them."""
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
@@ -39,7 +45,7 @@ def core_extensions() -> list:
         return mypycify(["--follow-imports=skip", "--ignore-missing-imports", *PATHS, NATIVE], only_compile_paths=PATHS,
                         opt_level="3", group_name=GROUP)
     except BaseException as error:     # mypyc reports a type error by exiting
-        say(f"mypyc could not compile the core ({error!r}): installing the pure-Python core")
+        say(f"mypyc could not compile the core ({first_line(error)}): installing the pure-Python core")
         return []
 
 
@@ -53,7 +59,7 @@ class BuildCore(build_ext):
         try:
             super().run()
         except Exception as error:
-            say(f"the C compiler could not build the core ({error}): installing the pure-Python core")
+            say(f"the C compiler could not build the core ({first_line(error)}): installing the pure-Python core")
             self.remove_outputs()
             return
         package = ROOT if self.inplace else self.build_lib
