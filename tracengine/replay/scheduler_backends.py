@@ -43,6 +43,16 @@ class SchedulerBackend:
     whatif: str          # (events, overrides) -> WhatIfResult: the what-if at recorded steps
     timed_whatif: str    # (events, overrides, step_time, trace_name): the what-if in simulated time
 
+    @classmethod
+    def of(cls, package: str, prefix: str, name: str, a_trace: str) -> "SchedulerBackend":
+        """The record of a backend laid out as tracengine/vllm/ is: `tracengine.<package>`'s
+        modules, its classes' names starting with `prefix`, the record named `package` upper-cased."""
+        p = f"tracengine.{package}"
+        return cls(package.upper(), name, a_trace, timed=f"{p}.timed:{prefix}TimedReplay",
+                   steps=f"{p}.whatif:{prefix}StepReplay", simulation=f"{p}.simulate:{prefix}Simulation",
+                   check_version=f"{p}.replay:check_{package}_version", reexecute=f"{p}.replay:reexecute",
+                   whatif=f"{p}.whatif:whatif", timed_whatif=f"{p}.timed:timed_whatif")
+
     @property
     def TIMED(self) -> str:
         return f"{__name__}:{self.label}.timed_runner"
@@ -93,15 +103,5 @@ class SchedulerBackend:
         return SweepSpec(self.STEPS, source.digest, base, None)
 
 
-VLLM = SchedulerBackend("VLLM", "vLLM", "a vLLM trace", timed="tracengine.vllm.timed:VllmTimedReplay",
-                        steps="tracengine.vllm.whatif:VllmStepReplay",
-                        simulation="tracengine.vllm.simulate:VllmSimulation",
-                        check_version="tracengine.vllm.replay:check_vllm_version",
-                        reexecute="tracengine.vllm.replay:reexecute", whatif="tracengine.vllm.whatif:whatif",
-                        timed_whatif="tracengine.vllm.timed:timed_whatif")
-SGLANG = SchedulerBackend("SGLANG", "SGLang", "an SGLang trace", timed="tracengine.sglang.timed:SglangTimedReplay",
-                          steps="tracengine.sglang.whatif:SglangStepReplay",
-                          simulation="tracengine.sglang.simulate:SglangSimulation",
-                          check_version="tracengine.sglang.replay:check_sglang_version",
-                          reexecute="tracengine.sglang.replay:reexecute", whatif="tracengine.sglang.whatif:whatif",
-                          timed_whatif="tracengine.sglang.timed:timed_whatif")
+VLLM = SchedulerBackend.of("vllm", "Vllm", "vLLM", "a vLLM trace")
+SGLANG = SchedulerBackend.of("sglang", "Sglang", "SGLang", "an SGLang trace")
