@@ -83,16 +83,11 @@ class SchedulerBackend:
     def prepare_timed(self, prepared: PreparedSources, source: Source, events: list, step_time, trace_name: str,
                       base: dict, slo, policy=None):
         """As replay/sweeps.prepare_timed (`policy` is tracengine's: this scheduler's trace has none)."""
-        from tracengine.replay.timed import TimedVariant
+        from tracengine.replay.timed import prepare_timed_sweep
         from tracengine.trace.tracelog import split_header
         load(self.check_version)(split_header(events)[0])
-        replay = load(self.timed)(events, step_time, trace_name)
-        model = replay.ensure_step_time()
-        spec = SweepSpec(self.TIMED, source.digest, base, model.to_dict(), slo)
-        replay.step_time = step_time_of(spec.step_time)
-        prepared.add(source, events)
-        prepared.add_runner(spec, TimedVariant(replay, base, slo))
-        return spec, replay.step_time
+        return prepare_timed_sweep(prepared, source, events, load(self.timed)(events, step_time, trace_name),
+                                   self.TIMED, base, slo)
 
     def prepare_steps(self, prepared: PreparedSources, source: Source, events: list, base: dict,
                       policy=None) -> SweepSpec:
