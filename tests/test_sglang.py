@@ -88,7 +88,7 @@ def test_recording_changes_no_decision():
 
 
 def test_whatif_equals_sglang_run_under_the_new_config(prefix_trace):
-    from tracengine.replay.reexec import _COMPARED
+    from tracengine.replay.reexecution import _COMPARED
     from tracengine.sglang.build import apply_overrides
     from tracengine.sglang.drive import record_workload
     from tracengine.sglang.whatif import whatif
@@ -285,7 +285,7 @@ def test_the_overlap_loop_records_and_replays_exactly(workload):
     assert divergence is not None and divergence.step == 7
     if workload == "aborts":
         return      # r1 ran on past its recorded output before its abort took it out of the normal loop
-    from tracengine.replay.reexec import _COMPARED
+    from tracengine.replay.reexecution import _COMPARED
     normal = whatif(events, {"scheduler_loop": "normal"})
     really = record_workload(apply_overrides(config, {"scheduler_loop": "normal"}), specs)
     assert [_COMPARED[type(e)](e) for e in normal.events[1:]] == [_COMPARED[type(e)](e) for e in really[1:]]

@@ -52,15 +52,21 @@ def test_a_simulated_trace_holds_arrival_times_and_replays_exactly(simulated):
 
 def test_a_timed_whatif_equals_simulating_sglang_with_that_config(simulated, tmp_path, capsys):
     workload, base = simulated
+    assert_timed_whatif_is_simulating(workload, base, FIXED, tmp_path, capsys)
+
+
+def assert_timed_whatif_is_simulating(workload, base, step_time: str, tmp_path, capsys, *settings: str):
+    """`replay base --set chunked_prefill_size=64` in simulated time: under the recorded config it
+    is the recorded run, under 64 it is simulate's run of the workload with 64 (and `settings`)."""
     whatif, direct = tmp_path / "whatif.trace", tmp_path / "direct.trace"
-    assert main(["replay", str(base), "--set", "chunked_prefill_size=64", "--step-time", FIXED,
+    assert main(["replay", str(base), "--set", "chunked_prefill_size=64", "--step-time", step_time,
                  "--record", str(whatif)]) == 0
     out = capsys.readouterr().out
     assert "in simulated time: chunked_prefill_size 128 -> 64" in out
     for line in out.splitlines()[3:24]:     # the recorded config in simulated time is the recorded run
         assert line.split()[-3] in ("+0.0%", "-"), line
     assert main(simulate_argv(workload, "--set", "max_total_tokens=2000", "--set", "chunked_prefill_size=64",
-                              "--record", str(direct))) == 0
+                              *settings, "--record", str(direct), step_time=step_time)) == 0
     capsys.readouterr()
     assert main(["diff", str(whatif), str(direct)]) == 0
     assert "no scheduling difference in" in capsys.readouterr().out
@@ -189,20 +195,8 @@ def test_an_overlap_traces_whatif_in_time_equals_simulating_it(simulated, overla
     config it is the recorded run, under another it is simulate's run of that config."""
     workload, _ = simulated
     step_time, paths = overlapped
-    whatif, direct = tmp_path / "whatif.trace", tmp_path / "direct.trace"
-    assert main(["replay", str(paths["overlap"]), "--set", "chunked_prefill_size=64", "--step-time", step_time,
-                 "--record", str(whatif)]) == 0
-    out = capsys.readouterr().out
-    assert "in simulated time: chunked_prefill_size 128 -> 64" in out
-    for line in out.splitlines()[3:24]:     # the recorded config in simulated time is the recorded run
-        assert line.split()[-3] in ("+0.0%", "-"), line
-    assert main(simulate_argv(workload, "--set", "max_total_tokens=2000", "--set", "chunked_prefill_size=64",
-                              "--set", "scheduler_loop=overlap", "--record", str(direct), step_time=step_time)) == 0
-    capsys.readouterr()
-    assert main(["diff", str(whatif), str(direct)]) == 0
-    assert "no scheduling difference in" in capsys.readouterr().out
-    assert stats(whatif)["latency"] == stats(direct)["latency"]
-    assert stats(whatif)["steps"]["num_steps"] != stats(paths["overlap"])["steps"]["num_steps"]
+    assert_timed_whatif_is_simulating(workload, paths["overlap"], step_time, tmp_path, capsys,
+                                      "--set", "scheduler_loop=overlap")
 
 
 def test_simulate_searches_the_capacity_of_sglangs_scheduler(simulated, tmp_path, capsys):

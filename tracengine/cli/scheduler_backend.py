@@ -1,8 +1,9 @@
 """`tracengine replay` on a trace of another engine's own scheduler (vLLM's, SGLang's), written
 once over that scheduler's record (replay/scheduler_backends.py) and its backend's reading of the
 fields a command line names (cli/vllm_backend.py, cli/sglang_backend.py): re-execution,
---state, the what-if in steps or in simulated time, sweeps of either. The output is the one
-`replay` prints for tracengine's traces."""
+--state, the what-if in steps or in simulated time, sweeps of either; and `simulate --scheduler
+vllm|sglang` once the backend read its config. The output is the one `replay` and `simulate`
+print for tracengine's traces and workloads."""
 from tracengine.errors import ConfigError, TraceError
 from tracengine.trace.tracelog import TraceReader
 
@@ -114,3 +115,57 @@ def typed(name: str, raw: str, recorded):
         except ValueError:
             continue
     raise ConfigError(f"{name} expects {type(recorded).__name__}, got {raw!r}")
+
+
+def simulate_through_scheduler(args, name: str, config: dict, variants, slo, step_time, simulate, sweep_runner: str,
+                               before_run=None, search=None) -> int:
+    """`simulate --scheduler vllm|sglang` once the backend read its config: the workload through
+    `simulate(config, requests, step_time)` (or a --sweep's variants, made by `sweep_runner`),
+    printed as simulate prints. `before_run()`: what must not count in the run's time. `search`:
+    (the --set fields, how swept values are typed) for a --search (cli/search.py)."""
+    import time
+
+    from tracengine.analysis.stats import render, stats
+    from tracengine.cli.common import print_table
+    from tracengine.cli.flags import DEFAULT_VOCAB_SIZE, workload_for_simulation, workload_spec
+    from tracengine.cli.outputs import check_outputs
+    from tracengine.cli.steptime import describe_step_time, input_files, print_unvaried_note
+    from tracengine.cli.sweeps import print_sweep
+    from tracengine.errors import TracengineError
+    from tracengine.sim.engine import check_token_prompts
+    if args.record and variants is not None:
+        raise TracengineError("--record writes one run; a --sweep makes many")
+    check_outputs({"--record": args.record}, input_files(args), args.force)
+    vocab_size = args.vocab_size or (step_time.model.vocab_size if step_time.kind == "roofline" else DEFAULT_VOCAB_SIZE)
+    workload = args.workload_file or args.workload
+    requests = workload_for_simulation(args, workload, vocab_size)
+    check_token_prompts(requests)
+    if variants is not None or search is not None:
+        from tracengine.sim.spec import PreparedSources, SweepSpec, workload_source
+        source, prepared = workload_source(workload_spec(args, workload=workload), vocab_size), PreparedSources()
+        prepared.add(source, requests)
+        if search is not None:
+            from tracengine.cli.search import run_search
+            if before_run is not None:
+                before_run()
+            return run_search(args, search[0], step_time, requests, source, prepared, sweep_runner, config, search[1])
+        spec = SweepSpec(sweep_runner, source.digest, config, step_time.to_dict(), slo)
+        print(f"simulate {len(requests):,} requests through {name}'s scheduler with {describe_step_time(step_time)}")
+        rc = print_sweep(spec, source, prepared, variants, args)
+        print_unvaried_note(step_time)
+        return rc
+    if before_run is not None:
+        before_run()
+    wall, cpu = time.perf_counter(), time.process_time()
+    events = simulate(config, requests, step_time)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    if args.record:
+        from tracengine.trace.tracelog import write_trace
+        write_trace(args.record, events)
+    s = stats(events, slo)
+    print(f"simulated {len(requests):,} requests through {name} {events[0].engine_version}'s scheduler with "
+          f"{describe_step_time(step_time)}: {s['steps']['num_steps']:,} steps in {wall:.2f} s wall, {cpu:.2f} s CPU")
+    print_table(render(s, title="simulated run"))
+    if args.record:
+        print(f"wrote {args.record}")
+    return 0

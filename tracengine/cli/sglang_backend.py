@@ -61,7 +61,7 @@ def run_simulate(args) -> int:
     step_time = step_time_from_args(args)
     if step_time is None:
         raise TracengineError("simulate needs step times: --step-time FILE (tracengine calibrate) or --roofline CONFIG")
-    from tracengine.cli.vllm_backend import simulate_through_scheduler
+    from tracengine.cli.scheduler_backend import simulate_through_scheduler
     from tracengine.sglang.imports import scheduler_module
     # SGLang's import is not the simulation's time
     from tracengine.replay.scheduler_backends import SGLANG

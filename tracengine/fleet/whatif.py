@@ -12,7 +12,7 @@ import msgspec
 from tracengine.fleet.stats import fleet_stats, replica_streams
 from tracengine.engine.config import Config
 from tracengine.errors import TraceError
-from tracengine.replay.timed import TimedVariant, TimedWorkload, whatif_in_time
+from tracengine.replay.timed import TimedVariant, TimedWorkload, prepare_timed_sweep, whatif_in_time
 from tracengine.replay.whatif import OutputRunner, changed_fields, extract_workload
 from tracengine.fleet.engine import fleet_header, simulate_fleet
 from tracengine.fleet.spec import FleetSpec, header_fields
@@ -216,9 +216,5 @@ def prepare_fleet(prepared: PreparedSources, source: Source, events: list, step_
     through a fleet), as prepare_timed's: the model fitted on the trace (its replica 0) unless
     given; the fleet every variant starts from, the recorded one (one replica for one engine's)."""
     timed = FleetTimedReplay(events, step_time, trace_name, policy=policy)
-    model = timed.ensure_step_time()
-    spec = SweepSpec(FLEET_TRACE, source.digest, base, model.to_dict(), slo, policy, fleet=timed.recorded_spec.to_dict())
-    timed.step_time = step_time_of(spec.step_time)
-    prepared.add(source, events)
-    prepared.add_runner(spec, TimedVariant(timed, base, slo))
-    return spec, timed.step_time
+    return prepare_timed_sweep(prepared, source, events, timed, FLEET_TRACE, base, slo, policy,
+                               fleet=timed.recorded_spec.to_dict())

@@ -10,8 +10,7 @@ from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.sampling_params import SamplingParams
 from tracengine.engine.spec_decode import SYNTHETIC_DRAFT
 from tracengine.replay.fold import Fold
-from tracengine.replay.reexecution import (_COMPARED, ABORT, ADD, STEP, ComparingSink, Divergence,  # noqa: F401
-                                           Diverged, ReplayResult, replay)
+from tracengine.replay.reexecution import ABORT, ADD, STEP, ComparingSink, Diverged, ReplayResult, replay
 from tracengine.replay.state import live_state
 from tracengine.trace.events import DraftProposed, DraftVerified, RequestAdded, SeqAbort, StepEnd, TokenSample
 from tracengine.trace.tracelog import split_header

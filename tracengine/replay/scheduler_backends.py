@@ -43,6 +43,16 @@ class SchedulerBackend:
     whatif: str          # (events, overrides) -> WhatIfResult: the what-if at recorded steps
     timed_whatif: str    # (events, overrides, step_time, trace_name): the what-if in simulated time
 
+    @classmethod
+    def of(cls, package: str, prefix: str, name: str, a_trace: str) -> "SchedulerBackend":
+        """The record of a backend laid out as tracengine/vllm/ is: `tracengine.<package>`'s
+        modules, its classes' names starting with `prefix`, the record named `package` upper-cased."""
+        p = f"tracengine.{package}"
+        return cls(package.upper(), name, a_trace, timed=f"{p}.timed:{prefix}TimedReplay",
+                   steps=f"{p}.whatif:{prefix}StepReplay", simulation=f"{p}.simulate:{prefix}Simulation",
+                   check_version=f"{p}.replay:check_{package}_version", reexecute=f"{p}.replay:reexecute",
+                   whatif=f"{p}.whatif:whatif", timed_whatif=f"{p}.timed:timed_whatif")
+
     @property
     def TIMED(self) -> str:
         return f"{__name__}:{self.label}.timed_runner"
@@ -73,16 +83,11 @@ class SchedulerBackend:
     def prepare_timed(self, prepared: PreparedSources, source: Source, events: list, step_time, trace_name: str,
                       base: dict, slo, policy=None):
         """As replay/sweeps.prepare_timed (`policy` is tracengine's: this scheduler's trace has none)."""
-        from tracengine.replay.timed import TimedVariant
+        from tracengine.replay.timed import prepare_timed_sweep
         from tracengine.trace.tracelog import split_header
         load(self.check_version)(split_header(events)[0])
-        replay = load(self.timed)(events, step_time, trace_name)
-        model = replay.ensure_step_time()
-        spec = SweepSpec(self.TIMED, source.digest, base, model.to_dict(), slo)
-        replay.step_time = step_time_of(spec.step_time)
-        prepared.add(source, events)
-        prepared.add_runner(spec, TimedVariant(replay, base, slo))
-        return spec, replay.step_time
+        return prepare_timed_sweep(prepared, source, events, load(self.timed)(events, step_time, trace_name),
+                                   self.TIMED, base, slo)
 
     def prepare_steps(self, prepared: PreparedSources, source: Source, events: list, base: dict,
                       policy=None) -> SweepSpec:
@@ -93,15 +98,5 @@ class SchedulerBackend:
         return SweepSpec(self.STEPS, source.digest, base, None)
 
 
-VLLM = SchedulerBackend("VLLM", "vLLM", "a vLLM trace", timed="tracengine.vllm.timed:VllmTimedReplay",
-                        steps="tracengine.vllm.whatif:VllmStepReplay",
-                        simulation="tracengine.vllm.simulate:VllmSimulation",
-                        check_version="tracengine.vllm.replay:check_vllm_version",
-                        reexecute="tracengine.vllm.replay:reexecute", whatif="tracengine.vllm.whatif:whatif",
-                        timed_whatif="tracengine.vllm.timed:timed_whatif")
-SGLANG = SchedulerBackend("SGLANG", "SGLang", "an SGLang trace", timed="tracengine.sglang.timed:SglangTimedReplay",
-                          steps="tracengine.sglang.whatif:SglangStepReplay",
-                          simulation="tracengine.sglang.simulate:SglangSimulation",
-                          check_version="tracengine.sglang.replay:check_sglang_version",
-                          reexecute="tracengine.sglang.replay:reexecute", whatif="tracengine.sglang.whatif:whatif",
-                          timed_whatif="tracengine.sglang.timed:timed_whatif")
+VLLM = SchedulerBackend.of("vllm", "Vllm", "vLLM", "a vLLM trace")
+SGLANG = SchedulerBackend.of("sglang", "Sglang", "SGLang", "an SGLang trace")

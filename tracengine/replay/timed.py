@@ -12,6 +12,7 @@ from tracengine.errors import TraceError
 from tracengine.replay.whatif import OutputRunner, changed_fields, extract_workload, requests_under, whatif_in_steps
 from tracengine.sim.engine import run_timed, with_kv_bytes
 from tracengine.sim.runners import check_requests
+from tracengine.sim.spec import PreparedSources, Source, SweepSpec, step_time_of
 from tracengine.sim.steptime import calibrate
 from tracengine.sim.sweep import IN_STEPS, IN_TIME, row_of, step_row_of
 from tracengine.trace.events import RequestAdded, StepEnd
@@ -155,7 +156,8 @@ def _variant_policy(overrides: dict, policy):
 
 class TimedVariant:
     """A what-if in simulated time under base + overrides, of any engine's trace (`timed`: as
-    whatif_in_time's, a fleet's included), its row the workload's (TimedWorkload.row). `policy`: replay --policy (a trace of one's own policy needs it)."""
+    whatif_in_time's, a fleet's included), its row the workload's (TimedWorkload.row).
+    `policy`: replay --policy (a trace of one's own policy needs it)."""
     figures = IN_TIME
 
     def __init__(self, timed, base: dict, slo: dict | None = None, policy=None):
@@ -169,6 +171,20 @@ class TimedVariant:
         merged = {**self.base, **overrides}
         events, _ = self.timed.run(self.timed.config(merged), _variant_policy(merged, self.policy))
         return self.timed.row(events, self.slo)
+
+
+def prepare_timed_sweep(prepared: PreparedSources, source: Source, events: list, timed, runner: str, base: dict,
+                        slo, policy=None, **spec_fields) -> tuple[SweepSpec, object]:
+    """(spec, step-time model) of a sweep of what-ifs in simulated time of `timed` (as
+    whatif_in_time's; `runner`: the maker of its variants in a worker), its variant object made
+    here once: the model fitted on the trace unless given, and shipped as data (to_dict), which
+    every process, this one too, runs with."""
+    model = timed.ensure_step_time()
+    spec = SweepSpec(runner, source.digest, base, model.to_dict(), slo, policy, **spec_fields)
+    timed.step_time = step_time_of(spec.step_time)
+    prepared.add(source, events)
+    prepared.add_runner(spec, TimedVariant(timed, base, slo, policy))
+    return spec, timed.step_time
 
 
 class StepVariant:

@@ -159,8 +159,7 @@ def config_changes(recorded: dict, new: dict) -> list[tuple[str, object, object]
 
 def changed_fields(recorded: Config, config: Config) -> list[tuple[str, object, object]]:
     """(field, recorded value, new value) of each field of tracengine's config that `config` changes."""
-    return [(name, value, getattr(config, name)) for name, value in recorded.to_dict().items()
-            if getattr(config, name) != value]
+    return config_changes(recorded.to_dict(), config.to_dict())
 
 
 def whatif_in_steps(replay, overrides: dict, policy=None) -> WhatIfResult:
