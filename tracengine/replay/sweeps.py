@@ -1,6 +1,6 @@
 """The makers of a trace's sweep variants (sim/spec.py names them in a SweepSpec): what-ifs
 in simulated time (TimedVariant) and step-exact ones (StepVariant), from the trace's events."""
-from tracengine.replay.timed import StepVariant, TimedReplay, TimedVariant
+from tracengine.replay.timed import StepVariant, TimedReplay, TimedVariant, prepare_timed_sweep
 from tracengine.sim.spec import PreparedSources, Source, SweepSpec, step_time_of
 
 
@@ -18,16 +18,10 @@ TIMED, STEPS = f"{__name__}:timed_runner", f"{__name__}:step_runner"
 
 def prepare_timed(prepared: PreparedSources, source: Source, events: list, step_time, trace_name: str, base: dict,
                   slo, policy):
-    """(spec, step-time model) of a sweep of what-ifs in simulated time, its variant object made
-    here once: the model fitted on the trace unless given, and shipped as data (to_dict), which
-    every process, this one too, runs with."""
-    replay = TimedReplay(events, step_time, trace_name)
-    model = replay.ensure_step_time()
-    spec = SweepSpec(TIMED, source.digest, base, model.to_dict(), slo, policy)
-    replay.step_time = step_time_of(spec.step_time)
-    prepared.add(source, events)
-    prepared.add_runner(spec, TimedVariant(replay, base, slo, policy))
-    return spec, replay.step_time
+    """(spec, step-time model) of a sweep of what-ifs in simulated time of tracengine's trace
+    (replay/timed.prepare_timed_sweep)."""
+    return prepare_timed_sweep(prepared, source, events, TimedReplay(events, step_time, trace_name), TIMED, base,
+                               slo, policy)
 
 
 def prepare_steps(prepared: PreparedSources, source: Source, events: list, base: dict, policy) -> SweepSpec:
