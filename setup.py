@@ -1,8 +1,8 @@
 """The compiled core (tracengine/compiled.py): its modules compiled by mypyc from their Python
-source where mypyc and a C compiler are present, the pure-Python package where not (said once).
-The build records each compiled source's hash, which `import tracengine` compares against the
-.py files (an edited module never runs stale compiled code)."""
-import hashlib
+source, the block hasher by Cython (its C types in the .pxd beside it), where mypyc, Cython and a
+C compiler are present; the pure-Python package where not (said once). The build records each
+compiled source's hash, which `import tracengine` compares against the sources (an edited module
+never runs stale compiled code)."""
 import os
 import runpy
 import sys
@@ -14,7 +14,9 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 # the list and the names, from their one definition (stdlib only), without importing the package
 CORE = runpy.run_path(os.path.join(ROOT, "tracengine", "compiled.py"))
 CORE_HASHES, CORE_MODULES, PURE_ENV, GROUP = CORE["CORE_HASHES"], CORE["CORE_MODULES"], CORE["PURE_ENV"], CORE["GROUP"]
+CYTHON_MODULES, source_hash = CORE["CYTHON_MODULES"], CORE["source_hash"]
 PATHS = [os.path.join(*module.split(".")) + ".py" for module in CORE_MODULES]
+MYPYC_PATHS = [path for module, path in zip(CORE_MODULES, PATHS) if module not in CYTHON_MODULES]
 NATIVE = os.path.join("tracengine", "engine", "native.py")
 
 
@@ -39,13 +41,27 @@ def core_extensions() -> list:
         say("mypyc is not installed: installing the pure-Python core (pip install mypy, then reinstall, to compile it)")
         return []
     try:
+        from Cython.Build import cythonize
+    except ImportError:
+        say("Cython is not installed: installing the pure-Python core (pip install cython, then reinstall, to compile it)")
+        return []
+    try:
         # only the core is read: what it imports from elsewhere is dynamic to it (Any), so a change there never
         # leaves stale compiled types behind, and the build reads no third-party package (torch)
-        # (native.py too, read and not compiled: its mypyc_attr is mypy_extensions')
-        return mypycify(["--follow-imports=skip", "--ignore-missing-imports", *PATHS, NATIVE], only_compile_paths=PATHS,
-                        opt_level="3", group_name=GROUP)
+        # (native.py and the Cython modules too, read and not compiled by mypyc: called as Python modules)
+        extensions = mypycify(["--follow-imports=skip", "--ignore-missing-imports", *PATHS, NATIVE],
+                              only_compile_paths=MYPYC_PATHS, opt_level="3", group_name=GROUP)
     except BaseException as error:     # mypyc reports a type error by exiting
         say(f"mypyc could not compile the core ({first_line(error)}): installing the pure-Python core")
+        return []
+    try:
+        # the .pxd beside each module gives its C types; the .py's annotations are for mypy
+        return extensions + cythonize([os.path.join(*module.split(".")) + ".py" for module in CYTHON_MODULES],
+                                      quiet=True, build_dir=os.path.join("build", "cython"), compiler_directives={
+                                          "language_level": 3, "annotation_typing": False,
+                                          "boundscheck": False, "wraparound": False})
+    except BaseException as error:
+        say(f"Cython could not compile the core ({first_line(error)}): installing the pure-Python core")
         return []
 
 
@@ -64,9 +80,8 @@ class BuildCore(build_ext):
             return
         package = ROOT if self.inplace else self.build_lib
         with open(os.path.join(package, "tracengine", CORE_HASHES), "w") as f:
-            for module, path in zip(CORE_MODULES, PATHS):
-                with open(os.path.join(ROOT, path), "rb") as source:
-                    f.write(f"{hashlib.sha256(source.read()).hexdigest()} {module}\n")
+            for module in CORE_MODULES:
+                f.write(f"{source_hash(module)} {module}\n")
 
     def remove_outputs(self):
         for ext in self.extensions:

@@ -201,6 +201,7 @@ def position_digest(data: bytes) -> int:
     return 1 if len(data) == 32 else int.from_bytes(data[:8], "little") + 1
 
 
+@pytest.mark.patches_core     # patches xxhash, which the compiled hasher does not call
 @pytest.mark.parametrize("colliding", [0, 1, 2])
 def test_a_hash_collision_ends_the_hits_at_the_block_whose_tokens_differ(colliding, monkeypatch):
     """A cached block under the prompt's hash but holding other tokens (a collision: here every
@@ -229,6 +230,7 @@ def chain_of(token_ids, block_size, digest):
     return hashes
 
 
+@pytest.mark.patches_core     # patches xxhash, which the compiled hasher does not call
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 @pytest.mark.parametrize("colliding", [False, True])
 def test_a_sequences_block_hashes_are_the_chain_as_tokens_append(block_size, colliding, monkeypatch):
@@ -302,6 +304,7 @@ def test_a_sequence_without_tokens_is_matched_on_its_hashes_alone():
     assert cache.lookup([11, 12, 13]) == [5] and cache.hashes[6] == -1
 
 
+@pytest.mark.patches_core     # patches xxhash, which the compiled hasher does not call
 def test_a_hash_that_repeats_within_a_prompt_hits_its_block_twice(monkeypatch):
     """With a digest that collides everywhere and equal tokens, both full blocks of a prompt
     map to one block: the table holds it twice, with two references, and it is freed once."""

@@ -103,21 +103,23 @@ def test_pure_python_env_runs_the_python_core():
 
 
 @needs_build
-def test_an_edited_core_module_runs_its_python_and_says_how_to_rebuild(tmp_path):
-    """A copy of the package whose block pool was edited after the build: the Python runs, and
-    one line on stderr says so; the compiled code of the old source never runs."""
+@pytest.mark.parametrize("edited", ["block_pool.py", "block_hasher.pxd"])
+def test_an_edited_core_module_runs_its_python_and_says_how_to_rebuild(tmp_path, edited):
+    """A copy of the package whose block pool (mypyc's), or the C types of whose block hasher
+    (Cython's), were edited after the build: the Python runs, and one line on stderr says so;
+    the compiled code of the old source never runs."""
     copy = tmp_path / "tracengine"
     shutil.copytree(ROOT / "tracengine", copy, ignore=shutil.ignore_patterns("__pycache__"))
     for lib in ROOT.glob("tracengine_core__mypyc*"):      # the group's shared library, beside the package
         shutil.copy(lib, tmp_path)
-    with open(copy / "engine" / "block_pool.py", "a") as f:
-        f.write("\nEDITED = True\n")
-    code = ("import tracengine.compiled as c, tracengine.engine.block_pool as b; "
-            "print(c.CORE, c.is_compiled(), b.EDITED)")
+    with open(copy / "engine" / edited, "a") as f:
+        f.write("\n# edited\n")
+    code = "import tracengine.compiled as c, tracengine.engine.block_pool as b; print(c.CORE, c.is_compiled())"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(tmp_path), compiled.PURE_ENV: "0"})
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "no (stale: tracengine/engine/block_pool.py edited since the build) False True"
+    module = edited.split(".")[0] + ".py"
+    assert result.stdout.strip() == f"no (stale: tracengine/engine/{module} edited since the build) False"
     assert result.stderr.count("\n") == 1 and "rebuild it with `pip install -e .`" in result.stderr
 
 
@@ -188,6 +190,15 @@ def test_without_mypyc_the_install_goes_on_with_the_python_core_and_says_so_once
     (tmp_path / "src").mkdir()
     result = build_in_copy(tmp_path / "src", {"PYTHONPATH": str(hidden)})
     fallback_checked(tmp_path / "src", result, "mypyc is not installed: installing the pure-Python core")
+
+
+def test_without_cython_the_install_goes_on_with_the_python_core_and_says_so_once(tmp_path):
+    hidden = tmp_path / "hidden"        # a Cython that cannot be imported, first on the path
+    (hidden / "Cython").mkdir(parents=True)
+    (hidden / "Cython" / "__init__.py").write_text("raise ImportError('no Cython here')\n")
+    (tmp_path / "src").mkdir()
+    result = build_in_copy(tmp_path / "src", {"PYTHONPATH": str(hidden)})
+    fallback_checked(tmp_path / "src", result, "Cython is not installed: installing the pure-Python core")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mypyc") is None, reason="mypyc is not installed")

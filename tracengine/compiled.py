@@ -1,6 +1,7 @@
 """The compiled core: the hot modules below, compiled by mypyc from this same Python source when
 the package is installed (setup.py), the Python staying the reference (tests/test_compiled_core.py
-runs both and requires the same events).
+runs both and requires the same events). The block hasher is compiled by Cython instead, its C
+types in the .pxd beside it: xxh64 over machine words, which mypyc's integers cannot hold.
 
 An extension module sits before its .py on the import path, so the one that runs is decided here,
 when `tracengine` is imported, before any core module is:
@@ -34,6 +35,7 @@ CORE_MODULES = (
     "tracengine.sim.clock",
     "tracengine.sim.steptime",
 )
+CYTHON_MODULES = ("tracengine.engine.block_hasher",)     # of CORE_MODULES: compiled by Cython, not mypyc
 # Not engine/hash_id_prompt.py: its HashIdPrompt subclasses collections.abc.Sequence, and mypyc's
 # build of that class shares the ABC's registry with it (a list then stopped being a Sequence).
 CORE_HASHES = "compiled_core.txt"     # beside this file: "<sha256 of the source> <module>" a line, written by the build
@@ -47,8 +49,13 @@ def source_path(module: str) -> str:
 
 
 def source_hash(module: str) -> str:
-    with open(source_path(module), "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+    """The hash of the module's source: its .py, and the .pxd beside it that types it where one does."""
+    digest = hashlib.sha256()
+    for path in (source_path(module), source_path(module)[:-3] + ".pxd"):
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                digest.update(f.read())
+    return digest.hexdigest()
 
 
 def built_hashes() -> dict[str, str] | None:

@@ -1,7 +1,14 @@
 """A block's hash: xxh64 over its parent block's digest (8 bytes, little-endian) and its
 token ids as little-endian int64s; the first block of a sequence has no parent. The
 same bytes on every machine, so a `BlockHash` event agrees across machines, and a
-block's hash stands for every token up to the end of that block (the chain)."""
+block's hash stands for every token up to the end of that block (the chain).
+
+Two forms of the one function. The Python core packs the bytes and hashes them with the
+xxhash library (the reference). The compiled core (tracengine/compiled.py) is this module
+compiled by Cython, its types in block_hasher.pxd: it runs xxh64 itself, over the block's
+64-bit words as machine integers, and builds no bytes (`chain_hashes`; the same Python,
+whose masks keep every value to 64 bits as C's unsigned arithmetic does). Tests hold the
+two to each other on both cores."""
 import struct
 from collections.abc import Sequence
 from functools import lru_cache
@@ -11,6 +18,8 @@ import xxhash
 
 PARENT: Final = struct.Struct("<Q")   # a parent block's digest, as it starts its child's bytes
 NO_PARENT: Final = -1
+# Whether this module runs compiled: the compiled form hashes words, the Python bytes.
+COMPILED: Final = not __file__.endswith(".py")
 
 
 def pack_tokens(token_ids: Sequence[int]) -> bytes:
@@ -48,6 +57,14 @@ def compute_hashes(token_ids: Sequence[int], block_size: int, parent: int = NO_P
     num_blocks = (len(token_ids) - start) // block_size
     if num_blocks <= 0:
         return []
+    if COMPILED and (type(token_ids) is list or isinstance(token_ids, range) and token_ids.step == 1
+                     and token_ids.start >= 0 and token_ids.stop <= 2**63):
+        try:
+            return chain_hashes(token_ids if type(token_ids) is list else None,
+                                token_ids[0] if isinstance(token_ids, range) else 0,
+                                start, block_size, num_blocks, parent)
+        except (OverflowError, TypeError):    # a token no int64 holds: the bytes say how, as always
+            pass
     data = pack_tokens(token_ids[start:start + num_blocks * block_size])
     blocks = struct.iter_unpack(f"{block_size * 8}s", data)     # the blocks' bytes, one by one
     digest, pack_parent = xxhash.xxh64_intdigest, PARENT.pack
@@ -57,3 +74,86 @@ def compute_hashes(token_ids: Sequence[int], block_size: int, parent: int = NO_P
         hashes.append(parent)
     hashes += [parent := digest(pack_parent(parent) + block) for (block,) in blocks]
     return hashes
+
+
+# xxh64 (github.com/Cyan4973/xxHash, XXH64 with seed 0) over whole 64-bit words: a block's bytes
+# are its parent's digest, if any, and its tokens, each 8 bytes little-endian.
+MASK64: Final = 0xFFFF_FFFF_FFFF_FFFF
+PRIME64_1: Final = 0x9E3779B185EBCA87
+PRIME64_2: Final = 0xC2B2AE3D27D4EB4F
+PRIME64_3: Final = 0x165667B19E3779F9
+PRIME64_4: Final = 0x85EBCA77C2B2AE63
+PRIME64_5: Final = 0x27D4EB2F165667C5
+LANE1_START: Final = 0x60EA27EEADC0B5D6     # (PRIME64_1 + PRIME64_2) mod 2**64
+LANE4_START: Final = 0x61C8864E7A143579     # -PRIME64_1 mod 2**64
+
+
+def chain_hashes(tokens: list[int] | None, first: int, start: int, block_size: int, num_blocks: int,
+                 parent: int) -> list[int]:
+    """compute_hashes(token_ids, block_size, parent, start) for `num_blocks` blocks, the tokens
+    being `tokens` (a list) or, where it is None, `first`, `first + 1`, ... (a range)."""
+    hashes: list[int] = []
+    has_parent = parent != NO_PARENT
+    digest = parent if has_parent else 0
+    for block in range(num_blocks):
+        digest = block_digest(tokens, first, start + block * block_size, block_size, has_parent, digest)
+        hashes.append(digest)
+        has_parent = True
+    return hashes
+
+
+def block_digest(tokens: list[int] | None, first: int, offset: int, block_size: int, has_parent: bool,
+                 parent: int) -> int:
+    """xxh64 of one block: its words are `parent` (if `has_parent`), then the tokens from `offset` on."""
+    num_words = block_size + has_parent
+    j = 0
+    if num_words >= 4:     # 32-byte stripes, one word to each of the four lanes
+        v1, v2, v3, v4 = LANE1_START, PRIME64_2, 0, LANE4_START
+        while j + 4 <= num_words:
+            v1 = xxh_round(v1, block_word(tokens, first, offset, j, has_parent, parent))
+            v2 = xxh_round(v2, block_word(tokens, first, offset, j + 1, has_parent, parent))
+            v3 = xxh_round(v3, block_word(tokens, first, offset, j + 2, has_parent, parent))
+            v4 = xxh_round(v4, block_word(tokens, first, offset, j + 3, has_parent, parent))
+            j += 4
+        h = (rotate_left(v1, 1) + rotate_left(v2, 7) + rotate_left(v3, 12) + rotate_left(v4, 18)) & MASK64
+        h = merge_round(merge_round(merge_round(merge_round(h, v1), v2), v3), v4)
+    else:
+        h = PRIME64_5
+    h = (h + 8 * num_words) & MASK64
+    while j < num_words:     # the words after the last stripe
+        h ^= xxh_round(0, block_word(tokens, first, offset, j, has_parent, parent))
+        h = (rotate_left(h, 27) * PRIME64_1 + PRIME64_4) & MASK64
+        j += 1
+    h ^= h >> 33
+    h = (h * PRIME64_2) & MASK64
+    h ^= h >> 29
+    h = (h * PRIME64_3) & MASK64
+    return h ^ (h >> 32)
+
+
+def block_word(tokens: list[int] | None, first: int, offset: int, j: int, has_parent: bool, parent: int) -> int:
+    """Word `j` of a block: its parent's digest first (if it has one), then its tokens as int64s."""
+    if has_parent:
+        if j == 0:
+            return parent
+        j -= 1
+    if tokens is None:
+        return (first + offset + j) & MASK64
+    token = tokens[offset + j]
+    if type(token) is not int:     # (a bool, a float): the bytes path takes it, or says why not
+        raise TypeError(f"token id {token!r} is not an int")
+    word = token     # an int64 where compiled: one out of its range raises OverflowError
+    return word & MASK64
+
+
+def xxh_round(acc: int, lane: int) -> int:
+    acc = (acc + lane * PRIME64_2) & MASK64
+    return (rotate_left(acc, 31) * PRIME64_1) & MASK64
+
+
+def merge_round(acc: int, lane: int) -> int:
+    return ((acc ^ xxh_round(0, lane)) * PRIME64_1 + PRIME64_4) & MASK64
+
+
+def rotate_left(x: int, bits: int) -> int:
+    return ((x << bits) | (x >> (64 - bits))) & MASK64
