@@ -27,11 +27,12 @@ class Scheduler:
         `make_block_manager` makes for the config."""
         if config.num_kvcache_blocks <= 0:
             raise ConfigError(f"num_kvcache_blocks must be resolved to a positive count, got {config.num_kvcache_blocks}")
-        self.max_num_seqs = config.max_num_seqs
-        self.max_num_batched_tokens = config.max_num_batched_tokens
-        self.max_model_len = config.max_model_len
-        self.eos = config.eos
-        self.block_size = config.kvcache_block_size
+        # typed here: a Config is dynamic to the compiled core, and these are read per sequence a step
+        self.max_num_seqs: int = config.max_num_seqs
+        self.max_num_batched_tokens: int = config.max_num_batched_tokens
+        self.max_model_len: int = config.max_model_len
+        self.eos: int = config.eos
+        self.block_size: int = config.kvcache_block_size
         self.block_manager = block_manager if block_manager is not None else self.make_block_manager(config, sink)
         self.waiting: deque[Sequence] = deque()   # not fully prefilled: new, mid-chunk, preempted
         self.running: deque[Sequence] = deque()   # prefilled, decoding
@@ -42,7 +43,7 @@ class Scheduler:
         self.num_preemptions = 0   # over the scheduler's life (a server's metrics read it)
         # Speculative decoding (engine/spec_decode.py): drafts are scheduled as tokens of a decode;
         # KV slots past them for a drafter that writes ahead: none for ngram (vLLM's num_lookahead_tokens)
-        self.num_speculative_tokens = config.num_speculative_tokens
+        self.num_speculative_tokens: int = config.num_speculative_tokens
         self.num_lookahead_tokens = 0
 
     @classmethod

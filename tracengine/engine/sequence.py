@@ -31,7 +31,7 @@ class Sequence:
         # list is copied, as its owner may change it.
         self.prompt: list[int] | HashIdPrompt = token_ids if isinstance(token_ids, HashIdPrompt) else list(token_ids)
         self.completion: list[int] = []
-        self.last_token = self.prompt[-1] if self.prompt else -1   # empty: the scheduler refuses it
+        self.last_token: int = self.prompt[-1] if self.prompt else -1   # empty: the scheduler refuses it
         self.num_tokens = len(self.prompt)
         self.num_prompt_tokens = self.num_tokens
         self.num_completion_tokens = 0   # num_tokens - num_prompt_tokens, kept: read for every token
