@@ -88,11 +88,11 @@ def fleet_spec_from_args(args, step_time, base=None, scoped: dict | None = None)
     """The FleetSpec the flags (and the pool and replica --set fields `scoped`) describe over
     `base` (a recorded fleet's; default FleetSpec()), or None for one engine when neither is given
     and there is no base."""
-    from tracengine.fleet.spec import FleetSpec
-    from tracengine.fleet.overrides import resolve
     changes = {**fleet_changes(args), **(scoped or {})}
     if base is None and not changes:
         return None
+    from tracengine.fleet.spec import FleetSpec     # one engine's run has no fleet to describe
+    from tracengine.fleet.overrides import resolve
     return resolve(base if base is not None else FleetSpec(), changes, step_time)[1]
 
 

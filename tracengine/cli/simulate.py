@@ -84,8 +84,11 @@ def run(args) -> int:
     elif vocab_size <= 0:
         raise TracengineError(f"--vocab-size must be positive, got {vocab_size}")
     from tracengine.cli.fleet_commands import fleet_spec_from_args
-    from tracengine.fleet.spec import FleetSpec
-    fleet = fleet_spec_from_args(args, step_time, FleetSpec() if fleet_swept else None, scoped)
+    base = None
+    if fleet_swept:
+        from tracengine.fleet.spec import FleetSpec     # one engine's run has no fleet to describe
+        base = FleetSpec()
+    fleet = fleet_spec_from_args(args, step_time, base, scoped)
     if fleet is not None and fleet.is_single and not fleet_swept:    # one replica: today's simulation, its trace
         from tracengine.cli.fleet_commands import check_fleet_flags_of_one_engine
         check_fleet_flags_of_one_engine(args)

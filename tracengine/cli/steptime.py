@@ -29,7 +29,6 @@ def input_files(args) -> dict:
 
 def step_time_from_args(args):
     """The model the flags name, or None (a what-if then calibrates on its own trace)."""
-    from tracengine.sim.roofline import ModelShape, RooflineStepTime
     from tracengine.sim.steptime import load_step_time
     hardware_flags = any(getattr(args, name, None) is not None
                          for name in ("hardware", "peak_tflops", "bandwidth_tbs", "overhead_ms"))
@@ -40,6 +39,7 @@ def step_time_from_args(args):
             raise TracengineError("--hardware, --peak-tflops, --bandwidth-tbs and --overhead-ms shape a --roofline")
         return load_step_time(args.step_time)
     if args.roofline:
+        from tracengine.sim.roofline import ModelShape, RooflineStepTime    # only a roofline's run reads a model config
         return RooflineStepTime.for_hardware(ModelShape.from_file(args.roofline), args.hardware, args.peak_tflops,
                                              args.bandwidth_tbs, args.overhead_ms)
     if hardware_flags:

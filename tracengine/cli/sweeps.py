@@ -35,8 +35,6 @@ def sweep_options(args, overrides: dict, figures=None, parse=None):
     the sweep's (replay.sweep.IN_TIME, the default, or IN_STEPS), which --plot-figure names one of.
     `parse`: how a swept value is typed (parse_sweep's; a vLLM trace's types vLLM's fields)."""
     from tracengine.analysis.stats import parse_slos
-    from tracengine.sim.sweep import IN_STEPS, IN_TIME, parse_sweep
-    figures = figures or IN_TIME
     check_plot_figure(args)
     slo = parse_slos(args.slo) or None
     check_executor_flags(args, bool(args.sweep))
@@ -44,6 +42,8 @@ def sweep_options(args, overrides: dict, figures=None, parse=None):
         if args.plot or args.jobs is not None:
             raise TracengineError("--plot and --jobs go with --sweep")
         return None, slo
+    from tracengine.sim.sweep import IN_STEPS, IN_TIME, parse_sweep     # one run has no grid: not imported for it
+    figures = figures or IN_TIME
     if slo and figures is IN_STEPS:
         raise TracengineError("--slo objectives are times, and a step-exact sweep (--arrivals steps, or a trace "
                               "without arrival times) has none: its figures are in steps")
