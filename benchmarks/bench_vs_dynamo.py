@@ -31,6 +31,7 @@ The workload is written here, with the statistics of Mooncake's public conversat
 Poisson arrivals, 1,000 requests over about 330 s, about a third of the hash ids repeated
 from earlier requests: conversations whose next turn repeats the turn before)."""
 import argparse
+import compileall
 import json
 import os
 import random
@@ -308,6 +309,9 @@ def main():
                         help="also time tracengine's pure-Python core (TRACENGINE_PURE_PYTHON=1), in turn with the "
                              "others, and check that its events are the compiled core's")
     args = parser.parse_args()
+    # Both sides start from compiled bytecode, as an install leaves it (pip compiles Dynamo's wheels); a
+    # checkout under PYTHONDONTWRITEBYTECODE=1 would otherwise compile tracengine's modules in every run.
+    compileall.compile_dir(os.path.join(ROOT, "tracengine"), quiet=1)
     print(subprocess.run([sys.executable, "-m", "tracengine.cli", "--version"], capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": ROOT}).stdout.splitlines()[-1])
     with tempfile.TemporaryDirectory() as tmp:
