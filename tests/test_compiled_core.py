@@ -183,22 +183,14 @@ def fallback_checked(tmp_path, result: subprocess.CompletedProcess, why: str):
     assert version.stdout.splitlines()[1] == "compiled core: no (not built: pure-Python install)"
 
 
-def test_without_mypyc_the_install_goes_on_with_the_python_core_and_says_so_once(tmp_path):
-    hidden = tmp_path / "hidden"        # a mypyc that cannot be imported, first on the path
-    (hidden / "mypyc").mkdir(parents=True)
-    (hidden / "mypyc" / "__init__.py").write_text("raise ImportError('no mypyc here')\n")
+@pytest.mark.parametrize("compiler", ["mypyc", "Cython"])
+def test_without_a_compiler_package_the_install_goes_on_with_the_python_core_and_says_so_once(tmp_path, compiler):
+    hidden = tmp_path / "hidden"        # a compiler package that cannot be imported, first on the path
+    (hidden / compiler).mkdir(parents=True)
+    (hidden / compiler / "__init__.py").write_text(f"raise ImportError('no {compiler} here')\n")
     (tmp_path / "src").mkdir()
     result = build_in_copy(tmp_path / "src", {"PYTHONPATH": str(hidden)})
-    fallback_checked(tmp_path / "src", result, "mypyc is not installed: installing the pure-Python core")
-
-
-def test_without_cython_the_install_goes_on_with_the_python_core_and_says_so_once(tmp_path):
-    hidden = tmp_path / "hidden"        # a Cython that cannot be imported, first on the path
-    (hidden / "Cython").mkdir(parents=True)
-    (hidden / "Cython" / "__init__.py").write_text("raise ImportError('no Cython here')\n")
-    (tmp_path / "src").mkdir()
-    result = build_in_copy(tmp_path / "src", {"PYTHONPATH": str(hidden)})
-    fallback_checked(tmp_path / "src", result, "Cython is not installed: installing the pure-Python core")
+    fallback_checked(tmp_path / "src", result, f"{compiler} is not installed: installing the pure-Python core")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mypyc") is None, reason="mypyc is not installed")
