@@ -12,7 +12,7 @@ two to each other on both cores."""
 import struct
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Final
+from typing import Final, TypeGuard
 
 import xxhash
 
@@ -25,9 +25,14 @@ COMPILED: Final = not __file__.endswith(".py")
 def pack_tokens(token_ids: Sequence[int]) -> bytes:
     """Token ids as the little-endian int64s that the hash covers. A run of consecutive ids that
     are not negative (a hash-id prompt's blocks, hash_id_prompt.py) is packed as one number."""
-    if isinstance(token_ids, range) and token_ids.step == 1 and token_ids.start >= 0 and token_ids.stop <= 2**63:
+    if is_id_run(token_ids):
         return pack_range(token_ids.start, len(token_ids))
     return struct.pack(f"<{len(token_ids)}q", *token_ids)
+
+
+def is_id_run(token_ids: Sequence[int]) -> TypeGuard[range]:
+    """Whether `token_ids` is a range of consecutive ids that are not negative and that int64s hold."""
+    return isinstance(token_ids, range) and token_ids.step == 1 and token_ids.start >= 0 and token_ids.stop <= 2**63
 
 
 def pack_range(first: int, n: int) -> bytes:
@@ -57,12 +62,12 @@ def compute_hashes(token_ids: Sequence[int], block_size: int, parent: int = NO_P
     num_blocks = (len(token_ids) - start) // block_size
     if num_blocks <= 0:
         return []
-    if COMPILED and (type(token_ids) is list or isinstance(token_ids, range) and token_ids.step == 1
-                     and token_ids.start >= 0 and token_ids.stop <= 2**63):
+    if COMPILED:
         try:
-            return chain_hashes(token_ids if type(token_ids) is list else None,
-                                token_ids[0] if isinstance(token_ids, range) else 0,
-                                start, block_size, num_blocks, parent)
+            if is_id_run(token_ids):
+                return chain_hashes(None, token_ids.start, start, block_size, num_blocks, parent)
+            if type(token_ids) is list:
+                return chain_hashes(token_ids, 0, start, block_size, num_blocks, parent)
         except (OverflowError, TypeError):    # a token no int64 holds: the bytes say how, as always
             pass
     data = pack_tokens(token_ids[start:start + num_blocks * block_size])
