@@ -17,6 +17,7 @@ CORE_HASHES, CORE_MODULES, PURE_ENV, GROUP = CORE["CORE_HASHES"], CORE["CORE_MOD
 CYTHON_MODULES, source_hash = CORE["CYTHON_MODULES"], CORE["source_hash"]
 PATHS = [os.path.join(*module.split(".")) + ".py" for module in CORE_MODULES]
 MYPYC_PATHS = [path for module, path in zip(CORE_MODULES, PATHS) if module not in CYTHON_MODULES]
+CYTHON_PATHS = [path for module, path in zip(CORE_MODULES, PATHS) if module in CYTHON_MODULES]
 NATIVE = os.path.join("tracengine", "engine", "native.py")
 
 
@@ -31,7 +32,7 @@ def first_line(error: BaseException, limit: int = 160) -> str:
 
 
 def core_extensions() -> list:
-    """mypyc's extensions of the core modules, or none (and why, once) where it cannot build them."""
+    """The core modules' extensions, mypyc's and Cython's, or none (and why, once) where they cannot be built."""
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
         say(f"{PURE_ENV}=1: installing the pure-Python core, not compiling it")
         return []
@@ -56,10 +57,9 @@ def core_extensions() -> list:
         return []
     try:
         # the .pxd beside each module gives its C types; the .py's annotations are for mypy
-        return extensions + cythonize([os.path.join(*module.split(".")) + ".py" for module in CYTHON_MODULES],
-                                      quiet=True, build_dir=os.path.join("build", "cython"), compiler_directives={
-                                          "language_level": 3, "annotation_typing": False,
-                                          "boundscheck": False, "wraparound": False})
+        return extensions + cythonize(CYTHON_PATHS, quiet=True, build_dir=os.path.join("build", "cython"),
+                                      compiler_directives={"language_level": 3, "annotation_typing": False,
+                                                           "boundscheck": False, "wraparound": False})
     except BaseException as error:
         say(f"Cython could not compile the core ({first_line(error)}): installing the pure-Python core")
         return []

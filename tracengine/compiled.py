@@ -6,7 +6,7 @@ types in the .pxd beside it: xxh64 over machine words, which mypyc's integers ca
 An extension module sits before its .py on the import path, so the one that runs is decided here,
 when `tracengine` is imported, before any core module is:
 
-- no extension built (no C compiler or no mypyc at install time): the Python, as always;
+- no extension built (no C compiler, mypyc or Cython at install time): the Python, as always;
 - TRACENGINE_PURE_PYTHON=1: the Python, the extensions skipped;
 - a core .py edited since its extension was built (its hash is not the one the build recorded
   in CORE_HASHES), or extensions without that record: the Python, and one line on stderr saying
