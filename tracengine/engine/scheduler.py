@@ -209,7 +209,8 @@ class Scheduler:
         step's phase, is for a policy that overrides this; the rules here need only the counts.)
         A token is an int, or a verify step's list of them (a sequence with drafts)."""
         finished: list[Sequence] = []
-        block_size = self.block_size
+        block_size, step = self.block_size, self.step
+        emit = self.sink.emit if self.sink.enabled else None     # looked up once a step, not once a token
         for seq, sampled in zip(seqs, token_ids):
             if seq.spec_token_ids:
                 self._append_verified(seq, sampled, finished)
@@ -222,12 +223,12 @@ class Scheduler:
             seq.num_scheduled_tokens = 0
             if num_computed < seq.num_tokens:
                 # a middle chunk: its sample is not at the end of the prompt, and is dropped
-                if self.sink.enabled:
-                    self.sink.emit(TokenSample(self.step, seq.seq_id, token_id, False))
+                if emit is not None:
+                    emit(TokenSample(step, seq.seq_id, token_id, False))
                 continue
             seq.append_token(token_id)
-            if self.sink.enabled:
-                self.sink.emit(TokenSample(self.step, seq.seq_id, token_id, True))
+            if emit is not None:
+                emit(TokenSample(step, seq.seq_id, token_id, True))
             if token_id == self.eos and not seq.ignore_eos:
                 self._finish(seq, "eos", finished)
             elif seq.num_completion_tokens == seq.max_tokens or seq.num_tokens >= self.max_model_len:
