@@ -177,15 +177,12 @@ def test_a_local_sweep_imports_no_ray(workload, roofline, tmp_path):
 def test_a_schedulers_makers_are_named_by_path_and_resolve_to_its_record():
     """A worker makes a variant from its maker's `module:RECORD.method` path, so each record's
     label is its own name in its module, and the path resolves to the record's method."""
-    import functools
-    import importlib
-
+    from tracengine.engine.user_classes import resolve
     from tracengine.replay import scheduler_backends
     for record in (scheduler_backends.VLLM, scheduler_backends.SGLANG):
         assert getattr(scheduler_backends, record.label) is record
         for maker, method in ((record.TIMED, "timed_runner"), (record.STEPS, "step_runner"),
                               (record.SIMULATE, "simulate_runner")):
-            module, _, name = maker.partition(":")
-            assert functools.reduce(getattr, name.split("."), importlib.import_module(module)) == getattr(record, method)
+            assert resolve(maker) == getattr(record, method)
         for path in (record.timed, record.steps, record.simulation, record.check_version, record.reexecute):
-            assert callable(scheduler_backends.load(path))
+            assert callable(resolve(path))

@@ -19,7 +19,7 @@ def run_scheduler_replay(args, backend, overrides_of, parse, policy_hint: str) -
     from tracengine.cli.outputs import note_torn_tail
     from tracengine.cli.steptime import step_time_from_args
     from tracengine.cli.sweeps import check_executor_flags, check_plot_figure
-    from tracengine.replay.scheduler_backends import load
+    from tracengine.engine.user_classes import resolve
     if args.policy:
         raise TraceError(f"--policy names a tracengine scheduling policy; {backend.a_trace} runs {backend.name}'s "
                          f"scheduler ({policy_hint})")
@@ -31,7 +31,7 @@ def run_scheduler_replay(args, backend, overrides_of, parse, policy_hint: str) -
         header = reader.header
     note_not_recorded(header)
     if args.state is None or names_fields(args):    # --state alone folds the trace (replay/*_fold.py): no engine
-        load(backend.check_version)(header)
+        resolve(backend.check_version)(header)
     overrides = overrides_of(args, header.config)
     replay_runs.check_flags_combine(args, overrides)
     if args.state is not None:
@@ -39,7 +39,7 @@ def run_scheduler_replay(args, backend, overrides_of, parse, policy_hint: str) -
     step_time = step_time_from_args(args)
     timed = args.arrivals == "time" or step_time is not None
     if not (overrides or args.record or timed or args.sweep):
-        return replay_runs.run_replay(args.trace, args.json, replayer=load(backend.reexecute))
+        return replay_runs.run_replay(args.trace, args.json, replayer=resolve(backend.reexecute))
     if timed and args.arrivals == "steps":
         raise TraceError("--step-time and --roofline time a what-if in simulated time; "
                          "they do not combine with --arrivals steps")
@@ -54,8 +54,8 @@ def run_scheduler_replay(args, backend, overrides_of, parse, policy_hint: str) -
                                            lambda text: parse(text, header.config))
     if timed:
         return replay_runs.run_timed_whatif(args.trace, events, overrides, args.record, step_time,
-                                           as_json=args.json, timed_whatif=load(backend.timed_whatif))
-    return replay_runs.print_whatif(args.trace, load(backend.whatif)(events, overrides), args.record, args.json)
+                                           as_json=args.json, timed_whatif=resolve(backend.timed_whatif))
+    return replay_runs.print_whatif(args.trace, resolve(backend.whatif)(events, overrides), args.record, args.json)
 
 
 def note_not_recorded(header) -> None:

@@ -5,9 +5,9 @@ Ray, makes the same variant object from the same source: `module:VLLM.timed_runn
 prepares a sweep of a trace's what-ifs, and the check of the installed engine's version. A third
 backend is one more record here. The paths are imported only when used: replay/ sits below the
 backends' folders (docs/architecture.md), as sim/spec.py names fleet/'s maker."""
-import importlib
 from dataclasses import dataclass
 
+from tracengine.engine.user_classes import resolve
 from tracengine.errors import TraceVersionError
 from tracengine.sim.spec import PreparedSources, Source, SweepSpec, step_time_of
 
@@ -21,12 +21,6 @@ def check_engine_version(engine: str, require, recorded: str) -> str:
         raise TraceVersionError(f"the trace was recorded with {engine} {recorded}; the installed {engine} is "
                                 f"{version} (a replay needs the recorded version)")
     return version
-
-
-def load(path: str):
-    """The object a `module:name` path names."""
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 @dataclass(frozen=True)
@@ -68,32 +62,29 @@ class SchedulerBackend:
     def timed_runner(self, spec: SweepSpec, events: list):
         """replay/timed.TimedVariant over this scheduler."""
         from tracengine.replay.timed import TimedVariant
-        return TimedVariant(load(self.timed)(events, step_time_of(spec.step_time)), spec.base, spec.slo)
+        return TimedVariant(resolve(self.timed)(events, step_time_of(spec.step_time)), spec.base, spec.slo)
 
     def step_runner(self, spec: SweepSpec, events: list):
         """replay/timed.StepVariant over this scheduler."""
         from tracengine.replay.timed import StepVariant
-        return StepVariant(load(self.steps)(events), spec.base)
+        return StepVariant(resolve(self.steps)(events), spec.base)
 
     def simulate_runner(self, spec: SweepSpec, requests):
         """`simulate --scheduler NAME`'s variants."""
         from tracengine.sim.sweep import SimulateVariant
-        return SimulateVariant(requests, spec.base, step_time_of(spec.step_time), spec.slo, load(self.simulation))
+        return SimulateVariant(requests, spec.base, step_time_of(spec.step_time), spec.slo, resolve(self.simulation))
 
     def prepare_timed(self, prepared: PreparedSources, source: Source, events: list, step_time, trace_name: str,
                       base: dict, slo, policy=None):
-        """As replay/sweeps.prepare_timed (`policy` is tracengine's: this scheduler's trace has none)."""
+        """As replay/sweeps.prepare_timed (`policy` is tracengine's: this scheduler's trace has none). The
+        caller checked the trace's engine version (cli/scheduler_backend.run_scheduler_replay)."""
         from tracengine.replay.timed import prepare_timed_sweep
-        from tracengine.trace.tracelog import split_header
-        load(self.check_version)(split_header(events)[0])
-        return prepare_timed_sweep(prepared, source, events, load(self.timed)(events, step_time, trace_name),
+        return prepare_timed_sweep(prepared, source, events, resolve(self.timed)(events, step_time, trace_name),
                                    self.TIMED, base, slo)
 
     def prepare_steps(self, prepared: PreparedSources, source: Source, events: list, base: dict,
                       policy=None) -> SweepSpec:
         """As replay/sweeps.prepare_steps."""
-        from tracengine.trace.tracelog import split_header
-        load(self.check_version)(split_header(events)[0])
         prepared.add(source, events)
         return SweepSpec(self.STEPS, source.digest, base, None)
 

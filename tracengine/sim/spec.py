@@ -9,15 +9,14 @@ source gives the same row: a forked worker, a Ray worker on another node, this p
 The source is read once per process (`PreparedSources`): from its path on this machine, or
 from the bytes a worker elsewhere was sent."""
 import dataclasses
-import functools
 import hashlib
-import importlib
 import json
 import math
 import os
 import tempfile
 from dataclasses import dataclass, field
 
+from tracengine.engine.user_classes import resolve
 from tracengine.errors import TracengineError
 from tracengine.workload.sources import WorkloadSpec
 
@@ -162,9 +161,7 @@ def make_runner(spec: SweepSpec, read):
     """The variant object (`check(overrides)`, `__call__(overrides) -> row`, `figures`) that
     `spec.maker` makes of the source as read. A maker is named, not passed, so that a spec stays
     data; the what-ifs of a trace have theirs in replay/sweeps.py (sim imports nothing of replay)."""
-    module, _, name = spec.maker.partition(":")
-    # `module:name.attribute` too (an entry point's form): a method of a module-level record
-    return functools.reduce(getattr, name.split("."), importlib.import_module(module))(spec, read)
+    return resolve(spec.maker)(spec, read)     # `module:record.method` too: a method of a module-level record
 
 
 def simulate_runner(spec: SweepSpec, requests):
