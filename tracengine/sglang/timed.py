@@ -22,9 +22,7 @@ import msgspec
 from tracengine.errors import TraceError, TracengineError
 from tracengine.replay.timed import TimedWorkload
 from tracengine.sim.engine import as_simulated
-from tracengine.sim.clock import Stepped, in_arrival_order, run_in_time
-from tracengine.sim.steptime import step_shape
-from tracengine.trace.events import prefill_flags
+from tracengine.sim.clock import Stepped, decision_times, in_arrival_order, run_in_time
 
 
 class SglangClockedEngine:
@@ -95,10 +93,11 @@ class SglangClockedEngine:
     def step(self) -> Stepped:
         """The step at `next_step_ns()`: arrivals and departures, then the loop's iterations until
         one runs a batch (none runs when every request left)."""
-        from tracengine.sglang.drive import abort_request, generate_request, has_work
+        from tracengine.sglang.drive import abort_request, generate_request, has_work, iterate
         scheduler, start = self.scheduler, self.start_ns
-        iterate = self._iterate
-        self.at_ns = start
+        if self.overlap:        # its iterations on the overlap loop's clocks, from the step's start
+            iterate = self._overlap_iterate
+            self.at_ns = start
         inputs = [generate_request(s.request_id, s.prompt_token_ids, s.max_tokens, ignore_eos=not s.eos_after)
                   for s in self.queued]
         self.queued.clear()
@@ -124,7 +123,7 @@ class SglangClockedEngine:
     def _times(self, step: int) -> tuple:
         """The step under way lasts what the step-time model says for its batch (the recorder
         asks, writing its StepEnd)."""
-        schedule_ns, model_ns, postprocess_ns = self._predict(self.recorder.last_decision)
+        schedule_ns, model_ns, postprocess_ns = decision_times(self.step_time, self.recorder.last_decision)
         times = (schedule_ns, model_ns, postprocess_ns, self.start_ns - self.end_ns)
         self.end_ns = self.start_ns + schedule_ns + model_ns + postprocess_ns
         self.num_steps += 1
@@ -132,13 +131,11 @@ class SglangClockedEngine:
 
     # -- the overlap loop's clock --------------------------------------------------------------
 
-    def _iterate(self, scheduler) -> bool:
-        """One iteration of SGLang's loop (drive.iterate); in the overlap loop, on its clocks: it
-        starts at `at_ns`, and a batch it chose and launched with no result processed after (the
-        first, or one after an iteration with none) costs the CPU its scheduling."""
+    def _overlap_iterate(self, scheduler) -> bool:
+        """One iteration of SGLang's overlap loop (drive.iterate) on its clocks: it starts at `at_ns`,
+        and a batch it chose and launched with no result processed after (the first, or one after an
+        iteration with none) costs the CPU its scheduling."""
         from tracengine.sglang.drive import iterate
-        if not self.overlap:
-            return iterate(scheduler)
         at = self.at_ns
         if self.interval is None:
             self.interval = [at - self.end_ns, 0]
@@ -163,15 +160,8 @@ class SglangClockedEngine:
             return None
         step = self.recorder.num_decided - 1
         if step not in self.predicted:
-            self.predicted[step] = self._predict(self.recorder.last_decision)
+            self.predicted[step] = decision_times(self.step_time, self.recorder.last_decision)
         return step
-
-    def _predict(self, decision) -> tuple[int, int, int]:
-        """(schedule_ns, model_ns, postprocess_ns) of a batch, by the step-time model."""
-        flags = prefill_flags(decision)
-        is_prefill = any(flags)
-        shape = step_shape((s.num_tokens, s.num_cached_tokens) for s in decision.seqs)
-        return self.step_time.predict(is_prefill, *shape, mixed=is_prefill and not all(flags))
 
     def _launch(self, step: int, at_ns: int) -> None:
         """The batch of `step` goes to the device at `at_ns`: its forward runs once the one before is done."""

@@ -14,6 +14,8 @@ from tracengine.engine.native import mypyc_attr
 from tracengine.errors import TracengineError
 from tracengine.engine.request import Request
 from tracengine.engine.sampling_params import SamplingParams
+from tracengine.sim.steptime import step_shape
+from tracengine.trace.events import prefill_flags
 from tracengine.workload.sessions import NOT_HELD, session_turn
 
 PROGRESS_EVERY = 512     # steps between two calls of a run's `on_progress`
@@ -73,6 +75,16 @@ def run_in_time(engine, take, sessions=None, max_steps: int = 10_000_000, on_pro
     if on_progress is not None:
         on_progress(num_finished, end_ns)
     return num_steps
+
+
+def decision_times(step_time: Any, decision: Any) -> tuple[int, int, int]:
+    """(schedule_ns, model_ns, postprocess_ns) that `step_time` gives the batch of a recorded
+    ScheduleDecision (a prefill step that also decodes is `mixed`): how an engine whose scheduler
+    records its decisions (vLLM's, SGLang's) times its steps."""
+    flags = prefill_flags(decision)
+    is_prefill = any(flags)
+    shape = step_shape((s.num_tokens, s.num_cached_tokens) for s in decision.seqs)
+    return step_time.predict(is_prefill, *shape, mixed=is_prefill and not all(flags))
 
 
 def in_arrival_order(requests: list, arrival: str = "arrival_ns"):

@@ -10,9 +10,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tracengine.errors import TracengineError
-from tracengine.sim.clock import Stepped, in_arrival_order, run_in_time
-from tracengine.sim.steptime import step_shape
-from tracengine.trace.events import ScheduleDecision, prefill_flags
+from tracengine.sim.clock import Stepped, decision_times, in_arrival_order, run_in_time
+from tracengine.trace.events import ScheduleDecision
 from tracengine.vllm.synthetic import synthetic_acceptance
 
 EOS_TOKEN_ID = 2
@@ -320,11 +319,7 @@ class VllmClockedEngine:
     def _time(self, step: int, start: int) -> None:
         """The step just scheduled lasts what the step-time model says for its batch."""
         decision = next(e for e in self.recorder.steps[step] if type(e) is ScheduleDecision)
-        flags = prefill_flags(decision)
-        is_prefill = any(flags)
-        shape = step_shape((s.num_tokens, s.num_cached_tokens) for s in decision.seqs)
-        schedule_ns, model_ns, postprocess_ns = self.step_time.predict(is_prefill, *shape,
-                                                                       mixed=is_prefill and not all(flags))
+        schedule_ns, model_ns, postprocess_ns = decision_times(self.step_time, decision)
         self.times[step] = (schedule_ns, model_ns, postprocess_ns, start - self.end_ns)
         self.end_ns = start + schedule_ns + model_ns + postprocess_ns
 
