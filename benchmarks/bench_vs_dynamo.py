@@ -154,10 +154,21 @@ def tracengine_argv(workload: str, step_time: str, block_size: int, record: str 
     return argv + (["--record", record, "--force"] if record else [])
 
 
+def child_env(env_extra: dict | None = None) -> dict:
+    """The environment of a tracengine child process: this checkout first on its path."""
+    return {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env_extra or {})}
+
+
+def run_python(code: str, *argv: str) -> str:
+    """What `python -c code argv...` prints, run in this checkout."""
+    return subprocess.run([sys.executable, "-c", code, *argv], env=child_env(), cwd=ROOT, check=True,
+                          capture_output=True, text=True).stdout
+
+
 def timed(argv: list[str], env_extra: dict | None = None) -> tuple[float, float, float]:
     """(wall seconds, peak RSS in MB, CPU seconds) of a whole process. This process stays small
     (it imports no tracengine): a child's peak RSS counts what it was forked with."""
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env_extra or {})}
+    env = child_env(env_extra)
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=ROOT)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -202,9 +213,7 @@ def same_events(trace: str, other: str) -> str:
     code = ("import sys; from tracengine.trace.reader import open_trace; "
             "a, b = (list(open_trace(p))[1:] for p in sys.argv[1:]); "
             "print(f'the same ({len(a):,} events)' if a == b else 'DIFFERENT')")
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-c", code, trace, other], env=env, cwd=ROOT, check=True,
-                          capture_output=True, text=True).stdout.strip()
+    return run_python(code, trace, other).strip()
 
 
 # A fleet's trace: the same figures over the whole fleet (fleet/stats.py), the hit rate of its tokens
@@ -214,7 +223,7 @@ from tracengine.fleet.stats import fleet_stats
 s = fleet_stats(sys.argv[1])
 lat = s["latency"]
 print(json.dumps({"duration_ms": s["duration_s"] * 1e3,
-                  **{f"{name}_{q}_ms": getattr(lat[name], "mean" if q == "mean" else q) * 1e3
+                  **{f"{name}_{q}_ms": getattr(lat[name], q) * 1e3
                      for name in ("ttft", "tpot", "e2e") for q in ("mean", "p50", "p99")},
                   "cache_hit_rate": s["token_hit_rate"],
                   "preemptions": sum(r["stats"]["preemption"]["num_preemptions"] for r in s["replicas"])}))
@@ -222,9 +231,7 @@ print(json.dumps({"duration_ms": s["duration_s"] * 1e3,
 
 
 def tracengine_figures(trace: str, fleet: bool = False) -> dict:
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return json.loads(subprocess.run([sys.executable, "-c", FLEET_FIGURES if fleet else FIGURES, trace], env=env, cwd=ROOT, check=True,
-                                     capture_output=True, text=True).stdout)
+    return json.loads(run_python(FLEET_FIGURES if fleet else FIGURES, trace))
 
 
 def dynamo_figures(summary: dict) -> dict:
@@ -312,8 +319,7 @@ def main():
     # Both sides start from compiled bytecode, as an install leaves it (pip compiles Dynamo's wheels); a
     # checkout under PYTHONDONTWRITEBYTECODE=1 would otherwise compile tracengine's modules in every run.
     compileall.compile_dir(os.path.join(ROOT, "tracengine"), quiet=1)
-    print(subprocess.run([sys.executable, "-m", "tracengine.cli", "--version"], capture_output=True, text=True, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": ROOT}).stdout.splitlines()[-1])
+    print(run_python("from tracengine.cli.main import main; main(['--version'])").splitlines()[-1])
     with tempfile.TemporaryDirectory() as tmp:
         step_time = os.path.join(tmp, "fixed.json")
         fixed_step_time(step_time)
