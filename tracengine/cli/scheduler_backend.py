@@ -4,6 +4,7 @@ fields a command line names (cli/vllm_backend.py, cli/sglang_backend.py): re-exe
 --state, the what-if in steps or in simulated time, sweeps of either; and `simulate --scheduler
 vllm|sglang` once the backend read its config. The output is the one `replay` and `simulate`
 print for tracengine's traces and workloads."""
+from tracengine.engine.config import parse_field
 from tracengine.errors import ConfigError, TraceError
 from tracengine.trace.tracelog import TraceReader
 
@@ -90,31 +91,7 @@ def set_fields(texts, config: dict, parse, flags: dict | None = None) -> dict:
 def parsed_field(text: str, config: dict, engine: str, settable: list, aliases: dict | None = None):
     """`NAME=VALUE` (--set, --sweep's values) as one of `engine`'s `settable` fields (`aliases`: a
     name's other names) and its value, typed as `config` has it."""
-    name, sep, raw = text.partition("=")
-    name = name.strip().replace("-", "_")
-    name = (aliases or {}).get(name, name)
-    if not sep:
-        raise ConfigError(f"expected NAME=VALUE, got {text!r}")
-    if name not in settable:
-        raise ConfigError(f"unknown {engine} config field {name!r}; known: {', '.join(settable)}")
-    return name, typed(name, raw.strip(), config.get(name))
-
-
-def typed(name: str, raw: str, recorded):
-    """`raw` as the type of the recorded value (a number, a bool, a string; "none" for None)."""
-    if raw.lower() == "none":
-        return None
-    kinds = [type(recorded)] if recorded is not None else [int, float, str]
-    for kind in kinds:
-        try:
-            if kind is bool:
-                if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError(raw)
-                return raw.lower() in ("true", "1", "yes")
-            return kind(raw)
-        except ValueError:
-            continue
-    raise ConfigError(f"{name} expects {type(recorded).__name__}, got {raw!r}")
+    return parse_field(text, config, settable, f"{engine} config field", aliases)
 
 
 def simulate_through_scheduler(args, name: str, config: dict, variants, slo, step_time, simulate, sweep_runner: str,

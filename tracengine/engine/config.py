@@ -229,25 +229,42 @@ FIELD_ALIASES = {"block_size": "kvcache_block_size"}
 
 def parse_override(text: str) -> tuple[str, object]:
     """`name=value` from the command line, typed by the field's default."""
+    defaults = {name: f.default for name, f in Config.__dataclass_fields__.items()}
+    return parse_field(text, defaults, field_names(), "config field", FIELD_ALIASES, none=False)
+
+
+def parse_field(text: str, values: dict, known: list[str], what: str, aliases: dict | None = None,
+                none: bool = True) -> tuple[str, object]:
+    """`NAME=VALUE` (--set, --sweep's values) as one of the `known` fields (`what` they are; `aliases`:
+    a name's other names) and its value, typed as `values` has it (`none`: "none" sets None)."""
     name, sep, raw = text.partition("=")
     name = name.strip().replace("-", "_")
-    name = FIELD_ALIASES.get(name, name)
+    name = (aliases or {}).get(name, name)
     if not sep:
         raise ConfigError(f"expected NAME=VALUE, got {text!r}")
-    defaults = Config.__dataclass_fields__
-    if name not in defaults:
-        raise ConfigError(f"unknown config field {name!r}; known: {', '.join(field_names())}")
-    kind = type(defaults[name].default)
-    raw = raw.strip()
-    try:
-        if kind is bool:
-            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(raw)
-            return name, raw.lower() in ("true", "1", "yes")
-        return name, kind(raw)
-    except ValueError:
-        article = "an" if kind.__name__[0] in "aeiou" else "a"
-        raise ConfigError(f"{name} expects {article} {kind.__name__}, got {raw!r}") from None
+    if name not in known:
+        raise ConfigError(f"unknown {what} {name!r}; known: {', '.join(known)}")
+    return name, typed_value(name, raw.strip(), values.get(name), none)
+
+
+def typed_value(name: str, raw: str, like: object, none: bool = True) -> object:
+    """`raw` as the type of `like` (a number, a bool, a string; any of them where `like` is None;
+    `none`: "none" is None)."""
+    if none and raw.lower() == "none":
+        return None
+    kinds = [type(like)] if like is not None else [int, float, str]
+    for kind in kinds:
+        try:
+            if kind is bool:
+                if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(raw)
+                return raw.lower() in ("true", "1", "yes")
+            return kind(raw)
+        except ValueError:
+            continue
+    kind_name = type(like).__name__
+    article = "an" if kind_name[0] in "aeiou" else "a"
+    raise ConfigError(f"{name} expects {article} {kind_name}, got {raw!r}")
 
 
 def cpu_tier_num_blocks(kv_offloading_size: float, kv_bytes_per_token: int, block_size: int) -> int:
