@@ -22,6 +22,7 @@ import sys
 
 CORE_MODULES = (
     "tracengine.engine.block_hasher",
+    "tracengine.engine.hash_id_blocks",
     "tracengine.engine.free_block_queue",
     "tracengine.engine.block_pool",
     "tracengine.engine.prefix_cache",
@@ -37,7 +38,8 @@ CORE_MODULES = (
 )
 CYTHON_MODULES = ("tracengine.engine.block_hasher",)     # of CORE_MODULES: compiled by Cython, not mypyc
 # Not engine/hash_id_prompt.py: its HashIdPrompt subclasses collections.abc.Sequence, and mypyc's
-# build of that class shares the ABC's registry with it (a list then stopped being a Sequence).
+# build of that class shares the ABC's registry with it (a list then stopped being a Sequence);
+# the hashing of its blocks is engine/hash_id_blocks.py.
 CORE_HASHES = "compiled_core.txt"     # beside this file: "<sha256 of the source> <module>" a line, written by the build
 PURE_ENV = "TRACENGINE_PURE_PYTHON"
 GROUP = "tracengine_core"     # mypyc's group: one shared library beside the package, which every module's extension loads
