@@ -12,6 +12,7 @@ import os
 from array import array
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import Final
 
 from tracengine.analysis.spec_decoding import SpecCounts
 from tracengine.analysis.cpu_tier import FOLD as CPU_TIER_FOLD, CpuTierRecord
@@ -60,10 +61,10 @@ class StepFigures:
     """What `stats` reads of the steps, folded as each ends: a run folded live keeps these sums,
     not its steps. Phases are a decision's ("prefill", "decode", "mixed"); `kind_tokens` splits
     a mixed step's tokens by sequence; a blocked step is one whose waiting head did not fit."""
-    phase_tokens: dict = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
-    phase_ns: dict = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
-    phase_steps: dict = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
-    kind_tokens: dict = field(default_factory=lambda: {"prefill": 0, "decode": 0})
+    phase_tokens: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
+    phase_ns: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
+    phase_steps: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
+    kind_tokens: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0})
     num_blocked_prefill_steps: int = 0
     num_blocked_decode_steps: int = 0
     blocked_seq_ids: set = field(default_factory=set)
@@ -73,22 +74,25 @@ class StepFigures:
     utilization_sum: float = 0             # of 1 - free / blocks over the steps, in step order
 
     def add(self, d: ScheduleDecision, end: StepEnd, duration_ns: int, num_kvcache_blocks: int | None) -> None:
-        self.phase_tokens[d.phase] += d.num_batched_tokens
-        self.phase_ns[d.phase] += duration_ns
-        self.phase_steps[d.phase] += 1
-        if d.phase == "mixed":
+        # Runs per step: each field of the events is read once, into a typed local.
+        phase: str = d.phase
+        num_batched_tokens: int = d.num_batched_tokens
+        self.phase_tokens[phase] += num_batched_tokens
+        self.phase_ns[phase] += duration_ns
+        self.phase_steps[phase] += 1
+        if phase == "mixed":
             for ss, is_prefill in zip(d.seqs, prefill_flags(d)):
                 self.kind_tokens["prefill" if is_prefill else "decode"] += ss.num_tokens
         else:
-            self.kind_tokens[d.phase] += d.num_batched_tokens
-        if d.phase != "decode" and d.stop_reason == "no_free_blocks":
+            self.kind_tokens[phase] += num_batched_tokens
+        if phase != "decode" and d.stop_reason == "no_free_blocks":
             self.num_blocked_prefill_steps += 1
             self.blocked_seq_ids.add(d.blocked_seq_id)
-        elif d.phase == "decode" and d.blocked_seq_id != -1:
+        elif phase == "decode" and d.blocked_seq_id != -1:
             self.num_blocked_decode_steps += 1     # the waiting head did not fit, so the step decoded instead
             self.blocked_seq_ids.add(d.blocked_seq_id)
         self.busy_ns += duration_ns
-        free = end.num_free_blocks
+        free: int = end.num_free_blocks
         if self.min_free_blocks is None or free < self.min_free_blocks:
             self.min_free_blocks, self.min_free_step = free, end.step
         if num_kvcache_blocks:
@@ -271,10 +275,10 @@ class RequestTimeline:
 
     def _step_ended(self, event: StepEnd) -> None:
         decision, self._decision = self._decision, None
-        if decision is None or decision.step != event.step or event.step != self.num_steps:
-            raise TraceError(f"step {event.step} ends without its ScheduleDecision "
-                             f"(expected step {self.num_steps})")
-        duration_ns = event.schedule_ns + event.model_ns + event.postprocess_ns
+        step: int = event.step
+        if decision is None or decision.step != step or step != self.num_steps:
+            raise TraceError(f"step {step} ends without its ScheduleDecision (expected step {self.num_steps})")
+        duration_ns: int = event.schedule_ns + event.model_ns + event.postprocess_ns
         self.step_figures.add(decision, event, duration_ns, self.num_kvcache_blocks)
         if not self.lean:
             self.steps.append(StepRecord(decision, event, self._step_drafts))
@@ -282,7 +286,7 @@ class RequestTimeline:
         start = self.total_ns + event.gap_ns
         self._starts.append(start)
         self._ends.append(start + duration_ns)
-        if self._open_step == event.step:
+        if self._open_step == step:
             self._close_gaps()
 
     def _request(self, seq_id: int, event) -> RequestRecord:
@@ -351,8 +355,9 @@ class RequestTimeline:
 # What each event type adds to a timeline, by exact type; the block-level events (hashes, appends,
 # frees) add nothing: no figure needs them (the free counts come from StepEnd). Functions, not a
 # timeline's bound methods: a table of those on the timeline would hold it in a reference cycle,
-# alive after the run until the collector's next full pass.
-FOLD = {TraceHeader: RequestTimeline._header_read, RequestAdded: RequestTimeline._request_added,
+# alive after the run until the collector's next full pass. Final: compiled, `add` reads it as a C
+# static, not from the module's dict, per event.
+FOLD: Final = {TraceHeader: RequestTimeline._header_read, RequestAdded: RequestTimeline._request_added,
         ScheduleDecision: RequestTimeline._decision_made, BlockAllocate: RequestTimeline._allocated,
         Preempt: RequestTimeline._preempted, TokenSample: RequestTimeline._token_sampled,
         SeqFinish: RequestTimeline._finished, SeqAbort: RequestTimeline._aborted, StepEnd: RequestTimeline._step_ended,
