@@ -3,6 +3,7 @@
 Traces come from LLMEngine + SyntheticRunner with their StepEnd timings
 replaced by fixed ones: step s lasts (s + 1) ms, so step s starts at
 s(s+1)/2 ms and ends at (s+1)(s+2)/2 ms."""
+import itertools
 import json
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 
 from helpers import cut_like_a_kill, make_config
 from tracengine.cli import main
-from tracengine.trace.events import RequestAdded, StepEnd
+from tracengine.trace.events import RequestAdded, StepEnd, TokenSample
 from tracengine.trace.sinks import ListSink
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.sim.runners import SyntheticRunner
@@ -478,3 +479,42 @@ def test_inter_token_gaps_counted_as_they_come_are_those_of_each_requests_token_
         assert full.itl() == lean.itl() == (want_steps, want_ns)
         assert all(not req.token_steps for req in lean.requests.values())
         assert stats(lean) == stats(full)
+
+
+def tokens_interleaved(events):
+    """The events with each step's kept tokens reordered round-robin over the steps of their
+    requests' tokens before (those after tokens of steps 1, 1, 2, 3 come as 1, 2, 3, 1), in
+    the places the step's tokens had."""
+    out, last, places, groups = list(events), {}, [], {}
+    for i, event in enumerate(events):
+        if type(event) is TokenSample and event.kept:
+            places.append(i)
+            groups.setdefault(last.get(event.seq_id, -1), []).append(event)
+            last[event.seq_id] = event.step
+        elif type(event) is StepEnd:
+            order = [e for column in itertools.zip_longest(*groups.values()) for e in column if e is not None]
+            for i, e in zip(places, order):
+                out[i] = e
+            places, groups = [], {}
+    return out
+
+
+def test_inter_token_gaps_do_not_depend_on_the_order_of_a_steps_tokens():
+    """The fold counts a step's open gaps in runs of one earlier step: its tokens in another order,
+    runs that come back to an earlier step included, give the same gaps, lean or not, a trace cut
+    mid-step included; reading them mid-step (`itl`) changes nothing after."""
+    from tracengine.analysis.timeline import RequestTimeline, fold
+    # step 6's tokens follow tokens of steps 1, 1, 1, 2, 4, 4, 5: interleaved, 1, 2, 4, 5, 1, 4, 1
+    events = run_engine([25, 8, 6, 13, 30, 7, 9], max_tokens=6, arrivals=[0, 0, 1, 2, 3, 4, 5],
+                        num_kvcache_blocks=64, max_num_batched_tokens=20)
+    interleaved = tokens_interleaved(events)
+    assert interleaved != events
+    last_end = max(i for i, e in enumerate(events) if type(e) is StepEnd)
+    for cut in (slice(None), slice(last_end)):
+        want = fold(events[cut]).itl()
+        lean = RequestTimeline(lean=True)
+        for event in interleaved[cut]:
+            lean.add(event)
+            if type(event) is TokenSample:
+                lean.itl()
+        assert fold(interleaved[cut]).itl() == lean.itl() == want

@@ -82,7 +82,7 @@ def _ratio(num, den):
 
 def request_figures(t: RequestTimeline, req) -> RequestFigures:
     added, first_sched = req.added_step, req.first_scheduled_step
-    first_token = req.first_token_step
+    first_token = req.first_token_step if req.first_token_step >= 0 else None
     num_completion = req.num_tokens - req.num_prompt_tokens
     arrival = t.arrival_ns(req)
     late: dict = {}        # the figures of the stages the request reached

@@ -12,6 +12,7 @@ import os
 from array import array
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import Final
 
 from tracengine.analysis.spec_decoding import SpecCounts
 from tracengine.analysis.cpu_tier import FOLD as CPU_TIER_FOLD, CpuTierRecord
@@ -46,8 +47,8 @@ class RequestRecord:
     arrival_ns: int = -1                              # RequestAdded.arrival_ns; -1: not known (format 1)
     scheduled: list[tuple[int, str, int]] = field(default_factory=list)   # (step, phase, num_tokens); not lean
     token_steps: array = field(default_factory=lambda: array("q"))        # steps of kept TokenSamples; not lean
-    first_token_step: int | None = None               # of the first kept TokenSample
-    last_token_step: int | None = None                # of the latest
+    first_token_step: int = -1                        # of the first kept TokenSample; -1: none yet
+    last_token_step: int = -1                         # of the latest; -1: none yet
     first_scheduled_step: int | None = None
     preempts: list[Preempt] = field(default_factory=list)
     finish_step: int | None = None
@@ -60,10 +61,10 @@ class StepFigures:
     """What `stats` reads of the steps, folded as each ends: a run folded live keeps these sums,
     not its steps. Phases are a decision's ("prefill", "decode", "mixed"); `kind_tokens` splits
     a mixed step's tokens by sequence; a blocked step is one whose waiting head did not fit."""
-    phase_tokens: dict = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
-    phase_ns: dict = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
-    phase_steps: dict = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
-    kind_tokens: dict = field(default_factory=lambda: {"prefill": 0, "decode": 0})
+    phase_tokens: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
+    phase_ns: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
+    phase_steps: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
+    kind_tokens: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0})
     num_blocked_prefill_steps: int = 0
     num_blocked_decode_steps: int = 0
     blocked_seq_ids: set = field(default_factory=set)
@@ -73,22 +74,26 @@ class StepFigures:
     utilization_sum: float = 0             # of 1 - free / blocks over the steps, in step order
 
     def add(self, d: ScheduleDecision, end: StepEnd, duration_ns: int, num_kvcache_blocks: int | None) -> None:
-        self.phase_tokens[d.phase] += d.num_batched_tokens
-        self.phase_ns[d.phase] += duration_ns
-        self.phase_steps[d.phase] += 1
-        if d.phase == "mixed":
+        # Runs per step: a field read every step is read once, into a local (compiled, each read of an
+        # event's field is a generic attribute lookup).
+        phase: str = d.phase
+        num_batched_tokens: int = d.num_batched_tokens
+        self.phase_tokens[phase] += num_batched_tokens
+        self.phase_ns[phase] += duration_ns
+        self.phase_steps[phase] += 1
+        if phase == "mixed":
             for ss, is_prefill in zip(d.seqs, prefill_flags(d)):
                 self.kind_tokens["prefill" if is_prefill else "decode"] += ss.num_tokens
         else:
-            self.kind_tokens[d.phase] += d.num_batched_tokens
-        if d.phase != "decode" and d.stop_reason == "no_free_blocks":
+            self.kind_tokens[phase] += num_batched_tokens
+        if phase != "decode" and d.stop_reason == "no_free_blocks":
             self.num_blocked_prefill_steps += 1
             self.blocked_seq_ids.add(d.blocked_seq_id)
-        elif d.phase == "decode" and d.blocked_seq_id != -1:
+        elif phase == "decode" and d.blocked_seq_id != -1:
             self.num_blocked_decode_steps += 1     # the waiting head did not fit, so the step decoded instead
             self.blocked_seq_ids.add(d.blocked_seq_id)
         self.busy_ns += duration_ns
-        free = end.num_free_blocks
+        free: int = end.num_free_blocks
         if self.min_free_blocks is None or free < self.min_free_blocks:
             self.min_free_blocks, self.min_free_step = free, end.step
         if num_kvcache_blocks:
@@ -103,8 +108,10 @@ class RequestTimeline:
 
     Inter-token latencies are counted as they come, lean or not: `itl_steps` and `itl_ns` map a gap between
     two kept tokens of a request (in steps; in ns, between the ends of their steps) to how many there were. A
-    gap closes when the later token's step ends; until then it is open (`_open_gaps`: the earlier token's
-    step -> count, for the tokens of `_open_step`)."""
+    gap closes when the later token's step ends; until then it is open, for the tokens of `_open_step`. A step's
+    tokens mostly follow tokens of one earlier step (the step before), so its open gaps come in runs of one
+    earlier step: the latest run is counted in ints (`_run_step`, `_run_count`: a token's gap costs no dict
+    update), the runs before it in `_open_gaps` (the earlier token's step -> count)."""
 
     def __init__(self, header: TraceHeader | None = None, lean: bool = False) -> None:
         self._start(header, lean)
@@ -132,6 +139,8 @@ class RequestTimeline:
         self.itl_ns: dict[int, int] = {}
         self._open_step = -1
         self._open_gaps: dict[int, int] = {}
+        self._run_step = -1
+        self._run_count = 0
         self.spec_decoding: SpecCounts | None = None   # drafts verified and accepted (analysis/spec_decoding.py)
         self.vllm_inputs: VllmInputs | None = None     # a vLLM trace's connector and grammar inputs
         self._step_drafts = (0, 0)     # of the step being folded: drafts verified, and kept
@@ -181,44 +190,64 @@ class RequestTimeline:
         self._request(event.seq_id, event).preempts.append(event)
 
     def _token_sampled(self, event: TokenSample) -> None:
-        if event.kept:
-            req = self.requests.get(event.seq_id)
-            if req is None:
-                raise self._unknown(event.seq_id, event)
-            step, previous = event.step, req.last_token_step
-            if previous is None:
-                req.first_token_step = step
-            elif step != previous:      # a gap, open until this step ends (a verify step's tokens come together)
-                if step != self._open_step:
-                    self._close_gaps()     # of a step that never ended (a torn frame's), if any
-                    self._open_step = step
-                self._open_gaps[previous] = self._open_gaps.get(previous, 0) + 1
-            req.last_token_step = step
-            req.num_tokens += 1
-            if not self.lean:
-                req.token_steps.append(step)
+        # Runs per token: each field of the event is read once (compiled, each read is a generic attribute
+        # lookup); the step into a typed local, compared and stored as a machine int.
+        if not event.kept:
+            return
+        req = self.requests.get(event.seq_id)
+        if req is None:
+            raise self._unknown(event.seq_id, event)
+        step: int = event.step
+        previous = req.last_token_step
+        if previous < 0:
+            req.first_token_step = step
+        elif step != previous:      # a gap, open until this step ends (a verify step's tokens come together)
+            if step != self._open_step:
+                self._close_gaps()     # of a step that never ended (a torn frame's), if any
+                self._open_step = step
+            if previous != self._run_step:
+                self._end_run()
+                self._run_step = previous
+            self._run_count += 1
+        req.last_token_step = step
+        req.num_tokens += 1
+        if not self.lean:
+            req.token_steps.append(step)
+
+    def _end_run(self) -> None:
+        """Put the run of open gaps from `_run_step` into `_open_gaps`."""
+        if self._run_count:
+            self._open_gaps[self._run_step] = self._open_gaps.get(self._run_step, 0) + self._run_count
+            self._run_count = 0
 
     def _close_gaps(self) -> None:
         """Count the open gaps, and forget them."""
-        self._count_gaps(self._open_step, self._open_gaps, self.itl_steps, self.itl_ns)
+        self._count_gaps(self.itl_steps, self.itl_ns)
         self._open_gaps.clear()
+        self._run_count = 0
 
-    def _count_gaps(self, step: int, gaps: dict[int, int], itl_steps: dict[int, int], itl_ns: dict[int, int]) -> None:
-        """Count `gaps` (the earlier token's step -> how many) of tokens sampled at `step` into `itl_steps`
-        and `itl_ns`, each step ending when `end_ns` says (one that has not ended: when the trace does)."""
-        end = self.end_ns(step)
-        for previous, count in gaps.items():
-            gap_steps, gap_ns = step - previous, end - self.end_ns(previous)
-            itl_steps[gap_steps] = itl_steps.get(gap_steps, 0) + count
-            itl_ns[gap_ns] = itl_ns.get(gap_ns, 0) + count
+    def _count_gaps(self, itl_steps: dict[int, int], itl_ns: dict[int, int]) -> None:
+        """Count the open gaps, those in `_open_gaps` then the run's, into `itl_steps` and `itl_ns`."""
+        for previous, count in self._open_gaps.items():
+            self._count_gap(previous, count, itl_steps, itl_ns)
+        if self._run_count:
+            self._count_gap(self._run_step, self._run_count, itl_steps, itl_ns)
+
+    def _count_gap(self, previous: int, count: int, itl_steps: dict[int, int], itl_ns: dict[int, int]) -> None:
+        """Count `count` gaps from a token sampled at `previous` to one sampled at `_open_step`, each step
+        ending when `end_ns` says (one that has not ended: when the trace does)."""
+        step = self._open_step
+        gap_steps, gap_ns = step - previous, self.end_ns(step) - self.end_ns(previous)
+        itl_steps[gap_steps] = itl_steps.get(gap_steps, 0) + count
+        itl_ns[gap_ns] = itl_ns.get(gap_ns, 0) + count
 
     def itl(self) -> tuple[dict[int, int], dict[int, int]]:
         """The inter-token gaps so far, in steps and in ns, each -> how many: `itl_steps` and
         `itl_ns`, with the gaps still open (a step not ended) counted as ending with the trace."""
-        if not self._open_gaps:
+        if not (self._open_gaps or self._run_count):
             return self.itl_steps, self.itl_ns
         itl_steps, itl_ns = dict(self.itl_steps), dict(self.itl_ns)
-        self._count_gaps(self._open_step, self._open_gaps, itl_steps, itl_ns)
+        self._count_gaps(itl_steps, itl_ns)
         return itl_steps, itl_ns
 
     def _spec_counts(self) -> SpecCounts:
@@ -248,10 +277,10 @@ class RequestTimeline:
 
     def _step_ended(self, event: StepEnd) -> None:
         decision, self._decision = self._decision, None
-        if decision is None or decision.step != event.step or event.step != self.num_steps:
-            raise TraceError(f"step {event.step} ends without its ScheduleDecision "
-                             f"(expected step {self.num_steps})")
-        duration_ns = event.schedule_ns + event.model_ns + event.postprocess_ns
+        step: int = event.step
+        if decision is None or decision.step != step or step != self.num_steps:
+            raise TraceError(f"step {step} ends without its ScheduleDecision (expected step {self.num_steps})")
+        duration_ns: int = event.schedule_ns + event.model_ns + event.postprocess_ns
         self.step_figures.add(decision, event, duration_ns, self.num_kvcache_blocks)
         if not self.lean:
             self.steps.append(StepRecord(decision, event, self._step_drafts))
@@ -259,7 +288,7 @@ class RequestTimeline:
         start = self.total_ns + event.gap_ns
         self._starts.append(start)
         self._ends.append(start + duration_ns)
-        if self._open_step == event.step:
+        if self._open_step == step:
             self._close_gaps()
 
     def _request(self, seq_id: int, event) -> RequestRecord:
@@ -328,8 +357,9 @@ class RequestTimeline:
 # What each event type adds to a timeline, by exact type; the block-level events (hashes, appends,
 # frees) add nothing: no figure needs them (the free counts come from StepEnd). Functions, not a
 # timeline's bound methods: a table of those on the timeline would hold it in a reference cycle,
-# alive after the run until the collector's next full pass.
-FOLD = {TraceHeader: RequestTimeline._header_read, RequestAdded: RequestTimeline._request_added,
+# alive after the run until the collector's next full pass. Final: compiled, `add` reads it as a C
+# static, not from the module's dict, per event.
+FOLD: Final = {TraceHeader: RequestTimeline._header_read, RequestAdded: RequestTimeline._request_added,
         ScheduleDecision: RequestTimeline._decision_made, BlockAllocate: RequestTimeline._allocated,
         Preempt: RequestTimeline._preempted, TokenSample: RequestTimeline._token_sampled,
         SeqFinish: RequestTimeline._finished, SeqAbort: RequestTimeline._aborted, StepEnd: RequestTimeline._step_ended,
