@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 # the list and the names, from their one definition (stdlib only), without importing the package
 CORE = runpy.run_path(os.path.join(ROOT, "tracengine", "compiled.py"))
 CORE_HASHES, CORE_MODULES, PURE_ENV, GROUP = CORE["CORE_HASHES"], CORE["CORE_MODULES"], CORE["PURE_ENV"], CORE["GROUP"]
-CYTHON_MODULES, record_line = CORE["CYTHON_MODULES"], CORE["record_line"]
+CYTHON_MODULES, source_hash, record_line = CORE["CYTHON_MODULES"], CORE["source_hash"], CORE["record_line"]
 PATHS = [os.path.join(*module.split(".")) + ".py" for module in CORE_MODULES]
 MYPYC_PATHS = [path for module, path in zip(CORE_MODULES, PATHS) if module not in CYTHON_MODULES]
 CYTHON_PATHS = [path for module, path in zip(CORE_MODULES, PATHS) if module in CYTHON_MODULES]
@@ -80,7 +80,7 @@ class BuildCore(build_ext):
             return
         package = ROOT if self.inplace else self.build_lib
         with open(os.path.join(package, "tracengine", CORE_HASHES), "w") as f:
-            f.writelines(line + "\n" for line in RECORD)
+            f.writelines(record_line(module, BUILT_HASHES[module]) + "\n" for module in CORE_MODULES)
 
     def remove_outputs(self):
         for ext in self.extensions:
@@ -96,7 +96,7 @@ class BuildCore(build_ext):
         return outputs
 
 
-# The sources as the build reads them, before mypyc and Cython do (in core_extensions): a source
-# edited during the build is then not the one recorded, and runs as Python.
-RECORD = [record_line(module) for module in CORE_MODULES]
+# The sources' hashes before mypyc and Cython read them (in core_extensions): a source edited
+# during the build is then not the one recorded, and runs as Python.
+BUILT_HASHES = {module: source_hash(module) for module in CORE_MODULES}
 setup(ext_modules=core_extensions(), cmdclass={"build_ext": BuildCore})

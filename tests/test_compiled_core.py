@@ -176,6 +176,18 @@ def test_a_source_whose_stamp_differs_is_hashed(tmp_path, change):
         assert result.stdout.strip() == "yes True" and result.stderr == ""
 
 
+def test_the_build_records_the_stamp_of_a_source_it_can_tell_from_a_later_write(monkeypatch):
+    """A source still the one the build hashed before reading it, written long enough before its
+    stamp was read (a later write changes the stamp), is recorded with its stamp; else without."""
+    module = "tracengine.engine.block_pool"
+    digest = compiled.source_hash(module)
+    monkeypatch.setattr(compiled, "RECENT_NS", -10**30)     # every write long enough before
+    assert compiled.record_line(module, digest) == f"{digest}/{compiled.source_stamp(module)} {module}"
+    assert compiled.record_line(module, "0" * 64) == f"{'0' * 64} {module}"     # edited during the build
+    monkeypatch.setattr(compiled, "RECENT_NS", 10**30)      # every write too recent
+    assert compiled.record_line(module, digest) == f"{digest} {module}"
+
+
 @needs_build
 @pytest.mark.parametrize("missing", ["record", "group library"])
 def test_extensions_without_the_record_of_their_sources_or_their_library_never_run(tmp_path, missing):

@@ -84,21 +84,22 @@ def source_stamp(module: str) -> str:
     return ",".join(stamps)
 
 
-# A file written within this long of the build's reading it could be written again, within the
-# same tick of a coarse clock and at the same size, under the same stamp: its line holds no
-# stamp, and every import hashes it.
-RECENT_NS = 5_000_000_000
+# A source written less than this long before its stamp was read could be written again within
+# the same tick of a coarse file clock (FAT's is 2 s), at the same size, and keep that stamp.
+RECENT_NS = 2_000_000_000
 
 
-def record_line(module: str) -> str:
-    """The build's line of CORE_HASHES for `module`: its source's hash and stamp, taken before
-    the build reads the source (a file edited during the build is then not the one recorded)."""
-    stamp = source_stamp(module)
-    newest = max((int(part.split(":")[1]) for part in stamp.split(",") if part), default=0)
-    digest = source_hash(module)
-    if stamp and time.time_ns() - newest >= RECENT_NS:
-        digest += "/" + stamp
-    return f"{digest} {module}"
+def record_line(module: str, built_hash: str) -> str:
+    """The build's line of CORE_HASHES for `module`, whose extension was built from the source
+    that hashed to `built_hash` before the build read it. Read after the build, its stamp is
+    recorded where the source is still that one and was written long enough before for any
+    later write to change the stamp; without one, every import hashes the source."""
+    now = time.time_ns()
+    stamp = source_stamp(module)     # before the source is hashed again: a write between changes the stamp
+    mtimes = [int(part.split(":")[1]) for part in stamp.split(",") if part]
+    if not mtimes or any(now - mtime < RECENT_NS for mtime in mtimes) or source_hash(module) != built_hash:
+        return f"{built_hash} {module}"
+    return f"{built_hash}/{stamp} {module}"
 
 
 def built_record() -> dict[str, tuple[str, str | None]] | None:
