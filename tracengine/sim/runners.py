@@ -14,7 +14,7 @@ from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.request import Request
 from tracengine.engine.native import mypyc_attr
 from tracengine.engine.sequence import Sequence
-from tracengine.trace.tracelog import make_header
+from tracengine.trace.header import make_header
 from tracengine.workload.sessions import SessionRelease, has_sessions
 
 
