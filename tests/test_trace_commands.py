@@ -200,3 +200,23 @@ def test_batch_commands_run_without_collector_passes_and_give_it_back(trace, cap
         gc.enable()
         gc.callbacks.remove(count)
     capsys.readouterr()
+
+
+def test_a_batch_command_run_as_its_process_runs_no_collector_pass_to_the_exit(trace):
+    """Run as the process's own command line (main without arguments), a batch command keeps the
+    collector paused from its parser's imports to the process's exit: its objects live to the
+    end, and a pass started again after the run would walk them all for nothing."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    code = ("import gc, sys\n"
+            "from tracengine.cli.main import main\n"
+            "passes = []\n"
+            "gc.callbacks.append(lambda phase, info: phase == 'start' and passes.append(info['generation']))\n"
+            f"sys.argv = ['tracengine', 'stats', {str(trace[0])!r}]\n"
+            "code = main()\n"
+            "garbage = [[[]] for _ in range(100_000)]     # what would start a pass, were the collector on\n"
+            "print(code, passes, file=sys.stderr)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
+    assert result.stderr.strip() == "0 []", result.stderr[-2000:]

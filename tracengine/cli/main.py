@@ -4,6 +4,7 @@ in `run`), assembled here; errors become one line and an exit code (cli/common.p
 The command modules import nothing heavy at the top (the model, torch and Textual load
 inside the command that needs them), so `tracengine events` starts without a framework."""
 import argparse
+import gc
 import importlib
 import os
 import sys
@@ -51,8 +52,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
+    """The exit code of a command line: `argv`, or without it this process's own, the process
+    then ending when main returns (the `tracengine` script, `python -m tracengine.cli`)."""
+    own = argv is None
+    argv = sys.argv[1:] if own else list(argv)
+    named = argv[0] if argv and argv[0] in COMMANDS else None
+    if own and named in BATCH_COMMANDS:
+        # Paused from before its modules load to the process's exit: the objects of both live to
+        # the end, which frees them (its own passes still free every cycle), so a pass started
+        # again after the run would walk them all for nothing
+        gc.disable()
+    args = build_parser(named).parse_args(argv)
 
     def run() -> int:
         with collector_paused() if args.command in BATCH_COMMANDS else nullcontext(), \
