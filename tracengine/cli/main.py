@@ -57,10 +57,12 @@ def main(argv=None) -> int:
     own = argv is None
     argv = sys.argv[1:] if own else list(argv)
     named = argv[0] if argv and argv[0] in COMMANDS else None
-    if own and named in BATCH_COMMANDS:
-        # Paused from before its modules load to the process's exit: the objects of both live to
-        # the end, which frees them (its own passes still free every cycle), so a pass started
-        # again after the run would walk them all for nothing
+    # A batch command that is this process's own: its modules' objects and its run's live until
+    # the process exits (no object of tracengine's has a finalizer; a file is closed by its
+    # `with`), so a pass of the collector over them frees nothing: the collector is paused from
+    # before the modules load, and what is left at the end is frozen, out of the exit's passes.
+    whole_process = own and named in BATCH_COMMANDS
+    if whole_process:
         gc.disable()
     args = build_parser(named).parse_args(argv)
 
@@ -68,7 +70,10 @@ def main(argv=None) -> int:
         with collector_paused() if args.command in BATCH_COMMANDS else nullcontext(), \
                 nullcontext() if args.command in OWN_SIGTERM else sigterm_as_interrupt():
             return args.run(args) or EXIT_OK
-    return exit_code_of(run)
+    code = exit_code_of(run)
+    if whole_process:
+        gc.freeze()
+    return code
 
 
 def exit_code_of(run) -> int:
