@@ -35,6 +35,10 @@ BATCH_COMMANDS = frozenset({"check", "replay", "diff", "calibrate", "simulate", 
 # These close on SIGTERM themselves (the server drains and closes its trace; Textual restores the
 # terminal); every other command takes SIGTERM as it takes Ctrl-C.
 OWN_SIGTERM = frozenset({"serve", "tui"})
+# Packages that may hold resources behind finalizers (worker processes, shared memory, GPU state):
+# a batch command that loaded one (simulate --scheduler vllm, a sweep on Ray) leaves its objects
+# to the exit's collector passes, which run those finalizers.
+FINALIZED_AT_EXIT = ("torch", "vllm", "sglang", "ray")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -60,7 +64,8 @@ def main(argv=None) -> int:
     # A batch command that is this process's own: its modules' objects and its run's live until
     # the process exits (no object of tracengine's has a finalizer; a file is closed by its
     # `with`), so a pass of the collector over them frees nothing: the collector is paused from
-    # before the modules load, and what is left at the end is frozen, out of the exit's passes.
+    # before the modules load, and what is left at the end is frozen, out of the exit's passes
+    # (unless a package in FINALIZED_AT_EXIT was loaded).
     whole_process = own and named in BATCH_COMMANDS
     if whole_process:
         gc.disable()
@@ -71,7 +76,7 @@ def main(argv=None) -> int:
                 nullcontext() if args.command in OWN_SIGTERM else sigterm_as_interrupt():
             return args.run(args) or EXIT_OK
     code = exit_code_of(run)
-    if whole_process:
+    if whole_process and not any(name in sys.modules for name in FINALIZED_AT_EXIT):
         gc.freeze()
     return code
 
