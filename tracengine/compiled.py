@@ -27,6 +27,7 @@ import time
 
 CORE_MODULES = (
     "tracengine.engine.block_hasher",
+    "tracengine.engine.hash_id_blocks",
     "tracengine.engine.free_block_queue",
     "tracengine.engine.block_pool",
     "tracengine.engine.prefix_cache",
@@ -42,7 +43,8 @@ CORE_MODULES = (
 )
 CYTHON_MODULES = ("tracengine.engine.block_hasher",)     # of CORE_MODULES: compiled by Cython, not mypyc
 # Not engine/hash_id_prompt.py: its HashIdPrompt subclasses collections.abc.Sequence, and mypyc's
-# build of that class shares the ABC's registry with it (a list then stopped being a Sequence).
+# build of that class shares the ABC's registry with it (a list then stopped being a Sequence);
+# the hashing of its blocks is engine/hash_id_blocks.py.
 # beside this file, written by the build: "<sha256 of the source>[/<its stamp>] <module>" a line (a build
 # before stamps wrote none; one that reads no stamps finds the hash not the source's, and runs the Python)
 CORE_HASHES = "compiled_core.txt"

@@ -14,7 +14,7 @@ from tracengine.engine.block_pool import BlockPool
 from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
 from tracengine.engine.prefix_cache import NO_HASH, PrefixCache
 from tracengine.engine.sequence import Sequence
-from tracengine.engine.hash_id_prompt import hashed_block_events
+from tracengine.engine.hash_id_blocks import hashed_block_events
 from tracengine.trace.events import BlockAllocate, BlockAppend, BlockFree
 from tracengine.trace.sinks import NULL_SINK, EventSink
 

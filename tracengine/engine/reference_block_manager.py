@@ -8,7 +8,7 @@ from collections import deque
 
 from tracengine.engine.block_hasher import compute_hash
 from tracengine.engine.sequence import Sequence
-from tracengine.engine.hash_id_prompt import hashed_block_events
+from tracengine.engine.hash_id_blocks import hashed_block_events
 from tracengine.trace.events import BlockAllocate, BlockAppend, BlockFree
 from tracengine.trace.sinks import NULL_SINK, EventSink
 

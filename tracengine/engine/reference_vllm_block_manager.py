@@ -4,7 +4,7 @@ deque, one hash at a time. It makes the same decisions and emits the same
 events (tests/test_scheduler_properties.py runs both under the mixed policy)."""
 from tracengine.engine.reference_block_manager import ReferenceBlockManager
 from tracengine.engine.sequence import Sequence
-from tracengine.engine.hash_id_prompt import hashed_block_events
+from tracengine.engine.hash_id_blocks import hashed_block_events
 from tracengine.trace.events import BlockAllocate, BlockAppend, BlockFree
 from tracengine.trace.sinks import NULL_SINK
 

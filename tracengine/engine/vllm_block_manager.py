@@ -30,7 +30,7 @@ from typing import Any
 from tracengine.engine.block_manager import BlockManager
 from tracengine.engine.block_pool import BlockPool
 from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
-from tracengine.engine.hash_id_prompt import hashed_block_events
+from tracengine.engine.hash_id_blocks import hashed_block_events
 from tracengine.engine.prefix_cache import NO_HASH, PrefixCache
 from tracengine.engine.sequence import Sequence
 from tracengine.trace.events import BlockAllocate, BlockAppend
