@@ -45,7 +45,7 @@ CYTHON_MODULES = ("tracengine.engine.block_hasher",)     # of CORE_MODULES: comp
 # Not engine/hash_id_prompt.py: its HashIdPrompt subclasses collections.abc.Sequence, and mypyc's
 # build of that class shares the ABC's registry with it (a list then stopped being a Sequence);
 # the hashing of its blocks is engine/hash_id_blocks.py.
-# beside this file, written by the build: "<sha256 of the source>[/<its stamp>] <module>" a line (a build
+# Beside this file, written by the build: "<sha256 of the source>[/<its stamp>] <module>" a line (a build
 # before stamps wrote none; one that reads no stamps finds the hash not the source's, and runs the Python)
 CORE_HASHES = "compiled_core.txt"
 PURE_ENV = "TRACENGINE_PURE_PYTHON"
