@@ -1,8 +1,8 @@
 """The compiled core (tracengine/compiled.py): its modules compiled by mypyc from their Python
 source, the block hasher by Cython (its C types in the .pxd beside it), where mypyc, Cython and a
 C compiler are present; the pure-Python package where not (said once). The build records each
-compiled source's hash, which `import tracengine` compares against the sources (an edited module
-never runs stale compiled code)."""
+compiled source's hash and stamp, which `import tracengine` compares against the sources (an edited
+module never runs stale compiled code)."""
 import os
 import runpy
 import sys
@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 # the list and the names, from their one definition (stdlib only), without importing the package
 CORE = runpy.run_path(os.path.join(ROOT, "tracengine", "compiled.py"))
 CORE_HASHES, CORE_MODULES, PURE_ENV, GROUP = CORE["CORE_HASHES"], CORE["CORE_MODULES"], CORE["PURE_ENV"], CORE["GROUP"]
-CYTHON_MODULES, source_hash = CORE["CYTHON_MODULES"], CORE["source_hash"]
+CYTHON_MODULES, source_hash, record_line = CORE["CYTHON_MODULES"], CORE["source_hash"], CORE["record_line"]
 PATHS = [os.path.join(*module.split(".")) + ".py" for module in CORE_MODULES]
 MYPYC_PATHS = [path for module, path in zip(CORE_MODULES, PATHS) if module not in CYTHON_MODULES]
 CYTHON_PATHS = [path for module, path in zip(CORE_MODULES, PATHS) if module in CYTHON_MODULES]
@@ -67,7 +67,7 @@ def core_extensions() -> list:
 
 class BuildCore(build_ext):
     """build_ext that falls back to the pure-Python core when the C compiler fails, and records
-    the hash of each compiled source beside the extensions."""
+    the hash and stamp of each compiled source beside the extensions."""
 
     def run(self):
         if not self.extensions:
@@ -80,8 +80,7 @@ class BuildCore(build_ext):
             return
         package = ROOT if self.inplace else self.build_lib
         with open(os.path.join(package, "tracengine", CORE_HASHES), "w") as f:
-            for module in CORE_MODULES:
-                f.write(f"{source_hash(module)} {module}\n")
+            f.writelines(record_line(module, BUILT_HASHES[module]) + "\n" for module in CORE_MODULES)
 
     def remove_outputs(self):
         for ext in self.extensions:
@@ -97,4 +96,7 @@ class BuildCore(build_ext):
         return outputs
 
 
+# The sources' hashes before mypyc and Cython read them (in core_extensions): a source edited
+# during the build is then not the one recorded, and runs as Python.
+BUILT_HASHES = {module: source_hash(module) for module in CORE_MODULES}
 setup(ext_modules=core_extensions(), cmdclass={"build_ext": BuildCore})

@@ -6,6 +6,7 @@ simulated time, its events folded live, which must give the same events and figu
 core runs, and that an edited core module runs its Python (never stale compiled code)."""
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -121,6 +122,70 @@ def test_an_edited_core_module_runs_its_python_and_says_how_to_rebuild(tmp_path,
     module = edited.split(".")[0] + ".py"
     assert result.stdout.strip() == f"no (stale: tracengine/engine/{module} edited since the build) False"
     assert result.stderr.count("\n") == 1 and "rebuild it with `pip install -e .`" in result.stderr
+
+
+def copy_of_the_package(tmp_path) -> Path:
+    """A copy of the compiled package (its files' sizes and modification times kept) beside its group library."""
+    copy = tmp_path / "tracengine"
+    shutil.copytree(ROOT / "tracengine", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    for lib in ROOT.glob(f"{compiled.GROUP}__mypyc*"):
+        shutil.copy(lib, tmp_path)
+    return copy
+
+
+def core_in(tmp_path, code: str = "") -> subprocess.CompletedProcess:
+    code += "import tracengine.compiled as c, tracengine.engine.scheduler; print(c.CORE, c.is_compiled())"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path), compiled.PURE_ENV: "0"})
+
+
+@needs_build
+def test_a_build_whose_sources_are_untouched_reads_none_of_them(tmp_path):
+    """Each source's size and modification time are the ones the build recorded: the import
+    hashes no source (the hash library cannot even be imported) and runs the compiled core."""
+    record = compiled.built_record()
+    if any(stamp is None or compiled.source_stamp(module) != stamp for module, (_, stamp) in record.items()):
+        pytest.skip("a core source was written since (or just before) the build: rebuild to run this")
+    copy_of_the_package(tmp_path)
+    result = core_in(tmp_path, "import sys; sys.modules['hashlib'] = None\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "yes True" and result.stderr == ""
+
+
+@needs_build
+@pytest.mark.parametrize("change", ["touched", "same size", "record without stamps"])
+def test_a_source_whose_stamp_differs_is_hashed(tmp_path, change):
+    """A source touched (its text the same), or a record written before stamps were: the source
+    is hashed, and the compiled core runs. A source edited at the same size: its Python runs."""
+    copy = copy_of_the_package(tmp_path)
+    source = copy / "engine" / "block_pool.py"
+    if change == "touched":
+        os.utime(source, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns + 10**9))
+    elif change == "same size":
+        text = source.read_bytes()
+        source.write_bytes(text[:-1] + (b" " if text[-1:] != b" " else b"\n"))
+    else:
+        record = copy / compiled.CORE_HASHES
+        record.write_text(re.sub(r"/\S+", "", record.read_text()))
+    result = core_in(tmp_path)
+    assert result.returncode == 0, result.stderr
+    if change == "same size":
+        assert result.stdout.strip() == "no (stale: tracengine/engine/block_pool.py edited since the build) False"
+        assert result.stderr.count("\n") == 1
+    else:
+        assert result.stdout.strip() == "yes True" and result.stderr == ""
+
+
+def test_the_build_records_the_stamp_of_a_source_it_can_tell_from_a_later_write(monkeypatch):
+    """A source still the one the build hashed before reading it, written long enough before its
+    stamp was read (a later write changes the stamp), is recorded with its stamp; else without."""
+    module = "tracengine.engine.block_pool"
+    digest = compiled.source_hash(module)
+    monkeypatch.setattr(compiled, "RECENT_NS", -10**30)     # every write long enough before
+    assert compiled.record_line(module, digest) == f"{digest}/{compiled.source_stamp(module)} {module}"
+    assert compiled.record_line(module, "0" * 64) == f"{'0' * 64} {module}"     # edited during the build
+    monkeypatch.setattr(compiled, "RECENT_NS", 10**30)      # every write too recent
+    assert compiled.record_line(module, digest) == f"{digest} {module}"
 
 
 @needs_build

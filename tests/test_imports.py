@@ -170,7 +170,9 @@ def test_a_command_line_that_names_its_command_imports_no_other_command():
 def test_one_engines_simulation_imports_no_fleet_sweep_or_roofline():
     """A plain `simulate` (one engine, a calibrated step-time model, no --sweep, --search or
     fleet flag) imports only what its run uses: the fleet's spec and routers, the sweep grid and
-    the roofline load inside the paths that use them (a process's start is part of every run)."""
+    the roofline load inside the paths that use them, the trace's reader and writer where a
+    trace is read or --record written, the CSV reader for an Azure trace, and rich's emoji codes
+    where a table has one (a process's start is part of every run)."""
     code = ("import sys; from tracengine.cli.main import main; "
             f"assert main(['simulate', {str(ROOT / 'tests/data/mooncake_sample.jsonl')!r}, '--quiet', "
             f"'--step-time', {str(ROOT / 'tests/data/fixed_steptime.json')!r}, '--num-kvcache-blocks', '400']) == 0; "
@@ -180,7 +182,8 @@ def test_one_engines_simulation_imports_no_fleet_sweep_or_roofline():
     assert "tracengine.sim.engine" in modules
     assert not modules & ({"tracengine.fleet.spec", "tracengine.fleet.routers", "tracengine.fleet.engine",
                            "tracengine.sim.sweep", "tracengine.sim.spec", "tracengine.sim.search",
-                           "tracengine.sim.roofline"} | TORCH)
+                           "tracengine.sim.roofline", "rich._emoji_codes",
+                           "tracengine.trace.reader", "tracengine.trace.writer", "csv"} | TORCH)
 
 
 def project_modules() -> dict[str, Path]:

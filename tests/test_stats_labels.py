@@ -60,3 +60,35 @@ def test_piped_stats_are_a_line_per_figure_whatever_the_terminal_width():
     s, expected = text_of(ONLINE)
     assert lines[1:] == expected                     # the title, then render's lines unwrapped
     assert max(len(line) for line in lines) > 80
+
+
+TEXTS = ["plain 1,234 figures", "a:smile:b", ":+1: and :thumbs_up:", "x:smile-emoji:y", "12:30:45", ":no_such_code:",
+         "[bold]a[/bold]:smile:", ":smi[bold]le:", "\\[bold]:smile:", "a: :smile :", "path/to:the:file", "::", ""]
+
+
+def test_a_table_prints_emoji_codes_as_rich_does():
+    """table_text replaces emoji codes only in a string that could hold one: every string reads
+    as rich's own Console prints it, in a cell, a title and alone."""
+    import io
+    from rich.console import Console
+    from tracengine.analysis.tables import make_table
+
+    def rich_text(*renderables):
+        out = io.StringIO()
+        console = Console(file=out, width=10_000, color_system=None, highlight=False, soft_wrap=False,
+                          legacy_windows=False)
+        for renderable in renderables:
+            console.print(renderable)
+        return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
+    for text in TEXTS:
+        renderables = (text, make_table(["name", text], [[text, "1"]], title=text))
+        assert table_text(*renderables) == rich_text(*renderables), text
+    assert table_text("a:smile:b") != "a:smile:b"
+
+
+def test_tables_without_emoji_codes_leave_rich_s_table_of_them_unloaded():
+    code = ("import sys; from tracengine.analysis.stats import render, stats; "
+            "from tracengine.analysis.tables import table_text; "
+            f"table_text(render(stats({str(ONLINE)!r}))); print('rich._emoji_codes' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert result.stdout.split() == ["False"]

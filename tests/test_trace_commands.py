@@ -200,3 +200,28 @@ def test_batch_commands_run_without_collector_passes_and_give_it_back(trace, cap
         gc.enable()
         gc.callbacks.remove(count)
     capsys.readouterr()
+
+
+def test_a_batch_command_run_as_its_process_runs_no_collector_pass_to_the_exit(trace):
+    """Run as the process's own command line (main without arguments), a batch command keeps the
+    collector paused from its parser's imports to the process's exit, and freezes what is left
+    for the exit's own passes: its objects live to the end, and a pass over them after the run
+    would walk them all for nothing."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    code = ("import gc, sys\n"
+            "from tracengine.cli.main import main\n"
+            "passes = []\n"
+            "gc.callbacks.append(lambda phase, info: phase == 'start' and passes.append(info['generation']))\n"
+            f"sys.argv = ['tracengine', 'stats', {str(trace[0])!r}]\n"
+            "code = main()\n"
+            "garbage = [[[]] for _ in range(100_000)]     # what would start a pass, were the collector on\n"
+            "print(code, passes, gc.get_freeze_count() > 0, file=sys.stderr)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
+    assert result.stderr.strip() == "0 [] True", result.stderr[-2000:]
+    # a process that loaded a package with finalizers of its own leaves its objects to the exit's passes
+    code = code.replace("code = main()", "sys.modules.setdefault('vllm', None); code = main()")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
+    assert result.stderr.strip() == "0 [] False", result.stderr[-2000:]

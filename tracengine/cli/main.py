@@ -4,6 +4,7 @@ in `run`), assembled here; errors become one line and an exit code (cli/common.p
 The command modules import nothing heavy at the top (the model, torch and Textual load
 inside the command that needs them), so `tracengine events` starts without a framework."""
 import argparse
+import gc
 import importlib
 import os
 import sys
@@ -34,6 +35,10 @@ BATCH_COMMANDS = frozenset({"check", "replay", "diff", "calibrate", "simulate", 
 # These close on SIGTERM themselves (the server drains and closes its trace; Textual restores the
 # terminal); every other command takes SIGTERM as it takes Ctrl-C.
 OWN_SIGTERM = frozenset({"serve", "tui"})
+# Packages that may hold resources behind finalizers (worker processes, shared memory, GPU state):
+# a batch command that loaded one (simulate --scheduler vllm, a sweep on Ray) leaves its objects
+# to the exit's collector passes, which run those finalizers.
+FINALIZED_AT_EXIT = ("torch", "vllm", "sglang", "ray")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -51,14 +56,29 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
+    """The exit code of a command line: `argv`, or without it this process's own, the process
+    then ending when main returns (the `tracengine` script, `python -m tracengine.cli`)."""
+    own = argv is None
+    argv = sys.argv[1:] if own else list(argv)
+    named = argv[0] if argv and argv[0] in COMMANDS else None
+    # A batch command that is this process's own: its modules' objects and its run's live until
+    # the process exits (no object of tracengine's has a finalizer; a file is closed by its
+    # `with`), so a pass of the collector over them frees nothing: the collector is paused from
+    # before the modules load, and what is left at the end is frozen, out of the exit's passes
+    # (unless a package in FINALIZED_AT_EXIT was loaded).
+    whole_process = own and named in BATCH_COMMANDS
+    if whole_process:
+        gc.disable()
+    args = build_parser(named).parse_args(argv)
 
     def run() -> int:
         with collector_paused() if args.command in BATCH_COMMANDS else nullcontext(), \
                 nullcontext() if args.command in OWN_SIGTERM else sigterm_as_interrupt():
             return args.run(args) or EXIT_OK
-    return exit_code_of(run)
+    code = exit_code_of(run)
+    if whole_process and not any(name in sys.modules for name in FINALIZED_AT_EXIT):
+        gc.freeze()
+    return code
 
 
 def exit_code_of(run) -> int:

@@ -24,7 +24,7 @@ from tracengine.sim.runners import Departures, SyntheticRunner, check_requests
 from tracengine.sim.steptime import holds_decode, seqs_shape
 from tracengine.trace.events import ModelInfo, StepEnd, TraceHeader
 from tracengine.trace.sinks import NULL_SINK, ListSink
-from tracengine.trace.tracelog import make_header
+from tracengine.trace.header import make_header
 from tracengine.workload.sessions import SessionRelease, has_sessions
 
 

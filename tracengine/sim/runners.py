@@ -14,7 +14,7 @@ from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.request import Request
 from tracengine.engine.native import mypyc_attr
 from tracengine.engine.sequence import Sequence
-from tracengine.trace.tracelog import make_header
+from tracengine.trace.header import make_header
 from tracengine.workload.sessions import SessionRelease, has_sessions
 
 
@@ -24,10 +24,12 @@ _DECIMALS: list[bytes] = [b"%d" % i for i in range(1024)]
 
 
 def _decimal(position: int) -> bytes:
-    """b"%d" % position, growing _DECIMALS to twice its size or past position when it is short."""
+    """b"%d" % position, growing _DECIMALS past position by an eighth of its size when it is short:
+    geometric growth keeps a token's share of it constant, and a short run of one long prompt
+    writes little past the positions it reaches."""
     if position < len(_DECIMALS):
         return _DECIMALS[position]
-    _DECIMALS.extend(b"%d" % i for i in range(len(_DECIMALS), max(position + 1, 2 * len(_DECIMALS))))
+    _DECIMALS.extend(b"%d" % i for i in range(len(_DECIMALS), position + 1 + len(_DECIMALS) // 8))
     return _DECIMALS[position]
 
 

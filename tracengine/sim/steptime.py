@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 from tracengine.errors import TracengineError, TraceError
 from tracengine.jsonfile import load_json_object
 from tracengine.trace.events import RequestAdded, ScheduleDecision, SeqFinish, StepEnd, TraceHeader
-from tracengine.trace.tracelog import split_header
+from tracengine.trace.header import split_header
 
 FEATURES = ("const", "tokens", "seqs", "context", "attended")
 PHASE_FEATURES = {"prefill": (0, 1, 2, 4), "decode": (0, 2, 3)}   # columns of FEATURES each phase fits

@@ -6,7 +6,6 @@ Model-free and torch-free: `read_workload` returns `Request`s (prompt text or
 token ids, max_tokens, sampling fields, arrival in seconds from the start of
 the run) for the engine, the simulator and the serving benchmark alike. Every
 malformed line is a one-line `TracengineError` naming FILE:LINE."""
-import csv
 import json
 import math
 import random
@@ -191,6 +190,7 @@ def _agentic_mooncake(f, path, vocab_size, length_scale, seed, hash_id_prompts=F
 
 
 def _azure(f, path, vocab_size, length_scale, seed):
+    import csv      # here: only Azure's traces are CSV
     reader = csv.reader(f)
     header = next(reader, None)
     if header is None:
