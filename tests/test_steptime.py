@@ -60,7 +60,8 @@ def test_step_shape_counts_context_and_scored_pairs():
 
 @pytest.mark.parametrize("seed", range(20))
 def test_seqs_shape_of_a_batch_is_its_step_shape(seed):
-    """seqs_shape sums a decode batch (one token each) without a loop: the same shape."""
+    """seqs_shape sums a decode batch (one token each) as two sums, and a decode step's batch
+    (is_prefill False) or a drafting one the same way: the same shape as step_shape's."""
     rng = random.Random(seed)
     seqs = []
     for i in range(rng.randrange(1, 9)):
@@ -68,7 +69,11 @@ def test_seqs_shape_of_a_batch_is_its_step_shape(seed):
         seq.num_cached_tokens = rng.randrange(40)
         seq.num_scheduled_tokens = 1 if seed % 2 else rng.choice([0, 1, 1, 2, 7])
         seqs.append(seq)
-    assert seqs_shape(seqs) == step_shape((s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs)
+    shape = step_shape((s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs)
+    assert seqs_shape(seqs) == shape
+    assert seqs_shape(seqs, drafts=True) == shape
+    if seed % 2:     # one token each: what a decode step schedules
+        assert seqs_shape(seqs, is_prefill=False) == shape
 
 
 def test_calibration_recovers_known_coefficients(recorded):

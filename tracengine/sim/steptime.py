@@ -43,9 +43,9 @@ Models live here in replay/ beside what-if, the other user of recorded runs;
 they use numpy (for the fit) and no torch."""
 import json
 import math
-from operator import attrgetter
 from typing import Any, ClassVar
 
+from tracengine.engine.sequence import Sequence
 from tracengine.errors import TracengineError, TraceError
 from tracengine.jsonfile import load_json_object
 from tracengine.trace.events import RequestAdded, ScheduleDecision, SeqFinish, StepEnd, TraceHeader
@@ -72,24 +72,20 @@ def step_shape(pairs) -> tuple[int, int, int, int]:
     return num_tokens, num_seqs, context, attended
 
 
-def seqs_shape(seqs, is_prefill: bool = True, drafts: bool = False) -> tuple[int, int, int, int]:
+def seqs_shape(seqs: list[Sequence], is_prefill: bool = True, drafts: bool = False) -> tuple[int, int, int, int]:
     """The shape of a scheduled batch of `Sequence`s (before postprocess). A batch the scheduler
     calls decode (`is_prefill` False) computes one token each, so its shape is two sums; with
     `drafts` (speculative decoding) a decode computes 1 + its drafts tokens each, scored as any
     tokens after its context are."""
-    num_seqs = len(seqs)
-    if drafts:
-        return step_shape((s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs)
-    if not is_prefill or list(map(_NUM_SCHEDULED, seqs)).count(1) == num_seqs:
-        context = sum(map(_NUM_CACHED, seqs)) + num_seqs   # each scores its context and itself once
-        return num_seqs, num_seqs, context, context
-    return step_shape((s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs)
+    if drafts or is_prefill and any(s.num_scheduled_tokens != 1 for s in seqs):
+        return step_shape([(s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs])
+    num_seqs = context = len(seqs)      # each scores its context and itself once
+    for s in seqs:
+        context += s.num_cached_tokens
+    return num_seqs, num_seqs, context, context
 
 
-_NUM_SCHEDULED, _NUM_CACHED = attrgetter("num_scheduled_tokens"), attrgetter("num_cached_tokens")
-
-
-def holds_decode(seqs) -> bool:
+def holds_decode(seqs: list[Sequence]) -> bool:
     """Whether a prefill batch of `Sequence`s (scheduled, before postprocess) also decodes: a
     sequence that samples a token after one it sampled before. That is a decode, or the last
     chunk of a recomputation after a preemption (Dynamo's mocker prices both as decodes); a
