@@ -121,12 +121,6 @@ def built_record() -> dict[str, tuple[str, str | None]] | None:
     return record
 
 
-def built_hashes() -> dict[str, str] | None:
-    """module -> the hash of the source its extension was built from; None when none was built."""
-    record = built_record()
-    return None if record is None else {module: digest for module, (digest, _) in record.items()}
-
-
 def is_built_from_source(module: str, record: dict[str, tuple[str, str | None]]) -> bool:
     """Whether the module's source is the one its extension was built from: its stamp is the
     recorded one, or else its hash is."""
