@@ -36,9 +36,14 @@ def make_table(header: list[str], rows: list[list[str]], left_columns: int = 1, 
 
 def table_text(*renderables) -> str:
     """The renderables as plain text, one line per row: as wide as they need, right-stripped."""
+    return console_text(TableConsole, renderables)
+
+
+def console_text(console_class: type[Console], renderables) -> str:
+    """`table_text`'s printing, by a console of `console_class` (rich's own, in a test of TableConsole)."""
     out = io.StringIO()
-    console = TableConsole(file=out, width=10_000, color_system=None, highlight=False, soft_wrap=False,
-                           legacy_windows=False)
+    console = console_class(file=out, width=10_000, color_system=None, highlight=False, soft_wrap=False,
+                            legacy_windows=False)
     for renderable in renderables:
         console.print(renderable)
     return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
