@@ -106,7 +106,7 @@ def test_the_pool_counts_references_and_frees_a_block_when_none_is_left():
     pool = BlockPool(6)
     a = pool.get_new_blocks(3)                  # [0, 1, 2]
     # a count for each block handed out so far: the others, never used, have none and cost nothing
-    assert a == [0, 1, 2] and pool.ref_counts == [1, 1, 1] and pool.num_free_blocks == 3
+    assert a == [0, 1, 2] and list(pool.ref_counts) == [1, 1, 1] and pool.num_free_blocks == 3
     pool.free_blocks(a[::-1])                   # tail first: 2, 1, 0 join the queue in that order
     assert list(pool.free_block_queue) == [3, 4, 5, 2, 1, 0]
     pool.touch([1])                             # a hit on a free block takes it out of the middle
@@ -356,11 +356,11 @@ def test_pool_applies_a_recorded_allocation_by_its_own_rules():
     with pytest.raises(ValueError, match="not the next free block 1"):
         pool.take_next_block(2)
     pool.take_block(3)                     # wherever it is in the free queue
-    assert pool.ref_counts == [1, 0, 0, 1] and list(pool.free_block_queue) == [1, 2]
+    assert list(pool.ref_counts) == [1, 0, 0, 1] and list(pool.free_block_queue) == [1, 2]
     copy = pool.copy()
     pool.free_blocks([3, 0])
     assert list(pool.free_block_queue) == [1, 2, 3, 0] and list(copy.free_block_queue) == [1, 2]
-    assert copy.ref_counts == [1, 0, 0, 1]
+    assert list(copy.ref_counts) == [1, 0, 0, 1]
     cache = VllmPrefixCache(4, 2)
     cache.hold_every_block()
     vllm_pool = VllmBlockPool(4, cache.hashes)

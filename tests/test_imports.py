@@ -120,7 +120,8 @@ def test_the_event_vocabulary_imports_nothing_of_the_project():
     assert not [name for name in imports_in(source_of("tracengine.trace.events")) if name.startswith("tracengine")]
     code = ("import sys, tracengine.trace.events\n"
             "ours = sorted(m for m in sys.modules if m.startswith('tracengine'))\n"
-            "assert ours == ['tracengine', 'tracengine.compiled', 'tracengine.trace', 'tracengine.trace.events'], ours\n")
+            "assert ours == ['tracengine', 'tracengine.compiled', 'tracengine.engine', 'tracengine.engine.core_choice', "
+            "'tracengine.trace', 'tracengine.trace.events'], ours\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
@@ -225,7 +226,7 @@ def test_no_import_cycle_anywhere_counting_imports_inside_functions():
 # engine/native.py (what the compiled core's classes say to mypyc) beside compiled.py, for the core's
 # modules in analysis/ and sim/ too.
 LAYERS = [["tracengine.errors", "tracengine.version", "tracengine.process", "tracengine.compiled",
-           "tracengine.engine.native"],
+           "tracengine.engine.core_choice", "tracengine.engine.native"],
           ["tracengine.jsonfile", "tracengine.trace"],
           ["tracengine.model", "tracengine.analysis"],
           ["tracengine.engine"],

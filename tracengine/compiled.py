@@ -25,6 +25,8 @@ import os
 import sys
 import time
 
+import tracengine.engine.core_choice as core_choice
+
 CORE_MODULES = (
     "tracengine.engine.block_hasher",
     "tracengine.engine.hash_id_blocks",
@@ -157,6 +159,7 @@ def decide() -> str:
     """Which core runs, set up before any core module is imported: "yes" (compiled) or "no (why)"."""
     global CORE
     CORE = choose()
+    core_choice.COMPILED = CORE == "yes"
     return CORE
 
 

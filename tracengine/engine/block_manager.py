@@ -70,8 +70,8 @@ class BlockManager:
         """Every block's hash (-1: none), a copy."""
         return self._every_block(self.prefix_cache.hashes, NO_HASH)
 
-    def _every_block(self, values: list[Any], default: Any) -> list[Any]:
-        return values + [default] * (self.num_blocks - len(values))
+    def _every_block(self, values: Any, default: Any) -> list[Any]:
+        return list(values) + [default] * (self.num_blocks - len(values))
 
     @property
     def hash_to_block_id(self) -> dict[int, int]:

@@ -8,6 +8,7 @@ from itertools import repeat
 from typing import Any
 
 from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
+from tracengine.engine.native import extend, i64, vec
 
 
 class BlockPool:
@@ -15,7 +16,8 @@ class BlockPool:
     block is free exactly when no block table holds it."""
 
     def __init__(self, num_blocks: int) -> None:
-        self.ref_counts: list[int] = []     # of the blocks handed out so far; the others have none
+        # of the blocks handed out so far, the others having none (machine integers, engine/native.py)
+        self.ref_counts: vec[i64] = vec[i64]()
         self.free_block_queue = FreeKVCacheBlockQueue(num_blocks)
 
     @property
@@ -40,7 +42,7 @@ class BlockPool:
         """A reference count (none yet) for each block the queue handed out for the first time."""
         ref_counts, fresh = self.ref_counts, self.free_block_queue.fresh
         if len(ref_counts) < fresh:
-            ref_counts += repeat(0, fresh - len(ref_counts))
+            self.ref_counts = extend(ref_counts, repeat(0, fresh - len(ref_counts)))
 
     def touch(self, block_ids: list[int]) -> None:
         """A reference more to each of `block_ids`: a free one (a prefix-cache hit on a
@@ -87,7 +89,7 @@ class BlockPool:
     def hold_every_block(self) -> None:
         """A reference count for every block now, not only those handed out (a fold shows
         every block, and takes any)."""
-        self.ref_counts += repeat(0, self.num_blocks - len(self.ref_counts))
+        self.ref_counts = extend(self.ref_counts, repeat(0, self.num_blocks - len(self.ref_counts)))
 
     def copy(self, prefix_cache: Any = None) -> "BlockPool":
         """An independent copy (a fold's keyframe); `prefix_cache`: the copy of the prefix
@@ -95,5 +97,5 @@ class BlockPool:
         return self._copy_into(BlockPool(0))
 
     def _copy_into(self, other: "BlockPool") -> "BlockPool":
-        other.ref_counts, other.free_block_queue = list(self.ref_counts), self.free_block_queue.copy()
+        other.ref_counts, other.free_block_queue = vec[i64](self.ref_counts), self.free_block_queue.copy()
         return other

@@ -12,32 +12,34 @@ from collections.abc import Iterator
 from itertools import repeat
 from typing import Final
 
+from tracengine.engine.native import extend, i64, vec
+
 SENTINEL: Final = -1     # the node that closes the ring: its slot is the lists' last
 FRESH_RUN: Final = -2    # the node that stands for the fresh blocks: its slot is the one before
 NOT_FREE: Final = -3     # a block's `prev` when it is not in the queue (an int, so the lists hold ints only)
 
 
 class FreeKVCacheBlockQueue:
-    """Free block ids in order, linked through two lists indexed by block id: `prev` and
-    `next`, whose last two slots are the FRESH_RUN node's and the SENTINEL's. A block
-    has slots once it has been handed out (ids below `fresh`); one not in the queue has
-    `prev` NOT_FREE."""
+    """Free block ids in order, linked through two arrays indexed by block id: `prev` and
+    `next` (machine integers, engine/native.py), whose last two slots are the FRESH_RUN
+    node's and the SENTINEL's. A block has slots once it has been handed out (ids below
+    `fresh`); one not in the queue has `prev` NOT_FREE."""
     __slots__ = ("prev", "next", "num_free_blocks", "num_blocks", "fresh")
-    prev: list[int]
-    next: list[int]
+    prev: vec[i64]
+    next: vec[i64]
 
     def __init__(self, num_blocks: int) -> None:
         """All the blocks, in id order: the ring holds the sentinel and the fresh run."""
         self.num_blocks = self.num_free_blocks = num_blocks
         self.fresh = 0
         if num_blocks:
-            self.prev, self.next = [SENTINEL, FRESH_RUN], [SENTINEL, FRESH_RUN]
+            self.prev, self.next = vec[i64]([SENTINEL, FRESH_RUN]), vec[i64]([SENTINEL, FRESH_RUN])
         else:      # the run is empty: not in the ring
-            self.prev, self.next = [NOT_FREE, SENTINEL], [NOT_FREE, SENTINEL]
+            self.prev, self.next = vec[i64]([NOT_FREE, SENTINEL]), vec[i64]([NOT_FREE, SENTINEL])
 
     def copy(self) -> "FreeKVCacheBlockQueue":
         other = FreeKVCacheBlockQueue(0)
-        other.prev, other.next = list(self.prev), list(self.next)
+        other.prev, other.next = vec[i64](self.prev), vec[i64](self.next)
         other.num_free_blocks, other.num_blocks, other.fresh = self.num_free_blocks, self.num_blocks, self.fresh
         return other
 
@@ -76,6 +78,7 @@ class FreeKVCacheBlockQueue:
         for _ in range(n):
             if node == FRESH_RUN:
                 node = self._popleft_through_run(block_ids, n)
+                prev, next_ = self.prev, self.next     # grown by the blocks handed out
                 break
             block_ids.append(node)
             prev[node] = NOT_FREE
@@ -100,11 +103,12 @@ class FreeKVCacheBlockQueue:
         return node
 
     def _hand_out(self, n: int) -> range:
-        """The next n fresh blocks, given their slots (not in the queue); the ring is the caller's."""
+        """The next n fresh blocks, given their slots (not in the queue); the ring is the caller's.
+        The slots may be in new arrays (librt's `extend`, engine/native.py): a caller re-reads
+        `prev` and `next` after this."""
         first = self.fresh
         self.fresh = first + n
-        self.prev[-2:-2] = repeat(NOT_FREE, n)      # before the two nodes' slots
-        self.next[-2:-2] = repeat(NOT_FREE, n)
+        self.prev, self.next = with_block_slots(self.prev, n), with_block_slots(self.next, n)
         return range(first, first + n)
 
     def append(self, block_id: int) -> None:
@@ -144,6 +148,7 @@ class FreeKVCacheBlockQueue:
         for block_id in block_ids:
             if block_id >= self.fresh and block_id < self.num_blocks:
                 self._split_run(block_id)
+                prev, next_ = self.prev, self.next     # grown by the blocks handed out
             elif not 0 <= block_id < self.fresh or prev[block_id] == NOT_FREE:
                 raise ValueError(f"block {block_id} is not free")
             before, after = prev[block_id], next_[block_id]
@@ -155,13 +160,26 @@ class FreeKVCacheBlockQueue:
     def _split_run(self, block_id: int) -> None:
         """The fresh blocks up to `block_id` linked as blocks of their own where the run is,
         the run going on after them (a fold takes blocks where the events say)."""
+        linked_blocks = self._hand_out(block_id + 1 - self.fresh)
         prev, next_ = self.prev, self.next
         before, after = prev[FRESH_RUN], next_[FRESH_RUN]
         if block_id + 1 < self.num_blocks:     # the run goes on after them
             after = FRESH_RUN
-        for linked in self._hand_out(block_id + 1 - self.fresh):
+        for linked in linked_blocks:
             next_[before] = linked
             prev[linked] = before
             before = linked
         next_[before] = after
         prev[after] = before
+
+
+def with_block_slots(links: vec[i64], n: int) -> vec[i64]:
+    """`links` with n more block slots, NOT_FREE, before the two nodes' slots, which stay last
+    (a link to a node names it, SENTINEL or FRESH_RUN, not its slot)."""
+    end = len(links)
+    fresh_run, sentinel = links[end - 2], links[end - 1]
+    links = extend(links, repeat(NOT_FREE, n))
+    for slot in range(end - 2, min(end, end + n - 2)):     # the nodes' old slots: now blocks'
+        links[slot] = NOT_FREE
+    links[end + n - 2], links[end + n - 1] = fresh_run, sentinel
+    return links

@@ -31,6 +31,7 @@ from tracengine.engine.block_manager import BlockManager
 from tracengine.engine.block_pool import BlockPool
 from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
 from tracengine.engine.hash_id_blocks import hashed_block_events
+from tracengine.engine.native import i64, vec
 from tracengine.engine.prefix_cache import NO_HASH, PrefixCache
 from tracengine.engine.sequence import Sequence
 from tracengine.trace.events import BlockAllocate, BlockAppend
@@ -53,7 +54,7 @@ class VllmBlockPool(BlockPool):
         return other
 
 
-def release(ref_counts: list[int], hashes: list[int], free_block_queue: FreeKVCacheBlockQueue,
+def release(ref_counts: vec[i64], hashes: list[int], free_block_queue: FreeKVCacheBlockQueue,
             block_ids: list[int]) -> None:
     """vLLM's free rule (the pool's, and the replay fold's): a reference less to each of
     `block_ids` (in eviction order, the first evicted first); those left with none go to the

@@ -128,7 +128,7 @@ class Projection:
         seqs = self.seqs
         for ss in decision.seqs if decision is not None else ():
             seqs[ss.seq_id] = msgspec.structs.replace(seqs[ss.seq_id], num_scheduled_tokens=ss.num_tokens)
-        return FoldState(step, list(self.waiting), list(self.running), seqs, self.ref_counts, self.hashes,
+        return FoldState(step, list(self.waiting), list(self.running), seqs, list(self.ref_counts), self.hashes,
                          list(self.free), self.hash_to_block_id, decision, self.block_size,
                          cpu=CpuTierState(step, self.cpu_num_blocks, dict(self.cpu_loading), self.cpu_history))
 
