@@ -102,7 +102,7 @@ class VllmPrefixCache(PrefixCache):
             h = hashes[block_id]
             if h == NO_HASH:
                 continue
-            if h in later:      # another block holds it too
+            if later and h in later:      # another block holds it too (rare: `later` is most often empty)
                 unregister(index, later, h, block_id)
             else:               # the one block registered under it: the one found
                 del index[h]
