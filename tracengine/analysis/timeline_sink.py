@@ -6,6 +6,7 @@ import msgspec
 
 from tracengine.analysis.timeline import FOLD, RequestTimeline
 from tracengine.trace.events import RequestAdded, TraceHeader
+from tracengine.trace.sinks import block_events_kept
 
 
 def _emit_both(inner_emit, timeline):
@@ -28,6 +29,8 @@ class RequestTimelineSink:
                  lean: bool = False):
         self.timeline = RequestTimeline(header, lean)
         self.inner = inner if inner is not None and inner.enabled else None
+        # the block-level events change no figure (timeline.FOLD): kept only for a writer behind
+        self.block_events = self.inner is not None and block_events_kept(self.inner)
         # An engine that ran before counts on from its last step and its own start: this
         # run's figures count steps from 0 and time from `origin_ns` of the engine's clock.
         self.first_step = first_step

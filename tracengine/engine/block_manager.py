@@ -16,7 +16,7 @@ from tracengine.engine.prefix_cache import NO_HASH, PrefixCache
 from tracengine.engine.sequence import Sequence
 from tracengine.engine.hash_id_blocks import hashed_block_events
 from tracengine.trace.events import BlockAllocate, BlockAppend, BlockFree
-from tracengine.trace.sinks import NULL_SINK, EventSink
+from tracengine.trace.sinks import NULL_SINK, EventSink, block_events_kept
 
 
 class Block(NamedTuple):
@@ -31,6 +31,8 @@ class BlockManager:
     # nano-vllm's block rules: a prompt's blocks all allocated when it is admitted, a block
     # appended when a decode needs one (VllmBlockManager: slots for each step's tokens)
     allocates_per_chunk = False
+    _sink: EventSink
+    emits_block_events: bool     # (the sink's setter)
 
     def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK,
                  enable_caching: bool = True) -> None:
@@ -39,13 +41,25 @@ class BlockManager:
         self.pool = BlockPool(num_blocks)
         self.prefix_cache = PrefixCache(num_blocks, block_size)
         self.num_hit_blocks = 0   # prefix-cache hits, in blocks, over the manager's life
-        self.sink = sink
+        self.sink = sink     # (the property below)
         self.step = 0   # stamped on events; the scheduler sets it each step
         # where the KV of a sequence's prompt may come from outside the engine, as vLLM's KV
         # connector reports external computed tokens (a disaggregated fleet's transfers,
         # fleet/kv_transfer.LandedPrompts); None: nowhere
         self.kv_connector: Any = None
         self.cpu_tier: Any = None    # the CPU tier of KV offloading (engine/cpu_tier.py), where the policy has one
+
+    @property
+    def sink(self) -> EventSink:
+        return self._sink
+
+    @sink.setter
+    def sink(self, sink: EventSink) -> None:
+        """Where the events go. The block-level ones (a block appended, hashed or freed) are
+        built only for a sink that keeps them (`block_events`, trace/sinks.py): a live fold of
+        the figures alone needs none (analysis/timeline.FOLD)."""
+        self._sink = sink
+        self.emits_block_events = sink.enabled and block_events_kept(sink)
 
     @property
     def num_blocks(self) -> int:
@@ -128,7 +142,7 @@ class BlockManager:
         self.pool.free_blocks(released)
         seq.num_cached_tokens = 0
         seq.block_table = []
-        if self.sink.enabled:
+        if self.emits_block_events:
             self.sink.emit(BlockFree(self.step, seq.seq_id, released))
 
     # The newest token is not in the cache yet; it needs a block when it is the first of one.
@@ -145,7 +159,7 @@ class BlockManager:
         new_block_ids = self.pool.get_new_blocks(num_new_blocks)
         self.prefix_cache.evict(new_block_ids)
         seq.block_table += new_block_ids
-        if self.sink.enabled:
+        if self.emits_block_events:
             for block_id in new_block_ids:
                 self.sink.emit(BlockAppend(self.step, seq.seq_id, block_id))
 
@@ -167,6 +181,6 @@ class BlockManager:
         hashes = seq.hash_full_blocks()[start:end]
         block_ids = seq.block_table[start:end]
         self.prefix_cache.insert(block_ids, hashes, seq.tokens(start * size, end * size) if seq.has_tokens else None)
-        if self.sink.enabled:
+        if self.emits_block_events:
             for event in hashed_block_events(self.step, seq, start, block_ids, hashes):
                 self.sink.emit(event)

@@ -24,7 +24,8 @@ single_type_kv_cache_manager.py):
 
 Events: BlockAllocate at admission (the hits, then the first chunk's new
 blocks), BlockAppend for each block a later chunk or token is given, BlockHash
-for each block registered, in the step that allocates it."""
+for each block registered, in the step that allocates it (the last two for a
+sink that keeps block events, block_manager.py)."""
 from typing import Any
 
 from tracengine.engine.block_manager import BlockManager
@@ -177,7 +178,7 @@ class VllmBlockManager(BlockManager):
             if self.cpu_tier is not None:
                 self.cpu_tier.reuse(new_block_ids)
             seq.block_table += new_block_ids
-            if self.sink.enabled:
+            if self.emits_block_events:
                 for block_id in new_block_ids:
                     self.sink.emit(BlockAppend(self.step, seq.seq_id, block_id))
         num_filled = min(num_cached_tokens + num_new_tokens, seq.num_tokens) // size
@@ -195,7 +196,7 @@ class VllmBlockManager(BlockManager):
         block_ids = seq.block_table[num_cached_blocks:end]
         self.prefix_cache.insert(block_ids, hashes,
                                  seq.tokens(num_cached_blocks * size, end * size) if seq.has_tokens else None)
-        if self.sink.enabled:
+        if self.emits_block_events:
             for event in hashed_block_events(self.step, seq, num_cached_blocks, block_ids, hashes):
                 self.sink.emit(event)
 

@@ -7,10 +7,18 @@ from tracengine.trace.events import Event
 
 class EventSink(Protocol):
     """Where emitters send events. Emitters test `enabled` before building an
-    event, so a disabled sink costs a branch; each event carries its own step."""
+    event, so a disabled sink costs a branch; each event carries its own step.
+    A sink may also say `block_events = False`: it keeps none of the block-level
+    events (a block appended, hashed or freed), and the block managers build none
+    for it (a live fold of the figures, which no such event changes)."""
     enabled: bool
 
     def emit(self, event: Event) -> None: ...
+
+
+def block_events_kept(sink: EventSink) -> bool:
+    """Whether `sink` keeps the block-level events: unless it says it does not."""
+    return getattr(sink, "block_events", True)
 
 
 class NullSink:
