@@ -297,7 +297,8 @@ class RequestTimeline:
         return self._starts[step] if step < self._num_steps else self._total_ns
 
     def end_ns(self, step: int) -> int:
-        return self._ends[step] if step < self._num_steps else self._total_ns
+        # the last step's end, mostly asked for (as a step's gaps close), without reading the array
+        return self._ends[step] if step < self._num_steps - 1 else self._total_ns
 
     def idle_gaps(self) -> list[tuple[int, int, int]]:
         """(step, from_ns, to_ns) for each gap the engine spent idle: no request was in flight when it

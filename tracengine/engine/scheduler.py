@@ -129,8 +129,9 @@ class Scheduler:
         # many as the token budget leaves after its one (the seeds' decode ignores the budget).
         scheduled_seqs = []
         num_batched_tokens = 0
+        popleft = self.running.popleft     # looked up once a step: policies.py says why
         while self.running and len(scheduled_seqs) < self.max_num_seqs:
-            seq = self.running.popleft()
+            seq = popleft()
             num_drafts = 0
             if seq.spec_token_ids:
                 num_drafts = self.num_drafts(seq, self.max_num_batched_tokens - num_batched_tokens - 1)
