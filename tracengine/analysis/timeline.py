@@ -92,10 +92,9 @@ class RequestTimeline:
         self._decision: ScheduleDecision | None = None
         self._starts = array("q")    # each step's start and end on the time axis
         self._ends = array("q")
-        # their appends, looked up once (a method call by name, compiled, looks the method up per call)
-        self._append_start = self._starts.append
-        self._append_end = self._ends.append
-        self._num_steps = 0          # len(self._ends), and its last (0 before any step), as typed ints
+        # len(self._ends), and its last (0 before any step), as typed ints. (Pure Python: an instance of more
+        # than 30 attributes loses its dict's shared keys, and every attribute read its fast path.)
+        self._num_steps = 0
         self._total_ns = 0
         self.itl_steps: dict[int, int] = {}
         self.itl_ns: dict[int, int] = {}
@@ -261,8 +260,8 @@ class RequestTimeline:
         gap_ns: int = event.gap_ns
         start = self._total_ns + gap_ns
         self._total_ns = end = start + duration_ns
-        self._append_start(start)
-        self._append_end(end)
+        self._starts.append(start)
+        self._ends.append(end)
         self._num_steps = step + 1
         if self._open_step == step:
             self._close_gaps()
