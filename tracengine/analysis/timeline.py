@@ -195,13 +195,15 @@ class RequestTimeline:
     def _close_gaps(self) -> None:
         """Count the open gaps, and forget them."""
         self._count_gaps(self.itl_steps, self.itl_ns)
-        self._open_gaps.clear()
+        if self._open_gaps:      # mostly empty: a step's gaps mostly come in one run
+            self._open_gaps.clear()
         self._run_count = 0
 
     def _count_gaps(self, itl_steps: dict[int, int], itl_ns: dict[int, int]) -> None:
         """Count the open gaps, those in `_open_gaps` then the run's, into `itl_steps` and `itl_ns`."""
-        for previous, count in self._open_gaps.items():
-            self._count_gap(previous, count, itl_steps, itl_ns)
+        if self._open_gaps:
+            for previous, count in self._open_gaps.items():
+                self._count_gap(previous, count, itl_steps, itl_ns)
         if self._run_count:
             self._count_gap(self._run_step, self._run_count, itl_steps, itl_ns)
 
