@@ -39,6 +39,7 @@ CORE_MODULES = (
     "tracengine.engine.scheduler",
     "tracengine.engine.policies",
     "tracengine.sim.runners",
+    "tracengine.analysis.step_figures",
     "tracengine.analysis.timeline",
     "tracengine.sim.clock",
     "tracengine.sim.steptime",

@@ -138,7 +138,6 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> Stats:
     itl_steps, itl_ns = t.itl()
 
     f = t.step_figures
-    phase_tokens, phase_ns, phase_steps, kind_tokens = f.phase_tokens, f.phase_ns, f.phase_steps, f.kind_tokens
     hol_prefill, hol_decode, blocked = f.num_blocked_prefill_steps, f.num_blocked_decode_steps, f.blocked_seq_ids
 
     preempts = [p for req in t.requests.values() for p in req.preempts]
@@ -162,10 +161,10 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> Stats:
 
     kv = KVBlocks(num_blocks=t.num_kvcache_blocks)
     if t.num_steps:
-        kv = KVBlocks(num_blocks=t.num_kvcache_blocks, min_free_blocks=f.min_free_blocks, peak_step=f.min_free_step)
+        kv = KVBlocks(num_blocks=t.num_kvcache_blocks, min_free_blocks=f.min_free, peak_step=f.min_free_at)
         if t.num_kvcache_blocks:      # the peak: the fullest step
             kv = msgspec.structs.replace(kv, utilization_mean=f.utilization_sum / t.num_steps,
-                                         utilization_peak=1 - f.min_free_blocks / t.num_kvcache_blocks)
+                                         utilization_peak=1 - f.min_free / t.num_kvcache_blocks)
 
     return Stats(
         stats_version=STATS_VERSION,
@@ -176,19 +175,19 @@ def stats(path_or_events, slo: dict[str, float] | None = None) -> Stats:
                                num_aborted=num_aborted),
         tokens=TokenCounts(num_prompt_tokens=sum(r.num_prompt_tokens for r in t.requests.values()),
                            num_completion_tokens=num_completion,
-                           num_prefill_tokens=kind_tokens["prefill"], num_decode_tokens=kind_tokens["decode"]),
-        steps=StepFigures(num_steps=t.num_steps, num_prefill_steps=phase_steps["prefill"],
-                          num_decode_steps=phase_steps["decode"], total_s=total_s,
-                          prefill_s=phase_ns["prefill"] / NS, decode_s=phase_ns["decode"] / NS,
+                           num_prefill_tokens=f.kind_prefill_tokens, num_decode_tokens=f.kind_decode_tokens),
+        steps=StepFigures(num_steps=t.num_steps, num_prefill_steps=f.num_prefill_steps,
+                          num_decode_steps=f.num_decode_steps, total_s=total_s,
+                          prefill_s=f.prefill_ns / NS, decode_s=f.decode_ns / NS,
                           gap_s=t.gap_ns / NS, mean_gap_s=_ratio(t.gap_ns / NS, t.num_steps),
                           idle_s=idle_s, num_idle_gaps=len(idle),
-                          num_mixed_steps=phase_steps["mixed"], mixed_s=phase_ns["mixed"] / NS),
-        throughput=Throughput(prefill_tokens_per_s=_ratio(phase_tokens["prefill"], phase_ns["prefill"] / NS),
-                              decode_tokens_per_s=_ratio(phase_tokens["decode"], phase_ns["decode"] / NS),
+                          num_mixed_steps=f.num_mixed_steps, mixed_s=f.mixed_ns / NS),
+        throughput=Throughput(prefill_tokens_per_s=_ratio(f.prefill_tokens, f.prefill_ns / NS),
+                              decode_tokens_per_s=_ratio(f.decode_tokens, f.decode_ns / NS),
                               completion_tokens_per_s=_ratio(num_completion, total_s),
                               requests_per_s=_ratio(num_finished, total_s),
                               total_tokens_per_s=_ratio(num_tokens, total_s),
-                              mixed_tokens_per_s=_ratio(phase_tokens["mixed"], phase_ns["mixed"] / NS)),
+                              mixed_tokens_per_s=_ratio(f.mixed_tokens, f.mixed_ns / NS)),
         latency=Latencies(queueing=latency("queueing"), ttft=latency("ttft"),
                           itl=Latency(steps=summarize_counts(itl_steps), seconds=summarize_counts(itl_ns, NS)),
                           tpot=latency("tpot"), e2e=latency("e2e")),

@@ -12,15 +12,16 @@ import os
 from array import array
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Final
+from typing import Final, Iterable
 
 from tracengine.analysis.spec_decoding import SpecCounts
 from tracengine.analysis.cpu_tier import FOLD as CPU_TIER_FOLD, CpuTierRecord
 from tracengine.analysis.vllm_inputs import FOLD as VLLM_INPUTS_FOLD, VllmInputs
 from tracengine.errors import TraceError
-from tracengine.trace.events import (BlockAllocate, DraftVerified, Preempt, RequestAdded, ScheduleDecision, SeqAbort,
-                                     SeqFinish, SpecAccepted, SpecDecode, StepEnd, TokenSample, TraceHeader,
-                                     prefill_flags)
+from tracengine.analysis.step_figures import StepFigures
+from tracengine.trace.events import (BlockAllocate, DraftVerified, Preempt, RequestAdded, ScheduledSeq,
+                                     ScheduleDecision, SeqAbort, SeqFinish, SpecAccepted, SpecDecode, StepEnd,
+                                     TokenSample, TraceHeader, prefill_flags)
 from tracengine.trace.header import block_pool_config
 
 @dataclass(slots=True)
@@ -54,50 +55,6 @@ class RequestRecord:
     finish_step: int | None = None
     finish_reason: str = ""
     abort: SeqAbort | None = None                     # taken out before it finished (a server's client left)
-
-
-@dataclass(slots=True)
-class StepFigures:
-    """What `stats` reads of the steps, folded as each ends: a run folded live keeps these sums,
-    not its steps. Phases are a decision's ("prefill", "decode", "mixed"); `kind_tokens` splits
-    a mixed step's tokens by sequence; a blocked step is one whose waiting head did not fit."""
-    phase_tokens: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
-    phase_ns: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
-    phase_steps: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
-    kind_tokens: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0})
-    num_blocked_prefill_steps: int = 0
-    num_blocked_decode_steps: int = 0
-    blocked_seq_ids: set = field(default_factory=set)
-    busy_ns: int = 0                       # the steps' durations, summed
-    min_free_blocks: int | None = None
-    min_free_step: int | None = None       # the first step that left that few
-    utilization_sum: float = 0             # of 1 - free / blocks over the steps, in step order
-
-    def add(self, d: ScheduleDecision, end: StepEnd, duration_ns: int, num_kvcache_blocks: int | None) -> None:
-        # Runs per step: a field read every step is read once, into a local (compiled, each read of an
-        # event's field is a generic attribute lookup).
-        phase: str = d.phase
-        num_batched_tokens: int = d.num_batched_tokens
-        self.phase_tokens[phase] += num_batched_tokens
-        self.phase_ns[phase] += duration_ns
-        self.phase_steps[phase] += 1
-        if phase == "mixed":
-            for ss, is_prefill in zip(d.seqs, prefill_flags(d)):
-                self.kind_tokens["prefill" if is_prefill else "decode"] += ss.num_tokens
-        else:
-            self.kind_tokens[phase] += num_batched_tokens
-        if phase != "decode" and d.stop_reason == "no_free_blocks":
-            self.num_blocked_prefill_steps += 1
-            self.blocked_seq_ids.add(d.blocked_seq_id)
-        elif phase == "decode" and d.blocked_seq_id != -1:
-            self.num_blocked_decode_steps += 1     # the waiting head did not fit, so the step decoded instead
-            self.blocked_seq_ids.add(d.blocked_seq_id)
-        self.busy_ns += duration_ns
-        free: int = end.num_free_blocks
-        if self.min_free_blocks is None or free < self.min_free_blocks:
-            self.min_free_blocks, self.min_free_step = free, end.step
-        if num_kvcache_blocks:
-            self.utilization_sum += 1 - free / num_kvcache_blocks
 
 
 class RequestTimeline:
@@ -135,6 +92,10 @@ class RequestTimeline:
         self._decision: ScheduleDecision | None = None
         self._starts = array("q")    # each step's start and end on the time axis
         self._ends = array("q")
+        # len(self._ends), and its last (0 before any step), as typed ints. (Pure Python: an instance of more
+        # than 30 attributes loses its dict's shared keys, and every attribute read its fast path.)
+        self._num_steps = 0
+        self._total_ns = 0
         self.itl_steps: dict[int, int] = {}
         self.itl_ns: dict[int, int] = {}
         self._open_step = -1
@@ -146,7 +107,12 @@ class RequestTimeline:
         self._step_drafts = (0, 0)     # of the step being folded: drafts verified, and kept
 
     def add(self, event) -> None:
-        # By exact type, one dict lookup: a run folded live (generate, simulate) pays this per event.
+        # By exact type, one dict lookup: a run folded live (generate, simulate) pays this per event. A
+        # TokenSample, most of a run's events, first and by a direct call: compiled, a call through the
+        # table is a Python call (its arguments boxed and parsed), this one a C call.
+        if type(event) is TOKEN_SAMPLE:
+            self._token_sampled(event)
+            return
         fold = FOLD.get(type(event))
         if fold is not None:
             fold(self, event)
@@ -166,13 +132,19 @@ class RequestTimeline:
 
     def _decision_made(self, event: ScheduleDecision) -> None:
         self._decision = event
-        if self.lean and event.phase == "decode":
+        phase: str = event.phase
+        if self.lean and phase == "decode":
             return        # a request is first scheduled in a step with prefill
         step, requests = event.step, self.requests
-        # a mixed step holds both; the others one phase for all
-        phases = (["prefill" if f else "decode" for f in prefill_flags(event)] if event.phase == "mixed"
-                  else repeat(event.phase))
-        for s, phase in zip(event.seqs, phases):
+        seqs: list[ScheduledSeq] = event.seqs
+        if self.lean:     # lean, a mixed step's decodes (its leading num_decode_seqs) have been scheduled before
+            if phase == "mixed":
+                seqs = seqs[event.num_decode_seqs:]
+            phases: Iterable[str] = repeat(phase)
+        else:             # a mixed step holds both; the others one phase for all
+            phases = (["prefill" if f else "decode" for f in prefill_flags(event)] if phase == "mixed"
+                      else repeat(phase))
+        for s, phase in zip(seqs, phases):
             req = requests.get(s.seq_id)     # this loop runs per scheduled token of a decode: no call
             if req is None:
                 raise self._unknown(s.seq_id, event)
@@ -223,13 +195,15 @@ class RequestTimeline:
     def _close_gaps(self) -> None:
         """Count the open gaps, and forget them."""
         self._count_gaps(self.itl_steps, self.itl_ns)
-        self._open_gaps.clear()
+        if self._open_gaps:      # mostly empty: a step's gaps mostly come in one run
+            self._open_gaps.clear()
         self._run_count = 0
 
     def _count_gaps(self, itl_steps: dict[int, int], itl_ns: dict[int, int]) -> None:
         """Count the open gaps, those in `_open_gaps` then the run's, into `itl_steps` and `itl_ns`."""
-        for previous, count in self._open_gaps.items():
-            self._count_gap(previous, count, itl_steps, itl_ns)
+        if self._open_gaps:
+            for previous, count in self._open_gaps.items():
+                self._count_gap(previous, count, itl_steps, itl_ns)
         if self._run_count:
             self._count_gap(self._run_step, self._run_count, itl_steps, itl_ns)
 
@@ -278,16 +252,19 @@ class RequestTimeline:
     def _step_ended(self, event: StepEnd) -> None:
         decision, self._decision = self._decision, None
         step: int = event.step
-        if decision is None or decision.step != step or step != self.num_steps:
-            raise TraceError(f"step {step} ends without its ScheduleDecision (expected step {self.num_steps})")
+        if decision is None or decision.step != step or step != self._num_steps:
+            raise TraceError(f"step {step} ends without its ScheduleDecision (expected step {self._num_steps})")
         duration_ns: int = event.schedule_ns + event.model_ns + event.postprocess_ns
         self.step_figures.add(decision, event, duration_ns, self.num_kvcache_blocks)
         if not self.lean:
             self.steps.append(StepRecord(decision, event, self._step_drafts))
         self._step_drafts = (0, 0)
-        start = self.total_ns + event.gap_ns
+        gap_ns: int = event.gap_ns
+        start = self._total_ns + gap_ns
+        self._total_ns = end = start + duration_ns
         self._starts.append(start)
-        self._ends.append(start + duration_ns)
+        self._ends.append(end)
+        self._num_steps = step + 1
         if self._open_step == step:
             self._close_gaps()
 
@@ -304,12 +281,12 @@ class RequestTimeline:
 
     @property
     def num_steps(self) -> int:
-        return len(self._ends)
+        return self._num_steps
 
     @property
     def total_ns(self) -> int:
         """The run's duration: from its start to the end of the last step."""
-        return self._ends[-1] if self._ends else 0
+        return self._total_ns
 
     @property
     def gap_ns(self) -> int:
@@ -318,10 +295,11 @@ class RequestTimeline:
 
     def start_ns(self, step: int) -> int:
         """When step `step` begins; a step past the end begins when the trace ends."""
-        return self._starts[step] if step < len(self._starts) else self.total_ns
+        return self._starts[step] if step < self._num_steps else self._total_ns
 
     def end_ns(self, step: int) -> int:
-        return self._ends[step] if step < len(self._ends) else self.total_ns
+        # the last step's end, mostly asked for (as a step's gaps close), without reading the array
+        return self._ends[step] if step < self._num_steps - 1 else self._total_ns
 
     def idle_gaps(self) -> list[tuple[int, int, int]]:
         """(step, from_ns, to_ns) for each gap the engine spent idle: no request was in flight when it
@@ -354,6 +332,7 @@ class RequestTimeline:
         return req.arrival_ns if req.arrival_ns >= 0 else self.start_ns(req.added_step)
 
 
+TOKEN_SAMPLE: Final = TokenSample     # Final: compiled, a C static, not a lookup in the module's dict per event
 # What each event type adds to a timeline, by exact type; the block-level events (hashes, appends,
 # frees) add nothing: no figure needs them (the free counts come from StepEnd). Functions, not a
 # timeline's bound methods: a table of those on the timeline would hold it in a reference cycle,

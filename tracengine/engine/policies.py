@@ -101,9 +101,12 @@ class MixedScheduler(Scheduler):
         num_preemptions = self.num_preemptions
         per_chunk = self.block_manager.allocates_per_chunk
 
-        # Running first: each gets the tokens it needs to catch up.
+        # Running first: each gets the tokens it needs to catch up. Its popleft looked up once a step
+        # (compiled, a method called by name is looked up per call); a policy's hooks change
+        # `self.running` in place, never rebind it.
+        popleft = self.running.popleft
         while self.running and token_budget > 0:
-            seq = self.running.popleft()
+            seq = popleft()
             # the rest of its prompt or the chunk the budget leaves; a decoding one, its one token
             # and the drafts the budget leaves room for
             num_new_tokens = min(seq.num_tokens - seq.num_cached_tokens, token_budget) if seq.is_prefill else 1

@@ -129,8 +129,9 @@ class Scheduler:
         # many as the token budget leaves after its one (the seeds' decode ignores the budget).
         scheduled_seqs = []
         num_batched_tokens = 0
+        popleft = self.running.popleft     # looked up once a step: policies.py says why
         while self.running and len(scheduled_seqs) < self.max_num_seqs:
-            seq = self.running.popleft()
+            seq = popleft()
             num_drafts = 0
             if seq.spec_token_ids:
                 num_drafts = self.num_drafts(seq, self.max_num_batched_tokens - num_batched_tokens - 1)
@@ -160,8 +161,9 @@ class Scheduler:
         """`num_decode_seqs`: a "mixed" decision's leading decode sequences."""
         if not self.sink.enabled:
             return
+        scheduled_seq = ScheduledSeq    # a local: compiled, a global is looked up in the module's dict per use
         self.sink.emit(ScheduleDecision(
-            self.step, phase, [ScheduledSeq(s.seq_id, s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs],
+            self.step, phase, [scheduled_seq(s.seq_id, s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs],
             num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,  # type: ignore[arg-type]  # mixed's: set
             num_free_blocks, len(self.waiting) + len(self.loading), len(self.running), num_decode_seqs))
 
@@ -209,8 +211,13 @@ class Scheduler:
         step's phase, is for a policy that overrides this; the rules here need only the counts.)
         A token is an int, or a verify step's list of them (a sequence with drafts)."""
         finished: list[Sequence] = []
-        block_size, step = self.block_size, self.step
+        block_size = self.block_size
         emit = self.sink.emit if self.sink.enabled else None     # looked up once a step, not once a token
+        # Once a step too, not once a token (compiled): the event's class (a global is a lookup in the
+        # module's dict) and its step as an object (an int field is boxed for each event); the token
+        # goes into its event as the runner gave it, the object, not unboxed and boxed again.
+        token_sample = TokenSample
+        step: object = self.step
         for seq, sampled in zip(seqs, token_ids):
             if seq.spec_token_ids:
                 self._append_verified(seq, sampled, finished)
@@ -224,11 +231,11 @@ class Scheduler:
             if num_computed < seq.num_tokens:
                 # a middle chunk: its sample is not at the end of the prompt, and is dropped
                 if emit is not None:
-                    emit(TokenSample(step, seq.seq_id, token_id, False))
+                    emit(token_sample(step, seq.seq_id, sampled, False))
                 continue
             seq.append_token(token_id)
             if emit is not None:
-                emit(TokenSample(step, seq.seq_id, token_id, True))
+                emit(token_sample(step, seq.seq_id, sampled, True))
             if token_id == self.eos and not seq.ignore_eos:
                 self._finish(seq, "eos", finished)
             elif seq.num_completion_tokens == seq.max_tokens or seq.num_tokens >= self.max_model_len:
@@ -241,9 +248,9 @@ class Scheduler:
         slots stay the sequence's), the tokens appended up to a stop (the rest dropped), then the
         blocks the kept tokens filled registered, before a finished sequence frees them."""
         num_drafts, num_accepted = len(seq.spec_token_ids), len(token_ids) - 1
-        if self.sink.enabled:
-            self.sink.emit(DraftVerified(self.step, seq.seq_id, num_drafts, num_accepted,
-                                         seq.spec_token_ids[0] == PADDING_DRAFT))
+        emit = self.sink.emit if self.sink.enabled else None     # looked up once a sequence, not once a token
+        if emit is not None:
+            emit(DraftVerified(self.step, seq.seq_id, num_drafts, num_accepted, seq.spec_token_ids[0] == PADDING_DRAFT))
         seq.spec_token_ids = []
         num_computed_before = seq.num_cached_tokens
         num_computed = num_computed_before + seq.num_scheduled_tokens - (num_drafts - num_accepted)
@@ -251,8 +258,8 @@ class Scheduler:
         reason: FinishReason | None = None
         for i, token_id in enumerate(token_ids):
             seq.append_token(token_id)
-            if self.sink.enabled:
-                self.sink.emit(TokenSample(self.step, seq.seq_id, token_id, True))
+            if emit is not None:
+                emit(TokenSample(self.step, seq.seq_id, token_id, True))
             if token_id == self.eos and not seq.ignore_eos:
                 reason = "eos"
             elif seq.num_completion_tokens == seq.max_tokens or seq.num_tokens >= self.max_model_len:
