@@ -333,7 +333,8 @@ def test_blocks_never_handed_out_cost_nothing():
     assert a.block_table == [0, 1, 2] and b.block_table == [0, 1, 3] and manager.num_free_blocks == 10**12 - 4
     pool, cache = manager.pool, manager.prefix_cache
     assert len(pool.ref_counts) == len(cache.hashes) == 4 and set(cache.token_ids) == {0, 1}   # the full blocks' tokens
-    assert len(pool.free_block_queue.prev) == 4 + 2          # and the sentinel's and the fresh run's
+    # the queue's slots: for the blocks handed out and as many again at most, and the sentinel's and the fresh run's
+    assert 4 + 2 <= len(pool.free_block_queue.prev) <= 2 * 4 + 2
     manager.deallocate(b)
     manager.deallocate(a)
     assert manager.free_block_ids.head() == 4 and 5 in manager.free_block_ids and 3 in manager.free_block_ids

@@ -5,25 +5,26 @@ takes it out of the middle) are O(1), and a step costs the same with 1,000 block
 
 A block costs memory from when it is first handed out: until then it is one of
 the queue's run of fresh blocks (ids `fresh` .. num_blocks - 1, in id order, one
-node of the queue), and the pool and the prefix cache give it no slot. A pool of
-a billion blocks (a what-if's "as many as it takes") costs what its blocks in use
-cost."""
+node of the queue), and the pool and the prefix cache give it no slot (the queue's
+own arrays give slots to at most as many blocks again as have been handed out). A
+pool of a billion blocks (a what-if's "as many as it takes") costs what its blocks
+in use cost."""
 from collections.abc import Iterator
 from itertools import repeat
 from typing import Final
 
 from tracengine.engine.native import extend, i64, vec
 
-SENTINEL: Final = -1     # the node that closes the ring: its slot is the lists' last
+SENTINEL: Final = -1     # the node that closes the ring: its slot is the arrays' last
 FRESH_RUN: Final = -2    # the node that stands for the fresh blocks: its slot is the one before
-NOT_FREE: Final = -3     # a block's `prev` when it is not in the queue (an int, so the lists hold ints only)
+NOT_FREE: Final = -3     # a block's `prev` when it is not in the queue (an int, so the arrays hold ints only)
 
 
 class FreeKVCacheBlockQueue:
     """Free block ids in order, linked through two arrays indexed by block id: `prev` and
     `next` (machine integers, engine/native.py), whose last two slots are the FRESH_RUN
     node's and the SENTINEL's. A block has slots once it has been handed out (ids below
-    `fresh`); one not in the queue has `prev` NOT_FREE."""
+    `fresh`), and so may some blocks after it; one not in the queue has `prev` NOT_FREE."""
     __slots__ = ("prev", "next", "num_free_blocks", "num_blocks", "fresh")
     prev: vec[i64]
     next: vec[i64]
@@ -108,7 +109,10 @@ class FreeKVCacheBlockQueue:
         `prev` and `next` after this."""
         first = self.fresh
         self.fresh = first + n
-        self.prev, self.next = with_block_slots(self.prev, n), with_block_slots(self.next, n)
+        num_slots = len(self.prev) - 2      # blocks with slots: those handed out, and some after them
+        if self.fresh > num_slots:          # doubled (up to every block): grown a logarithmic number of times
+            more = min(max(self.fresh, 2 * num_slots), self.num_blocks) - num_slots
+            self.prev, self.next = with_block_slots(self.prev, more), with_block_slots(self.next, more)
         return range(first, first + n)
 
     def append(self, block_id: int) -> None:
