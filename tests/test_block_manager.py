@@ -376,3 +376,17 @@ def test_pool_applies_a_recorded_allocation_by_its_own_rules():
     assert cache_copy.later_block_ids == {7: [1]} and pool_copy.hashes is cache_copy.hashes
     pool_copy.free_blocks([1, 0])         # both hold a hash: to the tail, in order
     assert list(pool_copy.free_block_queue) == [2, 3, 1, 0]
+
+
+def test_free_block_queue_grows_past_a_chunk_of_slots():
+    """Slots are given to thousands of blocks at once (the arrays grow from a chunk of 4,096 NOT_FREE
+    slots, whole and in part): the queue still keeps a deque's order."""
+    queue, reference = FreeKVCacheBlockQueue(20_000), deque(range(20_000))
+    taken = queue.popleft_n(5_000)
+    assert taken == [reference.popleft() for _ in range(5_000)]
+    queue.remove(13_000)                              # fresh blocks up to it get slots: 8,001 of them
+    reference.remove(13_000)
+    queue.append_n(taken[::-1])
+    reference.extend(taken[::-1])
+    assert list(queue) == list(reference) and len(queue) == len(reference) == 19_999
+    assert queue.popleft_n(19_999) == list(reference)

@@ -10,7 +10,6 @@ own arrays give slots to at most as many blocks again as have been handed out). 
 pool of a billion blocks (a what-if's "as many as it takes") costs what its blocks
 in use cost."""
 from collections.abc import Iterator
-from itertools import repeat
 from typing import Final
 
 from tracengine.engine.native import extend, i64, vec
@@ -18,6 +17,7 @@ from tracengine.engine.native import extend, i64, vec
 SENTINEL: Final = -1     # the node that closes the ring: its slot is the arrays' last
 FRESH_RUN: Final = -2    # the node that stands for the fresh blocks: its slot is the one before
 NOT_FREE: Final = -3     # a block's `prev` when it is not in the queue (an int, so the arrays hold ints only)
+NOT_FREE_SLOTS: Final = vec[i64]([NOT_FREE] * 4096)     # the new slots of a growing array come from this
 
 
 class FreeKVCacheBlockQueue:
@@ -182,7 +182,8 @@ def with_block_slots(links: vec[i64], n: int) -> vec[i64]:
     (a link to a node names it, SENTINEL or FRESH_RUN, not its slot)."""
     end = len(links)
     fresh_run, sentinel = links[end - 2], links[end - 1]
-    links = extend(links, repeat(NOT_FREE, n))
+    for start in range(0, n, len(NOT_FREE_SLOTS)):     # copied from an array of them, not one by one
+        links = extend(links, NOT_FREE_SLOTS if n - start >= len(NOT_FREE_SLOTS) else NOT_FREE_SLOTS[:n - start])
     for slot in range(end - 2, min(end, end + n - 2)):     # the nodes' old slots: now blocks'
         links[slot] = NOT_FREE
     links[end + n - 2], links[end + n - 1] = fresh_run, sentinel
