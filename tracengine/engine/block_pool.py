@@ -4,11 +4,12 @@
 A block is handed out from the head of the free queue and returned to its tail,
 so the least recently freed block is reused first, and a freed block keeps what
 the prefix cache knows of it until it is handed out again."""
-from itertools import repeat
-from typing import Any
+from typing import Any, Final
 
-from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
-from tracengine.engine.native import extend, i64, vec
+from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue, extended
+from tracengine.engine.native import i64, vec
+
+NO_REFERENCES: Final = vec[i64]([0] * 4096)     # the counts of blocks handed out for the first time come from this
 
 
 class BlockPool:
@@ -42,7 +43,7 @@ class BlockPool:
         """A reference count (none yet) for each block the queue handed out for the first time."""
         ref_counts, fresh = self.ref_counts, self.free_block_queue.fresh
         if len(ref_counts) < fresh:
-            self.ref_counts = extend(ref_counts, repeat(0, fresh - len(ref_counts)))
+            self.ref_counts = extended(ref_counts, fresh - len(ref_counts), NO_REFERENCES)
 
     def touch(self, block_ids: list[int]) -> None:
         """A reference more to each of `block_ids`: a free one (a prefix-cache hit on a
@@ -89,7 +90,7 @@ class BlockPool:
     def hold_every_block(self) -> None:
         """A reference count for every block now, not only those handed out (a fold shows
         every block, and takes any)."""
-        self.ref_counts = extend(self.ref_counts, repeat(0, self.num_blocks - len(self.ref_counts)))
+        self.ref_counts = extended(self.ref_counts, self.num_blocks - len(self.ref_counts), NO_REFERENCES)
 
     def copy(self, prefix_cache: Any = None) -> "BlockPool":
         """An independent copy (a fold's keyframe); `prefix_cache`: the copy of the prefix

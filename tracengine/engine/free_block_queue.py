@@ -182,9 +182,16 @@ def with_block_slots(links: vec[i64], n: int) -> vec[i64]:
     (a link to a node names it, SENTINEL or FRESH_RUN, not its slot)."""
     end = len(links)
     fresh_run, sentinel = links[end - 2], links[end - 1]
-    for start in range(0, n, len(NOT_FREE_SLOTS)):     # copied from an array of them, not one by one
-        links = extend(links, NOT_FREE_SLOTS if n - start >= len(NOT_FREE_SLOTS) else NOT_FREE_SLOTS[:n - start])
+    links = extended(links, n, NOT_FREE_SLOTS)
     for slot in range(end - 2, min(end, end + n - 2)):     # the nodes' old slots: now blocks'
         links[slot] = NOT_FREE
     links[end + n - 2], links[end + n - 1] = fresh_run, sentinel
     return links
+
+
+def extended(array: vec[i64], n: int, filler: vec[i64]) -> vec[i64]:
+    """`array` with n more slots, each holding the one value `filler` holds: copied from `filler`,
+    whole or in part, not made one by one."""
+    for start in range(0, n, len(filler)):
+        array = extend(array, filler if n - start >= len(filler) else filler[:n - start])
+    return array
