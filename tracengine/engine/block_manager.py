@@ -40,6 +40,7 @@ class BlockManager:
         self.enable_caching = enable_caching     # off: no lookup, no block registered (vLLM's rule)
         self.pool = BlockPool(num_blocks)
         self.prefix_cache = PrefixCache(num_blocks, block_size)
+        self.prefix_cache.pool_queue = self.pool.free_block_queue
         self.num_hit_blocks = 0   # prefix-cache hits, in blocks, over the manager's life
         self.sink = sink     # (the property below)
         self.step = 0   # stamped on events; the scheduler sets it each step

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from itertools import chain, repeat
 from typing import Final, cast
 
+from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
+
 NO_HASH: Final = -1
 LOOKUP_RUN: Final = 64      # blocks looked up at once
 Tokens = Callable[[int, int], list[int]]     # a sequence's token ids in [start, end) (Sequence.tokens)
@@ -33,6 +35,10 @@ class PrefixCache:
         # the tokens of each block registered with them, by block id: a hash-id prompt's blocks
         # have none, and cost nothing here
         self.token_ids: dict[int, list[int]] = {}
+        # the free queue of the pool whose blocks these are, where a block manager says so: every
+        # block it registers or evicts has been handed out, so `hashes` covers them once it
+        # reaches the queue's `fresh`, known without looking at the blocks' ids
+        self.pool_queue: FreeKVCacheBlockQueue | None = None
 
     def copy(self) -> "PrefixCache":
         """An independent copy (a fold's keyframe)."""
@@ -45,14 +51,16 @@ class PrefixCache:
 
     def hold_every_block(self) -> None:
         """A hash slot for every block now (a fold shows every block)."""
-        self._cover([self.num_blocks - 1])
+        self._slots_up_to(self.num_blocks)
 
     def _cover(self, block_ids: list[int]) -> None:
-        """Slots for `block_ids` in `hashes` (extended in place: the pool shares it); none to
-        look for once every block has one."""
-        if len(self.hashes) == self.num_blocks:
-            return
-        end = max(block_ids, default=-1) + 1
+        """Slots for `block_ids` in `hashes`; none to look for once every block has one."""
+        if len(self.hashes) < self.num_blocks:
+            queue = self.pool_queue
+            self._slots_up_to(queue.fresh if queue is not None else max(block_ids, default=-1) + 1)
+
+    def _slots_up_to(self, end: int) -> None:
+        """Slots in `hashes` for the blocks below `end` (extended in place: the pool shares it)."""
         if end > len(self.hashes):
             self.hashes += repeat(NO_HASH, end - len(self.hashes))
 

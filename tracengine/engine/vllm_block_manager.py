@@ -136,6 +136,7 @@ class VllmBlockManager(BlockManager):
         super().__init__(num_blocks, block_size, sink, enable_caching)
         self.prefix_cache = VllmPrefixCache(num_blocks, block_size)
         self.pool = VllmBlockPool(num_blocks, self.prefix_cache.hashes)
+        self.prefix_cache.pool_queue = self.pool.free_block_queue
 
     def allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int | None = None,
                  delay_cache_blocks: bool = False) -> None:
