@@ -81,9 +81,11 @@ def compute_hashes(token_ids: Sequence[int], block_size: int, parent: int = NO_P
     return hashes
 
 
-# xxh64 (github.com/Cyan4973/xxHash, XXH64 with seed 0) over whole 64-bit words: a block's bytes
-# are its parent's digest, if any, and its tokens, each 8 bytes little-endian.
+# xxh64 (github.com/Cyan4973/xxHash, XXH64 with seed 0) over bytes held as 64-bit words, eight
+# bytes each, little-endian by value (so the same on every machine): a block's bytes are its
+# parent's digest, if any, and its tokens, each one word.
 MASK64: Final = 0xFFFF_FFFF_FFFF_FFFF
+MASK32: Final = 0xFFFF_FFFF
 PRIME64_1: Final = 0x9E3779B185EBCA87
 PRIME64_2: Final = 0xC2B2AE3D27D4EB4F
 PRIME64_3: Final = 0x165667B19E3779F9
@@ -91,64 +93,128 @@ PRIME64_4: Final = 0x85EBCA77C2B2AE63
 PRIME64_5: Final = 0x27D4EB2F165667C5
 LANE1_START: Final = 0x60EA27EEADC0B5D6     # (PRIME64_1 + PRIME64_2) mod 2**64
 LANE4_START: Final = 0x61C8864E7A143579     # -PRIME64_1 mod 2**64
+# The most tokens a block that `chain_hashes` takes holds: a block's words, its parent's digest
+# and its tokens, are one array, a fixed C array where compiled (`[0] * 257` below, as Cython
+# reads it); a larger block is hashed from its bytes.
+MAX_WORDS_BLOCK: Final = 256
 
 
 def chain_hashes(tokens: list[int] | None, first: int, start: int, block_size: int, num_blocks: int,
                  parent: int) -> list[int]:
     """compute_hashes(token_ids, block_size, parent, start) for `num_blocks` blocks, the tokens
-    being `tokens` (a list) or, where it is None, `first`, `first + 1`, ... (a range)."""
+    being `tokens` (a list) or, where it is None, `first`, `first + 1`, ... (a range); a block
+    holds at most MAX_WORDS_BLOCK tokens. A token no int64 holds raises OverflowError, one not
+    an int TypeError (the bytes path takes it, or says why not)."""
+    if block_size > MAX_WORDS_BLOCK:
+        raise OverflowError(f"a block of {block_size} tokens is over {MAX_WORDS_BLOCK}")
+    words = [0] * 257     # the block's words: its parent's digest, then its tokens
     hashes: list[int] = []
     has_parent = parent != NO_PARENT
-    digest = parent if has_parent else 0
-    for block in range(num_blocks):
-        digest = block_digest(tokens, first, start + block * block_size, block_size, has_parent, digest)
+    if has_parent:
+        words[0] = parent     # a digest: a C unsigned 64-bit where compiled (one out of its range raises OverflowError)
+    at = start
+    for _ in range(num_blocks):
+        if tokens is None:
+            for j in range(block_size):
+                words[1 + j] = (first + at + j) & MASK64
+        else:
+            for j in range(block_size):
+                token = tokens[at + j]
+                if type(token) is not int:     # (a bool, a float)
+                    raise TypeError(f"token id {token!r} is not an int")
+                word = token     # an int64 where compiled: one out of its range raises OverflowError
+                words[1 + j] = word & MASK64
+        if has_parent:
+            digest = xxh64_words(words, 0, 8 * (block_size + 1))
+        else:      # the first block of a sequence
+            digest = xxh64_words(words, 1, 8 * block_size)
         hashes.append(digest)
+        words[0] = digest
         has_parent = True
+        at += block_size
     return hashes
 
 
-def block_digest(tokens: list[int] | None, first: int, offset: int, block_size: int, has_parent: bool,
-                 parent: int) -> int:
-    """xxh64 of one block: its words are `parent` (if `has_parent`), then the tokens from `offset` on."""
-    num_words = block_size + has_parent
-    j = 0
-    if num_words >= 4:     # 32-byte stripes, one word to each of the four lanes
+def key_hash(seed: int, seq_id: int, position: int, modulus: int) -> int:
+    """xxhash.xxh64_intdigest(f"{seed}:{seq_id}:{position}".encode()) % modulus, for numbers that
+    int64s hold and a positive modulus that an int64 holds (else OverflowError): the synthetic
+    runner's token (sim/runners.py), its key's bytes written into words here, none made."""
+    if modulus <= 0:
+        raise OverflowError(f"the modulus {modulus} is not positive")
+    words = [0] * 8     # the key's bytes, at most 3 * 20 + 2 of them
+    length = put_decimal(words, 0, seed)
+    length = put_byte(words, length, 58)     # b":"
+    length = put_decimal(words, length, seq_id)
+    length = put_byte(words, length, 58)
+    length = put_decimal(words, length, position)
+    digest = xxh64_words(words, 0, length)
+    return digest % modulus
+
+
+def put_decimal(words: list[int], length: int, value: int) -> int:
+    """Appends b"%d" % value to the bytes held in `words` (`length` of them); the new length."""
+    magnitude = value
+    if value < 0:
+        length = put_byte(words, length, 45)     # b"-"
+        magnitude = (MASK64 - magnitude + 1) & MASK64     # -value, as C's unsigned arithmetic has it
+    num_digits = 1
+    power = 10
+    while num_digits < 20 and magnitude >= power:
+        num_digits += 1
+        power *= 10
+    at = length + num_digits
+    while at > length:
+        at -= 1
+        put_byte(words, at, 48 + magnitude % 10)
+        magnitude //= 10
+    return length + num_digits
+
+
+def put_byte(words: list[int], at: int, byte: int) -> int:
+    """Sets byte `at` (of bytes not set before) of those held in `words`; at + 1."""
+    words[at >> 3] |= byte << 8 * (at & 7)
+    return at + 1
+
+
+def xxh64_words(words: list[int], begin: int, length: int) -> int:
+    """xxh64 of the `length` bytes held in words[begin:] (eight to a word, the first in its low byte)."""
+    j = begin
+    end = begin + (length >> 3)      # the words past the last whole one
+    if length >= 32:     # 32-byte stripes, one word to each of the four lanes
         v1, v2, v3, v4 = LANE1_START, PRIME64_2, 0, LANE4_START
-        while j + 4 <= num_words:
-            v1 = xxh_round(v1, block_word(tokens, first, offset, j, has_parent, parent))
-            v2 = xxh_round(v2, block_word(tokens, first, offset, j + 1, has_parent, parent))
-            v3 = xxh_round(v3, block_word(tokens, first, offset, j + 2, has_parent, parent))
-            v4 = xxh_round(v4, block_word(tokens, first, offset, j + 3, has_parent, parent))
+        while j + 4 <= end:
+            v1 = xxh_round(v1, words[j])
+            v2 = xxh_round(v2, words[j + 1])
+            v3 = xxh_round(v3, words[j + 2])
+            v4 = xxh_round(v4, words[j + 3])
             j += 4
         h = (rotate_left(v1, 1) + rotate_left(v2, 7) + rotate_left(v3, 12) + rotate_left(v4, 18)) & MASK64
         h = merge_round(merge_round(merge_round(merge_round(h, v1), v2), v3), v4)
     else:
         h = PRIME64_5
-    h = (h + 8 * num_words) & MASK64
-    while j < num_words:     # the words after the last stripe
-        h ^= xxh_round(0, block_word(tokens, first, offset, j, has_parent, parent))
+    h = (h + length) & MASK64
+    while j < end:     # the whole words after the last stripe
+        h ^= xxh_round(0, words[j])
         h = (rotate_left(h, 27) * PRIME64_1 + PRIME64_4) & MASK64
         j += 1
+    rest = length & 7     # the bytes after the last whole word, in the low bytes of words[end]
+    if rest:
+        tail = words[end]
+        if rest >= 4:
+            h ^= ((tail & MASK32) * PRIME64_1) & MASK64
+            h = (rotate_left(h, 23) * PRIME64_2 + PRIME64_3) & MASK64
+            tail >>= 32
+            rest -= 4
+        while rest:
+            h ^= ((tail & 0xFF) * PRIME64_5) & MASK64
+            h = (rotate_left(h, 11) * PRIME64_1) & MASK64
+            tail >>= 8
+            rest -= 1
     h ^= h >> 33
     h = (h * PRIME64_2) & MASK64
     h ^= h >> 29
     h = (h * PRIME64_3) & MASK64
     return h ^ (h >> 32)
-
-
-def block_word(tokens: list[int] | None, first: int, offset: int, j: int, has_parent: bool, parent: int) -> int:
-    """Word `j` of a block: its parent's digest first (if it has one), then its tokens as int64s."""
-    if has_parent:
-        if j == 0:
-            return parent
-        j -= 1
-    if tokens is None:
-        return (first + offset + j) & MASK64
-    token = tokens[offset + j]
-    if type(token) is not int:     # (a bool, a float): the bytes path takes it, or says why not
-        raise TypeError(f"token id {token!r} is not an int")
-    word = token     # an int64 where compiled: one out of its range raises OverflowError
-    return word & MASK64
 
 
 def xxh_round(acc: int, lane: int) -> int:

@@ -10,6 +10,7 @@ from tracengine.engine.config import Config
 from tracengine.errors import RequestError
 from tracengine.sim.clock import StepClockedEngine, in_arrival_order, run_in_time
 from tracengine.trace.sinks import ListSink
+from tracengine.engine.block_hasher import COMPILED, key_hash
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.request import Request
 from tracengine.engine.native import mypyc_attr
@@ -49,6 +50,8 @@ class SyntheticRunner:
 
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[Any]:
         """A token for each of `seqs`: an int, or a verify step's list of them."""
+        if COMPILED and 0 < self.vocab_size < 2**63 and -2**63 <= self.seed < 2**63:
+            return self._run_compiled(seqs)
         # One loop for the batch, no call per sequence: a simulation samples every token here.
         eos, eos_at, vocab_size, prefixes, digest, decimals = self.eos, self.eos_at, self.vocab_size, \
             self._prefixes, xxhash.xxh64_intdigest, _DECIMALS
@@ -69,6 +72,31 @@ class SyntheticRunner:
                 token = digest(self._prefix(seq.seq_id) + _decimal(position)) % vocab_size
             if token == eos:
                 token = (token + 1) % vocab_size
+            tokens.append(token)
+        return tokens
+
+    def _run_compiled(self, seqs: list[Sequence]) -> list[Any]:
+        """run's tokens, each hashed by the compiled block hasher (`key_hash`): the same hash of
+        the same bytes, which it writes into machine words, and no bytes made for a token."""
+        # seed and vocab_size are passed as the objects they are, not made again for each token
+        eos, eos_at, sample = self.eos, self.eos_at, key_hash
+        seed: Any = self.seed
+        vocab_size: Any = self.vocab_size
+        tokens: list[Any] = []
+        for seq in seqs:
+            if seq.spec_token_ids:
+                tokens.append(self.targets(seq))
+                continue
+            position = seq.num_cached_tokens + seq.num_scheduled_tokens
+            if eos_at and position == seq.num_tokens and eos_at.get(seq.seq_id) == seq.num_completion_tokens:
+                tokens.append(eos)
+                continue
+            try:
+                token: int = sample(seed, seq.seq_id, position, vocab_size)
+            except OverflowError:      # a seq_id no int64 holds: its bytes, hashed as in `run`
+                token = xxhash.xxh64_intdigest(self._prefix(seq.seq_id) + _decimal(position)) % self.vocab_size
+            if token == eos:
+                token = (token + 1) % self.vocab_size
             tokens.append(token)
         return tokens
 
