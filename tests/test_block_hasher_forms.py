@@ -81,3 +81,15 @@ def test_the_compiled_hasher_takes_and_refuses_what_the_python_does(tokens):
         except Exception as error:      # the same error, whichever form raised it
             return type(error), str(error)
     assert outcome(block_hasher) == outcome(PYTHON)
+
+
+def test_a_block_over_the_word_forms_capacity_is_hashed_from_its_bytes():
+    size = PYTHON.MAX_WORDS_BLOCK + 1
+    tokens = list(range(3 * size))
+    with pytest.raises(OverflowError):
+        PYTHON.chain_hashes(tokens, 0, 0, size, 3, NO_PARENT)
+    expected = PYTHON.compute_hashes(tokens, size)
+    assert block_hasher.compute_hashes(tokens, size) == expected
+    assert block_hasher.compute_hashes(range(3 * size), size) == expected
+    assert block_hasher.compute_hashes(tokens, PYTHON.MAX_WORDS_BLOCK) == \
+        PYTHON.chain_hashes(tokens, 0, 0, PYTHON.MAX_WORDS_BLOCK, 3, NO_PARENT)
