@@ -47,10 +47,11 @@ class SyntheticRunner:
         self.eos = eos
         self.eos_at = eos_at or {}
         self._prefixes: dict[int, bytes] = {}   # seq_id -> b"{seed}:{seq_id}:", made once per sequence
+        self._compiled = COMPILED     # the compiled core hashes a token's key in machine words (_run_compiled)
 
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[Any]:
         """A token for each of `seqs`: an int, or a verify step's list of them."""
-        if COMPILED and 0 < self.vocab_size < 2**63 and -2**63 <= self.seed < 2**63:
+        if self._compiled:
             return self._run_compiled(seqs)
         # One loop for the batch, no call per sequence: a simulation samples every token here.
         eos, eos_at, vocab_size, prefixes, digest, decimals = self.eos, self.eos_at, self.vocab_size, \
@@ -93,7 +94,7 @@ class SyntheticRunner:
                 continue
             try:
                 token: int = sample(seed, seq.seq_id, position, vocab_size)
-            except OverflowError:      # a seq_id no int64 holds: its bytes, hashed as in `run`
+            except OverflowError:      # a number no int64 holds, or a vocabulary no C modulus is: its bytes, as `run`
                 token = xxhash.xxh64_intdigest(self._prefix(seq.seq_id) + _decimal(position)) % self.vocab_size
             if token == eos:
                 token = (token + 1) % self.vocab_size
