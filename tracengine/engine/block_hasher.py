@@ -6,9 +6,12 @@ block's hash stands for every token up to the end of that block (the chain).
 Two forms of the one function. The Python core packs the bytes and hashes them with the
 xxhash library (the reference). The compiled core (tracengine/compiled.py) is this module
 compiled by Cython, its types in block_hasher.pxd: it runs xxh64 itself, over the block's
-64-bit words as machine integers, and builds no bytes (`chain_hashes`; the same Python,
-whose masks keep every value to 64 bits as C's unsigned arithmetic does). Tests hold the
-two to each other on both cores."""
+64-bit words as machine integers in one C array, and builds no bytes and no Python object
+per token (`chain_hashes`; the same Python, whose masks keep every value to 64 bits as C's
+unsigned arithmetic does). Tests hold the two to each other on both cores.
+
+The synthetic runner's token (sim/runners.py), xxh64 of a short key's bytes, is hashed here
+too where compiled (`key_hash`), with the same xxh64 over words."""
 import struct
 from collections.abc import Sequence
 from functools import lru_cache
