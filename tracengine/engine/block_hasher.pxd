@@ -23,7 +23,7 @@ cpdef bint is_id_run(object token_ids)     # a C call from compute_hashes
 cpdef list chain_hashes(list tokens, long long first, Py_ssize_t start, Py_ssize_t block_size,
                         Py_ssize_t num_blocks, object parent)
 
-@cython.locals(prefix="unsigned long long[8]", prefix_length=Py_ssize_t, modulus="unsigned long long",
+@cython.locals(prefix="unsigned long long[8]", prefix_length=Py_ssize_t, modulus="unsigned long long", tokens=list,
                i=Py_ssize_t, seq_id="long long", position="long long", token="long long")
 cpdef list synthetic_tokens(long long seed, list seq_ids, list positions, long long vocab_size, long long eos)
 

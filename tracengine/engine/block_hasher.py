@@ -149,14 +149,14 @@ def synthetic_tokens(seed: int, seq_ids: list[int], positions: list[int], vocab_
     prefix = [0] * 8     # b"{seed}:", the start of every key of the batch
     prefix_length = put_byte(prefix, put_decimal(prefix, 0, seed), 58)
     modulus = vocab_size
-    tokens: list[int] = []
+    tokens = [0] * len(seq_ids)
     for i in range(len(seq_ids)):
         seq_id = seq_ids[i]
         position = positions[i]
         token = prefixed_key_hash(prefix, prefix_length, seq_id, position) % modulus
         if token == eos:
             token = (token + 1) % vocab_size
-        tokens.append(token)
+        tokens[i] = token
     return tokens
 
 

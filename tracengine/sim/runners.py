@@ -84,14 +84,18 @@ class SyntheticRunner:
         words, no bytes made and no call per token); None where a number is out of its range."""
         seq_ids: list[int] = []
         positions: list[int] = []
+        verifies = False
         for seq in seqs:
             seq_ids.append(seq.seq_id)
             positions.append(seq.num_cached_tokens + seq.num_scheduled_tokens)
+            verifies = verifies or bool(seq.spec_token_ids)
         try:
             tokens: list[Any] = synthetic_tokens(self.seed, seq_ids, positions, self.vocab_size, self.eos)
         except OverflowError:      # a number no int64 holds, or no positive vocabulary: run samples the bytes
             return None
         eos_at = self.eos_at
+        if not verifies and not eos_at:
+            return tokens
         for i, seq in enumerate(seqs):      # a verify step's tokens, and eos where eos_at puts it, as in run
             if seq.spec_token_ids:
                 tokens[i] = self.targets(seq)
