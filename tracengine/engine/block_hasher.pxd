@@ -19,9 +19,9 @@ cdef Py_ssize_t MAX_WORDS_BLOCK
 cpdef bint is_id_run(object token_ids)     # a C call from compute_hashes
 
 @cython.locals(words="unsigned long long[257]", has_parent=bint, digest="unsigned long long", at=Py_ssize_t,
-               j=Py_ssize_t, word="long long")
+               j=Py_ssize_t, word="long long", hash_id="unsigned long long", id_limit="unsigned long long")
 cpdef list chain_hashes(list tokens, long long first, Py_ssize_t start, Py_ssize_t block_size,
-                        Py_ssize_t num_blocks, object parent)
+                        Py_ssize_t num_blocks, object parent, long long block_tokens=*)
 
 @cython.locals(prefix="unsigned long long[8]", prefix_length=Py_ssize_t, modulus="unsigned long long", tokens=list,
                i=Py_ssize_t, seq_id="long long", position="long long", token="long long")

@@ -103,13 +103,15 @@ MAX_WORDS_BLOCK: Final = 256
 
 
 def chain_hashes(tokens: list[int] | None, first: int, start: int, block_size: int, num_blocks: int,
-                 parent: int) -> list[int]:
+                 parent: int, block_tokens: int = 0) -> list[int]:
     """compute_hashes(token_ids, block_size, parent, start) for `num_blocks` blocks, the tokens
-    being `tokens` (a list) or, where it is None, `first`, `first + 1`, ... (a range); a block
-    holds at most MAX_WORDS_BLOCK tokens. A token no int64 holds raises OverflowError, one not
-    an int TypeError (the bytes path takes it, or says why not)."""
+    being `tokens` (a list) or, where it is None, `first`, `first + 1`, ... (a range), or where
+    `block_tokens` is not 0, those that the hash ids `tokens` stand for (`hash_id_tokens`); a
+    block holds at most MAX_WORDS_BLOCK tokens. A token no int64 holds raises OverflowError, one
+    not an int TypeError (the bytes path takes it, or says why not)."""
     if block_size > MAX_WORDS_BLOCK:
         raise OverflowError(f"a block of {block_size} tokens is over {MAX_WORDS_BLOCK}")
+    id_limit = ((MASK64 >> 1) + 1) // block_tokens if block_tokens > 0 else 0     # hash_id_prompt.hash_id_limit
     words = [0] * 257     # the block's words: its parent's digest, then its tokens
     hashes: list[int] = []
     has_parent = parent != NO_PARENT
@@ -120,6 +122,12 @@ def chain_hashes(tokens: list[int] | None, first: int, start: int, block_size: i
         if tokens is None:
             for j in range(block_size):
                 words[1 + j] = (first + at + j) & MASK64
+        elif block_tokens > 0:
+            for j in range(block_size):
+                hash_id = tokens[(at + j) // block_tokens]     # an unsigned 64-bit where compiled
+                if hash_id < 0 or hash_id >= id_limit:
+                    raise OverflowError(f"hash id {hash_id} of {block_tokens} tokens")
+                words[1 + j] = hash_id * block_tokens + (at + j) % block_tokens
         else:
             for j in range(block_size):
                 token = tokens[at + j]
@@ -136,6 +144,22 @@ def chain_hashes(tokens: list[int] | None, first: int, start: int, block_size: i
         has_parent = True
         at += block_size
     return hashes
+
+
+def hash_id_tokens(hash_ids: list[int], block_tokens: int, start: int, block_size: int, num_blocks: int,
+                   parent: int = NO_PARENT) -> list[int]:
+    """The chained hashes of `num_blocks` blocks from token `start` on, the first one's parent
+    `parent`, of the tokens that `hash_ids` stand for (hash_id_prompt.py): token p, counted from
+    the first of hash_ids[0], is hash_ids[p // block_tokens] * block_tokens + p % block_tokens.
+    Where compiled, the tokens are made in C, no list of them."""
+    if COMPILED and num_blocks > 0:
+        try:
+            return chain_hashes(hash_ids, 0, start, block_size, num_blocks, parent, block_tokens)
+        except (OverflowError, TypeError):    # a hash id no int64 holds the tokens of: the bytes say how
+            pass
+    tokens = [hash_ids[p // block_tokens] * block_tokens + p % block_tokens
+              for p in range(start, start + num_blocks * block_size)]
+    return compute_hashes(tokens, block_size, parent)
 
 
 def synthetic_tokens(seed: int, seq_ids: list[int], positions: list[int], vocab_size: int, eos: int) -> list[int]:
