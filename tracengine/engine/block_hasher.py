@@ -10,8 +10,8 @@ compiled by Cython, its types in block_hasher.pxd: it runs xxh64 itself, over th
 per token (`chain_hashes`; the same Python, whose masks keep every value to 64 bits as C's
 unsigned arithmetic does). Tests hold the two to each other on both cores.
 
-The synthetic runner's token (sim/runners.py), xxh64 of a short key's bytes, is hashed here
-too where compiled (`key_hash`), with the same xxh64 over words."""
+The synthetic runner's tokens (sim/runners.py), xxh64 of short keys' bytes, are hashed here
+too where compiled, a step's at once (`synthetic_tokens`), with the same xxh64 over words."""
 import struct
 from collections.abc import Sequence
 from functools import lru_cache
