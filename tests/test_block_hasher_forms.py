@@ -81,3 +81,38 @@ def test_the_compiled_hasher_takes_and_refuses_what_the_python_does(tokens):
         except Exception as error:      # the same error, whichever form raised it
             return type(error), str(error)
     assert outcome(block_hasher) == outcome(PYTHON)
+
+
+def test_a_block_over_the_word_forms_capacity_is_hashed_from_its_bytes():
+    size = PYTHON.MAX_WORDS_BLOCK + 1
+    tokens = list(range(3 * size))
+    with pytest.raises(OverflowError):
+        PYTHON.chain_hashes(tokens, 0, 0, size, 3, NO_PARENT)
+    expected = PYTHON.compute_hashes(tokens, size)
+    assert block_hasher.compute_hashes(tokens, size) == expected
+    assert block_hasher.compute_hashes(range(3 * size), size) == expected
+    assert block_hasher.compute_hashes(tokens, PYTHON.MAX_WORDS_BLOCK) == \
+        PYTHON.chain_hashes(tokens, 0, 0, PYTHON.MAX_WORDS_BLOCK, 3, NO_PARENT)
+
+
+def test_the_tokens_hash_ids_stand_for_hash_as_their_list_does():
+    """Blocks that straddle hash ids hash the tokens the ids stand for, made in C where compiled."""
+    rng = random.Random(13)
+    for _ in range(300):
+        block_tokens, block_size = rng.choice([(16, 6), (512, 48), (7, 3), (5, 16), (512, 16)])
+        hash_ids = [rng.choice([rng.randrange(0, 50), rng.randrange(0, 2**63 // block_tokens)])
+                    for _ in range(rng.randrange(1, 8))]
+        start = rng.randrange(0, block_tokens)
+        num_blocks = max(0, (len(hash_ids) * block_tokens - start) // block_size - rng.randrange(0, 2))
+        parent = rng.choice([NO_PARENT, rng.randrange(0, 2**64)])
+        tokens = [hash_ids[p // block_tokens] * block_tokens + p % block_tokens
+                  for p in range(start, start + num_blocks * block_size)]
+        expected = PYTHON.compute_hashes(tokens, block_size, parent)
+        assert block_hasher.hash_id_tokens(hash_ids, block_tokens, start, block_size, num_blocks, parent) == expected
+        if num_blocks:
+            assert PYTHON.chain_hashes(hash_ids, 0, start, block_size, num_blocks, parent, block_tokens) == expected
+    big = [2**63 // 16]      # its tokens are past what int64s hold: the bytes refuse them, as for its list
+    with pytest.raises(Exception) as refused:
+        block_hasher.hash_id_tokens(big, 16, 0, 6, 2)
+    with pytest.raises(refused.type):
+        PYTHON.compute_hashes([big[0] * 16 + p for p in range(12)], 6)

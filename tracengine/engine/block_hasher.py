@@ -6,9 +6,12 @@ block's hash stands for every token up to the end of that block (the chain).
 Two forms of the one function. The Python core packs the bytes and hashes them with the
 xxhash library (the reference). The compiled core (tracengine/compiled.py) is this module
 compiled by Cython, its types in block_hasher.pxd: it runs xxh64 itself, over the block's
-64-bit words as machine integers, and builds no bytes (`chain_hashes`; the same Python,
-whose masks keep every value to 64 bits as C's unsigned arithmetic does). Tests hold the
-two to each other on both cores."""
+64-bit words as machine integers in one C array, and builds no bytes and no Python object
+per token (`chain_hashes`; the same Python, whose masks keep every value to 64 bits as C's
+unsigned arithmetic does). Tests hold the two to each other on both cores.
+
+The synthetic runner's tokens (sim/runners.py), xxh64 of short keys' bytes, are hashed here
+too where compiled, a step's at once (`synthetic_tokens`), with the same xxh64 over words."""
 import struct
 from collections.abc import Sequence
 from functools import lru_cache
@@ -81,9 +84,11 @@ def compute_hashes(token_ids: Sequence[int], block_size: int, parent: int = NO_P
     return hashes
 
 
-# xxh64 (github.com/Cyan4973/xxHash, XXH64 with seed 0) over whole 64-bit words: a block's bytes
-# are its parent's digest, if any, and its tokens, each 8 bytes little-endian.
+# xxh64 (github.com/Cyan4973/xxHash, XXH64 with seed 0) over bytes held as 64-bit words, eight
+# bytes each, little-endian by value (so the same on every machine): a block's bytes are its
+# parent's digest, if any, and its tokens, each one word.
 MASK64: Final = 0xFFFF_FFFF_FFFF_FFFF
+MASK32: Final = 0xFFFF_FFFF
 PRIME64_1: Final = 0x9E3779B185EBCA87
 PRIME64_2: Final = 0xC2B2AE3D27D4EB4F
 PRIME64_3: Final = 0x165667B19E3779F9
@@ -91,64 +96,199 @@ PRIME64_4: Final = 0x85EBCA77C2B2AE63
 PRIME64_5: Final = 0x27D4EB2F165667C5
 LANE1_START: Final = 0x60EA27EEADC0B5D6     # (PRIME64_1 + PRIME64_2) mod 2**64
 LANE4_START: Final = 0x61C8864E7A143579     # -PRIME64_1 mod 2**64
+# The most tokens a block that `chain_hashes` takes holds: a block's words, its parent's digest
+# and its tokens, are one array, a fixed C array where compiled (`[0] * 257` below, as Cython
+# reads it); a larger block is hashed from its bytes.
+MAX_WORDS_BLOCK: Final = 256
 
 
 def chain_hashes(tokens: list[int] | None, first: int, start: int, block_size: int, num_blocks: int,
-                 parent: int) -> list[int]:
+                 parent: int, block_tokens: int = 0) -> list[int]:
     """compute_hashes(token_ids, block_size, parent, start) for `num_blocks` blocks, the tokens
-    being `tokens` (a list) or, where it is None, `first`, `first + 1`, ... (a range)."""
+    being `tokens` (a list) or, where it is None, `first`, `first + 1`, ... (a range), or where
+    `block_tokens` is not 0, those that the hash ids `tokens` stand for (`hash_id_tokens`); a
+    block holds at most MAX_WORDS_BLOCK tokens. A token no int64 holds raises OverflowError, one
+    not an int TypeError (the bytes path takes it, or says why not)."""
+    if block_size > MAX_WORDS_BLOCK:
+        raise OverflowError(f"a block of {block_size} tokens is over {MAX_WORDS_BLOCK}")
+    id_limit = ((MASK64 >> 1) + 1) // block_tokens if block_tokens > 0 else 0     # hash_id_prompt.hash_id_limit
+    words = [0] * 257     # the block's words: its parent's digest, then its tokens
     hashes: list[int] = []
     has_parent = parent != NO_PARENT
-    digest = parent if has_parent else 0
-    for block in range(num_blocks):
-        digest = block_digest(tokens, first, start + block * block_size, block_size, has_parent, digest)
+    if has_parent:
+        words[0] = parent     # a digest: a C unsigned 64-bit where compiled (one out of its range raises OverflowError)
+    at = start
+    for _ in range(num_blocks):
+        if tokens is None:
+            for j in range(block_size):
+                words[1 + j] = (first + at + j) & MASK64
+        elif block_tokens > 0:
+            for j in range(block_size):
+                hash_id = tokens[(at + j) // block_tokens]     # an unsigned 64-bit where compiled
+                if hash_id < 0 or hash_id >= id_limit:
+                    raise OverflowError(f"hash id {hash_id} of {block_tokens} tokens")
+                words[1 + j] = hash_id * block_tokens + (at + j) % block_tokens
+        else:
+            for j in range(block_size):
+                token = tokens[at + j]
+                if type(token) is not int:     # (a bool, a float)
+                    raise TypeError(f"token id {token!r} is not an int")
+                word = token     # an int64 where compiled: one out of its range raises OverflowError
+                words[1 + j] = word & MASK64
+        if has_parent:
+            digest = xxh64_words(words, 0, 8 * (block_size + 1))
+        else:      # the first block of a sequence
+            digest = xxh64_words(words, 1, 8 * block_size)
         hashes.append(digest)
+        words[0] = digest
         has_parent = True
+        at += block_size
     return hashes
 
 
-def block_digest(tokens: list[int] | None, first: int, offset: int, block_size: int, has_parent: bool,
-                 parent: int) -> int:
-    """xxh64 of one block: its words are `parent` (if `has_parent`), then the tokens from `offset` on."""
-    num_words = block_size + has_parent
-    j = 0
-    if num_words >= 4:     # 32-byte stripes, one word to each of the four lanes
+def hash_id_tokens(hash_ids: list[int], block_tokens: int, start: int, block_size: int, num_blocks: int,
+                   parent: int = NO_PARENT) -> list[int]:
+    """The chained hashes of `num_blocks` blocks from token `start` on, the first one's parent
+    `parent`, of the tokens that `hash_ids` stand for (hash_id_prompt.py): token p, counted from
+    the first of hash_ids[0], is hash_ids[p // block_tokens] * block_tokens + p % block_tokens.
+    Where compiled, the tokens are made in C, no list of them."""
+    if COMPILED and num_blocks > 0:
+        try:
+            return chain_hashes(hash_ids, 0, start, block_size, num_blocks, parent, block_tokens)
+        except (OverflowError, TypeError):    # a hash id no int64 holds the tokens of: the bytes say how
+            pass
+    tokens = [hash_ids[p // block_tokens] * block_tokens + p % block_tokens
+              for p in range(start, start + num_blocks * block_size)]
+    return compute_hashes(tokens, block_size, parent)
+
+
+def synthetic_tokens(seed: int, seq_ids: list[int], positions: list[int], vocab_size: int, eos: int) -> list[int]:
+    """The synthetic runner's tokens (sim/runners.py), a batch at once: for each sequence,
+    key_hash(seed, seq_id, position) % vocab_size, eos stepped over. Numbers that int64s hold
+    and a positive vocabulary (else OverflowError)."""
+    if vocab_size <= 0:
+        raise OverflowError(f"a vocabulary of {vocab_size} tokens")
+    if len(seq_ids) != len(positions):
+        raise ValueError(f"{len(seq_ids)} seq_ids but {len(positions)} positions")
+    prefix = [0] * 8     # b"{seed}:", the start of every key of the batch
+    prefix_length = put_byte(prefix, put_decimal(prefix, 0, seed), 58)
+    modulus = vocab_size
+    tokens = [0] * len(seq_ids)
+    for i in range(len(seq_ids)):
+        seq_id = seq_ids[i]
+        position = positions[i]
+        token = prefixed_key_hash(prefix, prefix_length, seq_id, position) % modulus
+        if token == eos:
+            token = (token + 1) % vocab_size
+        tokens[i] = token
+    return tokens
+
+
+def key_hash(seed: int, seq_id: int, position: int) -> int:
+    """xxhash.xxh64_intdigest(f"{seed}:{seq_id}:{position}".encode()), its key's bytes written
+    into words, none made."""
+    prefix = [0] * 8
+    return prefixed_key_hash(prefix, put_byte(prefix, put_decimal(prefix, 0, seed), 58), seq_id, position)
+
+
+def prefixed_key_hash(prefix: list[int], prefix_length: int, seq_id: int, position: int) -> int:
+    """key_hash of the key whose first `prefix_length` bytes, b"{seed}:", `prefix` holds."""
+    words = [0] * 8     # the key's bytes, at most 3 * 20 + 2 of them
+    for k in range(8):
+        words[k] = prefix[k]
+    length = put_decimal(words, prefix_length, seq_id)
+    length = put_byte(words, length, 58)     # b":"
+    length = put_decimal(words, length, position)
+    return xxh64_words(words, 0, length)
+
+
+def put_decimal(words: list[int], length: int, value: int) -> int:
+    """Appends b"%d" % value to the bytes held in `words` (`length` of them); the new length."""
+    magnitude = value
+    if value < 0:
+        length = put_byte(words, length, 45)     # b"-"
+        magnitude = (MASK64 - magnitude + 1) & MASK64     # -value, as C's unsigned arithmetic has it
+    # The digits, last first, eight to a chunk, each shifted in at a chunk's low end: so a chunk's
+    # low byte is the first of its digits (put_bytes). The last eight are in `low`, the eight
+    # before them in `middle`, the first (three at most) in `high`.
+    low = middle = high = 0
+    num_digits = 0
+    while True:
+        digit = 48 + magnitude % 10     # b"0" + the digit
+        if num_digits < 8:
+            low = low << 8 | digit
+        elif num_digits < 16:
+            middle = middle << 8 | digit
+        else:
+            high = high << 8 | digit
+        num_digits += 1
+        magnitude //= 10
+        if not magnitude:
+            break
+    end = length + num_digits
+    if num_digits > 16:
+        put_bytes(words, length, high)
+        put_bytes(words, end - 16, middle)
+    elif num_digits > 8:
+        put_bytes(words, length, middle)
+    put_bytes(words, max(length, end - 8), low)
+    return end
+
+
+def put_byte(words: list[int], at: int, byte: int) -> int:
+    """Sets byte `at` (of bytes not set before) of those held in `words`; at + 1."""
+    words[at >> 3] |= byte << 8 * (at & 7)
+    return at + 1
+
+
+def put_bytes(words: list[int], at: int, chunk: int) -> None:
+    """Sets the bytes from `at` on (not set before) of those held in `words` to those of `chunk`,
+    its low byte first, as many as it has that are not 0."""
+    shift = 8 * (at & 7)
+    words[at >> 3] |= (chunk << shift) & MASK64
+    if shift and chunk >> (64 - shift):      # bytes past that word (never past the key's)
+        words[(at >> 3) + 1] |= chunk >> (64 - shift)
+
+
+def xxh64_words(words: list[int], begin: int, length: int) -> int:
+    """xxh64 of the `length` bytes held in words[begin:] (eight to a word, the first in its low byte)."""
+    j = begin
+    end = begin + (length >> 3)      # the words past the last whole one
+    if length >= 32:     # 32-byte stripes, one word to each of the four lanes
         v1, v2, v3, v4 = LANE1_START, PRIME64_2, 0, LANE4_START
-        while j + 4 <= num_words:
-            v1 = xxh_round(v1, block_word(tokens, first, offset, j, has_parent, parent))
-            v2 = xxh_round(v2, block_word(tokens, first, offset, j + 1, has_parent, parent))
-            v3 = xxh_round(v3, block_word(tokens, first, offset, j + 2, has_parent, parent))
-            v4 = xxh_round(v4, block_word(tokens, first, offset, j + 3, has_parent, parent))
+        while j + 4 <= end:
+            v1 = xxh_round(v1, words[j])
+            v2 = xxh_round(v2, words[j + 1])
+            v3 = xxh_round(v3, words[j + 2])
+            v4 = xxh_round(v4, words[j + 3])
             j += 4
         h = (rotate_left(v1, 1) + rotate_left(v2, 7) + rotate_left(v3, 12) + rotate_left(v4, 18)) & MASK64
         h = merge_round(merge_round(merge_round(merge_round(h, v1), v2), v3), v4)
     else:
         h = PRIME64_5
-    h = (h + 8 * num_words) & MASK64
-    while j < num_words:     # the words after the last stripe
-        h ^= xxh_round(0, block_word(tokens, first, offset, j, has_parent, parent))
+    h = (h + length) & MASK64
+    while j < end:     # the whole words after the last stripe
+        h ^= xxh_round(0, words[j])
         h = (rotate_left(h, 27) * PRIME64_1 + PRIME64_4) & MASK64
         j += 1
+    rest = length & 7     # the bytes after the last whole word, in the low bytes of words[end]
+    if rest:
+        tail = words[end]
+        if rest >= 4:
+            h ^= ((tail & MASK32) * PRIME64_1) & MASK64
+            h = (rotate_left(h, 23) * PRIME64_2 + PRIME64_3) & MASK64
+            tail >>= 32
+            rest -= 4
+        while rest:
+            h ^= ((tail & 0xFF) * PRIME64_5) & MASK64
+            h = (rotate_left(h, 11) * PRIME64_1) & MASK64
+            tail >>= 8
+            rest -= 1
     h ^= h >> 33
     h = (h * PRIME64_2) & MASK64
     h ^= h >> 29
     h = (h * PRIME64_3) & MASK64
     return h ^ (h >> 32)
-
-
-def block_word(tokens: list[int] | None, first: int, offset: int, j: int, has_parent: bool, parent: int) -> int:
-    """Word `j` of a block: its parent's digest first (if it has one), then its tokens as int64s."""
-    if has_parent:
-        if j == 0:
-            return parent
-        j -= 1
-    if tokens is None:
-        return (first + offset + j) & MASK64
-    token = tokens[offset + j]
-    if type(token) is not int:     # (a bool, a float): the bytes path takes it, or says why not
-        raise TypeError(f"token id {token!r} is not an int")
-    word = token     # an int64 where compiled: one out of its range raises OverflowError
-    return word & MASK64
 
 
 def xxh_round(acc: int, lane: int) -> int:

@@ -10,6 +10,7 @@ from tracengine.engine.config import Config
 from tracengine.errors import RequestError
 from tracengine.sim.clock import StepClockedEngine, in_arrival_order, run_in_time
 from tracengine.trace.sinks import ListSink
+from tracengine.engine.block_hasher import COMPILED, synthetic_tokens
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.request import Request
 from tracengine.engine.native import mypyc_attr
@@ -46,9 +47,14 @@ class SyntheticRunner:
         self.eos = eos
         self.eos_at = eos_at or {}
         self._prefixes: dict[int, bytes] = {}   # seq_id -> b"{seed}:{seq_id}:", made once per sequence
+        self._compiled = COMPILED     # the compiled core hashes a token's key in machine words (_run_compiled)
 
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[Any]:
         """A token for each of `seqs`: an int, or a verify step's list of them."""
+        if self._compiled:
+            compiled_tokens = self._run_compiled(seqs)
+            if compiled_tokens is not None:
+                return compiled_tokens
         # One loop for the batch, no call per sequence: a simulation samples every token here.
         eos, eos_at, vocab_size, prefixes, digest, decimals = self.eos, self.eos_at, self.vocab_size, \
             self._prefixes, xxhash.xxh64_intdigest, _DECIMALS
@@ -70,6 +76,31 @@ class SyntheticRunner:
             if token == eos:
                 token = (token + 1) % vocab_size
             tokens.append(token)
+        return tokens
+
+    def _run_compiled(self, seqs: list[Sequence]) -> list[Any] | None:
+        """run's tokens, the batch's hashed at once by the compiled block hasher
+        (`synthetic_tokens`: the same hash of the same bytes, which it writes into machine
+        words, no bytes made and no call per token); None where a number is out of its range."""
+        seq_ids: list[int] = []
+        positions: list[int] = []
+        verifies = False
+        for seq in seqs:
+            seq_ids.append(seq.seq_id)
+            positions.append(seq.num_cached_tokens + seq.num_scheduled_tokens)
+            verifies = verifies or bool(seq.spec_token_ids)
+        try:
+            tokens: list[Any] = synthetic_tokens(self.seed, seq_ids, positions, self.vocab_size, self.eos)
+        except OverflowError:      # a number no int64 holds, or no positive vocabulary: run samples the bytes
+            return None
+        eos_at = self.eos_at
+        if not verifies and not eos_at:
+            return tokens
+        for i, seq in enumerate(seqs):      # a verify step's tokens, and eos where eos_at puts it, as in run
+            if seq.spec_token_ids:
+                tokens[i] = self.targets(seq)
+            elif eos_at and positions[i] == seq.num_tokens and eos_at.get(seq.seq_id) == seq.num_completion_tokens:
+                tokens[i] = self.eos
         return tokens
 
     def targets(self, seq: Sequence) -> list[int]:
