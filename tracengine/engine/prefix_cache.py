@@ -19,7 +19,6 @@ from typing import Final, cast
 from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
 
 NO_HASH: Final = -1
-LOOKUP_RUN: Final = 64      # blocks looked up at once
 Tokens = Callable[[int, int], list[int]]     # a sequence's token ids in [start, end) (Sequence.tokens)
 
 
@@ -78,16 +77,13 @@ class PrefixCache:
     def lookup(self, block_hashes: list[int], tokens: Tokens | None = None) -> list[int]:
         """The blocks holding the leading blocks of `block_hashes`, up to the first miss.
         `tokens(start, end)`: the sequence's token ids in [start, end), where it has them."""
-        # LOOKUP_RUN blocks at a time, up to the run with the first miss, which ends the hits: a
-        # long prompt's blocks past it are not looked up
-        get = self.hash_to_block_id.get
+        index = self.hash_to_block_id
         block_ids: list[int] = []
-        for start in range(0, len(block_hashes), LOOKUP_RUN):
-            run: list[int | None] = list(map(get, block_hashes[start:start + LOOKUP_RUN]))
-            if None in run:
-                block_ids += cast(list[int], run[:run.index(None)])
+        for h in block_hashes:      # up to the first miss: a long prompt's blocks past it are not looked up
+            block_id = index.get(h)
+            if block_id is None:
                 break
-            block_ids += cast(list[int], run)
+            block_ids.append(block_id)
         if tokens is not None and block_ids:
             del block_ids[self._num_same_tokens(block_ids, tokens(0, len(block_ids) * self.block_size)):]
         return block_ids
