@@ -163,13 +163,16 @@ class RequestTimeline:
 
     def _token_sampled(self, event: TokenSample) -> None:
         # Runs per token: each field of the event is read once (compiled, each read is a generic attribute
-        # lookup); the step into a typed local, compared and stored as a machine int.
-        if not event.kept:
-            return
-        req = self.requests.get(event.seq_id)
+        # lookup); a dropped token (a middle chunk's) counts in no figure.
+        if event.kept:
+            self.token_kept(event.step, event.seq_id, event)
+
+    def token_kept(self, step: int, seq_id: int, event: TokenSample | None = None) -> None:
+        """A kept TokenSample of `seq_id` at `step` folded: from its event, or called by a live run's
+        scheduler where the fold is all that reads its tokens (trace/sinks.py: `token_kept`)."""
+        req = self.requests.get(seq_id)
         if req is None:
-            raise self._unknown(event.seq_id, event)
-        step: int = event.step
+            raise self._unknown(seq_id, event if event is not None else TokenSample(step, seq_id, 0, True))
         previous = req.last_token_step
         if previous < 0:
             req.first_token_step = step

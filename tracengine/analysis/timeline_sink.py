@@ -24,6 +24,7 @@ class RequestTimelineSink:
     """An event sink that folds what it is given into a RequestTimeline as it comes, and passes it on to
     `inner` (a trace writer) if there is one: the run figures of a run with no trace file to read them from."""
     enabled = True
+    token_kept = None     # (the usual run's, set per instance)
 
     def __init__(self, header: TraceHeader, inner=None, first_step: int = 0, origin_ns: int = 0,
                  lean: bool = False):
@@ -38,6 +39,8 @@ class RequestTimelineSink:
         if not (first_step or origin_ns):    # the usual run: every event as it is, one call less each
             self.emit = (self.timeline.add if self.inner is None     # type: ignore[method-assign]
                          else _emit_both(self.inner.emit, self.timeline))
+            if self.inner is None:      # the fold reads the tokens alone: taken without their events (sinks.py)
+                self.token_kept = self.timeline.token_kept
 
     def emit(self, event) -> None:
         if self.inner is not None:

@@ -213,6 +213,8 @@ class Scheduler:
         finished: list[Sequence] = []
         block_size = self.block_size
         emit = self.sink.emit if self.sink.enabled else None     # looked up once a step, not once a token
+        # a sink that only folds the figures takes a kept token without its event (trace/sinks.py)
+        token_kept = getattr(self.sink, "token_kept", None) if emit is not None else None
         # Once a step too, not once a token (compiled): the event's class (a global is a lookup in the
         # module's dict) and its step as an object (an int field is boxed for each event); the token
         # goes into its event as the runner gave it, the object, not unboxed and boxed again.
@@ -230,11 +232,13 @@ class Scheduler:
             seq.num_scheduled_tokens = 0
             if num_computed < seq.num_tokens:
                 # a middle chunk: its sample is not at the end of the prompt, and is dropped
-                if emit is not None:
+                if emit is not None and token_kept is None:
                     emit(token_sample(step, seq.seq_id, sampled, False))
                 continue
             seq.append_token(token_id)
-            if emit is not None:
+            if token_kept is not None:
+                token_kept(step, seq.seq_id)
+            elif emit is not None:
                 emit(token_sample(step, seq.seq_id, sampled, True))
             if token_id == self.eos and not seq.ignore_eos:
                 self._finish(seq, "eos", finished)

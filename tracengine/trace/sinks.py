@@ -10,7 +10,10 @@ class EventSink(Protocol):
     event, so a disabled sink costs a branch; each event carries its own step.
     A sink may also say `block_events = False`: it keeps none of the block-level
     events (a block appended, hashed or freed), and the block managers build none
-    for it (a live fold of the figures, which no such event changes)."""
+    for it (a live fold of the figures, which no such event changes). And a sink
+    whose only reader is a live fold may give `token_kept(step, seq_id)`, the
+    fold's own: the scheduler then calls it for each kept token, building no
+    TokenSample (a dropped one, which no figure counts, it skips)."""
     enabled: bool
 
     def emit(self, event: Event) -> None: ...
