@@ -110,19 +110,24 @@ class LinearStepTime:
         self.wake_ns = self.gap_ns if wake_ns is None else int(wake_ns)
         self.source = source or {}
         self.error = error or {}
-        self._rows = {phase: tuple(tuple(float(w) for w in coefficients[phase][part]) for part in PARTS)
-                      for phase in ((*PHASES, MIXED) if MIXED in coefficients else PHASES)}
-        self._rows.setdefault(MIXED, self._rows["prefill"])
+        # Each phase's weights, the FEATURES of each part in PARTS' order in one flat list of floats:
+        # read per step, a list of one type (compiled, its items unboxed as they are read), no lookup by name.
+        rows = {phase: [float(w) for part in PARTS for w in coefficients[phase][part]]
+                for phase in ((*PHASES, MIXED) if MIXED in coefficients else PHASES)}
+        self._prefill: list[float] = rows["prefill"]
+        self._decode: list[float] = rows["decode"]
+        self._mixed: list[float] = rows.get(MIXED, self._prefill)
 
     def predict(self, is_prefill: bool, num_tokens: int, num_seqs: int, context: int,
                 attended: int, mixed: bool = False) -> tuple[int, int, int]:
         """(schedule_ns, model_ns, postprocess_ns) of a step of this shape; `mixed`: a prefill
         step that also decodes (`holds_decode`), priced by the `mixed` row where there is one."""
-        out = []
-        for k, t, s, c, a in self._rows[MIXED if mixed else "prefill" if is_prefill else "decode"]:
-            ns = k + t * num_tokens + s * num_seqs + c * context + a * attended
-            out.append(round(ns) if ns > 0 else 0)
-        return out[0], out[1], out[2]
+        w = self._mixed if mixed else self._prefill if is_prefill else self._decode
+        schedule_ns = w[0] + w[1] * num_tokens + w[2] * num_seqs + w[3] * context + w[4] * attended
+        model_ns = w[5] + w[6] * num_tokens + w[7] * num_seqs + w[8] * context + w[9] * attended
+        postprocess_ns = w[10] + w[11] * num_tokens + w[12] * num_seqs + w[13] * context + w[14] * attended
+        return (round(schedule_ns) if schedule_ns > 0 else 0, round(model_ns) if model_ns > 0 else 0,
+                round(postprocess_ns) if postprocess_ns > 0 else 0)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "features": list(FEATURES), "parts": list(PARTS),
