@@ -8,7 +8,7 @@ all run through it, so a session's turns, the progress reports and the step limi
 same for each. Each engine keeps its own clock: when its next step starts (`next_step_ns`,
 None when idle), which an arrival may bring forward."""
 import operator
-from typing import Any
+from typing import Any, Final
 
 from tracengine.engine.llm_engine import postprocess_drafting
 from tracengine.engine.native import mypyc_attr
@@ -22,6 +22,7 @@ from tracengine.trace.events import StepEnd, prefill_flags
 from tracengine.workload.sessions import NOT_HELD, session_turn
 
 PROGRESS_EVERY = 512     # steps between two calls of a run's `on_progress`
+STEP_END: Final = StepEnd     # made every step: Final, compiled, a C static, not a lookup in the module's dict
 
 
 class Stepped:
@@ -61,24 +62,27 @@ def run_in_time(engine, take, sessions=None, max_steps: int = 10_000_000, on_pro
     reads, "arrival_ns", or "arrival_step" for an engine on a clock of steps (StepClockedEngine)."""
     arrival_of = operator.attrgetter(arrival)
     index, request = take()
+    arrival_at = arrival_of(request) if request is not None else 0    # the next request's, read once
     num_steps = num_finished = 0
     end_ns = 0
     while True:
         start = engine.next_step_ns()
-        if request is not None and (start is None or arrival_of(request) <= start):
+        if request is not None and (start is None or arrival_at <= start):
             engine.add(index, request)
             index, request = take()
+            arrival_at = arrival_of(request) if request is not None else 0
             continue
         if start is None:
             if engine.is_finished():
                 break
             raise TracengineError(engine.stuck_reason())
-        stepped = engine.step()
+        stepped: Stepped = engine.step()
         if sessions is not None:
             if stepped.aborted:        # an aborted turn ends its session
                 index, request = sessions.end(stepped.aborted, (index, request))
             if stepped.finished:       # the turns they release: sent after their think time
                 index, request = sessions.release(stepped.finished, stepped.end_ns, (index, request))
+            arrival_at = arrival_of(request) if request is not None else 0
         if not stepped.ran:
             continue
         end_ns = stepped.end_ns
@@ -193,7 +197,7 @@ class SimulatedStepper:
             finished = scheduler.postprocess(seqs, token_ids, is_prefill)
         sink = self.sink
         if sink.enabled:
-            sink.emit(StepEnd(step, scheduler.block_manager.num_free_blocks, schedule_ns, model_ns, postprocess_ns,
+            sink.emit(STEP_END(step, scheduler.block_manager.num_free_blocks, schedule_ns, model_ns, postprocess_ns,
                               self.now_ns - self.last_step_end_ns))
         self.now_ns += schedule_ns + model_ns + postprocess_ns
         self.last_step_end_ns = self.now_ns
