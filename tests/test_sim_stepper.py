@@ -93,3 +93,12 @@ def test_gap_counts_count_what_dicts_would():
         if i % 300 == 0:       # read along the way: counted in, and counting goes on
             assert gaps.copy().counted() == (steps, ns)
     assert gaps.counted() == (steps, ns)
+
+
+def test_round_ns_is_round():
+    from tracengine.sim.steptime import round_ns
+    rng = random.Random(3)
+    values = [0.5, 1.5, 2.5, 1e-300, 0.49999999999999994, 2.0 ** 52 + 0.5, 2.0 ** 53, 1e20, 4503599627370495.5]
+    values += [rng.random() * 10 ** rng.uniform(-5, 19) for _ in range(20_000)]
+    values += [rng.randint(0, 10 ** 9) + 0.5 for _ in range(20_000)]
+    assert [round_ns(v) for v in values] == [round(v) for v in values]

@@ -90,9 +90,13 @@ class RequestTimeline:
         self.torn_tail: str | None = None   # what the reader reported about an incomplete last frame
         self.step_figures = StepFigures()
         self._decision: ScheduleDecision | None = None
-        self._starts = array("q")    # each step's start and end on the time axis
+        # Each step's start and end on the time axis, the first `_num_steps` of them: grown a chunk of
+        # zeros at a time (`_capacity` long), a step's stored in place (an array's append parses its
+        # int twice, a store once)
+        self._starts = array("q")
         self._ends = array("q")
-        # len(self._ends), and its last (0 before any step), as typed ints. (Pure Python: an instance of more
+        self._capacity = 0
+        # The steps so far, and the last one's end (0 before any step), as typed ints. (Pure Python: an instance of more
         # than 30 attributes loses its dict's shared keys, and every attribute read its fast path.)
         self._num_steps = 0
         self._total_ns = 0
@@ -263,8 +267,12 @@ class RequestTimeline:
         gap_ns: int = event.gap_ns
         start = self._total_ns + gap_ns
         self._total_ns = end = start + duration_ns
-        self._starts.append(start)
-        self._ends.append(end)
+        if step == self._capacity:
+            self._starts.extend(STEP_CHUNK)
+            self._ends.extend(STEP_CHUNK)
+            self._capacity += len(STEP_CHUNK)
+        self._starts[step] = start
+        self._ends[step] = end
         self._num_steps = step + 1
         if self._open_step == step:
             self._close_gaps()
@@ -333,6 +341,7 @@ class RequestTimeline:
         return req.arrival_ns if req.arrival_ns >= 0 else self.start_ns(req.added_step)
 
 
+STEP_CHUNK: Final = array("q", bytes(8 * 4096))    # the steps' arrays grow by this many zeros
 TOKEN_SAMPLE: Final = TokenSample     # Final: compiled, a C static, not a lookup in the module's dict per event
 # What each event type adds to a timeline, by exact type; the block-level events (hashes, appends,
 # frees) add nothing: no figure needs them (the free counts come from StepEnd). Functions, not a

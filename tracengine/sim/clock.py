@@ -61,12 +61,13 @@ def run_in_time(engine, take, sessions=None, max_steps: int = 10_000_000, on_pro
     PROGRESS_EVERY steps and at the end. `arrival`: the request's field its engine's clock
     reads, "arrival_ns", or "arrival_step" for an engine on a clock of steps (StepClockedEngine)."""
     arrival_of = operator.attrgetter(arrival)
+    clocked = engine if isinstance(engine, ClockedEngine) else None     # tracengine's: called natively
     index, request = take()
     arrival_at = arrival_of(request) if request is not None else 0    # the next request's, read once
     num_steps = num_finished = 0
     end_ns = 0
     while True:
-        start = engine.next_step_ns()
+        start = clocked.next_step_ns() if clocked is not None else engine.next_step_ns()
         if request is not None and (start is None or arrival_at <= start):
             engine.add(index, request)
             index, request = take()
@@ -76,7 +77,7 @@ def run_in_time(engine, take, sessions=None, max_steps: int = 10_000_000, on_pro
             if engine.is_finished():
                 break
             raise TracengineError(engine.stuck_reason())
-        stepped: Stepped = engine.step()
+        stepped: Stepped = clocked.step() if clocked is not None else engine.step()
         if sessions is not None:
             if stepped.aborted:        # an aborted turn ends its session
                 index, request = sessions.end(stepped.aborted, (index, request))

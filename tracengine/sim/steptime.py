@@ -96,6 +96,14 @@ def holds_decode(seqs: list[Sequence]) -> bool:
     return False
 
 
+def round_ns(ns: float) -> int:
+    """round(ns), half to even, of a finite ns >= 0, from math.floor: compiled, machine arithmetic,
+    where the builtin is a call looked up by name (ns - floor(ns) is exact for ns >= 0)."""
+    whole = math.floor(ns)
+    frac = ns - whole
+    return whole + 1 if frac > 0.5 or frac == 0.5 and whole % 2 else whole
+
+
 class LinearStepTime:
     """`coefficients[phase][part]` are the weights of FEATURES; a prediction is
     clipped at 0 ns. `gap_ns`: the loop's time between two steps when it is busy;
@@ -126,8 +134,8 @@ class LinearStepTime:
         schedule_ns = w[0] + w[1] * num_tokens + w[2] * num_seqs + w[3] * context + w[4] * attended
         model_ns = w[5] + w[6] * num_tokens + w[7] * num_seqs + w[8] * context + w[9] * attended
         postprocess_ns = w[10] + w[11] * num_tokens + w[12] * num_seqs + w[13] * context + w[14] * attended
-        return (round(schedule_ns) if schedule_ns > 0 else 0, round(model_ns) if model_ns > 0 else 0,
-                round(postprocess_ns) if postprocess_ns > 0 else 0)
+        return (round_ns(schedule_ns) if schedule_ns > 0 else 0, round_ns(model_ns) if model_ns > 0 else 0,
+                round_ns(postprocess_ns) if postprocess_ns > 0 else 0)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "features": list(FEATURES), "parts": list(PARTS),
