@@ -43,6 +43,7 @@ Models live here in replay/ beside what-if, the other user of recorded runs;
 they use numpy (for the fit) and no torch."""
 import json
 import math
+import statistics
 from typing import Any, ClassVar
 
 from tracengine.engine.sequence import Sequence
@@ -97,8 +98,7 @@ def holds_decode(seqs: list[Sequence]) -> bool:
 
 
 def round_ns(ns: float) -> int:
-    """round(ns), half to even, of a finite ns >= 0, from math.floor: compiled, machine arithmetic,
-    where the builtin is a call looked up by name (ns - floor(ns) is exact for ns >= 0)."""
+    """round(ns) of a finite ns >= 0 (half to even; ns - floor(ns) is exact): compiled, no call by name."""
     whole = math.floor(ns)
     frac = ns - whole
     return whole + 1 if frac > 0.5 or frac == 0.5 and whole % 2 else whole
@@ -118,13 +118,10 @@ class LinearStepTime:
         self.wake_ns = self.gap_ns if wake_ns is None else int(wake_ns)
         self.source = source or {}
         self.error = error or {}
-        # Each phase's weights, the FEATURES of each part in PARTS' order in one flat list of floats:
-        # read per step, a list of one type (compiled, its items unboxed as they are read), no lookup by name.
+        # Each phase's weights, each part's FEATURES in PARTS' order, in one list of floats read per step
         rows = {phase: [float(w) for part in PARTS for w in coefficients[phase][part]]
                 for phase in ((*PHASES, MIXED) if MIXED in coefficients else PHASES)}
-        self._prefill: list[float] = rows["prefill"]
-        self._decode: list[float] = rows["decode"]
-        self._mixed: list[float] = rows.get(MIXED, self._prefill)
+        self._prefill, self._decode, self._mixed = rows["prefill"], rows["decode"], rows.get(MIXED, rows["prefill"])
 
     def predict(self, is_prefill: bool, num_tokens: int, num_seqs: int, context: int,
                 attended: int, mixed: bool = False) -> tuple[int, int, int]:
@@ -299,11 +296,7 @@ def _median_fit(x, y, w, iterations: int = 100):
 
 
 def _median(values):
-    ordered = sorted(values)
-    if not ordered:
-        return 0
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return statistics.median(values) if values else 0
 
 
 def _errors(model: LinearStepTime, samples: list[StepSample]) -> dict:
