@@ -64,3 +64,38 @@ class StepFigures:
             self.min_free, self.min_free_at = free, end.step
         if num_kvcache_blocks:
             self.utilization_sum += 1 - free / num_kvcache_blocks
+
+
+class GapCounts:
+    """Inter-token gaps counted by size, in steps (`steps`) and in ns (`ns`), each size -> how many.
+    The gaps of consecutive steps are mostly of one size (a step each, of one duration): the latest
+    size and its count are kept as ints (compiled, machine ints) and go into the dicts when another
+    size comes, or when they are read (`counted`)."""
+
+    def __init__(self, steps: dict[int, int] | None = None, ns: dict[int, int] | None = None) -> None:
+        self.steps: dict[int, int] = steps if steps is not None else {}
+        self.ns: dict[int, int] = ns if ns is not None else {}
+        self.last_steps = 0       # the latest size, not yet in the dicts: `count` of them
+        self.last_ns = 0
+        self.count = 0
+
+    def add(self, gap_steps: int, gap_ns: int, count: int) -> None:
+        if gap_steps != self.last_steps or gap_ns != self.last_ns:
+            self.flush()
+            self.last_steps, self.last_ns = gap_steps, gap_ns
+        self.count += count
+
+    def flush(self) -> None:
+        if self.count:
+            self.steps[self.last_steps] = self.steps.get(self.last_steps, 0) + self.count
+            self.ns[self.last_ns] = self.ns.get(self.last_ns, 0) + self.count
+            self.count = 0
+
+    def counted(self) -> tuple[dict[int, int], dict[int, int]]:
+        """(steps, ns), every gap counted in."""
+        self.flush()
+        return self.steps, self.ns
+
+    def copy(self) -> "GapCounts":
+        steps, ns = self.counted()
+        return GapCounts(dict(steps), dict(ns))

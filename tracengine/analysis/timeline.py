@@ -18,7 +18,7 @@ from tracengine.analysis.spec_decoding import SpecCounts
 from tracengine.analysis.cpu_tier import FOLD as CPU_TIER_FOLD, CpuTierRecord
 from tracengine.analysis.vllm_inputs import FOLD as VLLM_INPUTS_FOLD, VllmInputs
 from tracengine.errors import TraceError
-from tracengine.analysis.step_figures import StepFigures
+from tracengine.analysis.step_figures import GapCounts, StepFigures
 from tracengine.trace.events import (BlockAllocate, DraftVerified, Preempt, RequestAdded, ScheduledSeq,
                                      ScheduleDecision, SeqAbort, SeqFinish, SpecAccepted, SpecDecode, StepEnd,
                                      TokenSample, TraceHeader, prefill_flags)
@@ -63,8 +63,8 @@ class RequestTimeline:
     and sums are kept) and no per-request schedule or token steps (`RequestRecord.scheduled` and
     `token_steps`, which `export` draws), so that its memory follows the requests, not the steps or the tokens.
 
-    Inter-token latencies are counted as they come, lean or not: `itl_steps` and `itl_ns` map a gap between
-    two kept tokens of a request (in steps; in ns, between the ends of their steps) to how many there were. A
+    Inter-token latencies are counted as they come, lean or not: `_gaps` (step_figures.GapCounts) maps a gap
+    between two kept tokens of a request (in steps; in ns, between the ends of their steps) to how many. A
     gap closes when the later token's step ends; until then it is open, for the tokens of `_open_step`. A step's
     tokens mostly follow tokens of one earlier step (the step before), so its open gaps come in runs of one
     earlier step: the latest run is counted in ints (`_run_step`, `_run_count`: a token's gap costs no dict
@@ -90,14 +90,17 @@ class RequestTimeline:
         self.torn_tail: str | None = None   # what the reader reported about an incomplete last frame
         self.step_figures = StepFigures()
         self._decision: ScheduleDecision | None = None
-        self._starts = array("q")    # each step's start and end on the time axis
+        # Each step's start and end on the time axis, the first `_num_steps` of them: grown a chunk of
+        # zeros at a time (`_capacity` long), a step's stored in place (an array's append parses its
+        # int twice, a store once)
+        self._starts = array("q")
         self._ends = array("q")
-        # len(self._ends), and its last (0 before any step), as typed ints. (Pure Python: an instance of more
+        self._capacity = 0
+        # The steps so far, and the last one's end (0 before any step), as typed ints. (Pure Python: an instance of more
         # than 30 attributes loses its dict's shared keys, and every attribute read its fast path.)
         self._num_steps = 0
         self._total_ns = 0
-        self.itl_steps: dict[int, int] = {}
-        self.itl_ns: dict[int, int] = {}
+        self._gaps = GapCounts()
         self._open_step = -1
         self._open_gaps: dict[int, int] = {}
         self._run_step = -1
@@ -197,35 +200,33 @@ class RequestTimeline:
 
     def _close_gaps(self) -> None:
         """Count the open gaps, and forget them."""
-        self._count_gaps(self.itl_steps, self.itl_ns)
+        self._count_gaps(self._gaps)
         if self._open_gaps:      # mostly empty: a step's gaps mostly come in one run
             self._open_gaps.clear()
         self._run_count = 0
 
-    def _count_gaps(self, itl_steps: dict[int, int], itl_ns: dict[int, int]) -> None:
-        """Count the open gaps, those in `_open_gaps` then the run's, into `itl_steps` and `itl_ns`."""
+    def _count_gaps(self, gaps: GapCounts) -> None:
+        """Count the open gaps, those in `_open_gaps` then the run's, into `gaps`."""
         if self._open_gaps:
             for previous, count in self._open_gaps.items():
-                self._count_gap(previous, count, itl_steps, itl_ns)
+                self._count_gap(previous, count, gaps)
         if self._run_count:
-            self._count_gap(self._run_step, self._run_count, itl_steps, itl_ns)
+            self._count_gap(self._run_step, self._run_count, gaps)
 
-    def _count_gap(self, previous: int, count: int, itl_steps: dict[int, int], itl_ns: dict[int, int]) -> None:
+    def _count_gap(self, previous: int, count: int, gaps: GapCounts) -> None:
         """Count `count` gaps from a token sampled at `previous` to one sampled at `_open_step`, each step
         ending when `end_ns` says (one that has not ended: when the trace does)."""
         step = self._open_step
-        gap_steps, gap_ns = step - previous, self.end_ns(step) - self.end_ns(previous)
-        itl_steps[gap_steps] = itl_steps.get(gap_steps, 0) + count
-        itl_ns[gap_ns] = itl_ns.get(gap_ns, 0) + count
+        gaps.add(step - previous, self.end_ns(step) - self.end_ns(previous), count)
 
     def itl(self) -> tuple[dict[int, int], dict[int, int]]:
-        """The inter-token gaps so far, in steps and in ns, each -> how many: `itl_steps` and
-        `itl_ns`, with the gaps still open (a step not ended) counted as ending with the trace."""
+        """The inter-token gaps so far, in steps and in ns, each -> how many, with the gaps still
+        open (a step not ended) counted as ending with the trace."""
         if not (self._open_gaps or self._run_count):
-            return self.itl_steps, self.itl_ns
-        itl_steps, itl_ns = dict(self.itl_steps), dict(self.itl_ns)
-        self._count_gaps(itl_steps, itl_ns)
-        return itl_steps, itl_ns
+            return self._gaps.counted()
+        gaps = self._gaps.copy()
+        self._count_gaps(gaps)
+        return gaps.counted()
 
     def _spec_counts(self) -> SpecCounts:
         self.spec_decoding = self.spec_decoding or SpecCounts()
@@ -257,7 +258,11 @@ class RequestTimeline:
         step: int = event.step
         if decision is None or decision.step != step or step != self._num_steps:
             raise TraceError(f"step {step} ends without its ScheduleDecision (expected step {self._num_steps})")
-        duration_ns: int = event.schedule_ns + event.model_ns + event.postprocess_ns
+        # each field into a typed local, then summed as machine ints (compiled; not added as objects)
+        schedule_ns: int = event.schedule_ns
+        model_ns: int = event.model_ns
+        postprocess_ns: int = event.postprocess_ns
+        duration_ns = schedule_ns + model_ns + postprocess_ns
         self.step_figures.add(decision, event, duration_ns, self.num_kvcache_blocks)
         if not self.lean:
             self.steps.append(StepRecord(decision, event, self._step_drafts))
@@ -265,8 +270,12 @@ class RequestTimeline:
         gap_ns: int = event.gap_ns
         start = self._total_ns + gap_ns
         self._total_ns = end = start + duration_ns
-        self._starts.append(start)
-        self._ends.append(end)
+        if step == self._capacity:
+            self._starts.extend(STEP_CHUNK)
+            self._ends.extend(STEP_CHUNK)
+            self._capacity += len(STEP_CHUNK)
+        self._starts[step] = start
+        self._ends[step] = end
         self._num_steps = step + 1
         if self._open_step == step:
             self._close_gaps()
@@ -335,6 +344,7 @@ class RequestTimeline:
         return req.arrival_ns if req.arrival_ns >= 0 else self.start_ns(req.added_step)
 
 
+STEP_CHUNK: Final = array("q", bytes(8 * 4096))    # the steps' arrays grow by this many zeros
 TOKEN_SAMPLE: Final = TokenSample     # Final: compiled, a C static, not a lookup in the module's dict per event
 # What each event type adds to a timeline, by exact type; the block-level events (hashes, appends,
 # frees) add nothing: no figure needs them (the free counts come from StepEnd). Functions, not a

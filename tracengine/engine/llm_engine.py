@@ -159,22 +159,27 @@ class LLMEngine:
         return not self.pending and self.scheduler.is_finished()
 
     def postprocess_with_drafts(self, seqs: list[Sequence], token_ids: list, is_prefill: bool) -> list[Sequence]:
-        """postprocess for a config that drafts: a sequence that verified drafts has from the
-        runner the model's token at each of its positions, of which it keeps what `spec` says;
-        then each sequence that sampled and goes on gets its drafts for its next step."""
-        spec = self.spec
-        for i, seq in enumerate(seqs):
-            if seq.spec_token_ids:
-                token_ids[i] = spec.kept_tokens(seq, token_ids[i])
-        sampled = [seq for seq in seqs if seq.num_cached_tokens + seq.num_scheduled_tokens >= seq.num_tokens]
-        finished = self.scheduler.postprocess(seqs, token_ids, is_prefill)
-        self.scheduler.update_draft_token_ids(sampled, self.proposer)
-        return finished
+        """postprocess for a config that drafts (`postprocess_drafting`)."""
+        return postprocess_drafting(self.scheduler, self.spec, self.proposer, seqs, token_ids, is_prefill)
 
     def transfer_clock_ns(self, t0: int) -> int:
         """The start of the step (`t0`, perf_counter ns) in ns from the run's start, as a CPU
         tier's transfers count time (re-execution gives the recorded one)."""
         return t0 - self.start_ns
+
+
+def postprocess_drafting(scheduler, spec, proposer, seqs: list[Sequence], token_ids: list,
+                         is_prefill: bool) -> list[Sequence]:
+    """`scheduler`'s postprocess for a config that drafts: a sequence that verified drafts has from the
+    runner the model's token at each of its positions, of which it keeps what `spec` says;
+    then each sequence that sampled and goes on gets its drafts for its next step from `proposer`."""
+    for i, seq in enumerate(seqs):
+        if seq.spec_token_ids:
+            token_ids[i] = spec.kept_tokens(seq, token_ids[i])
+    sampled = [seq for seq in seqs if seq.num_cached_tokens + seq.num_scheduled_tokens >= seq.num_tokens]
+    finished = scheduler.postprocess(seqs, token_ids, is_prefill)
+    scheduler.update_draft_token_ids(sampled, proposer)
+    return finished
 
 
 def build_config(model: str = "", **kwargs) -> Config:

@@ -124,8 +124,11 @@ class MixedScheduler(Scheduler):
         else:
             if self.running:           # the budget ran out before every running sequence had its tokens
                 stop_reason = "budget_exhausted"
-        scheduled_running = scheduled_seqs[:]     # so far, only running sequences are scheduled
-        self.running.extendleft(reversed(scheduled_running))
+        num_scheduled_running = len(scheduled_seqs)     # so far, only running sequences are scheduled
+        if self.running:
+            self.running.extendleft(scheduled_seqs[::-1])
+        else:           # every running sequence was scheduled (most steps): they go back in order
+            self.running.extend(scheduled_seqs)
 
         if self.num_preemptions != num_preemptions:   # V1 admits nothing in a step that preempted
             stop_reason = "preempted"
@@ -133,7 +136,7 @@ class MixedScheduler(Scheduler):
             stop_reason, token_budget, blocked_seq_id, num_blocks_needed = schedule_waiting(
                 self, token_budget, scheduled_seqs, prefill_flags)
         elif stop_reason is None:
-            prefill_scheduled = any(prefill_flags)    # a running sequence still in prefill (V1's is_prefill_chunk)
+            prefill_scheduled = True in prefill_flags    # a running sequence still in prefill (V1's is_prefill_chunk)
             # Then waiting, in FIFO order, into the budget left.
             while self.waiting and token_budget > 0:
                 if len(self.running) >= self.max_num_seqs:
@@ -153,7 +156,7 @@ class MixedScheduler(Scheduler):
                     num_computed = self.block_manager.num_computed_tokens(seq, len(hits))
                     num_new_tokens = seq.num_tokens - num_computed
                     if num_new_tokens == 1 and self.num_speculative_tokens and not prefill_scheduled and (
-                            scheduled_running or num_computed) and self._pads(seq, num_computed):
+                            num_scheduled_running or num_computed) and self._pads(seq, num_computed):
                         num_padded = 1 + self.num_speculative_tokens
                         if num_padded > token_budget:      # V1 would rather not schedule it than unpadded
                             stop_reason = "budget_exhausted"
@@ -184,7 +187,7 @@ class MixedScheduler(Scheduler):
         assert scheduled_seqs or tier is not None, "nothing schedulable: check_request should have refused a request"
         scheduled_order = scheduled_seqs
         num_decode_seqs = prefill_flags.count(False)
-        if any(prefill_flags[:num_decode_seqs]):
+        if 0 < num_decode_seqs < len(prefill_flags) and True in prefill_flags[:num_decode_seqs]:
             # the record lists decodes first (a subclass may have reordered running); the queues keep their order
             order = sorted(range(len(scheduled_seqs)), key=prefill_flags.__getitem__)
             scheduled_seqs = [scheduled_seqs[i] for i in order]

@@ -6,7 +6,7 @@ seeds' algorithm). Each exit of the prefill and decode loops is named by the
 overrides the hooks at the end (docs/policies.md); engine/policies.py holds
 `mixed` and the lookup of a policy by name."""
 from collections import deque
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from tracengine.engine.block_manager import BlockManager
 from tracengine.engine.config import Config
@@ -17,6 +17,12 @@ from tracengine.trace.sinks import NULL_SINK, EventSink
 from tracengine.engine.sequence import Sequence, SequenceStatus
 from tracengine.engine.spec_decode import PADDING_DRAFT
 from tracengine.engine.native import mypyc_attr
+
+# The events made per step, as module constants: Final, compiled, a C static each, not a lookup in the
+# module's dict per use
+SCHEDULE_DECISION: Final = ScheduleDecision
+SCHEDULED_SEQ: Final = ScheduledSeq
+TOKEN_SAMPLE: Final = TokenSample
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)     # a policy of one's own subclasses it
@@ -161,8 +167,8 @@ class Scheduler:
         """`num_decode_seqs`: a "mixed" decision's leading decode sequences."""
         if not self.sink.enabled:
             return
-        scheduled_seq = ScheduledSeq    # a local: compiled, a global is looked up in the module's dict per use
-        self.sink.emit(ScheduleDecision(
+        scheduled_seq = SCHEDULED_SEQ
+        self.sink.emit(SCHEDULE_DECISION(
             self.step, phase, [scheduled_seq(s.seq_id, s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs],
             num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,  # type: ignore[arg-type]  # mixed's: set
             num_free_blocks, len(self.waiting) + len(self.loading), len(self.running), num_decode_seqs))
@@ -215,10 +221,10 @@ class Scheduler:
         emit = self.sink.emit if self.sink.enabled else None     # looked up once a step, not once a token
         # a sink that only folds the figures takes a kept token without its event (trace/sinks.py)
         token_kept = getattr(self.sink, "token_kept", None) if emit is not None else None
-        # Once a step too, not once a token (compiled): the event's class (a global is a lookup in the
-        # module's dict) and its step as an object (an int field is boxed for each event); the token
-        # goes into its event as the runner gave it, the object, not unboxed and boxed again.
-        token_sample = TokenSample
+        # Once a step too, not once a token (compiled): the event's class and its step as an object (an
+        # int field is boxed for each event); the token goes into its event as the runner gave it, the
+        # object, not unboxed and boxed again.
+        token_sample = TOKEN_SAMPLE
         step: object = self.step
         for seq, sampled in zip(seqs, token_ids):
             if seq.spec_token_ids:

@@ -8,26 +8,44 @@ all run through it, so a session's turns, the progress reports and the step limi
 same for each. Each engine keeps its own clock: when its next step starts (`next_step_ns`,
 None when idle), which an arrival may bring forward."""
 import operator
-from typing import Any, NamedTuple
+from typing import Any, Final
 
+from tracengine.engine.llm_engine import postprocess_drafting
 from tracengine.engine.native import mypyc_attr
+from tracengine.engine.scheduler import Scheduler
+from tracengine.engine.sequence import Sequence
 from tracengine.errors import TracengineError
 from tracengine.engine.request import Request
 from tracengine.engine.sampling_params import SamplingParams
-from tracengine.sim.steptime import step_shape
-from tracengine.trace.events import prefill_flags
+from tracengine.sim.steptime import LinearStepTime, holds_decode, seqs_shape, step_shape
+from tracengine.trace.events import StepEnd, prefill_flags
 from tracengine.workload.sessions import NOT_HELD, session_turn
 
 PROGRESS_EVERY = 512     # steps between two calls of a run's `on_progress`
+STEP_END: Final = StepEnd     # made every step: Final, compiled, a C static, not a lookup in the module's dict
 
 
-class Stepped(NamedTuple):
+class Stepped:
     """What an engine's `step()` did: the sequences that finished, the seq_ids its departures
-    took out, and whether a step ran (False: its clients left, or a fleet's transfer landed)."""
-    finished: list
-    aborted: list
-    ran: bool
-    end_ns: int          # when the step ended, on the engine's clock
+    took out, and whether a step ran (False: its clients left, or a fleet's transfer landed).
+    A class of the compiled core, not a NamedTuple: made every step, natively."""
+
+    def __init__(self, finished: list, aborted: list, ran: bool, end_ns: int) -> None:
+        self.finished = finished
+        self.aborted = aborted
+        self.ran = ran
+        self.end_ns = end_ns          # when the step ended, on the engine's clock
+
+    def _replace(self, **changes: Any) -> "Stepped":
+        """A copy with the fields `changes` names changed, as a NamedTuple's `_replace`."""
+        fields: dict[str, Any] = {"finished": self.finished, "aborted": self.aborted, "ran": self.ran,
+                                  "end_ns": self.end_ns}
+        fields.update(changes)
+        return Stepped(fields["finished"], fields["aborted"], fields["ran"], fields["end_ns"])
+
+    def __repr__(self) -> str:
+        return (f"Stepped(finished={self.finished!r}, aborted={self.aborted!r}, ran={self.ran!r}, "
+                f"end_ns={self.end_ns!r})")
 
 
 def sampling_params_of(request: Request) -> SamplingParams:
@@ -43,25 +61,29 @@ def run_in_time(engine, take, sessions=None, max_steps: int = 10_000_000, on_pro
     PROGRESS_EVERY steps and at the end. `arrival`: the request's field its engine's clock
     reads, "arrival_ns", or "arrival_step" for an engine on a clock of steps (StepClockedEngine)."""
     arrival_of = operator.attrgetter(arrival)
+    clocked = engine if isinstance(engine, ClockedEngine) else None     # tracengine's: called natively
     index, request = take()
+    arrival_at = arrival_of(request) if request is not None else 0    # the next request's, read once
     num_steps = num_finished = 0
     end_ns = 0
     while True:
-        start = engine.next_step_ns()
-        if request is not None and (start is None or arrival_of(request) <= start):
+        start = clocked.next_step_ns() if clocked is not None else engine.next_step_ns()
+        if request is not None and (start is None or arrival_at <= start):
             engine.add(index, request)
             index, request = take()
+            arrival_at = arrival_of(request) if request is not None else 0
             continue
         if start is None:
             if engine.is_finished():
                 break
             raise TracengineError(engine.stuck_reason())
-        stepped = engine.step()
+        stepped: Stepped = clocked.step() if clocked is not None else engine.step()
         if sessions is not None:
             if stepped.aborted:        # an aborted turn ends its session
                 index, request = sessions.end(stepped.aborted, (index, request))
             if stepped.finished:       # the turns they release: sent after their think time
                 index, request = sessions.release(stepped.finished, stepped.end_ns, (index, request))
+            arrival_at = arrival_of(request) if request is not None else 0
         if not stepped.ran:
             continue
         end_ns = stepped.end_ns
@@ -111,6 +133,79 @@ class NoTime:
         return 0, 0, 0
 
 
+class SimulatedStepper:
+    """The step of tracengine's engine in simulated time (sim/engine.SimulatedEngine's, which
+    keeps its clock and counts here): schedule -> run -> postprocess -> StepEnd, each step lasting
+    what the step-time model says. Compiled with the scheduler: the step's calls to it, the
+    model and the sink are native where they can be, and the counts typed."""
+
+    def __init__(self, step_time: Any) -> None:
+        # (it holds none of its engine: the engine holds it, and a run's objects make no reference cycle)
+        self.step_time = step_time
+        # a linear model (the usual one) called natively, its features as machine ints
+        self.linear: LinearStepTime | None = step_time if isinstance(step_time, LinearStepTime) else None
+        self.now_ns = 0               # the engine's clock: its next step's start, then that step's end
+        self.last_step_end_ns = 0
+        self.num_steps = 0
+        self.num_batched_tokens = 0   # tokens computed in the last step
+        self.waits = False            # the last step scheduled nothing: every sequence waits for a transfer
+        self.drafts = False           # speculative decoding is on
+
+    def bind(self, scheduler: Scheduler, runner: Any, sink: Any, pending: list[Any], spec: Any, proposer: Any) -> None:
+        """The engine's parts after it is (re)set: its scheduler, runner, sink, queue of arrivals to come,
+        and its speculative decoding (None: off) and drafts' proposer."""
+        self.scheduler = scheduler
+        self.runner = runner
+        self.sink = sink
+        self.pending = pending
+        self.spec = spec
+        self.proposer = proposer
+        self.drafts = spec is not None
+
+    def is_finished(self) -> bool:
+        return not self.pending and self.scheduler.is_finished()
+
+    def step(self) -> tuple[list[Sequence], list[Sequence], bool]:
+        """One step at `now_ns`; returns (scheduled, finished, is_prefill) as LLMEngine.step."""
+        scheduler = self.scheduler
+        step = self.num_steps
+        scheduler.begin_step(step)
+        tier = scheduler.cpu_tier
+        if tier is not None:
+            tier.begin_step(step, self.now_ns)
+        seqs, is_prefill = scheduler.schedule()
+        # a verify step is a decode whose sequences compute 1 + their drafts tokens each
+        num_tokens, num_seqs, context, attended = seqs_shape(seqs, is_prefill, self.drafts)
+        self.num_batched_tokens = num_tokens
+        token_ids = self.runner.run(seqs, is_prefill)
+        schedule_ns = model_ns = postprocess_ns = 0      # no sequence (each waits for a transfer): no forward pass
+        if seqs:
+            mixed = is_prefill and holds_decode(seqs)
+            linear = self.linear
+            if linear is not None:
+                schedule_ns, model_ns, postprocess_ns = linear.predict(is_prefill, num_tokens, num_seqs, context,
+                                                                       attended, mixed)
+            else:
+                schedule_ns, model_ns, postprocess_ns = self.step_time.predict(
+                    is_prefill, num_tokens, num_seqs, context, attended, mixed=mixed)
+        self.waits = not seqs
+        if tier is not None:       # the forward pass waits for the stores of the GPU blocks it reuses
+            schedule_ns += tier.flush_wait_ns()
+        if self.drafts:
+            finished: list[Sequence] = postprocess_drafting(scheduler, self.spec, self.proposer, seqs, token_ids,
+                                                            is_prefill)
+        else:
+            finished = scheduler.postprocess(seqs, token_ids, is_prefill)
+        sink = self.sink
+        if sink.enabled:
+            sink.emit(STEP_END(step, scheduler.block_manager.num_free_blocks, schedule_ns, model_ns, postprocess_ns,
+                              self.now_ns - self.last_step_end_ns))
+        self.now_ns += schedule_ns + model_ns + postprocess_ns
+        self.last_step_end_ns = self.now_ns
+        self.num_steps = step + 1
+        return seqs, finished, is_prefill
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)     # fleet/engine.Replica
 class ClockedEngine:
     """tracengine's simulated engine (sim/engine.SimulatedEngine) on the clock: the requests
@@ -131,6 +226,9 @@ class ClockedEngine:
         self.records_sessions = records_sessions    # a fleet's decode replica records none: its prefill side did
         self.queued: list = []       # (index, request) given it, entering before its next step
         self.start_ns: int | None = None            # its next step's start; None: idle
+        # a SimulatedEngine's step and clock, called natively; None: another engine, called by name
+        stepper = getattr(engine, "stepper", None)
+        self.stepper: SimulatedStepper | None = stepper if isinstance(stepper, SimulatedStepper) else None
 
     @property
     def scheduler(self) -> Any:
@@ -165,12 +263,37 @@ class ClockedEngine:
 
     def step(self) -> Stepped:
         """The step starting at `next_step_ns()`: entries, departures, then the engine's step, timed."""
-        self.engine.now_ns = self.start_ns
+        start = self.start_ns
+        if self.stepper is not None and start is not None:
+            self.stepper.now_ns = start
+        else:
+            self.engine.now_ns = self.start_ns
         return self.run_step()
 
     def run_step(self, aborts=None) -> Stepped:
         """step() at the engine's `now_ns` as it is (a re-execution sets it); `aborts`: (seq_id,
         reason) of each client that leaves instead of `leaving`'s."""
+        stepper = self.stepper
+        if stepper is None:
+            return self._run_engine_step(aborts)
+        if self.queued:
+            self.enter()
+        aborted: list[int] = []
+        leaving = aborts if aborts is not None else self.leaving(stepper.now_ns) if self.leaving is not None else None
+        if leaving:
+            aborted = [seq_id for seq_id, reason in leaving if self.engine.abort_request(seq_id, reason) is not None]
+        if stepper.is_finished():     # every request it held left: no step, it sleeps
+            self.start_ns = None
+            return Stepped([], aborted, False, stepper.now_ns)
+        finished = stepper.step()[1]
+        self.start_ns = stepper.now_ns + self.gap_ns if not stepper.is_finished() else None
+        if stepper.waits and self.start_ns is not None:     # it ran nothing: it waits for a transfer
+            done = stepper.scheduler.cpu_tier.next_done_ns()
+            self.start_ns = None if done is None else max(self.start_ns, done)
+        return Stepped(finished, aborted, True, stepper.now_ns)
+
+    def _run_engine_step(self, aborts: Any) -> Stepped:
+        """run_step for an engine without a SimulatedStepper: the same, through its methods."""
         engine = self.engine
         self.enter()
         leaving = aborts if aborts is not None else self.leaving(engine.now_ns) if self.leaving is not None else ()

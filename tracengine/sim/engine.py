@@ -19,27 +19,42 @@ from tracengine.engine.config import Config
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.errors import TracengineError
 from tracengine.engine.request import Request
-from tracengine.sim.clock import ClockedEngine, in_arrival_order, run_in_time, taking
+from tracengine.sim.clock import ClockedEngine, SimulatedStepper, in_arrival_order, run_in_time, taking
 from tracengine.sim.runners import Departures, SyntheticRunner, check_requests
-from tracengine.sim.steptime import holds_decode, seqs_shape
-from tracengine.trace.events import ModelInfo, StepEnd, TraceHeader
+from tracengine.trace.events import ModelInfo, TraceHeader
 from tracengine.trace.sinks import NULL_SINK, ListSink
 from tracengine.trace.header import make_header
 from tracengine.workload.sessions import SessionRelease, has_sessions
 
 
+def _on_stepper(name: str) -> property:
+    """An engine's count that its stepper keeps (read and written there)."""
+    return property(lambda self: getattr(self.stepper, name), lambda self, value: setattr(self.stepper, name, value))
+
+
 class SimulatedEngine(LLMEngine):
     """LLMEngine whose steps take simulated time: `now_ns` is set to a step's
-    start before `step()`, which advances it by the model's durations."""
+    start before `step()`, which advances it by the model's durations. The step, the
+    clock and the counts are its `stepper`'s (sim/clock.SimulatedStepper, compiled),
+    which ClockedEngine calls directly."""
 
     def __init__(self, config: Config, runner, step_time, sink=NULL_SINK, policy=None):
         self.step_time = step_time
+        self.stepper = SimulatedStepper(step_time)    # before reset, which sets its counts
         super().__init__(config, runner, sink, policy=policy)
+
+    # kept by the stepper: the clock (now_ns, last_step_end_ns), the steps and their tokens, `waits`
+    now_ns = _on_stepper("now_ns")
+    last_step_end_ns = _on_stepper("last_step_end_ns")
+    num_steps = _on_stepper("num_steps")
+    num_batched_tokens = _on_stepper("num_batched_tokens")
+    waits = _on_stepper("waits")     # the last step scheduled nothing: every sequence waits for a CPU tier's transfer
 
     def reset(self, sink=NULL_SINK):
         super().reset(sink)
         self.start_ns = self.last_step_end_ns = self.now_ns = 0
-        self.waits = False     # the last step scheduled nothing: every sequence waits for a CPU tier's transfer
+        self.waits = False
+        self.stepper.bind(self.scheduler, self.runner, sink, self.pending, self.spec, self.proposer)
 
     def clock_ns(self) -> int:
         # simulated time, not the machine's: on its clock (the time since boot) a request
@@ -48,35 +63,7 @@ class SimulatedEngine(LLMEngine):
 
     def step(self):
         """schedule -> run -> postprocess -> StepEnd, as LLMEngine.step, timed by the model."""
-        scheduler = self.scheduler
-        scheduler.begin_step(self.num_steps)
-        tier = scheduler.cpu_tier
-        if tier is not None:
-            tier.begin_step(self.num_steps, self.now_ns)
-        seqs, is_prefill = scheduler.schedule()
-        # a verify step is a decode whose sequences compute 1 + their drafts tokens each
-        shape = seqs_shape(seqs, is_prefill, self.spec is not None)
-        self.num_batched_tokens = shape[0]
-        token_ids = self.runner.run(seqs, is_prefill)
-        if seqs:
-            schedule_ns, model_ns, postprocess_ns = self.step_time.predict(
-                is_prefill, *shape, mixed=is_prefill and holds_decode(seqs))
-        else:      # every sequence waits for a CPU tier's transfer: no forward pass
-            schedule_ns = model_ns = postprocess_ns = 0
-        self.waits = not seqs
-        if tier is not None:       # the forward pass waits for the stores of the GPU blocks it reuses
-            schedule_ns += tier.flush_wait_ns()
-        if self.spec is None:
-            finished = scheduler.postprocess(seqs, token_ids, is_prefill)
-        else:
-            finished = self.postprocess_with_drafts(seqs, token_ids, is_prefill)
-        if self.sink.enabled:
-            self.sink.emit(StepEnd(self.num_steps, scheduler.block_manager.num_free_blocks, schedule_ns,
-                                   model_ns, postprocess_ns, self.now_ns - self.last_step_end_ns))
-        self.now_ns += schedule_ns + model_ns + postprocess_ns
-        self.last_step_end_ns = self.now_ns
-        self.num_steps += 1
-        return seqs, finished, is_prefill
+        return self.stepper.step()
 
 
 def checked_requests(scheduler, requests):

@@ -43,6 +43,7 @@ Models live here in replay/ beside what-if, the other user of recorded runs;
 they use numpy (for the fit) and no torch."""
 import json
 import math
+import statistics
 from typing import Any, ClassVar
 
 from tracengine.engine.sequence import Sequence
@@ -96,6 +97,13 @@ def holds_decode(seqs: list[Sequence]) -> bool:
     return False
 
 
+def round_ns(ns: float) -> int:
+    """round(ns) of a finite ns >= 0 (half to even; ns - floor(ns) is exact): compiled, no call by name."""
+    whole = math.floor(ns)
+    frac = ns - whole
+    return whole + 1 if frac > 0.5 or frac == 0.5 and whole % 2 else whole
+
+
 class LinearStepTime:
     """`coefficients[phase][part]` are the weights of FEATURES; a prediction is
     clipped at 0 ns. `gap_ns`: the loop's time between two steps when it is busy;
@@ -110,19 +118,21 @@ class LinearStepTime:
         self.wake_ns = self.gap_ns if wake_ns is None else int(wake_ns)
         self.source = source or {}
         self.error = error or {}
-        self._rows = {phase: tuple(tuple(float(w) for w in coefficients[phase][part]) for part in PARTS)
-                      for phase in ((*PHASES, MIXED) if MIXED in coefficients else PHASES)}
-        self._rows.setdefault(MIXED, self._rows["prefill"])
+        # Each phase's weights, each part's FEATURES in PARTS' order, in one list of floats read per step
+        rows = {phase: [float(w) for part in PARTS for w in coefficients[phase][part]]
+                for phase in ((*PHASES, MIXED) if MIXED in coefficients else PHASES)}
+        self._prefill, self._decode, self._mixed = rows["prefill"], rows["decode"], rows.get(MIXED, rows["prefill"])
 
     def predict(self, is_prefill: bool, num_tokens: int, num_seqs: int, context: int,
                 attended: int, mixed: bool = False) -> tuple[int, int, int]:
         """(schedule_ns, model_ns, postprocess_ns) of a step of this shape; `mixed`: a prefill
         step that also decodes (`holds_decode`), priced by the `mixed` row where there is one."""
-        out = []
-        for k, t, s, c, a in self._rows[MIXED if mixed else "prefill" if is_prefill else "decode"]:
-            ns = k + t * num_tokens + s * num_seqs + c * context + a * attended
-            out.append(round(ns) if ns > 0 else 0)
-        return out[0], out[1], out[2]
+        w = self._mixed if mixed else self._prefill if is_prefill else self._decode
+        schedule_ns = w[0] + w[1] * num_tokens + w[2] * num_seqs + w[3] * context + w[4] * attended
+        model_ns = w[5] + w[6] * num_tokens + w[7] * num_seqs + w[8] * context + w[9] * attended
+        postprocess_ns = w[10] + w[11] * num_tokens + w[12] * num_seqs + w[13] * context + w[14] * attended
+        return (round_ns(schedule_ns) if schedule_ns > 0 else 0, round_ns(model_ns) if model_ns > 0 else 0,
+                round_ns(postprocess_ns) if postprocess_ns > 0 else 0)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "features": list(FEATURES), "parts": list(PARTS),
@@ -286,11 +296,7 @@ def _median_fit(x, y, w, iterations: int = 100):
 
 
 def _median(values):
-    ordered = sorted(values)
-    if not ordered:
-        return 0
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return statistics.median(values) if values else 0
 
 
 def _errors(model: LinearStepTime, samples: list[StepSample]) -> dict:
