@@ -53,3 +53,30 @@ def test_the_live_fold_keeps_block_events_only_for_a_writer_behind_it():
     assert not RequestTimelineSink(header).block_events
     assert RequestTimelineSink(header, inner=ListSink()).block_events
     assert not RequestTimelineSink(header, inner=FiguresOnly()).block_events
+
+
+def test_the_live_fold_takes_kept_tokens_without_their_events_and_folds_the_same():
+    """A live fold with nothing behind it takes each kept token by `token_kept` (no TokenSample built);
+    with a writer behind it every token comes as its event. The figures are the same."""
+    from tracengine.engine.request import Request
+    from tracengine.sim.engine import run_timed
+    from tracengine.sim.steptime import FEATURES, PARTS, LinearStepTime
+
+    config = Config(num_kvcache_blocks=24, kvcache_block_size=4, max_num_batched_tokens=16, max_num_seqs=3,
+                    max_model_len=64, scheduling_policy="mixed", eos=999)
+    requests = [Request(list(range(5 * i, 5 * i + 9 + 6 * (i % 3))), 4 + i % 5, arrival_ns=i * 30_000,
+                        ignore_eos=True) for i in range(10)]
+    taken_directly = RequestTimelineSink(make_header(config))
+    assert taken_directly.token_kept is not None
+    written = ListSink()
+    as_events = RequestTimelineSink(make_header(config), inner=written)
+    assert as_events.token_kept is None
+    for sink in (taken_directly, as_events):
+        timing = LinearStepTime({phase: {part: [1000.0 * (k + 1) for k in range(len(FEATURES))] for part in PARTS}
+                                 for phase in ("prefill", "decode", "mixed")}, gap_ns=5_000, wake_ns=0)
+        run_timed(config, list(requests), timing, sink=sink)
+    assert sum(type(e).__name__ == "TokenSample" for e in written.events) > 40      # chunks' dropped ones too
+    direct, folded = taken_directly.timeline, as_events.timeline
+    assert direct.itl() == folded.itl()
+    assert [(r.first_token_step, r.last_token_step, r.num_tokens) for r in direct.requests.values()] == \
+        [(r.first_token_step, r.last_token_step, r.num_tokens) for r in folded.requests.values()]
