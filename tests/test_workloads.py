@@ -194,6 +194,10 @@ MOONCAKE_LINE = '{"timestamp": 0, "input_length": 600, "output_length": 4, "hash
      ":2: a hash id is negative"),
     ("a.jsonl", [MOONCAKE_LINE, '{"timestamp": 5, "input_length": 600, "output_length": 4, "hash_ids": [0, -7]}'],
      ":2: a hash id is negative (-7)"),
+    ("a.jsonl", [MOONCAKE_LINE, '{"timestamp": 5, "input_length": 1600, "output_length": 4, "hash_ids": [0, 1, true, 3]}'],
+     ":2: a hash id must be an integer, got True"),
+    ("a.jsonl", [MOONCAKE_LINE, '{"timestamp": 5, "input_length": 1600, "output_length": 4, "hash_ids": [0, 1, 3, 2.0]}'],
+     ":2: a hash id must be an integer, got 2.0"),
     ("a.jsonl", [MOONCAKE_LINE, '{"timestamp": 5, "input_length": 600, "output_length": 4, "hash_ids": [0, %d]}'
                  % 2**54], ":2: hash id %d is too large: a hash id names its 512 tokens as 64-bit ids, so it must "
      "be below %d (2**54)" % (2**54, 2**54)),

@@ -77,7 +77,11 @@ def hash_id_tokens(hash_ids, input_length: int, where: str, vocab_size: int, len
                               f"{block_tokens} tokens, got {len(hash_ids)}"
                               f"{' (more than its blocks)' if len(hash_ids) > needed else ''}")
     num_tokens = scale_length(input_length, length_scale)
-    block_ids = [integer_field(hash_id, "a hash id", where, 0) for hash_id in hash_ids[:-(-num_tokens // block_len)]]
+    block_ids = hash_ids[:-(-num_tokens // block_len)]
+    # each an int (not a bool: its type is bool) of at least 0, checked at once, one by one for the error
+    if not set(map(type, block_ids)) <= {int} or min(block_ids, default=0) < 0:
+        for hash_id in block_ids:
+            integer_field(hash_id, "a hash id", where, 0)
     # refused in every run, not only a simulation's hash-id prompts: a file means the same to each command
     limit = hash_id_limit(block_len)
     if block_ids and max(block_ids) >= limit:
