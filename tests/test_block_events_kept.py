@@ -80,3 +80,16 @@ def test_the_live_fold_takes_kept_tokens_without_their_events_and_folds_the_same
     assert direct.itl() == folded.itl()
     assert [(r.first_token_step, r.last_token_step, r.num_tokens) for r in direct.requests.values()] == \
         [(r.first_token_step, r.last_token_step, r.num_tokens) for r in folded.requests.values()]
+
+
+def test_a_fleets_live_fold_keeps_block_and_token_events_only_for_a_writer_behind_it():
+    from tracengine.fleet.engine import fleet_header
+    from tracengine.fleet.spec import FleetSpec
+    from tracengine.fleet.stats import FleetTimelines
+    from tracengine.sim.steptime import FEATURES, PARTS, LinearStepTime
+    timing = LinearStepTime({phase: {part: [1000.0] * len(FEATURES) for part in PARTS}
+                             for phase in ("prefill", "decode", "mixed")})
+    header = fleet_header(Config(num_kvcache_blocks=16, kvcache_block_size=4), timing, FleetSpec(2, "round_robin"))
+    alone, written = FleetTimelines(header, lean=True), FleetTimelines(header, ListSink(), lean=True)
+    assert not alone.block_events and alone.token_kept == alone.timelines[0].token_kept
+    assert written.block_events and written.token_kept is None

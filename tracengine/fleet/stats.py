@@ -13,6 +13,7 @@ from tracengine.analysis.figures import summarize
 from tracengine.analysis.stats import NS, goodput, stats
 from tracengine.analysis.timeline import RequestTimeline
 from tracengine.trace.events import KVTransfer, ReplicaScope, RouteDecision, TraceHeader
+from tracengine.trace.sinks import block_events_kept
 
 
 def num_replicas(header: TraceHeader) -> int:
@@ -50,12 +51,21 @@ class FleetTimelines:
     def __init__(self, header: TraceHeader, inner=None, lean: bool = False):
         self.header = header
         self.inner = inner if inner is not None and inner.enabled else None
+        # the block-level events change no figure (timeline.FOLD): kept only for a writer behind
+        self.block_events = self.inner is not None and block_events_kept(self.inner)
         self.lean = lean
         self.timelines = {r: RequestTimeline(h, lean) for r, h in enumerate(replica_headers(header))}
         self.routes: list[RouteDecision] = []
         self.transfers: list[KVTransfer] = []
         self.torn_tail: str | None = None
         self._current = self.timelines[0]
+
+    @property
+    def token_kept(self):
+        """With no writer behind: the timeline of the replica stepping now takes a kept token
+        without its event (trace/sinks.py); the scheduler asks once a step, after the step's
+        ReplicaScope named the replica."""
+        return self._current.token_kept if self.inner is None else None
 
     def emit(self, event) -> None:
         if self.inner is not None:
