@@ -141,10 +141,21 @@ class Fleet:
 
     def next_step_ns(self) -> int | None:
         """The start of its replicas' next step, or the time of its next handoff or landing."""
-        starts = [r.start_ns for r in self.replicas if r.start_ns is not None]
-        if self.clock:
-            starts.append(self.clock[0][0])
-        return min(starts) if starts else None
+        replica = self._first_to_step()
+        start = replica.start_ns if replica is not None else None
+        if self.clock and (start is None or self.clock[0][0] < start):
+            return self.clock[0][0]
+        return start
+
+    def _first_to_step(self) -> Replica | None:
+        """The replica whose next step starts first (the first of them in order at a tie), if any
+        has a step to run. Asked before every step: one pass, nothing built."""
+        first, first_ns = None, 0
+        for replica in self.replicas:
+            start_ns = replica.start_ns
+            if start_ns is not None and (first is None or start_ns < first_ns):
+                first, first_ns = replica, start_ns
+        return first
 
     def is_finished(self) -> bool:
         return not self.clock and all(r.is_finished() for r in self.replicas)
@@ -152,8 +163,7 @@ class Fleet:
     def step(self) -> Stepped:
         """The fleet's next event: a handoff or a landing due no later than any replica's next
         step, else the step of the replica that starts first."""
-        busy = [r for r in self.replicas if r.start_ns is not None]
-        replica = min(busy, key=lambda r: r.start_ns) if busy else None
+        replica = self._first_to_step()
         if self.clock and (replica is None or self.clock[0][0] <= replica.start_ns):
             now_ns, _, kind, what = heapq.heappop(self.clock)
             if kind == HANDOFF:
@@ -167,13 +177,16 @@ class Fleet:
         if not stepped.ran:
             return stepped
         handed = self.prefilled_seqs(replica, stepped.finished)
-        for seq in handed:
-            self._at(stepped.end_ns, HANDOFF, (replica, seq))
-        handed_ids = {seq.seq_id for seq in handed}
-        finished = [seq for seq in stepped.finished if seq.seq_id not in handed_ids]
+        finished = stepped.finished
+        if handed:      # a prefill replica's: they go on to decode, not finished yet
+            for seq in handed:
+                self._at(stepped.end_ns, HANDOFF, (replica, seq))
+            handed_ids = {seq.seq_id for seq in handed}
+            finished = [seq for seq in finished if seq.seq_id not in handed_ids]
+            stepped = stepped._replace(finished=finished)
         for seq in finished:
             self.departures.finished(seq.seq_id)
-        return stepped._replace(finished=finished)
+        return stepped
 
     def stuck_reason(self) -> str:
         stuck = next(r for r in self.replicas if not r.is_finished())
