@@ -15,10 +15,11 @@ cdef extern from *:
 
 cdef unsigned long long PRIME64_1, PRIME64_2, PRIME64_3, PRIME64_4, PRIME64_5, LANE1_START, LANE4_START
 cdef Py_ssize_t MAX_WORDS_BLOCK
+cdef unsigned long long BLOCK_WORDS[2049]
 
 cpdef bint is_id_run(object token_ids)     # a C call from compute_hashes
 
-@cython.locals(words="unsigned long long[2049]", has_parent=bint, digest="unsigned long long", at=Py_ssize_t,
+@cython.locals(words="unsigned long long *", has_parent=bint, digest="unsigned long long", at=Py_ssize_t,
                j=Py_ssize_t, word="long long", hash_id="unsigned long long", id_limit="unsigned long long")
 cpdef list chain_hashes(list tokens, long long first, Py_ssize_t start, Py_ssize_t block_size,
                         Py_ssize_t num_blocks, object parent, long long block_tokens=*)

@@ -97,9 +97,10 @@ PRIME64_5: Final = 0x27D4EB2F165667C5
 LANE1_START: Final = 0x60EA27EEADC0B5D6     # (PRIME64_1 + PRIME64_2) mod 2**64
 LANE4_START: Final = 0x61C8864E7A143579     # -PRIME64_1 mod 2**64
 # The most tokens a block that `chain_hashes` takes holds: a block's words, its parent's digest
-# and its tokens, are one array, a fixed C array where compiled (`[0] * 2049` below, as Cython
-# reads it: 16 KiB on the stack); a larger block is hashed from its bytes.
+# and its tokens, are one array, BLOCK_WORDS, a C array of the module where compiled (16 KiB, made
+# once: a block fills the words it needs); a larger block is hashed from its bytes.
 MAX_WORDS_BLOCK: Final = 2048
+BLOCK_WORDS = [0] * 2049     # MAX_WORDS_BLOCK + 1 (Cython reads the count as a literal)
 
 
 def chain_hashes(tokens: list[int] | None, first: int, start: int, block_size: int, num_blocks: int,
@@ -112,7 +113,7 @@ def chain_hashes(tokens: list[int] | None, first: int, start: int, block_size: i
     if block_size > MAX_WORDS_BLOCK:
         raise OverflowError(f"a block of {block_size} tokens is over {MAX_WORDS_BLOCK}")
     id_limit = ((MASK64 >> 1) + 1) // block_tokens if block_tokens > 0 else 0     # hash_id_prompt.hash_id_limit
-    words = [0] * 2049     # the block's words: its parent's digest, then its tokens
+    words = BLOCK_WORDS     # the block's words: its parent's digest, then its tokens
     hashes: list[int] = []
     has_parent = parent != NO_PARENT
     if has_parent:
