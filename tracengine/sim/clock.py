@@ -278,35 +278,41 @@ class ClockedEngine:
             return self._run_engine_step(aborts)
         if self.queued:
             self.enter()
-        aborted: list[int] = []
-        leaving = aborts if aborts is not None else self.leaving(stepper.now_ns) if self.leaving is not None else None
-        if leaving:
-            aborted = [seq_id for seq_id, reason in leaving if self.engine.abort_request(seq_id, reason) is not None]
+        aborted = self._leave(aborts, stepper.now_ns)
         if stepper.is_finished():     # every request it held left: no step, it sleeps
             self.start_ns = None
             return Stepped([], aborted, False, stepper.now_ns)
         finished = stepper.step()[1]
-        self.start_ns = stepper.now_ns + self.gap_ns if not stepper.is_finished() else None
-        if stepper.waits and self.start_ns is not None:     # it ran nothing: it waits for a transfer
-            done = stepper.scheduler.cpu_tier.next_done_ns()
-            self.start_ns = None if done is None else max(self.start_ns, done)
+        self._plan_next(stepper.is_finished(), stepper.now_ns, stepper.waits, stepper.scheduler)
         return Stepped(finished, aborted, True, stepper.now_ns)
 
     def _run_engine_step(self, aborts: Any) -> Stepped:
         """run_step for an engine without a SimulatedStepper: the same, through its methods."""
         engine = self.engine
         self.enter()
-        leaving = aborts if aborts is not None else self.leaving(engine.now_ns) if self.leaving is not None else ()
-        aborted = [seq_id for seq_id, reason in leaving if engine.abort_request(seq_id, reason) is not None]
+        aborted = self._leave(aborts, engine.now_ns)
         if engine.is_finished():     # every request it held left: no step, it sleeps
             self.start_ns = None
             return Stepped([], aborted, False, engine.now_ns)
         finished = engine.step()[1]
-        self.start_ns = engine.now_ns + self.gap_ns if not engine.is_finished() else None
-        if engine.waits and self.start_ns is not None:     # it ran nothing: it waits for a transfer
-            done = engine.scheduler.cpu_tier.next_done_ns()
-            self.start_ns = None if done is None else max(self.start_ns, done)
+        self._plan_next(engine.is_finished(), engine.now_ns, engine.waits, engine.scheduler)
         return Stepped(finished, aborted, True, engine.now_ns)
+
+    def _leave(self, aborts: Any, now_ns: int) -> list[int]:
+        """The seq_ids of the requests taken out before a step at `now_ns`: `aborts`' (seq_id,
+        reason) pairs, or else `leaving`'s, each that is still held."""
+        leaving = aborts if aborts is not None else self.leaving(now_ns) if self.leaving is not None else None
+        if not leaving:
+            return []
+        return [seq_id for seq_id, reason in leaving if self.engine.abort_request(seq_id, reason) is not None]
+
+    def _plan_next(self, finished_all: bool, now_ns: int, waits: bool, scheduler: Any) -> None:
+        """The next step's start after one that ended at `now_ns`: a loop gap on, unless nothing is
+        left; one that ran nothing (`waits`) waits for the CPU tier's next transfer to end."""
+        self.start_ns = now_ns + self.gap_ns if not finished_all else None
+        if waits and self.start_ns is not None:
+            done = scheduler.cpu_tier.next_done_ns()
+            self.start_ns = None if done is None else max(self.start_ns, done)
 
     def stuck_reason(self) -> str:
         return (f"the simulation is stuck at step {self.engine.num_steps}: no sequence can run and no transfer "
