@@ -24,25 +24,6 @@ cpdef bint is_id_run(object token_ids)     # a C call from compute_hashes
 cpdef list chain_hashes(list tokens, long long first, Py_ssize_t start, Py_ssize_t block_size,
                         Py_ssize_t num_blocks, object parent, long long block_tokens=*)
 
-@cython.locals(prefix="unsigned long long[8]", prefix_length=Py_ssize_t, modulus="unsigned long long", tokens=list,
-               i=Py_ssize_t, seq_id="long long", position="long long", token="long long")
-cpdef list synthetic_tokens(long long seed, list seq_ids, list positions, long long vocab_size, long long eos)
-
-@cython.locals(prefix="unsigned long long[8]")
-cpdef unsigned long long key_hash(long long seed, long long seq_id, long long position) noexcept
-
-@cython.locals(words="unsigned long long[8]", k=int, length=Py_ssize_t)
-cdef unsigned long long prefixed_key_hash(unsigned long long *prefix, Py_ssize_t prefix_length, long long seq_id,
-                                          long long position) noexcept
-
-@cython.locals(magnitude="unsigned long long", digit="unsigned long long", low="unsigned long long",
-               middle="unsigned long long", high="unsigned long long", num_digits=int, end=Py_ssize_t)
-cdef Py_ssize_t put_decimal(unsigned long long *words, Py_ssize_t length, long long value) noexcept
-
-@cython.locals(shift=int)
-cdef void put_bytes(unsigned long long *words, Py_ssize_t at, unsigned long long chunk) noexcept
-cdef Py_ssize_t put_byte(unsigned long long *words, Py_ssize_t at, unsigned long long byte) noexcept
-
 @cython.locals(j=Py_ssize_t, end=Py_ssize_t, rest=Py_ssize_t, v1="unsigned long long", v2="unsigned long long",
                v3="unsigned long long", v4="unsigned long long", h="unsigned long long", tail="unsigned long long")
 cdef unsigned long long xxh64_words(unsigned long long *words, Py_ssize_t begin, Py_ssize_t length) noexcept

@@ -9,8 +9,9 @@ import xxhash
 from tracengine.engine.config import Config
 from tracengine.errors import RequestError
 from tracengine.sim.clock import StepClockedEngine, in_arrival_order, run_in_time
+from tracengine.sim.synthetic_keys import synthetic_tokens
 from tracengine.trace.sinks import ListSink
-from tracengine.engine.block_hasher import COMPILED, synthetic_tokens
+from tracengine.engine.block_hasher import COMPILED
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.request import Request
 from tracengine.engine.native import mypyc_attr
