@@ -232,6 +232,15 @@ def test_importing_the_core_leaves_the_standard_abcs_alone():
     assert result.stdout.split() == ["True", "False"]
 
 
+def test_setup_reads_the_core_list_where_the_package_cannot_be_imported(tmp_path):
+    # pip's build backend runs setup.py with neither the source tree nor site-packages' install of it on the path
+    code = f"import runpy; print(len(runpy.run_path({str(ROOT / 'tracengine' / 'compiled.py')!r})['CORE_MODULES']))"
+    result = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                            env={name: value for name, value in os.environ.items() if name != "PYTHONPATH"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert int(result.stdout) == len(compiled.CORE_MODULES)
+
+
 def build_in_copy(tmp_path, env: dict) -> subprocess.CompletedProcess:
     """setup.py's build of the core in a copy of the source tree, under `env`."""
     for name in ("setup.py", "pyproject.toml", "README.md"):

@@ -25,8 +25,6 @@ import os
 import sys
 import time
 
-import tracengine.engine.core_choice as core_choice
-
 CORE_MODULES = (
     "tracengine.engine.block_hasher",
     "tracengine.sim.synthetic_keys",
@@ -159,6 +157,8 @@ CORE = "undecided"     # `decide`'s answer, which `tracengine --version` prints
 
 def decide() -> str:
     """Which core runs, set up before any core module is imported: "yes" (compiled) or "no (why)"."""
+    # imported here, not at the top: setup.py runs this file before the package is importable
+    import tracengine.engine.core_choice as core_choice
     global CORE
     CORE = choose()
     core_choice.COMPILED = CORE == "yes"
