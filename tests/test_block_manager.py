@@ -350,7 +350,8 @@ def test_blocks_never_handed_out_cost_nothing():
 def test_pool_applies_a_recorded_allocation_by_its_own_rules():
     """The fold's operations (replay/projection.py): a recorded block must be the one the pool
     hands out next; a copy changes apart from the pool; a vLLM-rules pool's copy reads its cache copy."""
-    from tracengine.engine.vllm_block_manager import VllmBlockPool, VllmPrefixCache
+    from tracengine.engine.prefix_cache import VllmPrefixCache
+    from tracengine.engine.vllm_block_manager import VllmBlockPool
     pool = BlockPool(4)
     pool.hold_every_block()
     pool.take_next_block(0)

@@ -7,7 +7,7 @@ import pytest
 
 from tracengine.engine.block_hasher import compute_hashes, pack_range, pack_tokens
 from tracengine.engine.prefix_cache import PrefixCache
-from tracengine.engine.vllm_block_manager import VllmPrefixCache
+from tracengine.engine.prefix_cache import VllmPrefixCache
 
 
 @pytest.mark.parametrize("first,n", [(0, 0), (0, 1), (5, 16), (1 << 40, 512), (2**63 - 512, 512), (2**63 - 1, 1)])

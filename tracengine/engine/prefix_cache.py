@@ -11,7 +11,14 @@ cache misses; never its last block, so at least one token is computed. A hash
 collision is guarded by comparing tokens where both sides have them: a block
 registered with its tokens is a hit only for a sequence whose tokens for that
 block are the same. A sequence that carries block hashes and no tokens (a hash-id
-workload) is matched on its hashes alone, as vLLM matches every request."""
+workload) is matched on its hashes alone, as vLLM matches every request.
+
+`VllmPrefixCache` is the cache with vLLM's rule for a hash two blocks hold: the first one
+registered is found (the `mixed` policy's, vllm_block_manager.py).
+
+In the compiled core (tracengine/compiled.py) Cython compiles this module, its classes typed in
+the .pxd beside it: a hash or block id is passed from list to dict to list as the object it is,
+where mypyc's integers would be taken out of each object and put into a new one at each store."""
 from collections.abc import Callable
 from itertools import chain, repeat
 from typing import Final, cast
@@ -122,3 +129,58 @@ class PrefixCache:
                     del index[h]
                 hashes[block_id] = NO_HASH
         self._hold_tokens(block_ids, None)
+
+
+class VllmPrefixCache(PrefixCache):
+    """The prefix cache with vLLM's rule for a hash two blocks hold: the first registered is
+    found; `later_block_ids` keeps the others, in order, for when it is handed out."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        super().__init__(num_blocks, block_size)
+        self.later_block_ids: dict[int, list[int]] = {}
+
+    def insert(self, block_ids: list[int], block_hashes: list[int], token_ids: list[int] | None = None) -> None:
+        self._cover(block_ids)
+        hashes, index = self.hashes, self.hash_to_block_id
+        for block_id, h in zip(block_ids, block_hashes):
+            hashes[block_id] = h
+            if index.setdefault(h, block_id) != block_id:
+                self.later_block_ids.setdefault(h, []).append(block_id)
+        self._hold_tokens(block_ids, token_ids)
+
+    def copy(self) -> "VllmPrefixCache":
+        other = VllmPrefixCache(self.num_blocks, self.block_size)
+        self._copy_into(other)
+        other.later_block_ids = {h: list(ids) for h, ids in self.later_block_ids.items()}
+        return other
+
+    def evict(self, block_ids: list[int]) -> None:
+        self._cover(block_ids)
+        hashes, index, later = self.hashes, self.hash_to_block_id, self.later_block_ids
+        for block_id in block_ids:
+            h = hashes[block_id]
+            if h == NO_HASH:
+                continue
+            if later and h in later:      # another block holds it too (rare: `later` is most often empty)
+                unregister(index, later, h, block_id)
+            else:               # the one block registered under it: the one found
+                del index[h]
+            hashes[block_id] = NO_HASH
+        self._hold_tokens(block_ids, None)
+
+
+def unregister(hash_to_block_id: dict[int, int], later_block_ids: dict[int, list[int]], h: int,
+               block_id: int) -> None:
+    """`block_id` no longer holds hash `h`: when it was the block found, the next registered
+    under `h` is found from now on, if any (vLLM's BlockHashToBlockMap)."""
+    others = later_block_ids.get(h)
+    if hash_to_block_id[h] == block_id:
+        if others:
+            hash_to_block_id[h] = others.pop(0)
+        else:
+            del hash_to_block_id[h]
+    else:
+        assert others is not None      # a block found under h or one registered after it
+        others.remove(block_id)
+    if others == []:
+        del later_block_ids[h]

@@ -4,7 +4,8 @@ vLLM trace's (replay/vllm_fold.py), an SGLang trace's token pool and radix cache
 (engine/vllm_block_manager.py), or nano-vllm's (fold.py's `Projection`); a
 disaggregated fleet's decode replica takes in KV transfers (fold_transfer.py)."""
 from tracengine.engine.config import recorded_block_rules
-from tracengine.engine.vllm_block_manager import VllmBlockPool, VllmPrefixCache
+from tracengine.engine.prefix_cache import VllmPrefixCache
+from tracengine.engine.vllm_block_manager import VllmBlockPool
 from tracengine.replay.projection import Projection
 from tracengine.replay.fold_transfer import TransferProjection
 from tracengine.trace.header import SGLANG, VLLM, backend_of

@@ -1,0 +1,29 @@
+# The C types of prefix_cache.py where Cython compiles it (the compiled core): the classes are
+# extension types whose containers are typed, so a lookup, insert or evict indexes its lists and
+# dicts directly, and moves each hash and block id as the object it is (never unboxed and reboxed).
+cimport cython
+
+cdef class PrefixCache:
+    cdef public Py_ssize_t num_blocks, block_size
+    cdef public dict hash_to_block_id, token_ids
+    cdef public list hashes
+    cdef public object pool_queue
+
+    cdef _cover(self, list block_ids)
+    cdef _slots_up_to(self, Py_ssize_t end)
+    @cython.locals(held=dict, size=Py_ssize_t, i=Py_ssize_t)
+    cdef _hold_tokens(self, list block_ids, object token_ids)
+    @cython.locals(index=dict, block_ids=list)
+    cpdef list lookup(self, list block_hashes, object tokens=*)
+    @cython.locals(hashes=list)
+    cpdef insert(self, list block_ids, list block_hashes, object token_ids=*)
+    @cython.locals(hashes=list, index=dict)
+    cpdef evict(self, list block_ids)
+
+cdef class VllmPrefixCache(PrefixCache):
+    cdef public dict later_block_ids
+
+    @cython.locals(hashes=list, index=dict)
+    cpdef insert(self, list block_ids, list block_hashes, object token_ids=*)
+    @cython.locals(hashes=list, index=dict, later=dict)
+    cpdef evict(self, list block_ids)
