@@ -25,5 +25,6 @@ cdef class VllmPrefixCache(PrefixCache):
 
     @cython.locals(hashes=list, index=dict)
     cpdef insert(self, list block_ids, list block_hashes, object token_ids=*)
-    @cython.locals(hashes=list, index=dict, later=dict)
+    # a block id only indexes `hashes` here: a C index (checked, prefix_cache.py's first line)
+    @cython.locals(hashes=list, index=dict, later=dict, block_id=Py_ssize_t)
     cpdef evict(self, list block_ids)

@@ -1,3 +1,4 @@
+# cython: boundscheck=True, wraparound=True
 """The prefix cache: which block holds the KV of a chain of full blocks, by the chain's hash.
 
 A full block is registered under its hash once its tokens are computed; the entry
