@@ -136,7 +136,8 @@ class MixedScheduler(Scheduler):
             stop_reason, token_budget, blocked_seq_id, num_blocks_needed = schedule_waiting(
                 self, token_budget, scheduled_seqs, prefill_flags)
         elif stop_reason is None:
-            prefill_scheduled = True in prefill_flags    # a running sequence still in prefill (V1's is_prefill_chunk)
+            # a running sequence still in prefill (V1's is_prefill_chunk): not every one scheduled decodes
+            prefill_scheduled = prefill_flags.count(False) < len(prefill_flags)
             # Then waiting, in FIFO order, into the budget left.
             while self.waiting and token_budget > 0:
                 if len(self.running) >= self.max_num_seqs:
