@@ -6,7 +6,7 @@ import msgspec
 
 from tracengine.analysis.timeline import FOLD, RequestTimeline
 from tracengine.trace.events import RequestAdded, TraceHeader
-from tracengine.trace.sinks import block_events_kept
+from tracengine.trace.sinks import block_events_kept, decode_seqs_kept
 
 
 def _emit_both(inner_emit, timeline):
@@ -32,6 +32,8 @@ class RequestTimelineSink:
         self.inner = inner if inner is not None and inner.enabled else None
         # the block-level events change no figure (timeline.FOLD): kept only for a writer behind
         self.block_events = self.inner is not None and block_events_kept(self.inner)
+        # nor a decode step's sequences, for a lean fold (trace/sinks.py)
+        self.decode_seqs = not lean or self.inner is not None and decode_seqs_kept(self.inner)
         # An engine that ran before counts on from its last step and its own start: this
         # run's figures count steps from 0 and time from `origin_ns` of the engine's clock.
         self.first_step = first_step

@@ -13,7 +13,7 @@ from tracengine.engine.config import Config
 from tracengine.errors import ConfigError, RequestError
 from tracengine.trace.events import (AbortReason, DraftProposed, DraftVerified, FinishReason, Phase, Preempt,
                                      ScheduledSeq, ScheduleDecision, SeqAbort, SeqFinish, StopReason, TokenSample)
-from tracengine.trace.sinks import NULL_SINK, EventSink
+from tracengine.trace.sinks import NULL_SINK, EventSink, decode_seqs_kept
 from tracengine.engine.sequence import Sequence, SequenceStatus
 from tracengine.engine.spec_decode import PADDING_DRAFT
 from tracengine.engine.native import mypyc_attr
@@ -168,8 +168,11 @@ class Scheduler:
         if not self.sink.enabled:
             return
         scheduled_seq = SCHEDULED_SEQ
+        # a decode step's sequences, for a sink that reads them (trace/sinks.py: a lean live fold does not)
+        scheduled = ([scheduled_seq(s.seq_id, s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs]
+                     if phase != "decode" or decode_seqs_kept(self.sink) else [])
         self.sink.emit(SCHEDULE_DECISION(
-            self.step, phase, [scheduled_seq(s.seq_id, s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs],
+            self.step, phase, scheduled,
             num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,  # type: ignore[arg-type]  # mixed's: set
             num_free_blocks, len(self.waiting) + len(self.loading), len(self.running), num_decode_seqs))
 

@@ -13,7 +13,10 @@ class EventSink(Protocol):
     for it (a live fold of the figures, which no such event changes). And a sink
     whose only reader is a live fold may give `token_kept(step, seq_id)`, the
     fold's own: the scheduler then calls it for each kept token, building no
-    TokenSample (a dropped one, which no figure counts, it skips)."""
+    TokenSample (a dropped one, which no figure counts, it skips). A sink that
+    says `decode_seqs = False` reads no decode step's sequences (a lean live fold:
+    a request's figures start at its first prefill, a decode step's sums need only
+    its totals), and gets a decode step's ScheduleDecision with its `seqs` empty."""
     enabled: bool
 
     def emit(self, event: Event) -> None: ...
@@ -22,6 +25,11 @@ class EventSink(Protocol):
 def block_events_kept(sink: EventSink) -> bool:
     """Whether `sink` keeps the block-level events: unless it says it does not."""
     return getattr(sink, "block_events", True)
+
+
+def decode_seqs_kept(sink: EventSink) -> bool:
+    """Whether `sink` reads a decode step's sequences: unless it says it does not."""
+    return getattr(sink, "decode_seqs", True)
 
 
 class NullSink:
