@@ -1,5 +1,6 @@
 """A fleet in simulated time (docs/cluster.md): replicas of the real scheduler behind a
 router, disaggregated prefill and decode; its trace replays, reads per replica and diffs."""
+import dataclasses
 import json
 import random
 
@@ -203,6 +204,37 @@ def test_a_fleet_folded_live_keeps_no_steps_and_gives_the_figures_of_its_trace(s
                for t in live.timelines.values())
     events = simulate_fleet(config, workload(), step_time, spec)
     assert fleet_stats(live) == fleet_stats(events)
+
+
+def test_a_fleet_folded_live_gives_each_replica_its_timelines_own_sink_unless_a_writer_is_behind():
+    """With nothing behind the live fold, a replica's events go straight into its timeline (no
+    ReplicaScope needed to say whose they are); with a writer, through the fleet's sink, in order."""
+    from tracengine.fleet.engine import fleet_header
+    from tracengine.fleet.stats import FleetTimelines
+    from tracengine.trace.sinks import ListSink
+    header = fleet_header(CONFIG, fixed_step_time(), FleetSpec(2, "round_robin"))
+    live = FleetTimelines(header, lean=True)
+    sink = live.replica_sink(1)
+    assert sink.enabled and not sink.block_events and not sink.decode_seqs
+    assert sink.token_kept == live.timelines[1].token_kept
+    sink.emit(RequestAdded(0, 7, [1, 2, 3], 4, 0.0, True))
+    assert list(live.timelines[1].requests) == [7] and not live.timelines[0].requests
+    written = FleetTimelines(header, ListSink(), lean=True)
+    assert written.replica_sink(1) is written
+
+
+def test_a_fleets_replicas_ask_who_leaves_only_where_a_client_does():
+    from tracengine.fleet.engine import Fleet
+    from tracengine.sim.engine import SimulatedEngine
+    from tracengine.sim.runners import SyntheticRunner
+    step_time = fixed_step_time()
+    fleet = Fleet(CONFIG, FleetSpec(2, "round_robin"),
+                  lambda i, c: SimulatedEngine(c, SyntheticRunner(), step_time), step_time=step_time)
+    requests = workload()
+    fleet.set_departures(requests)
+    assert all(r.leaving is None for r in fleet.replicas)
+    fleet.set_departures([dataclasses.replace(requests[0], seq_id=0, abort_ns=5)])
+    assert [r.leaving(10) for r in fleet.replicas] == [[], []]     # routed nowhere yet: held by none
 
 
 @pytest.fixture

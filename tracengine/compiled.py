@@ -42,6 +42,7 @@ CORE_MODULES = (
     "tracengine.analysis.timeline",
     "tracengine.sim.clock",
     "tracengine.sim.steptime",
+    "tracengine.fleet.replica",
 )
 CYTHON_MODULES = ("tracengine.engine.block_hasher", "tracengine.sim.synthetic_keys", "tracengine.engine.prefix_cache")     # of CORE_MODULES: by Cython
 # Not engine/hash_id_prompt.py: its HashIdPrompt subclasses collections.abc.Sequence, and mypyc's

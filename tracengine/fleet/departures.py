@@ -20,6 +20,11 @@ class FleetDepartures:
         self._leaving = {seq_id for _, seq_id, _ in self._pending}
         self.holder: dict[int, int | None] = {}        # seq_id -> the replica routed it; None: in a transfer
 
+    @property
+    def num_leaving(self) -> int:
+        """The requests whose clients leave, over the run."""
+        return len(self._pending)
+
     def moved(self, seq_id: int, replica: int | None) -> None:
         """`seq_id` was routed to `replica` (None: handed off, its KV in flight)."""
         if seq_id in self._leaving:

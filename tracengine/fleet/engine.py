@@ -31,62 +31,15 @@ from tracengine.engine.request import Request
 from tracengine.fleet.departures import FleetDepartures
 from tracengine.fleet.overrides import replica_configs
 from tracengine.fleet.kv_transfer import LandedPrompts, install_prompt_kv
-from tracengine.sim.clock import ClockedEngine, NoTime, Stepped, in_arrival_order, run_in_time
+from tracengine.fleet.replica import Replica
+from tracengine.sim.clock import NoTime, Stepped, in_arrival_order, run_in_time
 from tracengine.fleet.routers import RoutedRequest, Router, router_classes
 from tracengine.fleet.spec import FleetSpec, header_fields
-from tracengine.trace.events import KVTransfer, ReplicaScope, RouteDecision
+from tracengine.trace.events import KVTransfer, RouteDecision
 from tracengine.trace.sinks import NULL_SINK
 from tracengine.workload.sessions import SessionRelease, has_sessions, session_fields
 
 HANDOFF, LANDING = 1, 2     # what the fleet's own clock holds besides its replicas' steps
-
-
-class Replica(ClockedEngine):
-    """One replica: its engine on the clock (sim/clock.py: the requests routed to it, which
-    enter before its next step, and when that step starts), and the figures a router reads."""
-
-    def __init__(self, index: int, role: str, engine, step_time, first_step_ns: int = 0, leaving=None,
-                 scoped: bool = True):
-        super().__init__(engine, step_time, first_step_ns, leaving, records_sessions=role != "decode")
-        self.index = index
-        self.role = role                   # "all", "prefill" or "decode"
-        self.scoped = scoped               # a fleet of several: its steps' events follow a ReplicaScope
-
-    def run_step(self, aborts=None) -> Stepped:
-        """ClockedEngine's, its events (the requests entering first) after a ReplicaScope, so the
-        step's frame says whose it is."""
-        sink = self.engine.sink
-        if self.scoped and sink.enabled:
-            sink.emit(ReplicaScope(self.engine.num_steps, self.index))
-        return super().run_step(aborts)
-
-    @property
-    def num_requests(self) -> int:
-        """Outstanding requests: waiting, running, and routed here but not yet entered."""
-        s = self.engine.scheduler
-        return len(s.waiting) + len(s.running) + len(self.queued)
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        """Prompt tokens still to compute here: waiting sequences', and queued requests' (a decode
-        replica's come with their prompt's KV)."""
-        queued = 0 if self.role == "decode" else sum(len(r.prompt) for _, r in self.queued)
-        return sum(seq.num_tokens - seq.num_cached_tokens for seq in self.engine.scheduler.waiting) + queued
-
-    @property
-    def num_active_blocks(self) -> int:
-        bm = self.engine.scheduler.block_manager
-        return bm.num_blocks - bm.num_free_blocks
-
-    def num_cached_blocks(self, hashes: list[int]) -> int:
-        """How many of `hashes` (a prompt's leading full blocks) the prefix cache holds, up to the first miss."""
-        cached = self.engine.scheduler.block_manager.hash_to_block_id
-        n = 0
-        for h in hashes:
-            if h not in cached:
-                break
-            n += 1
-        return n
 
 
 class Fleet:
@@ -107,8 +60,8 @@ class Fleet:
         self.configs = replica_configs(config, spec)
         self.departures = FleetDepartures([])    # the clients that leave (set_departures)
         step_time = step_time if step_time is not None else NoTime
-        self.replicas = [Replica(i, role, make_engine(i, self.configs[i]), step_time, first_step_ns,
-                                 functools.partial(self._leaving, i), not spec.is_single)
+        self.replicas = [Replica(i, role, make_engine(i, self.configs[i]), step_time, first_step_ns, None,
+                                 not spec.is_single)
                          for i, role in enumerate(roles)]
         self.pools = {pool: [r for r in self.replicas if r.role == pool] for pool in dict.fromkeys(roles)}
         options = {"seed": spec.router_seed, "prefix_weight": spec.prefix_weight, "load_weight": spec.load_weight}
@@ -122,6 +75,9 @@ class Fleet:
     def set_departures(self, requests: list[Request]) -> None:
         """The clients of `requests` that leave (each with its abort_ns), as they left the recording."""
         self.departures = FleetDepartures(requests)
+        # a replica asks who leaves before each of its steps only where some client does
+        for replica in self.replicas:
+            replica.leaving = functools.partial(self._leaving, replica.index) if self.departures.num_leaving else None
 
     def _leaving(self, index: int, now_ns: int) -> list[tuple[int, str]]:
         return self.departures.leaving(index, now_ns)
@@ -285,11 +241,14 @@ def simulate_fleet(config: Config, requests: list[Request], step_time, spec: Fle
     from tracengine.trace.sinks import ListSink
     check_token_prompts(requests)
     events_sink = sink if sink is not None else ListSink()
+    # a replica's own sink where the fleet's gives one (a live fold's per replica: fleet/stats.py)
+    replica_sink = getattr(events_sink, "replica_sink", None)
 
     def make_engine(index: int, replica_config: Config):
         runner = make_runner(index) if make_runner else SyntheticRunner(eos=replica_config.eos,
                                                                         seed=replica_config.seed)
-        return SimulatedEngine(replica_config, runner, step_time, events_sink,
+        return SimulatedEngine(replica_config, runner, step_time,
+                               replica_sink(index) if replica_sink is not None else events_sink,
                                policy=replica_config.scheduling_policy)
 
     check_fleet_requests(config, spec, requests)

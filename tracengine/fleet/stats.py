@@ -16,6 +16,19 @@ from tracengine.trace.events import KVTransfer, ReplicaScope, RouteDecision, Tra
 from tracengine.trace.sinks import block_events_kept, decode_seqs_kept
 
 
+class ReplicaFold:
+    """A replica engine's sink in a fleet folded live with no writer behind it (FleetTimelines.
+    replica_sink): its events go straight into the replica's timeline, and its kept tokens
+    without their events, as RequestTimelineSink's do (trace/sinks.py)."""
+    enabled = True
+    block_events = False
+
+    def __init__(self, timeline: RequestTimeline, decode_seqs: bool):
+        self.emit = timeline.add
+        self.token_kept = timeline.token_kept
+        self.decode_seqs = decode_seqs
+
+
 def num_replicas(header: TraceHeader) -> int:
     """The replicas of the fleet a trace's header describes (1: one engine's trace)."""
     fleet = header.fleet
@@ -68,6 +81,16 @@ class FleetTimelines:
         without its event (trace/sinks.py); the scheduler asks once a step, after the step's
         ReplicaScope named the replica."""
         return self._current.token_kept if self.inner is None else None
+
+    def replica_sink(self, index: int):
+        """The sink of replica `index`'s engine: with no writer behind, its timeline's own fold,
+        which needs no ReplicaScope to say whose an event is; else this sink, in the trace's order."""
+        if self.inner is not None:
+            return self
+        timeline = self.timelines.get(index)
+        if timeline is None:
+            timeline = self.timelines[index] = RequestTimeline(self.header, self.lean)
+        return ReplicaFold(timeline, self.decode_seqs)
 
     def emit(self, event) -> None:
         if self.inner is not None:

@@ -206,7 +206,6 @@ class SimulatedStepper:
         return seqs, finished, is_prefill
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)     # fleet/engine.Replica
 class ClockedEngine:
     """tracengine's simulated engine (sim/engine.SimulatedEngine) on the clock: the requests
     given it that enter before its next step, when that step starts, and the clients that leave.
