@@ -29,6 +29,7 @@ CORE_MODULES = (
     "tracengine.engine.block_hasher",
     "tracengine.sim.synthetic_keys",
     "tracengine.engine.hash_id_blocks",
+    "tracengine.engine.block_index",
     "tracengine.engine.free_block_queue",
     "tracengine.engine.block_pool",
     "tracengine.engine.prefix_cache",
@@ -44,7 +45,8 @@ CORE_MODULES = (
     "tracengine.sim.steptime",
     "tracengine.fleet.replica",
 )
-CYTHON_MODULES = ("tracengine.engine.block_hasher", "tracengine.sim.synthetic_keys", "tracengine.engine.prefix_cache")     # of CORE_MODULES: by Cython
+CYTHON_MODULES = ("tracengine.engine.block_hasher", "tracengine.sim.synthetic_keys", "tracengine.engine.block_index",
+                  "tracengine.engine.prefix_cache")     # of CORE_MODULES: by Cython
 # Not engine/hash_id_prompt.py: its HashIdPrompt subclasses collections.abc.Sequence, and mypyc's
 # build of that class shares the ABC's registry with it (a list then stopped being a Sequence);
 # the hashing of its blocks is engine/hash_id_blocks.py.

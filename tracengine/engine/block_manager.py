@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from tracengine.engine.block_pool import BlockPool
 from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
-from tracengine.engine.prefix_cache import NO_HASH, PrefixCache
+from tracengine.engine.prefix_cache import NO_HASH, Index, PrefixCache
 from tracengine.engine.sequence import Sequence
 from tracengine.engine.hash_id_blocks import hashed_block_events
 from tracengine.trace.events import BlockAllocate, BlockAppend, BlockFree
@@ -89,7 +89,7 @@ class BlockManager:
         return list(values) + [default] * (self.num_blocks - len(values))
 
     @property
-    def hash_to_block_id(self) -> dict[int, int]:
+    def hash_to_block_id(self) -> Index:
         return self.prefix_cache.hash_to_block_id
 
     @property

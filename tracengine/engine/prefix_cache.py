@@ -24,10 +24,19 @@ from collections.abc import Callable
 from itertools import chain, repeat
 from typing import Final, cast
 
+import tracengine.engine.core_choice as core_choice
+from tracengine.engine.block_index import BlockIndex
 from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
 
 NO_HASH: Final = -1
 Tokens = Callable[[int, int], list[int]]     # a sequence's token ids in [start, end) (Sequence.tokens)
+Index = BlockIndex | dict[int, int]          # hash -> block id: block_index.py's table where compiled, a dict where not
+
+
+def new_index() -> Index:
+    """An empty hash -> block id index: the compiled core's table of machine words (block_index.py),
+    the Python core's dict, which interpreted code indexes faster."""
+    return BlockIndex() if core_choice.COMPILED else {}
 
 
 class PrefixCache:
@@ -35,7 +44,7 @@ class PrefixCache:
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.hash_to_block_id: dict[int, int] = {}
+        self.hash_to_block_id: Index = new_index()
         # per block id, up to the highest one given so far (a block past it holds nothing: the
         # pool has not handed it out, block_pool.py): the hash of the full block it holds
         self.hashes: list[int] = []
@@ -52,7 +61,7 @@ class PrefixCache:
         return self._copy_into(PrefixCache(self.num_blocks, self.block_size))
 
     def _copy_into(self, other: "PrefixCache") -> "PrefixCache":
-        other.hash_to_block_id, other.hashes = dict(self.hash_to_block_id), list(self.hashes)
+        other.hash_to_block_id, other.hashes = self.hash_to_block_id.copy(), list(self.hashes)
         other.token_ids = dict(self.token_ids)     # each block's tokens: replaced, never changed in place
         return other
 
@@ -170,7 +179,7 @@ class VllmPrefixCache(PrefixCache):
         self._hold_tokens(block_ids, None)
 
 
-def unregister(hash_to_block_id: dict[int, int], later_block_ids: dict[int, list[int]], h: int,
+def unregister(hash_to_block_id: Index, later_block_ids: dict[int, list[int]], h: int,
                block_id: int) -> None:
     """`block_id` no longer holds hash `h`: when it was the block found, the next registered
     under `h` is found from now on, if any (vLLM's BlockHashToBlockMap)."""
