@@ -84,6 +84,17 @@ def compute_hashes(token_ids: Sequence[int], block_size: int, parent: int = NO_P
     return hashes
 
 
+def id_run_hashes(first: int, num_tokens: int, block_size: int, parent: int = NO_PARENT) -> list[int]:
+    """compute_hashes(range(first, first + num_tokens), block_size, parent): the blocks of a run of
+    consecutive token ids (a hash id's, hash_id_blocks.py), hashed where compiled with no range made."""
+    if COMPILED and 0 <= first and first + num_tokens <= 2**63 and 0 < block_size <= num_tokens:
+        try:
+            return chain_hashes(None, first, 0, block_size, num_tokens // block_size, parent)
+        except (OverflowError, TypeError):    # as compute_hashes
+            pass
+    return compute_hashes(range(first, first + num_tokens), block_size, parent)
+
+
 # xxh64 (github.com/Cyan4973/xxHash, XXH64 with seed 0) over bytes held as 64-bit words, eight
 # bytes each, little-endian by value (so the same on every machine): a block's bytes are its
 # parent's digest, if any, and its tokens, each one word.
