@@ -125,12 +125,12 @@ def chain_hashes(tokens: list[int] | None, first: int, start: int, block_size: i
         raise OverflowError(f"a block of {block_size} tokens is over {MAX_WORDS_BLOCK}")
     id_limit = ((MASK64 >> 1) + 1) // block_tokens if block_tokens > 0 else 0     # hash_id_prompt.hash_id_limit
     words = BLOCK_WORDS     # the block's words: its parent's digest, then its tokens
-    hashes: list[int] = []
+    hashes = [0] * num_blocks     # made at its length once, not grown block by block
     has_parent = parent != NO_PARENT
     if has_parent:
         words[0] = parent     # a digest: a C unsigned 64-bit where compiled (one out of its range raises OverflowError)
     at = start
-    for _ in range(num_blocks):
+    for i in range(num_blocks):
         if tokens is None:
             for j in range(block_size):
                 words[1 + j] = (first + at + j) & MASK64
@@ -151,7 +151,7 @@ def chain_hashes(tokens: list[int] | None, first: int, start: int, block_size: i
             digest = xxh64_words(words, 0, 8 * (block_size + 1))
         else:      # the first block of a sequence
             digest = xxh64_words(words, 1, 8 * block_size)
-        hashes.append(digest)
+        hashes[i] = digest
         words[0] = digest
         has_parent = True
         at += block_size
