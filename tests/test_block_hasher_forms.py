@@ -116,3 +116,23 @@ def test_the_tokens_hash_ids_stand_for_hash_as_their_list_does():
         block_hasher.hash_id_tokens(big, 16, 0, 6, 2)
     with pytest.raises(refused.type):
         PYTHON.compute_hashes([big[0] * 16 + p for p in range(12)], 6)
+
+
+@pytest.mark.parametrize("module", [block_hasher, PYTHON], ids=["as imported", "as python"])
+def test_a_run_of_token_ids_hashes_as_its_range(module):
+    """id_run_hashes(first, n, ...) is compute_hashes(range(first, first + n), ...), errors included:
+    compiled, it hashes the run with no range made."""
+    def outcome(function, *args):
+        try:
+            return function(*args)
+        except Exception as error:      # the same error, whichever form raised it
+            return type(error), str(error)
+    rng = random.Random(17)
+    cases = [(2**63 - 32, 32, 16), (2**63 - 31, 32, 16), (-5, 40, 8), (0, 15, 16), (0, 0, 16), (3, 20, 0),
+             (0, 3 * (PYTHON.MAX_WORDS_BLOCK + 1), PYTHON.MAX_WORDS_BLOCK + 1)]
+    cases += [(rng.choice([rng.randrange(0, 2**40), rng.randrange(0, 2**63)]), rng.randrange(0, 600),
+               rng.choice([1, 3, 16, 64])) for _ in range(200)]
+    for first, num_tokens, block_size in cases:
+        for parent in (NO_PARENT, 0, 2**64 - 1, rng.randrange(0, 2**64)):
+            assert outcome(module.id_run_hashes, first, num_tokens, block_size, parent) == \
+                outcome(PYTHON.compute_hashes, range(first, first + num_tokens), block_size, parent)

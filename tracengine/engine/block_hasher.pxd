@@ -19,8 +19,9 @@ cdef unsigned long long BLOCK_WORDS[2049]
 
 cpdef bint is_id_run(object token_ids)     # a C call from compute_hashes
 
-@cython.locals(words="unsigned long long *", has_parent=bint, digest="unsigned long long", at=Py_ssize_t,
-               j=Py_ssize_t, word="long long", hash_id="unsigned long long", id_limit="unsigned long long")
+@cython.locals(words="unsigned long long *", hashes=list, i=Py_ssize_t, has_parent=bint, digest="unsigned long long",
+               at=Py_ssize_t, j=Py_ssize_t, word="long long", hash_id="unsigned long long",
+               id_limit="unsigned long long")
 cpdef list chain_hashes(list tokens, long long first, Py_ssize_t start, Py_ssize_t block_size,
                         Py_ssize_t num_blocks, object parent, long long block_tokens=*)
 

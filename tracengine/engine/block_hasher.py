@@ -84,6 +84,17 @@ def compute_hashes(token_ids: Sequence[int], block_size: int, parent: int = NO_P
     return hashes
 
 
+def id_run_hashes(first: int, num_tokens: int, block_size: int, parent: int = NO_PARENT) -> list[int]:
+    """compute_hashes(range(first, first + num_tokens), block_size, parent): the blocks of a run of
+    consecutive token ids (a hash id's, hash_id_blocks.py), hashed where compiled with no range made."""
+    if COMPILED and 0 <= first and first + num_tokens <= 2**63 and 0 < block_size <= num_tokens:
+        try:
+            return chain_hashes(None, first, 0, block_size, num_tokens // block_size, parent)
+        except (OverflowError, TypeError):    # as compute_hashes
+            pass
+    return compute_hashes(range(first, first + num_tokens), block_size, parent)
+
+
 # xxh64 (github.com/Cyan4973/xxHash, XXH64 with seed 0) over bytes held as 64-bit words, eight
 # bytes each, little-endian by value (so the same on every machine): a block's bytes are its
 # parent's digest, if any, and its tokens, each one word.
@@ -114,12 +125,12 @@ def chain_hashes(tokens: list[int] | None, first: int, start: int, block_size: i
         raise OverflowError(f"a block of {block_size} tokens is over {MAX_WORDS_BLOCK}")
     id_limit = ((MASK64 >> 1) + 1) // block_tokens if block_tokens > 0 else 0     # hash_id_prompt.hash_id_limit
     words = BLOCK_WORDS     # the block's words: its parent's digest, then its tokens
-    hashes: list[int] = []
+    hashes = [0] * num_blocks     # made at its length once, not grown block by block
     has_parent = parent != NO_PARENT
     if has_parent:
         words[0] = parent     # a digest: a C unsigned 64-bit where compiled (one out of its range raises OverflowError)
     at = start
-    for _ in range(num_blocks):
+    for i in range(num_blocks):
         if tokens is None:
             for j in range(block_size):
                 words[1 + j] = (first + at + j) & MASK64
@@ -140,7 +151,7 @@ def chain_hashes(tokens: list[int] | None, first: int, start: int, block_size: i
             digest = xxh64_words(words, 0, 8 * (block_size + 1))
         else:      # the first block of a sequence
             digest = xxh64_words(words, 1, 8 * block_size)
-        hashes.append(digest)
+        hashes[i] = digest
         words[0] = digest
         has_parent = True
         at += block_size

@@ -4,7 +4,7 @@ apart from the HashIdPrompt class, which the core cannot hold (a subclass of an 
 from functools import lru_cache
 from typing import Any
 
-from tracengine.engine.block_hasher import NO_PARENT, compute_hashes, hash_id_tokens
+from tracengine.engine.block_hasher import NO_PARENT, hash_id_tokens, id_run_hashes
 from tracengine.trace.events import BlockHash, PromptBlocksHashed
 
 
@@ -22,8 +22,7 @@ def prompt_block_hashes(hash_ids: list[int], block_tokens: int, block_size: int,
         if len(hashes) >= num_blocks:
             break
         if offset:      # the rest of a hash id whose first blocks an earlier chunk hashed
-            first = hash_id * block_tokens
-            hashes += compute_hashes(range(first + offset, first + block_tokens), block_size, parent)
+            hashes += id_run_hashes(hash_id * block_tokens + offset, block_tokens - offset, block_size, parent)
             offset = 0
         else:
             hashes += _hash_id_blocks(parent, hash_id, block_tokens, block_size)
@@ -33,10 +32,10 @@ def prompt_block_hashes(hash_ids: list[int], block_tokens: int, block_size: int,
 
 
 @lru_cache(maxsize=8192)
-def _hash_id_blocks(parent: int, hash_id: int, block_tokens: int, block_size: int) -> tuple[int, ...]:
-    """The chained hashes of the blocks of one hash id after a block hashed to `parent`."""
-    first = hash_id * block_tokens
-    return tuple(compute_hashes(range(first, first + block_tokens), block_size, parent))
+def _hash_id_blocks(parent: int, hash_id: int, block_tokens: int, block_size: int) -> list[int]:
+    """The chained hashes of the blocks of one hash id after a block hashed to `parent`: one list
+    that every call with these arguments shares (the memo's), read and never changed."""
+    return id_run_hashes(hash_id * block_tokens, block_tokens, block_size, parent)
 
 
 def hashed_block_events(step: int, seq: Any, first_block: int, block_ids: list[int],

@@ -15,9 +15,13 @@ cpdef unsigned long long key_hash(long long seed, long long seq_id, long long po
 cdef unsigned long long prefixed_key_hash(unsigned long long *prefix, Py_ssize_t prefix_length, long long seq_id,
                                           long long position) noexcept
 
-@cython.locals(magnitude="unsigned long long", digit="unsigned long long", low="unsigned long long",
-               middle="unsigned long long", high="unsigned long long", num_digits=int, end=Py_ssize_t)
+@cython.locals(magnitude="unsigned long long")
 cdef Py_ssize_t put_decimal(unsigned long long *words, Py_ssize_t length, long long value) noexcept
+
+cdef unsigned long long DIGIT_PAIRS[100]
+
+@cython.locals(chunk="unsigned long long", num_digits=int)
+cdef Py_ssize_t put_digits(unsigned long long *words, Py_ssize_t length, unsigned long long magnitude) noexcept
 
 @cython.locals(shift=int)
 cdef void put_bytes(unsigned long long *words, Py_ssize_t at, unsigned long long chunk) noexcept

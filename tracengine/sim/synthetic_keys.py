@@ -53,31 +53,38 @@ def put_decimal(words: list[int], length: int, value: int) -> int:
     if value < 0:
         length = put_byte(words, length, 45)     # b"-"
         magnitude = (block_hasher.MASK64 - magnitude + 1) & block_hasher.MASK64     # -value, as C's unsigned arithmetic has it
-    # The digits, last first, eight to a chunk, each shifted in at a chunk's low end: so a chunk's
-    # low byte is the first of its digits (put_bytes). The last eight are in `low`, the eight
-    # before them in `middle`, the first (three at most) in `high`.
-    low = middle = high = 0
-    num_digits = 0
-    while True:
-        digit = 48 + magnitude % 10     # b"0" + the digit
-        if num_digits < 8:
-            low = low << 8 | digit
-        elif num_digits < 16:
-            middle = middle << 8 | digit
-        else:
-            high = high << 8 | digit
+    return put_digits(words, length, magnitude)
+
+
+# The bytes of the two digits of each number below 100 as a chunk (put_bytes): the first digit's low.
+DIGIT_PAIRS = [(48 + i // 10) | (48 + i % 10) << 8 for i in range(100)]
+
+
+def put_digits(words: list[int], length: int, magnitude: int) -> int:
+    """put_decimal of a number that is not negative."""
+    if magnitude >= 100_000_000:     # more than a chunk's eight: the digits before the last eight, then those
+        length = put_digits(words, length, magnitude // 100_000_000)
+        chunk = 0
+        for _ in range(4):
+            chunk = chunk << 16 | DIGIT_PAIRS[magnitude % 100]
+            magnitude //= 100
+        put_bytes(words, length, chunk)
+        return length + 8
+    # The digits last first, two at a time, each pair shifted in at the chunk's low end, so that its
+    # low byte is the first digit (put_bytes).
+    chunk = 0
+    num_digits = 1
+    while magnitude >= 100:
+        chunk = chunk << 16 | DIGIT_PAIRS[magnitude % 100]
+        magnitude //= 100
+        num_digits += 2
+    if magnitude >= 10:
+        chunk = chunk << 16 | DIGIT_PAIRS[magnitude]
         num_digits += 1
-        magnitude //= 10
-        if not magnitude:
-            break
-    end = length + num_digits
-    if num_digits > 16:
-        put_bytes(words, length, high)
-        put_bytes(words, end - 16, middle)
-    elif num_digits > 8:
-        put_bytes(words, length, middle)
-    put_bytes(words, max(length, end - 8), low)
-    return end
+    else:
+        chunk = chunk << 8 | (48 + magnitude)
+    put_bytes(words, length, chunk)
+    return length + num_digits
 
 
 def put_byte(words: list[int], at: int, byte: int) -> int:
