@@ -81,6 +81,12 @@ class RequestTimeline:
         self.num_kvcache_blocks: int | None = num_blocks if num_blocks and num_blocks > 0 else None
         self.steps: list[StepRecord] = []
         self.requests: dict[int, RequestRecord] = {}
+        # The same records in slots by seq_id, for a kept token's request found by index (compiled, a dict
+        # lookup boxes the id anew and compares it by value): a request's slot is its id's low bits
+        # (`& _slot_mask`), held by one of the requests whose ids share it (mostly the latest added); a request
+        # whose slot another holds is found in `requests`. At least twice as many slots as requests.
+        self._slots: list[RequestRecord | None] = [None] * MIN_SLOTS
+        self._slot_mask = MIN_SLOTS - 1
         self.session_turns: dict[int, tuple[str, int]] = {}   # seq_id -> (session, turn) of a session's turn
         self.lora_names: dict[int, str] = {}    # seq_id -> its LoRA adapter's name, where it has one
         self.num_allocated_blocks = 0   # over all BlockAllocates (first allocations and after preemptions)
@@ -91,11 +97,9 @@ class RequestTimeline:
         self.step_figures = StepFigures()
         self._decision: ScheduleDecision | None = None
         # Each step's start and end on the time axis, the first `_num_steps` of them: grown a chunk of
-        # zeros at a time (`_capacity` long), a step's stored in place (an array's append parses its
-        # int twice, a store once)
+        # zeros at a time, a step's stored in place (an array's append parses its int twice, a store once)
         self._starts = array("q")
         self._ends = array("q")
-        self._capacity = 0
         # The steps so far, and the last one's end (0 before any step), as typed ints. (Pure Python: an instance of more
         # than 30 attributes loses its dict's shared keys, and every attribute read its fast path.)
         self._num_steps = 0
@@ -125,9 +129,17 @@ class RequestTimeline:
         self._start(header, self.lean)
 
     def _request_added(self, event: RequestAdded) -> None:
+        seq_id: int = event.seq_id
         num_prompt_tokens = event.num_prompt_tokens
-        self.requests[event.seq_id] = RequestRecord(event.seq_id, event.step, num_prompt_tokens, num_prompt_tokens,
+        req = self.requests[seq_id] = RequestRecord(seq_id, event.step, num_prompt_tokens, num_prompt_tokens,
                                                     event.arrival_ns)
+        if 2 * len(self.requests) <= len(self._slots):
+            self._slots[seq_id & self._slot_mask] = req
+        else:       # twice the slots, each request put in its own again (the later in a shared one)
+            self._slots = [None] * (2 * len(self._slots))
+            self._slot_mask = len(self._slots) - 1
+            for r in self.requests.values():
+                self._slots[r.seq_id & self._slot_mask] = r
         if event.session_id:
             self.session_turns[event.seq_id] = (event.session_id, event.turn)
         if event.lora_id:       # a vLLM request's LoRA adapter (analysis/adapters.py)
@@ -173,9 +185,11 @@ class RequestTimeline:
     def token_kept(self, step: int, seq_id: int, event: TokenSample | None = None) -> None:
         """A kept TokenSample of `seq_id` at `step` folded: from its event, or called by a live run's
         scheduler where the fold is all that reads its tokens (trace/sinks.py: `token_kept`)."""
-        req = self.requests.get(seq_id)
-        if req is None:
-            raise self._unknown(seq_id, event if event is not None else TokenSample(step, seq_id, 0, True))
+        req = self._slots[seq_id & self._slot_mask]
+        if req is None or req.seq_id != seq_id:      # its slot empty, or another request's
+            req = self.requests.get(seq_id)
+            if req is None:
+                raise self._unknown(seq_id, event if event is not None else TokenSample(step, seq_id, 0, True))
         previous = req.last_token_step
         if previous < 0:
             req.first_token_step = step
@@ -270,10 +284,9 @@ class RequestTimeline:
         gap_ns: int = event.gap_ns
         start = self._total_ns + gap_ns
         self._total_ns = end = start + duration_ns
-        if step == self._capacity:
+        if step == len(self._ends):
             self._starts.extend(STEP_CHUNK)
             self._ends.extend(STEP_CHUNK)
-            self._capacity += len(STEP_CHUNK)
         self._starts[step] = start
         self._ends[step] = end
         self._num_steps = step + 1
@@ -344,6 +357,7 @@ class RequestTimeline:
         return req.arrival_ns if req.arrival_ns >= 0 else self.start_ns(req.added_step)
 
 
+MIN_SLOTS: Final = 1024       # a timeline's slots by seq_id at first (a power of two)
 STEP_CHUNK: Final = array("q", bytes(8 * 4096))    # the steps' arrays grow by this many zeros
 TOKEN_SAMPLE: Final = TokenSample     # Final: compiled, a C static, not a lookup in the module's dict per event
 # What each event type adds to a timeline, by exact type; the block-level events (hashes, appends,
