@@ -114,15 +114,20 @@ class RequestTimeline:
         self._step_drafts = (0, 0)     # of the step being folded: drafts verified, and kept
 
     def add(self, event) -> None:
-        # By exact type, one dict lookup: a run folded live (generate, simulate) pays this per event. A
-        # TokenSample, most of a run's events, first and by a direct call: compiled, a call through the
-        # table is a Python call (its arguments boxed and parsed), this one a C call.
-        if type(event) is TOKEN_SAMPLE:
+        # By exact type: a run folded live (generate, simulate) pays this per event. A TokenSample (most of
+        # a run's events), a step's decision and its end first, by direct calls: compiled, a call through
+        # the table is a Python call (its arguments boxed and parsed), these C calls.
+        t = type(event)
+        if t is TOKEN_SAMPLE:
             self._token_sampled(event)
-            return
-        fold = FOLD.get(type(event))
-        if fold is not None:
-            fold(self, event)
+        elif t is STEP_END:
+            self._step_ended(event)
+        elif t is SCHEDULE_DECISION:
+            self._decision_made(event)
+        else:
+            fold = FOLD.get(t)
+            if fold is not None:
+                fold(self, event)
 
     def _header_read(self, header: TraceHeader) -> None:
         """A trace's header starts the fold anew, lean or not as it was made."""
@@ -195,10 +200,12 @@ class RequestTimeline:
             req.first_token_step = step
         elif step != previous:      # a gap, open until this step ends (a verify step's tokens come together)
             if step != self._open_step:
-                self._close_gaps()     # of a step that never ended (a torn frame's), if any
+                if self._run_count or self._open_gaps:
+                    self._close_gaps()     # of a step that never ended (a torn frame's)
                 self._open_step = step
             if previous != self._run_step:
-                self._end_run()
+                if self._run_count:
+                    self._end_run()
                 self._run_step = previous
             self._run_count += 1
         req.last_token_step = step
@@ -208,9 +215,8 @@ class RequestTimeline:
 
     def _end_run(self) -> None:
         """Put the run of open gaps from `_run_step` into `_open_gaps`."""
-        if self._run_count:
-            self._open_gaps[self._run_step] = self._open_gaps.get(self._run_step, 0) + self._run_count
-            self._run_count = 0
+        self._open_gaps[self._run_step] = self._open_gaps.get(self._run_step, 0) + self._run_count
+        self._run_count = 0
 
     def _close_gaps(self) -> None:
         """Count the open gaps, and forget them."""
@@ -220,18 +226,16 @@ class RequestTimeline:
         self._run_count = 0
 
     def _count_gaps(self, gaps: GapCounts) -> None:
-        """Count the open gaps, those in `_open_gaps` then the run's, into `gaps`."""
+        """Count the open gaps, those in `_open_gaps` then the run's, into `gaps`: each from a token sampled
+        at an earlier step to one sampled at `_open_step`, each step ending when `end_ns` says (one that
+        has not ended: when the trace does)."""
+        step = self._open_step
+        end = self.end_ns(step)
         if self._open_gaps:
             for previous, count in self._open_gaps.items():
-                self._count_gap(previous, count, gaps)
+                gaps.add(step - previous, end - self.end_ns(previous), count)
         if self._run_count:
-            self._count_gap(self._run_step, self._run_count, gaps)
-
-    def _count_gap(self, previous: int, count: int, gaps: GapCounts) -> None:
-        """Count `count` gaps from a token sampled at `previous` to one sampled at `_open_step`, each step
-        ending when `end_ns` says (one that has not ended: when the trace does)."""
-        step = self._open_step
-        gaps.add(step - previous, self.end_ns(step) - self.end_ns(previous), count)
+            gaps.add(step - self._run_step, end - self.end_ns(self._run_step), self._run_count)
 
     def itl(self) -> tuple[dict[int, int], dict[int, int]]:
         """The inter-token gaps so far, in steps and in ns, each -> how many, with the gaps still
@@ -270,7 +274,8 @@ class RequestTimeline:
     def _step_ended(self, event: StepEnd) -> None:
         decision, self._decision = self._decision, None
         step: int = event.step
-        if decision is None or decision.step != step or step != self._num_steps:
+        decision_step: int = decision.step if decision is not None else -1     # compared as ints (compiled)
+        if decision is None or decision_step != step or step != self._num_steps:
             raise TraceError(f"step {step} ends without its ScheduleDecision (expected step {self._num_steps})")
         # each field into a typed local, then summed as machine ints (compiled; not added as objects)
         schedule_ns: int = event.schedule_ns
@@ -360,6 +365,8 @@ class RequestTimeline:
 MIN_SLOTS: Final = 1024       # a timeline's slots by seq_id at first (a power of two)
 STEP_CHUNK: Final = array("q", bytes(8 * 4096))    # the steps' arrays grow by this many zeros
 TOKEN_SAMPLE: Final = TokenSample     # Final: compiled, a C static, not a lookup in the module's dict per event
+SCHEDULE_DECISION: Final = ScheduleDecision
+STEP_END: Final = StepEnd
 # What each event type adds to a timeline, by exact type; the block-level events (hashes, appends,
 # frees) add nothing: no figure needs them (the free counts come from StepEnd). Functions, not a
 # timeline's bound methods: a table of those on the timeline would hold it in a reference cycle,
