@@ -19,6 +19,7 @@ from tracengine.analysis.cpu_tier import FOLD as CPU_TIER_FOLD, CpuTierRecord
 from tracengine.analysis.vllm_inputs import FOLD as VLLM_INPUTS_FOLD, VllmInputs
 from tracengine.errors import TraceError
 from tracengine.analysis.step_figures import GapCounts, StepFigures
+from tracengine.engine.native import extend, i64, vec
 from tracengine.trace.events import (BlockAllocate, DraftVerified, Preempt, RequestAdded, ScheduledSeq,
                                      ScheduleDecision, SeqAbort, SeqFinish, SpecAccepted, SpecDecode, StepEnd,
                                      TokenSample, TraceHeader, prefill_flags)
@@ -96,10 +97,10 @@ class RequestTimeline:
         self.torn_tail: str | None = None   # what the reader reported about an incomplete last frame
         self.step_figures = StepFigures()
         self._decision: ScheduleDecision | None = None
-        # Each step's start and end on the time axis, the first `_num_steps` of them: grown a chunk of
-        # zeros at a time, a step's stored in place (an array's append parses its int twice, a store once)
-        self._starts = array("q")
-        self._ends = array("q")
+        # Each step's start and end on the time axis, the first `_num_steps` of them, in arrays of machine
+        # ints (engine/native.py: compiled, indexed natively) grown a chunk of zeros at a time
+        self._starts: vec[i64] = vec[i64]([])
+        self._ends: vec[i64] = vec[i64]([])
         # The steps so far, and the last one's end (0 before any step), as typed ints. (Pure Python: an instance of more
         # than 30 attributes loses its dict's shared keys, and every attribute read its fast path.)
         self._num_steps = 0
@@ -290,8 +291,8 @@ class RequestTimeline:
         start = self._total_ns + gap_ns
         self._total_ns = end = start + duration_ns
         if step == len(self._ends):
-            self._starts.extend(STEP_CHUNK)
-            self._ends.extend(STEP_CHUNK)
+            self._starts = extend(self._starts, STEP_CHUNK)
+            self._ends = extend(self._ends, STEP_CHUNK)
         self._starts[step] = start
         self._ends[step] = end
         self._num_steps = step + 1
@@ -363,7 +364,7 @@ class RequestTimeline:
 
 
 MIN_SLOTS: Final = 1024       # a timeline's slots by seq_id at first (a power of two)
-STEP_CHUNK: Final = array("q", bytes(8 * 4096))    # the steps' arrays grow by this many zeros
+STEP_CHUNK: Final = vec[i64]([0] * 4096)    # the steps' arrays grow by this many zeros
 TOKEN_SAMPLE: Final = TokenSample     # Final: compiled, a C static, not a lookup in the module's dict per event
 SCHEDULE_DECISION: Final = ScheduleDecision
 STEP_END: Final = StepEnd
