@@ -82,10 +82,9 @@ class RequestTimeline:
         self.num_kvcache_blocks: int | None = num_blocks if num_blocks and num_blocks > 0 else None
         self.steps: list[StepRecord] = []
         self.requests: dict[int, RequestRecord] = {}
-        # The same records in slots by seq_id, for a kept token's request found by index (compiled, a dict
-        # lookup boxes the id anew and compares it by value): a request's slot is its id's low bits
-        # (`& _slot_mask`), held by one of the requests whose ids share it (mostly the latest added); a request
-        # whose slot another holds is found in `requests`. At least twice as many slots as requests.
+        # The same records in slots, a kept token's request found by index (compiled, a dict lookup boxes the id
+        # anew): a request's slot is its seq_id's low bits (`& _slot_mask`), held by one of the requests whose ids
+        # share it; one whose slot another holds is found in `requests`. At least twice as many slots as requests.
         self._slots: list[RequestRecord | None] = [None] * MIN_SLOTS
         self._slot_mask = MIN_SLOTS - 1
         self.session_turns: dict[int, tuple[str, int]] = {}   # seq_id -> (session, turn) of a session's turn
@@ -227,9 +226,8 @@ class RequestTimeline:
         self._run_count = 0
 
     def _count_gaps(self, gaps: GapCounts) -> None:
-        """Count the open gaps, those in `_open_gaps` then the run's, into `gaps`: each from a token sampled
-        at an earlier step to one sampled at `_open_step`, each step ending when `end_ns` says (one that
-        has not ended: when the trace does)."""
+        """Count the open gaps, those in `_open_gaps` then the run's, into `gaps`: each to a token of `_open_step`,
+        each step ending when `end_ns` says (one that has not ended: when the trace does)."""
         step = self._open_step
         end = self.end_ns(step)
         if self._open_gaps:
