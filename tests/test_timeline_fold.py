@@ -64,3 +64,56 @@ def test_a_decision_of_an_unknown_phase_is_a_trace_error():
                 timeline.add(e)
             return
         timeline.add(e)
+
+
+def renamed(event, new_id):
+    """`event` with each seq id it names replaced by `new_id(id)`."""
+    changes = {name: new_id(getattr(event, name)) for name in ("seq_id", "by_seq_id") if hasattr(event, name)}
+    if type(event) is ScheduleDecision:
+        changes["seqs"] = [msgspec.structs.replace(s, seq_id=new_id(s.seq_id)) for s in event.seqs]
+        changes["resumed_seq_ids"] = [new_id(i) for i in event.resumed_seq_ids]
+        if event.blocked_seq_id != -1:
+            changes["blocked_seq_id"] = new_id(event.blocked_seq_id)
+    return msgspec.structs.replace(event, **changes) if changes else event
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_requests_are_folded_alike_whatever_their_seq_ids(lean):
+    """A kept token finds its request in a slot by the low bits of its seq_id, else in `requests`:
+    ids spread out, sharing a slot (1024 apart), far apart and negative fold to the same records and
+    gaps as 0, 1, 2..."""
+    events = mixed_run()
+    def new_id(seq_id: int) -> int:
+        return [3 * seq_id, 1024 + 3 * (seq_id - 1), -seq_id, 10 ** 9 + seq_id][seq_id % 4]
+    folds = []
+    for run in (events, [renamed(e, new_id) for e in events]):
+        timeline = RequestTimeline(run[0], lean=lean)
+        for e in run[1:]:
+            timeline.add(e)
+        folds.append(timeline)
+    before, after = folds
+    assert {new_id(i) for i in before.requests} == after.requests.keys() and len(before.requests) == 16
+    for seq_id, req in before.requests.items():
+        got = after.requests[new_id(seq_id)]
+        assert (got.num_tokens, got.first_token_step, got.last_token_step, list(got.token_steps), got.scheduled,
+                got.first_scheduled_step, got.finish_step, len(got.preempts)) == (
+               req.num_tokens, req.first_token_step, req.last_token_step, list(req.token_steps), req.scheduled,
+               req.first_scheduled_step, req.finish_step, len(req.preempts))
+    assert after.itl() == before.itl() and sum(before.itl()[0].values()) > 50
+
+
+def test_a_token_finds_its_request_among_thousands():
+    """The slots grow with the requests (twice as many): each of 5,000 requests, added before any
+    token, some 1024 ids apart, gets its own tokens."""
+    from tracengine.trace.events import RequestAdded
+    timeline = RequestTimeline(lean=True)
+    seq_ids = [i if i % 2 else 1024 * i for i in range(5000)]
+    for seq_id in seq_ids:
+        timeline.add(RequestAdded(0, seq_id, [1, 2], 4, 1.0, False))
+    for step in range(1, 4):
+        for n, seq_id in enumerate(seq_ids):
+            if n % step == 0:
+                timeline.token_kept(step, seq_id)
+    for n, seq_id in enumerate(seq_ids):
+        req = timeline.requests[seq_id]
+        assert (req.num_tokens, req.first_token_step) == (2 + sum(n % step == 0 for step in range(1, 4)), 1)

@@ -49,10 +49,11 @@ class StepFigures:
                 seqs: list[ScheduledSeq] = d.seqs
                 num_decode_seqs: int = d.num_decode_seqs
                 for i in range(len(seqs)):
+                    num_tokens: int = seqs[i].num_tokens
                     if i < num_decode_seqs:
-                        self.kind_decode_tokens += seqs[i].num_tokens
+                        self.kind_decode_tokens += num_tokens
                     else:
-                        self.kind_prefill_tokens += seqs[i].num_tokens
+                        self.kind_prefill_tokens += num_tokens
             else:
                 raise TraceError(f"step {end.step}: ScheduleDecision of unknown phase {phase!r}")
             if d.stop_reason == "no_free_blocks":

@@ -19,6 +19,7 @@ from tracengine.analysis.cpu_tier import FOLD as CPU_TIER_FOLD, CpuTierRecord
 from tracengine.analysis.vllm_inputs import FOLD as VLLM_INPUTS_FOLD, VllmInputs
 from tracengine.errors import TraceError
 from tracengine.analysis.step_figures import GapCounts, StepFigures
+from tracengine.engine.native import extend, i64, vec
 from tracengine.trace.events import (BlockAllocate, DraftVerified, Preempt, RequestAdded, ScheduledSeq,
                                      ScheduleDecision, SeqAbort, SeqFinish, SpecAccepted, SpecDecode, StepEnd,
                                      TokenSample, TraceHeader, prefill_flags)
@@ -81,6 +82,11 @@ class RequestTimeline:
         self.num_kvcache_blocks: int | None = num_blocks if num_blocks and num_blocks > 0 else None
         self.steps: list[StepRecord] = []
         self.requests: dict[int, RequestRecord] = {}
+        # The same records in slots, a kept token's request found by index (compiled, a dict lookup boxes the id
+        # anew): a request's slot is its seq_id's low bits (`& _slot_mask`), held by one of the requests whose ids
+        # share it; one whose slot another holds is found in `requests`. At least twice as many slots as requests.
+        self._slots: list[RequestRecord | None] = [None] * MIN_SLOTS
+        self._slot_mask = MIN_SLOTS - 1
         self.session_turns: dict[int, tuple[str, int]] = {}   # seq_id -> (session, turn) of a session's turn
         self.lora_names: dict[int, str] = {}    # seq_id -> its LoRA adapter's name, where it has one
         self.num_allocated_blocks = 0   # over all BlockAllocates (first allocations and after preemptions)
@@ -90,12 +96,10 @@ class RequestTimeline:
         self.torn_tail: str | None = None   # what the reader reported about an incomplete last frame
         self.step_figures = StepFigures()
         self._decision: ScheduleDecision | None = None
-        # Each step's start and end on the time axis, the first `_num_steps` of them: grown a chunk of
-        # zeros at a time (`_capacity` long), a step's stored in place (an array's append parses its
-        # int twice, a store once)
-        self._starts = array("q")
-        self._ends = array("q")
-        self._capacity = 0
+        # Each step's start and end on the time axis, the first `_num_steps` of them, in arrays of machine
+        # ints (engine/native.py: compiled, indexed natively) grown a chunk of zeros at a time
+        self._starts: vec[i64] = vec[i64]([])
+        self._ends: vec[i64] = vec[i64]([])
         # The steps so far, and the last one's end (0 before any step), as typed ints. (Pure Python: an instance of more
         # than 30 attributes loses its dict's shared keys, and every attribute read its fast path.)
         self._num_steps = 0
@@ -110,24 +114,37 @@ class RequestTimeline:
         self._step_drafts = (0, 0)     # of the step being folded: drafts verified, and kept
 
     def add(self, event) -> None:
-        # By exact type, one dict lookup: a run folded live (generate, simulate) pays this per event. A
-        # TokenSample, most of a run's events, first and by a direct call: compiled, a call through the
-        # table is a Python call (its arguments boxed and parsed), this one a C call.
-        if type(event) is TOKEN_SAMPLE:
+        # By exact type: a run folded live (generate, simulate) pays this per event. A TokenSample (most of
+        # a run's events), a step's decision and its end first, by direct calls: compiled, a call through
+        # the table is a Python call (its arguments boxed and parsed), these C calls.
+        t = type(event)
+        if t is TOKEN_SAMPLE:
             self._token_sampled(event)
-            return
-        fold = FOLD.get(type(event))
-        if fold is not None:
-            fold(self, event)
+        elif t is STEP_END:
+            self._step_ended(event)
+        elif t is SCHEDULE_DECISION:
+            self._decision_made(event)
+        else:
+            fold = FOLD.get(t)
+            if fold is not None:
+                fold(self, event)
 
     def _header_read(self, header: TraceHeader) -> None:
         """A trace's header starts the fold anew, lean or not as it was made."""
         self._start(header, self.lean)
 
     def _request_added(self, event: RequestAdded) -> None:
+        seq_id: int = event.seq_id
         num_prompt_tokens = event.num_prompt_tokens
-        self.requests[event.seq_id] = RequestRecord(event.seq_id, event.step, num_prompt_tokens, num_prompt_tokens,
+        req = self.requests[seq_id] = RequestRecord(seq_id, event.step, num_prompt_tokens, num_prompt_tokens,
                                                     event.arrival_ns)
+        if 2 * len(self.requests) <= len(self._slots):
+            self._slots[seq_id & self._slot_mask] = req
+        else:       # twice the slots, each request put in its own again (the later in a shared one)
+            self._slots = [None] * (2 * len(self._slots))
+            self._slot_mask = len(self._slots) - 1
+            for r in self.requests.values():
+                self._slots[r.seq_id & self._slot_mask] = r
         if event.session_id:
             self.session_turns[event.seq_id] = (event.session_id, event.turn)
         if event.lora_id:       # a vLLM request's LoRA adapter (analysis/adapters.py)
@@ -173,18 +190,22 @@ class RequestTimeline:
     def token_kept(self, step: int, seq_id: int, event: TokenSample | None = None) -> None:
         """A kept TokenSample of `seq_id` at `step` folded: from its event, or called by a live run's
         scheduler where the fold is all that reads its tokens (trace/sinks.py: `token_kept`)."""
-        req = self.requests.get(seq_id)
-        if req is None:
-            raise self._unknown(seq_id, event if event is not None else TokenSample(step, seq_id, 0, True))
+        req = self._slots[seq_id & self._slot_mask]
+        if req is None or req.seq_id != seq_id:      # its slot empty, or another request's
+            req = self.requests.get(seq_id)
+            if req is None:
+                raise self._unknown(seq_id, event if event is not None else TokenSample(step, seq_id, 0, True))
         previous = req.last_token_step
         if previous < 0:
             req.first_token_step = step
         elif step != previous:      # a gap, open until this step ends (a verify step's tokens come together)
             if step != self._open_step:
-                self._close_gaps()     # of a step that never ended (a torn frame's), if any
+                if self._run_count or self._open_gaps:
+                    self._close_gaps()     # of a step that never ended (a torn frame's)
                 self._open_step = step
             if previous != self._run_step:
-                self._end_run()
+                if self._run_count:
+                    self._end_run()
                 self._run_step = previous
             self._run_count += 1
         req.last_token_step = step
@@ -194,9 +215,8 @@ class RequestTimeline:
 
     def _end_run(self) -> None:
         """Put the run of open gaps from `_run_step` into `_open_gaps`."""
-        if self._run_count:
-            self._open_gaps[self._run_step] = self._open_gaps.get(self._run_step, 0) + self._run_count
-            self._run_count = 0
+        self._open_gaps[self._run_step] = self._open_gaps.get(self._run_step, 0) + self._run_count
+        self._run_count = 0
 
     def _close_gaps(self) -> None:
         """Count the open gaps, and forget them."""
@@ -206,18 +226,15 @@ class RequestTimeline:
         self._run_count = 0
 
     def _count_gaps(self, gaps: GapCounts) -> None:
-        """Count the open gaps, those in `_open_gaps` then the run's, into `gaps`."""
+        """Count the open gaps, those in `_open_gaps` then the run's, into `gaps`: each to a token of `_open_step`,
+        each step ending when `end_ns` says (one that has not ended: when the trace does)."""
+        step = self._open_step
+        end = self.end_ns(step)
         if self._open_gaps:
             for previous, count in self._open_gaps.items():
-                self._count_gap(previous, count, gaps)
+                gaps.add(step - previous, end - self.end_ns(previous), count)
         if self._run_count:
-            self._count_gap(self._run_step, self._run_count, gaps)
-
-    def _count_gap(self, previous: int, count: int, gaps: GapCounts) -> None:
-        """Count `count` gaps from a token sampled at `previous` to one sampled at `_open_step`, each step
-        ending when `end_ns` says (one that has not ended: when the trace does)."""
-        step = self._open_step
-        gaps.add(step - previous, self.end_ns(step) - self.end_ns(previous), count)
+            gaps.add(step - self._run_step, end - self.end_ns(self._run_step), self._run_count)
 
     def itl(self) -> tuple[dict[int, int], dict[int, int]]:
         """The inter-token gaps so far, in steps and in ns, each -> how many, with the gaps still
@@ -256,7 +273,8 @@ class RequestTimeline:
     def _step_ended(self, event: StepEnd) -> None:
         decision, self._decision = self._decision, None
         step: int = event.step
-        if decision is None or decision.step != step or step != self._num_steps:
+        decision_step: int = decision.step if decision is not None else -1     # compared as ints (compiled)
+        if decision is None or decision_step != step or step != self._num_steps:
             raise TraceError(f"step {step} ends without its ScheduleDecision (expected step {self._num_steps})")
         # each field into a typed local, then summed as machine ints (compiled; not added as objects)
         schedule_ns: int = event.schedule_ns
@@ -270,10 +288,9 @@ class RequestTimeline:
         gap_ns: int = event.gap_ns
         start = self._total_ns + gap_ns
         self._total_ns = end = start + duration_ns
-        if step == self._capacity:
-            self._starts.extend(STEP_CHUNK)
-            self._ends.extend(STEP_CHUNK)
-            self._capacity += len(STEP_CHUNK)
+        if step == len(self._ends):
+            self._starts = extend(self._starts, STEP_CHUNK)
+            self._ends = extend(self._ends, STEP_CHUNK)
         self._starts[step] = start
         self._ends[step] = end
         self._num_steps = step + 1
@@ -344,8 +361,11 @@ class RequestTimeline:
         return req.arrival_ns if req.arrival_ns >= 0 else self.start_ns(req.added_step)
 
 
-STEP_CHUNK: Final = array("q", bytes(8 * 4096))    # the steps' arrays grow by this many zeros
+MIN_SLOTS: Final = 1024       # a timeline's slots by seq_id at first (a power of two)
+STEP_CHUNK: Final = vec[i64]([0] * 4096)    # the steps' arrays grow by this many zeros
 TOKEN_SAMPLE: Final = TokenSample     # Final: compiled, a C static, not a lookup in the module's dict per event
+SCHEDULE_DECISION: Final = ScheduleDecision
+STEP_END: Final = StepEnd
 # What each event type adds to a timeline, by exact type; the block-level events (hashes, appends,
 # frees) add nothing: no figure needs them (the free counts come from StepEnd). Functions, not a
 # timeline's bound methods: a table of those on the timeline would hold it in a reference cycle,
