@@ -32,6 +32,8 @@ def test_a_lookup_ends_at_the_first_miss_wherever_it_falls(cache_class, num_hits
     expected = list(range(num_hits))
     assert cache.lookup(hashes) == expected
     assert cache.lookup(hashes[:num_hits]) == expected
+    for limit in (0, 1, num_hits, num_hits + 5, 10_000):     # the first `limit` blocks only, none copied
+        assert cache.lookup(hashes, None, limit) == expected[:limit]
 
 
 def test_tokens_are_kept_for_the_blocks_registered_with_them_and_forgotten_when_evicted():

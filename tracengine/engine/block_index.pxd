@@ -22,7 +22,7 @@ cdef class BlockIndex:
 
     cdef _allocate(self, Py_ssize_t capacity)
     cdef Py_ssize_t _home(self, unsigned long long h) noexcept
-    @cython.locals(slots="unsigned long long[::1]", mask=Py_ssize_t, i=Py_ssize_t)
+    @cython.locals(mask=Py_ssize_t, i=Py_ssize_t)
     cdef Py_ssize_t _find(self, unsigned long long h) noexcept
     @cython.locals(i=Py_ssize_t, block_id="unsigned long long")
     cpdef object get(self, object h, object default=*)

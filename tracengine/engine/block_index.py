@@ -46,9 +46,9 @@ class BlockIndex:
 
     def _find(self, h: int) -> int:
         """The slot holding `h`, or the empty one where it would go."""
-        slots, mask = self.slots, self.capacity - 1
+        mask = self.capacity - 1
         i = self._home(h)
-        while slots[2 * i + 1] != NO_BLOCK and slots[2 * i] != h:
+        while self.slots[2 * i + 1] != NO_BLOCK and self.slots[2 * i] != h:
             i = (i + 1) & mask
         return i
 

@@ -105,7 +105,7 @@ class BlockManager:
         num_full = seq.num_blocks - 1
         if num_full <= 0 or not self.enable_caching:
             return []
-        return self.prefix_cache.lookup(seq.hash_full_blocks()[:num_full], seq.tokens if seq.has_tokens else None)
+        return self.prefix_cache.lookup(seq.hash_full_blocks(), seq.tokens if seq.has_tokens else None, num_full)
 
     def num_blocks_needed(self, seq: Sequence, hits: list[int]) -> int:
         """Free blocks a first allocation with these `hits` (`cached_block_ids`) takes: a
@@ -122,7 +122,7 @@ class BlockManager:
         self.pool.touch(hits)
         new_block_ids = self.pool.get_new_blocks(seq.num_blocks - num_cached_blocks)
         self.prefix_cache.evict(new_block_ids)     # their cached content is overwritten
-        seq.block_table = list(hits) + new_block_ids
+        seq.block_table = hits + new_block_ids      # a new list
         seq.num_cached_tokens = self.num_computed_tokens(seq, num_cached_blocks)
         if self.kv_connector is not None:
             self.kv_connector.allocated(seq.seq_id)

@@ -91,13 +91,15 @@ class PrefixCache:
             for block_id in block_ids:
                 held.pop(block_id, None)
 
-    def lookup(self, block_hashes: list[int], tokens: Tokens | None = None) -> list[int]:
-        """The blocks holding the leading blocks of `block_hashes`, up to the first miss.
-        `tokens(start, end)`: the sequence's token ids in [start, end), where it has them."""
+    def lookup(self, block_hashes: list[int], tokens: Tokens | None = None, limit: int = -1) -> list[int]:
+        """The blocks holding the leading blocks of `block_hashes` (its first `limit`, where
+        given), up to the first miss. `tokens(start, end)`: the sequence's token ids in
+        [start, end), where it has them."""
         index = self.hash_to_block_id
         block_ids: list[int] = []
-        for h in block_hashes:      # up to the first miss: a long prompt's blocks past it are not looked up
-            block_id = index.get(h)
+        # up to the first miss: a long prompt's blocks past it are not looked up (nor copied)
+        for i in range(len(block_hashes) if limit < 0 else min(limit, len(block_hashes))):
+            block_id = index.get(block_hashes[i])
             if block_id is None:
                 break
             block_ids.append(block_id)

@@ -101,7 +101,7 @@ class VllmBlockManager(BlockManager):
         self.prefix_cache.evict(new_block_ids)     # their cached content is overwritten
         if self.cpu_tier is not None:
             self.cpu_tier.reuse(new_block_ids)
-        seq.block_table = list(hits) + new_block_ids
+        seq.block_table = hits + new_block_ids      # a new list
         self.num_hit_blocks += num_cached_blocks
         if self.sink.enabled:
             self.sink.emit(BlockAllocate(self.step, seq.seq_id, list(seq.block_table), num_cached_blocks))
