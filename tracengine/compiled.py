@@ -44,6 +44,7 @@ CORE_MODULES = (
     "tracengine.sim.clock",
     "tracengine.sim.steptime",
     "tracengine.fleet.replica",
+    "tracengine.fleet.engine",
 )
 CYTHON_MODULES = ("tracengine.engine.block_hasher", "tracengine.sim.synthetic_keys", "tracengine.engine.block_index",
                   "tracengine.engine.prefix_cache")     # of CORE_MODULES: by Cython

@@ -23,6 +23,7 @@ routers' choices and the transfers are RouteDecision and KVTransfer events."""
 import dataclasses
 import functools
 import heapq
+from typing import Any
 
 from tracengine.engine.config import Config
 from tracengine.engine.sequence import Sequence
@@ -69,7 +70,7 @@ class Fleet:
         self.prefilled: dict[int, tuple[Sequence, Request]] = {}   # handed off, KV not landed yet
         self.max_tokens: dict[int, int] = {}     # a disaggregated request's own max_tokens
         self.session_ids: dict[int, str] = {}    # a disaggregated request's session, for the decode pool's router
-        self.clock: list[tuple[int, int, int, object]] = []     # heap of (time, order, kind, what): handoffs, landings
+        self.clock: list[tuple[int, int, int, Any]] = []     # heap of (time, order, kind, what): handoffs, landings
         self.num_clock_entries = 0
 
     def set_departures(self, requests: list[Request]) -> None:
@@ -120,15 +121,18 @@ class Fleet:
         """The fleet's next event: a handoff or a landing due no later than any replica's next
         step, else the step of the replica that starts first."""
         replica = self._first_to_step()
-        if self.clock and (replica is None or self.clock[0][0] <= replica.start_ns):
+        start_ns = replica.start_ns if replica is not None else None
+        if self.clock and (start_ns is None or self.clock[0][0] <= start_ns):
             now_ns, _, kind, what = heapq.heappop(self.clock)
             if kind == HANDOFF:
                 src, seq = what
                 dst, duration_ns = self.handoff(seq, now_ns)
                 self._at(now_ns + duration_ns, LANDING, (seq.seq_id, src, dst))
             else:
-                self.land(*what, now_ns)
+                seq_id, src, dst = what
+                self.land(seq_id, src, dst, now_ns)
             return Stepped([], [], False, now_ns)
+        assert replica is not None, "a fleet stepped with nothing to run"     # run_in_time asks next_step_ns first
         stepped = replica.step()
         if not stepped.ran:
             return stepped
