@@ -225,9 +225,8 @@ class ClockedEngine:
         self.records_sessions = records_sessions    # a fleet's decode replica records none: its prefill side did
         self.queued: list = []       # (index, request) given it, entering before its next step
         self.start_ns: int | None = None            # its next step's start; None: idle
-        # a SimulatedEngine's step and clock, called natively; None: another engine, called by name
-        stepper = getattr(engine, "stepper", None)
-        self.stepper: SimulatedStepper | None = stepper if isinstance(stepper, SimulatedStepper) else None
+        # the SimulatedEngine's step, clock and counts, called natively
+        self.stepper: SimulatedStepper = engine.stepper
 
     @property
     def scheduler(self) -> Any:
@@ -241,12 +240,12 @@ class ClockedEngine:
     def add(self, index: int, request) -> None:
         """`request` arrives (at its arrival_ns): it enters before the next step."""
         self.queued.append((index, request))
-        engine, arrival_ns = self.engine, request.arrival_ns
+        stepper, arrival_ns = self.stepper, request.arrival_ns
         if self.start_ns is None:        # idle: it sleeps until this arrival, and wakes late
-            base = engine.now_ns + self.gap_ns if engine.num_steps else max(self.gap_ns, self.first_step_ns)
+            base = stepper.now_ns + self.gap_ns if stepper.num_steps else max(self.gap_ns, self.first_step_ns)
             self.start_ns = max(base, arrival_ns + self.wake_ns)
-        elif engine.waits:               # waiting for a CPU tier's transfer: an arrival wakes it sooner
-            self.start_ns = min(self.start_ns, max(engine.now_ns + self.gap_ns, arrival_ns + self.wake_ns))
+        elif stepper.waits:              # waiting for a CPU tier's transfer: an arrival wakes it sooner
+            self.start_ns = min(self.start_ns, max(stepper.now_ns + self.gap_ns, arrival_ns + self.wake_ns))
 
     def abort(self, seq_id: int, reason: str) -> bool:
         """Its client leaves: a request given it but not entered yet is dropped (no event: the
@@ -258,23 +257,19 @@ class ClockedEngine:
         return self.engine.abort_request(seq_id, reason) is not None
 
     def is_finished(self) -> bool:
-        return not self.queued and self.engine.is_finished()
+        return not self.queued and self.stepper.is_finished()
 
     def step(self) -> Stepped:
         """The step starting at `next_step_ns()`: entries, departures, then the engine's step, timed."""
         start = self.start_ns
-        if self.stepper is not None and start is not None:
-            self.stepper.now_ns = start
-        else:
-            self.engine.now_ns = self.start_ns
+        assert start is not None, "a step with none due"     # run_in_time asks next_step_ns first
+        self.stepper.now_ns = start
         return self.run_step()
 
     def run_step(self, aborts=None) -> Stepped:
         """step() at the engine's `now_ns` as it is (a re-execution sets it); `aborts`: (seq_id,
         reason) of each client that leaves instead of `leaving`'s."""
         stepper = self.stepper
-        if stepper is None:
-            return self._run_engine_step(aborts)
         if self.queued:
             self.enter()
         aborted = self._leave(aborts, stepper.now_ns)
@@ -282,20 +277,8 @@ class ClockedEngine:
             self.start_ns = None
             return Stepped([], aborted, False, stepper.now_ns)
         finished = stepper.step()[1]
-        self._plan_next(stepper.is_finished(), stepper.now_ns, stepper.waits, stepper.scheduler)
+        self._plan_next()
         return Stepped(finished, aborted, True, stepper.now_ns)
-
-    def _run_engine_step(self, aborts: Any) -> Stepped:
-        """run_step for an engine without a SimulatedStepper: the same, through its methods."""
-        engine = self.engine
-        self.enter()
-        aborted = self._leave(aborts, engine.now_ns)
-        if engine.is_finished():     # every request it held left: no step, it sleeps
-            self.start_ns = None
-            return Stepped([], aborted, False, engine.now_ns)
-        finished = engine.step()[1]
-        self._plan_next(engine.is_finished(), engine.now_ns, engine.waits, engine.scheduler)
-        return Stepped(finished, aborted, True, engine.now_ns)
 
     def _leave(self, aborts: Any, now_ns: int) -> list[int]:
         """The seq_ids of the requests taken out before a step at `now_ns`: `aborts`' (seq_id,
@@ -305,12 +288,13 @@ class ClockedEngine:
             return []
         return [seq_id for seq_id, reason in leaving if self.engine.abort_request(seq_id, reason) is not None]
 
-    def _plan_next(self, finished_all: bool, now_ns: int, waits: bool, scheduler: Any) -> None:
-        """The next step's start after one that ended at `now_ns`: a loop gap on, unless nothing is
+    def _plan_next(self) -> None:
+        """The next step's start after the one that just ended: a loop gap on, unless nothing is
         left; one that ran nothing (`waits`) waits for the CPU tier's next transfer to end."""
-        self.start_ns = now_ns + self.gap_ns if not finished_all else None
-        if waits and self.start_ns is not None:
-            done = scheduler.cpu_tier.next_done_ns()
+        stepper = self.stepper
+        self.start_ns = stepper.now_ns + self.gap_ns if not stepper.is_finished() else None
+        if stepper.waits and self.start_ns is not None:
+            done = stepper.scheduler.cpu_tier.next_done_ns()
             self.start_ns = None if done is None else max(self.start_ns, done)
 
     def stuck_reason(self) -> str:
