@@ -91,5 +91,6 @@ def test_a_fleets_live_fold_keeps_block_and_token_events_only_for_a_writer_behin
                              for phase in ("prefill", "decode", "mixed")})
     header = fleet_header(Config(num_kvcache_blocks=16, kvcache_block_size=4), timing, FleetSpec(2, "round_robin"))
     alone, written = FleetTimelines(header, lean=True), FleetTimelines(header, ListSink(), lean=True)
-    assert not alone.block_events and alone.token_kept == alone.timelines[0].token_kept
-    assert written.block_events and written.token_kept is None
+    # with no writer behind, each replica's engine has its timeline's own sink, which takes kept tokens
+    assert not alone.block_events and alone.replica_sink(0).token_kept == alone.timelines[0].token_kept
+    assert written.block_events and written.replica_sink(0) is written and getattr(written, "token_kept", None) is None

@@ -198,7 +198,7 @@ def test_a_fleet_folded_live_keeps_no_steps_and_gives_the_figures_of_its_trace(s
     header = fleet_header(config, step_time, spec)
     live = FleetTimelines(header, lean=True)
     # with no writer behind, it takes kept tokens without their events, and no block-level events
-    assert live.token_kept is not None and not live.block_events
+    assert live.replica_sink(0).token_kept is not None and not live.block_events
     simulate_fleet(config, workload(), step_time, spec, live, header)
     assert all(t.lean and not t.steps and not any(r.token_steps for r in t.requests.values())
                for t in live.timelines.values())

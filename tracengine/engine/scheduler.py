@@ -27,6 +27,9 @@ TOKEN_SAMPLE: Final = TokenSample
 
 @mypyc_attr(allow_interpreted_subclasses=True)     # a policy of one's own subclasses it
 class Scheduler:
+    _sink: EventSink
+    token_kept: Any           # the sink's `token_kept`, or None (the sink's setter)
+    emits_decode_seqs: bool   # (the sink's setter)
 
     def __init__(self, config: Config, sink: EventSink = NULL_SINK, block_manager: BlockManager | None = None) -> None:
         """`block_manager`: the KV blocks it schedules, under their block rules; None: the ones
@@ -44,13 +47,26 @@ class Scheduler:
         self.running: deque[Sequence] = deque()   # prefilled, decoding
         self.loading: deque[Sequence] = deque()   # set aside while the CPU tier loads their blocks (policies.py)
         self.cpu_tier: Any = self.block_manager.cpu_tier   # KV offloading's CPU tier (engine/cpu_tier.py), or None
-        self.sink = sink
+        self.sink = sink     # (the property below)
         self.step = 0   # the engine's step, stamped on events: set by `begin_step`
         self.num_preemptions = 0   # over the scheduler's life (a server's metrics read it)
         # Speculative decoding (engine/spec_decode.py): drafts are scheduled as tokens of a decode;
         # KV slots past them for a drafter that writes ahead: none for ngram (vLLM's num_lookahead_tokens)
         self.num_speculative_tokens: int = config.num_speculative_tokens
         self.num_lookahead_tokens = 0
+
+    @property
+    def sink(self) -> EventSink:
+        return self._sink
+
+    @sink.setter
+    def sink(self, sink: EventSink) -> None:
+        """Where the events go, and what of them the sink reads, known when it is set, not asked
+        each step (trace/sinks.py): its `token_kept`, taken for each kept token instead of its
+        TokenSample, and whether it reads a decode step's sequences."""
+        self._sink = sink
+        self.token_kept = getattr(sink, "token_kept", None) if sink.enabled else None
+        self.emits_decode_seqs = decode_seqs_kept(sink)
 
     @classmethod
     def make_block_manager(cls, config: Config, sink: EventSink = NULL_SINK) -> BlockManager:
@@ -170,7 +186,7 @@ class Scheduler:
         scheduled_seq = SCHEDULED_SEQ
         # a decode step's sequences, for a sink that reads them (trace/sinks.py: a lean live fold does not)
         scheduled = ([scheduled_seq(s.seq_id, s.num_scheduled_tokens, s.num_cached_tokens) for s in seqs]
-                     if phase != "decode" or decode_seqs_kept(self.sink) else [])
+                     if phase != "decode" or self.emits_decode_seqs else [])
         self.sink.emit(SCHEDULE_DECISION(
             self.step, phase, scheduled,
             num_batched_tokens, stop_reason, blocked_seq_id, num_blocks_needed,  # type: ignore[arg-type]  # mixed's: set
@@ -223,7 +239,7 @@ class Scheduler:
         block_size = self.block_size
         emit = self.sink.emit if self.sink.enabled else None     # looked up once a step, not once a token
         # a sink that only folds the figures takes a kept token without its event (trace/sinks.py)
-        token_kept = getattr(self.sink, "token_kept", None) if emit is not None else None
+        token_kept = self.token_kept
         # Once a step too, not once a token (compiled): the event's class and its step as an object (an
         # int field is boxed for each event); the token goes into its event as the runner gave it, the
         # object, not unboxed and boxed again.

@@ -12,21 +12,9 @@ from tracengine.analysis.sessions import collect_sessions, session_line, session
 from tracengine.analysis.figures import summarize
 from tracengine.analysis.stats import NS, goodput, stats
 from tracengine.analysis.timeline import RequestTimeline
+from tracengine.analysis.timeline_sink import RequestTimelineSink
 from tracengine.trace.events import KVTransfer, ReplicaScope, RouteDecision, TraceHeader
 from tracengine.trace.sinks import block_events_kept, decode_seqs_kept
-
-
-class ReplicaFold:
-    """A replica engine's sink in a fleet folded live with no writer behind it (FleetTimelines.
-    replica_sink): its events go straight into the replica's timeline, and its kept tokens
-    without their events, as RequestTimelineSink's do (trace/sinks.py)."""
-    enabled = True
-    block_events = False
-
-    def __init__(self, timeline: RequestTimeline, decode_seqs: bool):
-        self.emit = timeline.add
-        self.token_kept = timeline.token_kept
-        self.decode_seqs = decode_seqs
 
 
 def num_replicas(header: TraceHeader) -> int:
@@ -75,22 +63,16 @@ class FleetTimelines:
         self.torn_tail: str | None = None
         self._current = self.timelines[0]
 
-    @property
-    def token_kept(self):
-        """With no writer behind: the timeline of the replica stepping now takes a kept token
-        without its event (trace/sinks.py); the scheduler asks once a step, after the step's
-        ReplicaScope named the replica."""
-        return self._current.token_kept if self.inner is None else None
-
     def replica_sink(self, index: int):
-        """The sink of replica `index`'s engine: with no writer behind, its timeline's own fold,
-        which needs no ReplicaScope to say whose an event is; else this sink, in the trace's order."""
+        """The sink of replica `index`'s engine: with no writer behind, a live fold of its own into
+        the replica's timeline (analysis/timeline_sink.py), which needs no ReplicaScope to say whose
+        an event is and takes kept tokens without their events; else this sink, in the trace's order."""
         if self.inner is not None:
             return self
         timeline = self.timelines.get(index)
-        if timeline is None:
-            timeline = self.timelines[index] = RequestTimeline(self.header, self.lean)
-        return ReplicaFold(timeline, self.decode_seqs)
+        sink = RequestTimelineSink(timeline.header if timeline is not None else self.header, lean=self.lean)
+        self.timelines[index] = sink.timeline
+        return sink
 
     def emit(self, event) -> None:
         if self.inner is not None:

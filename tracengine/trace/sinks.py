@@ -16,7 +16,8 @@ class EventSink(Protocol):
     TokenSample (a dropped one, which no figure counts, it skips). A sink that
     says `decode_seqs = False` reads no decode step's sequences (a lean live fold:
     a request's figures start at its first prefill, a decode step's sums need only
-    its totals), and gets a decode step's ScheduleDecision with its `seqs` empty."""
+    its totals), and gets a decode step's ScheduleDecision with its `seqs` empty.
+    The emitters read these once, when the sink is set (their `sink` setters), not per event."""
     enabled: bool
 
     def emit(self, event: Event) -> None: ...
