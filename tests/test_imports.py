@@ -223,10 +223,11 @@ def test_no_import_cycle_anywhere_counting_imports_inside_functions():
 
 # The parts from the bottom up: a part imports only parts below it or beside it on its layer.
 # engine/llm.py (LLM: the engine with a model runner) sits above runner/, the rest of engine/ below;
-# engine/native.py (what the compiled core's classes say to mypyc) beside compiled.py, for the core's
-# modules in analysis/ and sim/ too.
+# engine/native.py (what the compiled core's classes say to mypyc, and the forms it keeps per-block
+# data in: engine/block_index.py, stdlib only, among them) beside compiled.py, for the core's modules in
+# analysis/ and sim/ too.
 LAYERS = [["tracengine.errors", "tracengine.version", "tracengine.process", "tracengine.compiled",
-           "tracengine.engine.core_choice", "tracengine.engine.native"],
+           "tracengine.engine.core_choice", "tracengine.engine.native", "tracengine.engine.block_index"],
           ["tracengine.jsonfile", "tracengine.trace"],
           ["tracengine.model", "tracengine.analysis"],
           ["tracengine.engine"],

@@ -1,5 +1,5 @@
-"""What the compiled core's classes say to mypyc (tracengine/compiled.py), and the packed arrays
-the core keeps its per-block integers in.
+"""What the compiled core's classes say to mypyc (tracengine/compiled.py), and the forms the
+core keeps its per-block data in, picked by the core that runs.
 
 - `mypyc_attr`: mypy_extensions' where it is installed, a decorator that does nothing where it is
   not (the pure-Python core needs none).
@@ -9,8 +9,14 @@ the core keeps its per-block integers in.
   element. The compiled core runs on librt's; the Python core runs on lists, which interpreted
   code indexes faster. The core uses only what both do alike: `vec[i64](items)`, an index read or
   write, `len`, iteration, and `extend(array, items)`, which returns the array grown (the caller
-  keeps the result and drops the old name, as librt's may return a new array)."""
+  keeps the result and drops the old name, as librt's may return a new array).
+- `new_block_index`: the prefix cache's index, hash -> block id: the compiled core's table of
+  machine words (engine/block_index.py), the Python core's dict, which interpreted code indexes
+  faster."""
 from typing import TYPE_CHECKING
+
+import tracengine.engine.core_choice as core_choice
+from tracengine.engine.block_index import BlockIndex
 
 try:
     from mypy_extensions import mypyc_attr
@@ -33,10 +39,13 @@ else:
         array.extend(items)
         return array
 
-    import tracengine.engine.core_choice as core_choice
-
     if core_choice.COMPILED:
         from librt.vecs import extend, vec
         from mypy_extensions import i64
     else:
         i64, vec, extend = int, ListOf(), extend_list
+
+
+def new_block_index() -> BlockIndex | dict[int, int]:
+    """An empty hash -> block id index, in the form the core that runs keeps it."""
+    return BlockIndex() if core_choice.COMPILED else {}

@@ -24,19 +24,13 @@ from collections.abc import Callable
 from itertools import chain, repeat
 from typing import Final, cast
 
-import tracengine.engine.core_choice as core_choice
 from tracengine.engine.block_index import BlockIndex
 from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
+from tracengine.engine.native import new_block_index
 
 NO_HASH: Final = -1
 Tokens = Callable[[int, int], list[int]]     # a sequence's token ids in [start, end) (Sequence.tokens)
-Index = BlockIndex | dict[int, int]          # hash -> block id: block_index.py's table where compiled, a dict where not
-
-
-def new_index() -> Index:
-    """An empty hash -> block id index: the compiled core's table of machine words (block_index.py),
-    the Python core's dict, which interpreted code indexes faster."""
-    return BlockIndex() if core_choice.COMPILED else {}
+Index = BlockIndex | dict[int, int]          # hash -> block id: engine/native.new_block_index's
 
 
 class PrefixCache:
@@ -44,7 +38,7 @@ class PrefixCache:
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.hash_to_block_id: Index = new_index()
+        self.hash_to_block_id: Index = new_block_index()
         # per block id, up to the highest one given so far (a block past it holds nothing: the
         # pool has not handed it out, block_pool.py): the hash of the full block it holds
         self.hashes: list[int] = []
