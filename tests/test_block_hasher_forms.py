@@ -108,12 +108,12 @@ def test_the_tokens_hash_ids_stand_for_hash_as_their_list_does():
         tokens = [hash_ids[p // block_tokens] * block_tokens + p % block_tokens
                   for p in range(start, start + num_blocks * block_size)]
         expected = PYTHON.compute_hashes(tokens, block_size, parent)
-        assert block_hasher.hash_id_tokens(hash_ids, block_tokens, start, block_size, num_blocks, parent) == expected
+        assert block_hasher.hash_id_hashes(hash_ids, block_tokens, start, block_size, num_blocks, parent) == expected
         if num_blocks:
             assert PYTHON.chain_hashes(hash_ids, 0, start, block_size, num_blocks, parent, block_tokens) == expected
     big = [2**63 // 16]      # its tokens are past what int64s hold: the bytes refuse them, as for its list
     with pytest.raises(Exception) as refused:
-        block_hasher.hash_id_tokens(big, 16, 0, 6, 2)
+        block_hasher.hash_id_hashes(big, 16, 0, 6, 2)
     with pytest.raises(refused.type):
         PYTHON.compute_hashes([big[0] * 16 + p for p in range(12)], 6)
 

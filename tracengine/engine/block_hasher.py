@@ -84,6 +84,13 @@ def compute_hashes(token_ids: Sequence[int], block_size: int, parent: int = NO_P
     return hashes
 
 
+def hash_id_limit(block_tokens: int) -> int:
+    """The hash ids a prompt of `block_tokens`-token hash ids can hold are below this one: the
+    last token of hash id h is h * block_tokens + block_tokens - 1, and a block hash packs its
+    tokens as int64s (`pack_tokens`)."""
+    return 2**63 // block_tokens
+
+
 def id_run_hashes(first: int, num_tokens: int, block_size: int, parent: int = NO_PARENT) -> list[int]:
     """compute_hashes(range(first, first + num_tokens), block_size, parent): the blocks of a run of
     consecutive token ids (a hash id's, hash_id_blocks.py), hashed where compiled with no range made."""
@@ -118,12 +125,12 @@ def chain_hashes(tokens: list[int] | None, first: int, start: int, block_size: i
                  parent: int, block_tokens: int = 0) -> list[int]:
     """compute_hashes(token_ids, block_size, parent, start) for `num_blocks` blocks, the tokens
     being `tokens` (a list) or, where it is None, `first`, `first + 1`, ... (a range), or where
-    `block_tokens` is not 0, those that the hash ids `tokens` stand for (`hash_id_tokens`); a
+    `block_tokens` is not 0, those that the hash ids `tokens` stand for (`hash_id_hashes`); a
     block holds at most MAX_WORDS_BLOCK tokens. A token no int64 holds raises OverflowError, one
     not an int TypeError (the bytes path takes it, or says why not)."""
     if block_size > MAX_WORDS_BLOCK:
         raise OverflowError(f"a block of {block_size} tokens is over {MAX_WORDS_BLOCK}")
-    id_limit = ((MASK64 >> 1) + 1) // block_tokens if block_tokens > 0 else 0     # hash_id_prompt.hash_id_limit
+    id_limit = hash_id_limit(block_tokens) if block_tokens > 0 else 0
     words = BLOCK_WORDS     # the block's words: its parent's digest, then its tokens
     hashes = [0] * num_blocks     # made at its length once, not grown block by block
     has_parent = parent != NO_PARENT
@@ -158,7 +165,7 @@ def chain_hashes(tokens: list[int] | None, first: int, start: int, block_size: i
     return hashes
 
 
-def hash_id_tokens(hash_ids: list[int], block_tokens: int, start: int, block_size: int, num_blocks: int,
+def hash_id_hashes(hash_ids: list[int], block_tokens: int, start: int, block_size: int, num_blocks: int,
                    parent: int = NO_PARENT) -> list[int]:
     """The chained hashes of `num_blocks` blocks from token `start` on, the first one's parent
     `parent`, of the tokens that `hash_ids` stand for (hash_id_prompt.py): token p, counted from

@@ -4,7 +4,7 @@ apart from the HashIdPrompt class, which the core cannot hold (a subclass of an 
 from functools import lru_cache
 from typing import Any
 
-from tracengine.engine.block_hasher import NO_PARENT, hash_id_tokens, id_run_hashes
+from tracengine.engine.block_hasher import NO_PARENT, hash_id_hashes, id_run_hashes
 from tracengine.trace.events import BlockHash, PromptBlocksHashed
 
 
@@ -15,7 +15,7 @@ def prompt_block_hashes(hash_ids: list[int], block_tokens: int, block_size: int,
     `parent`: the hash of the block before them (NO_PARENT for block 0)."""
     start = first_block * block_size
     if block_tokens % block_size:      # blocks straddle hash ids: hashed from the tokens they stand for
-        return hash_id_tokens(hash_ids, block_tokens, start % block_tokens, block_size, num_blocks, parent)
+        return hash_id_hashes(hash_ids, block_tokens, start % block_tokens, block_size, num_blocks, parent)
     hashes: list[int] = []
     offset = start % block_tokens      # where the first block starts in its hash id's tokens
     for hash_id in hash_ids:

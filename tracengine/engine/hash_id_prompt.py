@@ -18,17 +18,11 @@ each: the hashes follow from the hash ids, and a reader recomputes them (`hashed
 from collections.abc import Sequence as _Sequence
 from typing import Any, Final
 
+from tracengine.engine.block_hasher import hash_id_limit
 from tracengine.engine.hash_id_blocks import prompt_block_hashes
 from tracengine.trace.events import BlockHash, PromptBlocksHashed
 
 MOONCAKE_BLOCK_TOKENS: Final = 512
-
-
-def hash_id_limit(block_tokens: int) -> int:
-    """The hash ids a prompt of `block_tokens`-token hash ids can hold are below this one: the
-    last token of hash id h is h * block_tokens + block_tokens - 1, and a block hash packs its
-    tokens as int64s (block_hasher.pack_tokens)."""
-    return 2**63 // block_tokens
 
 
 class HashIdPrompt(_Sequence):

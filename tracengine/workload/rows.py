@@ -6,7 +6,8 @@ import struct
 from functools import lru_cache
 from itertools import chain
 
-from tracengine.engine.hash_id_prompt import HashIdPrompt, hash_id_limit
+from tracengine.engine.block_hasher import hash_id_limit
+from tracengine.engine.hash_id_prompt import HashIdPrompt
 from tracengine.errors import TracengineError
 
 MOONCAKE_BLOCK_TOKENS = 512          # each Mooncake hash id names a block of 512 prompt tokens
