@@ -38,8 +38,8 @@ class BlockManager:
                  enable_caching: bool = True) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching     # off: no lookup, no block registered (vLLM's rule)
-        self.pool = BlockPool(num_blocks)
-        self.prefix_cache = PrefixCache(num_blocks, block_size)
+        self.prefix_cache = self.new_prefix_cache(num_blocks, block_size)
+        self.pool = self.new_pool(num_blocks, self.prefix_cache)
         self.prefix_cache.pool_queue = self.pool.free_block_queue
         self.num_hit_blocks = 0   # prefix-cache hits, in blocks, over the manager's life
         self.sink = sink     # (the property below)
@@ -49,6 +49,17 @@ class BlockManager:
         # fleet/kv_transfer.LandedPrompts); None: nowhere
         self.kv_connector: Any = None
         self.cpu_tier: Any = None    # the CPU tier of KV offloading (engine/cpu_tier.py), where the policy has one
+
+    # The prefix cache and the pool of these block rules (the fold of a trace made under them builds
+    # its own with these, replay/projection.py)
+
+    @staticmethod
+    def new_prefix_cache(num_blocks: int, block_size: int) -> PrefixCache:
+        return PrefixCache(num_blocks, block_size)
+
+    @staticmethod
+    def new_pool(num_blocks: int, prefix_cache: PrefixCache) -> BlockPool:
+        return BlockPool(num_blocks)
 
     @property
     def sink(self) -> EventSink:

@@ -33,10 +33,9 @@ from tracengine.engine.block_pool import BlockPool
 from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
 from tracengine.engine.hash_id_blocks import hashed_block_events
 from tracengine.engine.native import i64, vec
-from tracengine.engine.prefix_cache import NO_HASH, VllmPrefixCache
+from tracengine.engine.prefix_cache import NO_HASH, PrefixCache, VllmPrefixCache
 from tracengine.engine.sequence import Sequence
 from tracengine.trace.events import BlockAllocate, BlockAppend
-from tracengine.trace.sinks import NULL_SINK, EventSink
 
 
 class VllmBlockPool(BlockPool):
@@ -76,12 +75,13 @@ def release(ref_counts: vec[i64], hashes: list[int], free_block_queue: FreeKVCac
 class VllmBlockManager(BlockManager):
     allocates_per_chunk = True     # vLLM's allocate_slots: a running sequence's chunk needs slots as a decode does
 
-    def __init__(self, num_blocks: int, block_size: int, sink: EventSink = NULL_SINK,
-                 enable_caching: bool = True) -> None:
-        super().__init__(num_blocks, block_size, sink, enable_caching)
-        self.prefix_cache = VllmPrefixCache(num_blocks, block_size)
-        self.pool = VllmBlockPool(num_blocks, self.prefix_cache.hashes)
-        self.prefix_cache.pool_queue = self.pool.free_block_queue
+    @staticmethod
+    def new_prefix_cache(num_blocks: int, block_size: int) -> PrefixCache:
+        return VllmPrefixCache(num_blocks, block_size)
+
+    @staticmethod
+    def new_pool(num_blocks: int, prefix_cache: PrefixCache) -> BlockPool:
+        return VllmBlockPool(num_blocks, prefix_cache.hashes)
 
     def allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int | None = None,
                  delay_cache_blocks: bool = False) -> None:

@@ -4,8 +4,7 @@ vLLM trace's (replay/vllm_fold.py), an SGLang trace's token pool and radix cache
 (engine/vllm_block_manager.py), or nano-vllm's (fold.py's `Projection`); a
 disaggregated fleet's decode replica takes in KV transfers (fold_transfer.py)."""
 from tracengine.engine.config import recorded_block_rules
-from tracengine.engine.prefix_cache import VllmPrefixCache
-from tracengine.engine.vllm_block_manager import VllmBlockPool
+from tracengine.engine.vllm_block_manager import VllmBlockManager
 from tracengine.replay.projection import Projection
 from tracengine.replay.fold_transfer import TransferProjection
 from tracengine.trace.header import SGLANG, VLLM, backend_of
@@ -16,14 +15,7 @@ class VllmRulesProjection(Projection):
     (a block freed with no reference left goes to the head of the free queue when it holds no
     hash, to the tail when it does) and its prefix cache's (the first block registered under a
     hash is the one found, the later ones in turn once it is handed out)."""
-
-    @staticmethod
-    def new_prefix_cache(num_blocks: int, block_size: int) -> VllmPrefixCache:
-        return VllmPrefixCache(num_blocks, block_size)
-
-    @staticmethod
-    def new_pool(num_blocks: int, prefix_cache: VllmPrefixCache) -> VllmBlockPool:
-        return VllmBlockPool(num_blocks, prefix_cache.hashes)
+    block_rules = VllmBlockManager
 
 
 class VllmRulesTransferProjection(VllmRulesProjection, TransferProjection):

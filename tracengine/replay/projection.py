@@ -10,6 +10,7 @@ from itertools import islice
 
 import msgspec
 
+from tracengine.engine.block_manager import BlockManager
 from tracengine.engine.block_pool import BlockPool
 from tracengine.engine.hash_id_prompt import hashed_blocks
 from tracengine.engine.prefix_cache import PrefixCache
@@ -36,6 +37,8 @@ class Keyframe(msgspec.Struct, frozen=True, gc=False):
 
 class Projection:
     """The mutable state that events are applied to."""
+    # the block manager whose rules the trace was recorded under: its pool and prefix cache are the fold's
+    block_rules: type[BlockManager] = BlockManager
 
     def __init__(self, num_blocks: int, block_size: int):
         self.block_size = block_size
@@ -43,9 +46,9 @@ class Projection:
         self.waiting: deque[int] = deque()
         self.running: deque[int] = deque()
         # every block has its slots from the start: a state shows every block
-        self.prefix_cache = self.new_prefix_cache(num_blocks, block_size)
+        self.prefix_cache = self.block_rules.new_prefix_cache(num_blocks, block_size)
         self.prefix_cache.hold_every_block()
-        self.pool = self.new_pool(num_blocks, self.prefix_cache)
+        self.pool = self.block_rules.new_pool(num_blocks, self.prefix_cache)
         self.pool.hold_every_block()
         self.decision = None
         # The CPU tier (engine/cpu_tier.py): its block count, the sequences set aside while they
@@ -68,15 +71,6 @@ class Projection:
             CpuStore: self.cpu_store, CpuHit: self.cpu_hit, CpuLoad: self.cpu_load,
         }
 
-    # -- the engine's block pool and prefix cache, under the rules the trace was recorded with --
-
-    @staticmethod
-    def new_prefix_cache(num_blocks: int, block_size: int) -> PrefixCache:
-        return PrefixCache(num_blocks, block_size)
-
-    @staticmethod
-    def new_pool(num_blocks: int, prefix_cache: PrefixCache) -> BlockPool:
-        return BlockPool(num_blocks)
 
     @property
     def ref_counts(self) -> list[int]:
