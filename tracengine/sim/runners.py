@@ -11,7 +11,7 @@ from tracengine.errors import RequestError
 from tracengine.sim.clock import StepClockedEngine, in_arrival_order, run_in_time
 from tracengine.sim.synthetic_keys import synthetic_tokens
 from tracengine.trace.sinks import ListSink
-from tracengine.engine.block_hasher import COMPILED
+import tracengine.engine.core_choice as core_choice
 from tracengine.engine.llm_engine import LLMEngine
 from tracengine.engine.request import Request
 from tracengine.engine.native import mypyc_attr
@@ -48,7 +48,7 @@ class SyntheticRunner:
         self.eos = eos
         self.eos_at = eos_at or {}
         self._prefixes: dict[int, bytes] = {}   # seq_id -> b"{seed}:{seq_id}:", made once per sequence
-        self._compiled = COMPILED     # the compiled core hashes a token's key in machine words (_run_compiled)
+        self._compiled = core_choice.COMPILED     # the compiled core hashes a token's key in machine words (_run_compiled)
 
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[Any]:
         """A token for each of `seqs`: an int, or a verify step's list of them."""
