@@ -20,6 +20,15 @@ def _emit_both(inner_emit, timeline):
     return emit
 
 
+def fold_reads(inner, lean: bool) -> tuple[bool, bool]:
+    """(`block_events`, `decode_seqs`: trace/sinks.py) of a live fold with `inner` behind it (a
+    writer, or None): the block-level events change no figure (timeline.FOLD), and a lean fold reads
+    no decode step's sequences, so each is wanted only where the writer behind wants it."""
+    block_events = inner is not None and block_events_kept(inner)
+    decode_seqs = not lean or inner is not None and decode_seqs_kept(inner)
+    return block_events, decode_seqs
+
+
 class RequestTimelineSink:
     """An event sink that folds what it is given into a RequestTimeline as it comes, and passes it on to
     `inner` (a trace writer) if there is one: the run figures of a run with no trace file to read them from."""
@@ -30,10 +39,7 @@ class RequestTimelineSink:
                  lean: bool = False):
         self.timeline = RequestTimeline(header, lean)
         self.inner = inner if inner is not None and inner.enabled else None
-        # the block-level events change no figure (timeline.FOLD): kept only for a writer behind
-        self.block_events = self.inner is not None and block_events_kept(self.inner)
-        # nor a decode step's sequences, for a lean fold (trace/sinks.py)
-        self.decode_seqs = not lean or self.inner is not None and decode_seqs_kept(self.inner)
+        self.block_events, self.decode_seqs = fold_reads(self.inner, lean)
         # An engine that ran before counts on from its last step and its own start: this
         # run's figures count steps from 0 and time from `origin_ns` of the engine's clock.
         self.first_step = first_step

@@ -12,9 +12,8 @@ from tracengine.analysis.sessions import collect_sessions, session_line, session
 from tracengine.analysis.figures import summarize
 from tracengine.analysis.stats import NS, goodput, stats
 from tracengine.analysis.timeline import RequestTimeline
-from tracengine.analysis.timeline_sink import RequestTimelineSink
+from tracengine.analysis.timeline_sink import RequestTimelineSink, fold_reads
 from tracengine.trace.events import KVTransfer, ReplicaScope, RouteDecision, TraceHeader
-from tracengine.trace.sinks import block_events_kept, decode_seqs_kept
 
 
 def num_replicas(header: TraceHeader) -> int:
@@ -52,10 +51,7 @@ class FleetTimelines:
     def __init__(self, header: TraceHeader, inner=None, lean: bool = False):
         self.header = header
         self.inner = inner if inner is not None and inner.enabled else None
-        # the block-level events change no figure (timeline.FOLD): kept only for a writer behind
-        self.block_events = self.inner is not None and block_events_kept(self.inner)
-        # nor a decode step's sequences, for a lean fold (trace/sinks.py)
-        self.decode_seqs = not lean or self.inner is not None and decode_seqs_kept(self.inner)
+        self.block_events, self.decode_seqs = fold_reads(self.inner, lean)
         self.lean = lean
         self.timelines = {r: RequestTimeline(h, lean) for r, h in enumerate(replica_headers(header))}
         self.routes: list[RouteDecision] = []
