@@ -241,6 +241,19 @@ def test_setup_reads_the_core_list_where_the_package_cannot_be_imported(tmp_path
     assert int(result.stdout) == len(compiled.CORE_MODULES)
 
 
+def test_an_installed_package_holds_the_whole_source_of_each_compiled_module():
+    """A .pxd is part of its module's recorded source (compiled.source_paths): `pip install .` must
+    install it beside the .py, or the installed core finds its source changed and runs as Python."""
+    import tomllib
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    for module in compiled.CORE_MODULES:
+        pxd = Path(compiled.source_paths(module)[1])
+        if pxd.exists():
+            package = module.rsplit(".", 1)[0]
+            assert any(pxd.match(pattern) for pattern in package_data.get(package, [])), \
+                f"{pxd.name} is not in pyproject.toml's package-data for {package}"
+
+
 def build_in_copy(tmp_path, env: dict) -> subprocess.CompletedProcess:
     """setup.py's build of the core in a copy of the source tree, under `env`."""
     for name in ("setup.py", "pyproject.toml", "README.md"):
