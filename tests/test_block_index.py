@@ -47,6 +47,9 @@ def test_the_index_does_what_a_dict_does(form, seed):
     for step in range(6000 if seed % 2 else 1500):
         h = random_key(rng, pool)
         pool.append(h)
+        if step % 97 == 0:      # a read ahead: it changes nothing, whatever the keys
+            start = rng.randrange(len(pool))
+            index.warm(pool, start, rng.randrange(start, len(pool) + 1))
         op = rng.random()
         if op < 0.3:
             block_id = rng.randrange(2**40)

@@ -13,15 +13,19 @@ cdef extern from *:
     const unsigned long long SPREAD "TRACENGINE_INDEX_SPREAD"
 
 cdef Py_ssize_t MIN_CAPACITY
+cdef object HASH_LIMIT
 
 cdef class BlockIndex:
     cdef unsigned long long[::1] slots
     cdef public Py_ssize_t capacity, size
     cdef int shift
     cdef public dict others
+    cdef unsigned long long warmth
 
     cdef _allocate(self, Py_ssize_t capacity)
-    cdef Py_ssize_t _home(self, unsigned long long h) noexcept
+    cdef inline Py_ssize_t _home(self, unsigned long long h) noexcept
+    @cython.locals(total="unsigned long long", k=Py_ssize_t, n=Py_ssize_t, slots="unsigned long long[::1]", homes="long long[::1]")
+    cpdef warm(self, list hashes, Py_ssize_t start, Py_ssize_t stop)
     @cython.locals(mask=Py_ssize_t, i=Py_ssize_t)
     cdef Py_ssize_t _find(self, unsigned long long h) noexcept
     @cython.locals(i=Py_ssize_t, block_id="unsigned long long")

@@ -11,6 +11,10 @@ next ones while they hold other hashes (linear probing). A removal moves the has
 back (backward-shift deletion), so no tombstone lengthens a later search; the table doubles
 when half full. A key that is not such a hash (a test's, another engine's) is kept in a dict.
 
+The table is larger than a core's caches, so a search waits on memory. Where many come at once
+(a lookup's hashes, the blocks a step registers or hands out again), `warm` reads the slot each
+will start at first, in a loop of nothing but reads, which the processor keeps in flight together.
+
 Cython compiles this module where the core is compiled (tracengine/compiled.py), its types in
 the .pxd beside it; the Python core uses a dict itself (engine/native.py), which interpreted code
 indexes faster than this table. tests/test_block_index.py holds both forms of the table to a
@@ -31,6 +35,7 @@ class BlockIndex:
 
     def __init__(self) -> None:
         self.others: dict[Any, int] = {}     # the keys that are not 64-bit hashes
+        self.warmth = 0     # what `warm` read, kept so that its reads are not left out
         self._allocate(MIN_CAPACITY)
 
     def _allocate(self, capacity: int) -> None:
@@ -51,6 +56,23 @@ class BlockIndex:
         while self.slots[2 * i + 1] != NO_BLOCK and self.slots[2 * i] != h:
             i = (i + 1) & mask
         return i
+
+    def warm(self, hashes: list[Any], start: int, stop: int) -> None:
+        """Read the slot where the search for each of hashes[start:stop] starts, before any of
+        the searches: the table is larger than a core's caches, and a loop that does nothing but
+        read, the slots named first, has its reads in flight at once, where each search alone
+        would wait for its slot in turn."""
+        homes = array("q", bytes(8 * max(0, stop - start)))
+        n = 0
+        for k in range(start, stop):
+            h = hashes[k]
+            if is_hash(h):
+                homes[n] = 2 * self._home(h)
+                n += 1
+        total, slots = self.warmth, self.slots
+        for k in range(n):
+            total = (total + slots[homes[k]]) & MASK64
+        self.warmth = total     # kept, so that the reads are not left out as unused
 
     def get(self, h: Any, default: Any = None) -> Any:
         if not is_hash(h):

@@ -29,6 +29,7 @@ from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
 from tracengine.engine.native import new_block_index
 
 NO_HASH: Final = -1
+WARM_FIRST: Final = 8       # the slots a lookup reads ahead at first (the table's `warm`)
 Tokens = Callable[[int, int], list[int]]     # a sequence's token ids in [start, end) (Sequence.tokens)
 Index = BlockIndex | dict[int, int]          # hash -> block id: engine/native.new_block_index's
 
@@ -92,7 +93,12 @@ class PrefixCache:
         index = self.hash_to_block_id
         block_ids: list[int] = []
         # up to the first miss: a long prompt's blocks past it are not looked up (nor copied)
-        for i in range(len(block_hashes) if limit < 0 else min(limit, len(block_hashes))):
+        num_hashes = len(block_hashes) if limit < 0 else min(limit, len(block_hashes))
+        warmed = 0
+        for i in range(num_hashes):
+            if i == warmed and not isinstance(index, dict):    # the next hashes' slots, twice as many each time
+                warmed = min(num_hashes, 2 * i + WARM_FIRST)
+                index.warm(block_hashes, i, warmed)
             block_id = index.get(block_hashes[i])
             if block_id is None:
                 break
@@ -148,6 +154,8 @@ class VllmPrefixCache(PrefixCache):
     def insert(self, block_ids: list[int], block_hashes: list[int], token_ids: list[int] | None = None) -> None:
         self._cover(block_ids)
         hashes, index = self.hashes, self.hash_to_block_id
+        if not isinstance(index, dict):
+            index.warm(block_hashes, 0, min(len(block_ids), len(block_hashes)))
         for block_id, h in zip(block_ids, block_hashes):
             hashes[block_id] = h
             if index.setdefault(h, block_id) != block_id:
@@ -163,8 +171,10 @@ class VllmPrefixCache(PrefixCache):
     def evict(self, block_ids: list[int]) -> None:
         self._cover(block_ids)
         hashes, index, later = self.hashes, self.hash_to_block_id, self.later_block_ids
-        for block_id in block_ids:
-            h = hashes[block_id]
+        held = [hashes[block_id] for block_id in block_ids]
+        if not isinstance(index, dict):
+            index.warm(held, 0, len(held))
+        for block_id, h in zip(block_ids, held):
             if h == NO_HASH:
                 continue
             if later and h in later:      # another block holds it too (rare: `later` is most often empty)
