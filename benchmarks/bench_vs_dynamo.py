@@ -18,7 +18,13 @@ dependencies are not needed for offline replay), whose python this script is giv
     VENV/bin/pip install typing_extensions
     python benchmarks/bench_vs_dynamo.py --dynamo-python VENV/bin/python \\
         [--requests 1000] [--block-sizes 16,64,512] [--repeats 3] [--floor]
-        [--offload [--offload-gbps 25,3.125]]
+        [--offload [--offload-gbps 25,3.125]] [--tracengine-python TVENV/bin/python]
+
+Dynamo's interpreter starts with nothing but its own packages; this script's may start with every
+package of a development machine, whose .pth files (an editable install's finder, say) each run
+at every start-up. `--tracengine-python` gives tracengine a venv of its own too, into which
+`TVENV/bin/pip install torch==2.13.0 && TVENV/bin/pip install .` installs it as a user does; either
+way it runs this checkout (on PYTHONPATH), compiled in place (`python setup.py build_ext --inplace`).
 
 `--offload` compares a host KV tier instead: Dynamo's `native_host_offload` (num_host_blocks,
 d2h and h2d bandwidth, kv_cache_bytes_per_token) and tracengine's CPU tier (kv_offloading_size in
@@ -143,11 +149,12 @@ def fixed_step_time(path: str):
 
 
 def tracengine_argv(workload: str, step_time: str, block_size: int, record: str | None = None,
-                    num_kvcache_blocks: int | None = None, tier: dict | None = None, replicas: int = 1) -> list[str]:
+                    num_kvcache_blocks: int | None = None, tier: dict | None = None, replicas: int = 1,
+                    python: str = sys.executable) -> list[str]:
     """`tier`: the CPU tier's config fields (kv_offloading_size, kv_bytes_per_token, kv_offloading_bandwidth_gbps);
-    `replicas`: more than one, a fleet of them behind round robin."""
+    `replicas`: more than one, a fleet of them behind round robin; `python`: the interpreter that runs it."""
     settings = {**SETTINGS, **({"num_kvcache_blocks": num_kvcache_blocks} if num_kvcache_blocks else {}), **(tier or {})}
-    argv = [sys.executable, "-m", "tracengine.cli", "simulate", workload, "--step-time", step_time, "--quiet",
+    argv = [python, "-m", "tracengine.cli", "simulate", workload, "--step-time", step_time, "--quiet",
             "--scheduling-policy", "mixed", "--block-size", str(block_size),
             *(f"--{name.replace('_', '-')}={value}" for name, value in settings.items())]
     argv += ["--replicas", str(replicas), "--router", "round_robin"] if replicas > 1 else []
@@ -312,6 +319,8 @@ def main():
                         help="also time tracengine with its event sink off (no events, no stats), in turn with the others")
     parser.add_argument("--replicas", type=int, default=1,
                         help="more than one: a fleet of them behind round robin (Dynamo: as many workers, round robin)")
+    parser.add_argument("--tracengine-python", default=sys.executable,
+                        help="the python that runs tracengine (default this one): a venv of its own, as Dynamo's (above)")
     parser.add_argument("--pure", action="store_true",
                         help="also time tracengine's pure-Python core (TRACENGINE_PURE_PYTHON=1), in turn with the "
                              "others, and check that its events are the compiled core's")
@@ -319,7 +328,8 @@ def main():
     # Both sides start from compiled bytecode, as an install leaves it (pip compiles Dynamo's wheels); a
     # checkout under PYTHONDONTWRITEBYTECODE=1 would otherwise compile tracengine's modules in every run.
     compileall.compile_dir(os.path.join(ROOT, "tracengine"), quiet=1)
-    print(run_python("from tracengine.cli.main import main; main(['--version'])").splitlines()[-1])
+    print(subprocess.run([args.tracengine_python, "-m", "tracengine.cli", "--version"], env=child_env(), cwd=ROOT,
+                         check=True, capture_output=True, text=True).stdout.splitlines()[-1])
     with tempfile.TemporaryDirectory() as tmp:
         step_time = os.path.join(tmp, "fixed.json")
         fixed_step_time(step_time)
@@ -340,8 +350,9 @@ def main():
                 dynamo = [args.dynamo_python, script, workload, str(block_size), summary_path,
                           *(["", str(SETTINGS["num_kvcache_blocks"]), "0", "0", "0", str(args.replicas)]
                             if args.replicas > 1 else [])]
-                ours = tracengine_argv(workload, step_time, block_size, replicas=args.replicas)
-                floor = [sys.executable, "-c", FLOOR, *ours[3:]]      # ours without `-m tracengine.cli`
+                ours = tracengine_argv(workload, step_time, block_size, replicas=args.replicas,
+                                       python=args.tracengine_python)
+                floor = [args.tracengine_python, "-c", FLOOR, *ours[3:]]      # ours without `-m tracengine.cli`
                 runs = {"tracengine": [], "dynamo": [], **({"no events": []} if args.floor else {}),
                         **({"pure python": []} if args.pure else {})}
                 for _ in range(args.repeats):          # alternating, whole processes

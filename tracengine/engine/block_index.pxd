@@ -14,6 +14,7 @@ cdef extern from *:
 
 cdef Py_ssize_t MIN_CAPACITY
 cdef object HASH_LIMIT
+cdef Py_ssize_t LINE_WORDS
 
 cdef class BlockIndex:
     cdef unsigned long long[::1] slots
@@ -24,7 +25,7 @@ cdef class BlockIndex:
 
     cdef _allocate(self, Py_ssize_t capacity)
     cdef inline Py_ssize_t _home(self, unsigned long long h) noexcept
-    @cython.locals(total="unsigned long long", k=Py_ssize_t, n=Py_ssize_t, slots="unsigned long long[::1]", homes="long long[::1]")
+    @cython.locals(total="unsigned long long", k=Py_ssize_t, n=Py_ssize_t, last=Py_ssize_t, slots="unsigned long long[::1]", homes="long long[::1]")
     cpdef warm(self, list hashes, Py_ssize_t start, Py_ssize_t stop)
     @cython.locals(mask=Py_ssize_t, i=Py_ssize_t)
     cdef Py_ssize_t _find(self, unsigned long long h) noexcept

@@ -28,6 +28,7 @@ NO_BLOCK: Final = 0xFFFFFFFFFFFFFFFF   # the block id of an empty slot (a block 
 SPREAD: Final = 0x9E3779B97F4A7C15     # 2**64 / the golden ratio: a hash's slot is its product's high bits
 MIN_CAPACITY: Final = 1024      # slots, a power of two
 HASH_LIMIT: Final = 1 << 64     # the table holds the ints in [0, HASH_LIMIT): 64-bit hashes
+LINE_WORDS: Final = 8           # the words of a 64-byte cache line: four slots
 
 
 class BlockIndex:
@@ -69,9 +70,9 @@ class BlockIndex:
             if is_hash(h):
                 homes[n] = 2 * self._home(h)
                 n += 1
-        total, slots = self.warmth, self.slots
-        for k in range(n):
-            total = (total + slots[homes[k]]) & MASK64
+        total, slots, last = self.warmth, self.slots, 2 * self.capacity - 1
+        for k in range(n):      # and the line after: a search, or a removal's shift, may go on there
+            total = (total + slots[homes[k]] + slots[(homes[k] + LINE_WORDS) & last]) & MASK64
         self.warmth = total     # kept, so that the reads are not left out as unused
 
     def get(self, h: Any, default: Any = None) -> Any:
