@@ -50,6 +50,7 @@ def test_the_index_does_what_a_dict_does(form, seed):
         if step % 97 == 0:      # a read ahead: it changes nothing, whatever the keys
             start = rng.randrange(len(pool))
             index.warm(pool, start, rng.randrange(start, len(pool) + 1))
+            index.warm_blocks(pool, [rng.randrange(len(pool)) for _ in range(rng.randrange(20))])
         op = rng.random()
         if op < 0.3:
             block_id = rng.randrange(2**40)

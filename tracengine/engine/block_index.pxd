@@ -25,8 +25,12 @@ cdef class BlockIndex:
 
     cdef _allocate(self, Py_ssize_t capacity)
     cdef inline Py_ssize_t _home(self, unsigned long long h) noexcept
-    @cython.locals(total="unsigned long long", k=Py_ssize_t, n=Py_ssize_t, last=Py_ssize_t, slots="unsigned long long[::1]", homes="long long[::1]")
+    @cython.locals(k=Py_ssize_t, n=Py_ssize_t, homes="long long[::1]")
     cpdef warm(self, list hashes, Py_ssize_t start, Py_ssize_t stop)
+    @cython.locals(n=Py_ssize_t, homes="long long[::1]", block_id=Py_ssize_t)
+    cpdef warm_blocks(self, list hashes, list block_ids)
+    @cython.locals(total="unsigned long long", k=Py_ssize_t, last=Py_ssize_t, slots="unsigned long long[::1]")
+    cdef _read_slots(self, long long[::1] homes, Py_ssize_t n)
     @cython.locals(mask=Py_ssize_t, i=Py_ssize_t)
     cdef Py_ssize_t _find(self, unsigned long long h) noexcept
     @cython.locals(i=Py_ssize_t, block_id="unsigned long long")

@@ -70,8 +70,24 @@ class BlockIndex:
             if is_hash(h):
                 homes[n] = 2 * self._home(h)
                 n += 1
+        self._read_slots(homes, n)
+
+    def warm_blocks(self, hashes: list[Any], block_ids: list[int]) -> None:
+        """`warm` for the hash each of `block_ids` holds: hashes[block_id]."""
+        homes = array("q", bytes(8 * len(block_ids)))
+        n = 0
+        for block_id in block_ids:
+            h = hashes[block_id]
+            if is_hash(h):
+                homes[n] = 2 * self._home(h)
+                n += 1
+        self._read_slots(homes, n)
+
+    def _read_slots(self, homes: "array[int]", n: int) -> None:
+        """Read the first n slots `homes` names (as word indexes), and the line after each: a
+        search, or a removal's shift, may go on there."""
         total, slots, last = self.warmth, self.slots, 2 * self.capacity - 1
-        for k in range(n):      # and the line after: a search, or a removal's shift, may go on there
+        for k in range(n):
             total = (total + slots[homes[k]] + slots[(homes[k] + LINE_WORDS) & last]) & MASK64
         self.warmth = total     # kept, so that the reads are not left out as unused
 

@@ -29,5 +29,5 @@ cdef class VllmPrefixCache(PrefixCache):
     @cython.locals(hashes=list, index=BlockIndex)
     cpdef insert(self, list block_ids, list block_hashes, object token_ids=*)
     # a block id only indexes `hashes` here: a C index (checked, prefix_cache.py's first line)
-    @cython.locals(hashes=list, index=BlockIndex, later=dict, block_id=Py_ssize_t, held=list)
+    @cython.locals(hashes=list, index=BlockIndex, later=dict, block_id=Py_ssize_t)
     cpdef evict(self, list block_ids)

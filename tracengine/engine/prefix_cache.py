@@ -134,6 +134,8 @@ class PrefixCache:
         """Forget what `block_ids` held: they are handed out to be overwritten."""
         self._cover(block_ids)
         hashes, index = self.hashes, self.hash_to_block_id
+        if not isinstance(index, dict):
+            index.warm_blocks(hashes, block_ids)
         for block_id in block_ids:
             h = hashes[block_id]
             if h != NO_HASH:
@@ -171,10 +173,10 @@ class VllmPrefixCache(PrefixCache):
     def evict(self, block_ids: list[int]) -> None:
         self._cover(block_ids)
         hashes, index, later = self.hashes, self.hash_to_block_id, self.later_block_ids
-        held = [hashes[block_id] for block_id in block_ids]
         if not isinstance(index, dict):
-            index.warm(held, 0, len(held))
-        for block_id, h in zip(block_ids, held):
+            index.warm_blocks(hashes, block_ids)
+        for block_id in block_ids:
+            h = hashes[block_id]
             if h == NO_HASH:
                 continue
             if later and h in later:      # another block holds it too (rare: `later` is most often empty)
