@@ -301,7 +301,7 @@ def test_a_sequence_without_tokens_is_matched_on_its_hashes_alone():
     assert cache.lookup([11, 12, 13], lambda start, end: [1, 2, 3, 4, 9, 9][start:end]) == [5, 6, 7]
     assert cache.lookup([11, 12, 13], lambda start, end: [1, 2, 3, 9, 9, 9][start:end]) == [5]
     cache.evict([6])
-    assert cache.lookup([11, 12, 13]) == [5] and cache.hashes[6] == -1
+    assert cache.lookup([11, 12, 13]) == [5] and cache.hashes[6] is None
 
 
 @pytest.mark.patches_core     # patches xxhash, which the compiled hasher does not call

@@ -94,7 +94,7 @@ class BlockManager:
     @property
     def hashes(self) -> list[int]:
         """Every block's hash (-1: none), a copy."""
-        return self._every_block(self.prefix_cache.hashes, NO_HASH)
+        return [NO_HASH if h is None else h for h in self._every_block(self.prefix_cache.hashes, None)]
 
     def _every_block(self, values: Any, default: Any) -> list[Any]:
         return list(values) + [default] * (self.num_blocks - len(values))

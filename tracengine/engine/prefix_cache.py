@@ -28,7 +28,7 @@ from tracengine.engine.block_index import BlockIndex
 from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
 from tracengine.engine.native import new_block_index
 
-NO_HASH: Final = -1
+NO_HASH: Final = -1     # a block's hash where it holds none, in a copy of every block's (block_manager.hashes)
 WARM_FIRST: Final = 8       # the slots a lookup reads ahead at first (the table's `warm`)
 Tokens = Callable[[int, int], list[int]]     # a sequence's token ids in [start, end) (Sequence.tokens)
 Index = BlockIndex | dict[int, int]          # hash -> block id: engine/native.new_block_index's
@@ -41,8 +41,10 @@ class PrefixCache:
         self.block_size = block_size
         self.hash_to_block_id: Index = new_block_index()
         # per block id, up to the highest one given so far (a block past it holds nothing: the
-        # pool has not handed it out, block_pool.py): the hash of the full block it holds
-        self.hashes: list[int] = []
+        # pool has not handed it out, block_pool.py): the hash of the full block it holds, None
+        # where it holds none (told apart without reading a hash: the pool's free rule asks it
+        # of each block it takes back, whose hash was made long before)
+        self.hashes: list[int | None] = []
         # the tokens of each block registered with them, by block id: a hash-id prompt's blocks
         # have none, and cost nothing here
         self.token_ids: dict[int, list[int]] = {}
@@ -73,7 +75,7 @@ class PrefixCache:
     def _slots_up_to(self, end: int) -> None:
         """Slots in `hashes` for the blocks below `end` (extended in place: the pool shares it)."""
         if end > len(self.hashes):
-            self.hashes += repeat(NO_HASH, end - len(self.hashes))
+            self.hashes += repeat(None, end - len(self.hashes))
 
     def _hold_tokens(self, block_ids: list[int], token_ids: list[int] | None) -> None:
         """Keep the tokens of `block_ids` (theirs end to end in `token_ids`), or forget any they
@@ -138,10 +140,10 @@ class PrefixCache:
             index.warm_blocks(hashes, block_ids)
         for block_id in block_ids:
             h = hashes[block_id]
-            if h != NO_HASH:
+            if h is not None:
                 if index.get(h) == block_id:
                     del index[h]
-                hashes[block_id] = NO_HASH
+                hashes[block_id] = None
         self._hold_tokens(block_ids, None)
 
 
@@ -177,13 +179,13 @@ class VllmPrefixCache(PrefixCache):
             index.warm_blocks(hashes, block_ids)
         for block_id in block_ids:
             h = hashes[block_id]
-            if h == NO_HASH:
+            if h is None:
                 continue
             if later and h in later:      # another block holds it too (rare: `later` is most often empty)
                 unregister(index, later, h, block_id)
             else:               # the one block registered under it: the one found
                 del index[h]
-            hashes[block_id] = NO_HASH
+            hashes[block_id] = None
         self._hold_tokens(block_ids, None)
 
 

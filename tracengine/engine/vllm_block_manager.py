@@ -33,7 +33,7 @@ from tracengine.engine.block_pool import BlockPool
 from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
 from tracengine.engine.hash_id_blocks import hashed_block_events
 from tracengine.engine.native import i64, vec
-from tracengine.engine.prefix_cache import NO_HASH, PrefixCache, VllmPrefixCache
+from tracengine.engine.prefix_cache import PrefixCache, VllmPrefixCache
 from tracengine.engine.sequence import Sequence
 from tracengine.trace.events import BlockAllocate, BlockAppend
 
@@ -41,7 +41,7 @@ from tracengine.trace.events import BlockAllocate, BlockAppend
 class VllmBlockPool(BlockPool):
     """The pool with vLLM's `free_blocks`: `hashes` is the prefix cache's hash per block id."""
 
-    def __init__(self, num_blocks: int, hashes: list[int]) -> None:
+    def __init__(self, num_blocks: int, hashes: list[int | None]) -> None:
         super().__init__(num_blocks)
         self.hashes = hashes
 
@@ -54,18 +54,20 @@ class VllmBlockPool(BlockPool):
         return other
 
 
-def release(ref_counts: vec[i64], hashes: list[int], free_block_queue: FreeKVCacheBlockQueue,
+def release(ref_counts: vec[i64], hashes: list[Any], free_block_queue: FreeKVCacheBlockQueue,
             block_ids: list[int]) -> None:
     """vLLM's free rule (the pool's, and the replay fold's): a reference less to each of
     `block_ids` (in eviction order, the first evicted first); those left with none go to the
     head of the free queue when they hold no hash, to its tail when they do, each group in
-    that order."""
+    that order. `hashes` (the prefix cache's, None where a block holds none) is read as objects:
+    whether one is None needs no look inside it, where a typed read would check each hash's type,
+    a cache miss for a hash made long before."""
     evict_first: list[int] = []
     evict_last: list[int] = []
     for block_id in block_ids:
         ref_count = ref_counts[block_id] = ref_counts[block_id] - 1
         if ref_count == 0:
-            (evict_first if hashes[block_id] == NO_HASH else evict_last).append(block_id)
+            (evict_first if hashes[block_id] is None else evict_last).append(block_id)
         elif ref_count < 0:
             raise ValueError(f"block {block_id} freed more often than it was taken")
     free_block_queue.prepend_n(evict_first)

@@ -41,7 +41,7 @@ class SglangProjection(Projection):
         """Each slot in the free queue exactly when no request and not the tree holds it."""
         free, ref_counts, hashes = self.free, self.ref_counts, self.hashes
         for slot in slots:
-            is_free = ref_counts[slot] == 0 and hashes[slot] == -1 and slot != PADDING_SLOT
+            is_free = ref_counts[slot] == 0 and hashes[slot] is None and slot != PADDING_SLOT
             if is_free and slot not in free:
                 free.append(slot)
             elif not is_free and slot in free:
@@ -102,7 +102,7 @@ class SglangProjection(Projection):
         dropped = set()
         for slot in e.block_ids:
             if self._in_tree(slot):
-                self.hashes[slot] = -1
+                self.hashes[slot] = None
                 del self.hash_to_block_id[slot]
             elif self.ref_counts[slot]:
                 dropped.add(slot)
