@@ -27,7 +27,7 @@ cdef class BlockIndex:
     cdef inline Py_ssize_t _home(self, unsigned long long h) noexcept
     @cython.locals(k=Py_ssize_t, n=Py_ssize_t, homes="long long[::1]")
     cpdef warm(self, list hashes, Py_ssize_t start, Py_ssize_t stop)
-    @cython.locals(n=Py_ssize_t, homes="long long[::1]", block_id=Py_ssize_t)
+    @cython.locals(held=list, block_id=Py_ssize_t)
     cpdef warm_blocks(self, list hashes, list block_ids)
     @cython.locals(total="unsigned long long", k=Py_ssize_t, last=Py_ssize_t, slots="unsigned long long[::1]")
     cdef _read_slots(self, long long[::1] homes, Py_ssize_t n)

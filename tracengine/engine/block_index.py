@@ -73,15 +73,11 @@ class BlockIndex:
         self._read_slots(homes, n)
 
     def warm_blocks(self, hashes: list[Any], block_ids: list[int]) -> None:
-        """`warm` for the hash each of `block_ids` holds: hashes[block_id]."""
-        homes = array("q", bytes(8 * len(block_ids)))
-        n = 0
-        for block_id in block_ids:
-            h = hashes[block_id]
-            if is_hash(h):
-                homes[n] = 2 * self._home(h)
-                n += 1
-        self._read_slots(homes, n)
+        """`warm` for the hash each of `block_ids` holds: hashes[block_id]. The hash objects are
+        gathered first, in a loop that does nothing else: made long before, each is a cache miss,
+        and there their reads are in flight together."""
+        held = [hashes[block_id] for block_id in block_ids]
+        self.warm(held, 0, len(held))
 
     def _read_slots(self, homes: "array[int]", n: int) -> None:
         """Read the first n slots `homes` names (as word indexes), and the line after each: a
