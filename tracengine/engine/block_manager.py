@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from tracengine.engine.block_pool import BlockPool
 from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
-from tracengine.engine.prefix_cache import NO_HASH, Index, PrefixCache
+from tracengine.engine.prefix_cache import Index, PrefixCache
 from tracengine.engine.sequence import Sequence
 from tracengine.engine.hash_id_blocks import hashed_block_events
 from tracengine.trace.events import BlockAllocate, BlockAppend, BlockFree
@@ -89,15 +89,13 @@ class BlockManager:
     @property
     def ref_counts(self) -> list[int]:
         """Every block's reference count (a copy: the pool's list stops at the blocks handed out)."""
-        return self._every_block(self.pool.ref_counts, 0)
+        ref_counts = self.pool.ref_counts
+        return list(ref_counts) + [0] * (self.num_blocks - len(ref_counts))
 
     @property
     def hashes(self) -> list[int]:
         """Every block's hash (-1: none), a copy."""
-        return [NO_HASH if h is None else h for h in self._every_block(self.prefix_cache.hashes, None)]
-
-    def _every_block(self, values: Any, default: Any) -> list[Any]:
-        return list(values) + [default] * (self.num_blocks - len(values))
+        return self.prefix_cache.every_hash()
 
     @property
     def hash_to_block_id(self) -> Index:

@@ -28,7 +28,7 @@ from tracengine.engine.block_index import BlockIndex
 from tracengine.engine.free_block_queue import FreeKVCacheBlockQueue
 from tracengine.engine.native import new_block_index
 
-NO_HASH: Final = -1     # a block's hash where it holds none, in a copy of every block's (block_manager.hashes)
+NO_HASH: Final = -1     # a block's hash where it holds none, in a view of every block's (`every_hash`)
 WARM_FIRST: Final = 8       # the slots a lookup reads ahead at first (the table's `warm`)
 Tokens = Callable[[int, int], list[int]]     # a sequence's token ids in [start, end) (Sequence.tokens)
 Index = BlockIndex | dict[int, int]          # hash -> block id: engine/native.new_block_index's
@@ -61,6 +61,11 @@ class PrefixCache:
         other.hash_to_block_id, other.hashes = self.hash_to_block_id.copy(), list(self.hashes)
         other.token_ids = dict(self.token_ids)     # each block's tokens: replaced, never changed in place
         return other
+
+    def every_hash(self) -> list[int]:
+        """Every block's hash, NO_HASH where it holds none (a copy: a state's view of the blocks)."""
+        hashes = [NO_HASH if h is None else h for h in self.hashes]
+        return hashes + [NO_HASH] * (self.num_blocks - len(hashes))
 
     def hold_every_block(self) -> None:
         """A hash slot for every block now (a fold shows every block)."""

@@ -48,10 +48,4 @@ class Replica(ClockedEngine):
 
     def num_cached_blocks(self, hashes: list[int]) -> int:
         """How many of `hashes` (a prompt's leading full blocks) the prefix cache holds, up to the first miss."""
-        cached = self.engine.scheduler.block_manager.hash_to_block_id
-        n = 0
-        for h in hashes:
-            if h not in cached:
-                break
-            n += 1
-        return n
+        return len(self.engine.scheduler.block_manager.prefix_cache.lookup(hashes))

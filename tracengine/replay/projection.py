@@ -13,7 +13,7 @@ import msgspec
 from tracengine.engine.block_manager import BlockManager
 from tracengine.engine.block_pool import BlockPool
 from tracengine.engine.hash_id_prompt import hashed_blocks
-from tracengine.engine.prefix_cache import NO_HASH, PrefixCache
+from tracengine.engine.prefix_cache import PrefixCache
 from tracengine.engine.spec_decode import SYNTHETIC_DRAFT
 from tracengine.trace.events import (BlockAllocate, BlockAppend, BlockFree, BlockHash, CpuHit, CpuLoad, CpuStore,
                                      DraftProposed, DraftVerified, Preempt, PromptBlocksHashed, RequestAdded,
@@ -71,7 +71,6 @@ class Projection:
             CpuStore: self.cpu_store, CpuHit: self.cpu_hit, CpuLoad: self.cpu_load,
         }
 
-
     @property
     def ref_counts(self) -> list[int]:
         return self.pool.ref_counts
@@ -124,7 +123,7 @@ class Projection:
         for ss in decision.seqs if decision is not None else ():
             seqs[ss.seq_id] = msgspec.structs.replace(seqs[ss.seq_id], num_scheduled_tokens=ss.num_tokens)
         return FoldState(step, list(self.waiting), list(self.running), seqs, list(self.ref_counts),
-                         [NO_HASH if h is None else h for h in self.hashes],
+                         self.prefix_cache.every_hash(),
                          list(self.free), self.hash_to_block_id, decision, self.block_size,
                          cpu=CpuTierState(step, self.cpu_num_blocks, dict(self.cpu_loading), self.cpu_history))
 
