@@ -22,6 +22,7 @@ cdef class BlockIndex:
     cdef int shift
     cdef public dict others
     cdef unsigned long long warmth
+    cdef long long[::1] homes
 
     cdef _allocate(self, Py_ssize_t capacity)
     cdef inline Py_ssize_t _home(self, unsigned long long h) noexcept

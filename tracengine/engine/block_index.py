@@ -37,6 +37,7 @@ class BlockIndex:
     def __init__(self) -> None:
         self.others: dict[Any, int] = {}     # the keys that are not 64-bit hashes
         self.warmth = 0     # what `warm` read, kept so that its reads are not left out
+        self.homes = array("q")     # `warm`'s first slots, made once and grown as the table is
         self._allocate(MIN_CAPACITY)
 
     def _allocate(self, capacity: int) -> None:
@@ -63,7 +64,9 @@ class BlockIndex:
         the searches: the table is larger than a core's caches, and a loop that does nothing but
         read, the slots named first, has its reads in flight at once, where each search alone
         would wait for its slot in turn."""
-        homes = array("q", bytes(8 * max(0, stop - start)))
+        if len(self.homes) < stop - start:
+            self.homes = array("q", bytes(8 * max(stop - start, 2 * len(self.homes))))
+        homes = self.homes
         n = 0
         for k in range(start, stop):
             h = hashes[k]
