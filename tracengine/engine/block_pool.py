@@ -45,15 +45,16 @@ class BlockPool:
         if len(ref_counts) < fresh:
             self.ref_counts = extended(ref_counts, fresh - len(ref_counts), NO_REFERENCES)
 
-    def touch(self, block_ids: list[int]) -> None:
+    def touch(self, block_ids: list[Any]) -> None:
         """A reference more to each of `block_ids`: a free one (a prefix-cache hit on a
         freed block) leaves the free queue. A block given twice (hashes that collide within
-        one prompt) gains two references."""
+        one prompt) gains two references. Each id goes on as the object it is (as `release`)."""
         ref_counts = self.ref_counts
-        taken: list[int] = []
-        for block_id in block_ids:
+        taken: list[Any] = []
+        for block in block_ids:
+            block_id: i64 = block
             if ref_counts[block_id] == 0:
-                taken.append(block_id)
+                taken.append(block)
             ref_counts[block_id] += 1
         self.free_block_queue.remove_n(taken)
 

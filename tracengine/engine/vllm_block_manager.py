@@ -55,19 +55,21 @@ class VllmBlockPool(BlockPool):
 
 
 def release(ref_counts: vec[i64], hashes: list[Any], free_block_queue: FreeKVCacheBlockQueue,
-            block_ids: list[int]) -> None:
+            block_ids: list[Any]) -> None:
     """vLLM's free rule (the pool's, and the replay fold's): a reference less to each of
     `block_ids` (in eviction order, the first evicted first); those left with none go to the
     head of the free queue when they hold no hash, to its tail when they do, each group in
     that order. `hashes` (the prefix cache's, None where a block holds none) is read as objects:
     whether one is None needs no look inside it, where a typed read would check each hash's type,
-    a cache miss for a hash made long before."""
-    evict_first: list[int] = []
-    evict_last: list[int] = []
-    for block_id in block_ids:
+    a cache miss for a hash made long before. `block_ids` too: a freed block's id goes on as the
+    object it is, where a typed id would be boxed anew (a new object per block freed)."""
+    evict_first: list[Any] = []
+    evict_last: list[Any] = []
+    for block in block_ids:
+        block_id: i64 = block
         ref_count = ref_counts[block_id] = ref_counts[block_id] - 1
         if ref_count == 0:
-            (evict_first if hashes[block_id] is None else evict_last).append(block_id)
+            (evict_first if hashes[block_id] is None else evict_last).append(block)
         elif ref_count < 0:
             raise ValueError(f"block {block_id} freed more often than it was taken")
     free_block_queue.prepend_n(evict_first)
