@@ -52,12 +52,12 @@ def test_compute_hashes_equals_the_chain_of_compute_hash(block_size):
 
 
 def test_free_block_queue_keeps_the_order_of_a_deque():
-    """Random popleft/append/remove and their batches (popleft_n, append_n) against
+    """Random popleft/append/remove and their batches (popleft_n, append_n, prepend_n) against
     collections.deque: same order, same length."""
     rng = random.Random(0)
     queue, reference, taken = FreeKVCacheBlockQueue(50), deque(range(50)), []
-    for _ in range(2000):
-        op = rng.randrange(5)
+    for _ in range(4000):
+        op = rng.randrange(6)
         if op == 0 and reference:
             assert queue.head() == reference[0]
             taken.append(queue.popleft())
@@ -82,6 +82,11 @@ def test_free_block_queue_keeps_the_order_of_a_deque():
             back, taken = taken[:n], taken[n:]
             queue.append_n(back)
             reference.extend(back)
+        elif op == 5:                    # prepend_n: at the head, the first handed out first
+            n = rng.randrange(len(taken) + 1)
+            front, taken = taken[:n], taken[n:]
+            queue.prepend_n(front)
+            reference.extendleft(reversed(front))
         assert len(queue) == len(reference) and list(queue) == list(reference)
         assert all((b in queue) == (b in reference) for b in range(50))
     assert list(queue.copy()) == list(reference)
