@@ -10,7 +10,7 @@ own arrays give slots to at most as many blocks again as have been handed out). 
 pool of a billion blocks (a what-if's "as many as it takes") costs what its blocks
 in use cost."""
 from collections.abc import Iterator
-from typing import Any, Final
+from typing import Final
 
 from tracengine.engine.native import extend, i64, vec
 
@@ -24,21 +24,15 @@ class FreeKVCacheBlockQueue:
     """Free block ids in order, linked through two arrays indexed by block id: `prev` and
     `next` (machine integers, engine/native.py), whose last two slots are the FRESH_RUN
     node's and the SENTINEL's. A block has slots once it has been handed out (ids below
-    `fresh`), and so may some blocks after it; one not in the queue has `prev` NOT_FREE.
-
-    `ids` holds each block handed out so far as one int object, the one handed out each time:
-    block tables then share it, where an id read from the machine-integer arrays would be a new
-    object each time a block is handed out (allocated, then freed with the table)."""
-    __slots__ = ("prev", "next", "num_free_blocks", "num_blocks", "fresh", "ids")
+    `fresh`), and so may some blocks after it; one not in the queue has `prev` NOT_FREE."""
+    __slots__ = ("prev", "next", "num_free_blocks", "num_blocks", "fresh")
     prev: vec[i64]
     next: vec[i64]
-    ids: list[Any]
 
     def __init__(self, num_blocks: int) -> None:
         """All the blocks, in id order: the ring holds the sentinel and the fresh run."""
         self.num_blocks = self.num_free_blocks = num_blocks
         self.fresh = 0
-        self.ids = []
         if num_blocks:
             self.prev, self.next = vec[i64]([SENTINEL, FRESH_RUN]), vec[i64]([SENTINEL, FRESH_RUN])
         else:      # the run is empty: not in the ring
@@ -46,7 +40,7 @@ class FreeKVCacheBlockQueue:
 
     def copy(self) -> "FreeKVCacheBlockQueue":
         other = FreeKVCacheBlockQueue(0)
-        other.prev, other.next, other.ids = vec[i64](self.prev), vec[i64](self.next), self.ids[:]
+        other.prev, other.next = vec[i64](self.prev), vec[i64](self.next)
         other.num_free_blocks, other.num_blocks, other.fresh = self.num_free_blocks, self.num_blocks, self.fresh
         return other
 
@@ -79,15 +73,15 @@ class FreeKVCacheBlockQueue:
         """The first n free blocks, taken out, in order."""
         if n > self.num_free_blocks:
             raise IndexError(f"{n} blocks asked, {self.num_free_blocks} free")
-        prev, next_, ids = self.prev, self.next, self.ids
-        block_ids: list[Any] = []
+        prev, next_ = self.prev, self.next
+        block_ids: list[int] = []
         node = next_[SENTINEL]
         for _ in range(n):
             if node == FRESH_RUN:
                 node = self._popleft_through_run(block_ids, n)
                 prev, next_ = self.prev, self.next     # grown by the blocks handed out
                 break
-            block_ids.append(ids[node])
+            block_ids.append(node)
             prev[node] = NOT_FREE
             node = next_[node]
         next_[SENTINEL] = node    # the new head
@@ -95,32 +89,31 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks -= n
         return block_ids
 
-    def _popleft_through_run(self, block_ids: list[Any], n: int) -> int:
+    def _popleft_through_run(self, block_ids: list[int], n: int) -> int:
         """popleft_n from the fresh run on: its blocks, then those after it, until `block_ids`
         holds n; the node that is then the head."""
         block_ids += self._hand_out(min(n - len(block_ids), self.num_blocks - self.fresh))
         if self.fresh < self.num_blocks:
             return FRESH_RUN
-        prev, next_, ids = self.prev, self.next, self.ids
+        prev, next_ = self.prev, self.next
         node = next_[FRESH_RUN]       # the run is used up: out of the ring
         for _ in range(n - len(block_ids)):
-            block_ids.append(ids[node])
+            block_ids.append(node)
             prev[node] = NOT_FREE
             node = next_[node]
         return node
 
-    def _hand_out(self, n: int) -> list[Any]:
-        """The next n fresh blocks, given their slots (not in the queue) and their id objects; the
-        ring is the caller's. The slots may be in new arrays (librt's `extend`, engine/native.py):
-        a caller re-reads `prev` and `next` after this."""
+    def _hand_out(self, n: int) -> range:
+        """The next n fresh blocks, given their slots (not in the queue); the ring is the caller's.
+        The slots may be in new arrays (librt's `extend`, engine/native.py): a caller re-reads
+        `prev` and `next` after this."""
         first = self.fresh
         self.fresh = first + n
-        self.ids.extend(range(first, first + n))
         num_slots = len(self.prev) - 2      # blocks with slots: those handed out, and some after them
         if self.fresh > num_slots:          # doubled (up to every block): grown a logarithmic number of times
             more = min(max(self.fresh, 2 * num_slots), self.num_blocks) - num_slots
             self.prev, self.next = with_block_slots(self.prev, more), with_block_slots(self.next, more)
-        return self.ids[first:first + n]
+        return range(first, first + n)
 
     def append(self, block_id: int) -> None:
         self.append_n([block_id])
