@@ -58,15 +58,16 @@ class BlockPool:
             ref_counts[block_id] += 1
         self.free_block_queue.remove_n(taken)
 
-    def free_blocks(self, block_ids: list[int]) -> None:
+    def free_blocks(self, block_ids: list[Any]) -> None:
         """A reference less to each of `block_ids`; those left with none join the tail of
-        the free queue, in the order they reach none."""
+        the free queue, in the order they reach none (each id going on as the object it is)."""
         ref_counts = self.ref_counts
-        freed: list[int] = []
-        for block_id in block_ids:
+        freed: list[Any] = []
+        for block in block_ids:
+            block_id: i64 = block
             ref_count = ref_counts[block_id] = ref_counts[block_id] - 1
             if ref_count == 0:
-                freed.append(block_id)
+                freed.append(block)
             elif ref_count < 0:
                 raise ValueError(f"block {block_id} freed more often than it was taken")
         self.free_block_queue.append_n(freed)

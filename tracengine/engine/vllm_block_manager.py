@@ -45,7 +45,7 @@ class VllmBlockPool(BlockPool):
         super().__init__(num_blocks)
         self.hashes = hashes
 
-    def free_blocks(self, block_ids: list[int]) -> None:
+    def free_blocks(self, block_ids: list[Any]) -> None:
         release(self.ref_counts, self.hashes, self.free_block_queue, block_ids)
 
     def copy(self, prefix_cache: Any = None) -> "VllmBlockPool":
