@@ -166,9 +166,9 @@ def child_env(env_extra: dict | None = None) -> dict:
     return {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env_extra or {})}
 
 
-def run_python(code: str, *argv: str) -> str:
-    """What `python -c code argv...` prints, run in this checkout."""
-    return subprocess.run([sys.executable, "-c", code, *argv], env=child_env(), cwd=ROOT, check=True,
+def run_python(code: str, *argv: str, python: str = sys.executable) -> str:
+    """What `python -c code argv...` prints, run in this checkout (by `python`, this interpreter unless given)."""
+    return subprocess.run([python, "-c", code, *argv], env=child_env(), cwd=ROOT, check=True,
                           capture_output=True, text=True).stdout
 
 
@@ -328,8 +328,8 @@ def main():
     # Both sides start from compiled bytecode, as an install leaves it (pip compiles Dynamo's wheels); a
     # checkout under PYTHONDONTWRITEBYTECODE=1 would otherwise compile tracengine's modules in every run.
     compileall.compile_dir(os.path.join(ROOT, "tracengine"), quiet=1)
-    print(subprocess.run([args.tracengine_python, "-m", "tracengine.cli", "--version"], env=child_env(), cwd=ROOT,
-                         check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+    print(run_python("from tracengine.cli.main import main; main(['--version'])",
+                     python=args.tracengine_python).splitlines()[-1])
     with tempfile.TemporaryDirectory() as tmp:
         step_time = os.path.join(tmp, "fixed.json")
         fixed_step_time(step_time)
