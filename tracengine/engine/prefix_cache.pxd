@@ -13,6 +13,8 @@ cdef class PrefixCache:
     cdef public object pool_queue
 
     cdef _cover(self, list block_ids)
+    @cython.locals(index=BlockIndex)
+    cdef _evicting(self, list block_ids)
     cdef _slots_up_to(self, Py_ssize_t end)
     @cython.locals(held=dict, size=Py_ssize_t, i=Py_ssize_t)
     cdef _hold_tokens(self, list block_ids, object token_ids)

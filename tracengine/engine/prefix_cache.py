@@ -77,6 +77,14 @@ class PrefixCache:
             queue = self.pool_queue
             self._slots_up_to(queue.fresh if queue is not None else max(block_ids, default=-1) + 1)
 
+    def _evicting(self, block_ids: list[int]) -> None:
+        """What an evict does first, under either rule: slots for `block_ids`, and the table's
+        slots for the hashes they hold read ahead (the Python core's dict reads nothing ahead)."""
+        self._cover(block_ids)
+        index = self.hash_to_block_id
+        if not isinstance(index, dict):
+            index.warm_blocks(self.hashes, block_ids)
+
     def _slots_up_to(self, end: int) -> None:
         """Slots in `hashes` for the blocks below `end` (extended in place: the pool shares it)."""
         if end > len(self.hashes):
@@ -139,10 +147,8 @@ class PrefixCache:
 
     def evict(self, block_ids: list[int]) -> None:
         """Forget what `block_ids` held: they are handed out to be overwritten."""
-        self._cover(block_ids)
+        self._evicting(block_ids)
         hashes, index = self.hashes, self.hash_to_block_id
-        if not isinstance(index, dict):
-            index.warm_blocks(hashes, block_ids)
         for block_id in block_ids:
             h = hashes[block_id]
             if h is not None:
@@ -178,10 +184,8 @@ class VllmPrefixCache(PrefixCache):
         return other
 
     def evict(self, block_ids: list[int]) -> None:
-        self._cover(block_ids)
+        self._evicting(block_ids)
         hashes, index, later = self.hashes, self.hash_to_block_id, self.later_block_ids
-        if not isinstance(index, dict):
-            index.warm_blocks(hashes, block_ids)
         for block_id in block_ids:
             h = hashes[block_id]
             if h is None:
